@@ -1,0 +1,37 @@
+# Two commands do everything on a fresh machine: `make run` and `make test`.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+# The CPU build of torch; an unpinned torch pulls several GB of CUDA packages.
+TORCH_PIN ?= torch==2.13.0
+
+export HF_HUB_OFFLINE ?= 1
+export TRANSFORMERS_OFFLINE ?= 1
+export TOKENIZERS_PARALLELISM ?= false
+
+.PHONY: install run test test-fast docs bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH_PIN)"
+	$(PY) -m pip install -q -e ".[dev,ray]"
+	touch $(STAMP)
+
+run: install
+	$(PY) -m minivllm
+
+test: install
+	$(PY) -m pytest -q -x --timeout=600
+
+docs: install
+	$(PY) tools/gen_config_docs.py > docs/CONFIG.md
+
+bench: install
+	$(PY) -m minivllm task=bench
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache
