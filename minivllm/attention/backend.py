@@ -1,0 +1,88 @@
+"""The contract between the model runner, attention layers and attention backends.
+
+The paged KV cache of one layer is a single tensor::
+
+    kv_cache: (2, num_blocks, block_size, num_kv_heads, head_dim)
+               ^ 0 = keys, 1 = values
+
+A token's *slot* is ``block_id * block_size + offset``; the runner computes a
+slot for every new token (``slot_mapping``) and a block table per request.
+A batch is flat: the new tokens of all scheduled requests are concatenated,
+request after request, so one step can mix prefill chunks and decode tokens::
+
+    tokens:          [ r0 r0 r0 r0 | r1 | r2 r2 ]      T = 7 new tokens
+    query_start_loc: [0,            4,   5,     7]     (B + 1,)
+    seq_lens:        [ 4,            9,   12     ]     cached + new, per request
+
+Request ``i``'s queries are the last ``query_len_i`` positions of its
+``seq_lens[i]`` tokens, so query ``j`` of request ``i`` attends causally to
+positions ``0 .. seq_lens[i] - query_len_i + j`` (all already written to the
+cache by ``write_kv`` before attention runs).
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class AttentionMetadata:
+    """Per-step inputs that every attention layer reads. Built once per step by
+    the model runner and passed down explicitly (no global context)."""
+
+    slot_mapping: torch.Tensor
+    """(T,) int64: cache slot of each new token."""
+    query_start_loc: torch.Tensor
+    """(B + 1,) int32: prefix sums of the new-token counts per request."""
+    seq_lens: torch.Tensor
+    """(B,) int32: tokens in context per request after this step (cached + new)."""
+    block_tables: torch.Tensor
+    """(B, max_blocks_per_seq) int32: physical block ids; unused entries are 0."""
+    max_query_len: int
+    """Largest number of new tokens of one request in this step."""
+    max_seq_len: int
+    """Largest ``seq_lens`` entry in this step."""
+    query_lens_cpu: list[int]
+    """The new-token counts as a Python list (host copy, for backends that loop)."""
+    seq_lens_cpu: list[int]
+    """``seq_lens`` as a Python list (host copy)."""
+
+    @property
+    def num_reqs(self) -> int:
+        return len(self.seq_lens_cpu)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.slot_mapping.shape[0])
+
+
+class AttentionBackend(ABC):
+    """Writes new keys/values into the paged cache and computes attention.
+
+    One instance is shared by every attention layer of a model; per-layer
+    properties (scale, window, soft-cap) arrive as arguments.
+    """
+
+    name: str = "abstract"
+
+    @abstractmethod
+    def forward(
+        self,
+        query: torch.Tensor,  # (T, num_heads, head_dim)
+        key: torch.Tensor,  # (T, num_kv_heads, head_dim)
+        value: torch.Tensor,  # (T, num_kv_heads, head_dim)
+        kv_cache: torch.Tensor,  # (2, num_blocks, block_size, num_kv_heads, head_dim)
+        meta: AttentionMetadata,
+        *,
+        scale: float,
+        sliding_window: int | None = None,
+        logits_soft_cap: float | None = None,
+    ) -> torch.Tensor:  # (T, num_heads, head_dim)
+        """Store ``key``/``value`` at ``meta.slot_mapping``, then attend.
+
+        ``sliding_window=w`` lets a query at position p see positions
+        ``p - w + 1 .. p`` (w tokens, itself included), as in Mistral/HF.
+        ``logits_soft_cap=c`` replaces each score s by ``c * tanh(s / c)``.
+        """
