@@ -1,0 +1,77 @@
+"""Finding a checkpoint and its Hugging Face config without touching the network.
+
+A ``model.path`` may be a local directory, a hub id already in the local HF cache,
+or (for presets run with ``load.format=dummy``) nothing at all: then the preset's
+inline ``hf_config`` gives the architecture's shape.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from transformers import AutoConfig, PretrainedConfig
+
+
+class ModelNotFoundError(ValueError):
+    """The checkpoint is neither a local directory nor in the local HF cache."""
+
+
+def find_local_checkpoint(path: str) -> Path | None:
+    """A directory holding ``config.json`` for ``path``, or None. Never downloads."""
+    local = Path(path).expanduser()
+    if local.is_dir():
+        return local if (local / "config.json").is_file() else None
+    if local.is_absolute() or path.startswith((".", "~")) or path.count("/") > 1:
+        return None
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:  # pragma: no cover - huggingface_hub ships with transformers
+        return None
+    try:
+        cached = try_to_load_from_cache(repo_id=path, filename="config.json")
+    except Exception:  # malformed repo ids land here; treat as "not cached"
+        return None
+    return Path(cached).parent if isinstance(cached, (str, os.PathLike)) else None
+
+
+def load_hf_config(
+    path: str,
+    *,
+    inline: dict[str, Any] | None,
+    overrides: dict[str, Any],
+    allow_inline: bool,
+) -> tuple[PretrainedConfig, Path | None]:
+    """Return the model's config and the local checkpoint directory (None for inline)."""
+    local = find_local_checkpoint(path)
+    if local is not None:
+        hf_config = AutoConfig.from_pretrained(local, local_files_only=True)
+    elif inline is not None and allow_inline:
+        hf_config = config_from_dict(inline)
+    else:
+        raise ModelNotFoundError(_not_found_message(path, has_inline=inline is not None))
+    for key, value in overrides.items():
+        setattr(hf_config, key, value)
+    return hf_config, local
+
+
+def config_from_dict(inline: dict[str, Any]) -> PretrainedConfig:
+    inline = dict(inline)
+    model_type = inline.pop("model_type", None)
+    if model_type is None:
+        raise ValueError("model.hf_config: needs a 'model_type' key (e.g. opt, llama)")
+    from transformers import CONFIG_MAPPING
+
+    if model_type not in CONFIG_MAPPING:
+        raise ValueError(f"model.hf_config.model_type={model_type!r}: unknown to transformers")
+    return CONFIG_MAPPING[model_type](**inline)
+
+
+def _not_found_message(path: str, *, has_inline: bool) -> str:
+    hint = (
+        f"download it where the network is reachable (huggingface-cli download {path}) and point "
+        f"model.path at the directory"
+    )
+    if has_inline:
+        hint += ", or run on random weights of the same shape with load.format=dummy"
+    return f"model.path={path!r}: no local checkpoint (a directory with config.json) or HF cache entry; {hint}"

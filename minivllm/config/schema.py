@@ -1,0 +1,180 @@
+"""Structured config schemas: one dataclass per Hydra config group.
+
+Every field has a default, a type and a one-line docstring (the docstring under
+the field; `tools/gen_config_docs.py` reads them). Choices are checked in
+``__post_init__`` so a bad value fails when the config is built, naming the key.
+OmegaConf has no ``Literal`` type, so choices are plain ``str`` fields with an
+allowed set next to them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from minivllm.config.validation import check_choice, check_range
+
+MODEL_DTYPES = ("auto", "float32", "float16", "bfloat16")
+PARALLEL_BACKENDS = ("auto", "uni", "mp", "ray")
+CACHE_DTYPES = ("auto", "float32", "float16", "bfloat16")
+LOAD_FORMATS = ("auto", "safetensors", "pt", "dummy")
+SCHEDULER_POLICIES = ("fcfs", "priority")
+ATTENTION_BACKENDS = ("auto", "torch", "triton")
+DEVICE_TYPES = ("auto", "cpu", "cuda")
+TASKS = ("generate", "bench", "serve")
+
+
+@dataclass
+class ModelConfig:
+    path: str = "???"
+    """Local checkpoint directory (Hugging Face layout) or hub id."""
+    tokenizer: Optional[str] = None
+    """Tokenizer directory or hub id; defaults to ``path``."""
+    dtype: str = "auto"
+    """Weight and activation dtype: auto (checkpoint's; float32 on CPU), float32, float16, bfloat16."""
+    max_model_len: Optional[int] = None
+    """Longest prompt + output in tokens; defaults to the checkpoint's max_position_embeddings."""
+    seed: int = 0
+    """Seed for random weights (load.format=dummy) and for sampling without a per-request seed."""
+    hf_overrides: dict[str, Any] = field(default_factory=dict)
+    """Keys merged into the checkpoint's config.json (e.g. {num_hidden_layers: 2})."""
+    hf_config: Optional[dict[str, Any]] = None
+    """Inline config.json for presets, used when ``path`` is not found locally (with load.format=dummy)."""
+    architecture: Optional[str] = None
+    """Override for config.json's ``architectures[0]`` (picks the model class)."""
+    max_logprobs: int = 20
+    """Most logprobs a request may ask for per token."""
+
+    def __post_init__(self) -> None:
+        check_choice("model.dtype", self.dtype, MODEL_DTYPES)
+        if self.max_model_len is not None:
+            check_range("model.max_model_len", self.max_model_len, low=1)
+        check_range("model.max_logprobs", self.max_logprobs, low=0)
+
+
+@dataclass
+class ParallelConfig:
+    tp: int = 1
+    """Tensor-parallel size (vLLM: tensor_parallel_size)."""
+    pp: int = 1
+    """Pipeline-parallel size; only 1 is supported."""
+    backend: str = "auto"
+    """Executor: auto (uni for tp=1, mp otherwise), uni, mp (one process per rank), ray."""
+    executor: Any = None
+    """``_target_`` node of the executor class; null follows ``backend``."""
+    worker: Any = field(default_factory=lambda: {"_target_": "minivllm.worker.worker.Worker"})
+    """``_target_`` node of the worker class (one device, one rank)."""
+    model_runner: Any = field(default_factory=lambda: {"_target_": "minivllm.worker.model_runner.ModelRunner"})
+    """``_target_`` node of the model runner (prepares inputs, runs the model, samples)."""
+
+    def __post_init__(self) -> None:
+        check_range("parallel.tp", self.tp, low=1)
+        if self.pp != 1:
+            raise ValueError(f"parallel.pp={self.pp}: pipeline parallelism is not supported; use 1")
+        check_choice("parallel.backend", self.backend, PARALLEL_BACKENDS)
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.pp
+
+
+@dataclass
+class CacheConfig:
+    block_size: int = 16
+    """Tokens per KV-cache block."""
+    gpu_memory_utilization: float = 0.9
+    """Fraction of device memory the engine may use (weights, activations and KV cache)."""
+    cache_dtype: str = "auto"
+    """KV-cache dtype; auto follows the model dtype."""
+    enable_prefix_caching: bool = True
+    """Reuse the KV blocks of identical prompt prefixes across requests."""
+    num_gpu_blocks_override: Optional[int] = None
+    """Use exactly this many KV blocks instead of profiling."""
+    cpu_memory_gb: float = 4.0
+    """Memory in GiB that stands in for device memory when the device is the CPU."""
+
+    def __post_init__(self) -> None:
+        if self.block_size not in (1, 2, 4, 8, 16, 32, 64, 128, 256):
+            raise ValueError(f"cache.block_size={self.block_size}: must be a power of two between 1 and 256")
+        check_range("cache.gpu_memory_utilization", self.gpu_memory_utilization, low=0.0, high=1.0, low_open=True)
+        check_choice("cache.cache_dtype", self.cache_dtype, CACHE_DTYPES)
+        if self.num_gpu_blocks_override is not None:
+            check_range("cache.num_gpu_blocks_override", self.num_gpu_blocks_override, low=1)
+        check_range("cache.cpu_memory_gb", self.cpu_memory_gb, low=0.0, low_open=True)
+
+
+@dataclass
+class SchedulerConfig:
+    max_num_seqs: int = 64
+    """Most requests running at once."""
+    max_num_batched_tokens: int = 2048
+    """Token budget of one engine step (prefill chunks + decode tokens)."""
+    enable_chunked_prefill: bool = True
+    """Split prompts longer than the remaining budget across steps."""
+    policy: str = "fcfs"
+    """fcfs (arrival order) or priority (lower ``priority`` value first)."""
+    log_stats_interval: float = 5.0
+    """Seconds between engine stats log lines; 0 turns them off."""
+
+    def __post_init__(self) -> None:
+        check_range("scheduler.max_num_seqs", self.max_num_seqs, low=1)
+        check_range("scheduler.max_num_batched_tokens", self.max_num_batched_tokens, low=1)
+        check_choice("scheduler.policy", self.policy, SCHEDULER_POLICIES)
+        check_range("scheduler.log_stats_interval", self.log_stats_interval, low=0.0)
+
+
+@dataclass
+class LoadConfig:
+    format: str = "auto"
+    """Weights: auto (safetensors, else .bin/.pt), safetensors, pt, dummy (random, no files)."""
+    loader: Any = field(default_factory=lambda: {"_target_": "minivllm.model_loader.loader.DefaultModelLoader"})
+    """``_target_`` node of the model loader."""
+    use_tqdm: bool = True
+    """Show a progress bar while loading weight files (only on a terminal)."""
+
+    def __post_init__(self) -> None:
+        check_choice("load.format", self.format, LOAD_FORMATS)
+
+
+@dataclass
+class CompilationConfig:
+    cudagraph: bool = True
+    """Capture CUDA graphs for decode-only steps (CUDA only; ignored on the CPU)."""
+    cudagraph_capture_sizes: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64, 128, 256, 512])
+    """Batch sizes captured as CUDA graphs; other sizes pad up to the next one."""
+    torch_compile: bool = False
+    """Compile the small fused ops with torch.compile."""
+
+    def __post_init__(self) -> None:
+        for size in self.cudagraph_capture_sizes:
+            check_range("compilation.cudagraph_capture_sizes[]", size, low=1)
+
+
+@dataclass
+class AttentionConfig:
+    name: str = "auto"
+    """Backend: auto (triton on CUDA, torch on CPU), torch, triton, or custom (with a backend node)."""
+    backend: Any = None
+    """``_target_`` node of the backend class; null follows ``name``."""
+
+    def __post_init__(self) -> None:
+        check_choice("attention.name", self.name, ATTENTION_BACKENDS + ("custom",))
+        if self.name == "custom" and not self.backend:
+            raise ValueError("attention.name=custom: needs attention.backend._target_ (your backend class)")
+
+
+@dataclass
+class DeviceConfig:
+    type: str = "auto"
+    """auto (cuda when available, else cpu), cpu or cuda."""
+
+    def __post_init__(self) -> None:
+        check_choice("device.type", self.type, DEVICE_TYPES)
+
+
+@dataclass
+class TaskConfig:
+    name: str = "generate"
+    """What ``python -m minivllm`` does: generate, bench or serve."""
+
+    def __post_init__(self) -> None:
+        check_choice("task.name", self.name, TASKS)

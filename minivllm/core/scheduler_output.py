@@ -1,0 +1,64 @@
+"""What the scheduler hands the executor for one step.
+
+New requests travel in full; requests the workers have already seen travel as
+deltas (new tokens and new blocks), so a step's message stays small as
+sequences grow. Workers keep per-request state between steps.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from minivllm.core.block_pool import BlockId
+from minivllm.engine.request import RequestId
+from minivllm.sampling_params import SamplingParams
+
+
+@dataclass(slots=True)
+class NewRequestData:
+    req_id: RequestId
+    token_ids: list[int]
+    """Prompt plus any output generated before a preemption."""
+    num_prompt_tokens: int
+    sampling_params: SamplingParams
+    block_ids: list[BlockId]
+    num_computed_tokens: int
+
+
+@dataclass(slots=True)
+class CachedRequestData:
+    req_id: RequestId
+    new_token_ids: list[int]
+    """Tokens sampled since the request was last scheduled."""
+    new_block_ids: list[BlockId]
+    num_computed_tokens: int
+
+
+@dataclass
+class SchedulerOutput:
+    new_reqs: list[NewRequestData] = field(default_factory=list)
+    cached_reqs: list[CachedRequestData] = field(default_factory=list)
+    num_scheduled_tokens: dict[RequestId, int] = field(default_factory=dict)
+    """New tokens per request in this step, in batch order."""
+    finished_req_ids: set[RequestId] = field(default_factory=set)
+    """Requests the workers can forget (finished, aborted or preempted since last step)."""
+
+    @property
+    def total_num_scheduled_tokens(self) -> int:
+        return sum(self.num_scheduled_tokens.values())
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.num_scheduled_tokens
+
+
+@dataclass
+class ModelRunnerOutput:
+    """Sampled tokens of one step, from rank 0."""
+
+    sampled_token_ids: dict[RequestId, list[int]] = field(default_factory=dict)
+    """Per request that finished its known tokens this step: the new token(s).
+    Requests in the middle of a prefill chunk get no entry."""
+    logprobs: dict[RequestId, list[dict[int, float]]] = field(default_factory=dict)
+    """Per sampled token: {token_id: logprob} for the chosen token and the top-k asked for."""
+    prompt_logprobs: dict[RequestId, list[dict[int, float] | None]] = field(default_factory=dict)
+    """Per prompt position computed in this step (when asked for)."""

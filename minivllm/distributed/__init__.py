@@ -1,0 +1,1 @@
+"""Tensor-parallel process group helpers."""

@@ -1,0 +1,63 @@
+"""EngineCore: the loop schedule -> execute -> update, with no tokenizer in sight."""
+from __future__ import annotations
+
+import logging
+
+from minivllm.config.vllm_config import VllmConfig
+from minivllm.core.scheduler import EngineCoreOutput, Scheduler
+from minivllm.engine.request import Request, RequestId
+from minivllm.executor.base import Executor
+from minivllm.utils import build, cdiv
+
+logger = logging.getLogger(__name__)
+
+
+class EngineCore:
+    def __init__(self, cfg: VllmConfig) -> None:
+        self.cfg = cfg
+        self.executor: Executor = build(cfg.parallel.executor, cfg=cfg)
+        try:
+            self.num_blocks = self.executor.determine_num_available_blocks()
+            self.executor.initialize_cache(self.num_blocks)
+        except BaseException:
+            self.executor.shutdown()
+            raise
+        self._log_capacity()
+        self.scheduler = Scheduler(cfg, self.num_blocks)
+
+    def _log_capacity(self) -> None:
+        block_size = self.cfg.cache.block_size
+        per_request = cdiv(self.cfg.max_model_len, block_size)
+        logger.info(
+            "KV cache: %d blocks of %d tokens (%d tokens); max concurrency at max_model_len=%d: %.2fx",
+            self.num_blocks,
+            block_size,
+            self.num_blocks * block_size,
+            self.cfg.max_model_len,
+            self.num_blocks / per_request,
+        )
+
+    @property
+    def max_tokens_in_cache(self) -> int:
+        return self.num_blocks * self.cfg.cache.block_size
+
+    def add_request(self, request: Request) -> None:
+        self.scheduler.add_request(request)
+
+    def abort_requests(self, request_ids: list[RequestId]) -> None:
+        self.scheduler.abort_requests(request_ids)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    def step(self) -> list[EngineCoreOutput]:
+        sched = self.scheduler.schedule()
+        if sched.is_empty:
+            if sched.finished_req_ids:  # let workers drop state of aborted requests
+                self.executor.execute_model(sched)
+            return []
+        output = self.executor.execute_model(sched)
+        return self.scheduler.update_from_output(sched, output)
+
+    def shutdown(self) -> None:
+        self.executor.shutdown()

@@ -1,0 +1,27 @@
+"""Loading the tokenizer, offline."""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
+
+from minivllm.config.model_source import find_local_checkpoint
+from minivllm.config.vllm_config import VllmConfig
+
+logger = logging.getLogger(__name__)
+DEMO_TOKENIZER = Path(__file__).resolve().parents[1] / "assets" / "demo-llama"
+
+
+def get_tokenizer(cfg: VllmConfig) -> PreTrainedTokenizerBase:
+    """The checkpoint's tokenizer; for a dummy-weights preset with no local files,
+    the bundled demo tokenizer stands in (its ids are valid in any larger vocab)."""
+    source = find_local_checkpoint(cfg.tokenizer_path) if not Path(cfg.tokenizer_path).is_dir() else Path(cfg.tokenizer_path)
+    if source is None and cfg.load.format == "dummy":
+        logger.warning(
+            "No local tokenizer for %r; using the bundled demo tokenizer with random weights.", cfg.tokenizer_path
+        )
+        source = DEMO_TOKENIZER
+    if source is None:
+        raise ValueError(f"model.tokenizer={cfg.tokenizer_path!r}: no local tokenizer files found")
+    return AutoTokenizer.from_pretrained(str(source), local_files_only=True)

@@ -1,0 +1,24 @@
+"""One worker in the engine's own process (tp=1)."""
+from __future__ import annotations
+
+from typing import Any
+
+from minivllm.config.vllm_config import VllmConfig
+from minivllm.executor.base import Executor
+from minivllm.utils import build
+
+
+class UniProcExecutor(Executor):
+    def __init__(self, cfg: VllmConfig) -> None:
+        super().__init__(cfg)
+        self.worker = build(cfg.parallel.worker, cfg=cfg, rank=0)
+        self.worker.init_device()
+        self.worker.load_model()
+
+    def collective_rpc(self, method: str, args: tuple = (), kwargs: dict | None = None) -> list[Any]:
+        return [getattr(self.worker, method)(*args, **(kwargs or {}))]
+
+    def shutdown(self) -> None:
+        if self.worker is not None:
+            self.worker.shutdown()
+            self.worker = None

@@ -1,0 +1,34 @@
+"""Activation functions by their config.json names."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+_ACTS = {
+    "relu": F.relu,
+    "silu": F.silu,
+    "swish": F.silu,
+    "gelu": F.gelu,
+    "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu_fast": lambda x: F.gelu(x, approximate="tanh"),
+}
+
+
+def get_act_fn(name: str):
+    if name not in _ACTS:
+        raise ValueError(f"activation {name!r}: supported are {', '.join(sorted(_ACTS))}")
+    return _ACTS[name]
+
+
+class ActAndMul(nn.Module):
+    """``act(gate) * up`` on the fused ``[gate | up]`` output of a gate_up projection."""
+
+    def __init__(self, act: str = "silu") -> None:
+        super().__init__()
+        self.act = get_act_fn(act)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (T, 2I) -> (T, I)
+        gate, up = x.chunk(2, dim=-1)
+        return self.act(gate) * up

@@ -1,0 +1,36 @@
+"""Copying (a shard of) a checkpoint tensor into a parameter.
+
+``loaded`` is a ``torch.Tensor`` or a safetensors slice (from ``safe_open(...).get_slice``):
+both support basic indexing, and with a slice only the rank's shard is read from disk.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+def loaded_shape(loaded: Any) -> tuple[int, ...]:
+    return tuple(loaded.shape) if isinstance(loaded, torch.Tensor) else tuple(loaded.get_shape())
+
+
+def narrow(loaded: Any, dim: int, start: int, size: int) -> torch.Tensor:
+    """``loaded[..., start:start+size, ...]`` along ``dim`` as a tensor."""
+    index = [slice(None)] * len(loaded_shape(loaded))
+    index[dim] = slice(start, start + size)
+    return loaded[tuple(index)]
+
+
+def as_tensor(loaded: Any) -> torch.Tensor:
+    return loaded if isinstance(loaded, torch.Tensor) else loaded[:]
+
+
+def copy_checked(param: torch.Tensor, value: torch.Tensor, name: str = "") -> None:
+    if tuple(param.shape) != tuple(value.shape):
+        raise ValueError(f"weight {name or '?'}: checkpoint shape {tuple(value.shape)} != parameter {tuple(param.shape)}")
+    param.data.copy_(value)
+
+
+def default_weight_loader(param: torch.nn.Parameter, loaded: Any) -> None:
+    """For parameters of layers without their own ``weight_loader`` (norms): copy whole."""
+    copy_checked(param, as_tensor(loaded))

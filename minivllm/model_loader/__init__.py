@@ -1,0 +1,1 @@
+"""Building a model on the meta device and filling in its weights."""

@@ -1,0 +1,50 @@
+"""The default model loader: registry lookup, meta-device build, weight fill-in."""
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from minivllm.attention.backend import AttentionBackend
+from minivllm.config.vllm_config import VllmConfig
+from minivllm.model_loader.weight_files import find_weight_files, iterate_weights
+from minivllm.models.registry import ModelRegistry
+
+
+class DefaultModelLoader:
+    """Builds the model class named by config.json on the meta device (no memory,
+    no random init), materialises it on the target device, then loads weights
+    (or draws random ones for ``load.format=dummy``)."""
+
+    def load_model(self, cfg: VllmConfig, backend: AttentionBackend, device: torch.device) -> nn.Module:
+        model_cls = ModelRegistry.resolve(cfg.architecture)
+        with torch.device("meta"):
+            model = model_cls(cfg.hf_config, backend)
+        model = model.to(dtype=cfg.dtype).to_empty(device=device)
+        for module in model.modules():  # materialising drops shared parameters; restore them
+            if hasattr(module, "retie"):
+                module.retie()
+        if cfg.load.format == "dummy":
+            init_dummy_weights(model, seed=cfg.model.seed)
+        else:
+            model.load_weights(self._weights(cfg))
+        return model.eval()
+
+    def _weights(self, cfg: VllmConfig) -> Iterator[tuple[str, Any]]:
+        kind, files = find_weight_files(cfg.checkpoint_dir, cfg.load.format)
+        show = cfg.load.use_tqdm and len(files) > 1
+        for path in tqdm(files, desc="Loading weights", unit="file", disable=not show or None):
+            yield from iterate_weights(kind, [path])
+
+
+@torch.no_grad()
+def init_dummy_weights(model: nn.Module, seed: int, low: float = -1e-3, high: float = 1e-3) -> None:
+    """Uniform random weights (vLLM's dummy format); norm scales around 1 so activations stay sane."""
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    for name, param in model.named_parameters():
+        values = torch.empty(param.shape, dtype=torch.float32).uniform_(low, high, generator=gen)
+        if "norm" in name and name.endswith("weight"):
+            values += 1.0
+        param.data.copy_(values)

@@ -1,0 +1,146 @@
+"""Llama: pre-norm decoder with RMSNorm, RoPE, GQA attention and a SwiGLU MLP.
+
+The attention and MLP blocks take the options that Llama's descendants need
+(qkv bias, per-head q/k norm, sliding window), so those families are short
+subclasses rather than copies.
+"""
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+import torch
+from torch import nn
+from transformers import PretrainedConfig
+
+from minivllm.attention.backend import AttentionBackend, AttentionMetadata
+from minivllm.layers.activation import ActAndMul
+from minivllm.layers.attention import Attention
+from minivllm.layers.embedding import ParallelLMHead, VocabParallelEmbedding
+from minivllm.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from minivllm.layers.norm import RMSNorm
+from minivllm.layers.rotary import get_rope
+from minivllm.models.utils import load_weights
+
+
+class LlamaAttention(nn.Module):
+    def __init__(
+        self,
+        config: PretrainedConfig,
+        backend: AttentionBackend,
+        *,
+        qkv_bias: bool = False,
+        qk_norm: bool = False,
+        sliding_window: int | None = None,
+    ) -> None:
+        super().__init__()
+        hidden = config.hidden_size
+        num_heads = config.num_attention_heads
+        num_kv_heads = getattr(config, "num_key_value_heads", None) or num_heads
+        head_dim = getattr(config, "head_dim", None) or hidden // num_heads
+        self.qkv_proj = QKVParallelLinear(hidden, head_dim, num_heads, num_kv_heads, bias=qkv_bias)
+        self.o_proj = RowParallelLinear(num_heads * head_dim, hidden, bias=getattr(config, "o_bias", False))
+        self.rotary_emb = get_rope(config, head_dim)
+        self.head_dim = head_dim
+        self.q_norm = RMSNorm(head_dim, config.rms_norm_eps) if qk_norm else None
+        self.k_norm = RMSNorm(head_dim, config.rms_norm_eps) if qk_norm else None
+        local_heads, local_kv = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
+        self.attn = Attention(backend, local_heads, head_dim, local_kv, head_dim**-0.5, sliding_window)
+
+    def forward(self, positions: torch.Tensor, hidden: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        T = hidden.shape[0]
+        qkv = self.qkv_proj(hidden)
+        q, k, v = qkv.split([self.qkv_proj.q_size, self.qkv_proj.kv_size, self.qkv_proj.kv_size], dim=-1)
+        q = q.view(T, -1, self.head_dim)  # (T, heads, head_dim)
+        k = k.view(T, -1, self.head_dim)  # (T, kv_heads, head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self.rotary_emb(positions, q, k)
+        return self.o_proj(self.attn(q.reshape(T, -1), k.reshape(T, -1), v, meta))
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, hidden: int, intermediate: int, act: str, bias: bool = False) -> None:
+        super().__init__()
+        self.gate_up_proj = MergedColumnParallelLinear(hidden, [intermediate, intermediate], bias=bias)
+        self.down_proj = RowParallelLinear(intermediate, hidden, bias=bias)
+        self.act_fn = ActAndMul(act)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, config: PretrainedConfig, backend: AttentionBackend, layer_idx: int, **attn_opts: Any):
+        super().__init__()
+        self.self_attn = LlamaAttention(config, backend, **attn_opts)
+        self.mlp = LlamaMLP(
+            config.hidden_size, config.intermediate_size, config.hidden_act, getattr(config, "mlp_bias", False)
+        )
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(
+        self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None, meta: AttentionMetadata
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            residual, hidden = hidden, self.input_layernorm(hidden)
+        else:
+            hidden, residual = self.input_layernorm(hidden, residual)
+        hidden = self.self_attn(positions, hidden, meta)
+        hidden, residual = self.post_attention_layernorm(hidden, residual)
+        return self.mlp(hidden), residual
+
+
+class LlamaModel(nn.Module):
+    layer_cls = LlamaDecoderLayer
+
+    def __init__(self, config: PretrainedConfig, backend: AttentionBackend, **attn_opts: Any) -> None:
+        super().__init__()
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(
+            self.layer_cls(config, backend, i, **attn_opts) for i in range(config.num_hidden_layers)
+        )
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        hidden, residual = self.embed_tokens(input_ids), None  # (T, hidden)
+        for layer in self.layers:
+            hidden, residual = layer(positions, hidden, residual, meta)
+        hidden, _ = self.norm(hidden, residual)
+        return hidden
+
+
+class LlamaForCausalLM(nn.Module):
+    packed_modules_mapping = {
+        "q_proj": ("qkv_proj", "q"),
+        "k_proj": ("qkv_proj", "k"),
+        "v_proj": ("qkv_proj", "v"),
+        "gate_proj": ("gate_up_proj", 0),
+        "up_proj": ("gate_up_proj", 1),
+    }
+    model_cls = LlamaModel
+
+    def __init__(self, config: PretrainedConfig, backend: AttentionBackend) -> None:
+        super().__init__()
+        self.config = config
+        self.model = self.model_cls(config, backend, **self.attention_options(config))
+        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
+        if getattr(config, "tie_word_embeddings", False):
+            self.lm_head.tie_to(self.model.embed_tokens)
+
+    @classmethod
+    def attention_options(cls, config: PretrainedConfig) -> dict[str, Any]:
+        """Keyword options of every LlamaAttention; subclasses add theirs."""
+        return {"qkv_bias": getattr(config, "attention_bias", False)}
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        return self.model(input_ids, positions, meta)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # (N, hidden) -> (N, vocab) fp32
+        return self.lm_head.compute_logits(hidden)
+
+    def load_weights(self, weights: Iterable[tuple[str, Any]]) -> None:
+        skip = ("rotary_emb.inv_freq",)
+        if getattr(self.config, "tie_word_embeddings", False):
+            skip += ("lm_head.weight",)
+        load_weights(self, weights, self.packed_modules_mapping, skip)

@@ -1,0 +1,50 @@
+"""Maps config.json ``architectures`` names to model classes, imported lazily.
+
+Out-of-tree models register themselves::
+
+    ModelRegistry.register_model("MyForCausalLM", "my_pkg.my_model:MyForCausalLM")
+"""
+from __future__ import annotations
+
+import importlib
+
+from torch import nn
+
+_BUILTIN: dict[str, str] = {
+    "OPTForCausalLM": "minivllm.models.opt:OPTForCausalLM",
+    "LlamaForCausalLM": "minivllm.models.llama:LlamaForCausalLM",
+}
+
+
+class _Registry:
+    def __init__(self, models: dict[str, str]) -> None:
+        self._models: dict[str, str | type[nn.Module]] = dict(models)
+
+    def register_model(self, architecture: str, model: str | type[nn.Module]) -> None:
+        """``model`` is a class or a ``"package.module:ClassName"`` string (imported on first use)."""
+        if isinstance(model, str) and ":" not in model:
+            raise ValueError(f"register_model({architecture!r}, {model!r}): expected 'package.module:ClassName'")
+        self._models[architecture] = model
+
+    def get_supported_archs(self) -> list[str]:
+        return sorted(self._models)
+
+    def is_supported(self, architecture: str) -> bool:
+        return architecture in self._models
+
+    def resolve(self, architecture: str) -> type[nn.Module]:
+        if architecture not in self._models:
+            raise ValueError(
+                f"architecture {architecture!r} is not supported; supported are: "
+                f"{', '.join(self.get_supported_archs())} (or register your own with "
+                f"ModelRegistry.register_model, or set model.architecture)"
+            )
+        entry = self._models[architecture]
+        if isinstance(entry, str):
+            module_name, class_name = entry.split(":")
+            entry = getattr(importlib.import_module(module_name), class_name)
+            self._models[architecture] = entry
+        return entry
+
+
+ModelRegistry = _Registry(_BUILTIN)

@@ -1,0 +1,52 @@
+"""Loading checkpoint tensors into a model by name."""
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+from torch import nn
+
+from minivllm.layers.weight_utils import default_weight_loader
+
+PackedMapping = dict[str, tuple[str, Any]]
+"""checkpoint sub-name -> (fused parameter sub-name, shard id), e.g. "q_proj" -> ("qkv_proj", "q")."""
+
+
+def load_weights(
+    model: nn.Module,
+    weights: Iterable[tuple[str, Any]],
+    packed: PackedMapping | None = None,
+    skip: tuple[str, ...] = (),
+) -> set[str]:
+    """Copy each checkpoint tensor into its parameter; return the parameter names loaded.
+
+    Names containing any of ``skip`` are ignored (e.g. rotary caches, a tied
+    ``lm_head.weight``). Raises when a checkpoint name matches no parameter or
+    when a parameter received nothing.
+    """
+    params = dict(model.named_parameters())
+    loaded_names: set[str] = set()
+    for name, tensor in weights:
+        if any(s in name for s in skip):
+            continue
+        target, shard = _packed_target(name, packed or {})
+        if target not in params:
+            raise ValueError(f"checkpoint tensor {name!r} matches no parameter of {type(model).__name__}")
+        param = params[target]
+        owner = model.get_submodule(target.rpartition(".")[0])
+        loader = getattr(owner, "weight_loader", None)
+        if loader is not None:
+            loader(param, tensor, shard)
+        else:
+            default_weight_loader(param, tensor)
+        loaded_names.add(target)
+    missing = set(params) - loaded_names
+    if missing:
+        raise ValueError(f"checkpoint has no tensors for: {', '.join(sorted(missing)[:8])}")
+    return loaded_names
+
+
+def _packed_target(name: str, packed: PackedMapping) -> tuple[str, Any]:
+    for part, (fused, shard) in packed.items():
+        if f".{part}." in name:
+            return name.replace(f".{part}.", f".{fused}."), shard
+    return name, None

@@ -1,0 +1,54 @@
+"""Per-step sampling inputs, one row per request that samples this step."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from minivllm.sampling_params import SamplingParams
+
+
+@dataclass
+class SamplingMetadata:
+    temperature: torch.Tensor
+    """(N,) fp32; 0 rows are greedy."""
+    top_k: torch.Tensor | None
+    """(N,) int64, vocab size where off; None when no row uses it."""
+    top_p: torch.Tensor | None
+    """(N,) fp32, 1.0 where off; None when no row uses it."""
+    min_p: torch.Tensor | None
+    """(N,) fp32, 0.0 where off; None when no row uses it."""
+    generators: dict[int, torch.Generator]
+    """Row -> the request's own generator (requests with a seed)."""
+    all_greedy: bool
+    max_num_logprobs: int | None
+    """Largest ``logprobs`` asked for in the batch; None when nobody asked."""
+
+    @classmethod
+    def build(
+        cls,
+        params: list[SamplingParams],
+        generators: dict[int, torch.Generator],
+        vocab_size: int,
+        device: torch.device,
+    ) -> "SamplingMetadata":
+        temps = [0.0 if p.greedy else p.temperature for p in params]
+        top_k = [p.top_k if p.top_k > 0 else vocab_size for p in params]
+        top_p = [p.top_p for p in params]
+        min_p = [p.min_p for p in params]
+        asked = [p.logprobs for p in params if p.logprobs is not None]
+        return cls(
+            temperature=torch.tensor(temps, dtype=torch.float32, device=device),
+            top_k=_tensor_if(top_k, vocab_size, torch.int64, device),
+            top_p=_tensor_if(top_p, 1.0, torch.float32, device),
+            min_p=_tensor_if(min_p, 0.0, torch.float32, device),
+            generators=generators,
+            all_greedy=all(t == 0.0 for t in temps),
+            max_num_logprobs=max(asked) if asked else None,
+        )
+
+
+def _tensor_if(values: list, neutral, dtype: torch.dtype, device: torch.device) -> torch.Tensor | None:
+    if all(v == neutral for v in values):
+        return None
+    return torch.tensor(values, dtype=dtype, device=device)

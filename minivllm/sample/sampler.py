@@ -1,0 +1,88 @@
+"""The sampler: logits in, one token per row out, batched on the device.
+
+Random rows use the exponential race (``argmax(p / q)`` with ``q ~ Exp(1)``),
+which samples from ``p`` exactly and lets each seeded request draw its noise
+from its own generator, so its tokens do not depend on the rest of the batch.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from minivllm.sample.metadata import SamplingMetadata
+
+
+@dataclass
+class SamplerOutput:
+    token_ids: torch.Tensor
+    """(N,) int64."""
+    logprobs: torch.Tensor | None
+    """(N, 1 + k) fp32: the chosen token's logprob, then the top-k; None when nobody asked."""
+    logprob_token_ids: torch.Tensor | None
+    """(N, 1 + k) int64: the ids matching ``logprobs``."""
+
+
+class Sampler(nn.Module):
+    def __init__(self, generator: torch.Generator | None = None) -> None:
+        super().__init__()
+        self.generator = generator
+        """Noise for rows without their own seed (seeded by model.seed)."""
+
+    def forward(self, logits: torch.Tensor, meta: SamplingMetadata) -> SamplerOutput:
+        """logits: (N, V) fp32, as the model produced them."""
+        greedy = logits.argmax(dim=-1)
+        if meta.all_greedy:
+            token_ids = greedy
+        else:
+            sampled = self._sample(self._process(logits, meta), meta)
+            token_ids = torch.where(meta.temperature == 0.0, greedy, sampled)
+        if meta.max_num_logprobs is None:
+            return SamplerOutput(token_ids, None, None)
+        return SamplerOutput(token_ids, *gather_logprobs(logits, token_ids, meta.max_num_logprobs))
+
+    def _process(self, logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
+        """Temperature, then top-k / top-p / min-p masks (masked entries become -inf)."""
+        temp = torch.where(meta.temperature == 0.0, 1.0, meta.temperature)
+        logits = logits / temp.unsqueeze(1)
+        if meta.top_k is not None or meta.top_p is not None:
+            logits = apply_top_k_top_p(logits, meta.top_k, meta.top_p)
+        if meta.min_p is not None:
+            probs = logits.softmax(dim=-1)
+            floor = meta.min_p.unsqueeze(1) * probs.max(dim=-1, keepdim=True).values
+            logits = logits.masked_fill(probs < floor, float("-inf"))
+        return logits
+
+    def _sample(self, logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
+        probs = logits.softmax(dim=-1)
+        q = torch.empty_like(probs).exponential_(generator=self.generator)
+        for row, gen in meta.generators.items():
+            q[row].exponential_(generator=gen)
+        return probs.div(q).argmax(dim=-1)
+
+
+def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None) -> torch.Tensor:
+    """Keep each row's ``top_k`` largest logits and its smallest nucleus of mass ``top_p``."""
+    sorted_logits, order = logits.sort(dim=-1, descending=True)  # (N, V)
+    drop = torch.zeros_like(sorted_logits, dtype=torch.bool)
+    if top_k is not None:
+        ranks = torch.arange(logits.shape[-1], device=logits.device)
+        drop |= ranks.unsqueeze(0) >= top_k.unsqueeze(1)
+    if top_p is not None:
+        probs = sorted_logits.masked_fill(drop, float("-inf")).softmax(dim=-1)
+        mass_before = probs.cumsum(dim=-1) - probs  # probability of strictly better tokens
+        drop |= mass_before >= top_p.unsqueeze(1)
+    drop[:, 0] = False  # the most likely token always survives
+    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+    return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
+
+
+def gather_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Raw-model logprobs of the chosen tokens and of the top ``k``: two (N, 1 + k) tensors."""
+    logprobs = logits.log_softmax(dim=-1)
+    chosen = logprobs.gather(-1, token_ids.unsqueeze(1))
+    if k == 0:
+        return chosen, token_ids.unsqueeze(1)
+    top_vals, top_ids = logprobs.topk(k, dim=-1)
+    return torch.cat((chosen, top_vals), dim=1), torch.cat((token_ids.unsqueeze(1), top_ids), dim=1)

@@ -1,0 +1,101 @@
+"""A worker: one device, one rank. Owns the model runner and sizes the KV cache."""
+from __future__ import annotations
+
+import logging
+import os
+import resource
+
+import torch
+import torch.distributed as dist
+
+from minivllm.config.vllm_config import VllmConfig
+from minivllm.core.scheduler_output import ModelRunnerOutput, SchedulerOutput
+from minivllm.utils import build
+
+logger = logging.getLogger(__name__)
+GiB = 1 << 30
+
+
+class Worker:
+    def __init__(
+        self, cfg: VllmConfig, rank: int = 0, distributed_init_method: str | None = None, num_threads: int | None = None
+    ) -> None:
+        self.cfg = cfg
+        self.rank = rank
+        self.distributed_init_method = distributed_init_method
+        self.num_threads = num_threads
+        self.device = torch.device("cpu")
+        self.model_runner = None
+
+    def init_device(self) -> None:
+        if self.cfg.device_type == "cuda":
+            self.device = torch.device("cuda", self.rank % torch.cuda.device_count())
+            torch.cuda.set_device(self.device)
+        if self.num_threads:
+            torch.set_num_threads(self.num_threads)
+        if self.cfg.world_size > 1:
+            backend = "nccl" if self.cfg.device_type == "cuda" else "gloo"
+            dist.init_process_group(
+                backend, init_method=self.distributed_init_method, rank=self.rank, world_size=self.cfg.world_size
+            )
+        torch.manual_seed(self.cfg.model.seed)
+
+    def load_model(self) -> None:
+        self.model_runner = build(self.cfg.parallel.model_runner, cfg=self.cfg, device=self.device)
+        self.model_runner.load_model()
+
+    def determine_num_available_blocks(self) -> int:
+        """KV blocks that fit: (device memory x utilization - peak usage) / bytes per block.
+
+        The peak is measured around a forward pass at the full token budget.
+        On the CPU, ``cache.cpu_memory_gb`` stands in for device memory and the
+        peak is the weights plus the growth of the process's resident high-water mark.
+        """
+        override = self.cfg.cache.num_gpu_blocks_override
+        if override is not None:
+            return override
+        total, peak = self._profile_memory()
+        free = total * self.cfg.cache.gpu_memory_utilization - peak
+        per_block = self.model_runner.kv_cache_bytes_per_block()
+        num_blocks = int(free // per_block)
+        if num_blocks < 1:
+            raise ValueError(
+                f"cache.gpu_memory_utilization={self.cfg.cache.gpu_memory_utilization}: leaves no room for the KV "
+                f"cache (device {total / GiB:.2f} GiB, model peak {peak / GiB:.2f} GiB); raise it"
+                + (", or raise cache.cpu_memory_gb" if self.device.type == "cpu" else "")
+            )
+        return num_blocks
+
+    def _profile_memory(self) -> tuple[float, float]:
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self.model_runner.profile_run()
+            torch.cuda.synchronize(self.device)
+            _, total = torch.cuda.mem_get_info(self.device)
+            return float(total), float(torch.cuda.max_memory_allocated(self.device))
+        weights = sum(p.numel() * p.element_size() for p in self.model_runner.model.parameters())
+        before = _rss_bytes()
+        self.model_runner.profile_run()
+        activations = max(0.0, _peak_rss_bytes() - before)
+        return self.cfg.cache.cpu_memory_gb * GiB, float(weights + activations)
+
+    def initialize_cache(self, num_blocks: int) -> None:
+        self.model_runner.init_kv_cache(num_blocks)
+
+    def execute_model(self, sched: SchedulerOutput) -> ModelRunnerOutput | None:
+        output = self.model_runner.execute_model(sched)
+        return output if self.rank == 0 else None
+
+    def shutdown(self) -> None:
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _rss_bytes() -> float:
+    with open(f"/proc/{os.getpid()}/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _peak_rss_bytes() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024.0

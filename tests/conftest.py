@@ -1,0 +1,60 @@
+"""Shared fixtures: small checkpoints built once per test session."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from tests import checkpoints as ck  # noqa: E402
+from tests.model_configs import llama_config, opt_config  # noqa: E402
+
+
+def pytest_collection_modifyitems(config, items):
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA device; this machine has none")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip_gpu)
+
+
+@pytest.fixture(scope="session")
+def tokenizer_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("tokenizer")
+    ck.train_tokenizer(out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def make_checkpoint(tmp_path_factory, tokenizer_dir):
+    """``make_checkpoint(name, config)`` -> directory, built once per name."""
+    built = {}
+
+    def make(name: str, config, **kwargs):
+        if name not in built:
+            out = tmp_path_factory.mktemp(name)
+            built[name] = ck.save_checkpoint(config, out, tokenizer_dir, **kwargs)
+        return built[name]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def opt_dir(make_checkpoint):
+    return make_checkpoint("opt", opt_config())
+
+
+@pytest.fixture(scope="session")
+def llama_dir(make_checkpoint):
+    return make_checkpoint("llama-gqa-untied", llama_config(tie=False))
+
+
+@pytest.fixture(scope="session")
+def llama_tied_dir(make_checkpoint):
+    return make_checkpoint("llama-gqa-tied", llama_config(tie=True))
