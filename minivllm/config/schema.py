@@ -89,7 +89,7 @@ class CacheConfig:
     """Reuse the KV blocks of identical prompt prefixes across requests."""
     num_gpu_blocks_override: Optional[int] = None
     """Use exactly this many KV blocks instead of profiling."""
-    cpu_memory_gb: float = 4.0
+    cpu_memory_gb: float = 2.0
     """Memory in GiB that stands in for device memory when the device is the CPU."""
 
     def __post_init__(self) -> None:

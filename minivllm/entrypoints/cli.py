@@ -1,0 +1,84 @@
+"""The command line: ``python -m minivllm [group=option ...] [key=value ...]``.
+
+``@hydra.main`` only parses; ``run(cfg)`` does the work and is what tests call.
+A config or input error prints one line naming the key (full trace with
+``hydra.verbose=true``).
+"""
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+
+from minivllm.config.store import register_configs
+from minivllm.config.vllm_config import VllmConfig
+
+logger = logging.getLogger("minivllm")
+
+
+def _tasks() -> dict[str, Callable[[VllmConfig, Path], dict[str, Any]]]:
+    from minivllm.entrypoints.generate import run_generate
+
+    tasks: dict[str, Callable] = {"generate": run_generate}
+    try:
+        from minivllm.bench.run import run_bench
+
+        tasks["bench"] = run_bench
+    except ImportError:
+        pass
+    try:
+        from minivllm.serve.cli import run_serve
+
+        tasks["serve"] = run_serve
+    except ImportError:
+        pass
+    return tasks
+
+
+def output_dir() -> Path:
+    """Hydra's folder for this run (or this multirun job); the cwd outside Hydra."""
+    try:
+        return Path(HydraConfig.get().runtime.output_dir)
+    except ValueError:
+        return Path.cwd()
+
+
+def run(cfg: DictConfig, out_dir: Path | None = None) -> dict[str, Any]:
+    """Validate the composed config, save the resolved tree, and run its task."""
+    vcfg = VllmConfig.from_dictconfig(cfg)
+    out_dir = out_dir or output_dir()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "resolved_config.yaml").write_text(OmegaConf.to_yaml(vcfg.to_dictconfig()))
+    tasks = _tasks()
+    if vcfg.task.name not in tasks:
+        raise ValueError(f"task={vcfg.task.name}: not available in this installation ({', '.join(tasks)})")
+    return tasks[vcfg.task.name](vcfg, out_dir)
+
+
+def _verbose() -> bool:
+    try:
+        return bool(HydraConfig.get().verbose)
+    except ValueError:
+        return False
+
+
+@hydra.main(config_path="pkg://minivllm.conf", config_name="config", version_base="1.3")
+def _hydra_main(cfg: DictConfig) -> Any:
+    try:
+        return run(cfg)
+    except (ValueError, FileNotFoundError) as err:
+        if _verbose():
+            raise
+        first_line = str(err).splitlines()[0] if str(err) else type(err).__name__
+        print(f"error: {first_line}", file=sys.stderr)
+        sys.exit(2)
+
+
+def main() -> None:
+    register_configs()
+    _hydra_main()
