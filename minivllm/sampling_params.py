@@ -5,9 +5,10 @@ the field and its allowed range, before the request reaches the engine.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Optional
+from typing import Any, Optional
 
 from minivllm.config.validation import check_range
 
@@ -35,6 +36,18 @@ class SamplingParams:
     """Keep the k most likely tokens; -1 (or 0) keeps all."""
     min_p: float = 0.0
     """Drop tokens less likely than min_p times the most likely one, in [0, 1]."""
+    presence_penalty: float = 0.0
+    """Subtracted from the logit of every token already in the output, in [-2, 2]."""
+    frequency_penalty: float = 0.0
+    """Subtracted from a token's logit once per time it is in the output, in [-2, 2]."""
+    repetition_penalty: float = 1.0
+    """Divides positive (multiplies negative) logits of tokens in the prompt or output, in (0, 2]."""
+    logit_bias: Optional[dict[int, float]] = None
+    """Token id -> value added to its logit (clamped to [-100, 100])."""
+    allowed_token_ids: Optional[list[int]] = None
+    """Only these token ids may be generated."""
+    bad_words: Optional[list[str]] = None
+    """Words that are never generated (their last token is banned when the rest precedes it)."""
     seed: Optional[int] = None
     """Per-request seed: the same tokens whatever else is in the batch."""
     max_tokens: Optional[int] = 16
@@ -60,35 +73,56 @@ class SamplingParams:
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
     """What each streamed output holds."""
 
+    # Filled by the engine's processor from the tokenizer and model config (not user input).
+    _all_stop_token_ids: set[int] = field(default_factory=set, init=False, repr=False, compare=False)
+    """stop_token_ids plus EOS (unless ignore_eos): banned while min_tokens is not reached."""
+    _bad_words_token_ids: list[list[int]] = field(default_factory=list, init=False, repr=False, compare=False)
+    """``bad_words`` as token-id sequences."""
+
     def __post_init__(self) -> None:
-        if isinstance(self.stop, str):
-            self.stop = [self.stop]
-        self.stop = list(self.stop or [])
-        self.stop_token_ids = list(self.stop_token_ids or [])
+        self.stop = _str_list("stop", self.stop)
+        self.bad_words = _str_list("bad_words", self.bad_words) if self.bad_words is not None else None
+        self.stop_token_ids = _int_list("stop_token_ids", self.stop_token_ids)
+        if self.allowed_token_ids is not None:
+            self.allowed_token_ids = _int_list("allowed_token_ids", self.allowed_token_ids)
+            if not self.allowed_token_ids:
+                raise ValueError("allowed_token_ids=[]: must hold at least one token id (or be None)")
+        if self.logit_bias is not None:
+            self.logit_bias = _logit_bias(self.logit_bias)
+        if isinstance(self.output_kind, str) and self.output_kind.upper() in RequestOutputKind.__members__:
+            self.output_kind = RequestOutputKind[self.output_kind.upper()]  # from a config file or the CLI
         self._validate()
 
     def _validate(self) -> None:
+        for name in ("n", "top_k", "min_tokens", "max_tokens", "logprobs", "prompt_logprobs", "seed"):
+            _check_int(name, getattr(self, name), optional=name in _OPTIONAL_INTS)
+        for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty"):
+            _check_number(name, getattr(self, name))
         check_range("n", self.n, low=1)
         check_range("temperature", self.temperature, low=0.0)
         check_range("top_p", self.top_p, low=0.0, high=1.0, low_open=True)
         if self.top_k < -1:
             raise ValueError(f"top_k={self.top_k}: must be -1 (disable), 0 (disable) or at least 1")
         check_range("min_p", self.min_p, low=0.0, high=1.0)
+        check_range("presence_penalty", self.presence_penalty, low=-2.0, high=2.0)
+        check_range("frequency_penalty", self.frequency_penalty, low=-2.0, high=2.0)
+        check_range("repetition_penalty", self.repetition_penalty, low=0.0, high=2.0, low_open=True)
         if self.max_tokens is not None:
             check_range("max_tokens", self.max_tokens, low=1)
         check_range("min_tokens", self.min_tokens, low=0)
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise ValueError(f"min_tokens={self.min_tokens}: must be at most max_tokens={self.max_tokens}")
-        if not all(isinstance(s, str) and s for s in self.stop):
-            raise ValueError(f"stop={self.stop!r}: must be a non-empty string or a list of non-empty strings")
-        if not all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids):
-            raise ValueError(f"stop_token_ids={self.stop_token_ids!r}: must be a list of token ids (ints >= 0)")
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
             if value is not None:
                 check_range(name, value, low=0)
-        if self.seed is not None and not isinstance(self.seed, int):
-            raise ValueError(f"seed={self.seed!r}: must be an int")
+        if not isinstance(self.output_kind, RequestOutputKind):
+            kinds = ", ".join(f"RequestOutputKind.{k.name}" for k in RequestOutputKind)
+            raise ValueError(f"output_kind={self.output_kind!r}: must be one of {kinds}")
+
+    @property
+    def needs_penalties(self) -> bool:
+        return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
 
     @property
     def greedy(self) -> bool:
@@ -98,3 +132,56 @@ class SamplingParams:
         from copy import deepcopy
 
         return deepcopy(self)
+
+
+_OPTIONAL_INTS = ("max_tokens", "logprobs", "prompt_logprobs", "seed")
+_LOGIT_BIAS_LIMIT = 100.0
+
+
+def _check_int(name: str, value: Any, optional: bool) -> None:
+    if value is None and optional:
+        return
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name}={value!r}: must be an int" + (" or None" if optional else ""))
+
+
+def _check_number(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+        raise ValueError(f"{name}={value!r}: must be a number")
+
+
+def _str_list(name: str, value: Any) -> list[str]:
+    """A string or a list of non-empty strings, as a list."""
+    if value is None:
+        return []
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)) or not all(isinstance(s, str) and s for s in items):
+        raise ValueError(f"{name}={value!r}: must be a non-empty string or a list of non-empty strings")
+    return list(items)
+
+
+def _int_list(name: str, value: Any) -> list[int]:
+    """A list of token ids (ints >= 0); None means empty."""
+    if value is None:
+        return []
+    ok = isinstance(value, (list, tuple, set)) and all(
+        isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in value
+    )
+    if not ok:
+        raise ValueError(f"{name}={value!r}: must be a list of token ids (ints >= 0)")
+    return list(value)
+
+
+def _logit_bias(value: Any) -> dict[int, float]:
+    """{token id: bias}, keys as ints (JSON gives strings), biases clamped to [-100, 100] as OpenAI and vLLM do."""
+    if not isinstance(value, dict):
+        raise ValueError(f"logit_bias={value!r}: must be a dict of token id -> bias")
+    out = {}
+    for key, bias in value.items():
+        token = int(key) if isinstance(key, str) and key.strip().isdigit() else key
+        if isinstance(token, bool) or not isinstance(token, int) or token < 0:
+            raise ValueError(f"logit_bias: key {key!r} must be a token id (int >= 0)")
+        if isinstance(bias, bool) or not isinstance(bias, (int, float)) or not math.isfinite(bias):
+            raise ValueError(f"logit_bias[{key!r}]={bias!r}: must be a finite number (clamped to [-100, 100])")
+        out[token] = max(-_LOGIT_BIAS_LIMIT, min(_LOGIT_BIAS_LIMIT, float(bias)))
+    return out
