@@ -5,6 +5,7 @@ from dataclasses import dataclass
 
 import torch
 
+from minivllm.sample.logits_processors import LogitsEdits
 from minivllm.sampling_params import SamplingParams
 
 
@@ -23,6 +24,8 @@ class SamplingMetadata:
     all_greedy: bool
     max_num_logprobs: int | None
     """Largest ``logprobs`` asked for in the batch; None when nobody asked."""
+    edits: LogitsEdits | None = None
+    """Penalties, logit_bias, allowed/bad tokens, min_tokens; None when no row asks."""
 
     @classmethod
     def build(
@@ -31,12 +34,19 @@ class SamplingMetadata:
         generators: dict[int, torch.Generator],
         vocab_size: int,
         device: torch.device,
+        token_ids: list[list[int]] | None = None,
+        num_prompt_tokens: list[int] | None = None,
     ) -> "SamplingMetadata":
+        """``token_ids``: each row's prompt + output so far, of which the first
+        ``num_prompt_tokens`` are the prompt (penalties, bad words and min_tokens
+        need them); None stands for empty prompts and outputs."""
         temps = [0.0 if p.greedy else p.temperature for p in params]
         top_k = [p.top_k if p.top_k > 0 else vocab_size for p in params]
         top_p = [p.top_p for p in params]
         min_p = [p.min_p for p in params]
         asked = [p.logprobs for p in params if p.logprobs is not None]
+        token_ids = token_ids if token_ids is not None else [[] for _ in params]
+        num_prompt_tokens = num_prompt_tokens if num_prompt_tokens is not None else [0] * len(params)
         return cls(
             temperature=torch.tensor(temps, dtype=torch.float32, device=device),
             top_k=_tensor_if(top_k, vocab_size, torch.int64, device),
@@ -45,6 +55,7 @@ class SamplingMetadata:
             generators=generators,
             all_greedy=all(t == 0.0 for t in temps),
             max_num_logprobs=max(asked) if asked else None,
+            edits=LogitsEdits.build(params, token_ids, num_prompt_tokens, vocab_size, device),
         )
 
 

@@ -1,5 +1,10 @@
 """The sampler: logits in, one token per row out, batched on the device.
 
+Order per step (vLLM's): logprobs of the raw logits when asked for; then the
+request-specific edits (allowed/bad tokens, min_tokens, logit_bias, penalties);
+greedy rows take the argmax of the edited logits; random rows apply temperature,
+min-p and top-k / top-p, then draw.
+
 Random rows use the exponential race (``argmax(p / q)`` with ``q ~ Exp(1)``),
 which samples from ``p`` exactly and lets each seeded request draw its noise
 from its own generator, so its tokens do not depend on the rest of the batch.
@@ -31,7 +36,10 @@ class Sampler(nn.Module):
         """Noise for rows without their own seed (seeded by model.seed)."""
 
     def forward(self, logits: torch.Tensor, meta: SamplingMetadata) -> SamplerOutput:
-        """logits: (N, V) fp32, as the model produced them."""
+        """logits: (N, V) fp32, as the model produced them (left unchanged)."""
+        raw = logits
+        if meta.edits is not None:
+            logits = meta.edits.apply(logits)
         greedy = logits.argmax(dim=-1)
         if meta.all_greedy:
             token_ids = greedy
@@ -40,18 +48,18 @@ class Sampler(nn.Module):
             token_ids = torch.where(meta.temperature == 0.0, greedy, sampled)
         if meta.max_num_logprobs is None:
             return SamplerOutput(token_ids, None, None)
-        return SamplerOutput(token_ids, *gather_logprobs(logits, token_ids, meta.max_num_logprobs))
+        return SamplerOutput(token_ids, *gather_logprobs(raw, token_ids, meta.max_num_logprobs))
 
     def _process(self, logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
-        """Temperature, then top-k / top-p / min-p masks (masked entries become -inf)."""
+        """Temperature, then the min-p and top-k / top-p masks (masked entries become -inf)."""
         temp = torch.where(meta.temperature == 0.0, 1.0, meta.temperature)
         logits = logits / temp.unsqueeze(1)
-        if meta.top_k is not None or meta.top_p is not None:
-            logits = apply_top_k_top_p(logits, meta.top_k, meta.top_p)
         if meta.min_p is not None:
             probs = logits.softmax(dim=-1)
             floor = meta.min_p.unsqueeze(1) * probs.max(dim=-1, keepdim=True).values
             logits = logits.masked_fill(probs < floor, float("-inf"))
+        if meta.top_k is not None or meta.top_p is not None:
+            logits = apply_top_k_top_p(logits, meta.top_k, meta.top_p)
         return logits
 
     def _sample(self, logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:

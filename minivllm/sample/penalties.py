@@ -1,0 +1,84 @@
+"""Repetition, presence and frequency penalties, batched over the rows that sample.
+
+Each step builds two (N, V) tensors from the rows' token ids by ``scatter_add``
+over padded id tensors (the padding id is an extra, discarded column ``V``):
+
+    prompt_mask[r, t]    token t occurs in row r's prompt
+    output_counts[r, t]  how often token t occurs in row r's output so far
+
+then, with vLLM's (and transformers') semantics::
+
+    repetition:  tokens in prompt or output: logit / p if logit > 0 else logit * p
+    frequency:   logit -= frequency_penalty * output_counts
+    presence:    logit -= presence_penalty * (output_counts > 0)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from minivllm.sampling_params import SamplingParams
+
+
+@dataclass
+class PenaltyTensors:
+    repetition: torch.Tensor
+    """(N,) fp32; 1.0 where off."""
+    presence: torch.Tensor
+    """(N,) fp32; 0.0 where off."""
+    frequency: torch.Tensor
+    """(N,) fp32; 0.0 where off."""
+    prompt_mask: torch.Tensor
+    """(N, V) bool: the token occurs in the row's prompt."""
+    output_counts: torch.Tensor
+    """(N, V) fp32: occurrences of the token in the row's output."""
+
+    @classmethod
+    def build(
+        cls,
+        params: list[SamplingParams],
+        token_ids: list[list[int]],
+        num_prompt_tokens: list[int],
+        vocab_size: int,
+        device: torch.device,
+    ) -> "PenaltyTensors | None":
+        """None when no row uses a penalty; rows without penalties contribute no ids.
+        ``token_ids[i]``: row i's prompt (its first ``num_prompt_tokens[i]``) and output so far."""
+        uses = [p.needs_penalties for p in params]
+        if not any(uses):
+            return None
+        fp32 = dict(dtype=torch.float32, device=device)
+        rows = list(zip(token_ids, num_prompt_tokens, uses))
+        prompt_ids = [ids[:n] if u else [] for ids, n, u in rows]
+        output_ids = [ids[n:] if u else [] for ids, n, u in rows]
+        return cls(
+            repetition=torch.tensor([p.repetition_penalty for p in params], **fp32),
+            presence=torch.tensor([p.presence_penalty for p in params], **fp32),
+            frequency=torch.tensor([p.frequency_penalty for p in params], **fp32),
+            prompt_mask=token_counts(prompt_ids, vocab_size, device) > 0,
+            output_counts=token_counts(output_ids, vocab_size, device),
+        )
+
+
+def token_counts(rows: list[list[int]], vocab_size: int, device: torch.device) -> torch.Tensor:
+    """(N, V) fp32 occurrence counts of each token id in each row."""
+    width = max((len(r) for r in rows), default=0)
+    padded = np.full((len(rows), max(width, 1)), vocab_size, dtype=np.int64)  # (N, L), pad = V
+    for i, r in enumerate(rows):
+        padded[i, : len(r)] = r
+    ids = torch.from_numpy(padded).to(device)
+    counts = torch.zeros(len(rows), vocab_size + 1, dtype=torch.float32, device=device)
+    counts.scatter_add_(1, ids, torch.ones_like(ids, dtype=torch.float32))
+    return counts[:, :vocab_size]
+
+
+def apply_penalties(logits: torch.Tensor, t: PenaltyTensors) -> torch.Tensor:
+    """logits: (N, V) fp32 -> penalized (N, V) fp32 (a new tensor)."""
+    seen = t.prompt_mask | (t.output_counts > 0)
+    rep = torch.where(seen, t.repetition.unsqueeze(1), 1.0)  # (N, V)
+    logits = torch.where(logits > 0, logits / rep, logits * rep)
+    logits -= t.frequency.unsqueeze(1) * t.output_counts
+    logits -= t.presence.unsqueeze(1) * (t.output_counts > 0).float()
+    return logits
