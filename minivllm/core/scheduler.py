@@ -36,6 +36,8 @@ class EngineCoreOutput:
     new_logprobs: list[dict[int, float]] | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    prompt_logprobs: list[dict[int, float] | None] | None = None
+    """With the first new token of a request that asked: one entry per prompt token (the first None)."""
 
 
 @dataclass
@@ -222,6 +224,7 @@ class Scheduler:
                     new_logprobs=output.logprobs.get(req_id),
                     finish_reason=request.status.finish_reason,
                     stop_reason=request.stop_reason,
+                    prompt_logprobs=output.prompt_logprobs.get(req_id),
                 )
             )
         return results

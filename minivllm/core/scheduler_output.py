@@ -61,4 +61,6 @@ class ModelRunnerOutput:
     logprobs: dict[RequestId, list[dict[int, float]]] = field(default_factory=dict)
     """Per sampled token: {token_id: logprob} for the chosen token and the top-k asked for."""
     prompt_logprobs: dict[RequestId, list[dict[int, float] | None]] = field(default_factory=dict)
-    """Per prompt position computed in this step (when asked for)."""
+    """For requests that asked and sampled their first token this step: one
+    {token_id: logprob} per prompt token (the prompt token's own, then the top-k),
+    the first entry None. Workers gather them chunk by chunk during prefill."""

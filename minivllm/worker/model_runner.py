@@ -16,6 +16,7 @@ from minivllm.config.vllm_config import VllmConfig
 from minivllm.core.scheduler_output import ModelRunnerOutput, SchedulerOutput
 from minivllm.engine.request import RequestId
 from minivllm.sample.metadata import SamplingMetadata
+from minivllm.sample.prompt_logprobs import add_prompt_logprobs
 from minivllm.sample.sampler import Sampler, SamplerOutput
 from minivllm.utils import build, cdiv
 from minivllm.worker.request_state import CachedRequestState
@@ -88,6 +89,9 @@ class ModelRunner:
         input_ids, positions = self._flat_tokens(states, query_lens)
         meta = self._attention_metadata(query_lens, computed, [s.block_ids for s in states], positions)
         hidden = self.model(input_ids, torch.from_numpy(positions).to(self.device), meta)  # (T, hidden)
+        if any(s.prompt_logprobs is not None for s in states):
+            starts = np.cumsum([0, *query_lens[:-1]]).tolist()
+            add_prompt_logprobs(self.model.compute_logits, hidden, starts, states, computed, query_lens)
         sample_rows = [i for i, s in enumerate(states) if computed[i] + query_lens[i] == len(s.token_ids)]
         for state, n in zip(states, query_lens):
             state.num_computed_tokens += n
@@ -147,13 +151,22 @@ class ModelRunner:
     def _sample(self, logits: torch.Tensor, states: list[CachedRequestState]) -> SamplerOutput:
         generators = {i: g for i, s in enumerate(states) if (g := s.seeded_generator()) is not None}
         meta = SamplingMetadata.build(
-            [s.sampling_params for s in states], generators, logits.shape[-1], self.device
+            [s.sampling_params for s in states],
+            generators,
+            logits.shape[-1],
+            self.device,
+            token_ids=[s.token_ids for s in states],
+            num_prompt_tokens=[s.num_prompt_tokens for s in states],
         )
         return self.sampler(logits, meta)
 
     def _to_output(self, req_ids: list[RequestId], sampled: SamplerOutput) -> ModelRunnerOutput:
         tokens = sampled.token_ids.tolist()
         out = ModelRunnerOutput(sampled_token_ids={r: [t] for r, t in zip(req_ids, tokens)})
+        for req_id in req_ids:
+            state = self.requests[req_id]
+            if state.prompt_logprobs is not None:  # complete now: the prompt is all computed
+                out.prompt_logprobs[req_id], state.prompt_logprobs = state.prompt_logprobs, None
         if sampled.logprobs is None:
             return out
         values, ids = sampled.logprobs.tolist(), sampled.logprob_token_ids.tolist()

@@ -1,0 +1,73 @@
+"""Prompt logprobs: for each prompt token after the first, its logprob given the
+tokens before it, plus the top-k alternatives.
+
+The hidden state at position ``p`` predicts token ``p + 1``, so a prefill chunk
+covering positions ``[start, end)`` yields entries for prompt tokens
+``start + 1 .. min(end, P - 1)`` (the last prompt position predicts the first
+output token, which the sampler handles). Chunked prefill spreads a prompt over
+several steps; each step adds its chunk's entries to the request's state.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable
+
+import torch
+
+from minivllm.sample.sampler import gather_logprobs
+
+if TYPE_CHECKING:
+    from minivllm.worker.request_state import CachedRequestState
+
+_ROWS_PER_PASS = 256
+"""Positions whose (rows, vocab) logits are materialised at once."""
+
+
+def add_prompt_logprobs(
+    compute_logits: Callable[[torch.Tensor], torch.Tensor],
+    hidden: torch.Tensor,
+    query_start: list[int],
+    states: list[CachedRequestState],
+    computed: list[int],
+    query_lens: list[int],
+) -> None:
+    """hidden: (T, H) of this step's flat batch; ``query_start[i]`` is request i's first row."""
+    rows: list[int] = []
+    targets: list[int] = []
+    spans: list[tuple[CachedRequestState, int, int]] = []  # (state, first prompt token, count)
+    for i, state in enumerate(states):
+        if state.prompt_logprobs is None:
+            continue
+        start, end = computed[i], min(computed[i] + query_lens[i], state.num_prompt_tokens - 1)
+        if end <= start:
+            continue
+        rows.extend(range(query_start[i], query_start[i] + end - start))
+        targets.extend(state.token_ids[start + 1 : end + 1])
+        spans.append((state, start + 1, end - start))
+    if not rows:
+        return
+    k = max(state.sampling_params.prompt_logprobs for state, _, _ in spans)
+    entries = _entries(compute_logits, hidden, rows, targets, k)
+    offset = 0
+    for state, first, count in spans:
+        asked = 1 + state.sampling_params.prompt_logprobs
+        chunk = entries[offset : offset + count]
+        state.add_prompt_logprobs(first, [dict(pairs[:asked]) for pairs in chunk])
+        offset += count
+
+
+def _entries(
+    compute_logits: Callable[[torch.Tensor], torch.Tensor],
+    hidden: torch.Tensor,
+    rows: list[int],
+    targets: list[int],
+    k: int,
+) -> list[list[tuple[int, float]]]:
+    """Per row: (token id, logprob) of the target, then of the top ``k``."""
+    device = hidden.device
+    out = []
+    for lo in range(0, len(rows), _ROWS_PER_PASS):
+        idx = torch.tensor(rows[lo : lo + _ROWS_PER_PASS], dtype=torch.long, device=device)
+        tgt = torch.tensor(targets[lo : lo + _ROWS_PER_PASS], dtype=torch.long, device=device)
+        values, ids = gather_logprobs(compute_logits(hidden[idx]), tgt, k)  # (M, 1 + k) each
+        out.extend(list(zip(i, v)) for i, v in zip(ids.tolist(), values.tolist()))
+    return out
