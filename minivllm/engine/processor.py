@@ -55,18 +55,55 @@ class Processor:
     def max_output_tokens(self, num_prompt_tokens: int, params: SamplingParams) -> int:
         room = self.cfg.max_model_len - num_prompt_tokens
         limit = room if params.max_tokens is None else min(params.max_tokens, room)
-        if params.logprobs is not None and params.logprobs > self.cfg.model.max_logprobs:
-            raise ValueError(f"logprobs={params.logprobs}: at most model.max_logprobs={self.cfg.model.max_logprobs}")
-        if params.prompt_logprobs is not None and params.prompt_logprobs > self.cfg.model.max_logprobs:
-            raise ValueError(
-                f"prompt_logprobs={params.prompt_logprobs}: at most model.max_logprobs={self.cfg.model.max_logprobs}"
-            )
-        bad_stop = [t for t in params.stop_token_ids if t >= self.vocab_size]
-        if bad_stop:
-            raise ValueError(f"stop_token_ids: {bad_stop} outside the vocabulary [0, {self.vocab_size})")
+        self.check_params(params)
         if num_prompt_tokens + limit > self.max_tokens_in_cache:
             raise ValueError(
                 f"prompt ({num_prompt_tokens} tokens) + max_tokens ({limit}) can never fit the KV cache "
                 f"({self.max_tokens_in_cache} tokens); lower max_tokens or give the cache more memory"
             )
         return limit
+
+    def check_params(self, params: SamplingParams) -> None:
+        """The SamplingParams checks that need the model: logprob caps and token ids."""
+        cap = self.cfg.model.max_logprobs
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(params, name)
+            if value is not None and value > cap:
+                raise ValueError(f"{name}={value}: must be in [0, {cap}] (model.max_logprobs={cap})")
+        id_lists = {
+            "stop_token_ids": params.stop_token_ids,
+            "allowed_token_ids": params.allowed_token_ids or [],
+            "logit_bias": list(params.logit_bias or {}),
+        }
+        for name, ids in id_lists.items():
+            bad = [t for t in ids if t >= self.vocab_size]
+            if bad:
+                raise ValueError(f"{name}: token ids {bad[:5]} outside the vocabulary [0, {self.vocab_size})")
+        self._bad_words_token_ids(params.bad_words or [])
+
+    def prepare_params(self, params: SamplingParams, eos_token_id: int | None) -> SamplingParams:
+        """A copy of ``params`` with the token ids the workers need filled in."""
+        params = params.clone()
+        stop_ids = set(params.stop_token_ids)
+        if eos_token_id is not None and not params.ignore_eos:
+            stop_ids.add(eos_token_id)
+        params._all_stop_token_ids = stop_ids
+        params._bad_words_token_ids = self._bad_words_token_ids(params.bad_words or [])
+        return params
+
+    def _bad_words_token_ids(self, words: list[str]) -> list[list[int]]:
+        """Each word as token ids, alone and after a space. The spaced form is kept only
+        when the space merges into the first token (same length, different first id),
+        so a word is also banned mid-sentence without banning bare spaces."""
+        sequences: list[list[int]] = []
+        for word in words:
+            bare = self.tokenizer.encode(word.lstrip(), add_special_tokens=False)
+            spaced = self.tokenizer.encode(" " + word.lstrip(), add_special_tokens=False)
+            forms = [bare, spaced] if len(spaced) == len(bare) and spaced[:1] != bare[:1] else [bare]
+            for ids in forms:
+                if ids and ids not in sequences:
+                    sequences.append(ids)
+        too_big = [t for ids in sequences for t in ids if t >= self.vocab_size]
+        if too_big:
+            raise ValueError(f"bad_words: tokenize to ids {too_big[:5]} outside the vocabulary [0, {self.vocab_size})")
+        return sequences
