@@ -2,38 +2,18 @@
 from __future__ import annotations
 
 import itertools
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from minivllm.config.vllm_config import VllmConfig
-from minivllm.core.scheduler import EngineCoreOutput, SchedulerStats
+from minivllm.core.scheduler import SchedulerStats
 from minivllm.engine.core import EngineCore
 from minivllm.engine.detokenizer import IncrementalDetokenizer
-from minivllm.engine.outputs import CompletionOutput, RequestOutput
+from minivllm.engine.outputs import RequestOutput
+from minivllm.engine.parent_request import CompletionState, ParentRequest
 from minivllm.engine.processor import Processor, PromptType
 from minivllm.engine.request import Request, RequestId
 from minivllm.engine.tokenizer import get_tokenizer
-from minivllm.sampling_params import RequestOutputKind, SamplingParams
-
-
-@dataclass
-class _RequestState:
-    """The front end's view of a request: text so far and what was last reported."""
-
-    request_id: RequestId
-    prompt: str | None
-    prompt_token_ids: list[int]
-    params: SamplingParams
-    detokenizer: IncrementalDetokenizer
-    arrival_time: float
-    token_ids: list[int] = field(default_factory=list)
-    logprobs: list[dict[int, float]] | None = None
-    cumulative_logprob: float | None = None
-    finish_reason: str | None = None
-    stop_reason: int | str | None = None
-    first_token_time: float | None = None
-    sent_tokens: int = 0
-    sent_chars: int = 0
+from minivllm.sampling_params import SamplingParams
 
 
 @dataclass
@@ -52,7 +32,9 @@ class LLMEngine:
         self.core = EngineCore(cfg)
         self.processor = Processor(cfg, self.tokenizer, self.core.max_tokens_in_cache)
         self.counters = EngineCounters()
-        self._states: dict[RequestId, _RequestState] = {}
+        self._states: dict[RequestId, CompletionState] = {}
+        """Core request id -> its completion (a child of a parent request)."""
+        self._parents: dict[RequestId, ParentRequest] = {}
         self._ids = itertools.count()
 
     @property
@@ -77,27 +59,39 @@ class LLMEngine:
         params: SamplingParams | None = None,
         priority: int = 0,
     ) -> RequestId:
-        """Validate and queue a request; raises ValueError (nothing queued) on bad input."""
+        """Validate and queue a request (``params.n`` core requests); raises ValueError
+        (nothing queued) on bad input."""
         params = params or SamplingParams()
-        if params.n != 1:
-            raise ValueError(f"n={params.n}: only n=1 is supported")
         text, ids = self.processor.tokenize(prompt)
         max_tokens = self.processor.max_output_tokens(len(ids), params)
         req_id = RequestId(str(next(self._ids)) if request_id is None else str(request_id))
-        if req_id in self._states:
+        parent = ParentRequest(req_id, text, ids, self.processor.prepare_params(params, self.eos_token_id))
+        child_ids = [parent.child_id(i) for i in range(params.n)]
+        if req_id in self._parents or any(c in self._states for c in child_ids):
             raise ValueError(f"request_id={req_id!r}: already in use by an unfinished request")
-        request = Request(req_id, ids, params, self.eos_token_id, max_tokens, priority=priority)
-        detok = IncrementalDetokenizer(self.tokenizer, params, ids)
-        self._states[req_id] = _RequestState(req_id, text, ids, params, detok, request.arrival_time)
-        self.counters.num_prompt_tokens += len(ids)
-        self.core.add_request(request)
+        self._parents[req_id] = parent
+        for index, child_id in enumerate(child_ids):
+            child_params = parent.child_params(index)
+            request = Request(child_id, ids, child_params, self.eos_token_id, max_tokens, priority=priority)
+            detok = IncrementalDetokenizer(self.tokenizer, child_params, ids)
+            state = CompletionState(child_id, index, parent, detok)
+            parent.children.append(state)
+            self._states[child_id] = state
+            self.counters.num_prompt_tokens += len(ids)
+            self.core.add_request(request)
         return req_id
 
     def abort_request(self, request_ids: str | list[str]) -> None:
+        """Abort requests by the ids add_request returned (all their completions)."""
         ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
-        self.core.abort_requests([RequestId(r) for r in ids])
-        for r in ids:
-            self._states.pop(RequestId(r), None)
+        child_ids = []
+        for r in map(RequestId, ids):
+            parent = self._parents.pop(r, None)
+            children = parent.children if parent is not None else [s for s in [self._states.get(r)] if s]
+            child_ids.extend(c.request_id for c in children)
+        self.core.abort_requests(child_ids)
+        for c in child_ids:
+            self._states.pop(c, None)
 
     def has_unfinished_requests(self) -> bool:
         return self.core.has_unfinished_requests()
@@ -107,66 +101,29 @@ class LLMEngine:
 
     # ---- stepping -------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        """One engine step; returns outputs of the requests that advanced."""
-        outputs = []
+        """One engine step; returns one output per request that advanced."""
+        advanced: dict[RequestId, list[CompletionState]] = {}
         for core_out in self.core.step():
             state = self._states.get(core_out.req_id)
             if state is None:
                 continue
-            self._absorb(state, core_out)
-            out = self._make_output(state)
-            if state.finish_reason is not None:
+            self.counters.num_generation_tokens += len(core_out.new_token_ids)
+            state.parent.absorb_prompt_logprobs(core_out)
+            if state.absorb(core_out):  # a stop string: the core does not know yet
+                self.core.abort_requests([state.request_id])
+            if state.finished:
                 del self._states[state.request_id]
+            advanced.setdefault(state.parent.request_id, []).append(state)
+        outputs = []
+        for parent_id, children in advanced.items():
+            parent = self._parents[parent_id]
+            out = parent.make_output(children)
+            if parent.finished:
+                del self._parents[parent_id]
                 self.counters.num_finished_requests += 1
             if out is not None:
                 outputs.append(out)
         return outputs
-
-    def _absorb(self, state: _RequestState, core_out: EngineCoreOutput) -> None:
-        now = time.monotonic()
-        state.first_token_time = state.first_token_time or now
-        state.token_ids.extend(core_out.new_token_ids)
-        self.counters.num_generation_tokens += len(core_out.new_token_ids)
-        if core_out.new_logprobs is not None:
-            state.logprobs = (state.logprobs or []) + core_out.new_logprobs
-            chosen = [lp[t] for t, lp in zip(core_out.new_token_ids, core_out.new_logprobs)]
-            state.cumulative_logprob = (state.cumulative_logprob or 0.0) + sum(chosen)
-        state.finish_reason, state.stop_reason = core_out.finish_reason, core_out.stop_reason
-        stop = state.detokenizer.append(core_out.new_token_ids)
-        if stop is not None and state.finish_reason is None:
-            state.finish_reason, state.stop_reason = "stop", stop
-            self.core.abort_requests([state.request_id])
-
-    def _make_output(self, state: _RequestState) -> RequestOutput | None:
-        finished = state.finish_reason is not None
-        kind = state.params.output_kind
-        if kind == RequestOutputKind.FINAL_ONLY and not finished:
-            return None
-        text, token_ids, logprobs = state.detokenizer.text, state.token_ids, state.logprobs
-        if kind == RequestOutputKind.DELTA:
-            text, token_ids = text[state.sent_chars :], token_ids[state.sent_tokens :]
-            logprobs = logprobs[state.sent_tokens :] if logprobs is not None else None
-            state.sent_chars, state.sent_tokens = len(state.detokenizer.text), len(state.token_ids)
-        completion = CompletionOutput(
-            index=0,
-            text=text,
-            token_ids=list(token_ids),
-            cumulative_logprob=state.cumulative_logprob,
-            logprobs=list(logprobs) if logprobs is not None else None,
-            finish_reason=state.finish_reason,
-            stop_reason=state.stop_reason,
-        )
-        metrics = {"arrival_time": state.arrival_time, "first_token_time": state.first_token_time or 0.0}
-        if finished:
-            metrics["finished_time"] = time.monotonic()
-        return RequestOutput(
-            request_id=state.request_id,
-            prompt=state.prompt,
-            prompt_token_ids=state.prompt_token_ids,
-            outputs=[completion],
-            finished=finished,
-            metrics=metrics,
-        )
 
     def shutdown(self) -> None:
         self.core.shutdown()

@@ -44,12 +44,15 @@ def run_generate(cfg: VllmConfig, out_dir: Path) -> dict[str, Any]:
         llm.shutdown()
     with open(out_dir / "outputs.jsonl", "w") as f:
         for out in outputs:
-            c = out.outputs[0]
-            print(f"\n>>> {out.prompt!r}\n{out.prompt}{c.text}")
-            record = {"prompt": out.prompt, "text": c.text, "token_ids": c.token_ids, "finish_reason": c.finish_reason}
-            f.write(json.dumps(record) + "\n")
+            for c in out.outputs:  # sampling.n completions per prompt
+                print(f"\n>>> {out.prompt!r}\n{out.prompt}{c.text}")
+                record = {"prompt": out.prompt, "text": c.text, "token_ids": c.token_ids}
+                record["finish_reason"] = c.finish_reason
+                if len(out.outputs) > 1:
+                    record["index"] = c.index
+                f.write(json.dumps(record) + "\n")
     prompt_tokens = sum(len(o.prompt_token_ids) for o in outputs)
-    output_tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
+    output_tokens = sum(len(c.token_ids) for o in outputs for c in o.outputs)
     metrics = {
         "num_requests": len(outputs),
         "prompt_tokens": prompt_tokens,

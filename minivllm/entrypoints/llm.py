@@ -12,7 +12,7 @@ from minivllm.config.vllm_config import VllmConfig
 from minivllm.engine.llm_engine import LLMEngine
 from minivllm.engine.outputs import RequestOutput
 from minivllm.engine.processor import PromptType
-from minivllm.sampling_params import SamplingParams
+from minivllm.sampling_params import RequestOutputKind, SamplingParams
 
 # vLLM keyword -> key in the config tree
 KWARG_KEYS = {
@@ -110,7 +110,7 @@ class LLM:
         req_ids = []
         try:
             for i, (p, sp) in enumerate(zip(prompts, params)):
-                req_ids.append(engine.add_request(None, p, sp, priority[i] if priority else 0))
+                req_ids.append(engine.add_request(None, p, _final_only(sp), priority[i] if priority else 0))
             return self._run(req_ids, use_tqdm)
         except BaseException:
             engine.abort_request([r for r in req_ids])
@@ -125,7 +125,7 @@ class LLM:
                 for out in self.llm_engine.step():
                     if out.finished:
                         finished[out.request_id] = out
-                        generated += len(out.outputs[0].token_ids)
+                        generated += sum(len(c.token_ids) for c in out.outputs)
                         bar.update(1)
                         bar.set_postfix_str(f"output {generated / max(bar.format_dict['elapsed'], 1e-9):.1f} tok/s")
         return [finished[r] for r in req_ids]
@@ -148,6 +148,15 @@ def _as_list_of_prompts(prompts: Any) -> list[PromptType]:
     if not prompts:
         raise ValueError("prompts: is empty; give at least one prompt")
     return prompts
+
+
+def _final_only(params: SamplingParams) -> SamplingParams:
+    """generate() returns finished outputs only, so it asks for nothing else (as vLLM's LLM does)."""
+    if params.output_kind == RequestOutputKind.FINAL_ONLY:
+        return params
+    params = params.clone()
+    params.output_kind = RequestOutputKind.FINAL_ONLY
+    return params
 
 
 def _params_per_prompt(params: Any, n: int) -> list[SamplingParams]:
