@@ -1,7 +1,9 @@
 """SamplingParams: how one request is decoded (vLLM's field names and meanings).
 
 Every field is checked in ``__post_init__``; a bad value raises ValueError naming
-the field and its allowed range, before the request reaches the engine.
+the field and its allowed range, before the request reaches the engine. Checks
+that need the model (token ids inside the vocabulary, ``model.max_logprobs``)
+are in ``engine/processor.py`` and also run before any work.
 """
 from __future__ import annotations
 

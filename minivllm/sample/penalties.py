@@ -24,14 +24,14 @@ from minivllm.sampling_params import SamplingParams
 
 @dataclass
 class PenaltyTensors:
-    repetition: torch.Tensor
-    """(N,) fp32; 1.0 where off."""
-    presence: torch.Tensor
-    """(N,) fp32; 0.0 where off."""
-    frequency: torch.Tensor
-    """(N,) fp32; 0.0 where off."""
-    prompt_mask: torch.Tensor
-    """(N, V) bool: the token occurs in the row's prompt."""
+    repetition: torch.Tensor | None
+    """(N,) fp32, 1.0 where off; None when no row uses it (and so for the two below)."""
+    presence: torch.Tensor | None
+    """(N,) fp32, 0.0 where off."""
+    frequency: torch.Tensor | None
+    """(N,) fp32, 0.0 where off."""
+    prompt_mask: torch.Tensor | None
+    """(N, V) bool: the token occurs in the row's prompt; only built for the repetition penalty."""
     output_counts: torch.Tensor
     """(N, V) fp32: occurrences of the token in the row's output."""
 
@@ -49,17 +49,25 @@ class PenaltyTensors:
         uses = [p.needs_penalties for p in params]
         if not any(uses):
             return None
-        fp32 = dict(dtype=torch.float32, device=device)
         rows = list(zip(token_ids, num_prompt_tokens, uses))
-        prompt_ids = [ids[:n] if u else [] for ids, n, u in rows]
         output_ids = [ids[n:] if u else [] for ids, n, u in rows]
+        repetition = _per_row([p.repetition_penalty for p in params], 1.0, device)
+        prompt_mask = None
+        if repetition is not None:
+            prompt_mask = token_counts([ids[:n] if u else [] for ids, n, u in rows], vocab_size, device) > 0
         return cls(
-            repetition=torch.tensor([p.repetition_penalty for p in params], **fp32),
-            presence=torch.tensor([p.presence_penalty for p in params], **fp32),
-            frequency=torch.tensor([p.frequency_penalty for p in params], **fp32),
-            prompt_mask=token_counts(prompt_ids, vocab_size, device) > 0,
+            repetition=repetition,
+            presence=_per_row([p.presence_penalty for p in params], 0.0, device),
+            frequency=_per_row([p.frequency_penalty for p in params], 0.0, device),
+            prompt_mask=prompt_mask,
             output_counts=token_counts(output_ids, vocab_size, device),
         )
+
+
+def _per_row(values: list[float], neutral: float, device: torch.device) -> torch.Tensor | None:
+    if all(v == neutral for v in values):
+        return None
+    return torch.tensor(values, dtype=torch.float32, device=device)
 
 
 def token_counts(rows: list[list[int]], vocab_size: int, device: torch.device) -> torch.Tensor:
@@ -75,10 +83,13 @@ def token_counts(rows: list[list[int]], vocab_size: int, device: torch.device) -
 
 
 def apply_penalties(logits: torch.Tensor, t: PenaltyTensors) -> torch.Tensor:
-    """logits: (N, V) fp32 -> penalized (N, V) fp32 (a new tensor)."""
-    seen = t.prompt_mask | (t.output_counts > 0)
-    rep = torch.where(seen, t.repetition.unsqueeze(1), 1.0)  # (N, V)
-    logits = torch.where(logits > 0, logits / rep, logits * rep)
-    logits -= t.frequency.unsqueeze(1) * t.output_counts
-    logits -= t.presence.unsqueeze(1) * (t.output_counts > 0).float()
+    """logits: (N, V) fp32, a buffer the caller owns -> penalized logits (may be the same buffer)."""
+    in_output = t.output_counts > 0  # (N, V)
+    if t.repetition is not None:
+        rep = torch.where(in_output | t.prompt_mask, t.repetition.unsqueeze(1), 1.0)  # (N, V)
+        logits = torch.where(logits > 0, logits / rep, logits * rep)
+    if t.frequency is not None:
+        logits -= t.frequency.unsqueeze(1) * t.output_counts
+    if t.presence is not None:
+        logits -= t.presence.unsqueeze(1) * in_output
     return logits

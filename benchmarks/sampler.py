@@ -1,0 +1,73 @@
+"""Cost of one sampling step (building SamplingMetadata + Sampler.forward) as the batch
+grows, plain vs with every logit edit, at a real vocabulary size.
+
+    python benchmarks/sampler.py [--vocab 32000] [--seq-len 512] [--repeats 20]
+
+Prints the median milliseconds per step for each batch size and configuration.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from minivllm.sample.metadata import SamplingMetadata
+from minivllm.sample.sampler import Sampler
+from minivllm.sampling_params import SamplingParams
+
+EDITS = dict(
+    repetition_penalty=1.2, presence_penalty=0.5, frequency_penalty=0.3, logit_bias={7: 2.0, 11: -5.0},
+    min_tokens=1000, max_tokens=2000, logprobs=5,
+)
+CONFIGS = {
+    "greedy": dict(temperature=0),
+    "greedy+edits": dict(temperature=0, **EDITS),
+    "top-p/k": dict(temperature=0.8, top_p=0.9, top_k=50),
+    "top-p/k+edits": dict(temperature=0.8, top_p=0.9, top_k=50, **EDITS),
+}
+"""edits: all three penalties, logit_bias, min_tokens (stop ids banned), two bad words, 5 logprobs."""
+
+
+def _params(config: dict, vocab: int) -> SamplingParams:
+    params = SamplingParams(**config)
+    params._all_stop_token_ids = {2}
+    if "min_tokens" in config:  # what the engine's processor fills in
+        params._bad_words_token_ids = [[vocab - 1], [5, 6, 7]]
+    return params
+
+
+def step_ms(batch: int, config: dict, vocab: int, seq_len: int, repeats: int) -> float:
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(batch, vocab, generator=gen)
+    tokens = [torch.randint(0, vocab, (seq_len,), generator=gen).tolist() for _ in range(batch)]
+    params = [_params(config, vocab)] * batch
+    sampler = Sampler(torch.Generator().manual_seed(0))
+    times = []
+    for _ in range(repeats + 2):
+        start = time.perf_counter()
+        meta = SamplingMetadata.build(params, {}, vocab, torch.device("cpu"), tokens, [seq_len // 2] * batch)
+        sampler(logits, meta)
+        times.append(time.perf_counter() - start)
+    return 1e3 * statistics.median(times[2:])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--vocab", type=int, default=32000)
+    parser.add_argument("--seq-len", type=int, default=512, help="prompt + output tokens per row (half each)")
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 64])
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    print(f"vocab {args.vocab}, {args.seq_len} tokens per row, torch threads {torch.get_num_threads()}")
+    print(f"{'batch':>6} " + " ".join(f"{name:>14}" for name in CONFIGS) + "   (ms per step, median)")
+    for batch in args.batches:
+        row = [step_ms(batch, c, args.vocab, args.seq_len, args.repeats) for c in CONFIGS.values()]
+        print(f"{batch:>6} " + " ".join(f"{ms:>14.2f}" for ms in row))
+
+
+if __name__ == "__main__":
+    main()
