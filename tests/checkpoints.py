@@ -60,13 +60,23 @@ def save_checkpoint(
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     _spread_weights(model, seed)
-    kwargs = {"safe_serialization": safe_serialization}
-    if max_shard_size:
-        kwargs["max_shard_size"] = max_shard_size
+    kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
     model.save_pretrained(out_dir, **kwargs)
+    if not safe_serialization:  # transformers 5 writes safetensors only; make the pickle ourselves
+        _convert_to_pt(out_dir)
     for f in tokenizer_dir.iterdir():
         (out_dir / f.name).write_bytes(f.read_bytes())
     return out_dir
+
+
+def _convert_to_pt(out_dir: Path) -> None:
+    from safetensors.torch import load_file
+
+    state = {}
+    for f in sorted(out_dir.glob("*.safetensors")):
+        state.update(load_file(f))
+        f.unlink()
+    torch.save(state, out_dir / "pytorch_model.bin")
 
 
 @torch.no_grad()
