@@ -79,3 +79,14 @@ def test_compose_works_from_an_installed_wheel(tmp_path):
     result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["facebook/opt-125m", "8", "32"]
+
+
+def test_help_lists_every_config_group_and_examples(tmp_path):
+    result = run_cli(["--help"], tmp_path, timeout=60)
+    assert result.returncode == 0
+    conf = ROOT / "conf"
+    groups = sorted(p.name for p in conf.iterdir() if p.is_dir() and list(p.glob("*.yaml")))
+    for group in groups:
+        options = ", ".join(sorted(p.stem for p in (conf / group).glob("*.yaml")))
+        assert f"{group}: {options}" in result.stdout
+    assert result.stdout.count("python -m minivllm ") >= 3

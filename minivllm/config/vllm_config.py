@@ -40,6 +40,8 @@ _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch
 
 @dataclass
 class ServeConfig:
+    """The HTTP server of task=serve."""
+
     host: str = "127.0.0.1"
     """Address the HTTP server binds."""
     port: int = 8000
@@ -54,6 +56,8 @@ class ServeConfig:
 
 @dataclass
 class VllmConfig:
+    """The root of the tree: one field per config group, plus the run keys."""
+
     model: ModelConfig = field(default_factory=ModelConfig)
     """Which checkpoint, dtype and context length."""
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
