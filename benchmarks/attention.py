@@ -122,7 +122,8 @@ def run_scenario(sc: Scenario, args: argparse.Namespace, device: torch.device, t
 
     def triton_attention() -> torch.Tensor:
         return paged_attention(x["query"], x["kv_cache"], x["query_start_loc"], x["seq_lens"], x["block_tables"],
-                               max_query_len=sc.query_len, scale=args.head_dim ** -0.5, out=out)
+                               max_query_len=sc.query_len, max_seq_len=sc.context_len,
+                               scale=args.head_dim ** -0.5, out=out)
 
     q = x["query"].view(sc.num_reqs, sc.query_len, args.num_heads, args.head_dim).transpose(1, 2)  # (B, H, L, D)
     kv = gather_kv(x["kv_cache"], x["block_tables"], sc.context_len)

@@ -33,6 +33,6 @@ class TritonAttentionBackend(AttentionBackend):
         write_kv(key, value, kv_cache, meta.slot_mapping)
         return paged_attention(
             query, kv_cache, meta.query_start_loc, meta.seq_lens, meta.block_tables,
-            max_query_len=meta.max_query_len, scale=scale,
+            max_query_len=meta.max_query_len, max_seq_len=meta.max_seq_len, scale=scale,
             sliding_window=sliding_window, logits_soft_cap=logits_soft_cap,
         )

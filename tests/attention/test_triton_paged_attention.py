@@ -8,15 +8,21 @@ natively and skip without a CUDA device.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
+import subprocess
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import torch
+import triton
 
 from minivllm.attention import AttentionMetadata
-from minivllm.attention.ops import paged_attention, write_kv
+from minivllm.attention.ops import paged_attention, triton_kv_write, triton_paged_attention, write_kv
+from minivllm.attention.ops.triton_paged_attention import default_num_splits
 from minivllm.attention.triton_backend import TritonAttentionBackend
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
@@ -48,6 +54,8 @@ class Case:
     soft_cap: float | None = None
     num_pad: int = 0
     """Padding tokens appended to the batch (slot -1, past query_start_loc[-1])."""
+    num_splits: int | None = None
+    """KV splits to force (None: the wrapper's choice, no split on the CPU)."""
 
 
 @dataclass
@@ -95,7 +103,14 @@ CASES = [
     param("window16-fp16", (40, 1), (21, 9), (9, 9), sliding_window=16, dtype=torch.float16),
     param("softcap", (26, 1), (19, 11), (8, 8), block_size=8, soft_cap=1.5),
     param("softcap-window-bf16", (26, 1), (19, 11), block_size=8, soft_cap=2.0, sliding_window=7,
-         dtype=torch.bfloat16),
+          dtype=torch.bfloat16),
+    # Split-KV: 64-key splits here (BLOCK_N), so these lengths leave some splits empty.
+    param("split4-decode", (200, 1), (65, 1), (9, 1), (64, 1), num_splits=4),
+    param("split2-window", (150, 1), (70, 1), block_size=8, sliding_window=50, num_splits=2),
+    param("split8-mixed-softcap-bf16", (90, 20), (200, 1), (20, 20), soft_cap=2.0, dtype=torch.bfloat16,
+          num_splits=8),
+    param("split4-mqa-head80-fp16", (150, 1), (33, 1), num_heads=8, num_kv_heads=1, head_dim=80,
+          dtype=torch.float16, num_splits=4),
 ]
 
 
@@ -182,8 +197,9 @@ def run_attention(batch: Batch, kv_cache: torch.Tensor) -> torch.Tensor:
     out = torch.full_like(batch.query, float("nan"))
     result = paged_attention(
         batch.query, kv_cache, batch.meta.query_start_loc, batch.meta.seq_lens, batch.meta.block_tables,
-        max_query_len=batch.meta.max_query_len, scale=1 / math.sqrt(batch.case.head_dim),
-        sliding_window=batch.case.sliding_window, logits_soft_cap=batch.case.soft_cap, out=out,
+        max_query_len=batch.meta.max_query_len, max_seq_len=batch.meta.max_seq_len,
+        scale=1 / math.sqrt(batch.case.head_dim), sliding_window=batch.case.sliding_window,
+        logits_soft_cap=batch.case.soft_cap, out=out, num_splits=batch.case.num_splits,
     )
     assert result is out
     return out
@@ -205,8 +221,9 @@ def test_paged_attention_matches_reference(case: Case, device: str) -> None:
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_padding_rows_are_left_untouched(device: str) -> None:
-    batch = make_batch(Case((12, 20), (1, 5), num_pad=3), device)
+@pytest.mark.parametrize("num_splits", [1, 4])
+def test_padding_rows_are_left_untouched(num_splits: int, device: str) -> None:
+    batch = make_batch(Case((12, 130), (1, 1), num_pad=3, num_splits=num_splits), device)
     out = run_attention(batch, expected_cache(batch, batch.kv_cache))
     assert_matches_reference(out, batch)
     assert out[-3:].isnan().all()
@@ -249,12 +266,28 @@ def test_backend_is_a_hydra_target() -> None:
     assert isinstance(backend, TritonAttentionBackend) and backend.name == "triton"
 
 
+@pytest.mark.parametrize(("num_sms", "programs", "max_query_len", "max_seq_len", "expected"), [
+    (132, 8, 1, 4096, 16),  # one request, 8 KV heads: as many splits as allowed
+    (132, 8, 1, 600, 2),  # short context: splits of >= 256 keys
+    (132, 64, 1, 4096, 8),
+    (132, 512, 1, 4096, 1),  # the batch fills the GPU already
+    (132, 8, 7, 4096, 1),  # prefill work in the batch
+])
+def test_default_num_splits(num_sms: int, programs: int, max_query_len: int, max_seq_len: int,
+                            expected: int) -> None:
+    assert default_num_splits(num_sms, programs, max_query_len, max_seq_len) == expected
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_realistic_batch_on_gpu() -> None:
-    """Long contexts and a large chunk: sizes the interpreter cannot afford."""
-    batch = make_batch(Case((1000, 1), (2049, 1), (4096, 1), (1500, 700), (300, 300), num_heads=32,
-                            num_kv_heads=8, head_dim=128, dtype=torch.bfloat16), "cuda")
+@pytest.mark.parametrize("case", [
+    param("mixed", (1000, 1), (2049, 1), (4096, 1), (1500, 700), (300, 300)),
+    param("decode-split-by-default", (4000, 1), (3000, 1)),
+])
+def test_realistic_batch_on_gpu(case: Case) -> None:
+    """Long contexts and large chunks: sizes the interpreter cannot afford."""
+    case = dataclasses.replace(case, num_heads=32, num_kv_heads=8, head_dim=128, dtype=torch.bfloat16)
+    batch = make_batch(case, "cuda")
     assert_matches_reference(run_attention(batch, expected_cache(batch, batch.kv_cache)), batch)
 
 
@@ -268,6 +301,8 @@ BAD_INPUTS = {  # name -> (function of a valid batch that breaks one thing, expe
     "cache-dtype": (lambda b: dict(kv_cache=b.kv_cache.half()), "kv_cache dtype"),
     "out-shape": (lambda b: dict(out=b.query[:-1].clone()), "out must be"),
     "window": (lambda b: dict(sliding_window=0), "sliding_window must be > 0"),
+    "max_seq_len": (lambda b: dict(max_seq_len=2), "max_query_len <= max_seq_len"),
+    "num_splits": (lambda b: dict(num_splits=3), "num_splits must be a power of two"),
 }
 
 
@@ -277,7 +312,7 @@ def test_paged_attention_rejects_bad_inputs(name: str) -> None:
     break_input, message = BAD_INPUTS[name]
     args = dict(query=batch.query, kv_cache=batch.kv_cache, query_start_loc=batch.meta.query_start_loc,
                 seq_lens=batch.meta.seq_lens, block_tables=batch.meta.block_tables)
-    kwargs = dict(max_query_len=3, scale=0.125)
+    kwargs = dict(max_query_len=3, max_seq_len=9, scale=0.125)
     for key, value in break_input(batch).items():
         (args if key in args else kwargs)[key] = value
     with pytest.raises(ValueError, match=message):
@@ -293,3 +328,63 @@ def test_write_kv_rejects_bad_inputs() -> None:
         write_kv(k[:, :1], v[:, :1], cache, slots)
     with pytest.raises(ValueError, match="kv_cache dtype"):
         write_kv(k.half(), v.half(), cache, slots)
+
+
+def kernel_signature(kernel, dtype: str, constexprs: dict) -> dict[str, str]:
+    """Triton argument types, by our kernels' naming conventions."""
+    index_ptrs = {"block_tables_ptr": "*i32", "seq_lens_ptr": "*i32", "query_start_loc_ptr": "*i32",
+                  "slot_mapping_ptr": "*i64"}
+
+    def arg_type(name: str) -> str:
+        if name in constexprs:
+            return "constexpr"
+        if name in index_ptrs:
+            return index_ptrs[name]
+        if name.endswith("_ptr"):
+            return "*fp32" if name.startswith("part_") else f"*{dtype}"
+        return "fp32" if name in ("scale", "soft_cap") else "i32"
+
+    return {name: arg_type(name) for name in kernel.arg_names}
+
+
+COMPILED_VARIANTS = [  # dtype, head_dim, group, max_query_len, num_splits, block_size, window, soft-cap
+    ("bf16", 128, 4, 1, 4, 16, True, True),
+    ("fp16", 80, 3, 64, 1, 8, False, False),
+    ("fp32", 256, 1, 64, 1, 64, True, False),
+]
+
+
+def compile_kernels_for_cuda(arch: int = 90) -> None:
+    """Compile the kernels as the wrappers configure them for sm_<arch>, down to a
+    cubin with the ptxas that ships with Triton: no GPU needed. Run this without
+    TRITON_INTERPRET (the kernels must be JITFunctions)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    def build(kernel, dtype: str, num_warps: int = 4, **constexprs) -> None:
+        source = ASTSource(kernel, kernel_signature(kernel, dtype, constexprs), constexprs)
+        triton.compile(source, target=GPUTarget("cuda", arch, 32), options={"num_warps": num_warps})
+
+    for dtype, head_dim, group, max_query_len, splits, block_size, window, soft_cap in COMPILED_VARIANTS:
+        group_pad = triton.next_power_of_2(group)
+        block_q, block_n, num_warps = triton_paged_attention._tile_config(head_dim, group_pad, max_query_len)
+        build(triton_paged_attention._paged_attention_kernel, dtype, num_warps,
+              HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_SIZE=block_size,
+              GROUP=group, GROUP_PAD=group_pad, BLOCK_Q=block_q, BLOCK_N=block_n, NUM_SPLITS=splits,
+              USE_WINDOW=window, USE_SOFT_CAP=soft_cap, FP32_DOT=dtype == "fp32")
+    build(triton_paged_attention._combine_splits_kernel, "bf16", HEAD_DIM=80, BLOCK_D=128, NUM_SPLITS=4)
+    build(triton_kv_write._write_kv_kernel, "bf16", NUM_KV_HEADS=3, HEAD_DIM=80, BLOCK_H=4, BLOCK_D=128,
+          BLOCK_SIZE=16)
+
+
+@pytest.mark.slow
+def test_kernels_compile_for_cuda_without_a_gpu() -> None:
+    """The interpreter runs code that Triton's compiler rejects (a plain float global,
+    say), so the CPU run also compiles every kernel for a Hopper GPU, in a fresh
+    process where the kernels are defined without the interpreter."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    here = Path(__file__).resolve().parent
+    env["PYTHONPATH"] = os.pathsep.join([str(here), str(here.parents[1]), env.get("PYTHONPATH", "")])
+    code = f"import {Path(__file__).stem} as t; t.compile_kernels_for_cuda(90)"
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-4000:]
