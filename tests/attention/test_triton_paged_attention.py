@@ -293,7 +293,8 @@ def test_realistic_batch_on_gpu(case: Case) -> None:
 
 BAD_INPUTS = {  # name -> (function of a valid batch that breaks one thing, expected message)
     "seq_lens-int64": (lambda b: dict(seq_lens=b.meta.seq_lens.long()), "seq_lens must be int32"),
-    "query_start_loc-len": (lambda b: dict(query_start_loc=b.meta.query_start_loc[:-1]), r"query_start_loc must be \(B \+ 1,\)"),
+    "query_start_loc-len": (lambda b: dict(query_start_loc=b.meta.query_start_loc[:-1]),
+                            r"query_start_loc must be \(B \+ 1,\)"),
     "block_tables-rows": (lambda b: dict(block_tables=b.meta.block_tables[:1]), "block_tables must have B = 2 rows"),
     "head_dim": (lambda b: dict(query=b.query[..., :32]), "head_dim"),
     "heads-not-multiple": (lambda b: dict(query=b.query[:, :3]), "multiple of the cache's num_kv_heads"),
@@ -362,12 +363,16 @@ def compile_kernels_for_cuda(arch: int = 90) -> None:
     from triton.compiler import ASTSource
 
     def build(kernel, dtype: str, num_warps: int = 4, **constexprs) -> None:
-        source = ASTSource(kernel, kernel_signature(kernel, dtype, constexprs), constexprs)
+        # As at a real launch: pointers and (typical) strides are multiples of 16.
+        aligned = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(kernel.arg_names)
+                   if name.endswith("_ptr") or name.startswith("stride_")}
+        source = ASTSource(kernel, kernel_signature(kernel, dtype, constexprs), constexprs, aligned)
         triton.compile(source, target=GPUTarget("cuda", arch, 32), options={"num_warps": num_warps})
 
     for dtype, head_dim, group, max_query_len, splits, block_size, window, soft_cap in COMPILED_VARIANTS:
         group_pad = triton.next_power_of_2(group)
-        block_q, block_n, num_warps = triton_paged_attention._tile_config(head_dim, group_pad, max_query_len)
+        block_q, block_n, num_warps = triton_paged_attention._tile_config(head_dim, group_pad, max_query_len,
+                                                                          fp32=dtype == "fp32")
         build(triton_paged_attention._paged_attention_kernel, dtype, num_warps,
               HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_SIZE=block_size,
               GROUP=group, GROUP_PAD=group_pad, BLOCK_Q=block_q, BLOCK_N=block_n, NUM_SPLITS=splits,

@@ -184,13 +184,20 @@ def _check_metadata(query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block
         require(t.dtype == torch.int32, f"{name} must be int32, got {t.dtype}")
 
 
-def _tile_config(head_dim: int, group_pad: int, max_query_len: int) -> tuple[int, int, int]:
-    """(BLOCK_Q, BLOCK_N, num_warps). A tile holds at least 16 rows (tl.dot's minimum)."""
-    rows = 16 if max_query_len == 1 else (64 if head_dim <= 128 else 32)
-    block_q = max(1, rows // group_pad)
-    block_n = 64 if head_dim <= 128 else 32
-    num_warps = 8 if head_dim > 128 and max_query_len > 1 else 4
-    return block_q, block_n, num_warps
+def _tile_config(head_dim: int, group_pad: int, max_query_len: int, fp32: bool) -> tuple[int, int, int]:
+    """(BLOCK_Q, BLOCK_N, num_warps). A tile holds at least 16 rows (tl.dot's minimum).
+
+    Sized so that programs do not spill registers on sm_90 (read off sm_90 builds
+    with ``cuobjdump --dump-resource-usage``): fp32 products run on CUDA cores,
+    not tensor cores, and need smaller tiles."""
+    big, decode = head_dim > 128, max_query_len == 1
+    if decode:
+        rows = 16
+    else:
+        rows = (16 if big else 32) if fp32 else (32 if big else 64)
+    block_n = 32 if big or fp32 else 64
+    num_warps = 8 if big and (fp32 or not decode) else 4
+    return max(1, rows // group_pad), block_n, num_warps
 
 
 @functools.cache
@@ -264,7 +271,8 @@ def paged_attention(
     if num_tokens == 0 or num_reqs == 0 or max_query_len == 0:
         return out
     group = num_heads // num_kv_heads
-    block_q, block_n, num_warps = _tile_config(head_dim, triton.next_power_of_2(group), max_query_len)
+    block_q, block_n, num_warps = _tile_config(head_dim, triton.next_power_of_2(group), max_query_len,
+                                               query.dtype == torch.float32)
     num_q_tiles = triton.cdiv(max_query_len, block_q)
     if num_splits is None:  # the interpreter runs programs one by one: no point splitting there
         num_splits = 1 if query.device.type != "cuda" else default_num_splits(
