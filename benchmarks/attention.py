@@ -9,7 +9,8 @@ bandwidth measured here (bytes read + written per second of a large copy).
 SDPA runs on the same keys/values gathered into contiguous (B, S, Hkv, D)
 tensors; "gather+sdpa" times the gather too, as an unpaged engine would not
 need it but a paged one would. Every request of a scenario has the same
-lengths so that SDPA needs no padding.
+lengths so that SDPA needs no padding. A small decode batch runs twice: with
+the kernel's own split-KV choice and with one split, to show what splitting buys.
 """
 from __future__ import annotations
 
@@ -35,12 +36,16 @@ class Scenario:
     """Tokens per request after this step (cached + new)."""
     query_len: int
     """New tokens per request (1: decode)."""
+    num_splits: int | None = None
+    """KV splits forced on the kernel (None: its own choice)."""
 
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--batch", type=int, default=64, help="decode requests per step")
     p.add_argument("--contexts", type=int, nargs="+", default=[1024, 2048, 4096], help="decode context lengths")
+    p.add_argument("--small-batch", type=int, default=4,
+                   help="requests of a decode case at the longest context, with and without split-KV (0: skip)")
     p.add_argument("--prefill", type=int, nargs=3, default=[4, 512, 2048], metavar=("REQS", "CHUNK", "CONTEXT"),
                    help="prefill-chunk case: requests, new tokens each, context after the chunk")
     p.add_argument("--num-heads", type=int, default=32)
@@ -51,7 +56,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--cpu-smoke", action="store_true", help="tiny shapes on the CPU through Triton's interpreter")
     args = p.parse_args()
     if args.cpu_smoke:
-        args.batch, args.contexts, args.prefill = 2, [33, 64], [2, 16, 48]
+        args.batch, args.contexts, args.prefill, args.small_batch = 2, [33, 64], [2, 16, 48], 1
         args.num_heads, args.num_kv_heads, args.head_dim = 4, 2, 64
     return args
 
@@ -123,7 +128,7 @@ def run_scenario(sc: Scenario, args: argparse.Namespace, device: torch.device, t
     def triton_attention() -> torch.Tensor:
         return paged_attention(x["query"], x["kv_cache"], x["query_start_loc"], x["seq_lens"], x["block_tables"],
                                max_query_len=sc.query_len, max_seq_len=sc.context_len,
-                               scale=args.head_dim ** -0.5, out=out)
+                               scale=args.head_dim ** -0.5, out=out, num_splits=sc.num_splits)
 
     q = x["query"].view(sc.num_reqs, sc.query_len, args.num_heads, args.head_dim).transpose(1, 2)  # (B, H, L, D)
     kv = gather_kv(x["kv_cache"], x["block_tables"], sc.context_len)
@@ -166,6 +171,10 @@ def main() -> int:
     copy_bw = copy_bandwidth(device, timer, nbytes=(1 << 30) if device.type == "cuda" else (64 << 20))
     reqs, chunk, context = args.prefill
     scenarios = [Scenario(f"decode {args.batch}x{c}", args.batch, c, 1) for c in args.contexts]
+    if args.small_batch:
+        small = f"decode {args.small_batch}x{max(args.contexts)}"
+        scenarios += [Scenario(small, args.small_batch, max(args.contexts), 1),
+                      Scenario(f"{small} no split", args.small_batch, max(args.contexts), 1, num_splits=1)]
     scenarios.append(Scenario(f"prefill {reqs}x{chunk}@{context}", reqs, context, chunk))
     name = torch.cuda.get_device_name() if device.type == "cuda" else "CPU (Triton interpreter: timings meaningless)"
     print(f"{name}; {args.dtype}, heads {args.num_heads}/{args.num_kv_heads} (q/kv), head_dim {args.head_dim}, "
