@@ -83,7 +83,7 @@ def block_boundary_cases(bs: int) -> list:
         # decode past a boundary | chunk resuming mid-block, ending on a boundary |
         # prefill ending before a boundary | short prefill | chunk crossing one
         param(f"mixed-bs{bs}", (bs + 1, 1), (2 * bs, bs // 2 + 3), (bs - 1, bs - 1), (5, 5),
-             (2 * bs + 1, bs), block_size=bs),
+              (2 * bs + 1, bs), block_size=bs),
     ]
 
 
@@ -104,9 +104,9 @@ CASES = [
     param("softcap", (26, 1), (19, 11), (8, 8), block_size=8, soft_cap=1.5),
     param("softcap-window-bf16", (26, 1), (19, 11), block_size=8, soft_cap=2.0, sliding_window=7,
           dtype=torch.bfloat16),
-    # Split-KV: 64-key splits here (BLOCK_N), so these lengths leave some splits empty.
-    param("split4-decode", (200, 1), (65, 1), (9, 1), (64, 1), num_splits=4),
-    param("split2-window", (150, 1), (70, 1), block_size=8, sliding_window=50, num_splits=2),
+    # Split-KV: split lengths round up to whole key tiles, so short requests leave splits empty.
+    param("split4-decode", (200, 1), (65, 1), (9, 1), (64, 1), num_splits=4),  # 64-key splits
+    param("split2-window", (120, 1), (70, 1), block_size=8, sliding_window=50, num_splits=2),  # window spans both
     param("split8-mixed-softcap-bf16", (90, 20), (200, 1), (20, 20), soft_cap=2.0, dtype=torch.bfloat16,
           num_splits=8),
     param("split4-mqa-head80-fp16", (150, 1), (33, 1), num_heads=8, num_kv_heads=1, head_dim=80,
