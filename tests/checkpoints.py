@@ -87,7 +87,7 @@ def _spread_weights(model: torch.nn.Module, seed: int) -> None:
     for name, p in model.named_parameters():
         if p.dim() >= 2:
             p.copy_(torch.randn(p.shape, generator=gen) * (1.5 / p.shape[-1] ** 0.5))
-        elif "norm" in name or "layer_norm" in name:
+        elif "norm" in name or ".ln_" in name:  # GPT-2 names its LayerNorms ln_1, ln_2, ln_f
             p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=gen))
         else:
             p.copy_(0.1 * torch.randn(p.shape, generator=gen))

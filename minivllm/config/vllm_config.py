@@ -25,6 +25,7 @@ from minivllm.config.schema import (
     SchedulerConfig,
     TaskConfig,
 )
+from minivllm.models.registry import ModelRegistry
 
 ATTENTION_TARGETS = {
     "torch": "minivllm.attention.torch_backend.TorchAttentionBackend",
@@ -100,6 +101,7 @@ class VllmConfig:
         if self.model.architecture:
             self.hf_config.architectures = [self.model.architecture]
         self.architecture: str = _architecture(self.hf_config)
+        ModelRegistry.check_supported(self.architecture)
         self.dtype: torch.dtype = _resolve_dtype(self.model.dtype, self.hf_config, self.device_type)
         self.kv_cache_dtype: torch.dtype = (
             self.dtype if self.cache.cache_dtype == "auto" else _DTYPES[self.cache.cache_dtype]
