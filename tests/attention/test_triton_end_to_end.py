@@ -1,17 +1,26 @@
 """The Triton backend inside the whole engine: same greedy tokens as the torch backend."""
 from __future__ import annotations
 
+import pytest
+
 from minivllm import LLM, SamplingParams
+from tests.model_configs import mistral_config
 
 PROMPTS = ["def fibonacci(n):", "import os\nimport sys\n", "x = [i * i for i in range(10)]"]
 
 
-def test_triton_backend_matches_torch_backend_end_to_end(llama_dir):
+@pytest.fixture(params=["llama-gqa", "mistral-window5-mqa"])
+def checkpoint(request, llama_dir, make_checkpoint):
+    """Llama with GQA, and Mistral whose 5-token sliding window is shorter than the prompts."""
+    return llama_dir if request.param == "llama-gqa" else make_checkpoint(request.param, mistral_config())
+
+
+def test_triton_backend_matches_torch_backend_end_to_end(checkpoint):
     params = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True, logprobs=0)
     results = {}
     for backend in ("torch", "triton"):
         llm = LLM(
-            model=str(llama_dir), dtype="float32", block_size=8, num_gpu_blocks_override=32,
+            model=str(checkpoint), dtype="float32", block_size=8, num_gpu_blocks_override=32,
             attention_backend=backend, max_num_batched_tokens=16,  # chunked prefill + mixed batches
         )
         assert llm.llm_engine.core.executor.worker.model_runner.attn_backend.name == backend
