@@ -93,8 +93,3 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature < _GREEDY_EPS
-
-    def clone(self) -> "SamplingParams":
-        from copy import deepcopy
-
-        return deepcopy(self)
