@@ -77,3 +77,9 @@ def test_preset_without_weights_says_how_to_proceed(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
     with pytest.raises(ValueError, match="load.format=dummy"):
         LLM(model="opt-125m")
+
+
+@pytest.mark.parametrize("kwargs,field", [({"max_tokens": "ten"}, "max_tokens"), ({"temperature": None}, "temperature")])
+def test_wrong_types_name_the_field(kwargs, field):
+    with pytest.raises(ValueError, match=f"^{field}=.*must be a number"):
+        SamplingParams(**kwargs)
