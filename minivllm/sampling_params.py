@@ -8,6 +8,7 @@ are in ``engine/processor.py`` and also run before any work.
 from __future__ import annotations
 
 import math
+from copy import deepcopy
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Optional
@@ -131,8 +132,7 @@ class SamplingParams:
         return self.temperature < _GREEDY_EPS
 
     def clone(self) -> "SamplingParams":
-        from copy import deepcopy
-
+        """A deep copy (vLLM's name): the engine fills in per-request fields on copies."""
         return deepcopy(self)
 
 
@@ -144,7 +144,7 @@ def _check_int(name: str, value: Any, optional: bool) -> None:
     if value is None and optional:
         return
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{name}={value!r}: must be an int" + (" or None" if optional else ""))
+        raise ValueError(f"{name}={value!r}: must be a number (an integer{' or None' if optional else ''})")
 
 
 def _check_number(name: str, value: Any) -> None:

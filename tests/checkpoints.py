@@ -60,13 +60,23 @@ def save_checkpoint(
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     _spread_weights(model, seed)
-    kwargs = {"safe_serialization": safe_serialization}
-    if max_shard_size:
-        kwargs["max_shard_size"] = max_shard_size
+    kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
     model.save_pretrained(out_dir, **kwargs)
+    if not safe_serialization:  # transformers 5 writes safetensors only; make the pickle ourselves
+        _convert_to_pt(out_dir)
     for f in tokenizer_dir.iterdir():
         (out_dir / f.name).write_bytes(f.read_bytes())
     return out_dir
+
+
+def _convert_to_pt(out_dir: Path) -> None:
+    from safetensors.torch import load_file
+
+    state = {}
+    for f in sorted(out_dir.glob("*.safetensors")):
+        state.update(load_file(f))
+        f.unlink()
+    torch.save(state, out_dir / "pytorch_model.bin")
 
 
 @torch.no_grad()
@@ -77,7 +87,7 @@ def _spread_weights(model: torch.nn.Module, seed: int) -> None:
     for name, p in model.named_parameters():
         if p.dim() >= 2:
             p.copy_(torch.randn(p.shape, generator=gen) * (1.5 / p.shape[-1] ** 0.5))
-        elif "norm" in name or "layer_norm" in name:
+        elif "norm" in name or ".ln_" in name:  # GPT-2 names its LayerNorms ln_1, ln_2, ln_f
             p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=gen))
         else:
             p.copy_(0.1 * torch.randn(p.shape, generator=gen))

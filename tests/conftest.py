@@ -9,6 +9,18 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+
+def _cuda_visible() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+if not _cuda_visible():
+    # Triton kernels run through its interpreter on a CPU machine; it reads this
+    # variable when the kernels are first imported, so it is set before any test module.
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 from tests import checkpoints as ck  # noqa: E402
 from tests.model_configs import llama_config, opt_config  # noqa: E402
 

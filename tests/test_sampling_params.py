@@ -8,7 +8,7 @@ from minivllm.sampling_params import RequestOutputKind, SamplingParams
 BAD = [
     ({"n": 0}, "n=0: must be in [1, inf)"),
     ({"n": -2}, "n=-2"),
-    ({"n": 1.5}, "n=1.5: must be an int"),
+    ({"n": 1.5}, "n=1.5: must be a number (an integer)"),
     ({"temperature": -0.1}, "temperature=-0.1: must be in [0.0, inf)"),
     ({"top_p": 0.0}, "top_p=0.0: must be in (0.0, 1.0]"),
     ({"top_p": 1.1}, "top_p=1.1"),
@@ -26,7 +26,7 @@ BAD = [
     ({"min_tokens": 5, "max_tokens": 4}, "min_tokens=5: must be at most max_tokens=4"),
     ({"logprobs": -1}, "logprobs=-1: must be in [0, inf)"),
     ({"prompt_logprobs": -1}, "prompt_logprobs=-1"),
-    ({"seed": "7"}, "seed='7': must be an int or None"),
+    ({"seed": "7"}, "seed='7': must be a number (an integer or None)"),
     ({"stop": 5}, "stop=5: must be a non-empty string or a list of non-empty strings"),
     ({"stop": ["ok", 3]}, "stop=['ok', 3]"),
     ({"stop": [""]}, "stop=['']"),

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -48,6 +49,8 @@ class AttentionMetadata:
     """The new-token counts as a Python list (host copy, for backends that loop)."""
     seq_lens_cpu: list[int]
     """``seq_lens`` as a Python list (host copy)."""
+    backend_data: Any = None
+    """What ``AttentionBackend.prepare`` derived for this step (shared by all layers)."""
 
     @property
     def num_reqs(self) -> int:
@@ -66,6 +69,12 @@ class AttentionBackend(ABC):
     """
 
     name: str = "abstract"
+
+    def prepare(self, meta: AttentionMetadata, block_size: int) -> Any:
+        """Per-step work that every layer would otherwise repeat (index tensors,
+        masks, split points). Called once per step by the model runner; the
+        result is stored as ``meta.backend_data``."""
+        return None
 
     @abstractmethod
     def forward(

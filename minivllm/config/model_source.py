@@ -67,7 +67,13 @@ def config_from_dict(inline: dict[str, Any]) -> PretrainedConfig:
     return CONFIG_MAPPING[model_type](**inline)
 
 
+def _looks_local(path: str) -> bool:
+    return path.startswith(("/", ".", "~")) or path.count("/") > 1 or Path(path).expanduser().exists()
+
+
 def _not_found_message(path: str, *, has_inline: bool) -> str:
+    if _looks_local(path):
+        return f"model.path={path!r}: no such checkpoint directory (a folder holding config.json)"
     hint = (
         f"download it where the network is reachable (huggingface-cli download {path}) and point "
         f"model.path at the directory"

@@ -25,6 +25,8 @@ TASKS = ("generate", "bench", "serve")
 
 @dataclass
 class ModelConfig:
+    """Which checkpoint to run, in which dtype, with how much context."""
+
     path: str = "???"
     """Local checkpoint directory (Hugging Face layout) or hub id."""
     tokenizer: Optional[str] = None
@@ -53,6 +55,8 @@ class ModelConfig:
 
 @dataclass
 class ParallelConfig:
+    """How many ranks, and the classes that run them."""
+
     tp: int = 1
     """Tensor-parallel size (vLLM: tensor_parallel_size)."""
     pp: int = 1
@@ -79,6 +83,8 @@ class ParallelConfig:
 
 @dataclass
 class CacheConfig:
+    """The paged KV cache: block size, memory share and prefix caching."""
+
     block_size: int = 16
     """Tokens per KV-cache block."""
     gpu_memory_utilization: float = 0.9
@@ -104,6 +110,8 @@ class CacheConfig:
 
 @dataclass
 class SchedulerConfig:
+    """What one engine step may hold: requests, tokens and their order."""
+
     max_num_seqs: int = 64
     """Most requests running at once."""
     max_num_batched_tokens: int = 2048
@@ -124,6 +132,8 @@ class SchedulerConfig:
 
 @dataclass
 class LoadConfig:
+    """How weights are read."""
+
     format: str = "auto"
     """Weights: auto (safetensors, else .bin/.pt), safetensors, pt, dummy (random, no files)."""
     loader: Any = field(default_factory=lambda: {"_target_": "minivllm.model_loader.loader.DefaultModelLoader"})
@@ -137,6 +147,8 @@ class LoadConfig:
 
 @dataclass
 class CompilationConfig:
+    """CUDA graphs and torch.compile (GPU only; ignored on the CPU)."""
+
     cudagraph: bool = True
     """Capture CUDA graphs for decode-only steps (CUDA only; ignored on the CPU)."""
     cudagraph_capture_sizes: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64, 128, 256, 512])
@@ -151,6 +163,8 @@ class CompilationConfig:
 
 @dataclass
 class AttentionConfig:
+    """The attention backend."""
+
     name: str = "auto"
     """Backend: auto (triton on CUDA, torch on CPU), torch, triton, or custom (with a backend node)."""
     backend: Any = None
@@ -164,6 +178,8 @@ class AttentionConfig:
 
 @dataclass
 class DeviceConfig:
+    """Where the model runs."""
+
     type: str = "auto"
     """auto (cuda when available, else cpu), cpu or cuda."""
 
@@ -173,6 +189,8 @@ class DeviceConfig:
 
 @dataclass
 class TaskConfig:
+    """What `python -m minivllm` does."""
+
     name: str = "generate"
     """What ``python -m minivllm`` does: generate, bench or serve."""
 

@@ -20,6 +20,8 @@ def check_range(
     high_open: bool = False,
 ) -> None:
     """Raise unless ``low <= value <= high`` (or ``<`` where the bound is open)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{key}={value!r}: must be a number")
     too_low = low is not None and (value <= low if low_open else value < low)
     too_high = high is not None and (value >= high if high_open else value > high)
     if too_low or too_high:

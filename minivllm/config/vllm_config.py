@@ -25,6 +25,7 @@ from minivllm.config.schema import (
     SchedulerConfig,
     TaskConfig,
 )
+from minivllm.models.registry import ModelRegistry
 
 ATTENTION_TARGETS = {
     "torch": "minivllm.attention.torch_backend.TorchAttentionBackend",
@@ -40,6 +41,8 @@ _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch
 
 @dataclass
 class ServeConfig:
+    """The HTTP server of task=serve."""
+
     host: str = "127.0.0.1"
     """Address the HTTP server binds."""
     port: int = 8000
@@ -54,6 +57,8 @@ class ServeConfig:
 
 @dataclass
 class VllmConfig:
+    """The root of the tree: one field per config group, plus the run keys."""
+
     model: ModelConfig = field(default_factory=ModelConfig)
     """Which checkpoint, dtype and context length."""
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
@@ -96,6 +101,7 @@ class VllmConfig:
         if self.model.architecture:
             self.hf_config.architectures = [self.model.architecture]
         self.architecture: str = _architecture(self.hf_config)
+        ModelRegistry.check_supported(self.architecture)
         self.dtype: torch.dtype = _resolve_dtype(self.model.dtype, self.hf_config, self.device_type)
         self.kv_cache_dtype: torch.dtype = (
             self.dtype if self.cache.cache_dtype == "auto" else _DTYPES[self.cache.cache_dtype]

@@ -184,7 +184,7 @@ class Scheduler:
                 out.cached_reqs.append(
                     CachedRequestData(
                         req_id=req_id,
-                        new_token_ids=request.all_token_ids[sent:],
+                        new_token_ids=request.token_ids_from(sent),
                         new_block_ids=plan.new_blocks[req_id],
                         num_computed_tokens=request.num_computed_tokens,
                     )

@@ -80,6 +80,9 @@ class Request:
     def is_finished(self) -> bool:
         return self.status.finished
 
-    def token_at(self, position: int) -> int:
+    def token_ids_from(self, start: int) -> list[int]:
+        """``all_token_ids[start:]`` without copying the whole sequence."""
         n = len(self.prompt_token_ids)
-        return self.prompt_token_ids[position] if position < n else self.output_token_ids[position - n]
+        if start >= n:
+            return self.output_token_ids[start - n :]
+        return self.prompt_token_ids[start:] + self.output_token_ids

@@ -81,4 +81,10 @@ class RotaryEmbedding(nn.Module):
 
 
 def get_rope(hf_config: Any, head_dim: int, rotary_dim: int | None = None, neox_style: bool = True) -> RotaryEmbedding:
-    return RotaryEmbedding(head_dim, rotary_dim or head_dim, rope_parameters(hf_config), neox_style)
+    """``rotary_dim`` defaults to the config's ``partial_rotary_factor`` share of ``head_dim``
+    (GPT-NeoX rotates a quarter of each head, Phi-3 all of it)."""
+    params = rope_parameters(hf_config)
+    if rotary_dim is None:
+        factor = params.get("partial_rotary_factor", getattr(hf_config, "partial_rotary_factor", 1.0))
+        rotary_dim = int(head_dim * factor)
+    return RotaryEmbedding(head_dim, rotary_dim, params, neox_style)

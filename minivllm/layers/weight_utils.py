@@ -34,3 +34,25 @@ def copy_checked(param: torch.Tensor, value: torch.Tensor, name: str = "") -> No
 def default_weight_loader(param: torch.nn.Parameter, loaded: Any) -> None:
     """For parameters of layers without their own ``weight_loader`` (norms): copy whole."""
     copy_checked(param, as_tensor(loaded))
+
+
+class Transposed:
+    """A 2-D checkpoint tensor stored as (in, out) (GPT-2's ``Conv1D``) seen as the
+    (out, in) weight our linear layers expect. Lazy like a safetensors slice: a
+    layer's ``narrow`` reads only its shard, transposed on the way out."""
+
+    def __init__(self, loaded: Any) -> None:
+        shape = loaded_shape(loaded)
+        if len(shape) != 2:
+            raise ValueError(f"Transposed: expected a 2-D tensor, got shape {shape}")
+        self.loaded = loaded
+
+    def get_shape(self) -> tuple[int, int]:
+        rows, cols = loaded_shape(self.loaded)
+        return cols, rows
+
+    def __getitem__(self, index: Any) -> torch.Tensor:
+        if not isinstance(index, tuple):
+            index = (index,)
+        rows, cols = (*index, slice(None), slice(None))[:2]
+        return self.loaded[cols, rows].t()  # a tensor or a safetensors slice read

@@ -31,14 +31,16 @@ class LlamaAttention(nn.Module):
         qkv_bias: bool = False,
         qk_norm: bool = False,
         sliding_window: int | None = None,
+        o_bias: bool | None = None,
     ) -> None:
+        """``o_bias`` defaults to ``qkv_bias`` (Llama's ``attention_bias`` covers both; Qwen2 biases q/k/v only)."""
         super().__init__()
         hidden = config.hidden_size
         num_heads = config.num_attention_heads
         num_kv_heads = getattr(config, "num_key_value_heads", None) or num_heads
         head_dim = getattr(config, "head_dim", None) or hidden // num_heads
         self.qkv_proj = QKVParallelLinear(hidden, head_dim, num_heads, num_kv_heads, bias=qkv_bias)
-        self.o_proj = RowParallelLinear(num_heads * head_dim, hidden, bias=getattr(config, "o_bias", False))
+        self.o_proj = RowParallelLinear(num_heads * head_dim, hidden, bias=qkv_bias if o_bias is None else o_bias)
         self.rotary_emb = get_rope(config, head_dim)
         self.head_dim = head_dim
         self.q_norm = RMSNorm(head_dim, config.rms_norm_eps) if qk_norm else None
@@ -72,6 +74,9 @@ class LlamaMLP(nn.Module):
 class LlamaDecoderLayer(nn.Module):
     def __init__(self, config: PretrainedConfig, backend: AttentionBackend, layer_idx: int, **attn_opts: Any):
         super().__init__()
+        layer_types = getattr(config, "layer_types", None)  # Qwen2/3: sliding window only on some layers
+        if layer_types is not None and layer_types[layer_idx] != "sliding_attention":
+            attn_opts = {**attn_opts, "sliding_window": None}
         self.self_attn = LlamaAttention(config, backend, **attn_opts)
         self.mlp = LlamaMLP(
             config.hidden_size, config.intermediate_size, config.hidden_act, getattr(config, "mlp_bias", False)

@@ -13,6 +13,12 @@ from torch import nn
 _BUILTIN: dict[str, str] = {
     "OPTForCausalLM": "minivllm.models.opt:OPTForCausalLM",
     "LlamaForCausalLM": "minivllm.models.llama:LlamaForCausalLM",
+    "Qwen2ForCausalLM": "minivllm.models.qwen2:Qwen2ForCausalLM",
+    "Qwen3ForCausalLM": "minivllm.models.qwen3:Qwen3ForCausalLM",
+    "MistralForCausalLM": "minivllm.models.mistral:MistralForCausalLM",
+    "Phi3ForCausalLM": "minivllm.models.phi3:Phi3ForCausalLM",
+    "GPT2LMHeadModel": "minivllm.models.gpt2:GPT2LMHeadModel",
+    "GPTNeoXForCausalLM": "minivllm.models.gpt_neox:GPTNeoXForCausalLM",
 }
 
 
@@ -32,13 +38,17 @@ class _Registry:
     def is_supported(self, architecture: str) -> bool:
         return architecture in self._models
 
-    def resolve(self, architecture: str) -> type[nn.Module]:
+    def check_supported(self, architecture: str) -> None:
+        """Raise a ValueError naming the supported architectures when ``architecture`` is not one."""
         if architecture not in self._models:
             raise ValueError(
                 f"architecture {architecture!r} is not supported; supported are: "
                 f"{', '.join(self.get_supported_archs())} (or register your own with "
                 f"ModelRegistry.register_model, or set model.architecture)"
             )
+
+    def resolve(self, architecture: str) -> type[nn.Module]:
+        self.check_supported(architecture)
         entry = self._models[architecture]
         if isinstance(entry, str):
             module_name, class_name = entry.split(":")

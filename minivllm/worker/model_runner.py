@@ -34,9 +34,9 @@ class ModelRunner:
 
     # ---- set-up -------------------------------------------------------------------
     def load_model(self) -> None:
-        backend = build(self.cfg.attention.backend)
+        self.attn_backend = build(self.cfg.attention.backend)
         loader = build(self.cfg.load.loader)
-        self.model = loader.load_model(self.cfg, backend, self.device)
+        self.model = loader.load_model(self.cfg, self.attn_backend, self.device)
         self.attention_layers = [m for m in self.model.modules() if hasattr(m, "kv_cache") and hasattr(m, "backend")]
 
     def kv_cache_shape(self, num_blocks: int) -> tuple[int, ...]:
@@ -137,7 +137,7 @@ class ModelRunner:
         query_start = np.zeros(len(query_lens) + 1, dtype=np.int32)
         np.cumsum(query_lens, out=query_start[1:])
         to_dev = lambda a: torch.from_numpy(a).to(self.device, non_blocking=True)  # noqa: E731
-        return AttentionMetadata(
+        meta = AttentionMetadata(
             slot_mapping=to_dev(slots),
             query_start_loc=to_dev(query_start),
             seq_lens=to_dev(np.asarray(seq_lens, dtype=np.int32)),
@@ -147,6 +147,8 @@ class ModelRunner:
             query_lens_cpu=list(query_lens),
             seq_lens_cpu=seq_lens,
         )
+        meta.backend_data = self.attn_backend.prepare(meta, self.block_size)
+        return meta
 
     def _sample(self, logits: torch.Tensor, states: list[CachedRequestState]) -> SamplerOutput:
         generators = {i: g for i, s in enumerate(states) if (g := s.seeded_generator()) is not None}

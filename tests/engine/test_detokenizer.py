@@ -1,5 +1,5 @@
-"""The incremental detokenizer: stop strings across token boundaries, held-back
-streaming text, min_tokens, and special tokens in the text."""
+"""The incremental detokenizer: text equal to decoding the whole sequence, stop strings
+across token boundaries, held-back streaming text, min_tokens, and special tokens."""
 from __future__ import annotations
 
 import pytest
@@ -8,7 +8,34 @@ from transformers import AutoTokenizer
 from minivllm.engine.detokenizer import IncrementalDetokenizer
 from minivllm.sampling_params import SamplingParams
 
-TEXT = "    return self.data\n"
+TEXT = 'def naïve(x):\n    return "héllo — wörld" + str(x)  # ✓ done\n'
+
+
+def test_token_by_token_text_equals_full_decode(tokenizer_dir):
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    prompt = tok.encode("print(")
+    ids = tok.encode(TEXT)
+    detok = IncrementalDetokenizer(tok, SamplingParams(), prompt)
+    for t in ids:
+        detok.append([t])
+    assert detok.text == tok.decode(ids) == TEXT
+
+
+def test_stop_string_split_across_tokens_is_trimmed(tokenizer_dir):
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    ids = tok.encode("alpha beta STOPgamma")
+    for keep, expected in ((False, "alpha beta "), (True, "alpha beta STOP")):
+        detok = IncrementalDetokenizer(tok, SamplingParams(stop=["STOP"], include_stop_str_in_output=keep), [])
+        matched = None
+        for t in ids:
+            matched = detok.append([t]) or matched
+            if matched:
+                break
+        assert matched == "STOP"
+        assert detok.text == expected
+
+
+CODE = "    return self.data\n"
 EOS = 2
 
 
@@ -17,7 +44,7 @@ def tok(tokenizer_dir):
     return AutoTokenizer.from_pretrained(str(tokenizer_dir))
 
 
-def _feed(tok, params: SamplingParams, text: str = TEXT, prompt: str = "def f():\n"):
+def _feed(tok, params: SamplingParams, text: str = CODE, prompt: str = "def f():\n"):
     """Feed ``text``'s tokens one by one; returns (detokenizer, per-token stop results, shown texts)."""
     detok = IncrementalDetokenizer(tok, params, tok.encode(prompt, add_special_tokens=False))
     stops, shown = [], []
@@ -30,7 +57,7 @@ def _feed(tok, params: SamplingParams, text: str = TEXT, prompt: str = "def f():
 
 
 def test_tokens_are_what_the_tests_assume(tok):
-    pieces = [tok.decode([t]) for t in tok.encode(TEXT, add_special_tokens=False)]
+    pieces = [tok.decode([t]) for t in tok.encode(CODE, add_special_tokens=False)]
     assert pieces[:4] == ["   ", " return", " self", "."]
 
 
@@ -52,13 +79,13 @@ def test_stop_string_across_three_tokens_and_first_completed_wins(tok):
 
 def test_no_stop_means_whole_text(tok):
     detok, stops, _ = _feed(tok, SamplingParams(stop=["zzz"]))
-    assert set(stops) == {None} and detok.text == TEXT
+    assert set(stops) == {None} and detok.text == CODE
 
 
 def test_stop_strings_wait_for_min_tokens(tok):
-    detok, stops, _ = _feed(tok, SamplingParams(stop=["ret"], min_tokens=2), text=TEXT + "return x")
+    detok, stops, _ = _feed(tok, SamplingParams(stop=["ret"], min_tokens=2), text=CODE + "return x")
     assert stops[-1] == "ret" and len(stops) == 10  # the first "ret" came with token 2, inside min_tokens
-    assert detok.text == TEXT
+    assert detok.text == CODE
 
 
 @pytest.mark.parametrize("include", [False, True])

@@ -1,0 +1,69 @@
+"""Triton kernel that stores a step's new keys and values in the paged KV cache."""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from minivllm.attention.ops._validation import (SUPPORTED_DTYPES, check_cache, check_launchable, check_tensor,
+                                                require)
+
+
+@triton.jit
+def _write_kv_kernel(
+    key_ptr, value_ptr,  # (T, Hkv, D)
+    kv_ptr,  # (2, num_blocks, block_size, Hkv, D)
+    slot_mapping_ptr,  # (T,)
+    stride_kt, stride_kh, stride_vt, stride_vh,
+    stride_kv, stride_cb, stride_cs, stride_ch,
+    NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+):
+    """One program per token: copy all of its KV heads into its slot."""
+    t = tl.program_id(0)
+    slot = tl.load(slot_mapping_ptr + t).to(tl.int64)
+    if slot < 0:  # padding token
+        return
+    h = tl.arange(0, BLOCK_H)[:, None]
+    d = tl.arange(0, BLOCK_D)[None, :]
+    mask = (h < NUM_KV_HEADS) & (d < HEAD_DIM)
+    k = tl.load(key_ptr + t * stride_kt + h * stride_kh + d, mask=mask)
+    v = tl.load(value_ptr + t * stride_vt + h * stride_vh + d, mask=mask)
+    dst = kv_ptr + (slot // BLOCK_SIZE) * stride_cb + (slot % BLOCK_SIZE) * stride_cs + h * stride_ch + d
+    tl.store(dst, k, mask=mask)
+    tl.store(dst + stride_kv, v, mask=mask)
+
+
+def write_kv(
+    key: torch.Tensor,  # (T, Hkv, D)
+    value: torch.Tensor,  # (T, Hkv, D)
+    kv_cache: torch.Tensor,  # (2, num_blocks, block_size, Hkv, D)
+    slot_mapping: torch.Tensor,  # (T,) int64; < 0 means padding, not written
+) -> None:
+    """Store each token's key and value at its slot ``block_id * block_size + offset``.
+
+    ``key``/``value`` may be strided views (e.g. slices of a fused qkv output)
+    as long as their last dim is contiguous.
+    """
+    device = key.device
+    check_launchable(device, _write_kv_kernel)
+    check_tensor(key, "key", device, dims=3)
+    check_tensor(value, "value", device, dims=3)
+    check_tensor(slot_mapping, "slot_mapping", device, dims=1)
+    num_tokens, num_kv_heads, head_dim = key.shape
+    require(value.shape == key.shape, f"value shape {tuple(value.shape)} != key shape {tuple(key.shape)}")
+    require(key.dtype in SUPPORTED_DTYPES and value.dtype == key.dtype,
+            f"key/value dtypes must match and be one of {SUPPORTED_DTYPES}, got {key.dtype}/{value.dtype}")
+    check_cache(kv_cache, device, key.dtype, num_kv_heads, head_dim)
+    require(slot_mapping.shape[0] == num_tokens and slot_mapping.dtype in (torch.int32, torch.int64),
+            f"slot_mapping must be ({num_tokens},) int64, got {tuple(slot_mapping.shape)} {slot_mapping.dtype}")
+    if num_tokens == 0:
+        return
+    _write_kv_kernel[(num_tokens,)](
+        key, value, kv_cache, slot_mapping,
+        key.stride(0), key.stride(1), value.stride(0), value.stride(1),
+        *kv_cache.stride()[:4],
+        NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim,
+        BLOCK_H=triton.next_power_of_2(num_kv_heads), BLOCK_D=triton.next_power_of_2(head_dim),
+        BLOCK_SIZE=kv_cache.shape[2],
+    )

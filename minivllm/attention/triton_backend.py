@@ -1,0 +1,38 @@
+"""The paged attention backend built on the Triton kernels in ``attention.ops``."""
+from __future__ import annotations
+
+import torch
+
+from minivllm.attention.backend import AttentionBackend, AttentionMetadata
+from minivllm.attention.ops import paged_attention, write_kv
+
+
+class TritonAttentionBackend(AttentionBackend):
+    """Writes the step's keys/values into the paged cache, then runs one
+    attention kernel over the whole mixed batch (decode and prefill chunks).
+
+    Runs on CUDA, or on the CPU through Triton's interpreter
+    (``TRITON_INTERPRET=1``, slow: tests only). Output rows of padding tokens
+    (past ``query_start_loc[-1]``) are left uninitialized.
+    """
+
+    name = "triton"
+
+    def forward(
+        self,
+        query: torch.Tensor,  # (T, num_heads, head_dim)
+        key: torch.Tensor,  # (T, num_kv_heads, head_dim)
+        value: torch.Tensor,  # (T, num_kv_heads, head_dim)
+        kv_cache: torch.Tensor,  # (2, num_blocks, block_size, num_kv_heads, head_dim)
+        meta: AttentionMetadata,
+        *,
+        scale: float,
+        sliding_window: int | None = None,
+        logits_soft_cap: float | None = None,
+    ) -> torch.Tensor:  # (T, num_heads, head_dim)
+        write_kv(key, value, kv_cache, meta.slot_mapping)
+        return paged_attention(
+            query, kv_cache, meta.query_start_loc, meta.seq_lens, meta.block_tables,
+            max_query_len=meta.max_query_len, max_seq_len=meta.max_seq_len, scale=scale,
+            sliding_window=sliding_window, logits_soft_cap=logits_soft_cap,
+        )

@@ -1,0 +1,108 @@
+from minivllm.core.scheduler_output import ModelRunnerOutput
+from minivllm.engine.request import RequestStatus
+from tests.core.factories import make_request, make_scheduler
+
+
+def _sample(sched, out, token=7):
+    """Pretend the model sampled ``token`` for every request that completed its known tokens."""
+    sampled = {}
+    for req_id, n in out.num_scheduled_tokens.items():
+        req = sched.requests.get(req_id)
+        if req is not None and req.num_computed_tokens == req.num_tokens:
+            sampled[req_id] = [token]
+    return sched.update_from_output(out, ModelRunnerOutput(sampled_token_ids=sampled))
+
+
+def test_prefill_then_decode_share_one_batch():
+    sched = make_scheduler(num_blocks=16)
+    sched.add_request(make_request("a", 6))
+    out = sched.schedule()
+    assert out.num_scheduled_tokens == {"a": 6}
+    assert [n.block_ids for n in out.new_reqs] == [[0, 1]]
+    _sample(sched, out)
+    sched.add_request(make_request("b", 5))
+    out = sched.schedule()
+    assert out.num_scheduled_tokens == {"a": 1, "b": 5}  # a's decode token, then b's prefill
+    assert out.cached_reqs[0].new_token_ids == [7]
+    assert out.cached_reqs[0].num_computed_tokens == 6
+    assert out.new_reqs[0].block_ids == [2, 3]
+
+
+def test_token_budget_chunks_a_long_prompt():
+    sched = make_scheduler(num_blocks=16, max_num_batched_tokens=4)
+    sched.add_request(make_request("a", 10))
+    chunks = []
+    for _ in range(3):
+        out = sched.schedule()
+        chunks.append(out.num_scheduled_tokens["a"])
+        result = _sample(sched, out)
+    assert chunks == [4, 4, 2]
+    assert [r.new_token_ids for r in result] == [[7]]  # only the last chunk samples
+
+
+def test_without_chunked_prefill_a_prompt_waits_for_a_whole_budget():
+    sched = make_scheduler(num_blocks=16, max_num_batched_tokens=8, chunked_prefill=False)
+    sched.add_request(make_request("a", 6))
+    sched.add_request(make_request("b", 6))
+    out = sched.schedule()
+    assert out.num_scheduled_tokens == {"a": 6}
+
+
+def test_max_num_seqs_caps_running_requests():
+    sched = make_scheduler(num_blocks=32, max_num_seqs=2)
+    for name in "abc":
+        sched.add_request(make_request(name, 3))
+    out = sched.schedule()
+    assert list(out.num_scheduled_tokens) == ["a", "b"]
+    assert [r.request_id for r in sched.waiting] == ["c"]
+
+
+def test_preemption_takes_the_last_admitted_and_readmits_it_first():
+    sched = make_scheduler(num_blocks=4, block_size=4)
+    sched.add_request(make_request("a", 8, max_tokens=8))
+    sched.add_request(make_request("b", 8, max_tokens=8))
+    out = sched.schedule()
+    assert [n.block_ids for n in out.new_reqs] == [[0, 1], [2, 3]]
+    _sample(sched, out)  # both now need a third block; none is free
+    sched.add_request(make_request("c", 2))
+    out = sched.schedule()
+    assert out.num_scheduled_tokens == {"a": 1}
+    assert out.cached_reqs[0].new_block_ids == [3]  # b's blocks were freed tail first: 3 then 2
+    assert sched.requests["b"].status == RequestStatus.PREEMPTED
+    assert sched.requests["b"].num_computed_tokens == 0
+    assert [r.request_id for r in sched.waiting] == ["b", "c"]  # b before the newer c
+    assert "b" in out.finished_req_ids
+    assert sched.num_preemptions == 1
+
+
+def test_finish_on_eos_stop_token_and_length_frees_blocks():
+    sched = make_scheduler(num_blocks=8)
+    sched.add_request(make_request("eos", 3, max_tokens=5))
+    sched.add_request(make_request("stop", 3, max_tokens=5, stop_token_ids=[9]))
+    sched.add_request(make_request("len", 3, max_tokens=1))
+    out = sched.schedule()
+    results = sched.update_from_output(
+        out, ModelRunnerOutput(sampled_token_ids={"eos": [2], "stop": [9], "len": [5]})
+    )
+    reasons = {r.req_id: (r.finish_reason, r.stop_reason) for r in results}
+    assert reasons == {"eos": ("stop", None), "stop": ("stop", 9), "len": ("length", None)}
+    assert sched.kv.num_free_blocks == 8
+    assert not sched.has_unfinished_requests()
+
+
+def test_min_tokens_and_ignore_eos_keep_generating():
+    sched = make_scheduler(num_blocks=8)
+    sched.add_request(make_request("min", 3, max_tokens=5, min_tokens=2))
+    sched.add_request(make_request("ign", 3, max_tokens=5, ignore_eos=True))
+    out = sched.schedule()
+    results = sched.update_from_output(out, ModelRunnerOutput(sampled_token_ids={"min": [2], "ign": [2]}))
+    assert all(r.finish_reason is None for r in results)
+
+
+def test_abort_frees_blocks_and_tells_workers():
+    sched = make_scheduler(num_blocks=8)
+    sched.add_request(make_request("a", 5))
+    sched.schedule()
+    sched.abort_requests(["a"])
+    assert sched.kv.num_free_blocks == 8
+    assert "a" in sched.schedule().finished_req_ids

@@ -1,0 +1,56 @@
+"""The table every model family must appear in: a tiny checkpoint per entry, built
+to exercise that family's quirks, and checked against transformers by test_parity.
+
+``test_registry`` fails when a registered architecture has no entry here.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from transformers import PretrainedConfig
+
+from tests.model_configs import (
+    gpt2_config,
+    gpt_neox_config,
+    llama_config,
+    mistral_config,
+    opt_config,
+    phi3_config,
+    qwen2_config,
+    qwen3_config,
+)
+
+
+@dataclass(frozen=True)
+class ParityCase:
+    name: str
+    """Checkpoint name (make_checkpoint builds each name once per session)."""
+    architecture: str
+    """The config.json ``architectures`` entry it covers."""
+    config: Callable[[], PretrainedConfig]
+    """Builds the tiny transformers config."""
+
+
+PARITY_CASES = [
+    # Names shared with the conftest fixtures (opt_dir, llama_dir, llama_tied_dir) reuse their checkpoints.
+    ParityCase("opt", "OPTForCausalLM", opt_config),
+    ParityCase("llama-gqa-untied", "LlamaForCausalLM", lambda: llama_config(tie=False)),
+    ParityCase("llama-gqa-tied", "LlamaForCausalLM", lambda: llama_config(tie=True)),
+    ParityCase("qwen2-bias-window-on-layer1", "Qwen2ForCausalLM", qwen2_config),
+    ParityCase("qwen3-qknorm-headdim24-tied", "Qwen3ForCausalLM", qwen3_config),
+    ParityCase("mistral-window5-mqa", "MistralForCausalLM", mistral_config),
+    ParityCase("phi3-fused-partial-rope-window7", "Phi3ForCausalLM", phi3_config),
+    ParityCase("gpt2-conv1d-tied", "GPT2LMHeadModel", gpt2_config),
+    ParityCase(
+        "gpt2-untied-inverse-layer-scale",
+        "GPT2LMHeadModel",
+        lambda: gpt2_config(tie_word_embeddings=False, scale_attn_by_inverse_layer_idx=True),
+    ),
+    ParityCase("gpt-neox-parallel-rotary25", "GPTNeoXForCausalLM", gpt_neox_config),
+    ParityCase(
+        "gpt-neox-serial-rotary50",
+        "GPTNeoXForCausalLM",
+        lambda: gpt_neox_config(use_parallel_residual=False, rotary_pct=0.5),
+    ),
+]
