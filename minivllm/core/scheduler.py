@@ -6,22 +6,33 @@ waiting ones a share of the token budget, so prefill chunks and decode tokens
 share a batch. When the KV cache is full, the most recently admitted running
 request is preempted (its blocks freed, recomputed later) and goes to the
 front of the waiting queue, so it resumes before newer requests.
+
+With ``scheduler.policy=priority`` the waiting queue is ordered by
+``(priority, arrival_time)``, the victim of a preemption is the running request
+with the largest such key, and a waiting request may preempt running requests
+of strictly lower priority (larger value) to get blocks or a seat.
+
+With prefix caching, an admitted request starts at the end of its longest
+cached prefix (``num_computed_tokens > 0``); blocks are registered in the cache
+after the step that computed them (``update_from_output``).
 """
 from __future__ import annotations
 
 import logging
-from collections import deque
 from dataclasses import dataclass, field
 
 from minivllm.config.vllm_config import VllmConfig
-from minivllm.core.block_pool import BlockId
+from minivllm.core.block_hash import model_identity, root_hash
+from minivllm.core.block_pool import BlockId, KVCacheBlock
 from minivllm.core.kv_cache_manager import KVCacheManager
+from minivllm.core.request_queue import make_waiting_queue
 from minivllm.core.scheduler_output import (
     CachedRequestData,
     ModelRunnerOutput,
     NewRequestData,
     SchedulerOutput,
 )
+from minivllm.core.stats import SchedulerStats
 from minivllm.engine.request import Request, RequestId, RequestStatus
 
 logger = logging.getLogger(__name__)
@@ -36,17 +47,6 @@ class EngineCoreOutput:
     new_logprobs: list[dict[int, float]] | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
-
-
-@dataclass
-class SchedulerStats:
-    num_running: int = 0
-    num_waiting: int = 0
-    num_preemptions: int = 0
-    """Preemptions since the engine started."""
-    kv_cache_usage: float = 0.0
-    num_free_blocks: int = 0
-    num_blocks: int = 0
 
 
 @dataclass
@@ -65,9 +65,15 @@ class Scheduler:
         self.max_num_seqs = cfg.scheduler.max_num_seqs
         self.max_num_batched_tokens = cfg.scheduler.max_num_batched_tokens
         self.chunked_prefill = cfg.scheduler.enable_chunked_prefill
-        self.kv = KVCacheManager(num_blocks, cfg.cache.block_size)
+        self.policy = cfg.scheduler.policy
+        self.kv = KVCacheManager(
+            num_blocks,
+            cfg.cache.block_size,
+            enable_caching=cfg.cache.enable_prefix_caching,
+            hash_root=root_hash(model_identity(cfg)),
+        )
         self.requests: dict[RequestId, Request] = {}
-        self.waiting: deque[Request] = deque()
+        self.waiting = make_waiting_queue(self.policy)
         self.running: list[Request] = []
         self.num_preemptions = 0
         self._tokens_sent: dict[RequestId, int] = {}
@@ -101,6 +107,9 @@ class Scheduler:
             kv_cache_usage=self.kv.usage,
             num_free_blocks=self.kv.num_free_blocks,
             num_blocks=self.kv.pool.num_blocks,
+            num_preempted=sum(1 for r in self.waiting if r.num_preemptions > 0),
+            prefix_cache_queries=self.kv.prefix_cache_stats.queries,
+            prefix_cache_hits=self.kv.prefix_cache_stats.hits,
         )
 
     # ---- one step -----------------------------------------------------------------
@@ -112,47 +121,95 @@ class Scheduler:
         return self._make_output(plan)
 
     def _schedule_running(self, plan: _StepPlan) -> None:
-        index = 0
-        while index < len(self.running) and plan.budget > 0:
-            request = self.running[index]
+        """Running requests first, in admission order: decodes and unfinished prefill
+        chunks of requests already admitted go before any new prompt."""
+        for request in list(self.running):
+            if plan.budget <= 0:
+                break
+            if request.status is not RequestStatus.RUNNING:
+                continue  # preempted earlier in this step
             num_new = min(request.num_tokens - request.num_computed_tokens, plan.budget)
             new_blocks = self._allocate_or_preempt(request, num_new, plan)
             if new_blocks is None:
-                break  # the request itself was preempted, and it was the last one
+                continue  # the request itself was preempted
             plan.scheduled[request.request_id] = num_new
             plan.new_blocks[request.request_id] = new_blocks
             plan.budget -= num_new
-            index += 1
 
     def _allocate_or_preempt(self, request: Request, num_new: int, plan: _StepPlan) -> list[BlockId] | None:
-        """Blocks for ``num_new`` more tokens of a running request, preempting from the
-        back of the running list until they fit. None when ``request`` itself went."""
+        """Blocks for ``num_new`` more tokens of a running request, preempting victims
+        (see ``_pick_victim``) until they fit. None when ``request`` itself went."""
         while (new_blocks := self.kv.allocate_slots(request, num_new)) is None:
-            victim = self.running.pop()
-            self._preempt(victim)
-            plan.preempted = True
+            victim = self._pick_victim()
+            self._preempt(victim, plan)
             if victim is request:
                 return None
         return new_blocks
 
+    def _pick_victim(self) -> Request:
+        if self.policy == "priority":
+            return max(self.running, key=lambda r: (r.priority, r.arrival_time))
+        return self.running[-1]
+
     def _schedule_waiting(self, plan: _StepPlan) -> None:
-        while self.waiting and plan.budget > 0 and len(self.running) < self.max_num_seqs:
+        while self.waiting and plan.budget > 0 and not plan.preempted:
             request = self.waiting[0]
-            num_new = request.num_tokens - request.num_computed_tokens
+            if not self._claim_seat(request, plan):
+                break
+            cached = self.kv.get_computed_blocks(request)
+            num_new = request.num_tokens - len(cached) * self.kv.block_size
             if num_new > plan.budget and not self.chunked_prefill:
                 break
             num_new = min(num_new, plan.budget)
-            new_blocks = self.kv.allocate_slots(request, num_new)
-            if new_blocks is None:
+            if not self._allocate_for_waiting(request, num_new, cached, plan):
                 break
-            self.waiting.popleft()
-            request.status = RequestStatus.RUNNING
-            self.running.append(request)
-            plan.scheduled[request.request_id] = num_new
-            plan.newly_admitted.append(request)
-            plan.budget -= num_new
+            self._admit(request, len(cached) * self.kv.block_size, num_new, plan)
 
-    def _preempt(self, request: Request) -> None:
+    def _claim_seat(self, request: Request, plan: _StepPlan) -> bool:
+        """Whether ``request`` may join the running requests under ``max_num_seqs``,
+        preempting a lower-priority one for the seat under the priority policy."""
+        while len(self.running) >= self.max_num_seqs:
+            victim = self._lower_priority_victim(request)
+            if victim is None:
+                return False
+            self._preempt(victim, plan)
+        return True
+
+    def _allocate_for_waiting(self, request: Request, num_new: int, cached: list[KVCacheBlock], plan: _StepPlan) -> bool:
+        while self.kv.allocate_slots(request, num_new, cached) is None:
+            victim = self._lower_priority_victim(request)
+            if victim is None:
+                return False
+            self._preempt(victim, plan)
+        return True
+
+    def _lower_priority_victim(self, request: Request) -> Request | None:
+        """Under the priority policy, the running request to preempt in favour of the
+        waiting ``request``: the lowest-priority one, if strictly below ``request``."""
+        if self.policy != "priority" or not self.running:
+            return None
+        victim = self._pick_victim()
+        return victim if victim.priority > request.priority else None
+
+    def _admit(self, request: Request, num_cached: int, num_new: int, plan: _StepPlan) -> None:
+        self.waiting.popleft()
+        request.status = RequestStatus.RUNNING
+        request.num_computed_tokens = num_cached
+        self.running.append(request)
+        plan.scheduled[request.request_id] = num_new
+        plan.newly_admitted.append(request)
+        plan.budget -= num_new
+
+    def _preempt(self, request: Request, plan: _StepPlan) -> None:
+        """Free a running request's blocks and send it back to wait; if it was already
+        scheduled in this step, take it out of the step."""
+        self.running.remove(request)
+        plan.preempted = True
+        if request.request_id in plan.scheduled:
+            plan.budget += plan.scheduled.pop(request.request_id)
+            plan.new_blocks.pop(request.request_id, None)
+        if request in plan.newly_admitted:
+            plan.newly_admitted.remove(request)
         self.kv.free(request)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
@@ -206,9 +263,12 @@ class Scheduler:
         results = []
         for req_id in sched.num_scheduled_tokens:
             request = self.requests.get(req_id)
+            if request is None or request.is_finished:
+                continue  # aborted meanwhile
+            self.kv.cache_blocks(request)
             new_tokens = output.sampled_token_ids.get(req_id)
-            if request is None or request.is_finished or not new_tokens:
-                continue  # aborted meanwhile, or mid-way through a chunked prefill
+            if not new_tokens:
+                continue  # mid-way through a chunked prefill
             appended = []
             for token in new_tokens:
                 request.output_token_ids.append(token)
