@@ -38,6 +38,21 @@ def test_prefix_hit_starts_mid_sequence_on_the_shared_blocks(base):
     assert sched.stats().prefix_cache_hits == 8
 
 
+def test_a_block_seen_after_another_prefix_is_not_a_hit(base):
+    sched = make_scheduler(base, 16, block_size=BS)
+    runner = FakeRunner(BS)
+    a, b = [1, 2, 3, 4], [5, 6, 7, 8]
+    first = make_request(a + b + [9], max_tokens=1)
+    sched.add_request(first)
+    run_to_completion(sched, runner)
+    second = make_request(b + [9, 9], max_tokens=1)  # starts with first's second block
+    sched.add_request(second)
+    out = step(sched, runner)
+    assert out.new_reqs[0].num_computed_tokens == 0
+    run_to_completion(sched, runner)
+    assert second.output_token_ids == expected_output(second.prompt_token_ids, 1)
+
+
 def test_long_prompt_is_chunked_while_running_requests_keep_decoding(base):
     sched = make_scheduler(base, 64, block_size=BS, max_num_batched_tokens=8)
     runner = FakeRunner(BS)
