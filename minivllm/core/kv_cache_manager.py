@@ -15,9 +15,12 @@ filled (same hash, see ``block_hash.py``)::
     A: "You are a helpful ... | Q1"   table = [3, 8, 1]
     B: "You are a helpful ... | Q2"   table = [3, 8, 6]   (3 and 8 shared, ref_cnt 2)
 
-A block gets its hash only after the step that computed its KV has run
-(``cache_blocks``), so a hit always finds finished KV, whatever happens to the
-request that wrote it later.
+A full block gets its hash when the step that computes it is scheduled
+(``allocate_slots``), so a request admitted later in the same step can already
+share it: the batch runs as one forward pass, and each attention layer writes
+the keys and values of every new token before any request attends. The
+scheduler never takes a scheduled request back out of its step, so a hashed
+block's KV is always computed by the end of that step.
 """
 from __future__ import annotations
 
@@ -81,15 +84,15 @@ class KVCacheManager:
             found.append(block)
         return found
 
-    def cache_blocks(self, request: Request) -> None:
-        """Register the request's full blocks whose KV is now computed (the first
-        ``num_computed_tokens`` tokens) in the prefix cache."""
+    def cache_blocks(self, request: Request, num_tokens: int) -> None:
+        """Register in the prefix cache the request's full blocks among its first
+        ``num_tokens`` tokens (computed, or being computed in the step being scheduled)."""
         if not self.enable_caching:
             return
         table = self._tables.get(request.request_id)
         if table is None:
             return
-        num_full = request.num_computed_tokens // self.block_size
+        num_full = num_tokens // self.block_size
         start = self._num_hashed.get(request.request_id, 0)
         if num_full <= start:
             return
@@ -116,13 +119,10 @@ class KVCacheManager:
         with nothing changed, when too few blocks are free.
         """
         computed = new_computed_blocks or []
-        table = self._tables.get(request.request_id, [])
-        num_tokens = request.num_computed_tokens + len(computed) * self.block_size + num_new_tokens
-        needed = max(self.blocks_needed(num_tokens) - len(table) - len(computed), 0)
-        revived = sum(1 for b in computed if b.ref_cnt == 0)  # cached blocks leaving the free queue
-        if needed + revived > self.pool.num_free_blocks:
+        needed = self._num_blocks_to_allocate(request, num_new_tokens, computed)
+        if needed is None:
             return None
-        table = self._tables.setdefault(request.request_id, table)
+        table = self._tables.setdefault(request.request_id, [])
         if new_computed_blocks is not None:
             self.pool.touch(computed)
             table.extend(computed)
@@ -131,7 +131,23 @@ class KVCacheManager:
                 self.prefix_cache_stats.record(request.num_tokens, len(computed) * self.block_size)
         new_blocks = self.pool.allocate(needed)
         table.extend(new_blocks)
+        self.cache_blocks(request, request.num_computed_tokens + len(computed) * self.block_size + num_new_tokens)
         return [b.block_id for b in new_blocks]
+
+    def can_allocate(
+        self, request: Request, num_new_tokens: int, new_computed_blocks: list[KVCacheBlock] | None = None
+    ) -> bool:
+        """Whether ``allocate_slots`` with the same arguments would succeed now."""
+        return self._num_blocks_to_allocate(request, num_new_tokens, new_computed_blocks or []) is not None
+
+    def _num_blocks_to_allocate(self, request: Request, num_new_tokens: int, computed: list[KVCacheBlock]) -> int | None:
+        """Fresh blocks needed for the new tokens, or None when they (plus the cached
+        blocks taken out of the free queue) exceed the free blocks."""
+        num_held = len(self._tables.get(request.request_id, ())) + len(computed)
+        num_tokens = request.num_computed_tokens + len(computed) * self.block_size + num_new_tokens
+        needed = max(self.blocks_needed(num_tokens) - num_held, 0)
+        revived = sum(1 for b in computed if b.ref_cnt == 0)  # cached blocks leaving the free queue
+        return needed if needed + revived <= self.pool.num_free_blocks else None
 
     def free(self, request: Request) -> None:
         """Return the request's blocks, last block first, so the tail of a

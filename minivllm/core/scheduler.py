@@ -7,14 +7,20 @@ share a batch. When the KV cache is full, the most recently admitted running
 request is preempted (its blocks freed, recomputed later) and goes to the
 front of the waiting queue, so it resumes before newer requests.
 
-With ``scheduler.policy=priority`` the waiting queue is ordered by
-``(priority, arrival_time)``, the victim of a preemption is the running request
-with the largest such key, and a waiting request may preempt running requests
-of strictly lower priority (larger value) to get blocks or a seat.
+With ``scheduler.policy=priority`` the waiting queue and the running requests
+are ordered by ``(priority, arrival_time)`` (lower first), the victim of a
+preemption is the last running request in that order, and before each step
+the head of the waiting queue preempts running requests of strictly lower
+priority until it has a seat and blocks for its first chunk.
 
 With prefix caching, an admitted request starts at the end of its longest
-cached prefix (``num_computed_tokens > 0``); blocks are registered in the cache
-after the step that computed them (``update_from_output``).
+cached prefix (``num_computed_tokens > 0``). Blocks are registered in the
+cache as soon as they are scheduled, so a request admitted later in the same
+step can share KV that this step computes (each attention layer writes the
+whole batch's keys and values before attending). That is only sound if a
+scheduled request is never taken back out of its step: running requests are
+visited in victim order (victims always come later), and priority
+preemptions happen before anything is scheduled.
 """
 from __future__ import annotations
 
@@ -23,7 +29,7 @@ from dataclasses import dataclass, field
 
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.core.block_hash import model_identity, root_hash
-from minivllm.core.block_pool import BlockId, KVCacheBlock
+from minivllm.core.block_pool import BlockId
 from minivllm.core.kv_cache_manager import KVCacheManager
 from minivllm.core.request_queue import make_waiting_queue
 from minivllm.core.scheduler_output import (
@@ -115,15 +121,25 @@ class Scheduler:
     # ---- one step -----------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
         plan = _StepPlan(budget=self.max_num_batched_tokens)
+        if self.policy == "priority":
+            self._preempt_for_waiting_priority()
         self._schedule_running(plan)
         if not plan.preempted:
             self._schedule_waiting(plan)
         return self._make_output(plan)
 
+    def _running_order(self) -> list[Request]:
+        """The order running requests get budget and blocks in; preemption victims
+        are taken from its end, so they are never already scheduled."""
+        if self.policy == "priority":
+            index = {id(r): i for i, r in enumerate(self.running)}
+            return sorted(self.running, key=lambda r: (r.priority, r.arrival_time, index[id(r)]))
+        return list(self.running)
+
     def _schedule_running(self, plan: _StepPlan) -> None:
-        """Running requests first, in admission order: decodes and unfinished prefill
-        chunks of requests already admitted go before any new prompt."""
-        for request in list(self.running):
+        """Running requests first: their decodes and unfinished prefill chunks go
+        before any new prompt."""
+        for request in self._running_order():
             if plan.budget <= 0:
                 break
             if request.status is not RequestStatus.RUNNING:
@@ -137,79 +153,58 @@ class Scheduler:
             plan.budget -= num_new
 
     def _allocate_or_preempt(self, request: Request, num_new: int, plan: _StepPlan) -> list[BlockId] | None:
-        """Blocks for ``num_new`` more tokens of a running request, preempting victims
-        (see ``_pick_victim``) until they fit. None when ``request`` itself went."""
+        """Blocks for ``num_new`` more tokens of a running request, preempting from the
+        end of the running order until they fit. None when ``request`` itself went."""
         while (new_blocks := self.kv.allocate_slots(request, num_new)) is None:
-            victim = self._pick_victim()
-            self._preempt(victim, plan)
+            victim = self._running_order()[-1]
+            if victim.request_id in plan.scheduled:
+                raise RuntimeError(f"preempting {victim.request_id}, already scheduled in this step")
+            self._preempt(victim)
+            plan.preempted = True
             if victim is request:
                 return None
         return new_blocks
 
-    def _pick_victim(self) -> Request:
-        if self.policy == "priority":
-            return max(self.running, key=lambda r: (r.priority, r.arrival_time))
-        return self.running[-1]
+    def _preempt_for_waiting_priority(self) -> None:
+        """Priority policy: let running requests of strictly lower priority than the
+        head of the waiting queue make room for it (a seat, blocks for its first chunk)."""
+        if not self.waiting:
+            return
+        head = self.waiting[0]
+        while self.running and not self._could_admit(head):
+            victim = self._running_order()[-1]
+            if victim.priority <= head.priority:
+                return
+            self._preempt(victim)
+
+    def _could_admit(self, request: Request) -> bool:
+        if len(self.running) >= self.max_num_seqs:
+            return False
+        cached = self.kv.get_computed_blocks(request)
+        num_new = min(request.num_tokens - len(cached) * self.kv.block_size, self.max_num_batched_tokens)
+        return self.kv.can_allocate(request, num_new, cached)
 
     def _schedule_waiting(self, plan: _StepPlan) -> None:
-        while self.waiting and plan.budget > 0 and not plan.preempted:
+        while self.waiting and plan.budget > 0 and len(self.running) < self.max_num_seqs:
             request = self.waiting[0]
-            if not self._claim_seat(request, plan):
-                break
             cached = self.kv.get_computed_blocks(request)
-            num_new = request.num_tokens - len(cached) * self.kv.block_size
+            num_cached = len(cached) * self.kv.block_size
+            num_new = request.num_tokens - num_cached
             if num_new > plan.budget and not self.chunked_prefill:
                 break
             num_new = min(num_new, plan.budget)
-            if not self._allocate_for_waiting(request, num_new, cached, plan):
+            if self.kv.allocate_slots(request, num_new, cached) is None:
                 break
-            self._admit(request, len(cached) * self.kv.block_size, num_new, plan)
+            self.waiting.popleft()
+            request.status = RequestStatus.RUNNING
+            request.num_computed_tokens = num_cached
+            self.running.append(request)
+            plan.scheduled[request.request_id] = num_new
+            plan.newly_admitted.append(request)
+            plan.budget -= num_new
 
-    def _claim_seat(self, request: Request, plan: _StepPlan) -> bool:
-        """Whether ``request`` may join the running requests under ``max_num_seqs``,
-        preempting a lower-priority one for the seat under the priority policy."""
-        while len(self.running) >= self.max_num_seqs:
-            victim = self._lower_priority_victim(request)
-            if victim is None:
-                return False
-            self._preempt(victim, plan)
-        return True
-
-    def _allocate_for_waiting(self, request: Request, num_new: int, cached: list[KVCacheBlock], plan: _StepPlan) -> bool:
-        while self.kv.allocate_slots(request, num_new, cached) is None:
-            victim = self._lower_priority_victim(request)
-            if victim is None:
-                return False
-            self._preempt(victim, plan)
-        return True
-
-    def _lower_priority_victim(self, request: Request) -> Request | None:
-        """Under the priority policy, the running request to preempt in favour of the
-        waiting ``request``: the lowest-priority one, if strictly below ``request``."""
-        if self.policy != "priority" or not self.running:
-            return None
-        victim = self._pick_victim()
-        return victim if victim.priority > request.priority else None
-
-    def _admit(self, request: Request, num_cached: int, num_new: int, plan: _StepPlan) -> None:
-        self.waiting.popleft()
-        request.status = RequestStatus.RUNNING
-        request.num_computed_tokens = num_cached
-        self.running.append(request)
-        plan.scheduled[request.request_id] = num_new
-        plan.newly_admitted.append(request)
-        plan.budget -= num_new
-
-    def _preempt(self, request: Request, plan: _StepPlan) -> None:
-        """Free a running request's blocks and send it back to wait; if it was already
-        scheduled in this step, take it out of the step."""
+    def _preempt(self, request: Request) -> None:
         self.running.remove(request)
-        plan.preempted = True
-        if request.request_id in plan.scheduled:
-            plan.budget += plan.scheduled.pop(request.request_id)
-            plan.new_blocks.pop(request.request_id, None)
-        if request in plan.newly_admitted:
-            plan.newly_admitted.remove(request)
         self.kv.free(request)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
@@ -263,12 +258,9 @@ class Scheduler:
         results = []
         for req_id in sched.num_scheduled_tokens:
             request = self.requests.get(req_id)
-            if request is None or request.is_finished:
-                continue  # aborted meanwhile
-            self.kv.cache_blocks(request)
             new_tokens = output.sampled_token_ids.get(req_id)
-            if not new_tokens:
-                continue  # mid-way through a chunked prefill
+            if request is None or request.is_finished or not new_tokens:
+                continue  # aborted meanwhile, or mid-way through a chunked prefill
             appended = []
             for token in new_tokens:
                 request.output_token_ids.append(token)

@@ -5,9 +5,11 @@ from ``new_reqs``/``cached_reqs`` deltas) and a fake KV cache: a slot holds the
 identity of the whole prefix that ends at its position. Before a request's new
 tokens are "computed", every earlier position of its block table must hold
 exactly its own prefix; so a prefix-cache hit on the wrong block, a block
-reused while still referenced, or a block cached before its KV was written
-fails loudly. Sampled tokens are a deterministic function of the sequence, like
-greedy decoding.
+reused while still referenced, or a block cached without being computed fails
+loudly. Requests run in batch order, so a request may read blocks that another
+request, scheduled before it, writes in the same step (as in the real forward
+pass, where each layer writes the whole batch's KV before attending). Sampled
+tokens are a deterministic function of the sequence, like greedy decoding.
 """
 from __future__ import annotations
 

@@ -11,12 +11,11 @@ def manager(num_blocks: int = 16) -> KVCacheManager:
     return KVCacheManager(num_blocks, BS, enable_caching=True, hash_root=root_hash("test-model"))
 
 
-def admit_and_compute(kv: KVCacheManager, request) -> list[int]:
-    """Admit ``request`` with its cached prefix, then mark its whole prompt computed."""
+def admit_and_compute(kv: KVCacheManager, request) -> int:
+    """Admit ``request`` with its cached prefix and schedule its whole prompt; returns the cache hits."""
     cached = kv.get_computed_blocks(request)
     assert kv.allocate_slots(request, request.num_tokens - len(cached) * BS, cached) is not None
     request.num_computed_tokens = request.num_tokens
-    kv.cache_blocks(request)
     return len(cached)
 
 
@@ -55,14 +54,15 @@ def test_freed_blocks_stay_cached_until_evicted():
     assert kv.block_ids(b.request_id) == [0, 1, 2]
 
 
-def test_blocks_are_cached_only_once_computed():
+def test_only_blocks_filled_by_scheduled_tokens_are_cached():
     kv = manager()
     a = make_request(list(range(10, 22)))  # 12 tokens
     kv.allocate_slots(a, 6, kv.get_computed_blocks(a))  # a chunk of 6 tokens is scheduled
-    a.num_computed_tokens = 6
-    kv.cache_blocks(a)
     same = make_request(list(range(10, 22)))
-    assert len(kv.get_computed_blocks(same)) == 1  # the second block is only half computed
+    assert len(kv.get_computed_blocks(same)) == 1  # the second block is only half scheduled
+    a.num_computed_tokens = 6
+    kv.allocate_slots(a, 4)  # the next chunk fills block 1
+    assert [b.block_id for b in kv.get_computed_blocks(same)] == [0, 1]
 
 
 def test_salts_and_models_do_not_share():

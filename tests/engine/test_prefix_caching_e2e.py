@@ -121,3 +121,19 @@ def test_cache_salt_isolates_requests(tiny_llama):
         assert run("alice")[1] == first  # still serving
     finally:
         llm.shutdown()
+
+
+def test_requests_sharing_kv_computed_in_the_same_step(tiny_llama):
+    """All requests fit one step: the later ones read the system prompt's KV that the
+    first one writes in that very forward pass."""
+    system = list(range(100, 140))  # 40 tokens = 10 blocks
+    prompts = [{"prompt_token_ids": system + [200 + i] * (1 + i % 3)} for i in range(8)]
+    params = [SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)] * 8
+    llm = LLM(model=str(tiny_llama), dtype="float32", block_size=4, num_gpu_blocks_override=128)
+    try:
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        stats = llm.llm_engine.scheduler_stats()
+    finally:
+        llm.shutdown()
+    assert stats.prefix_cache_hits == 7 * 40
+    assert [o.outputs[0].token_ids for o in outs] == reference_tokens(tiny_llama, prompts, params)
