@@ -1,5 +1,8 @@
 import subprocess
 import sys
+from pathlib import Path
+
+import minivllm
 
 from minivllm.core.block_hash import (
     extend_block_hashes,
@@ -54,7 +57,6 @@ def test_hash_is_the_same_in_another_process():
         "from minivllm.core.block_hash import hash_block_tokens, root_hash;"
         "print(hash_block_tokens(root_hash({'path': 'm'}), [1, 2, 3], (('cache_salt', 's'),)).hex())"
     )
-    env = {"PYTHONHASHSEED": "123", "PATH": "/usr/bin:/bin"}
-    env.update({k: v for k, v in __import__("os").environ.items() if k == "PYTHONPATH"})
+    env = {"PYTHONHASHSEED": "123", "PYTHONPATH": str(Path(minivllm.__file__).resolve().parents[1])}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == hash_block_tokens(ROOT, [1, 2, 3], (("cache_salt", "s"),)).hex()
