@@ -12,6 +12,7 @@ from minivllm.engine.detokenizer import IncrementalDetokenizer
 from minivllm.engine.outputs import CompletionOutput, RequestOutput
 from minivllm.engine.processor import Processor, PromptType
 from minivllm.engine.request import Request, RequestId
+from minivllm.engine.stats import EngineStats, StatLogger
 from minivllm.engine.tokenizer import get_tokenizer
 from minivllm.sampling_params import RequestOutputKind, SamplingParams
 
@@ -54,6 +55,7 @@ class LLMEngine:
         self.counters = EngineCounters()
         self._states: dict[RequestId, _RequestState] = {}
         self._ids = itertools.count()
+        self.stat_logger = StatLogger(cfg.scheduler.log_stats_interval)
 
     @property
     def eos_token_id(self) -> int | None:
@@ -69,6 +71,10 @@ class LLMEngine:
     def scheduler_stats(self) -> SchedulerStats:
         return self.core.scheduler.stats()
 
+    def get_stats(self) -> EngineStats:
+        """Throughputs over the current stats window, queue sizes, KV usage, hit rate."""
+        return self.stat_logger.snapshot(self.scheduler_stats())
+
     # ---- requests -------------------------------------------------------------------
     def add_request(
         self,
@@ -76,17 +82,22 @@ class LLMEngine:
         prompt: PromptType,
         params: SamplingParams | None = None,
         priority: int = 0,
+        cache_salt: str | None = None,
     ) -> RequestId:
-        """Validate and queue a request; raises ValueError (nothing queued) on bad input."""
+        """Validate and queue a request; raises ValueError (nothing queued) on bad input.
+
+        ``cache_salt``: only requests with the same salt share prefix-cache blocks.
+        """
         params = params or SamplingParams()
         if params.n != 1:
             raise ValueError(f"n={params.n}: only n=1 is supported")
+        _check_priority_and_salt(priority, cache_salt, self.cfg.scheduler.policy)
         text, ids = self.processor.tokenize(prompt)
         max_tokens = self.processor.max_output_tokens(len(ids), params)
         req_id = RequestId(str(next(self._ids)) if request_id is None else str(request_id))
         if req_id in self._states:
             raise ValueError(f"request_id={req_id!r}: already in use by an unfinished request")
-        request = Request(req_id, ids, params, self.eos_token_id, max_tokens, priority=priority)
+        request = Request(req_id, ids, params, self.eos_token_id, max_tokens, priority=priority, cache_salt=cache_salt)
         detok = IncrementalDetokenizer(self.tokenizer, params, ids)
         self._states[req_id] = _RequestState(req_id, text, ids, params, detok, request.arrival_time)
         self.counters.num_prompt_tokens += len(ids)
@@ -109,10 +120,13 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """One engine step; returns outputs of the requests that advanced."""
         outputs = []
+        prompt_tokens = generation_tokens = 0
         for core_out in self.core.step():
             state = self._states.get(core_out.req_id)
             if state is None:
                 continue
+            prompt_tokens += len(state.prompt_token_ids) if state.first_token_time is None else 0
+            generation_tokens += len(core_out.new_token_ids)
             self._absorb(state, core_out)
             out = self._make_output(state)
             if state.finish_reason is not None:
@@ -120,6 +134,8 @@ class LLMEngine:
                 self.counters.num_finished_requests += 1
             if out is not None:
                 outputs.append(out)
+        self.stat_logger.record_step(prompt_tokens, generation_tokens)
+        self.stat_logger.maybe_log(self.scheduler_stats)
         return outputs
 
     def _absorb(self, state: _RequestState, core_out: EngineCoreOutput) -> None:
@@ -170,3 +186,12 @@ class LLMEngine:
 
     def shutdown(self) -> None:
         self.core.shutdown()
+
+
+def _check_priority_and_salt(priority: int, cache_salt: str | None, policy: str) -> None:
+    if not isinstance(priority, int):
+        raise ValueError(f"priority={priority!r}: must be an int")
+    if priority != 0 and policy != "priority":
+        raise ValueError(f"priority={priority}: needs scheduler.policy=priority (the policy is {policy})")
+    if cache_salt is not None and (not isinstance(cache_salt, str) or not cache_salt):
+        raise ValueError(f"cache_salt={cache_salt!r}: must be a non-empty string or None")
