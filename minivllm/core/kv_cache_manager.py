@@ -8,19 +8,45 @@ block ``table[p // block_size]`` at offset ``p % block_size``::
 
 Only the last block of a request is ever partly empty, so the waste is under
 one block per request.
+
+With prefix caching, a request's table may start with blocks another request
+filled (same hash, see ``block_hash.py``)::
+
+    A: "You are a helpful ... | Q1"   table = [3, 8, 1]
+    B: "You are a helpful ... | Q2"   table = [3, 8, 6]   (3 and 8 shared, ref_cnt 2)
+
+A full block gets its hash when the step that computes it is scheduled
+(``allocate_slots``), so a request admitted later in the same step can already
+share it: the batch runs as one forward pass, and each attention layer writes
+the keys and values of every new token before any request attends. The
+scheduler never takes a scheduled request back out of its step, so a hashed
+block's KV is always computed by the end of that step.
 """
 from __future__ import annotations
 
+from minivllm.core.block_hash import BlockHash, extend_block_hashes, request_extra_keys, root_hash
 from minivllm.core.block_pool import BlockId, BlockPool, KVCacheBlock
+from minivllm.core.stats import PrefixCacheStats
 from minivllm.engine.request import Request, RequestId
 from minivllm.utils import cdiv
 
 
 class KVCacheManager:
-    def __init__(self, num_blocks: int, block_size: int) -> None:
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        enable_caching: bool = False,
+        hash_root: BlockHash | None = None,
+    ) -> None:
         self.block_size = block_size
         self.pool = BlockPool(num_blocks)
         self._tables: dict[RequestId, list[KVCacheBlock]] = {}
+        self.enable_caching = enable_caching
+        self.hash_root = hash_root if hash_root is not None else root_hash(None)
+        self.prefix_cache_stats = PrefixCacheStats()
+        self._num_hashed: dict[RequestId, int] = {}
+        """Leading blocks of each table already registered in the prefix cache."""
 
     @property
     def num_free_blocks(self) -> int:
@@ -40,24 +66,96 @@ class KVCacheManager:
         """Whether a request of ``num_tokens`` fits the whole cache when alone."""
         return self.blocks_needed(num_tokens) <= self.pool.num_blocks
 
-    def allocate_slots(self, request: Request, num_new_tokens: int) -> list[BlockId] | None:
+    # ---- prefix cache ---------------------------------------------------------------
+    def get_computed_blocks(self, request: Request) -> list[KVCacheBlock]:
+        """Cached blocks of the request's longest cached prefix, without claiming them.
+
+        The last token is never taken from the cache: its logits must be computed,
+        so at most ``(num_tokens - 1) // block_size`` blocks are returned.
+        """
+        if not self.enable_caching:
+            return []
+        hashes = self._block_hashes(request, request.all_token_ids)
+        found = []
+        for block_hash in hashes[: (request.num_tokens - 1) // self.block_size]:
+            block = self.pool.get_cached_block(block_hash)
+            if block is None:
+                break
+            found.append(block)
+        return found
+
+    def cache_blocks(self, request: Request, num_tokens: int) -> None:
+        """Register in the prefix cache the request's full blocks among its first
+        ``num_tokens`` tokens (computed, or being computed in the step being scheduled)."""
+        if not self.enable_caching:
+            return
+        table = self._tables.get(request.request_id)
+        if table is None:
+            return
+        num_full = num_tokens // self.block_size
+        start = self._num_hashed.get(request.request_id, 0)
+        if num_full <= start:
+            return
+        hashes = self._block_hashes(request, request.all_token_ids[: num_full * self.block_size])
+        for i in range(start, num_full):
+            self.pool.cache_block(table[i], hashes[i])
+        self._num_hashed[request.request_id] = num_full
+
+    def _block_hashes(self, request: Request, token_ids: list[int]) -> list[BlockHash]:
+        return extend_block_hashes(
+            request.block_hashes, token_ids, self.block_size, self.hash_root, request_extra_keys(request.cache_salt)
+        )
+
+    # ---- allocation -----------------------------------------------------------------
+    def allocate_slots(
+        self, request: Request, num_new_tokens: int, new_computed_blocks: list[KVCacheBlock] | None = None
+    ) -> list[BlockId] | None:
         """Grow the request's table to hold ``num_computed_tokens + num_new_tokens``.
 
-        Returns the ids of the newly added blocks (possibly none), or None, with
-        nothing changed, when too few blocks are free.
+        ``new_computed_blocks`` is given when a waiting request is admitted: the
+        result of ``get_computed_blocks`` (possibly empty), which then head its
+        table; the caller advances ``num_computed_tokens`` past them.
+        Returns the ids of the newly allocated blocks (possibly none), or None,
+        with nothing changed, when too few blocks are free.
         """
-        table = self._tables.setdefault(request.request_id, [])
-        needed = self.blocks_needed(request.num_computed_tokens + num_new_tokens) - len(table)
-        if needed <= 0:
-            return []
-        if needed > self.pool.num_free_blocks:
+        computed = new_computed_blocks or []
+        needed = self._num_blocks_to_allocate(request, num_new_tokens, computed)
+        if needed is None:
             return None
+        table = self._tables.setdefault(request.request_id, [])
+        if new_computed_blocks is not None:
+            self.pool.touch(computed)
+            table.extend(computed)
+            self._num_hashed[request.request_id] = len(computed)
+            if self.enable_caching:
+                self.prefix_cache_stats.record(request.num_tokens, len(computed) * self.block_size)
         new_blocks = self.pool.allocate(needed)
         table.extend(new_blocks)
+        self.cache_blocks(request, request.num_computed_tokens + len(computed) * self.block_size + num_new_tokens)
         return [b.block_id for b in new_blocks]
+
+    def can_allocate(
+        self, request: Request, num_new_tokens: int, new_computed_blocks: list[KVCacheBlock] | None = None
+    ) -> bool:
+        """Whether ``allocate_slots`` with the same arguments would succeed now."""
+        return self._num_blocks_to_allocate(request, num_new_tokens, new_computed_blocks or []) is not None
+
+    def _num_blocks_to_allocate(self, request: Request, num_new_tokens: int, computed: list[KVCacheBlock]) -> int | None:
+        """Fresh blocks needed for the new tokens, or None when they (plus the cached
+        blocks taken out of the free queue) exceed the free blocks."""
+        num_held = len(self._tables.get(request.request_id, ())) + len(computed)
+        num_tokens = request.num_computed_tokens + len(computed) * self.block_size + num_new_tokens
+        needed = max(self.blocks_needed(num_tokens) - num_held, 0)
+        revived = sum(1 for b in computed if b.ref_cnt == 0)  # cached blocks leaving the free queue
+        return needed if needed + revived <= self.pool.num_free_blocks else None
 
     def free(self, request: Request) -> None:
         """Return the request's blocks, last block first, so the tail of a
-        sequence is reused before its head."""
+        sequence is evicted before its head (its head is likelier to be shared)."""
         table = self._tables.pop(request.request_id, [])
+        self._num_hashed.pop(request.request_id, None)
         self.pool.free(list(reversed(table)))
+
+    def num_shared_blocks(self) -> int:
+        """Extra references beyond the first on blocks in use (for memory accounting)."""
+        return sum(b.ref_cnt - 1 for b in self.pool.blocks if b.ref_cnt > 1)

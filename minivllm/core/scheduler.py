@@ -6,22 +6,39 @@ waiting ones a share of the token budget, so prefill chunks and decode tokens
 share a batch. When the KV cache is full, the most recently admitted running
 request is preempted (its blocks freed, recomputed later) and goes to the
 front of the waiting queue, so it resumes before newer requests.
+
+With ``scheduler.policy=priority`` the waiting queue and the running requests
+are ordered by ``(priority, arrival_time)`` (lower first), the victim of a
+preemption is the last running request in that order, and before each step
+the head of the waiting queue preempts running requests of strictly lower
+priority until it has a seat and blocks for its first chunk.
+
+With prefix caching, an admitted request starts at the end of its longest
+cached prefix (``num_computed_tokens > 0``). Blocks are registered in the
+cache as soon as they are scheduled, so a request admitted later in the same
+step can share KV that this step computes (each attention layer writes the
+whole batch's keys and values before attending). That is only sound if a
+scheduled request is never taken back out of its step: running requests are
+visited in victim order (victims always come later), and priority
+preemptions happen before anything is scheduled.
 """
 from __future__ import annotations
 
 import logging
-from collections import deque
 from dataclasses import dataclass, field
 
 from minivllm.config.vllm_config import VllmConfig
+from minivllm.core.block_hash import model_identity, root_hash
 from minivllm.core.block_pool import BlockId
 from minivllm.core.kv_cache_manager import KVCacheManager
+from minivllm.core.request_queue import make_waiting_queue
 from minivllm.core.scheduler_output import (
     CachedRequestData,
     ModelRunnerOutput,
     NewRequestData,
     SchedulerOutput,
 )
+from minivllm.core.stats import SchedulerStats
 from minivllm.engine.request import Request, RequestId, RequestStatus
 
 logger = logging.getLogger(__name__)
@@ -41,17 +58,6 @@ class EngineCoreOutput:
 
 
 @dataclass
-class SchedulerStats:
-    num_running: int = 0
-    num_waiting: int = 0
-    num_preemptions: int = 0
-    """Preemptions since the engine started."""
-    kv_cache_usage: float = 0.0
-    num_free_blocks: int = 0
-    num_blocks: int = 0
-
-
-@dataclass
 class _StepPlan:
     """Decisions of one ``schedule()`` call, turned into a SchedulerOutput at the end."""
 
@@ -67,9 +73,15 @@ class Scheduler:
         self.max_num_seqs = cfg.scheduler.max_num_seqs
         self.max_num_batched_tokens = cfg.scheduler.max_num_batched_tokens
         self.chunked_prefill = cfg.scheduler.enable_chunked_prefill
-        self.kv = KVCacheManager(num_blocks, cfg.cache.block_size)
+        self.policy = cfg.scheduler.policy
+        self.kv = KVCacheManager(
+            num_blocks,
+            cfg.cache.block_size,
+            enable_caching=cfg.cache.enable_prefix_caching,
+            hash_root=root_hash(model_identity(cfg)),
+        )
         self.requests: dict[RequestId, Request] = {}
-        self.waiting: deque[Request] = deque()
+        self.waiting = make_waiting_queue(self.policy)
         self.running: list[Request] = []
         self.num_preemptions = 0
         self._tokens_sent: dict[RequestId, int] = {}
@@ -103,58 +115,98 @@ class Scheduler:
             kv_cache_usage=self.kv.usage,
             num_free_blocks=self.kv.num_free_blocks,
             num_blocks=self.kv.pool.num_blocks,
+            num_preempted=sum(1 for r in self.waiting if r.num_preemptions > 0),
+            prefix_cache_queries=self.kv.prefix_cache_stats.queries,
+            prefix_cache_hits=self.kv.prefix_cache_stats.hits,
         )
 
     # ---- one step -----------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
         plan = _StepPlan(budget=self.max_num_batched_tokens)
+        if self.policy == "priority":
+            self._preempt_for_waiting_priority()
         self._schedule_running(plan)
         if not plan.preempted:
             self._schedule_waiting(plan)
         return self._make_output(plan)
 
+    def _running_order(self) -> list[Request]:
+        """The order running requests get budget and blocks in; preemption victims
+        are taken from its end, so they are never already scheduled."""
+        if self.policy == "priority":
+            index = {id(r): i for i, r in enumerate(self.running)}
+            return sorted(self.running, key=lambda r: (r.priority, r.arrival_time, index[id(r)]))
+        return list(self.running)
+
     def _schedule_running(self, plan: _StepPlan) -> None:
-        index = 0
-        while index < len(self.running) and plan.budget > 0:
-            request = self.running[index]
+        """Running requests first: their decodes and unfinished prefill chunks go
+        before any new prompt."""
+        for request in self._running_order():
+            if plan.budget <= 0:
+                break
+            if request.status is not RequestStatus.RUNNING:
+                continue  # preempted earlier in this step
             num_new = min(request.num_tokens - request.num_computed_tokens, plan.budget)
             new_blocks = self._allocate_or_preempt(request, num_new, plan)
             if new_blocks is None:
-                break  # the request itself was preempted, and it was the last one
+                continue  # the request itself was preempted
             plan.scheduled[request.request_id] = num_new
             plan.new_blocks[request.request_id] = new_blocks
             plan.budget -= num_new
-            index += 1
 
     def _allocate_or_preempt(self, request: Request, num_new: int, plan: _StepPlan) -> list[BlockId] | None:
         """Blocks for ``num_new`` more tokens of a running request, preempting from the
-        back of the running list until they fit. None when ``request`` itself went."""
+        end of the running order until they fit. None when ``request`` itself went."""
         while (new_blocks := self.kv.allocate_slots(request, num_new)) is None:
-            victim = self.running.pop()
+            victim = self._running_order()[-1]
+            if victim.request_id in plan.scheduled:
+                raise RuntimeError(f"preempting {victim.request_id}, already scheduled in this step")
             self._preempt(victim)
             plan.preempted = True
             if victim is request:
                 return None
         return new_blocks
 
+    def _preempt_for_waiting_priority(self) -> None:
+        """Priority policy: let running requests of strictly lower priority than the
+        head of the waiting queue make room for it (a seat, blocks for its first chunk)."""
+        if not self.waiting:
+            return
+        head = self.waiting[0]
+        while self.running and not self._could_admit(head):
+            victim = self._running_order()[-1]
+            if victim.priority <= head.priority:
+                return
+            self._preempt(victim)
+
+    def _could_admit(self, request: Request) -> bool:
+        if len(self.running) >= self.max_num_seqs:
+            return False
+        cached = self.kv.get_computed_blocks(request)
+        num_new = min(request.num_tokens - len(cached) * self.kv.block_size, self.max_num_batched_tokens)
+        return self.kv.can_allocate(request, num_new, cached)
+
     def _schedule_waiting(self, plan: _StepPlan) -> None:
         while self.waiting and plan.budget > 0 and len(self.running) < self.max_num_seqs:
             request = self.waiting[0]
-            num_new = request.num_tokens - request.num_computed_tokens
+            cached = self.kv.get_computed_blocks(request)
+            num_cached = len(cached) * self.kv.block_size
+            num_new = request.num_tokens - num_cached
             if num_new > plan.budget and not self.chunked_prefill:
                 break
             num_new = min(num_new, plan.budget)
-            new_blocks = self.kv.allocate_slots(request, num_new)
-            if new_blocks is None:
+            if self.kv.allocate_slots(request, num_new, cached) is None:
                 break
             self.waiting.popleft()
             request.status = RequestStatus.RUNNING
+            request.num_computed_tokens = num_cached
             self.running.append(request)
             plan.scheduled[request.request_id] = num_new
             plan.newly_admitted.append(request)
             plan.budget -= num_new
 
     def _preempt(self, request: Request) -> None:
+        self.running.remove(request)
         self.kv.free(request)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0

@@ -12,6 +12,7 @@ from minivllm.engine.outputs import RequestOutput
 from minivllm.engine.parent_request import CompletionState, ParentRequest
 from minivllm.engine.processor import Processor, PromptType
 from minivllm.engine.request import Request, RequestId
+from minivllm.engine.stats import EngineStats, StatLogger
 from minivllm.engine.tokenizer import get_tokenizer
 from minivllm.sampling_params import SamplingParams
 
@@ -36,6 +37,7 @@ class LLMEngine:
         """Core request id -> its completion (a child of a parent request)."""
         self._parents: dict[RequestId, ParentRequest] = {}
         self._ids = itertools.count()
+        self.stat_logger = StatLogger(cfg.scheduler.log_stats_interval)
 
     @property
     def eos_token_id(self) -> int | None:
@@ -51,6 +53,10 @@ class LLMEngine:
     def scheduler_stats(self) -> SchedulerStats:
         return self.core.scheduler.stats()
 
+    def get_stats(self) -> EngineStats:
+        """Throughputs over the current stats window, queue sizes, KV usage, hit rate."""
+        return self.stat_logger.snapshot(self.scheduler_stats())
+
     # ---- requests -------------------------------------------------------------------
     def add_request(
         self,
@@ -58,10 +64,15 @@ class LLMEngine:
         prompt: PromptType,
         params: SamplingParams | None = None,
         priority: int = 0,
+        cache_salt: str | None = None,
     ) -> RequestId:
         """Validate and queue a request (``params.n`` core requests); raises ValueError
-        (nothing queued) on bad input."""
+        (nothing queued) on bad input.
+
+        ``cache_salt``: only requests with the same salt share prefix-cache blocks.
+        """
         params = params or SamplingParams()
+        _check_priority_and_salt(priority, cache_salt, self.cfg.scheduler.policy)
         text, ids = self.processor.tokenize(prompt)
         max_tokens = self.processor.max_output_tokens(len(ids), params)
         req_id = RequestId(str(next(self._ids)) if request_id is None else str(request_id))
@@ -72,7 +83,9 @@ class LLMEngine:
         self._parents[req_id] = parent
         for index, child_id in enumerate(child_ids):
             child_params = parent.child_params(index)
-            request = Request(child_id, ids, child_params, self.eos_token_id, max_tokens, priority=priority)
+            request = Request(
+                child_id, ids, child_params, self.eos_token_id, max_tokens, priority=priority, cache_salt=cache_salt
+            )
             detok = IncrementalDetokenizer(self.tokenizer, child_params, ids)
             state = CompletionState(child_id, index, parent, detok)
             parent.children.append(state)
@@ -103,10 +116,13 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """One engine step; returns one output per request that advanced."""
         advanced: dict[RequestId, list[CompletionState]] = {}
+        prompt_tokens = generation_tokens = 0
         for core_out in self.core.step():
             state = self._states.get(core_out.req_id)
             if state is None:
                 continue
+            prompt_tokens += len(state.parent.prompt_token_ids) if not state.token_ids else 0
+            generation_tokens += len(core_out.new_token_ids)
             self.counters.num_generation_tokens += len(core_out.new_token_ids)
             state.parent.absorb_prompt_logprobs(core_out)
             if state.absorb(core_out):  # a stop string: the core does not know yet
@@ -123,7 +139,18 @@ class LLMEngine:
                 self.counters.num_finished_requests += 1
             if out is not None:
                 outputs.append(out)
+        self.stat_logger.record_step(prompt_tokens, generation_tokens)
+        self.stat_logger.maybe_log(self.scheduler_stats)
         return outputs
 
     def shutdown(self) -> None:
         self.core.shutdown()
+
+
+def _check_priority_and_salt(priority: int, cache_salt: str | None, policy: str) -> None:
+    if not isinstance(priority, int):
+        raise ValueError(f"priority={priority!r}: must be an int")
+    if priority != 0 and policy != "priority":
+        raise ValueError(f"priority={priority}: needs scheduler.policy=priority (the policy is {policy})")
+    if cache_salt is not None and (not isinstance(cache_salt, str) or not cache_salt):
+        raise ValueError(f"cache_salt={cache_salt!r}: must be a non-empty string or None")

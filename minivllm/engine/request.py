@@ -6,6 +6,7 @@ import time
 from dataclasses import dataclass, field
 from typing import NewType
 
+from minivllm.core.block_hash import BlockHash
 from minivllm.sampling_params import SamplingParams
 
 RequestId = NewType("RequestId", str)
@@ -59,6 +60,10 @@ class Request:
     num_preemptions: int = 0
     stop_reason: int | str | None = None
     """The stop token id or stop string that ended the request, if any."""
+    cache_salt: str | None = None
+    """Mixed into the prefix-cache hashes: only requests with the same salt share blocks."""
+    block_hashes: list[BlockHash] = field(default_factory=list)
+    """Prefix-cache hashes of the request's full blocks so far (filled by the KV-cache manager)."""
 
     @property
     def all_token_ids(self) -> list[int]:

@@ -1,6 +1,30 @@
 from minivllm.core.scheduler_output import ModelRunnerOutput
 from minivllm.engine.request import RequestStatus
-from tests.core.factories import make_request, make_scheduler
+import pytest
+
+from minivllm.sampling_params import SamplingParams
+from tests.core.scheduler_helpers import base_config
+from tests.core.scheduler_helpers import make_request as _make
+from tests.core.scheduler_helpers import make_scheduler as _make_scheduler
+
+
+@pytest.fixture(scope="module")
+def base():
+    return base_config()
+
+
+def make_request(req_id: str, num_prompt_tokens: int, max_tokens: int = 16, **params):
+    request = _make(list(range(10, 10 + num_prompt_tokens)), max_tokens=max_tokens, req_id=req_id)
+    request.sampling_params = SamplingParams(temperature=0.0, max_tokens=max_tokens, **params)
+    request.eos_token_id = 2
+    return request
+
+
+def make_scheduler(base, num_blocks: int, **fields):
+    """Small defaults (block size 4, 8 seqs, 64-token budget) and no prefix caching,
+    so block ids are exactly those of plain allocation."""
+    defaults = dict(block_size=4, max_num_seqs=8, max_num_batched_tokens=64, enable_prefix_caching=False)
+    return _make_scheduler(base, num_blocks, **{**defaults, **fields})
 
 
 def _sample(sched, out, token=7):
@@ -13,8 +37,8 @@ def _sample(sched, out, token=7):
     return sched.update_from_output(out, ModelRunnerOutput(sampled_token_ids=sampled))
 
 
-def test_prefill_then_decode_share_one_batch():
-    sched = make_scheduler(num_blocks=16)
+def test_prefill_then_decode_share_one_batch(base):
+    sched = make_scheduler(base, 16)
     sched.add_request(make_request("a", 6))
     out = sched.schedule()
     assert out.num_scheduled_tokens == {"a": 6}
@@ -28,8 +52,8 @@ def test_prefill_then_decode_share_one_batch():
     assert out.new_reqs[0].block_ids == [2, 3]
 
 
-def test_token_budget_chunks_a_long_prompt():
-    sched = make_scheduler(num_blocks=16, max_num_batched_tokens=4)
+def test_token_budget_chunks_a_long_prompt(base):
+    sched = make_scheduler(base, 16, max_num_batched_tokens=4)
     sched.add_request(make_request("a", 10))
     chunks = []
     for _ in range(3):
@@ -40,16 +64,16 @@ def test_token_budget_chunks_a_long_prompt():
     assert [r.new_token_ids for r in result] == [[7]]  # only the last chunk samples
 
 
-def test_without_chunked_prefill_a_prompt_waits_for_a_whole_budget():
-    sched = make_scheduler(num_blocks=16, max_num_batched_tokens=8, chunked_prefill=False)
+def test_without_chunked_prefill_a_prompt_waits_for_a_whole_budget(base):
+    sched = make_scheduler(base, 16, max_num_batched_tokens=8, enable_chunked_prefill=False)
     sched.add_request(make_request("a", 6))
     sched.add_request(make_request("b", 6))
     out = sched.schedule()
     assert out.num_scheduled_tokens == {"a": 6}
 
 
-def test_max_num_seqs_caps_running_requests():
-    sched = make_scheduler(num_blocks=32, max_num_seqs=2)
+def test_max_num_seqs_caps_running_requests(base):
+    sched = make_scheduler(base, 32, max_num_seqs=2)
     for name in "abc":
         sched.add_request(make_request(name, 3))
     out = sched.schedule()
@@ -57,8 +81,8 @@ def test_max_num_seqs_caps_running_requests():
     assert [r.request_id for r in sched.waiting] == ["c"]
 
 
-def test_preemption_takes_the_last_admitted_and_readmits_it_first():
-    sched = make_scheduler(num_blocks=4, block_size=4)
+def test_preemption_takes_the_last_admitted_and_readmits_it_first(base):
+    sched = make_scheduler(base, 4, block_size=4)
     sched.add_request(make_request("a", 8, max_tokens=8))
     sched.add_request(make_request("b", 8, max_tokens=8))
     out = sched.schedule()
@@ -75,8 +99,8 @@ def test_preemption_takes_the_last_admitted_and_readmits_it_first():
     assert sched.num_preemptions == 1
 
 
-def test_finish_on_eos_stop_token_and_length_frees_blocks():
-    sched = make_scheduler(num_blocks=8)
+def test_finish_on_eos_stop_token_and_length_frees_blocks(base):
+    sched = make_scheduler(base, 8)
     sched.add_request(make_request("eos", 3, max_tokens=5))
     sched.add_request(make_request("stop", 3, max_tokens=5, stop_token_ids=[9]))
     sched.add_request(make_request("len", 3, max_tokens=1))
@@ -90,8 +114,8 @@ def test_finish_on_eos_stop_token_and_length_frees_blocks():
     assert not sched.has_unfinished_requests()
 
 
-def test_min_tokens_and_ignore_eos_keep_generating():
-    sched = make_scheduler(num_blocks=8)
+def test_min_tokens_and_ignore_eos_keep_generating(base):
+    sched = make_scheduler(base, 8)
     sched.add_request(make_request("min", 3, max_tokens=5, min_tokens=2))
     sched.add_request(make_request("ign", 3, max_tokens=5, ignore_eos=True))
     out = sched.schedule()
@@ -99,8 +123,8 @@ def test_min_tokens_and_ignore_eos_keep_generating():
     assert all(r.finish_reason is None for r in results)
 
 
-def test_abort_frees_blocks_and_tells_workers():
-    sched = make_scheduler(num_blocks=8)
+def test_abort_frees_blocks_and_tells_workers(base):
+    sched = make_scheduler(base, 8)
     sched.add_request(make_request("a", 5))
     sched.schedule()
     sched.abort_requests(["a"])

@@ -1,0 +1,78 @@
+"""Content hashes of full KV-cache blocks, the keys of the prefix cache.
+
+A block's hash covers everything its keys and values depend on::
+
+    hash(block i) = sha256(hash(block i-1), token ids of block i, extra keys)
+    hash(block -1) = the model's root hash (checkpoint, architecture, dtypes, ...)
+
+Chaining through the parent makes a hash name the whole prefix up to and
+including its block, so two blocks with the same tokens after different
+prefixes never match. The extra keys carry what else changes the KV of the
+same tokens: a request's ``cache_salt`` (and an adapter id, should LoRA be
+added), so requests that must not share, never do.
+
+sha256 over a pickle of plain tuples is deterministic across processes and
+runs (Python's own ``hash`` is seeded per process), so hashes could be
+exchanged between engines.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import pickle
+from typing import Any, NewType, Sequence
+
+BlockHash = NewType("BlockHash", bytes)
+ExtraKeys = tuple[Any, ...]
+
+_PICKLE_PROTOCOL = 5
+
+
+def hash_block_tokens(parent: BlockHash, token_ids: Sequence[int], extra_keys: ExtraKeys = ()) -> BlockHash:
+    """The hash of one full block given its parent's hash."""
+    payload = pickle.dumps((parent, tuple(token_ids), extra_keys), protocol=_PICKLE_PROTOCOL)
+    return BlockHash(hashlib.sha256(payload).digest())
+
+
+def root_hash(model_identity: Any) -> BlockHash:
+    """The parent of every request's first block: one value per model identity."""
+    payload = json.dumps(model_identity, sort_keys=True, default=str).encode()
+    return BlockHash(hashlib.sha256(b"minivllm-prefix-cache\0" + payload).digest())
+
+
+def model_identity(cfg: Any) -> dict[str, Any]:
+    """What about the model decides the KV of a token sequence (for ``root_hash``)."""
+    return {
+        "path": str(cfg.checkpoint_dir or cfg.model.path),
+        "architecture": cfg.architecture,
+        "hf_overrides": dict(cfg.model.hf_overrides),
+        "dtype": str(cfg.dtype),
+        "kv_cache_dtype": str(cfg.kv_cache_dtype),
+        "load_format": cfg.load.format,
+        "seed": cfg.model.seed if cfg.load.format == "dummy" else None,
+    }
+
+
+def request_extra_keys(cache_salt: str | None) -> ExtraKeys:
+    """Per-request keys mixed into every block hash of that request."""
+    return () if cache_salt is None else (("cache_salt", cache_salt),)
+
+
+def extend_block_hashes(
+    hashes: list[BlockHash],
+    token_ids: Sequence[int],
+    block_size: int,
+    root: BlockHash,
+    extra_keys: ExtraKeys = (),
+) -> list[BlockHash]:
+    """Append to ``hashes`` the hashes of the full blocks of ``token_ids`` it lacks.
+
+    ``hashes`` must already hold the hashes of the first ``len(hashes)`` blocks of
+    these same tokens, so calling this as a sequence grows costs one hash per
+    newly filled block.
+    """
+    num_full = len(token_ids) // block_size
+    for i in range(len(hashes), num_full):
+        parent = hashes[i - 1] if i > 0 else root
+        hashes.append(hash_block_tokens(parent, token_ids[i * block_size : (i + 1) * block_size], extra_keys))
+    return hashes

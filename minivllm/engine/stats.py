@@ -1,0 +1,105 @@
+"""Live engine stats: one snapshot dataclass and the periodic log line.
+
+Every ``scheduler.log_stats_interval`` seconds (0 turns it off) the engine logs
+one line in the spirit of vLLM's::
+
+    Avg prompt throughput: 812.4 tokens/s, Avg generation throughput: 95.1 tokens/s, Running: 12 reqs,
+    Waiting: 40 reqs, Preempted: 2 reqs, KV cache usage: 87.5%, Prefix cache hit rate: 61.3%
+
+Throughputs are averaged over the window since the previous line. Prompt
+tokens count when a request gets its first output token (its whole prompt,
+cached part included, as vLLM counts them). ``LLMEngine.get_stats()`` returns
+the same numbers as an ``EngineStats`` without closing the window.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from minivllm.core.stats import SchedulerStats
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class EngineStats:
+    prompt_throughput: float
+    """Prompt tokens per second over the current window."""
+    generation_throughput: float
+    """Generated tokens per second over the current window."""
+    num_running: int
+    num_waiting: int
+    num_preempted: int
+    """Waiting requests that were preempted and wait to resume."""
+    kv_cache_usage: float
+    """Fraction of KV blocks held by requests, in [0, 1]."""
+    prefix_cache_hit_rate: float
+    """Prompt tokens found in the prefix cache / tokens looked up, since the start."""
+    num_preemptions: int
+    """Preemptions since the start."""
+    prefix_cache_queries: int
+    prefix_cache_hits: int
+    num_prompt_tokens: int
+    """Prompt tokens since the start."""
+    num_generation_tokens: int
+    """Generated tokens since the start."""
+    window_s: float
+    """Length of the window the throughputs average over."""
+
+    def format(self) -> str:
+        return (
+            f"Avg prompt throughput: {self.prompt_throughput:.1f} tokens/s, "
+            f"Avg generation throughput: {self.generation_throughput:.1f} tokens/s, "
+            f"Running: {self.num_running} reqs, Waiting: {self.num_waiting} reqs, "
+            f"Preempted: {self.num_preempted} reqs, KV cache usage: {100 * self.kv_cache_usage:.1f}%, "
+            f"Prefix cache hit rate: {100 * self.prefix_cache_hit_rate:.1f}%"
+        )
+
+
+class StatLogger:
+    """Accumulates token counts per step and logs a line when the interval has passed."""
+
+    def __init__(self, interval_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.interval_s = interval_s
+        self._clock = clock
+        self.num_prompt_tokens = 0
+        self.num_generation_tokens = 0
+        self._window_start = clock()
+        self._window_prompt = 0
+        self._window_generation = 0
+
+    def record_step(self, num_prompt_tokens: int, num_generation_tokens: int) -> None:
+        self.num_prompt_tokens += num_prompt_tokens
+        self.num_generation_tokens += num_generation_tokens
+        self._window_prompt += num_prompt_tokens
+        self._window_generation += num_generation_tokens
+
+    def snapshot(self, sched: SchedulerStats) -> EngineStats:
+        window = max(self._clock() - self._window_start, 1e-9)
+        return EngineStats(
+            prompt_throughput=self._window_prompt / window,
+            generation_throughput=self._window_generation / window,
+            num_running=sched.num_running,
+            num_waiting=sched.num_waiting,
+            num_preempted=sched.num_preempted,
+            kv_cache_usage=sched.kv_cache_usage,
+            prefix_cache_hit_rate=sched.prefix_cache_hit_rate,
+            num_preemptions=sched.num_preemptions,
+            prefix_cache_queries=sched.prefix_cache_queries,
+            prefix_cache_hits=sched.prefix_cache_hits,
+            num_prompt_tokens=self.num_prompt_tokens,
+            num_generation_tokens=self.num_generation_tokens,
+            window_s=window,
+        )
+
+    def maybe_log(self, sched_stats: Callable[[], SchedulerStats]) -> EngineStats | None:
+        """Log and start a new window if the interval has passed; returns what was logged."""
+        if self.interval_s <= 0 or self._clock() - self._window_start < self.interval_s:
+            return None
+        stats = self.snapshot(sched_stats())
+        logger.info("%s", stats.format())
+        self._window_start = self._clock()
+        self._window_prompt = self._window_generation = 0
+        return stats
