@@ -71,9 +71,10 @@ class KVCacheManager:
         """Cached blocks of the request's longest cached prefix, without claiming them.
 
         The last token is never taken from the cache: its logits must be computed,
-        so at most ``(num_tokens - 1) // block_size`` blocks are returned.
+        so at most ``(num_tokens - 1) // block_size`` blocks are returned. A request
+        asking for prompt logprobs reads nothing: they need every prompt position's logits.
         """
-        if not self.enable_caching:
+        if not self.enable_caching or request.sampling_params.prompt_logprobs is not None:
             return []
         hashes = self._block_hashes(request, request.all_token_ids)
         found = []
@@ -87,7 +88,7 @@ class KVCacheManager:
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
         """Register in the prefix cache the request's full blocks among its first
         ``num_tokens`` tokens (computed, or being computed in the step being scheduled)."""
-        if not self.enable_caching:
+        if not self.enable_caching or request.sampling_params.prompt_logprobs is not None:
             return
         table = self._tables.get(request.request_id)
         if table is None:

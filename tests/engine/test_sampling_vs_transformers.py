@@ -135,6 +135,7 @@ def test_logprobs_and_prompt_logprobs_match_transformers_log_softmax(llm, hf):
     k = 5
     params = SamplingParams(temperature=0, max_tokens=6, logprobs=k, prompt_logprobs=3, repetition_penalty=0.4)
     prompts = [PROMPTS[1], PROMPTS[0]]
+    llm.generate(prompts[0], SamplingParams(max_tokens=1), use_tqdm=False)  # its prompt blocks are now cached
     outs = llm.generate(prompts, [params, SamplingParams(max_tokens=3)], use_tqdm=False)
     assert outs[1].prompt_logprobs is None and outs[1].outputs[0].logprobs is None
     out = outs[0]
