@@ -41,7 +41,7 @@ def test_generate_writes_outputs_and_metrics(llama_dir, tmp_path):
 def test_multirun_runs_one_job_per_combination(llama_dir, tmp_path):
     result = run_cli(
         ["-m", f"model.path={llama_dir}", "sampling.max_tokens=3", "prompts=[x]",
-         "cache.block_size=8,16", "cache.cpu_memory_gb=0.05", "hydra.sweep.dir=sweep"],
+         "cache.block_size=8,16", "cache.cpu_memory_gb=0.5", "hydra.sweep.dir=sweep"],
         tmp_path,
     )
     assert result.returncode == 0, result.stderr
