@@ -19,6 +19,7 @@ from minivllm.sample.metadata import SamplingMetadata
 from minivllm.sample.prompt_logprobs import add_prompt_logprobs
 from minivllm.sample.sampler import Sampler, SamplerOutput
 from minivllm.utils import build, cdiv
+from minivllm.worker.cuda_graphs import CUDAGraphRunner
 from minivllm.worker.request_state import CachedRequestState
 
 
@@ -30,6 +31,7 @@ class ModelRunner:
         self.model: nn.Module | None = None
         self.kv_caches: list[torch.Tensor] = []
         self.requests: dict[RequestId, CachedRequestState] = {}
+        self.cuda_graphs: CUDAGraphRunner | None = None
         self.sampler = Sampler(torch.Generator(device=device).manual_seed(cfg.model.seed))
 
     # ---- set-up -------------------------------------------------------------------
@@ -53,6 +55,29 @@ class ModelRunner:
         self.kv_caches = [torch.zeros(shape, dtype=self.cfg.kv_cache_dtype, device=self.device) for _ in self.attention_layers]
         for layer, cache in zip(self.attention_layers, self.kv_caches):
             layer.kv_cache = cache
+
+    @property
+    def cuda_graphs_enabled(self) -> bool:
+        """Graphs need CUDA and a backend with no host work per step (Triton); never on the CPU."""
+        return self.cfg.compilation.cudagraph and self.device.type == "cuda" and self.attn_backend.name == "triton"
+
+    def capture_cuda_graphs(self) -> None:
+        """Capture decode steps after the KV cache exists (no-op where graphs are off)."""
+        if not self.cuda_graphs_enabled:
+            return
+        sizes = [s for s in self.cfg.compilation.cudagraph_capture_sizes if s <= self.cfg.scheduler.max_num_seqs]
+        if not sizes:
+            return
+        max_blocks = cdiv(self.cfg.max_model_len, self.block_size)
+        self.cuda_graphs = CUDAGraphRunner(self.model, sizes, max_blocks, self.cfg.max_model_len, self.device)
+        self.cuda_graphs.capture()
+
+    def _forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """Replay a captured graph for decode-only steps that fit one; run eagerly otherwise."""
+        graphs = self.cuda_graphs
+        if graphs is not None and meta.max_query_len == 1 and graphs.padded_size(meta.num_reqs) is not None:
+            return graphs.run(input_ids, positions, meta)
+        return self.model(input_ids, positions, meta)
 
     @torch.inference_mode()
     def profile_run(self) -> None:
@@ -88,7 +113,7 @@ class ModelRunner:
         computed = [s.num_computed_tokens for s in states]
         input_ids, positions = self._flat_tokens(states, query_lens)
         meta = self._attention_metadata(query_lens, computed, [s.block_ids for s in states], positions)
-        hidden = self.model(input_ids, torch.from_numpy(positions).to(self.device), meta)  # (T, hidden)
+        hidden = self._forward(input_ids, torch.from_numpy(positions).to(self.device), meta)  # (T, hidden)
         if any(s.prompt_logprobs is not None for s in states):
             starts = np.cumsum([0, *query_lens[:-1]]).tolist()
             add_prompt_logprobs(self.model.compute_logits, hidden, starts, states, computed, query_lens)

@@ -82,6 +82,7 @@ class Worker:
 
     def initialize_cache(self, num_blocks: int) -> None:
         self.model_runner.init_kv_cache(num_blocks)
+        self.model_runner.capture_cuda_graphs()
 
     def execute_model(self, sched: SchedulerOutput) -> ModelRunnerOutput | None:
         output = self.model_runner.execute_model(sched)
