@@ -7,6 +7,9 @@ all computed (a request mid-way through a chunked prefill samples nothing).
 """
 from __future__ import annotations
 
+import logging
+import time
+
 import numpy as np
 import torch
 from torch import nn
@@ -15,12 +18,15 @@ from minivllm.attention.backend import AttentionMetadata
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.core.scheduler_output import ModelRunnerOutput, SchedulerOutput
 from minivllm.engine.request import RequestId
+from minivllm.layers.compile import compile_small_ops
 from minivllm.sample.metadata import SamplingMetadata
 from minivllm.sample.prompt_logprobs import add_prompt_logprobs
 from minivllm.sample.sampler import Sampler, SamplerOutput
 from minivllm.utils import build, cdiv
 from minivllm.worker.cuda_graphs import CUDAGraphRunner
 from minivllm.worker.request_state import CachedRequestState
+
+logger = logging.getLogger(__name__)
 
 
 class ModelRunner:
@@ -39,6 +45,8 @@ class ModelRunner:
         self.attn_backend = build(self.cfg.attention.backend)
         loader = build(self.cfg.load.loader)
         self.model = loader.load_model(self.cfg, self.attn_backend, self.device)
+        if self.cfg.compilation.torch_compile:
+            compile_small_ops(self.model)
         self.attention_layers = [m for m in self.model.modules() if hasattr(m, "kv_cache") and hasattr(m, "backend")]
 
     def kv_cache_shape(self, num_blocks: int) -> tuple[int, ...]:
@@ -83,6 +91,7 @@ class ModelRunner:
     def profile_run(self) -> None:
         """A forward pass at the full token budget on a throw-away cache, so the
         caller can measure peak activation memory."""
+        start = time.perf_counter()
         budget = self.cfg.scheduler.max_num_batched_tokens
         num_seqs = max(1, min(self.cfg.scheduler.max_num_seqs, cdiv(budget, self.cfg.max_model_len)))
         lens = [budget // num_seqs + (1 if i < budget % num_seqs else 0) for i in range(num_seqs)]
@@ -100,6 +109,8 @@ class ModelRunner:
         self.kv_caches = []
         for layer in self.attention_layers:
             layer.kv_cache = None
+        if self.cfg.compilation.torch_compile:
+            logger.info("Profile run with torch.compile of the small ops: %.1f s", time.perf_counter() - start)
 
     # ---- one step -----------------------------------------------------------------
     @torch.inference_mode()
