@@ -50,6 +50,8 @@ class ServeConfig:
     """Model name reported by /v1/models; defaults to model.path."""
     chat_template: Optional[str] = None
     """Jinja chat template (or a file holding one) for models whose tokenizer has none."""
+    shutdown_timeout: float = 30.0
+    """Seconds in-flight requests get to finish after SIGTERM before they are cancelled."""
 
 
 @dataclass
