@@ -30,7 +30,7 @@ from typing import Any, AsyncIterator, Protocol, Sequence
 
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.core.scheduler import SchedulerStats
-from minivllm.engine.engine_proc import EngineInfo, EngineMessage, run_engine_proc
+from minivllm.engine.engine_proc import EngineInfo, EngineMessage, run_engine_proc, unpack_output
 from minivllm.engine.outputs import RequestOutput
 from minivllm.engine.processor import Processor, PromptType
 from minivllm.engine.request_stream import EngineDeadError, RequestStream
@@ -156,8 +156,8 @@ class AsyncLLM:
             self._resolve(("add", request_id), ValueError(reason))
         for token, value in msg.replies.items():
             self._resolve(token, value)
-        for out in msg.outputs:
-            self._on_output(out, now)
+        for packed in msg.outputs:
+            self._on_output(unpack_output(packed), now)
         if msg.fatal is not None:
             self._on_dead(f"engine failed: {msg.fatal}")
 

@@ -15,19 +15,40 @@ one-way pipes of pickled messages:
 
 Commands are drained between steps, never during one, so an abort frees its
 blocks before the next step is scheduled. Outputs are deltas; the front end
-keeps the prompt and accumulates text, so each message carries only what is new.
+keeps the prompt and accumulates text, so each message carries only what is new,
+packed as plain tuples (pickling dataclasses costs ten times more, per request
+per step).
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import signal
+from operator import attrgetter
 import traceback
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
 
 from minivllm.config.vllm_config import VllmConfig
-from minivllm.engine.outputs import RequestOutput
+from minivllm.engine.outputs import CompletionOutput, RequestOutput
+
+_COMPLETION_FIELDS = tuple(f.name for f in dataclasses.fields(CompletionOutput))
+_FRONT_END_FIELDS = ("prompt", "prompt_token_ids", "outputs", "metrics")
+_REQUEST_FIELDS = tuple(f.name for f in dataclasses.fields(RequestOutput) if f.name not in _FRONT_END_FIELDS)
+PackedOutput = tuple[tuple, list[tuple]]
+_request_head, _completion = attrgetter(*_REQUEST_FIELDS), attrgetter(*_COMPLETION_FIELDS)
+
+
+def pack_output(out: RequestOutput) -> PackedOutput:
+    """What the engine knows of one output, as tuples (the front end adds prompt and timings)."""
+    return _request_head(out), [_completion(c) for c in out.outputs]
+
+
+def unpack_output(packed: PackedOutput) -> RequestOutput:
+    head, completions = packed
+    outputs = [CompletionOutput(*c) for c in completions]  # fields in declaration order
+    return RequestOutput(prompt=None, prompt_token_ids=[], outputs=outputs, **dict(zip(_REQUEST_FIELDS, head)))
 
 
 @dataclass
@@ -42,7 +63,8 @@ class EngineInfo:
 class EngineMessage:
     """Everything the engine process has to say after one drain or one step."""
 
-    outputs: list[RequestOutput] = field(default_factory=list)
+    outputs: list[PackedOutput] = field(default_factory=list)
+    """``pack_output`` of each output of one step."""
     added: list[str] = field(default_factory=list)
     """Requests accepted by ``LLMEngine.add_request``."""
     add_errors: dict[str, str] = field(default_factory=dict)
@@ -99,11 +121,14 @@ def _loop(engine: Any, commands: Connection, results: Connection) -> None:
         if msg:
             results.send(msg)
         if engine.has_unfinished_requests():
-            outputs = engine.step()
-            if outputs:
-                for out in outputs:  # the front end already holds the prompt
-                    out.prompt, out.prompt_token_ids = None, []
-                results.send(EngineMessage(outputs=outputs))
+            msg = step_once(engine)
+            if msg:
+                results.send(msg)
+
+
+def step_once(engine: Any) -> EngineMessage:
+    """One engine step, its outputs packed for the front end."""
+    return EngineMessage(outputs=[pack_output(out) for out in engine.step()])
 
 
 def _drain(engine: Any, commands: Connection, msg: EngineMessage) -> bool:

@@ -48,6 +48,7 @@ class RequestStream:
     def put(self, delta: RequestOutput) -> None:
         """Take one delta from the engine; queue what the consumer should see."""
         delta.prompt, delta.prompt_token_ids = self.prompt, self.prompt_token_ids
+        delta.metrics = self._metrics(delta.finished)
         self.finished = delta.finished
         kind = self.params.output_kind
         if kind == RequestOutputKind.DELTA:
@@ -71,6 +72,12 @@ class RequestStream:
             acc.logprobs = (acc.logprobs or []) + list(c.logprobs)
         acc.cumulative_logprob = c.cumulative_logprob
         acc.finish_reason, acc.stop_reason = c.finish_reason, c.stop_reason
+
+    def _metrics(self, finished: bool) -> dict[str, float]:
+        metrics = {"arrival_time": self.arrival_time, "first_token_time": self.first_token_time or 0.0}
+        if finished:
+            metrics["finished_time"] = self.last_token_time or self.arrival_time
+        return metrics
 
     def fail(self, err: BaseException) -> None:
         self.finished = True

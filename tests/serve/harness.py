@@ -7,11 +7,13 @@ its own server on it. Everything waits with a deadline.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
+import os
 import threading
 import time
 from pathlib import Path
-from typing import Any, Awaitable, TypeVar
+from typing import Any, Awaitable, Iterator, TypeVar
 
 from minivllm.config.vllm_config import ServeConfig, VllmConfig
 from minivllm.engine.async_llm import AsyncLLM
@@ -26,10 +28,27 @@ def engine_config(model_dir: Path) -> VllmConfig:
     return VllmConfig.from_dictconfig(config_from_kwargs(str(model_dir), **ENGINE_KWARGS))
 
 
+@contextlib.contextmanager
+def one_intra_op_thread() -> Iterator[None]:
+    """Engine processes started inside run torch with one thread: the tiny test model
+    gains nothing from more, and on a shared CPU spinning OpenMP threads make each
+    step many times slower. (The child reads the variable when it imports torch.)"""
+    before = os.environ.get("OMP_NUM_THREADS")
+    os.environ["OMP_NUM_THREADS"] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["OMP_NUM_THREADS"]
+        else:
+            os.environ["OMP_NUM_THREADS"] = before
+
+
 class EngineHarness:
     def __init__(self, cfg: VllmConfig) -> None:
         self.cfg = cfg
-        self.engine = AsyncLLM(cfg)
+        with one_intra_op_thread():
+            self.engine = AsyncLLM(cfg)
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name="serve-test-loop", daemon=True)
         self._thread.start()

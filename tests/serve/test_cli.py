@@ -47,7 +47,7 @@ def test_serve_task_streams_and_shuts_down_gracefully_on_sigterm(llama_dir, tmp_
         "serve.host=127.0.0.1", "serve.port=0", "serve.served_model_name=tiny", "serve.shutdown_timeout=60",
         f"hydra.run.dir={tmp_path}",
     ]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     lines: queue.Queue = queue.Queue()
     threading.Thread(target=read_lines_into, args=(proc, lines), daemon=True).start()
