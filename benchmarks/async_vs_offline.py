@@ -81,7 +81,7 @@ async def run_async(
             n += len(out.outputs[0].token_ids)
         return n
 
-    pid = engine._proc.pid
+    pid = engine.engine_pid
     start, cpu, engine_cpu = time.perf_counter(), time.process_time(), cpu_seconds(pid)
     tokens = sum(await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts))))
     seconds = time.perf_counter() - start

@@ -115,6 +115,7 @@ async def run(args: argparse.Namespace, base_url: str, pids: dict[str, int]) -> 
             async with gate:
                 return await one_request(http, model, prompt, n_out)
 
+        pids = {**pids, "client": os.getpid()}
         cpu_before = {name: cpu_seconds(pid) for name, pid in pids.items()}
         tasks, start = [], time.perf_counter()
         for prompt, n_out in work:
@@ -168,7 +169,7 @@ def print_report(s: dict) -> None:
     for name, key in (("TTFT", "ttft_ms"), ("TPOT", "tpot_ms"), ("ITL", "itl_ms"), ("E2E", "e2e_ms")):
         for stat in ("mean", "median", "p99"):
             rows.append((f"{stat.capitalize()} {name} (ms)", f"{s[key][stat]:.2f}"))
-    for key in ("api_server_cpu_s", "engine_cpu_s"):
+    for key in ("api_server_cpu_s", "engine_cpu_s", "client_cpu_s"):
         if key in s:
             rows.append((f"CPU s, {key[:-6].replace('_', ' ')} process", f"{s[key]:.2f}"))
     for name, value in rows:
@@ -179,7 +180,8 @@ def print_report(s: dict) -> None:
 
 def launch(model_dir: str, overrides: list[str]) -> tuple[subprocess.Popen, str]:
     """Start ``python -m minivllm task=serve`` on a free port; return it and its URL."""
-    cmd = [sys.executable, "-m", "minivllm", "task=serve", f"model.path={model_dir}", "serve.port=0", *overrides]
+    model = f"model.path={model_dir}" if Path(model_dir).is_dir() else f"model={model_dir}"
+    cmd = [sys.executable, "-m", "minivllm", "task=serve", model, "serve.port=0", *overrides]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 600
     for line in proc.stdout:
@@ -197,7 +199,7 @@ def launch(model_dir: str, overrides: list[str]) -> tuple[subprocess.Popen, str]
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--base-url", default="http://127.0.0.1:8000", help="a running server")
-    p.add_argument("--launch", metavar="MODEL_DIR", help="start a server for this checkpoint instead")
+    p.add_argument("--launch", metavar="MODEL_DIR", help="start a server for this checkpoint (or preset) instead")
     p.add_argument("--num-prompts", type=int, default=100)
     p.add_argument("--request-rate", type=float, default=float("inf"), help="requests/s (Poisson); inf = all at once")
     p.add_argument("--max-concurrency", type=int, default=None, help="most requests in flight")

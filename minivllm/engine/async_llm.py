@@ -269,6 +269,11 @@ class AsyncLLM:
         return await reply
 
     @property
+    def engine_pid(self) -> int | None:
+        """The engine process's id (for monitoring)."""
+        return self._proc.pid
+
+    @property
     def is_running(self) -> bool:
         return self.errored is None and self._proc.is_alive()
 
