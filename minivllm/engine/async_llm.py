@@ -11,8 +11,8 @@ The ``LLMEngine`` steps in its own process (``engine/engine_proc.py``); this
 object lives on the caller's event loop. It tokenizes and validates each request
 itself (the same ``Processor`` rules as ``LLM``), so a bad request raises
 ValueError before anything reaches the engine; the engine's own checks come back
-as the answer to ``add_request``. A reader thread hands the engine's messages to
-the event loop, where each request's ``RequestStream`` receives its outputs.
+as the answer to ``add_request``. ``EngineClient`` hands the engine's messages
+to the event loop, where each request's ``RequestStream`` receives its outputs.
 
 One ``AsyncLLM`` serves one event loop at a time; call ``shutdown()`` when done.
 """
@@ -21,16 +21,13 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import multiprocessing as mp
-import queue
-import threading
 import time
-import weakref
 from typing import Any, AsyncIterator, Protocol, Sequence
 
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.core.scheduler import SchedulerStats
-from minivllm.engine.engine_proc import EngineInfo, EngineMessage, run_engine_proc, unpack_output
+from minivllm.engine.engine_client import EngineClient
+from minivllm.engine.engine_proc import EngineMessage, unpack_output
 from minivllm.engine.outputs import RequestOutput
 from minivllm.engine.processor import Processor, PromptType
 from minivllm.engine.request_stream import EngineDeadError, RequestStream
@@ -60,14 +57,10 @@ class AsyncLLM:
         self._pending: dict[Any, asyncio.Future] = {}
         self._tokens = itertools.count()
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._outbox: queue.SimpleQueue[tuple | None] = queue.SimpleQueue()
         self._closing = False
-        info = self._start_engine()
-        weakref.finalize(self, _stop_process, self._proc)
-        self.num_kv_blocks = info.num_blocks
-        self.processor = Processor(cfg, self.tokenizer, info.max_tokens_in_cache)
-        threading.Thread(target=self._read_loop, name="minivllm-engine-reader", daemon=True).start()
-        threading.Thread(target=self._write_loop, name="minivllm-engine-writer", daemon=True).start()
+        self._client = EngineClient(cfg, self._from_engine, self._engine_exited)
+        self.num_kv_blocks = self._client.info.num_blocks
+        self.processor = Processor(cfg, self.tokenizer, self._client.info.max_tokens_in_cache)
 
     @classmethod
     def from_kwargs(cls, model: str | None = None, **kwargs: Any) -> "AsyncLLM":
@@ -77,68 +70,28 @@ class AsyncLLM:
         return cls(VllmConfig.from_dictconfig(config_from_kwargs(model, **kwargs)))
 
     # ---- the engine process ----------------------------------------------------------
-    def _start_engine(self) -> EngineInfo:
-        ctx = mp.get_context("spawn")  # fork is unsafe once torch has started threads
-        cmd_recv, self._commands = ctx.Pipe(duplex=False)
-        self._results, res_send = ctx.Pipe(duplex=False)
-        level = logging.getLogger("minivllm").getEffectiveLevel()
-        # Not a daemon: with parallel.tp > 1 the engine starts worker processes itself.
-        self._proc = ctx.Process(
-            target=run_engine_proc, args=(self.cfg, cmd_recv, res_send, level), name="minivllm-engine"
-        )
-        self._proc.start()
-        cmd_recv.close()
-        res_send.close()  # so the reader sees EOF when the engine process exits
-        try:
-            msg = self._results.recv() if self._wait_for_engine() else None
-        except EOFError:
-            msg = None
-        if msg is None or msg.ready is None:
-            self._proc.join(5)
-            reason = msg.fatal if msg is not None else f"engine process exited (code {self._proc.exitcode})"
-            error = ValueError if msg is not None and msg.fatal_is_config_error else RuntimeError
-            raise error(reason)
-        return msg.ready
+    def _from_engine(self, msg: EngineMessage, now: float) -> None:
+        self._call_in_loop(self._on_message, msg, now)  # (on the reader thread)
 
-    def _wait_for_engine(self) -> bool:
-        while not self._results.poll(0.5):
-            if not self._proc.is_alive():
-                return self._results.poll(0)
-        return True
+    def _engine_exited(self, reason: str) -> None:
+        if not self._call_in_loop(self._on_dead, reason):
+            self.errored = self.errored or reason
 
-    def _read_loop(self) -> None:
-        while True:
-            try:
-                msg: EngineMessage = self._results.recv()
-            except (EOFError, OSError):
-                self._call_in_loop(self._on_dead, f"engine process exited (code {self._proc.exitcode})")
-                return
-            self._call_in_loop(self._on_message, msg, time.monotonic())
-
-    def _call_in_loop(self, fn: Any, *args: Any) -> None:
+    def _call_in_loop(self, fn: Any, *args: Any) -> bool:
+        """Run ``fn`` on the bound event loop; False if there is none (any more)."""
         loop = self._loop
         if loop is None or loop.is_closed():
-            if fn is self._on_dead:
-                self.errored = args[0]
-            return
+            return False
         try:
             loop.call_soon_threadsafe(fn, *args)
         except RuntimeError:  # the loop closed meanwhile
-            pass
-
-    def _write_loop(self) -> None:
-        """Pickles and writes commands, so the event loop never waits on a full pipe."""
-        while (command := self._outbox.get()) is not None:
-            try:
-                self._commands.send(command)
-            except OSError:
-                return  # the engine is gone; the reader reports it
-        self._commands.close()
+            return False
+        return True
 
     def _send(self, command: tuple) -> None:
         if self.errored is not None:
             raise EngineDeadError(self.errored)
-        self._outbox.put(command)
+        self._client.send(command)
 
     def _bind_loop(self) -> None:
         loop = asyncio.get_running_loop()
@@ -244,6 +197,8 @@ class AsyncLLM:
             stream.abort()
 
     async def abort(self, request_ids: str | Sequence[str]) -> None:
+        """Stop requests now: their KV blocks are free before the engine's next step, and
+        their streams end with a finish_reason 'abort' output."""
         self._abort_now(request_ids)
 
     def _abort_now(self, request_ids: str | Sequence[str]) -> None:
@@ -251,11 +206,12 @@ class AsyncLLM:
         now = time.monotonic()
         for request_id in ids:
             stream = self._streams.pop(request_id, None)
-            self._pending.pop(("add", request_id), None)
-            if stream is not None:
-                stream.finished = True
-                for stat in self.stat_loggers:
-                    stat.on_finished(stream, "abort", now)
+            if stream is None:
+                continue
+            self._resolve(("add", request_id), None)  # an add still waiting returns the ended stream
+            stream.put_aborted()
+            for stat in self.stat_loggers:
+                stat.on_finished(stream, "abort", now)
         if self.errored is None and ids:
             self._send(("abort", ids))
 
@@ -271,11 +227,11 @@ class AsyncLLM:
     @property
     def engine_pid(self) -> int | None:
         """The engine process's id (for monitoring)."""
-        return self._proc.pid
+        return self._client.pid
 
     @property
     def is_running(self) -> bool:
-        return self.errored is None and self._proc.is_alive()
+        return self.errored is None and self._client.is_alive()
 
     def get_num_unfinished_requests(self) -> int:
         return len(self._streams)
@@ -283,21 +239,5 @@ class AsyncLLM:
     def shutdown(self, timeout: float = 10.0) -> None:
         """Stop the engine process; in-flight requests fail with EngineDeadError."""
         self._closing = True
-        if self._proc.is_alive():
-            try:
-                self._send(("shutdown", None))
-            except (OSError, EngineDeadError):
-                pass
-            self._proc.join(timeout)
-        if self._proc.is_alive():
-            self._proc.terminate()
-            self._proc.join(timeout)
+        self._client.shutdown(timeout)
         self.errored = self.errored or "engine shut down"
-        self._outbox.put(None)
-
-
-def _stop_process(proc: mp.process.BaseProcess) -> None:
-    """Last resort at exit or garbage collection: never leave the engine running."""
-    if proc.is_alive():
-        proc.terminate()
-        proc.join(5)

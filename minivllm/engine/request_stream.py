@@ -42,6 +42,7 @@ class RequestStream:
         self._abort = abort
         self._queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
         self._so_far: dict[int, CompletionOutput] = {}
+        self._indices: set[int] = set()
         self._done = False
 
     # ---- producer side (the AsyncLLM's event loop) -------------------------------------
@@ -50,6 +51,7 @@ class RequestStream:
         delta.prompt, delta.prompt_token_ids = self.prompt, self.prompt_token_ids
         delta.metrics = self._metrics(delta.finished)
         self.finished = delta.finished
+        self._indices.update(c.index for c in delta.outputs)
         kind = self.params.output_kind
         if kind == RequestOutputKind.DELTA:
             self._queue.put_nowait(delta)
@@ -70,8 +72,16 @@ class RequestStream:
         acc.token_ids.extend(c.token_ids)
         if c.logprobs is not None:
             acc.logprobs = (acc.logprobs or []) + list(c.logprobs)
-        acc.cumulative_logprob = c.cumulative_logprob
+        if c.cumulative_logprob is not None:
+            acc.cumulative_logprob = c.cumulative_logprob
         acc.finish_reason, acc.stop_reason = c.finish_reason, c.stop_reason
+
+    def put_aborted(self) -> None:
+        """End the stream: a last output, finished, with finish_reason 'abort'."""
+        if self.finished:
+            return
+        ends = [CompletionOutput(i, "", [], None, None, finish_reason="abort") for i in sorted(self._indices) or [0]]
+        self.put(RequestOutput(self.request_id, None, [], ends, finished=True))
 
     def _metrics(self, finished: bool) -> dict[str, float]:
         metrics = {"arrival_time": self.arrival_time, "first_token_time": self.first_token_time or 0.0}
@@ -99,7 +109,8 @@ class RequestStream:
         return item
 
     def abort(self) -> None:
-        """Stop the request if it is still running (frees its KV blocks)."""
+        """Stop the request if it is still running (frees its KV blocks); a consumer
+        still iterating gets a last output with finish_reason 'abort'."""
         if not self.finished:
             self._abort(self.request_id)
 

@@ -80,6 +80,30 @@ def test_abort_frees_blocks_before_the_next_step(async_engine):
     assert engine.get_num_unfinished_requests() == 0
 
 
+def test_abort_from_another_task_ends_the_consumer_with_abort(async_engine):
+    engine = async_engine.engine
+
+    async def run():
+        seen = []
+
+        async def consume():
+            async for out in engine.generate(PROMPTS[0], greedy(200), "watched"):
+                seen.append(out)
+
+        consumer = asyncio.ensure_future(consume())
+        while not seen:
+            await asyncio.sleep(0.005)
+        await engine.abort("watched")
+        await asyncio.wait_for(consumer, timeout=10)  # ends instead of waiting forever
+        return seen
+
+    seen = async_engine.run(run())
+    last = seen[-1]
+    assert last.finished and last.outputs[0].finish_reason == "abort"
+    assert len(last.outputs[0].token_ids) == len(seen[-2].outputs[0].token_ids) >= 1  # cumulative: kept
+    assert not any(o.finished for o in seen[:-1])
+
+
 def test_closing_the_generator_aborts(async_engine):
     engine = async_engine.engine
 
