@@ -11,7 +11,7 @@ from minivllm.engine.outputs import CompletionOutput
 from minivllm.engine.request_stream import EngineDeadError, RequestStream
 from minivllm.sampling_params import RequestOutputKind
 from minivllm.serve.generation import SSE_DONE, Prompt, check_prompt, final_outputs, merged, sse, start_requests
-from minivllm.serve.generation import unless_disconnected
+from minivllm.serve.generation import unless_disconnected, usage
 from minivllm.serve.params import BadRequest, to_sampling_params
 from minivllm.serve.protocol import (
     ChatChoice,
@@ -64,7 +64,7 @@ async def create_chat_completion(state: ServerState, body: ChatCompletionRequest
         )
         for c in outs[0].outputs
     ]
-    return ChatCompletionResponse(id=request_id, model=state.model_name, choices=choices, usage=fmt.usage(outs[0]))
+    return ChatCompletionResponse(id=request_id, model=state.model_name, choices=choices, usage=usage([prompt], outs))
 
 
 def render(state: ServerState, body: ChatCompletionRequest) -> dict[str, Any]:
@@ -121,12 +121,6 @@ class _Formatter:
         token = self.state.token_text(token_id)
         return TopLogProb(token=token, logprob=logprob, bytes=list(token.encode("utf-8")))
 
-    def usage(self, out: Any = None, generated: int | None = None) -> UsageInfo:
-        if generated is None:
-            generated = sum(len(c.token_ids) for c in out.outputs)
-        n_prompt = len(self.prompt.token_ids)
-        return UsageInfo(prompt_tokens=n_prompt, completion_tokens=generated, total_tokens=n_prompt + generated)
-
 
 async def _stream(
     body: ChatCompletionRequest, request_id: str, streams: list[RequestStream], fmt: _Formatter
@@ -154,7 +148,7 @@ async def _stream(
             if choices:
                 yield chunk(choices)
         if body.stream_options is not None and body.stream_options.include_usage:
-            yield chunk([], fmt.usage(generated=generated))
+            yield chunk([], usage([fmt.prompt], generated=generated))
     except EngineDeadError as err:
         yield sse(fmt.state.error_body(str(err), "engine_error", 503))
     yield SSE_DONE

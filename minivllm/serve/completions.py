@@ -19,9 +19,10 @@ from minivllm.serve.generation import (
     sse,
     start_requests,
     unless_disconnected,
+    usage,
 )
 from minivllm.serve.params import BadRequest, to_sampling_params
-from minivllm.serve.protocol import CompletionChoice, CompletionLogProbs, CompletionRequest, UsageInfo
+from minivllm.serve.protocol import CompletionChoice, CompletionLogProbs, CompletionRequest
 from minivllm.serve.state import ServerState
 
 
@@ -40,7 +41,7 @@ async def create_completion(state: ServerState, body: CompletionRequest, raw: Re
     if outs is None:
         return None  # the client is gone
     choices = [fmt.choice(i, c) for i, out in enumerate(outs) for c in out.outputs]
-    return state.completion_response(request_id, choices, fmt.usage(outs))
+    return state.completion_response(request_id, choices, usage(prompts, outs))
 
 
 def _check_unsupported(body: CompletionRequest) -> None:
@@ -97,14 +98,6 @@ class _Formatter:
         self._offsets[index] = offset
         return out
 
-    def usage(self, outs: list[Any] | None = None, generated: int | None = None) -> UsageInfo:
-        prompt_tokens = sum(len(p.token_ids) for p in self.prompts)
-        if generated is None:
-            generated = sum(len(c.token_ids) for out in outs or [] for c in out.outputs)
-        return UsageInfo(
-            prompt_tokens=prompt_tokens, completion_tokens=generated, total_tokens=prompt_tokens + generated
-        )
-
 
 async def _stream(
     state: ServerState, body: CompletionRequest, request_id: str, streams: list[RequestStream], fmt: _Formatter
@@ -120,7 +113,7 @@ async def _stream(
             if choices:
                 yield sse(state.completion_response(request_id, choices, None))
         if body.stream_options is not None and body.stream_options.include_usage:
-            yield sse(state.completion_response(request_id, [], fmt.usage(generated=generated)))
+            yield sse(state.completion_response(request_id, [], usage(fmt.prompts, generated=generated)))
     except EngineDeadError as err:
         yield sse(state.error_body(str(err), "engine_error", 503))
     yield SSE_DONE

@@ -19,6 +19,7 @@ from minivllm.engine.outputs import RequestOutput
 from minivllm.engine.request_stream import RequestStream
 from minivllm.sampling_params import SamplingParams
 from minivllm.serve.params import BadRequest, bad_request
+from minivllm.serve.protocol import UsageInfo
 
 T = TypeVar("T")
 
@@ -136,6 +137,14 @@ async def unless_disconnected(request: Request, work: Awaitable[T]) -> T | None:
 async def _disconnected(request: Request) -> None:
     while (await request.receive())["type"] != "http.disconnect":
         pass
+
+
+def usage(prompts: list[Prompt], outputs: list[RequestOutput] = (), generated: int | None = None) -> UsageInfo:
+    """Token counts: every prompt once, every completion's tokens (or ``generated``)."""
+    n_prompt = sum(len(p.token_ids) for p in prompts)
+    if generated is None:
+        generated = sum(len(c.token_ids) for out in outputs for c in out.outputs)
+    return UsageInfo(prompt_tokens=n_prompt, completion_tokens=generated, total_tokens=n_prompt + generated)
 
 
 def sse(payload: BaseModel | dict[str, Any]) -> str:

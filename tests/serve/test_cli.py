@@ -17,6 +17,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from minivllm.config.store import build_config
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -74,3 +76,10 @@ def test_serve_task_streams_and_shuts_down_gracefully_on_sigterm(llama_dir, tmp_
         sock.bind(("127.0.0.1", port))  # released
     summary = json.loads((tmp_path / "serve.json").read_text())
     assert summary["port"] == port and summary["generation_tokens"] == 24
+
+
+@pytest.mark.parametrize("override", ["serve.port=70000", "serve.port=-1", "serve.shutdown_timeout=-5"])
+def test_bad_serve_values_fail_when_the_config_is_built(llama_dir, override):
+    key = override.split("=")[0]
+    with pytest.raises(ValueError, match=key.replace(".", r"\.")):
+        build_config([f"model.path={llama_dir}", "task=serve", override])
