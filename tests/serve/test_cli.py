@@ -72,8 +72,10 @@ def test_serve_task_streams_and_shuts_down_gracefully_on_sigterm(llama_dir, tmp_
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", port))  # released
+    with socket.socket() as sock:  # released: a new server can listen there (TIME_WAIT allowed, as servers do)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", port))
+        sock.listen()
     summary = json.loads((tmp_path / "serve.json").read_text())
     assert summary["port"] == port and summary["generation_tokens"] == 24
 
