@@ -70,3 +70,13 @@ def llama_dir(make_checkpoint):
 @pytest.fixture(scope="session")
 def llama_tied_dir(make_checkpoint):
     return make_checkpoint("llama-gqa-tied", llama_config(tie=True))
+
+
+@pytest.fixture(scope="session")
+def async_engine(llama_dir):
+    """An AsyncLLM (its engine process) on a background event loop, shared by the serving tests."""
+    from tests.serve.harness import EngineHarness, engine_config
+
+    harness = EngineHarness(engine_config(llama_dir))
+    yield harness
+    harness.close()

@@ -25,6 +25,7 @@ from minivllm.config.schema import (
     SchedulerConfig,
     TaskConfig,
 )
+from minivllm.config.validation import check_range
 from minivllm.models.registry import ModelRegistry
 
 ATTENTION_TARGETS = {
@@ -53,6 +54,12 @@ class ServeConfig:
     """Model name reported by /v1/models; defaults to model.path."""
     chat_template: Optional[str] = None
     """Jinja chat template (or a file holding one) for models whose tokenizer has none."""
+    shutdown_timeout: float = 30.0
+    """Seconds in-flight requests get to finish after SIGTERM before they are cancelled."""
+
+    def __post_init__(self) -> None:
+        check_range("serve.port", self.port, low=0, high=65535)
+        check_range("serve.shutdown_timeout", self.shutdown_timeout, low=0.0)
 
 
 @dataclass

@@ -1,0 +1,159 @@
+"""The engine process behind ``AsyncLLM``: an ``LLMEngine`` stepping in a loop.
+
+The front end (HTTP handlers, the asyncio loop) and the step loop live in
+different processes, so neither waits on the other's GIL. They talk over two
+one-way pipes of pickled messages:
+
+    front end                                   engine process
+    ---------                                   --------------
+    ("add", id, prompt, params, priority) ──►   LLMEngine.add_request
+    ("abort", [ids])                      ──►   LLMEngine.abort_request (blocks freed now)
+    ("stats", token)                      ──►   scheduler_stats()
+    ("shutdown", None)                    ──►   leave the loop
+                                          ◄──   EngineMessage(added, add_errors, replies)
+                                          ◄──   EngineMessage(outputs=[RequestOutput (DELTA)])
+
+Commands are drained between steps, never during one, so an abort frees its
+blocks before the next step is scheduled. Outputs are deltas; the front end
+keeps the prompt and accumulates text, so each message carries only what is new,
+packed as plain tuples (pickling dataclasses costs ten times more, per request
+per step).
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import signal
+from operator import attrgetter
+import traceback
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from typing import Any
+
+from minivllm.config.vllm_config import VllmConfig
+from minivllm.engine.outputs import CompletionOutput, RequestOutput
+
+_COMPLETION_FIELDS = tuple(f.name for f in dataclasses.fields(CompletionOutput))
+_FRONT_END_FIELDS = ("prompt", "prompt_token_ids", "outputs", "metrics")
+_REQUEST_FIELDS = tuple(f.name for f in dataclasses.fields(RequestOutput) if f.name not in _FRONT_END_FIELDS)
+PackedOutput = tuple[tuple, list[tuple]]
+_request_head, _completion = attrgetter(*_REQUEST_FIELDS), attrgetter(*_COMPLETION_FIELDS)
+
+
+def pack_output(out: RequestOutput) -> PackedOutput:
+    """What the engine knows of one output, as tuples (the front end adds prompt and timings)."""
+    return _request_head(out), [_completion(c) for c in out.outputs]
+
+
+def unpack_output(packed: PackedOutput) -> RequestOutput:
+    head, completions = packed
+    outputs = [CompletionOutput(*c) for c in completions]  # fields in declaration order
+    return RequestOutput(prompt=None, prompt_token_ids=[], outputs=outputs, **dict(zip(_REQUEST_FIELDS, head)))
+
+
+@dataclass
+class EngineInfo:
+    """What the front end learns once the engine is up."""
+
+    num_blocks: int
+    max_tokens_in_cache: int
+
+
+@dataclass
+class EngineMessage:
+    """Everything the engine process has to say after one drain or one step."""
+
+    outputs: list[PackedOutput] = field(default_factory=list)
+    """``pack_output`` of each output of one step."""
+    added: list[str] = field(default_factory=list)
+    """Requests accepted by ``LLMEngine.add_request``."""
+    add_errors: dict[str, str] = field(default_factory=dict)
+    """Requests refused, with the ValueError's message."""
+    replies: dict[int, Any] = field(default_factory=dict)
+    """Answers to ``stats`` calls, by call token."""
+    ready: EngineInfo | None = None
+    fatal: str | None = None
+    """Set when the engine failed (at start-up or in a step); the process then exits."""
+    fatal_is_config_error: bool = False
+    """The failure was a ValueError (a bad config), not a crash."""
+
+    def __bool__(self) -> bool:
+        return bool(self.outputs or self.added or self.add_errors or self.replies or self.ready or self.fatal)
+
+
+def run_engine_proc(cfg: VllmConfig, commands: Connection, results: Connection, log_level: int) -> None:
+    """Entry point of the engine process (started with the ``spawn`` method)."""
+    # The parent owns shutdown: Ctrl-C or SIGTERM sent to the process group must
+    # not kill the engine under in-flight requests. A dead parent closes the pipe.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    logging.basicConfig(level=log_level, format="%(asctime)s [engine] %(levelname)s %(name)s: %(message)s")
+    from minivllm.engine.llm_engine import LLMEngine
+
+    try:
+        engine = LLMEngine(cfg)
+    except BaseException as err:  # noqa: BLE001 - reported to the parent, which raises it
+        results.send(EngineMessage(fatal=_describe(err), fatal_is_config_error=isinstance(err, ValueError)))
+        return
+    info = EngineInfo(num_blocks=engine.num_kv_blocks, max_tokens_in_cache=engine.core.max_tokens_in_cache)
+    results.send(EngineMessage(ready=info))
+    try:
+        _loop(engine, commands, results)
+    except (EOFError, OSError, BrokenPipeError):
+        pass  # the front end is gone
+    except BaseException as err:  # noqa: BLE001
+        try:
+            results.send(EngineMessage(fatal=_describe(err)))
+        except OSError:
+            pass
+    finally:
+        engine.shutdown()
+
+
+def _loop(engine: Any, commands: Connection, results: Connection) -> None:
+    while True:
+        # Block while idle; between steps, only look.
+        idle = not engine.has_unfinished_requests()
+        msg = EngineMessage()
+        if commands.poll(None if idle else 0):
+            if not _drain(engine, commands, msg):
+                return
+        if msg:
+            results.send(msg)
+        if engine.has_unfinished_requests():
+            msg = step_once(engine)
+            if msg:
+                results.send(msg)
+
+
+def step_once(engine: Any) -> EngineMessage:
+    """One engine step, its outputs packed for the front end."""
+    return EngineMessage(outputs=[pack_output(out) for out in engine.step()])
+
+
+def _drain(engine: Any, commands: Connection, msg: EngineMessage) -> bool:
+    """Apply every queued command; False when asked to shut down."""
+    while commands.poll(0):
+        kind, *args = commands.recv()
+        if kind == "add":
+            request_id, prompt, params, priority = args
+            try:
+                engine.add_request(request_id, prompt, params, priority)
+                msg.added.append(request_id)
+            except ValueError as err:
+                msg.add_errors[request_id] = str(err)
+        elif kind == "abort":
+            engine.abort_request(args[0])
+        elif kind == "stats":
+            msg.replies[args[0]] = engine.scheduler_stats()
+        elif kind == "shutdown":
+            return False
+        else:
+            raise ValueError(f"engine process: unknown command {kind!r}")
+    return True
+
+
+def _describe(err: BaseException) -> str:
+    if isinstance(err, ValueError):
+        return str(err)
+    return "".join(traceback.format_exception(type(err), err, err.__traceback__))

@@ -1,0 +1,162 @@
+"""The FastAPI app: OpenAI-compatible routes over an ``AsyncLLM``.
+
+    app = build_app(AsyncLLM(cfg), cfg)     # then uvicorn.run(app) or serve/cli.py
+
+Every bad request is a 400 with an OpenAI-style body naming the field
+(``{"error": {"message", "type", "param", "code"}}``); the engine never sees it.
+With ``serve.api_key`` set, each /v1 route wants ``Authorization: Bearer <key>``.
+"""
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from minivllm.config.vllm_config import VllmConfig
+from minivllm.engine.async_llm import AsyncLLM
+from minivllm.engine.request_stream import EngineDeadError
+from minivllm.serve.chat import create_chat_completion
+from minivllm.serve.completions import create_completion
+from minivllm.serve.metrics import CONTENT_TYPE
+from minivllm.serve.params import BadRequest, param_of
+from minivllm.serve.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
+from minivllm.serve.state import ServerState
+
+logger = logging.getLogger(__name__)
+ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics")
+
+
+def build_app(engine: AsyncLLM, cfg: VllmConfig) -> FastAPI:
+    state = ServerState(engine, cfg)
+    app = FastAPI(title="minivllm", summary="OpenAI-compatible server", docs_url=None, redoc_url=None)
+    app.state.server = state
+    _add_error_handlers(app, state)
+    _add_routes(app, state)
+    app.add_middleware(_Auth, api_key=state.api_key)
+    app.add_middleware(_HttpMetrics, state=state)
+    return app
+
+
+def _add_routes(app: FastAPI, state: ServerState) -> None:
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, raw: Request) -> Any:
+        return await create_completion(state, body, raw)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest, raw: Request) -> Any:
+        return await create_chat_completion(state, body, raw)
+
+    @app.get("/v1/models")
+    async def models() -> ModelList:
+        card = ModelCard(id=state.model_name, root=state.cfg.model.path, max_model_len=state.cfg.max_model_len)
+        return ModelList(data=[card])
+
+    @app.get("/health")
+    async def health() -> Response:
+        if not state.engine.is_running:
+            return _error(state.engine.errored or "engine is not running", "engine_error", 503)
+        return Response(status_code=200)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        try:
+            stats = await asyncio.wait_for(state.engine.scheduler_stats(), timeout=5.0)
+        except (EngineDeadError, asyncio.TimeoutError):
+            stats = None  # serve the last known engine numbers
+        return Response(state.metrics.render(stats), media_type=CONTENT_TYPE)
+
+
+def _error(message: str, kind: str, code: int, param: str | None = None) -> JSONResponse:
+    body = ServerState.error_body(message, kind, code, param)
+    return JSONResponse(body.model_dump(), status_code=code)
+
+
+def _add_error_handlers(app: FastAPI, state: ServerState) -> None:
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        message, param = _describe_validation(exc.errors())
+        return _error(message, "invalid_request_error", 400, param)
+
+    @app.exception_handler(BadRequest)
+    async def bad(_: Request, exc: BadRequest) -> JSONResponse:
+        return _error(str(exc), "invalid_request_error", 400, exc.param)
+
+    @app.exception_handler(ValueError)
+    async def value_error(_: Request, exc: ValueError) -> JSONResponse:
+        return _error(str(exc), "invalid_request_error", 400, param_of(str(exc)))
+
+    @app.exception_handler(EngineDeadError)
+    async def dead(_: Request, exc: EngineDeadError) -> JSONResponse:
+        return _error(str(exc), "engine_error", 503)
+
+    @app.exception_handler(Exception)
+    async def internal(_: Request, exc: Exception) -> JSONResponse:
+        logger.exception("internal error")
+        return _error(f"internal error: {type(exc).__name__}: {exc}", "internal_error", 500)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        return _error(str(exc.detail), kind, exc.status_code)
+
+
+def _describe_validation(errors: list[dict[str, Any]]) -> tuple[str, str | None]:
+    """(message, param) for pydantic's first complaint."""
+    err = errors[0]
+    if err.get("type") == "json_invalid":
+        return f"body: malformed JSON ({err.get('ctx', {}).get('error', err['msg'])})", None
+    loc = [str(part) for part in err.get("loc", ()) if part != "body"]
+    if not loc:
+        return f"body: {err['msg']}; expected a JSON object", None
+    param = loc[0]
+    where = "".join(f"[{p}]" if p.isdigit() else f".{p}" for p in loc[1:])
+    detail = f" (at {param}{where})" if where else ""
+    return f"{param}: {err['msg']}{detail}", param
+
+
+class _Auth:
+    """401 on /v1 routes without ``Authorization: Bearer <api_key>`` (when a key is set)."""
+
+    def __init__(self, app: ASGIApp, api_key: str | None) -> None:
+        self.app, self.expected = app, f"Bearer {api_key}".encode() if api_key else None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.expected and scope["type"] == "http" and scope["path"].startswith("/v1"):
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            if not hmac.compare_digest(given, self.expected):
+                msg = "invalid or missing API key; send the header 'Authorization: Bearer <serve.api_key>'"
+                await _error(msg, "authentication_error", 401)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+class _HttpMetrics:
+    """Counts responses by route and status for /metrics."""
+
+    def __init__(self, app: ASGIApp, state: ServerState) -> None:
+        self.app, self.state = app, state
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        status = 500
+
+        async def send_and_note(message: dict) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_and_note)
+        finally:
+            route = scope["path"] if scope["path"] in ROUTES else "other"
+            self.state.metrics.record_http(route, status)

@@ -1,0 +1,154 @@
+"""POST /v1/chat/completions: messages -> the chat template -> one request, ``n`` choices."""
+from __future__ import annotations
+
+import uuid
+from typing import Any, AsyncIterator
+
+from fastapi import Request
+from fastapi.responses import StreamingResponse
+
+from minivllm.engine.outputs import CompletionOutput
+from minivllm.engine.request_stream import EngineDeadError, RequestStream
+from minivllm.sampling_params import RequestOutputKind
+from minivllm.serve.generation import SSE_DONE, Prompt, check_prompt, final_outputs, merged, sse, start_requests
+from minivllm.serve.generation import unless_disconnected, usage
+from minivllm.serve.params import BadRequest, to_sampling_params
+from minivllm.serve.protocol import (
+    ChatChoice,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatLogProbs,
+    ChatMessageOut,
+    ChatStreamChoice,
+    ChatTokenLogProb,
+    DeltaMessage,
+    TopLogProb,
+    UsageInfo,
+)
+from minivllm.serve.state import ServerState
+
+NO_TEMPLATE = (
+    "messages: this model's tokenizer has no chat template; start the server with "
+    "serve.chat_template=<a Jinja template or a file holding one> (vLLM: --chat-template), "
+    "or use /v1/completions"
+)
+
+
+async def create_chat_completion(state: ServerState, body: ChatCompletionRequest, raw: Request) -> Any:
+    state.check_model(body.model)
+    if body.stream_options is not None and not body.stream:
+        raise BadRequest("stream_options", "stream_options: only allowed with stream=true")
+    if body.top_logprobs is not None and not body.logprobs:
+        raise BadRequest("top_logprobs", "top_logprobs: needs logprobs=true")
+    max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+    kind = RequestOutputKind.DELTA if body.stream else RequestOutputKind.FINAL_ONLY
+    logprobs = (body.top_logprobs or 0) if body.logprobs else None
+    params = to_sampling_params(body, max_tokens=max_tokens, logprobs=logprobs, output_kind=kind)
+    prompt = check_prompt(state.engine, render(state, body), max_tokens, prompt_field="messages")
+    request_id = f"chatcmpl-{uuid.uuid4().hex}"
+    streams = await start_requests(state.engine, request_id, [prompt], params, body.priority, "messages")
+    fmt = _Formatter(state, body, prompt)
+    if body.stream:
+        return StreamingResponse(_stream(body, request_id, streams, fmt), media_type="text/event-stream")
+    outs = await unless_disconnected(raw, final_outputs(streams))
+    if outs is None:
+        return None
+    choices = [
+        ChatChoice(
+            index=c.index,
+            message=ChatMessageOut(content=c.text),
+            logprobs=fmt.logprobs(c),
+            finish_reason=c.finish_reason,
+            stop_reason=c.stop_reason,
+        )
+        for c in outs[0].outputs
+    ]
+    return ChatCompletionResponse(id=request_id, model=state.model_name, choices=choices, usage=usage([prompt], outs))
+
+
+def render(state: ServerState, body: ChatCompletionRequest) -> dict[str, Any]:
+    """The prompt text and ids the template makes of the messages."""
+    if not state.chat_template:
+        raise BadRequest("messages", NO_TEMPLATE)
+    messages = [_message_dict(i, m) for i, m in enumerate(body.messages)]
+    try:
+        text = state.engine.tokenizer.apply_chat_template(
+            messages,
+            chat_template=state.chat_template,
+            add_generation_prompt=body.add_generation_prompt and not body.continue_final_message,
+            continue_final_message=body.continue_final_message,
+            tokenize=False,
+            **(body.chat_template_kwargs or {}),
+        )
+    except Exception as err:  # noqa: BLE001 - a template error is the request's problem
+        raise BadRequest("messages", f"messages: the chat template failed: {err}") from None
+    # The template already holds any BOS it wants; add no special tokens on top.
+    return {"prompt": text, "prompt_token_ids": state.engine.tokenizer.encode(text, add_special_tokens=False)}
+
+
+def _message_dict(i: int, message: Any) -> dict[str, Any]:
+    out = message.model_dump(exclude_none=True)
+    if isinstance(message.content, list):
+        parts = []
+        for part in message.content:
+            if part.type != "text" or part.text is None:
+                raise BadRequest("messages", f"messages[{i}].content: only text parts are supported, got {part.type!r}")
+            parts.append(part.text)
+        out["content"] = "\n".join(parts)
+    return out
+
+
+class _Formatter:
+    def __init__(self, state: ServerState, body: ChatCompletionRequest, prompt: Prompt) -> None:
+        self.state, self.body, self.prompt = state, body, prompt
+
+    def logprobs(self, c: CompletionOutput) -> ChatLogProbs | None:
+        if not self.body.logprobs:
+            return None
+        content = []
+        for token_id, top in zip(c.token_ids, c.logprobs or []):
+            ranked = sorted(top.items(), key=lambda kv: -kv[1])[: self.body.top_logprobs or 0]
+            content.append(
+                ChatTokenLogProb(
+                    **self._entry(token_id, top[token_id]).model_dump(),
+                    top_logprobs=[self._entry(t, lp) for t, lp in ranked],
+                )
+            )
+        return ChatLogProbs(content=content)
+
+    def _entry(self, token_id: int, logprob: float) -> TopLogProb:
+        token = self.state.token_text(token_id)
+        return TopLogProb(token=token, logprob=logprob, bytes=list(token.encode("utf-8")))
+
+
+async def _stream(
+    body: ChatCompletionRequest, request_id: str, streams: list[RequestStream], fmt: _Formatter
+) -> AsyncIterator[str]:
+    model = fmt.state.model_name
+
+    def chunk(choices: list[ChatStreamChoice], usage: UsageInfo | None = None) -> str:
+        return sse(ChatCompletionChunk(id=request_id, model=model, choices=choices, usage=usage))
+
+    generated = 0
+    try:
+        yield chunk([ChatStreamChoice(index=i, delta=DeltaMessage(role="assistant", content="")) for i in range(body.n)])
+        async for _, out in merged(streams):
+            choices = []
+            for c in out.outputs:
+                generated += len(c.token_ids)
+                if c.text or c.token_ids or c.finish_reason is not None:
+                    delta = DeltaMessage(content=c.text)
+                    choices.append(
+                        ChatStreamChoice(
+                            index=c.index, delta=delta, logprobs=fmt.logprobs(c),
+                            finish_reason=c.finish_reason, stop_reason=c.stop_reason,
+                        )  # fmt: skip
+                    )
+            if choices:
+                yield chunk(choices)
+        if body.stream_options is not None and body.stream_options.include_usage:
+            yield chunk([], usage([fmt.prompt], generated=generated))
+    except EngineDeadError as err:
+        yield sse(fmt.state.error_body(str(err), "engine_error", 503))
+    yield SSE_DONE

@@ -1,0 +1,155 @@
+"""What completions and chat share: checking prompts, starting their requests,
+collecting or merging their outputs, and server-sent events.
+
+A handler first starts every request of its body (one per prompt); any refusal
+aborts the ones already started and becomes a 400 before a byte is streamed.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Awaitable, TypeVar
+
+from fastapi import Request
+from pydantic import BaseModel
+
+from minivllm.engine.async_llm import AsyncLLM
+from minivllm.engine.outputs import RequestOutput
+from minivllm.engine.request_stream import RequestStream
+from minivllm.sampling_params import SamplingParams
+from minivllm.serve.params import BadRequest, bad_request
+from minivllm.serve.protocol import UsageInfo
+
+T = TypeVar("T")
+
+
+@dataclass
+class Prompt:
+    text: str | None
+    token_ids: list[int]
+
+
+def check_prompt(
+    engine: AsyncLLM, prompt: Any, max_tokens: int | None, *, prompt_field: str = "prompt"
+) -> Prompt:
+    """Tokenize with the engine's rules; refuse a max_tokens that cannot fit the context."""
+    try:
+        text, ids = engine.processor.tokenize(prompt)
+    except ValueError as err:
+        raise bad_request(err, {"prompt": prompt_field, "prompt_token_ids": prompt_field}) from None
+    max_len = engine.cfg.max_model_len
+    if max_tokens is not None and len(ids) + max_tokens > max_len:
+        raise BadRequest(
+            "max_tokens",
+            f"max_tokens={max_tokens}: too large; the prompt has {len(ids)} tokens and max_model_len is "
+            f"{max_len}, so at most {max_len - len(ids)} tokens can be generated",
+        )
+    return Prompt(text, ids)
+
+
+async def start_requests(
+    engine: AsyncLLM, base_id: str, prompts: list[Prompt], params: SamplingParams, priority: int,
+    prompt_field: str = "prompt",
+) -> list[RequestStream]:  # fmt: skip
+    """Add one request per prompt; all of them, or none (a 400)."""
+    streams: list[RequestStream] = []
+    try:
+        for i, p in enumerate(prompts):
+            request = {"prompt": p.text, "prompt_token_ids": p.token_ids}
+            streams.append(await engine.add_request(f"{base_id}-{i}", request, params, priority))
+    except BaseException as err:
+        for s in streams:
+            s.abort()
+        if isinstance(err, ValueError):
+            raise bad_request(err, {"prompt": prompt_field}) from None
+        raise
+    return streams
+
+
+async def final_outputs(streams: list[RequestStream]) -> list[RequestOutput]:
+    """The last output of each stream (params with output_kind=FINAL_ONLY)."""
+
+    async def last(stream: RequestStream) -> RequestOutput:
+        async for out in stream:
+            if out.finished:
+                return out
+        raise RuntimeError(f"{stream.request_id}: stream ended without a finished output")
+
+    try:
+        return list(await asyncio.gather(*(last(s) for s in streams)))
+    finally:
+        for s in streams:
+            s.abort()
+
+
+async def merged(streams: list[RequestStream]) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """Outputs of all streams as they come, tagged with the stream's index.
+    Leaving early (a client that went away) aborts every stream."""
+    if len(streams) == 1:
+        try:
+            async for out in streams[0]:
+                yield 0, out
+        finally:
+            streams[0].abort()
+        return
+    queue: asyncio.Queue[tuple[int, RequestOutput | BaseException | None]] = asyncio.Queue()
+
+    async def pump(i: int, stream: RequestStream) -> None:
+        try:
+            async for out in stream:
+                queue.put_nowait((i, out))
+            queue.put_nowait((i, None))
+        except BaseException as err:  # noqa: BLE001 - re-raised by the consumer
+            queue.put_nowait((i, err))
+
+    tasks = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        remaining = len(streams)
+        while remaining:
+            i, item = await queue.get()
+            if item is None:
+                remaining -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield i, item
+    finally:
+        for t in tasks:
+            t.cancel()
+        for s in streams:
+            s.abort()
+
+
+async def unless_disconnected(request: Request, work: Awaitable[T]) -> T | None:
+    """Run ``work``; cancel it (aborting its requests) if the client hangs up first."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+    return task.result() if not task.cancelled() else None
+
+
+async def _disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+def usage(prompts: list[Prompt], outputs: list[RequestOutput] = (), generated: int | None = None) -> UsageInfo:
+    """Token counts: every prompt once, every completion's tokens (or ``generated``)."""
+    n_prompt = sum(len(p.token_ids) for p in prompts)
+    if generated is None:
+        generated = sum(len(c.token_ids) for out in outputs for c in out.outputs)
+    return UsageInfo(prompt_tokens=n_prompt, completion_tokens=generated, total_tokens=n_prompt + generated)
+
+
+def sse(payload: BaseModel | dict[str, Any]) -> str:
+    body = payload.model_dump_json() if isinstance(payload, BaseModel) else json.dumps(payload)
+    return f"data: {body}\n\n"
+
+
+SSE_DONE = "data: [DONE]\n\n"

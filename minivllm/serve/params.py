@@ -1,0 +1,101 @@
+"""OpenAI request fields -> ``SamplingParams``, by name, and the 400 errors on the way.
+
+Every request field whose name is a ``SamplingParams`` field is passed on
+(type-checked against the dataclass's annotation), so new sampling fields work
+over HTTP as soon as they exist. A declared OpenAI field the engine does not
+have yet is refused with a 400 when set to anything but its neutral value, never
+silently dropped.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import re
+import typing
+from functools import lru_cache
+from typing import Any
+
+from pydantic import TypeAdapter, ValidationError
+
+from minivllm.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+# Request fields that are about the request, not about sampling.
+NOT_SAMPLING = frozenset(
+    {
+        "model", "prompt", "messages", "stream", "stream_options", "echo", "user", "priority", "suffix",
+        "best_of", "max_completion_tokens", "top_logprobs", "add_generation_prompt", "continue_final_message",
+        "chat_template_kwargs", "max_tokens", "logprobs",
+    }
+)  # fmt: skip
+# Declared fields that mean "off" at these values (OpenAI's defaults).
+NEUTRAL = {"presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0, "logit_bias": {}}
+# Never settable over HTTP.
+SERVER_OWNED = frozenset({"output_kind"})
+
+
+class BadRequest(ValueError):
+    """A 400: ``param`` names the offending field."""
+
+    def __init__(self, param: str | None, message: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+def param_of(message: str) -> str | None:
+    """The field a ValueError names: messages here start with ``field=value:`` or ``field:``."""
+    m = re.match(r"^([A-Za-z_][A-Za-z_0-9.\[\]]*)\s*[=:]", message)
+    return m.group(1) if m else None
+
+
+def bad_request(err: ValueError, rename: dict[str, str] | None = None) -> BadRequest:
+    """Wrap an engine ValueError; ``rename`` maps engine names to request names (prompt -> messages)."""
+    if isinstance(err, BadRequest):
+        return err
+    param = param_of(str(err))
+    return BadRequest((rename or {}).get(param, param) if param else None, str(err))
+
+
+@lru_cache(maxsize=1)
+def _sampling_fields() -> dict[str, Any]:
+    hints = typing.get_type_hints(SamplingParams)
+    return {f.name: hints[f.name] for f in dataclasses.fields(SamplingParams) if f.name not in SERVER_OWNED}
+
+
+@lru_cache(maxsize=None)
+def _adapter(tp: Any) -> TypeAdapter:
+    return TypeAdapter(tp)
+
+
+def to_sampling_params(request: Any, **explicit: Any) -> SamplingParams:
+    """SamplingParams from a parsed request; ``explicit`` values (already converted) win."""
+    fields = _sampling_fields()
+    declared = set(type(request).model_fields)
+    kwargs: dict[str, Any] = {}
+    for name, value in request.model_dump().items():
+        if name in NOT_SAMPLING or name in explicit or value is None:
+            continue
+        if name in fields:
+            kwargs[name] = _check_type(name, value, fields[name])
+        elif name in NEUTRAL and value == NEUTRAL[name]:
+            continue
+        elif name in declared:
+            raise BadRequest(name, f"{name}={value!r}: not supported by this engine yet")
+        else:
+            logger.warning("ignoring unknown request field %r", name)
+    kwargs.update(explicit)
+    try:
+        return SamplingParams(**kwargs)
+    except (ValueError, TypeError) as err:
+        raise bad_request(ValueError(str(err))) from None
+
+
+def _check_type(name: str, value: Any, annotation: Any) -> Any:
+    if name == "stop" and isinstance(value, str):
+        value = [value]
+    try:
+        return _adapter(annotation).validate_python(value)
+    except ValidationError as err:
+        first = err.errors()[0]
+        raise BadRequest(name, f"{name}={value!r}: {first['msg']}") from None

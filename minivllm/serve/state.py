@@ -1,0 +1,57 @@
+"""What every route handler needs: the engine, the served name, the chat template."""
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from minivllm.config.vllm_config import VllmConfig
+from minivllm.engine.async_llm import AsyncLLM
+from minivllm.serve.metrics import ServerMetrics
+from minivllm.serve.params import BadRequest
+from minivllm.serve.protocol import CompletionChoice, CompletionResponse, ErrorInfo, ErrorResponse, UsageInfo
+
+
+class ServerState:
+    def __init__(self, engine: AsyncLLM, cfg: VllmConfig) -> None:
+        self.engine = engine
+        self.cfg = cfg
+        self.model_name = cfg.serve.served_model_name or cfg.model.path
+        self.api_key = cfg.serve.api_key
+        self.chat_template = load_chat_template(cfg.serve.chat_template) or getattr(
+            engine.tokenizer, "chat_template", None
+        )
+        self.metrics = ServerMetrics(self.model_name)
+        engine.stat_loggers.append(self.metrics)
+        self.token_text = lru_cache(maxsize=65536)(self._token_text)
+
+    def check_model(self, model: str | None) -> None:
+        if model is not None and model != self.model_name:
+            raise BadRequest("model", f"model={model!r}: not served here; this server serves {self.model_name!r}")
+
+    def _token_text(self, token_id: int) -> str:
+        return self.engine.tokenizer.decode([token_id])
+
+    def detokenize(self, token_ids: list[int]) -> str:
+        return self.engine.tokenizer.decode(token_ids)
+
+    def completion_response(
+        self, request_id: str, choices: list[CompletionChoice], usage: UsageInfo | None
+    ) -> CompletionResponse:
+        return CompletionResponse(id=request_id, model=self.model_name, choices=choices, usage=usage)
+
+    @staticmethod
+    def error_body(message: str, kind: str = "invalid_request_error", code: int = 400, param: Any = None) -> ErrorResponse:
+        return ErrorResponse(error=ErrorInfo(message=message, type=kind, param=param, code=code))
+
+
+def load_chat_template(value: str | None) -> str | None:
+    """serve.chat_template is a Jinja string or a file holding one."""
+    if not value:
+        return None
+    if "{" in value or "\n" in value:
+        return value
+    path = Path(value).expanduser()
+    if not path.is_file():
+        raise ValueError(f"serve.chat_template={value!r}: no such file, and not a Jinja template")
+    return path.read_text()

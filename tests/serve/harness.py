@@ -1,0 +1,123 @@
+"""One AsyncLLM on a background event loop, and servers over it on free loopback ports.
+
+Starting an engine process costs seconds, so the serving tests share one
+engine (session fixture ``async_engine``) and each test module starts and stops
+its own server on it. Everything waits with a deadline.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any, Awaitable, Iterator, TypeVar
+
+from minivllm.config.vllm_config import ServeConfig, VllmConfig
+from minivllm.engine.async_llm import AsyncLLM
+from minivllm.entrypoints.llm import config_from_kwargs
+
+T = TypeVar("T")
+ENGINE_KWARGS = dict(dtype="float32", block_size=8, num_gpu_blocks_override=256, device="cpu", max_num_seqs=64)
+"""256 blocks of 8 tokens: 64 concurrent short requests fit without preemption."""
+
+
+def engine_config(model_dir: Path) -> VllmConfig:
+    return VllmConfig.from_dictconfig(config_from_kwargs(str(model_dir), **ENGINE_KWARGS))
+
+
+@contextlib.contextmanager
+def one_intra_op_thread() -> Iterator[None]:
+    """Engine processes started inside run torch with one thread: the tiny test model
+    gains nothing from more, and on a shared CPU spinning OpenMP threads make each
+    step many times slower. (The child reads the variable when it imports torch.)"""
+    before = os.environ.get("OMP_NUM_THREADS")
+    os.environ["OMP_NUM_THREADS"] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["OMP_NUM_THREADS"]
+        else:
+            os.environ["OMP_NUM_THREADS"] = before
+
+
+class EngineHarness:
+    def __init__(self, cfg: VllmConfig) -> None:
+        self.cfg = cfg
+        with one_intra_op_thread():
+            self.engine = AsyncLLM(cfg)
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="serve-test-loop", daemon=True)
+        self._thread.start()
+
+    def run(self, work: Awaitable[T], timeout: float = 60) -> T:
+        """Run a coroutine on the engine's loop and wait for it."""
+        return asyncio.run_coroutine_threadsafe(work, self.loop).result(timeout)
+
+    def start_server(self, **serve: Any) -> "ServerHandle":
+        cfg = copy.copy(self.cfg)
+        cfg.serve = ServeConfig(**{"shutdown_timeout": 5.0, **serve})
+        return ServerHandle(self, cfg)
+
+    def close(self) -> None:
+        self.engine.shutdown()
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(10)
+
+
+class ServerHandle:
+    """uvicorn serving ``build_app(engine, cfg)`` on 127.0.0.1 with a port the OS picked."""
+
+    def __init__(self, harness: EngineHarness, cfg: VllmConfig) -> None:
+        from minivllm.serve.app import build_app
+        from minivllm.serve.cli import bind_socket, make_server
+
+        async def build() -> Any:  # on the loop: the app's metrics hook into the engine there
+            return build_app(harness.engine, cfg)
+
+        self.harness = harness
+        self.app = harness.run(build())
+        self.model_name = self.app.state.server.model_name
+        sock = bind_socket("127.0.0.1", 0)
+        self.port = sock.getsockname()[1]
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        self.server = make_server(self.app, cfg, log_level="warning")
+        self._done = asyncio.run_coroutine_threadsafe(self.server.serve(sockets=[sock]), harness.loop)
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            if self._done.done():
+                self._done.result()  # raises the start-up error
+            if time.monotonic() > deadline:
+                raise TimeoutError("server did not start within 30 s")
+            time.sleep(0.02)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self._done.result(timeout=30)
+        metrics = self.app.state.server.metrics
+
+        async def unhook() -> None:
+            self.harness.engine.stat_loggers.remove(metrics)
+
+        self.harness.run(unhook())
+
+    def metrics(self) -> dict[tuple[str, frozenset], float]:
+        """GET /metrics parsed: {(sample name, labels): value}."""
+        import httpx
+        from prometheus_client.parser import text_string_to_metric_families
+
+        text = httpx.get(f"{self.base_url}/metrics", timeout=30).text
+        return {
+            (s.name, frozenset(s.labels.items())): s.value
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+        }
+
+    def metric(self, name: str, **labels: str) -> float:
+        """One sample (labels given must match; model_name is implied); 0 when absent."""
+        want = set(labels.items())
+        values = [v for (n, ls), v in self.metrics().items() if n == name and want <= ls]
+        return sum(values)

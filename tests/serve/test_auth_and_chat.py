@@ -1,0 +1,98 @@
+"""A server with serve.api_key and serve.chat_template: 401 without the key, and chat
+completions that equal a plain completion of the template's rendering."""
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+
+from minivllm.serve.state import load_chat_template
+
+KEY = "sk-test-123"
+TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+MESSAGES = [{"role": "system", "content": "You write Python."}, {"role": "user", "content": "def add(a, b):"}]
+
+
+@pytest.fixture(scope="module")
+def server(async_engine, tmp_path_factory):
+    path = tmp_path_factory.mktemp("template") / "chat.jinja"
+    path.write_text(TEMPLATE)
+    handle = async_engine.start_server(api_key=KEY, chat_template=str(path))
+    yield handle
+    handle.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    with openai.OpenAI(base_url=f"{server.base_url}/v1", api_key=KEY, max_retries=0, timeout=60) as c:
+        yield c
+
+
+@pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}])
+def test_v1_routes_want_the_key(server, headers):
+    with httpx.Client(base_url=server.base_url, timeout=30, headers=headers) as http:
+        answers = [
+            http.get("/v1/models"),
+            http.post("/v1/completions", json={"prompt": "x", "max_tokens": 1}),
+            http.post("/v1/chat/completions", json={"messages": MESSAGES}),
+        ]
+        for res in answers:
+            assert res.status_code == 401
+            assert res.json()["error"]["type"] == "authentication_error"
+        assert http.get("/health").status_code == 200  # health and metrics stay open
+        assert http.get("/metrics").status_code == 200
+
+
+def test_the_key_opens_the_routes(client):
+    assert len(client.models.list().data) == 1
+
+
+def test_chat_equals_completion_of_the_rendered_template(server, client):
+    tokenizer = server.harness.engine.tokenizer
+    rendered = tokenizer.apply_chat_template(MESSAGES, chat_template=TEMPLATE, add_generation_prompt=True, tokenize=False)
+    assert rendered.endswith("<|assistant|>\n")
+    ids = tokenizer.encode(rendered, add_special_tokens=False)
+    plain = client.completions.create(model=server.model_name, prompt=ids, max_tokens=8, temperature=0)
+    chat = client.chat.completions.create(model=server.model_name, messages=MESSAGES, max_tokens=8, temperature=0)
+    assert chat.choices[0].message.role == "assistant"
+    assert chat.choices[0].message.content == plain.choices[0].text
+    assert chat.usage.prompt_tokens == len(ids)
+    assert chat.usage.completion_tokens == 8 and chat.choices[0].finish_reason == "length"
+
+
+def test_chat_stream_equals_chat(server, client):
+    full = client.chat.completions.create(model=server.model_name, messages=MESSAGES, max_tokens=10, temperature=0)
+    chunks = list(
+        client.chat.completions.create(
+            model=server.model_name, messages=MESSAGES, max_tokens=10, temperature=0, stream=True,
+            stream_options={"include_usage": True},
+        )
+    )  # fmt: skip
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == full.choices[0].message.content
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    assert chunks[-1].choices == [] and chunks[-1].usage.model_dump() == full.usage.model_dump()
+
+
+def test_chat_logprobs(server, client):
+    res = client.chat.completions.create(
+        model=server.model_name, messages=MESSAGES, max_tokens=5, temperature=0, logprobs=True, top_logprobs=2
+    )
+    content = res.choices[0].logprobs.content
+    assert len(content) == res.usage.completion_tokens == 5
+    for entry in content:
+        assert len(entry.top_logprobs) == 2
+        assert entry.top_logprobs[0].logprob >= entry.top_logprobs[1].logprob
+        assert entry.logprob == pytest.approx(entry.top_logprobs[0].logprob)  # greedy: the most likely
+        assert entry.top_logprobs[0].token == entry.token
+        assert bytes(entry.bytes).decode("utf-8", errors="replace") == entry.token
+
+
+def test_a_missing_template_file_fails_at_start_naming_the_key(tmp_path):
+    with pytest.raises(ValueError, match="serve.chat_template"):
+        load_chat_template(str(tmp_path / "missing.jinja"))
+    assert load_chat_template(TEMPLATE) == TEMPLATE

@@ -1,0 +1,141 @@
+"""Bad requests get a 400 naming the field (never a 500) and the server keeps serving;
+a client that hangs up has its request aborted and its KV blocks freed."""
+from __future__ import annotations
+
+import json
+import socket
+import time
+
+import httpx
+import pytest
+
+
+@pytest.fixture(scope="module")
+def server(async_engine):
+    handle = async_engine.start_server()
+    yield handle
+    handle.stop()
+
+
+@pytest.fixture(scope="module")
+def http(server):
+    with httpx.Client(base_url=server.base_url, timeout=60) as c:
+        yield c
+
+
+def too_long_prompt(server) -> list[int]:
+    return [5] * server.harness.cfg.max_model_len
+
+
+BAD_COMPLETIONS = [
+    # (body, param the error names, words the message must hold)
+    ({"model": "gpt-4", "prompt": "x"}, "model", ["gpt-4", "not served"]),
+    ({"prompt": "x", "max_tokens": "many"}, "max_tokens", ["integer"]),
+    ({"prompt": "x", "temperature": "hot"}, "temperature", ["number"]),
+    ({"prompt": 5}, "prompt", []),
+    ({"prompt": "x", "stop": 3}, "stop", []),
+    ({"prompt": "x", "stream": "sometimes"}, "stream", ["boolean"]),
+    ({"max_tokens": 4}, "prompt", ["Field required"]),
+    ({"prompt": "x", "max_tokens": 100_000}, "max_tokens", ["max_model_len"]),
+    ({"prompt": "x", "max_tokens": 0}, "max_tokens", ["[1, inf)"]),
+    ({"prompt": "x", "temperature": -1}, "temperature", []),
+    ({"prompt": "x", "top_p": 2}, "top_p", []),
+    ({"prompt": "x", "top_k": -7}, "top_k", []),
+    ({"prompt": "x", "n": 0}, "n", []),
+    ({"prompt": "x", "logprobs": 1000}, "logprobs", ["max_logprobs"]),
+    ({"prompt": [10_000]}, "prompt", ["vocabulary"]),
+    ({"prompt": []}, "prompt", ["empty"]),
+    ({"prompt": "x", "suffix": "y"}, "suffix", ["not supported"]),
+    ({"prompt": "x", "stream_options": {"include_usage": True}}, "stream_options", ["stream"]),
+]
+
+
+@pytest.mark.parametrize("body,param,words", BAD_COMPLETIONS, ids=[f"{i}-{b[1]}" for i, b in enumerate(BAD_COMPLETIONS)])
+def test_bad_completion_request_is_a_400_naming_the_field(http, body, param, words):
+    res = http.post("/v1/completions", json=body)
+    assert res.status_code == 400, res.text
+    error = res.json()["error"]
+    assert error["code"] == 400 and error["type"] == "invalid_request_error"
+    assert error["param"] == param
+    assert error["message"].startswith(param)
+    for word in words:
+        assert word in error["message"]
+
+
+def test_prompt_too_long_is_a_400(server, http):
+    res = http.post("/v1/completions", json={"prompt": too_long_prompt(server), "max_tokens": 1})
+    assert res.status_code == 400
+    assert res.json()["error"]["param"] == "prompt" and "max_model_len" in res.json()["error"]["message"]
+
+
+def test_malformed_json_and_non_object_bodies(http):
+    res = http.post("/v1/completions", content=b'{"prompt": "x",', headers={"content-type": "application/json"})
+    assert res.status_code == 400 and "malformed JSON" in res.json()["error"]["message"]
+    res = http.post("/v1/completions", json=[1, 2])
+    assert res.status_code == 400 and "JSON object" in res.json()["error"]["message"]
+
+
+def test_bad_chat_requests(http):
+    for body, param in [
+        ({"messages": []}, "messages"),
+        ({"messages": [{"content": "hi"}]}, "messages"),
+        ({"messages": "hi"}, "messages"),
+        ({"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2}, "top_logprobs"),
+    ]:
+        res = http.post("/v1/chat/completions", json=body)
+        assert res.status_code == 400, (body, res.text)
+        assert res.json()["error"]["param"] == param, body
+
+
+def test_server_keeps_serving_and_never_answered_500(server, http):
+    res = http.post("/v1/completions", json={"prompt": "def f(x):", "max_tokens": 3, "temperature": 0})
+    assert res.status_code == 200 and res.json()["usage"]["completion_tokens"] == 3
+    assert http.get("/health").status_code == 200
+    assert server.metric("minivllm:http_requests_total", status="500") == 0
+    assert server.metric("minivllm:http_requests_total", status="400") >= len(BAD_COMPLETIONS)
+
+
+def wait_for_idle_engine(server, free_blocks: float, timeout: float = 30) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        free = server.metric("minivllm:kv_cache_free_blocks")
+        running = server.metric("minivllm:num_requests_running")
+        if (free, running) == (free_blocks, 0) or time.monotonic() > deadline:
+            return {"free": free, "running": running}
+        time.sleep(0.1)
+
+
+def long_request(server, stream: bool) -> dict:
+    room = server.harness.cfg.max_model_len - 16
+    return {"prompt": "def f(x):", "max_tokens": room, "temperature": 0, "ignore_eos": True, "stream": stream}
+
+
+def test_disconnect_mid_stream_aborts_and_frees_blocks(server):
+    start_free = server.metric("minivllm:kv_cache_free_blocks")
+    assert start_free == server.metric("minivllm:kv_cache_total_blocks")
+    aborted = server.metric("minivllm:request_success_total", finished_reason="abort")
+    with httpx.Client(base_url=server.base_url, timeout=60) as c:
+        with c.stream("POST", "/v1/completions", json=long_request(server, stream=True)) as res:
+            lines = res.iter_lines()  # (dropping this iterator would close the connection)
+            first = next(lines)
+            assert server.metric("minivllm:num_requests_running") == 1
+        # leaving the block closes the connection mid-stream
+    assert first.startswith("data: {")
+    assert wait_for_idle_engine(server, start_free) == {"free": start_free, "running": 0}
+    assert server.metric("minivllm:request_success_total", finished_reason="abort") == aborted + 1
+
+
+def test_disconnect_while_waiting_for_a_non_streamed_answer(server):
+    start_free = server.metric("minivllm:kv_cache_free_blocks")
+    aborted = server.metric("minivllm:request_success_total", finished_reason="abort")
+    body = json.dumps(long_request(server, stream=False)).encode()
+    head = f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+        sock.sendall(head.encode() + body)
+        deadline = time.monotonic() + 30
+        while server.metric("minivllm:num_requests_running") != 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert server.metric("minivllm:num_requests_running") == 1
+    # the socket is closed before any answer came
+    assert wait_for_idle_engine(server, start_free) == {"free": start_free, "running": 0}
+    assert server.metric("minivllm:request_success_total", finished_reason="abort") == aborted + 1
