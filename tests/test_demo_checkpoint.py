@@ -69,3 +69,20 @@ def test_greedy_continuation_looks_like_python(model, tokenizer):
         ids = model.generate(**inputs, max_new_tokens=40, do_sample=False)
     text = tokenizer.decode(ids[0], skip_special_tokens=True)
     assert "\n    " in text or "\n\t" in text, text
+
+
+def test_minivllm_default_model_matches_transformers_greedy(model, tokenizer):
+    """The embedded default (model=demo) is this checkpoint, and minivllm's greedy
+    text on it equals transformers' on the same files."""
+    from minivllm import LLM, SamplingParams
+
+    llm = LLM(num_gpu_blocks_override=64)
+    assert llm.cfg.checkpoint_dir.resolve() == CHECKPOINT.resolve()
+    prompt = "def fibonacci(n):"
+    ours = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=24), use_tqdm=False)[0].outputs[0]
+    inputs = tokenizer(prompt, return_tensors="pt")
+    with torch.no_grad():
+        ids = model.generate(**inputs, max_new_tokens=24, do_sample=False)
+    theirs = ids[0, inputs.input_ids.shape[1]:].tolist()
+    assert ours.token_ids == theirs[: len(ours.token_ids)]
+    assert ours.text == tokenizer.decode(ours.token_ids, skip_special_tokens=True)

@@ -84,7 +84,7 @@ class VllmConfig:
     """Where the model runs."""
     task: TaskConfig = field(default_factory=TaskConfig)
     """What the CLI does."""
-    prompts: list[str] = field(default_factory=lambda: ["def fibonacci(n):", "import ", "class Stack:"])
+    prompts: list[str] = field(default_factory=lambda: ["def fibonacci(n):", "import os\nimport", "class Stack:"])
     """Prompts for task=generate."""
     prompts_file: Optional[str] = None
     """A text file (one prompt a line) or JSONL ({"prompt": ...}) that replaces ``prompts``."""
