@@ -64,11 +64,10 @@ class TorchAttentionBackend(AttentionBackend):
         rows = torch.tensor(idx, device=query.device)
         token_idx = meta.query_start_loc[rows].long()  # each decode request's single token
         seq_lens = meta.seq_lens[rows].long()  # (B,)
-        max_len = max(meta.seq_lens_cpu[i] for i in idx)
-        slots = gather_slots(meta.block_tables[rows], max_len, kv_cache.shape[2])
-        k, v = _gather(kv_cache, slots)  # (B, Hkv, L, D)
+        num_blocks = -(-max(meta.seq_lens_cpu[i] for i in idx) // kv_cache.shape[2])
+        k, v = _gather_blocks(kv_cache, meta.block_tables[rows, :num_blocks])  # (B, Hkv, L, D), L padded to blocks
         q = query[token_idx].unsqueeze(2)  # (B, H, 1, D)
-        key_pos = torch.arange(max_len, device=query.device)
+        key_pos = torch.arange(k.shape[2], device=query.device)
         mask = key_pos < seq_lens[:, None]  # (B, L)
         if sliding_window is not None:
             mask &= key_pos > (seq_lens[:, None] - 1 - sliding_window)
@@ -88,6 +87,20 @@ class TorchAttentionBackend(AttentionBackend):
             mask &= k_pos > q_pos - sliding_window
         o = _attend(q, k, v, mask[None, None], scale, soft_cap)  # (1, H, n, D)
         out[start : start + n] = o[0].transpose(0, 1).to(out.dtype)
+
+
+def _gather_blocks(kv_cache: torch.Tensor, block_tables: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Whole blocks of (B, nb) tables -> keys and values as two (B, Hkv, nb * block_size, D) tensors.
+
+    Copying contiguous blocks (block_size * Hkv * D elements each) is much cheaper on
+    the CPU than gathering one slot at a time; positions past a request's length
+    are garbage for the caller to mask."""
+    B, nb = block_tables.shape
+    _, _, block_size, num_kv_heads, head_dim = kv_cache.shape
+    ids = block_tables.reshape(-1).long()
+    k = kv_cache[0].index_select(0, ids).view(B, nb * block_size, num_kv_heads, head_dim)
+    v = kv_cache[1].index_select(0, ids).view(B, nb * block_size, num_kv_heads, head_dim)
+    return k.transpose(1, 2), v.transpose(1, 2)
 
 
 def _gather(kv_cache: torch.Tensor, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
