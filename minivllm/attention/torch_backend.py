@@ -59,8 +59,19 @@ class TorchAttentionBackend(AttentionBackend):
                 self._prefill(query, kv_cache, meta, i, starts[i], n, out, **opts)
         return out
 
-    def _decode(self, query, kv_cache, meta, idx, out, *, scale, sliding_window, soft_cap) -> None:
-        """All one-token requests in one masked attention call."""
+    def _decode(self, query, kv_cache, meta, idx, out, **opts) -> None:
+        """One-token requests, batched by context length: one masked attention call per
+        power-of-two number of blocks, so no context is padded to more than twice its
+        length (one call for all would pad every request to the longest)."""
+        groups: dict[int, list[int]] = {}
+        for i in idx:
+            num_blocks = -(-meta.seq_lens_cpu[i] // kv_cache.shape[2])
+            groups.setdefault((num_blocks - 1).bit_length(), []).append(i)
+        for rows in groups.values():
+            self._decode_group(query, kv_cache, meta, rows, out, **opts)
+
+    def _decode_group(self, query, kv_cache, meta, idx, out, *, scale, sliding_window, soft_cap) -> None:
+        """These one-token requests in one masked attention call."""
         rows = torch.tensor(idx, device=query.device)
         token_idx = meta.query_start_loc[rows].long()  # each decode request's single token
         seq_lens = meta.seq_lens[rows].long()  # (B,)

@@ -9,6 +9,7 @@ transformers and saved as a checkpoint that both sides then load.
 from __future__ import annotations
 
 import logging
+import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,13 @@ from typing import Any
 import torch
 from omegaconf import OmegaConf
 from tqdm.auto import tqdm
-from transformers import AutoModelForCausalLM, GenerationConfig, PreTrainedTokenizerFast
+from transformers import (
+    AutoModelForCausalLM,
+    GenerationConfig,
+    PreTrainedTokenizerFast,
+    StoppingCriteria,
+    StoppingCriteriaList,
+)
 
 from minivllm.bench.workloads import BenchRequest
 from minivllm.config.vllm_config import VllmConfig
@@ -72,7 +79,9 @@ def _pad_id(model: torch.nn.Module) -> int:
 
 
 @torch.inference_mode()
-def generate_batch(model: torch.nn.Module, prompts: list[list[int]], max_new_tokens: int, temperature: float) -> torch.Tensor:
+def generate_batch(
+    model: torch.nn.Module, prompts: list[list[int]], max_new_tokens: int, temperature: float, stopping_criteria=None
+) -> torch.Tensor:
     """Left-padded ``generate`` of exactly ``max_new_tokens`` per row (EOS ignored): (B, max_new_tokens)."""
     device = next(model.parameters()).device
     pad = _pad_id(model)
@@ -93,7 +102,8 @@ def generate_batch(model: torch.nn.Module, prompts: list[list[int]], max_new_tok
         top_p=1.0,
         pad_token_id=pad,
     )
-    out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), generation_config=gen)
+    stop = StoppingCriteriaList(stopping_criteria or [])
+    out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), generation_config=gen, stopping_criteria=stop)
     return out[:, width:]
 
 
@@ -104,7 +114,7 @@ def run_hf(
     batches = [requests[i : i + batch_size] for i in range(0, len(requests), batch_size)]
     generated = 0
     bar = tqdm(total=len(requests), desc="transformers", unit="req", disable=not progress or None)
-    start = time.perf_counter()
+    start, start_cpu = time.perf_counter(), time.process_time()
     with bar:
         for batch in batches:
             out = generate_batch(model, [r.prompt_token_ids for r in batch], max(r.max_tokens for r in batch), temperature)
@@ -112,13 +122,14 @@ def run_hf(
                 raise RuntimeError(f"transformers generated {out.shape[1]} tokens, expected {max(r.max_tokens for r in batch)}")
             generated += out.shape[0] * out.shape[1]
             bar.update(len(batch))
-    seconds = time.perf_counter() - start
+    seconds, cpu_s = time.perf_counter() - start, time.process_time() - start_cpu
     input_tokens = sum(len(r.prompt_token_ids) for r in requests)
     output_tokens = sum(r.max_tokens for r in requests)
     return {
         "name": "transformers",
         "batch_size": batch_size,
         "total_time_s": seconds,
+        "cpu_time_s": cpu_s,
         "requests_per_s": len(requests) / seconds,
         "input_tokens_per_s": input_tokens / seconds,
         "output_tokens_per_s": output_tokens / seconds,
@@ -127,18 +138,24 @@ def run_hf(
     }
 
 
+class _StepClock(StoppingCriteria):
+    """Never stops generation; records when each new token is ready."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        if input_ids.device.type == "cuda":
+            torch.cuda.synchronize(input_ids.device)
+        self.times.append(time.perf_counter())
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+
+
 def hf_single_request(model: torch.nn.Module, request: BenchRequest, temperature: float) -> dict[str, float]:
-    """Decode speed of one request alone: (n - 1) tokens over t(n) - t(1), so the prefill cancels."""
-    prompt = [request.prompt_token_ids]
-
-    def timed(n: int) -> float:
-        start = time.perf_counter()
-        generate_batch(model, prompt, n, temperature)
-        if next(model.parameters()).device.type == "cuda":
-            torch.cuda.synchronize()
-        return time.perf_counter() - start
-
-    timed(2)  # warm-up
-    first, full = timed(1), timed(request.max_tokens)
-    decode_s = max(full - first, 1e-9)
-    return {"decode_tokens_per_s": (request.max_tokens - 1) / decode_s, "decode_step_ms": 1e3 * decode_s / (request.max_tokens - 1)}
+    """Decode speed of one request alone, from the median time between consecutive tokens
+    (the prefill and one-off stalls stay out of it)."""
+    generate_batch(model, [request.prompt_token_ids], 2, temperature)  # warm-up
+    clock = _StepClock()
+    generate_batch(model, [request.prompt_token_ids], request.max_tokens, temperature, stopping_criteria=[clock])
+    step_s = statistics.median(b - a for a, b in zip(clock.times, clock.times[1:]))
+    return {"decode_tokens_per_s": 1.0 / step_s, "decode_step_ms": 1e3 * step_s}

@@ -14,27 +14,31 @@ def format_report(m: dict[str, Any]) -> str:
         f"{m['attention_backend']}",
         f"workload {m['workload']}: {m['num_requests']} requests, {m['input_tokens']} prompt tokens, "
         f"{m['requested_output_tokens']} output tokens",
-        f"{'':14}{'req/s':>9}{'in tok/s':>11}{'out tok/s':>11}{'time s':>9}",
+        f"{'':18}{'req/s':>9}{'in tok/s':>11}{'out tok/s':>11}{'time s':>9}{'cpu s':>9}",
         _row("minivllm", m),
     ]
     base = m.get("baseline")
     if base:
         lines.append(_row(f"{base['name']} bs={base['batch_size']}", base))
-        lines.append(f"speedup (output tok/s): {_num(m.get('speedup_output_tokens_per_s'), '.2f')}x")
+        lines.append(
+            f"speedup: {_num(m.get('speedup_output_tokens_per_s'), '.2f')}x output tok/s, "
+            f"{_num(m.get('speedup_cpu_time'), '.2f')}x CPU time"
+        )
     lines.append(
         f"KV blocks {m['num_kv_blocks']} x {m['block_size']} tokens, preemptions {m['num_preemptions']}, "
         f"peak memory {_num(m['peak_memory_gib'], '.2f')} GiB"
     )
     eng = m.get("engine") or {}
     lines.append(
-        f"engine: {eng.get('num_steps')} steps, overhead {_num(eng.get('overhead_per_step_ms'), '.2f')} ms/step "
-        f"({_num(_pct(eng.get('overhead_fraction')))}% of step time)"
+        f"engine: {eng.get('num_steps')} steps ({eng.get('num_prefill_steps')} with prefill: "
+        f"{_num(eng.get('prefill_step_time_s'), '.2f')} s), overhead {_num(eng.get('overhead_per_step_ms'), '.2f')} "
+        f"ms/step ({_num(_pct(eng.get('overhead_fraction')))}% of step time)"
     )
     single = m.get("single_request")
     if single:
         line = (
             f"single request ({single['input_len']} in, {single['output_len']} out): decode "
-            f"{_num(single['decode_tokens_per_s'])} tok/s, {_num(single['decode_step_ms'], '.2f')} ms/step "
+            f"{_num(single['decode_tokens_per_s'])} tok/s, median step {_num(single['decode_step_ms'], '.2f')} ms "
             f"(model {_num(single['model_ms_per_step'], '.2f')}, overhead {_num(single['overhead_ms_per_step'], '.2f')})"
         )
         if "hf_decode_tokens_per_s" in single:
@@ -55,8 +59,8 @@ def format_report(m: dict[str, Any]) -> str:
 
 def _row(name: str, m: dict[str, Any]) -> str:
     return (
-        f"{name:14}{_num(m['requests_per_s'], '.2f'):>9}{_num(m['input_tokens_per_s']):>11}"
-        f"{_num(m['output_tokens_per_s']):>11}{_num(m['total_time_s'], '.2f'):>9}"
+        f"{name:18}{_num(m['requests_per_s'], '.2f'):>9}{_num(m['input_tokens_per_s']):>11}"
+        f"{_num(m['output_tokens_per_s']):>11}{_num(m['total_time_s'], '.2f'):>9}{_num(m.get('cpu_time_s'), '.2f'):>9}"
     )
 
 

@@ -10,7 +10,7 @@ with ``bench.baseline=hf``, transformers' numbers and the ratio.
 from __future__ import annotations
 
 import json
-import logging
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -29,9 +29,6 @@ from minivllm.bench.workloads import BenchRequest, build_workload
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.entrypoints.llm import LLM
 from minivllm.sampling_params import RequestOutputKind, SamplingParams
-
-logger = logging.getLogger(__name__)
-
 
 def run_bench(cfg: VllmConfig, out_dir: Path) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="minivllm-bench-") as tmp:
@@ -92,13 +89,15 @@ def _params(request: BenchRequest, temperature: float) -> SamplingParams:
     )
 
 
-def _drive(llm: LLM, requests: list[BenchRequest], cfg: VllmConfig, timer: StepTimer, desc: str | None) -> tuple[float, int]:
-    """Queue every request, step until all finish; returns (seconds, output tokens)."""
+def _drive(
+    llm: LLM, requests: list[BenchRequest], cfg: VllmConfig, timer: StepTimer, desc: str | None
+) -> tuple[float, int, float]:
+    """Queue every request, step until all finish; returns (seconds, output tokens, CPU seconds)."""
     engine = llm.llm_engine
     show = desc is not None and cfg.bench.progress
     bar = tqdm(total=len(requests), desc=desc, unit="req", disable=not show or None)
     produced = 0
-    start = time.perf_counter()
+    start, start_cpu = time.perf_counter(), time.process_time()
     with bar:
         for r in requests:
             engine.add_request(None, {"prompt_token_ids": r.prompt_token_ids}, _params(r, cfg.bench.temperature))
@@ -107,7 +106,7 @@ def _drive(llm: LLM, requests: list[BenchRequest], cfg: VllmConfig, timer: StepT
                 if out.finished:
                     produced += len(out.outputs[0].token_ids)
                     bar.update(1)
-    return time.perf_counter() - start, produced
+    return time.perf_counter() - start, produced, time.process_time() - start_cpu
 
 
 def _model_runner(llm: LLM) -> Any | None:
@@ -121,7 +120,7 @@ def bench_minivllm(cfg: VllmConfig, requests: list[BenchRequest], single: BenchR
     try:
         runner = _model_runner(llm)
         device = runner.device if runner is not None else torch.device(cfg.device_type)
-        timer = StepTimer(runner, device).attach()
+        timer = StepTimer(llm.llm_engine.core.executor, runner, device).attach()
         if cfg.bench.warmup:
             _drive(llm, [BenchRequest(requests[0].prompt_token_ids[:16], 4)], cfg, timer, None)
         out: dict[str, Any] = {}
@@ -131,9 +130,9 @@ def bench_minivllm(cfg: VllmConfig, requests: list[BenchRequest], single: BenchR
             out["single_request"] = _single_summary(single, timer)
         timer.reset()
         before = llm.llm_engine.scheduler_stats().num_preemptions
-        seconds, produced = _drive(llm, requests, cfg, timer, "minivllm")
+        seconds, produced, cpu_s = _drive(llm, requests, cfg, timer, "minivllm")
         stats = llm.llm_engine.scheduler_stats()
-        out.update(_throughput(requests, seconds, produced))
+        out.update(_throughput(requests, seconds, produced), cpu_time_s=cpu_s)
         out.update(num_kv_blocks=stats.num_blocks, num_preemptions=stats.num_preemptions - before)
         out["peak_memory_gib"] = peak.read_gib()
         out["engine"] = timer.summary()
@@ -146,17 +145,21 @@ def bench_minivllm(cfg: VllmConfig, requests: list[BenchRequest], single: BenchR
 
 
 def _single_summary(single: BenchRequest, timer: StepTimer) -> dict[str, Any]:
-    decode = timer.summary(decode_only=True)
-    decode_s = decode["step_time_s"]
-    steps = decode["num_steps"]
-    return {
+    """Median decode step of one request alone (robust to one-off stalls on a shared machine)."""
+    decode = [s for s in timer.steps if s.decode_only]
+    step_s = statistics.median(s.wall_s for s in decode) if decode else None
+    out = {
         "input_len": len(single.prompt_token_ids),
         "output_len": single.max_tokens,
-        "decode_tokens_per_s": steps / decode_s if decode_s else None,
-        "decode_step_ms": 1e3 * decode_s / steps if steps else None,
-        "model_ms_per_step": 1e3 * decode["model_time_s"] / steps if steps and decode["model_time_s"] is not None else None,
-        "overhead_ms_per_step": decode["overhead_per_step_ms"],
+        "decode_tokens_per_s": 1.0 / step_s if step_s else None,
+        "decode_step_ms": 1e3 * step_s if step_s else None,
+        "model_ms_per_step": None,
+        "overhead_ms_per_step": None,
     }
+    if decode and timer.sees_model:
+        out["model_ms_per_step"] = 1e3 * statistics.median(s.model_s for s in decode)
+        out["overhead_ms_per_step"] = 1e3 * statistics.median(s.wall_s - s.model_s for s in decode)
+    return out
 
 
 def _throughput(requests: list[BenchRequest], seconds: float, produced: int) -> dict[str, Any]:
@@ -190,6 +193,7 @@ def bench_transformers(
         del model
     metrics["baseline"] = base
     metrics["speedup_output_tokens_per_s"] = _ratio(metrics["output_tokens_per_s"], base["output_tokens_per_s"])
+    metrics["speedup_cpu_time"] = _ratio(base["cpu_time_s"], metrics["cpu_time_s"])
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:

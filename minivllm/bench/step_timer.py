@@ -1,14 +1,15 @@
 """Where an engine step's time goes, measured from outside the engine.
 
-Forward hooks on the model (and a wrapper on ``compute_logits``) time the model;
-whatever else a step spends (scheduling, input preparation, sampling, output
-processing, detokenizing) is the engine's overhead::
+Each step's shape (tokens, requests, context read) comes from the scheduler
+output handed to the executor; forward hooks on the model (and a wrapper on
+``compute_logits``) time the model. Whatever else a step spends (scheduling,
+input preparation, sampling, output processing, detokenizing) is the engine's
+overhead::
 
     step wall time = model forward + logits  +  engine overhead
 
-The hooks also read each step's attention metadata, which is how the roofline
-counts the KV-cache bytes a step must read. With more than one worker process
-the model is out of reach: only wall times are recorded.
+With the model out of reach (workers in other processes) or not called as a
+module (a captured CUDA graph), only wall times and shapes are recorded.
 """
 from __future__ import annotations
 
@@ -32,12 +33,13 @@ class StepRecord:
 
 @dataclass
 class StepTimer:
+    executor: Any
     model_runner: Any | None
     device: torch.device
     steps: list[StepRecord] = field(default_factory=list)
     _model_s: float = 0.0
     _started: float | None = None
-    _meta: Any = None
+    _shape: tuple[int, int, int, bool] | None = None
     _undo: list[Callable[[], None]] = field(default_factory=list)
 
     @property
@@ -45,9 +47,19 @@ class StepTimer:
         return self.model_runner is not None and getattr(self.model_runner, "model", None) is not None
 
     def attach(self) -> "StepTimer":
-        if not self.sees_model:
-            return self
-        model = self.model_runner.model
+        execute = self.executor.execute_model
+
+        def observed_execute(sched: Any) -> Any:
+            self._shape = _shape(sched)
+            return execute(sched)
+
+        self.executor.execute_model = observed_execute
+        self._undo = [lambda: delattr(self.executor, "execute_model")]
+        if self.sees_model:
+            self._time_model(self.model_runner.model)
+        return self
+
+    def _time_model(self, model: Any) -> None:
         pre = model.register_forward_pre_hook(self._before)
         post = model.register_forward_hook(self._after)
         logits_fn = model.compute_logits
@@ -60,8 +72,7 @@ class StepTimer:
                 self._after(model, (), None)
 
         model.compute_logits = timed_logits
-        self._undo = [pre.remove, post.remove, lambda: delattr(model, "compute_logits")]
-        return self
+        self._undo += [pre.remove, post.remove, lambda: delattr(model, "compute_logits")]
 
     def detach(self) -> None:
         for undo in self._undo:
@@ -73,8 +84,6 @@ class StepTimer:
             torch.cuda.synchronize(self.device)
 
     def _before(self, module: Any, args: tuple) -> None:
-        if len(args) >= 3:
-            self._meta = args[2]
         self._sync()
         self._started = time.perf_counter()
 
@@ -86,21 +95,13 @@ class StepTimer:
 
     def run_step(self, step: Callable[[], list]) -> list:
         """Run one engine step and record its timings."""
-        self._model_s, self._meta = 0.0, None
+        self._model_s, self._shape = 0.0, None
         start = time.perf_counter()
         outputs = step()
         self._sync()
         wall = time.perf_counter() - start
-        meta = self._meta
-        if meta is not None:
-            query_lens = list(meta.query_lens_cpu)
-            record = StepRecord(
-                wall, self._model_s, sum(query_lens), len(query_lens), sum(meta.seq_lens_cpu),
-                all(n == 1 for n in query_lens),
-            )
-        else:
-            record = StepRecord(wall, 0.0, 0, 0, 0, False)
-        self.steps.append(record)
+        shape = self._shape or (0, 0, 0, False)
+        self.steps.append(StepRecord(wall, self._model_s, *shape))
         return outputs
 
     def reset(self) -> None:
@@ -109,7 +110,13 @@ class StepTimer:
     def summary(self, decode_only: bool = False) -> dict[str, float | int | None]:
         steps = [s for s in self.steps if s.decode_only] if decode_only else self.steps
         wall = sum(s.wall_s for s in steps)
-        out: dict[str, float | int | None] = {"num_steps": len(steps), "step_time_s": wall}
+        prefill = [s for s in steps if not s.decode_only]
+        out: dict[str, float | int | None] = {
+            "num_steps": len(steps),
+            "step_time_s": wall,
+            "num_prefill_steps": len(prefill),
+            "prefill_step_time_s": sum(s.wall_s for s in prefill),
+        }
         if not self.sees_model or not steps:
             out.update(model_time_s=None, overhead_s=None, overhead_per_step_ms=None, overhead_fraction=None)
             return out
@@ -121,3 +128,12 @@ class StepTimer:
             overhead_fraction=(wall - model) / wall if wall > 0 else None,
         )
         return out
+
+
+def _shape(sched: Any) -> tuple[int, int, int, bool]:
+    """(new tokens, requests, context tokens read, decode only) of a SchedulerOutput."""
+    computed = {r.req_id: r.num_computed_tokens for r in sched.new_reqs}
+    computed.update((r.req_id, r.num_computed_tokens) for r in sched.cached_reqs)
+    scheduled = sched.num_scheduled_tokens
+    kv_tokens = sum(computed.get(req, 0) + n for req, n in scheduled.items())
+    return sum(scheduled.values()), len(scheduled), kv_tokens, bool(scheduled) and all(n == 1 for n in scheduled.values())

@@ -52,7 +52,7 @@ def test_bench_writes_complete_metrics(opt_dir, tmp_path):
     assert metrics["input_tokens"] == sum(len(r.prompt_token_ids) for r in expected)
     assert metrics["output_tokens"] == metrics["requested_output_tokens"] == sum(r.max_tokens for r in expected)
     seconds = metrics["total_time_s"]
-    assert seconds > 0
+    assert seconds > 0 and metrics["cpu_time_s"] > 0
     assert metrics["output_tokens_per_s"] == pytest.approx(metrics["output_tokens"] / seconds)
     assert metrics["input_tokens_per_s"] == pytest.approx(metrics["input_tokens"] / seconds)
     assert metrics["requests_per_s"] == pytest.approx(5 / seconds)
@@ -88,6 +88,7 @@ def test_hf_baseline_runs_the_same_requests(opt_dir, tmp_path):
     assert base["generated_tokens_incl_padding"] >= base["output_tokens"]
     assert base["output_tokens_per_s"] == pytest.approx(base["output_tokens"] / base["total_time_s"])
     assert metrics["speedup_output_tokens_per_s"] == pytest.approx(metrics["output_tokens_per_s"] / base["output_tokens_per_s"])
+    assert metrics["speedup_cpu_time"] == pytest.approx(base["cpu_time_s"] / metrics["cpu_time_s"])
     single = metrics["single_request"]
     assert single["hf_decode_tokens_per_s"] > 0
     assert single["decode_speedup"] == pytest.approx(single["decode_tokens_per_s"] / single["hf_decode_tokens_per_s"])

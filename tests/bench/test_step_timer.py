@@ -13,7 +13,7 @@ def test_records_every_step_of_one_request(opt_dir):
     llm = LLM(model=str(opt_dir), dtype="float32", block_size=8, num_gpu_blocks_override=32)
     try:
         runner = llm.llm_engine.core.executor.worker.model_runner
-        timer = StepTimer(runner, torch.device("cpu")).attach()
+        timer = StepTimer(llm.llm_engine.core.executor, runner, torch.device("cpu")).attach()
         engine = llm.llm_engine
         engine.add_request(None, list(range(3, 13)), SamplingParams(temperature=0, max_tokens=5, ignore_eos=True))
         while engine.has_unfinished_requests():
@@ -27,7 +27,8 @@ def test_records_every_step_of_one_request(opt_dir):
         assert decode["num_steps"] == 4
         assert decode["overhead_s"] == decode["step_time_s"] - decode["model_time_s"]
         timer.detach()
-        assert "compute_logits" not in vars(runner.model)  # the class method is back
+        assert "compute_logits" not in vars(runner.model)  # the class methods are back
+        assert "execute_model" not in vars(llm.llm_engine.core.executor)
         roof = roofline(timer.steps, runner, torch.device("cpu"), measured_s=1.0)
         per_token = 2 * 2 * 64 * 4  # layers x (K, V) x hidden x fp32 bytes
         assert kv_bytes_per_token(runner.kv_caches) == per_token
