@@ -119,7 +119,8 @@ def plot_summary(rows: list[dict[str, Any]], swept: list[str], path: Path) -> No
         ax.set_xlabel(x_key)
         ax.set_title(title)
         ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=8)
+    if axes[0].get_legend_handles_labels()[0]:
+        axes[0].legend(fontsize=8)
     fig.suptitle(f"{path.parent.name}: {len(rows)} jobs ({sum(r['status'] != 'ok' for r in rows)} failed, red x)")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
