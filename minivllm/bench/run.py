@@ -30,11 +30,13 @@ from minivllm.config.vllm_config import VllmConfig
 from minivllm.entrypoints.llm import LLM
 from minivllm.sampling_params import RequestOutputKind, SamplingParams
 
+
 def run_bench(cfg: VllmConfig, out_dir: Path) -> dict[str, Any]:
+    """Run the workload (and the baseline), print the report, write out_dir/metrics.json."""
+    requests, single = _workload(cfg)  # a bad workload fails before any work
     with tempfile.TemporaryDirectory(prefix="minivllm-bench-") as tmp:
         if cfg.bench.baseline == "hf":
             cfg = hf_baseline.shared_checkpoint(cfg, Path(tmp))
-        requests, single = _workload(cfg)
         metrics = _describe(cfg, requests)
         metrics.update(bench_minivllm(cfg, requests, single))
         if cfg.bench.baseline == "hf":
