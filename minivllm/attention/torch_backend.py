@@ -1,10 +1,14 @@
 """Reference attention backend in plain torch, reading the paged KV cache.
 
-Decode requests (one new token each) are batched into one masked SDPA call over
-keys gathered through their block tables; prefill chunks run one request at a
-time. The gather indices and masks depend only on the step, so ``prepare``
-builds them once and every layer reuses them. This is the CPU default and the
-oracle the Triton kernels are tested against.
+Keys and values are gathered a whole block at a time (a contiguous copy of
+``block_size * Hkv * D`` elements, far cheaper on the CPU than slot by slot);
+positions past a request's end are masked out by causality. Decode requests
+(one new token each) are batched into one masked SDPA call per power-of-two
+number of blocks, so no context is padded to more than twice its length;
+prefill chunks run one request at a time. The groups, block ids and masks
+depend only on the step, so ``prepare`` builds them once and every layer
+reuses them. This is the CPU default and the oracle the Triton kernels are
+tested against.
 """
 from __future__ import annotations
 
@@ -18,30 +22,39 @@ from minivllm.attention.backend import AttentionBackend, AttentionMetadata
 
 @dataclass
 class _Group:
-    """Queries that attend together: their token rows, key slots and mask."""
+    """Queries that attend together: their token rows, the blocks to gather, the mask."""
 
     token_idx: torch.Tensor | slice
     """Rows of the flat batch (a slice for one prefill chunk)."""
-    slots: torch.Tensor
-    """(B, L) cache slots of the keys to gather."""
-    positions: tuple[torch.Tensor, torch.Tensor]
-    """(query positions (B, Q, 1), key positions (1, 1, L)) for causal/window masks."""
-    valid: torch.Tensor
-    """(B, Q, L) True where a key is inside the causal context."""
+    block_ids: torch.Tensor
+    """(B, nb) int64 blocks holding each request's context, in order."""
+    q_pos: torch.Tensor
+    """(B, Q, 1) position of each query."""
+    k_pos: torch.Tensor
+    """(1, 1, nb * block_size) position of each gathered key."""
+
+    @property
+    def causal(self) -> torch.Tensor:
+        """(B, Q, L) True where a key is at or before its query (which also drops
+        the gathered positions past the request's end)."""
+        return self.k_pos <= self.q_pos
 
 
 class TorchAttentionBackend(AttentionBackend):
     name = "torch"
 
     def prepare(self, meta: AttentionMetadata, block_size: int) -> list[_Group]:
-        groups = []
-        decode_rows = [i for i, n in enumerate(meta.query_lens_cpu) if n == 1]
-        if decode_rows:
-            groups.append(_decode_group(meta, decode_rows, block_size))
-        starts = meta.query_start_loc.tolist() if len(decode_rows) < meta.num_reqs else []
+        by_blocks: dict[int, list[int]] = {}
         for i, n in enumerate(meta.query_lens_cpu):
-            if n > 1:
-                groups.append(_prefill_group(meta, i, starts[i], n, block_size))
+            if n == 1:
+                num_blocks = -(-meta.seq_lens_cpu[i] // block_size)
+                by_blocks.setdefault((num_blocks - 1).bit_length(), []).append(i)
+        groups = [_decode_group(meta, rows, block_size) for rows in by_blocks.values()]
+        if len(meta.query_lens_cpu) > sum(map(len, by_blocks.values())):
+            starts = meta.query_start_loc.tolist()
+            groups += [
+                _prefill_group(meta, i, starts[i], n, block_size) for i, n in enumerate(meta.query_lens_cpu) if n > 1
+            ]
         return groups
 
     def forward(
@@ -61,16 +74,14 @@ class TorchAttentionBackend(AttentionBackend):
         write_kv(key, value, kv_cache, meta.slot_mapping)
         out = torch.empty_like(query)
         for group in meta.backend_data:
-            q = query[group.token_idx]  # (B*Q, H, D) rows of this group
-            B, L = group.slots.shape
-            q = q.view(B, -1, *q.shape[1:]).transpose(1, 2)  # (B, H, Q, D)
-            k, v = _gather(kv_cache, group.slots)  # (B, Hkv, L, D)
-            mask = group.valid
+            B = group.block_ids.shape[0]
+            q = query[group.token_idx].view(B, -1, *query.shape[1:]).transpose(1, 2)  # (B, H, Q, D)
+            k, v = _gather_blocks(kv_cache, group.block_ids)  # (B, Hkv, L, D)
+            mask = group.causal
             if sliding_window is not None:
-                q_pos, k_pos = group.positions
-                mask = mask & (k_pos > q_pos - sliding_window)
+                mask = mask & (group.k_pos > group.q_pos - sliding_window)
             o = _attend(q, k, v, mask.unsqueeze(1), scale, logits_soft_cap)  # (B, H, Q, D)
-            out[group.token_idx] = o.transpose(1, 2).reshape(-1, *o.shape[1:2], o.shape[-1]).to(out.dtype)
+            out[group.token_idx] = o.transpose(1, 2).reshape(-1, *query.shape[1:]).to(out.dtype)
         return out
 
 
@@ -86,49 +97,38 @@ def write_kv(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slo
     v_flat.index_copy_(0, slot_mapping, value.to(kv_cache.dtype))
 
 
-def gather_slots(block_tables: torch.Tensor, max_len: int, block_size: int) -> torch.Tensor:
-    """(B, max_blocks) block tables -> (B, max_len) cache slots of positions 0..max_len-1."""
-    pos = torch.arange(max_len, device=block_tables.device)
-    blocks = block_tables[:, pos // block_size].long()  # (B, max_len)
-    return blocks * block_size + pos % block_size
-
-
 def _decode_group(meta: AttentionMetadata, rows: list[int], block_size: int) -> _Group:
     rows_t = torch.tensor(rows, device=meta.seq_lens.device)
-    seq_lens = meta.seq_lens[rows_t].long()  # (B,)
-    max_len = max(meta.seq_lens_cpu[i] for i in rows)
-    k_pos = torch.arange(max_len, device=seq_lens.device).view(1, 1, -1)
-    q_pos = (seq_lens - 1).view(-1, 1, 1)
+    num_blocks = -(-max(meta.seq_lens_cpu[i] for i in rows) // block_size)
     return _Group(
-        token_idx=meta.query_start_loc[rows_t].long(),
-        slots=gather_slots(meta.block_tables[rows_t], max_len, block_size),
-        positions=(q_pos, k_pos),
-        valid=k_pos <= q_pos,
+        token_idx=meta.query_start_loc[rows_t].long(),  # each request's single token
+        block_ids=meta.block_tables[rows_t, :num_blocks].long(),
+        q_pos=(meta.seq_lens[rows_t].long() - 1).view(-1, 1, 1),
+        k_pos=torch.arange(num_blocks * block_size, device=rows_t.device).view(1, 1, -1),
     )
 
 
 def _prefill_group(meta: AttentionMetadata, i: int, start: int, n: int, block_size: int) -> _Group:
+    """One request's chunk of ``n`` queries, the last ``n`` of its ``seq_len`` positions."""
     seq_len = meta.seq_lens_cpu[i]
+    num_blocks = -(-seq_len // block_size)
     device = meta.seq_lens.device
-    q_pos = torch.arange(seq_len - n, seq_len, device=device).view(1, -1, 1)
-    k_pos = torch.arange(seq_len, device=device).view(1, 1, -1)
     return _Group(
         token_idx=slice(start, start + n),
-        slots=gather_slots(meta.block_tables[i : i + 1], seq_len, block_size),
-        positions=(q_pos, k_pos),
-        valid=k_pos <= q_pos,
+        block_ids=meta.block_tables[i : i + 1, :num_blocks].long(),
+        q_pos=torch.arange(seq_len - n, seq_len, device=device).view(1, -1, 1),
+        k_pos=torch.arange(num_blocks * block_size, device=device).view(1, 1, -1),
     )
 
 
-def _gather(kv_cache: torch.Tensor, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Keys and values at (B, L) slots -> two (B, Hkv, L, D) tensors."""
-    num_kv_heads, head_dim = kv_cache.shape[-2:]
-    flat = kv_cache.view(2, -1, num_kv_heads * head_dim)
-    index = slots.reshape(-1)
-    shape = (*slots.shape, num_kv_heads, head_dim)
-    k = flat[0].index_select(0, index).view(shape).transpose(1, 2)
-    v = flat[1].index_select(0, index).view(shape).transpose(1, 2)
-    return k, v
+def _gather_blocks(kv_cache: torch.Tensor, block_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Whole blocks of (B, nb) tables -> keys and values as two (B, Hkv, nb * block_size, D) tensors."""
+    B, nb = block_ids.shape
+    _, _, block_size, num_kv_heads, head_dim = kv_cache.shape
+    ids = block_ids.reshape(-1)
+    k = kv_cache[0].index_select(0, ids).view(B, nb * block_size, num_kv_heads, head_dim)
+    v = kv_cache[1].index_select(0, ids).view(B, nb * block_size, num_kv_heads, head_dim)
+    return k.transpose(1, 2), v.transpose(1, 2)
 
 
 def _attend(q, k, v, mask, scale: float, soft_cap: float | None) -> torch.Tensor:

@@ -13,6 +13,7 @@ from typing import Any, Optional
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from minivllm.config.bench import BenchConfig
 from minivllm.config.model_source import load_hf_config
 from minivllm.config.schema import (
     AttentionConfig,
@@ -90,8 +91,8 @@ class VllmConfig:
     """A text file (one prompt a line) or JSONL ({"prompt": ...}) that replaces ``prompts``."""
     sampling: dict[str, Any] = field(default_factory=lambda: {"temperature": 0.0, "max_tokens": 48})
     """SamplingParams fields for task=generate (e.g. sampling.temperature=0.8)."""
-    bench: dict[str, Any] = field(default_factory=dict)
-    """Workload and baseline of task=bench."""
+    bench: BenchConfig = field(default_factory=BenchConfig)
+    """Workload and baseline of task=bench (options in conf/bench/)."""
     serve: ServeConfig = field(default_factory=ServeConfig)
     """HTTP server of task=serve."""
 

@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from minivllm.config.store import register_configs
@@ -67,8 +68,19 @@ def _verbose() -> bool:
         return False
 
 
+def _multirun() -> bool:
+    try:
+        return HydraConfig.get().mode == RunMode.MULTIRUN
+    except ValueError:
+        return False
+
+
 @hydra.main(config_path="pkg://minivllm.conf", config_name="config", version_base="1.3")
 def _hydra_main(cfg: DictConfig) -> Any:
+    if _multirun():  # a failing job is recorded in its metrics.json; the sweep goes on
+        from minivllm.bench.sweep_callback import run_sweep_job
+
+        return run_sweep_job(run, cfg, output_dir())
     try:
         return run(cfg)
     except (ValueError, FileNotFoundError) as err:

@@ -1,0 +1,1 @@
+"""task=bench: offline throughput, the transformers baseline, the roofline and sweep summaries."""

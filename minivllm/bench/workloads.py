@@ -1,0 +1,108 @@
+"""Benchmark workloads: a list of requests (prompt token ids + output length).
+
+Every request generates exactly ``max_tokens`` tokens (EOS is ignored), so the
+work is fixed by the workload and identical for minivllm and the baseline.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from minivllm.config.bench import BenchConfig
+
+
+@dataclass(frozen=True, slots=True)
+class BenchRequest:
+    prompt_token_ids: list[int]
+    max_tokens: int
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + self.max_tokens
+
+
+def build_workload(
+    cfg: BenchConfig, vocab_size: int, max_model_len: int, encode: Callable[[str], list[int]] | None = None
+) -> list[BenchRequest]:
+    """The requests of ``cfg.workload``; ``encode`` tokenizes text prompts (jsonl)."""
+    rng = np.random.default_rng(cfg.seed)
+    if cfg.workload == "random":
+        requests = random_requests(cfg, vocab_size, rng)
+    elif cfg.workload == "shared_prefix":
+        requests = shared_prefix_requests(cfg, vocab_size, rng)
+    else:
+        requests = jsonl_requests(cfg, encode, rng)
+    check_fits(requests, max_model_len)
+    return requests
+
+
+def _output_lens(cfg: BenchConfig, n: int, rng: np.random.Generator) -> list[int]:
+    return rng.integers(cfg.min_output_len, cfg.max_output_len + 1, size=n).tolist()
+
+
+def _random_ids(n: int, vocab_size: int, rng: np.random.Generator) -> list[int]:
+    return rng.integers(0, vocab_size, size=n).tolist()
+
+
+def random_requests(cfg: BenchConfig, vocab_size: int, rng: np.random.Generator) -> list[BenchRequest]:
+    input_lens = rng.integers(cfg.min_input_len, cfg.max_input_len + 1, size=cfg.num_prompts).tolist()
+    outputs = _output_lens(cfg, cfg.num_prompts, rng)
+    return [BenchRequest(_random_ids(n, vocab_size, rng), m) for n, m in zip(input_lens, outputs)]
+
+
+def shared_prefix_requests(cfg: BenchConfig, vocab_size: int, rng: np.random.Generator) -> list[BenchRequest]:
+    prefixes = [_random_ids(cfg.prefix_len, vocab_size, rng) for _ in range(cfg.num_prefixes)]
+    suffix_lens = rng.integers(cfg.min_input_len, cfg.max_input_len + 1, size=cfg.num_prompts).tolist()
+    outputs = _output_lens(cfg, cfg.num_prompts, rng)
+    return [
+        BenchRequest(prefixes[i % cfg.num_prefixes] + _random_ids(n, vocab_size, rng), m)
+        for i, (n, m) in enumerate(zip(suffix_lens, outputs))
+    ]
+
+
+def jsonl_requests(
+    cfg: BenchConfig, encode: Callable[[str], list[int]] | None, rng: np.random.Generator
+) -> list[BenchRequest]:
+    path = Path(cfg.prompts_file or "").expanduser()
+    if not path.is_file():
+        raise ValueError(f"bench.prompts_file={cfg.prompts_file!r}: no such file")
+    lines = [line for line in path.read_text().splitlines() if line.strip()][: cfg.num_prompts]
+    if not lines:
+        raise ValueError(f"bench.prompts_file={cfg.prompts_file!r}: holds no prompts")
+    outputs = _output_lens(cfg, len(lines), rng)
+    requests = []
+    for number, (line, default_len) in enumerate(zip(lines, outputs), start=1):
+        record = _parse_line(line, path, number)
+        if "prompt_token_ids" in record:
+            ids = [int(t) for t in record["prompt_token_ids"]]
+        elif encode is None:
+            raise ValueError(f"{path}:{number}: a text prompt needs a tokenizer")
+        else:
+            ids = encode(str(record["prompt"]))
+        requests.append(BenchRequest(ids, int(record.get("max_tokens", default_len))))
+    return requests
+
+
+def _parse_line(line: str, path: Path, number: int) -> dict:
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"bench.prompts_file: {path}:{number} is not JSON ({err.msg})") from None
+    if not isinstance(record, dict) or not ({"prompt", "prompt_token_ids"} & record.keys()):
+        raise ValueError(f"bench.prompts_file: {path}:{number} needs a 'prompt' or 'prompt_token_ids' key")
+    return record
+
+
+def check_fits(requests: list[BenchRequest], max_model_len: int) -> None:
+    for i, r in enumerate(requests):
+        if not r.prompt_token_ids or r.max_tokens < 1:
+            raise ValueError(f"bench workload: request {i} has an empty prompt or max_tokens < 1")
+        if r.num_tokens > max_model_len:
+            raise ValueError(
+                f"bench workload: request {i} needs {len(r.prompt_token_ids)} prompt + {r.max_tokens} output tokens, "
+                f"more than max_model_len={max_model_len}; lower bench.max_input_len / bench.max_output_len"
+            )

@@ -1,0 +1,126 @@
+"""task=bench end to end on a tiny checkpoint: metrics.json, preemptions, the transformers baseline."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from minivllm.bench.hf_baseline import generate_batch, shared_checkpoint
+from minivllm.bench.workloads import build_workload
+from minivllm.config.store import build_config, compose
+from minivllm.entrypoints.cli import run
+from minivllm.entrypoints.llm import LLM
+
+SMALL = [
+    "task=bench",
+    "bench.num_prompts=5",
+    "bench.min_input_len=4",
+    "bench.max_input_len=20",
+    "bench.min_output_len=3",
+    "bench.max_output_len=9",
+    "bench.single_input_len=8",
+    "bench.single_output_len=6",
+    "bench.progress=false",
+    "cache.block_size=8",
+]
+
+
+def _overrides(ckpt, *extra):
+    return [f"model.path={ckpt}", *SMALL, *extra]
+
+
+def test_bench_presets_compose():
+    nano = build_config(["model=opt-125m", "load.format=dummy", "task=bench", "bench=nanovllm"]).bench
+    assert (nano.num_prompts, nano.min_input_len, nano.max_input_len) == (256, 100, 1024)
+    assert (nano.min_output_len, nano.max_output_len, nano.workload) == (100, 1024, "random")
+    shared = compose(["bench=shared_prefix"]).bench
+    assert shared.workload == "shared_prefix" and shared.num_prefixes == 4
+    with pytest.raises(ValueError, match="bench.baseline='tgi'"):
+        build_config(["model=opt-125m", "load.format=dummy", "bench.baseline=tgi"])
+
+
+def test_bench_writes_complete_metrics(opt_dir, tmp_path):
+    cfg = compose(_overrides(opt_dir, "cache.num_gpu_blocks_override=64"))
+    returned = run(cfg, tmp_path)
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert metrics == json.loads(json.dumps(returned))
+    vcfg = build_config(_overrides(opt_dir))
+    expected = build_workload(vcfg.bench, vcfg.hf_config.vocab_size, vcfg.max_model_len)
+    assert metrics["status"] == "ok"
+    assert metrics["num_requests"] == 5
+    assert metrics["input_tokens"] == sum(len(r.prompt_token_ids) for r in expected)
+    assert metrics["output_tokens"] == metrics["requested_output_tokens"] == sum(r.max_tokens for r in expected)
+    seconds = metrics["total_time_s"]
+    assert seconds > 0 and metrics["cpu_time_s"] > 0
+    assert metrics["output_tokens_per_s"] == pytest.approx(metrics["output_tokens"] / seconds)
+    assert metrics["input_tokens_per_s"] == pytest.approx(metrics["input_tokens"] / seconds)
+    assert metrics["requests_per_s"] == pytest.approx(5 / seconds)
+    assert (metrics["num_kv_blocks"], metrics["block_size"], metrics["num_preemptions"]) == (64, 8, 0)
+    assert 0 < metrics["peak_memory_gib"] < 64
+    engine = metrics["engine"]
+    assert engine["step_time_s"] <= seconds
+    assert 0 <= engine["model_time_s"] <= engine["step_time_s"]
+    assert engine["overhead_s"] == pytest.approx(engine["step_time_s"] - engine["model_time_s"])
+    single = metrics["single_request"]
+    assert (single["input_len"], single["output_len"]) == (8, 6)
+    assert single["decode_tokens_per_s"] > 0 and single["overhead_ms_per_step"] >= 0
+    roof = metrics["roofline"]
+    assert roof["copy_bandwidth_gb_s"] > 0 and roof["kv_bytes_per_token"] == 2 * 2 * 64 * 4  # 2 layers, K+V, fp32
+    assert 0 < roof["achieved_fraction"] < 1
+    assert "baseline" not in metrics
+
+
+def test_bench_counts_preemptions_and_still_generates_every_token(opt_dir, tmp_path):
+    # 6 blocks of 8 tokens cannot hold five requests of up to 36 tokens at once
+    small_cache = ["cache.num_gpu_blocks_override=6", "bench.min_output_len=9", "bench.max_output_len=16"]
+    metrics = run(compose(_overrides(opt_dir, *small_cache, "bench.single_request=false")), tmp_path)
+    assert metrics["num_preemptions"] > 0
+    assert metrics["output_tokens"] == metrics["requested_output_tokens"]
+
+
+def test_hf_baseline_runs_the_same_requests(opt_dir, tmp_path):
+    metrics = run(compose(_overrides(opt_dir, "cache.num_gpu_blocks_override=64", "bench.baseline=hf", "bench.hf_batch_size=2")), tmp_path)
+    base = metrics["baseline"]
+    assert base["name"] == "transformers" and base["batch_size"] == 2
+    assert base["output_tokens"] == metrics["requested_output_tokens"]
+    # 3 static batches of 2, 2 and 1 requests, each padded to its longest max_tokens
+    assert base["generated_tokens_incl_padding"] >= base["output_tokens"]
+    assert base["output_tokens_per_s"] == pytest.approx(base["output_tokens"] / base["total_time_s"])
+    assert metrics["speedup_output_tokens_per_s"] == pytest.approx(metrics["output_tokens_per_s"] / base["output_tokens_per_s"])
+    assert metrics["speedup_cpu_time"] == pytest.approx(base["cpu_time_s"] / metrics["cpu_time_s"])
+    single = metrics["single_request"]
+    assert single["hf_decode_tokens_per_s"] > 0
+    assert single["decode_speedup"] == pytest.approx(single["decode_tokens_per_s"] / single["hf_decode_tokens_per_s"])
+
+
+def test_left_padded_batch_generates_what_each_prompt_generates_alone(opt_dir):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(opt_dir), dtype=torch.float32).eval()
+    long, short = list(range(5, 25)), list(range(30, 36))
+    both = generate_batch(model, [long, short], 7, temperature=0.0)
+    assert both.shape == (2, 7)
+    assert torch.equal(both[1], generate_batch(model, [short], 7, temperature=0.0)[0])
+    assert torch.equal(both[0], generate_batch(model, [long], 7, temperature=0.0)[0])
+
+
+def test_dummy_weights_are_shared_with_transformers(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    shape = dict(num_hidden_layers=1, hidden_size=32, ffn_dim=64, num_attention_heads=2, word_embed_proj_dim=32, vocab_size=300)
+    overrides = ["model=opt-125m", "load.format=dummy", "cache.num_gpu_blocks_override=8"]
+    overrides += [f"model.hf_config.{k}={v}" for k, v in shape.items()]
+    cfg = shared_checkpoint(build_config(overrides), tmp_path)
+    assert cfg.load.format == "auto" and cfg.checkpoint_dir == tmp_path and cfg.dtype == torch.float32
+    hf = AutoModelForCausalLM.from_pretrained(str(tmp_path), dtype=torch.float32)
+    llm = LLM.from_config(cfg)
+    try:
+        ours = llm.llm_engine.core.executor.worker.model_runner.model
+        decoder = ours.model.decoder
+        assert torch.equal(decoder.embed_tokens.weight, hf.model.decoder.embed_tokens.weight)
+        assert torch.equal(decoder.layers[0].fc1.weight, hf.model.decoder.layers[0].fc1.weight)
+        hf_qkv = [getattr(hf.model.decoder.layers[0].self_attn, f"{n}_proj").weight for n in "qkv"]
+        assert torch.equal(decoder.layers[0].self_attn.qkv_proj.weight, torch.cat(hf_qkv))
+    finally:
+        llm.shutdown()

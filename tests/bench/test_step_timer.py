@@ -1,0 +1,45 @@
+"""StepTimer: per-step records read from the model's own attention metadata."""
+from __future__ import annotations
+
+import torch
+
+from minivllm.bench.roofline import kv_bytes_per_token, roofline, weight_bytes
+from minivllm.bench.step_timer import StepTimer
+from minivllm.entrypoints.llm import LLM
+from minivllm.sampling_params import SamplingParams
+
+
+def test_records_every_step_of_one_request(opt_dir):
+    llm = LLM(model=str(opt_dir), dtype="float32", block_size=8, num_gpu_blocks_override=32)
+    try:
+        runner = llm.llm_engine.core.executor.worker.model_runner
+        timer = StepTimer(llm.llm_engine.core.executor, runner, torch.device("cpu")).attach()
+        engine = llm.llm_engine
+        engine.add_request(None, list(range(3, 13)), SamplingParams(temperature=0, max_tokens=5, ignore_eos=True))
+        while engine.has_unfinished_requests():
+            timer.run_step(engine.step)
+        # the prefill samples token 1; tokens 2..5 each need one decode step over a context one longer
+        assert [(s.num_tokens, s.kv_tokens, s.decode_only) for s in timer.steps] == [
+            (10, 10, False), (1, 11, True), (1, 12, True), (1, 13, True), (1, 14, True)
+        ]
+        assert all(0 < s.model_s < s.wall_s for s in timer.steps)
+        decode = timer.summary(decode_only=True)
+        assert decode["num_steps"] == 4
+        assert decode["overhead_s"] == decode["step_time_s"] - decode["model_time_s"]
+        timer.detach()
+        assert "compute_logits" not in vars(runner.model)  # the class methods are back
+        assert "execute_model" not in vars(llm.llm_engine.core.executor)
+        roof = roofline(timer.steps, runner, torch.device("cpu"), measured_s=1.0)
+        per_token = 2 * 2 * 64 * 4  # layers x (K, V) x hidden x fp32 bytes
+        assert kv_bytes_per_token(runner.kv_caches) == per_token
+        assert roof["bytes_moved"] == 5 * weight_bytes(runner.model) + (10 + 11 + 12 + 13 + 14) * per_token
+    finally:
+        llm.shutdown()
+
+
+def test_weight_bytes_counts_tied_weights_once():
+    emb = torch.nn.Embedding(10, 4)
+    head = torch.nn.Linear(4, 10, bias=False)
+    head.weight = emb.weight
+    model = torch.nn.ModuleDict({"emb": emb, "head": head, "extra": torch.nn.Linear(4, 4, bias=False)})
+    assert weight_bytes(model) == (10 * 4 + 4 * 4) * 4
