@@ -59,7 +59,7 @@ def install_timers(worker: Any) -> None:
 
     rows: list[dict[str, float]] = []
     worker.__dict__["bench_rows"] = rows
-    comm = {"s": 0.0}
+    comm = {"s": 0.0, "calls": 0}
     for name in ("all_reduce", "all_gather"):
         original = getattr(dist, name)
 
@@ -69,16 +69,17 @@ def install_timers(worker: Any) -> None:
                 return _original(*args, **kwargs)
             finally:
                 comm["s"] += time.perf_counter() - start
+                comm["calls"] += 1
 
         setattr(dist, name, timed)
     step = worker.execute_model
 
     def timed_step(sched):
-        comm["s"] = 0.0
+        comm["s"], comm["calls"] = 0.0, 0
         start = time.perf_counter()
         out = step(sched)
         rows.append({"tokens": sched.total_num_scheduled_tokens, "worker": time.perf_counter() - start,
-                     "comm": comm["s"]})  # fmt: skip
+                     "comm": comm["s"], "calls": comm["calls"]})  # fmt: skip
         return out
 
     worker.execute_model = timed_step
@@ -90,6 +91,21 @@ def set_threads(worker: Any, n: int) -> None:
 
 def get_threads(worker: Any) -> int:
     return torch.get_num_threads()
+
+
+def all_reduce_latency(worker: Any, rows: int, hidden: int, iters: int = 200) -> dict[str, float]:
+    """Seconds per all-reduce of a (rows, hidden) fp32 tensor, after a barrier: the
+    fastest call is the transfer alone, the median adds waiting for the other rank."""
+    import torch.distributed as dist
+
+    x = torch.ones(rows, hidden)
+    dist.barrier()
+    times = []
+    for _ in range(iters):
+        start = time.perf_counter()
+        dist.all_reduce(x)
+        times.append(time.perf_counter() - start)
+    return {"min": min(times), "median": statistics.median(times)}
 
 
 def take_rows(worker: Any) -> list[dict[str, float]]:
@@ -136,8 +152,14 @@ def measure(args: argparse.Namespace, backend: str, tp: int, threads: int | None
                    for i in range(args.batch)]  # fmt: skip
         llm.generate(prompts, params, use_tqdm=False)
     rank0 = executor.collective_rpc(take_rows)[0]
+    extra: dict[str, Any] = {"threads": threads}
+    if tp > 1:
+        hidden = llm.cfg.hf_config.hidden_size
+        for rows in (args.batch, args.batch * args.prompt_len):
+            lat = executor.collective_rpc(all_reduce_latency, (rows, hidden))[0]
+            extra[f"all_reduce_{rows}x{hidden}_ms"] = {k: v * 1e3 for k, v in lat.items()}
     llm.shutdown()
-    return summarize(driver_rows, rank0, args.batch) | {"threads": threads}
+    return summarize(driver_rows, rank0, args.batch) | extra
 
 
 def summarize(driver: list[float], rank0: list[dict[str, float]], batch: int) -> dict[str, Any]:
@@ -146,10 +168,11 @@ def summarize(driver: list[float], rank0: list[dict[str, float]], batch: int) ->
     for step_s, row in zip(driver, rank0):
         phase = "decode" if row["tokens"] == batch else "prefill" if row["tokens"] > batch else "other"
         for key, value in (("step", step_s), ("worker", row["worker"]), ("comm", row["comm"]),
-                           ("ipc", step_s - row["worker"])):  # fmt: skip
+                           ("ipc", step_s - row["worker"]), ("calls", row["calls"])):  # fmt: skip
             phases[phase][key].append(value)
     return {
-        phase: {key: statistics.median(values) * 1e3 for key, values in cols.items()} | {"steps": len(cols["step"])}
+        phase: {key: statistics.median(values) * (1 if key == "calls" else 1e3) for key, values in cols.items()}
+        | {"steps": len(cols["step"])}
         for phase, cols in phases.items()
         if phase != "other"
     }
@@ -164,14 +187,15 @@ def main() -> None:
         backend, tp, *threads = spec.split(":")
         results.append((backend, int(tp), measure(args, backend, int(tp), int(threads[0]) if threads else None)))
         print(spec, json.dumps(results[-1][2]), f"load average={os.getloadavg()[0]:.1f}", flush=True)
-    print("\n| backend | tp | threads/rank | phase | steps | step (ms) | rank-0 worker (ms) | comm (ms) | comm share "
-          "| ipc (ms) |")  # fmt: skip
-    print("| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("\n| backend | tp | threads/rank | phase | steps | step (ms) | rank-0 worker (ms) | collectives/step "
+          "| comm (ms) | comm share | ipc (ms) |")  # fmt: skip
+    print("| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for backend, tp, phases in results:
         for phase in ("prefill", "decode"):
             r = phases[phase]
             print(f"| {backend} | {tp} | {phases['threads']} | {phase} | {r['steps']} | {r['step']:.1f} | "
-                  f"{r['worker']:.1f} | {r['comm']:.1f} | {r['comm'] / r['step']:.0%} | {r['ipc']:.1f} |")  # fmt: skip
+                  f"{r['worker']:.1f} | {r['calls']:.0f} | {r['comm']:.1f} | {r['comm'] / r['step']:.0%} | "
+                  f"{r['ipc']:.1f} |")  # fmt: skip
 
 
 if __name__ == "__main__":
