@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import gc
 import os
+import weakref
 
 import pytest
 import torch
@@ -28,10 +29,11 @@ def no_leftover_children():
 
 @pytest.fixture(scope="module")
 def opt_tp2(opt_dir):
+    """Tests get a weak proxy, so the fixture holds the only reference: dropping it at
+    teardown, with no shutdown() call, must stop the workers (no_leftover_children checks)."""
     llm = LLM(model=str(opt_dir), tensor_parallel_size=2, **h.LLM_KWARGS)
-    yield llm
-    del llm  # no shutdown(): dropping the LLM must stop its workers (checked by no_leftover_children)
-    gc.collect()
+    yield weakref.proxy(llm)
+    del llm
 
 
 @pytest.fixture(scope="module")
