@@ -98,7 +98,7 @@ class MultiprocExecutor(Executor):
         if not self._procs:
             raise RuntimeError(f"the executor is shut down; cannot run {what}")
         self._seq += 1
-        payload = pickle.dumps((self._seq, method, args, kwargs))
+        payload = pickle.dumps((self._seq, pickle.dumps((method, args, kwargs))))
         for rank, conn in enumerate(self._conns):
             try:
                 conn.send_bytes(payload)

@@ -1,11 +1,12 @@
 """The loop a spawned worker process runs, and the messages it exchanges with the driver.
 
-One duplex pipe per rank. The driver sends a pickled ``(seq, method, args,
-kwargs)`` (the same bytes to every rank); the worker runs it and answers with a
-``Reply`` carrying the same ``seq``, so the driver can drop replies to a call it
-stopped waiting for (Ctrl-C). The first reply (``seq`` 0), sent before any
-request, says whether the Worker could be built. A ``None`` method asks the
-worker to shut down.
+One duplex pipe per rank. The driver sends the same bytes to every rank: a
+pickled ``(seq, call)``, where ``call`` is the pickled ``(method, args, kwargs)``
+(pickled apart, so that a call the worker cannot unpickle still gets a reply).
+The worker runs it and answers with a ``Reply`` carrying the same ``seq``, so
+the driver can drop replies to a call it stopped waiting for (Ctrl-C). The
+first reply (``seq`` 0), sent before any request, says whether the Worker could
+be built. A ``None`` call asks the worker to shut down.
 
 A worker ignores SIGINT: Ctrl-C reaches the whole process group, and it is the
 driver's to handle (it then stops the workers). A worker whose driver has gone
@@ -29,7 +30,7 @@ from minivllm.config.vllm_config import VllmConfig
 from minivllm.executor.base import run_method
 from minivllm.utils import build
 
-SHUTDOWN = pickle.dumps((-1, None, (), None))
+SHUTDOWN = pickle.dumps((-1, None))
 
 
 @dataclass
@@ -80,12 +81,13 @@ def _exit_now(code: int) -> None:
 def _serve(worker: Any, conn: Connection) -> None:
     while True:
         try:
-            seq, method, args, kwargs = pickle.loads(conn.recv_bytes())
+            seq, call = pickle.loads(conn.recv_bytes())
         except (EOFError, OSError):  # the driver closed the pipe or died
             return
-        if method is None:
+        if call is None:
             return
         try:
+            method, args, kwargs = pickle.loads(call)
             reply = Reply(seq, True, run_method(worker, method, args, kwargs))
         except BaseException as err:
             reply = error_reply(seq, err)
