@@ -6,10 +6,20 @@ Every call fans out to all workers through ``collective_rpc``; only rank 0's
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any
+from functools import partial
+from typing import Any, Callable
 
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.core.scheduler_output import ModelRunnerOutput, SchedulerOutput
+
+
+class WorkerFailedError(RuntimeError):
+    """A worker died or raised; the executor is unusable afterwards (its other
+    ranks may be stuck in a collective waiting for the one that failed)."""
+
+    def __init__(self, rank: int, cause: str, during: str) -> None:
+        super().__init__(f"worker rank {rank} {cause} (during {during}); the engine cannot continue")
+        self.rank, self.cause = rank, cause
 
 
 class Executor(ABC):
@@ -17,8 +27,12 @@ class Executor(ABC):
         self.cfg = cfg
 
     @abstractmethod
-    def collective_rpc(self, method: str, args: tuple = (), kwargs: dict | None = None) -> list[Any]:
-        """Call ``method`` on every worker; results in rank order."""
+    def collective_rpc(self, method: str | Callable, args: tuple = (), kwargs: dict | None = None) -> list[Any]:
+        """Call ``method`` on every worker; results in rank order.
+
+        ``method`` is a Worker method name, or a (picklable) function called as
+        ``method(worker, *args, **kwargs)`` in each worker's process.
+        """
 
     def determine_num_available_blocks(self) -> int:
         return min(self.collective_rpc("determine_num_available_blocks"))
@@ -31,3 +45,9 @@ class Executor(ABC):
 
     def shutdown(self) -> None:
         """Release workers and processes; safe to call more than once."""
+
+
+def run_method(worker: Any, method: str | Callable, args: tuple, kwargs: dict | None) -> Any:
+    """What a worker does with one ``collective_rpc`` call."""
+    fn = getattr(worker, method) if isinstance(method, str) else partial(method, worker)
+    return fn(*args, **(kwargs or {}))

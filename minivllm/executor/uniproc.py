@@ -1,10 +1,10 @@
 """One worker in the engine's own process (tp=1)."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from minivllm.config.vllm_config import VllmConfig
-from minivllm.executor.base import Executor
+from minivllm.executor.base import Executor, run_method
 from minivllm.utils import build
 
 
@@ -15,8 +15,8 @@ class UniProcExecutor(Executor):
         self.worker.init_device()
         self.worker.load_model()
 
-    def collective_rpc(self, method: str, args: tuple = (), kwargs: dict | None = None) -> list[Any]:
-        return [getattr(self.worker, method)(*args, **(kwargs or {}))]
+    def collective_rpc(self, method: str | Callable, args: tuple = (), kwargs: dict | None = None) -> list[Any]:
+        return [run_method(self.worker, method, args, kwargs)]
 
     def shutdown(self) -> None:
         if self.worker is not None:

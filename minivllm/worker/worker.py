@@ -75,6 +75,7 @@ class Worker:
             _, total = torch.cuda.mem_get_info(self.device)
             return float(total), float(torch.cuda.max_memory_allocated(self.device))
         weights = sum(p.numel() * p.element_size() for p in self.model_runner.model.parameters())
+        _reset_peak_rss()
         before = _rss_bytes()
         self.model_runner.profile_run()
         activations = max(0.0, _peak_rss_bytes() - before)
@@ -99,4 +100,21 @@ def _rss_bytes() -> float:
 
 
 def _peak_rss_bytes() -> float:
+    """This process's peak resident set (VmHWM). Not ``ru_maxrss``: Linux carries that
+    over from the parent through fork and exec, so a spawned tp worker would report
+    its driver's peak as its own."""
+    with open(f"/proc/{os.getpid()}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024.0
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024.0
+
+
+def _reset_peak_rss() -> None:
+    """Restart the peak at the current RSS (Linux >= 4.0), so that a profile sees its
+    own peak, not one left by earlier work in the process (loading, a freed model)."""
+    try:
+        with open(f"/proc/{os.getpid()}/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass

@@ -1,0 +1,196 @@
+"""One worker process per tensor-parallel rank on this machine (``parallel.backend=mp``).
+
+::
+
+    driver (engine process)                        worker processes (spawned)
+    collective_rpc(method, args) --pickled--+--> rank 0: Worker --+
+                                            +--> rank 1: Worker --+ gloo (CPU) / NCCL (CUDA):
+    results[0] <-------- Reply ------------------ rank 0          | all-reduce, all-gather
+                                                                  +
+The driver waits on every rank's pipe *and* process sentinel at once, so a
+rank that dies (or raises) is noticed at once even while the others are
+blocked in a collective that will never complete; the executor then stops all
+ranks and raises ``WorkerFailedError`` naming the rank and the cause.
+
+Workers are stopped when the executor is shut down, garbage-collected, or the
+interpreter exits (``weakref.finalize``), and exit on their own if the driver
+is killed outright.
+"""
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import os
+import pickle
+import signal
+import time
+import weakref
+from multiprocessing.connection import Connection, wait
+from multiprocessing.process import BaseProcess
+from typing import Any, Callable
+
+from minivllm.config.vllm_config import VllmConfig
+from minivllm.distributed.utils import LOCALHOST, get_open_port, retry_on_address_in_use, threads_per_rank
+from minivllm.executor.base import Executor, WorkerFailedError
+from minivllm.executor.worker_proc import SHUTDOWN, Reply, worker_main
+
+logger = logging.getLogger(__name__)
+START_UP = "start-up"
+MAIN_GUARD_HINT = (
+    "; workers are spawned and import the main module again, so a script that creates an LLM with "
+    "parallel.tp > 1 must do it under `if __name__ == '__main__':`"
+)
+
+
+class MultiprocExecutor(Executor):
+    shutdown_grace_s = 5.0
+    """How long a clean shutdown waits for workers to exit before terminating them."""
+    failure_grace_s = 1.0
+    """After a rank raises, how long to watch for another rank's death (the likelier cause)."""
+
+    def __init__(self, cfg: VllmConfig) -> None:
+        super().__init__(cfg)
+        self.world_size = cfg.world_size
+        self.num_threads = threads_per_rank(self.world_size)
+        self._procs: list[BaseProcess] = []
+        self._conns: list[Connection] = []
+        self._failure: str | None = None
+        self._seq = 0
+        self._finalizer = weakref.finalize(self, _stop_workers, self._procs, self._conns, 0.0)
+        try:
+            retry_on_address_in_use(self._start_workers, self._kill_workers, "MultiprocExecutor")
+            self.collective_rpc("load_model")
+        except BaseException:
+            self._kill_workers()
+            raise
+
+    @property
+    def worker_pids(self) -> list[int]:
+        return [p.pid for p in self._procs]
+
+    # ---- start ------------------------------------------------------------------------
+    def _start_workers(self) -> None:
+        self._failure, self._seq = None, 0
+        init_method = f"tcp://{LOCALHOST}:{get_open_port()}"
+        ctx = mp.get_context("spawn")
+        for rank in range(self.world_size):
+            parent_end, child_end = ctx.Pipe(duplex=True)
+            proc = ctx.Process(
+                target=worker_main,
+                args=(self.cfg, rank, init_method, self.num_threads, child_end, os.getpid()),
+                name=f"minivllm-tp{rank}",
+                daemon=True,
+            )
+            proc.start()
+            child_end.close()
+            self._procs.append(proc)
+            self._conns.append(parent_end)
+        logger.info("started %d worker processes (%d threads each), rendezvous %s", self.world_size,
+                    self.num_threads, init_method)
+        self._gather(START_UP)
+        self.collective_rpc("init_device")
+
+    # ---- calls ------------------------------------------------------------------------
+    def collective_rpc(self, method: str | Callable, args: tuple = (), kwargs: dict | None = None) -> list[Any]:
+        what = method if isinstance(method, str) else getattr(method, "__name__", repr(method))
+        if self._failure is not None:
+            raise RuntimeError(f"the executor has failed and cannot run {what}: {self._failure}")
+        if not self._procs:
+            raise RuntimeError(f"the executor is shut down; cannot run {what}")
+        self._seq += 1
+        payload = pickle.dumps((self._seq, pickle.dumps((method, args, kwargs))))
+        for rank, conn in enumerate(self._conns):
+            try:
+                conn.send_bytes(payload)
+            except OSError:
+                self._fail(rank, self._death_cause(rank, what), what)
+        return self._gather(what)
+
+    def _gather(self, what: str) -> list[Any]:
+        """Each rank's reply, in rank order; a rank's failure raises.
+
+        A rank that raised is blamed only after ``failure_grace_s`` without
+        another rank dying: when one rank is killed, its peers' collectives
+        fail too ("connection reset"), and the dead rank is the cause to report.
+        """
+        results: list[Any] = [None] * self.world_size
+        pending = {conn: rank for rank, conn in enumerate(self._conns)}
+        sentinels = {proc.sentinel: rank for rank, proc in enumerate(self._procs)}
+        raised: tuple[int, str] | None = None
+        deadline: float | None = None
+        while pending:
+            ready = wait([*pending, *sentinels], None if deadline is None else max(0.0, deadline - time.monotonic()))
+            if not ready:  # grace over, nobody died
+                break
+            for conn in [c for c in ready if c in pending]:  # replies before deaths
+                rank = pending.pop(conn)
+                try:
+                    reply: Reply = conn.recv()
+                except (EOFError, OSError):
+                    self._fail(rank, self._death_cause(rank, what), what)
+                if reply.seq != self._seq:  # answer to a call abandoned by Ctrl-C
+                    pending[conn] = rank
+                elif not reply.ok:
+                    logger.error("worker rank %d failed in %s:\n%s", rank, what, reply.traceback)
+                    if raised is None:
+                        raised, deadline = (rank, f"raised {reply.value}"), time.monotonic() + self.failure_grace_s
+                else:
+                    results[rank] = reply.value
+            for sentinel in [s for s in ready if s in sentinels]:
+                rank = sentinels.pop(sentinel)
+                if rank in pending.values():
+                    self._fail(rank, self._death_cause(rank, what), what)
+        if raised is not None:
+            self._fail(*raised, what)
+        return results
+
+    def _death_cause(self, rank: int, what: str) -> str:
+        proc = self._procs[rank]
+        proc.join(timeout=1.0)
+        code = proc.exitcode
+        if code is None:
+            return "closed its pipe"
+        if code < 0:
+            return f"died: killed by {signal.Signals(-code).name} (exit code {code})"
+        return f"died with exit code {code}" + (MAIN_GUARD_HINT if what == START_UP else "")
+
+    def _fail(self, rank: int, cause: str, what: str) -> None:
+        err = WorkerFailedError(rank, cause, what)
+        self._failure = str(err)
+        self._kill_workers()
+        raise err
+
+    # ---- stop -------------------------------------------------------------------------
+    def _kill_workers(self) -> None:
+        _stop_workers(self._procs, self._conns, 0.0)
+
+    def shutdown(self) -> None:
+        _stop_workers(self._procs, self._conns, self.shutdown_grace_s)
+
+
+def _stop_workers(procs: list[BaseProcess], conns: list[Connection], grace_s: float) -> None:
+    """Ask the workers to exit, terminate those still running after ``grace_s``,
+    kill those that ignore that; idempotent. (A module function, so the
+    finalizer holds no reference to the executor.)"""
+    if grace_s > 0:
+        for conn, proc in zip(conns, procs):
+            if proc.is_alive():
+                try:
+                    conn.send_bytes(SHUTDOWN)
+                except OSError:
+                    pass
+        deadline = time.monotonic() + grace_s
+        for proc in procs:
+            proc.join(max(0.0, deadline - time.monotonic()))
+    for proc in procs:
+        if proc.is_alive():
+            proc.terminate()
+    for proc in procs:
+        proc.join(2.0)
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+    for conn in conns:
+        conn.close()
+    procs.clear()
+    conns.clear()

@@ -1,0 +1,233 @@
+"""Tensor-parallel workers as Ray actors (``parallel.backend=ray``), so ranks can sit on several machines.
+
+Ray is an optional extra (``pip install 'minivllm[ray]'``). The executor joins
+the Ray instance already running in the process, else the cluster named by
+``RAY_ADDRESS``, else starts a local one. It reserves one bundle per rank in a
+placement group (``{"GPU": 1}`` on CUDA, ``{"CPU": 1}`` on the CPU; packed onto
+as few nodes as possible), builds one ``Worker`` per actor, and rendezvous at
+rank 0's node. A call reaches all actors at once; as in ``MultiprocExecutor``,
+the first rank to die or raise stops every actor and raises
+``WorkerFailedError`` naming it.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import weakref
+from collections import Counter
+from typing import Any, Callable
+
+from minivllm.config.vllm_config import VllmConfig
+from minivllm.distributed.utils import get_open_port, retry_on_address_in_use, threads_per_rank
+from minivllm.executor.base import Executor, WorkerFailedError, run_method
+from minivllm.utils import build
+
+logger = logging.getLogger(__name__)
+PLACEMENT_TIMEOUT_S = 120.0
+"""How long to wait for the cluster to have room for every rank."""
+
+
+def _import_ray() -> Any:
+    try:
+        import ray
+    except ImportError:
+        raise ValueError(
+            "parallel.backend=ray: Ray is not installed; pip install 'minivllm[ray]', or use parallel.backend=mp"
+        ) from None
+    return ray
+
+
+class RayWorkerWrapper:
+    """The body of one Ray actor: builds its Worker once the rendezvous address is known."""
+
+    def __init__(self, cfg: VllmConfig, rank: int) -> None:
+        self.cfg, self.rank = cfg, rank
+        self.worker: Any = None
+
+    def describe(self) -> tuple[str, int]:
+        """(node IP, process id) of this actor."""
+        import ray
+
+        return ray.util.get_node_ip_address(), os.getpid()
+
+    def open_port(self) -> int:
+        return get_open_port()
+
+    def build_worker(self, init_method: str, num_local_ranks: int) -> None:
+        self.worker = build(
+            self.cfg.parallel.worker,
+            cfg=self.cfg,
+            rank=self.rank,
+            distributed_init_method=init_method,
+            num_threads=threads_per_rank(num_local_ranks),
+        )
+
+    def execute_method(self, call: tuple[str | Callable, tuple, dict | None]) -> Any:
+        method, args, kwargs = call
+        return run_method(self.worker, method, args, kwargs)
+
+
+class RayDistributedExecutor(Executor):
+    failure_grace_s = 2.0
+    """After a rank raises, how long to watch for another rank's death (the likelier cause)."""
+
+    def __init__(self, cfg: VllmConfig) -> None:
+        super().__init__(cfg)
+        self.ray = _import_ray()
+        self.world_size = cfg.world_size
+        self._actors: list[Any] = []
+        self._pids: list[int] = []
+        self._failure: str | None = None
+        _RayInstance.acquire(self.ray)
+        try:
+            self._placement = _reserve(self.ray, self.world_size, cfg.device_type == "cuda")
+        except BaseException:
+            _RayInstance.release(self.ray)
+            raise
+        self._finalizer = weakref.finalize(self, _release, self.ray, self._actors, self._placement)
+        try:
+            retry_on_address_in_use(self._start_workers, self._kill_actors, "RayDistributedExecutor")
+            self.collective_rpc("load_model")
+        except BaseException:
+            self.shutdown()
+            raise
+
+    @property
+    def worker_pids(self) -> list[int]:
+        return list(self._pids)
+
+    def _start_workers(self) -> None:
+        ray, cuda = self.ray, self.cfg.device_type == "cuda"
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        actor_cls = ray.remote(RayWorkerWrapper)
+        self._failure = None
+        for rank in range(self.world_size):
+            strategy = PlacementGroupSchedulingStrategy(self._placement, placement_group_bundle_index=rank)
+            options = {"num_gpus": 1, "num_cpus": 0} if cuda else {"num_cpus": 1}
+            actor = actor_cls.options(scheduling_strategy=strategy, max_restarts=0, **options)
+            self._actors.append(actor.remote(self.cfg, rank))
+        nodes = self._call_each([a.describe.remote() for a in self._actors], "start-up")
+        self._pids = [pid for _, pid in nodes]
+        per_node = Counter(ip for ip, _ in nodes)
+        port = self._call_each([self._actors[0].open_port.remote()], "start-up")[0]
+        init_method = f"tcp://{nodes[0][0]}:{port}"
+        builds = [a.build_worker.remote(init_method, per_node[ip]) for a, (ip, _) in zip(self._actors, nodes)]
+        self._call_each(builds, "start-up")
+        logger.info("started %d Ray workers on %d node(s), rendezvous %s", self.world_size, len(per_node), init_method)
+        self.collective_rpc("init_device")
+
+    def collective_rpc(self, method: str | Callable, args: tuple = (), kwargs: dict | None = None) -> list[Any]:
+        what = method if isinstance(method, str) else getattr(method, "__name__", repr(method))
+        if self._failure is not None:
+            raise RuntimeError(f"the executor has failed and cannot run {what}: {self._failure}")
+        if not self._actors:
+            raise RuntimeError(f"the executor is shut down; cannot run {what}")
+        call = self.ray.put((method, args, kwargs))
+        return self._call_each([a.execute_method.remote(call) for a in self._actors], what)
+
+    def _call_each(self, refs: list[Any], what: str) -> list[Any]:
+        """Results in rank order (``refs[i]`` is rank i's); a rank's failure raises.
+        As in ``MultiprocExecutor._gather``, a rank that died is blamed before
+        one that raised (its peers' collectives fail when it dies)."""
+        ray = self.ray
+        rank_of = {ref: rank for rank, ref in enumerate(refs)}
+        results: list[Any] = [None] * len(refs)
+        pending = list(refs)
+        raised: tuple[int, str] | None = None
+        deadline: float | None = None
+        while pending:
+            timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+            ready, pending = ray.wait(pending, num_returns=1, timeout=timeout)
+            if not ready:  # grace over, nobody died
+                break
+            rank = rank_of[ready[0]]
+            try:
+                results[rank] = ray.get(ready[0])
+            except ray.exceptions.RayActorError as err:
+                self._fail(rank, f"died ({_first_line(err)})", what)
+            except ray.exceptions.RayTaskError as err:
+                cause = err.cause if err.cause is not None else err
+                logger.error("worker rank %d failed in %s:\n%s", rank, what, err)
+                if raised is None:
+                    raised = (rank, f"raised {type(cause).__name__}: {cause}")
+                    deadline = time.monotonic() + self.failure_grace_s
+        if raised is not None:
+            self._fail(*raised, what)
+        return results
+
+    def _fail(self, rank: int, cause: str, what: str) -> None:
+        err = WorkerFailedError(rank, cause, what)
+        self._failure = str(err)
+        self._kill_actors()
+        raise err
+
+    def _kill_actors(self) -> None:
+        _kill(self.ray, self._actors)
+
+    def shutdown(self) -> None:
+        self._finalizer()  # runs once
+
+
+def _reserve(ray: Any, world_size: int, cuda: bool) -> Any:
+    """A placement group with one bundle per rank, ready (or a clear error)."""
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    bundle = {"GPU": 1.0} if cuda else {"CPU": 1.0}
+    group = placement_group([dict(bundle) for _ in range(world_size)], strategy="PACK")
+    try:
+        ray.get(group.ready(), timeout=PLACEMENT_TIMEOUT_S)
+    except ray.exceptions.GetTimeoutError:
+        remove_placement_group(group)
+        raise RuntimeError(
+            f"parallel.backend=ray: the cluster has no room for {world_size} workers of {bundle} each after "
+            f"{PLACEMENT_TIMEOUT_S:.0f} s (available: {ray.available_resources()})"
+        ) from None
+    return group
+
+
+def _kill(ray: Any, actors: list[Any]) -> None:
+    for actor in actors:
+        ray.kill(actor, no_restart=True)
+    actors.clear()
+
+
+def _release(ray: Any, actors: list[Any], group: Any) -> None:
+    from ray.util.placement_group import remove_placement_group
+
+    if ray.is_initialized():  # else Ray shut down first and took its actors with it
+        _kill(ray, actors)
+        remove_placement_group(group)
+    _RayInstance.release(ray)
+
+
+def _first_line(err: BaseException) -> str:
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    return lines[0] if lines else type(err).__name__
+
+
+class _RayInstance:
+    """Counts the executors using the Ray instance; one this module started is
+    shut down (with its daemons) when the last of them is."""
+
+    _lock = threading.Lock()
+    _users = 0
+    _started_here = False
+
+    @classmethod
+    def acquire(cls, ray: Any) -> None:
+        with cls._lock:
+            if not ray.is_initialized():
+                ray.init(include_dashboard=False, log_to_driver=True)  # RAY_ADDRESS, if set, names a cluster
+                cls._started_here = True
+            cls._users += 1
+
+    @classmethod
+    def release(cls, ray: Any) -> None:
+        with cls._lock:
+            cls._users = max(0, cls._users - 1)
+            if cls._users == 0 and cls._started_here:
+                ray.shutdown()
+                cls._started_here = False

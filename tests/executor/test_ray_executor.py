@@ -1,0 +1,71 @@
+"""RayDistributedExecutor on a local Ray instance: tp=2 actors give tp=1's tokens,
+and a dead actor fails the engine fast. Skipped only where Ray is not installed."""
+from __future__ import annotations
+
+import gc
+import os
+import signal
+import time
+
+import pytest
+
+from minivllm import LLM
+from minivllm.executor.ray_executor import RayDistributedExecutor
+from tests.executor import tp_helpers as h
+
+ray = pytest.importorskip("ray", reason="Ray is an optional extra (pip install 'minivllm[ray]'); CI installs it")
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module", autouse=True)
+def local_ray():
+    """One small local Ray instance for the module; shutting it down must leave no process."""
+    before = h.child_pids()
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    gc.collect()
+    ray.shutdown()
+    assert h.wait_until(lambda: not (h.child_pids() - before), timeout=15), h.child_pids() - before
+
+
+def _ray_llm(ckpt) -> LLM:
+    return LLM(model=str(ckpt), tensor_parallel_size=2, distributed_executor_backend="ray", **h.LLM_KWARGS)
+
+
+@pytest.mark.timeout(180)
+def test_opt_tp2_on_ray_matches_tp1(opt_dir):
+    llm = _ray_llm(opt_dir)  # each test's LLM holds both CPUs of the instance: one at a time
+    try:
+        executor = llm.llm_engine.core.executor
+        assert type(executor) is RayDistributedExecutor
+        assert len(set(executor.worker_pids)) == 2 and os.getpid() not in executor.worker_pids
+        h.assert_same_outputs(h.reference(opt_dir), h.generate(llm))
+    finally:
+        llm.shutdown()
+    assert h.wait_until(lambda: not any(h.alive(p) for p in executor.worker_pids), timeout=10)
+
+
+@pytest.mark.timeout(180)
+def test_llama_tp2_on_ray_matches_tp1(llama_dir):
+    llm = _ray_llm(llama_dir)
+    try:
+        h.assert_same_outputs(h.reference(llama_dir), h.generate(llm))
+        caches = llm.llm_engine.core.executor.collective_rpc(h.kv_cache_shape)
+        assert [c[3] for c in caches] == [1, 1]  # the 2 KV heads split over the ranks
+    finally:
+        llm.shutdown()
+
+
+@pytest.mark.timeout(180)
+def test_killed_actor_fails_fast_naming_the_rank(opt_dir):
+    llm = _ray_llm(opt_dir)
+    try:
+        pids = llm.llm_engine.core.executor.worker_pids
+        os.kill(pids[1], signal.SIGKILL)
+        start = time.monotonic()
+        with pytest.raises(RuntimeError, match=r"worker rank 1 died"):
+            h.generate(llm)
+        assert time.monotonic() - start < 15
+        assert h.wait_until(lambda: not any(h.alive(p) for p in pids), timeout=10)
+    finally:
+        llm.shutdown()
