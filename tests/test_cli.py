@@ -90,3 +90,23 @@ def test_help_lists_every_config_group_and_examples(tmp_path):
         options = ", ".join(sorted(p.stem for p in (conf / group).glob("*.yaml")))
         assert f"{group}: {options}" in result.stdout
     assert result.stdout.count("python -m minivllm ") >= 3
+
+
+def test_user_errors_are_one_line_naming_the_key(llama_dir, tmp_path):
+    """Each mistake a user can make by config or input: exit code 2, one line that
+    names the key or field, no traceback."""
+    cases = {
+        "sampling.temperature=-1": "temperature",
+        "+sampling.top_k=-5": "top_k",
+        "+sampling.bogus=1": "sampling",
+        "prompts=['']": "prompt",
+        "model.max_model_len=100000": "model.max_model_len",
+        "parallel.tp=3": "parallel.tp",
+        "prompts_file=/no/such/file.txt": "prompts_file",
+    }
+    for override, key in cases.items():
+        result = run_cli([f"model.path={llama_dir}", override, "hydra.run.dir=run"], tmp_path, timeout=120)
+        lines = result.stderr.strip().splitlines()
+        assert result.returncode == 2, (override, result.stderr)
+        assert "Traceback" not in result.stderr, override
+        assert lines[-1].startswith("error: ") and key in lines[-1], (override, lines[-1])
