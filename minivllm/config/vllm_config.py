@@ -86,7 +86,9 @@ class VllmConfig:
     """Where the model runs."""
     task: TaskConfig = field(default_factory=TaskConfig)
     """What the CLI does."""
-    prompts: list[str] = field(default_factory=lambda: ["def fibonacci(n):", "import os\nimport", "class Stack:"])
+    prompts: list[str] = field(
+        default_factory=lambda: ["def fibonacci(n):", "class Stack:\n    def __init__(self):", "for line in open("]
+    )
     """Prompts for task=generate."""
     prompts_file: Optional[str] = None
     """A text file (one prompt a line) or JSONL ({"prompt": ...}) that replaces ``prompts``."""
