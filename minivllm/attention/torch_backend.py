@@ -32,6 +32,9 @@ class _Group:
     """(B, Q, 1) position of each query."""
     k_pos: torch.Tensor
     """(1, 1, nb * block_size) position of each gathered key."""
+    single_decode_len: int | None = None
+    """For a group of one decode request: its length. Its keys are then cut to
+    that length and attend unmasked, which lets SDPA take its fastest path."""
 
     @property
     def causal(self) -> torch.Tensor:
@@ -77,10 +80,15 @@ class TorchAttentionBackend(AttentionBackend):
             B = group.block_ids.shape[0]
             q = query[group.token_idx].view(B, -1, *query.shape[1:]).transpose(1, 2)  # (B, H, Q, D)
             k, v = _gather_blocks(kv_cache, group.block_ids)  # (B, Hkv, L, D)
-            mask = group.causal
-            if sliding_window is not None:
-                mask = mask & (group.k_pos > group.q_pos - sliding_window)
-            o = _attend(q, k, v, mask.unsqueeze(1), scale, logits_soft_cap)  # (B, H, Q, D)
+            if group.single_decode_len is not None and sliding_window is None:
+                n = group.single_decode_len
+                k, v, mask = k[:, :, :n], v[:, :, :n], None
+            else:
+                mask = group.causal
+                if sliding_window is not None:
+                    mask = mask & (group.k_pos > group.q_pos - sliding_window)
+                mask = mask.unsqueeze(1)
+            o = _attend(q, k, v, mask, scale, logits_soft_cap)  # (B, H, Q, D)
             out[group.token_idx] = o.transpose(1, 2).reshape(-1, *query.shape[1:]).to(out.dtype)
         return out
 
@@ -105,6 +113,7 @@ def _decode_group(meta: AttentionMetadata, rows: list[int], block_size: int) -> 
         block_ids=meta.block_tables[rows_t, :num_blocks].long(),
         q_pos=(meta.seq_lens[rows_t].long() - 1).view(-1, 1, 1),
         k_pos=torch.arange(num_blocks * block_size, device=rows_t.device).view(1, 1, -1),
+        single_decode_len=meta.seq_lens_cpu[rows[0]] if len(rows) == 1 else None,
     )
 
 
@@ -132,7 +141,8 @@ def _gather_blocks(kv_cache: torch.Tensor, block_ids: torch.Tensor) -> tuple[tor
 
 
 def _attend(q, k, v, mask, scale: float, soft_cap: float | None) -> torch.Tensor:
-    """q: (B, H, Q, D); k, v: (B, Hkv, L, D); mask: broadcastable to (B, H, Q, L), True = attend."""
+    """q: (B, H, Q, D); k, v: (B, Hkv, L, D); mask: broadcastable to (B, H, Q, L), True = attend
+    (None: every key, the last query's causal context when Q == 1)."""
     group = q.shape[1] // k.shape[1]
     if group > 1:
         k = k.repeat_interleave(group, dim=1)
@@ -142,5 +152,6 @@ def _attend(q, k, v, mask, scale: float, soft_cap: float | None) -> torch.Tensor
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
     scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale
     scores = soft_cap * torch.tanh(scores / soft_cap)
-    scores = scores.masked_fill(~mask, float("-inf"))
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
     return torch.matmul(scores.softmax(dim=-1), v.float()).to(q.dtype)
