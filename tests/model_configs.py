@@ -34,22 +34,7 @@ def opt_config(**overrides) -> OPTConfig:
 
 
 def llama_config(tie: bool = False, **overrides) -> LlamaConfig:
-    base = dict(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        rms_norm_eps=1e-6,
-        tie_word_embeddings=tie,
-        bos_token_id=1,
-        eos_token_id=2,
-        pad_token_id=0,
-        architectures=["LlamaForCausalLM"],
-    )
-    return LlamaConfig(**{**base, **overrides})
+    return LlamaConfig(**_llama_like(tie_word_embeddings=tie, architectures=["LlamaForCausalLM"], **overrides))
 
 
 def _llama_like(**overrides) -> dict:

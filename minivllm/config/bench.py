@@ -69,8 +69,3 @@ class BenchConfig:
         check_range("bench.temperature", self.temperature, low=0.0)
         if self.workload == "jsonl" and not self.prompts_file:
             raise ValueError("bench.workload=jsonl: needs bench.prompts_file (a JSONL file of prompts)")
-
-    def longest_request(self) -> int:
-        """Most tokens (prompt + output) one request of the synthetic workloads can hold."""
-        prefix = self.prefix_len if self.workload == "shared_prefix" else 0
-        return max(prefix + self.max_input_len + self.max_output_len, self.single_input_len + self.single_output_len)

@@ -62,10 +62,6 @@ class KVCacheManager:
     def blocks_needed(self, num_tokens: int) -> int:
         return cdiv(num_tokens, self.block_size)
 
-    def can_ever_fit(self, num_tokens: int) -> bool:
-        """Whether a request of ``num_tokens`` fits the whole cache when alone."""
-        return self.blocks_needed(num_tokens) <= self.pool.num_blocks
-
     # ---- prefix cache ---------------------------------------------------------------
     def get_computed_blocks(self, request: Request) -> list[KVCacheBlock]:
         """Cached blocks of the request's longest cached prefix, without claiming them.

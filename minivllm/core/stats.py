@@ -18,10 +18,6 @@ class PrefixCacheStats:
     hits: int = 0
     """Tokens found."""
 
-    @property
-    def hit_rate(self) -> float:
-        return self.hits / self.queries if self.queries else 0.0
-
     def record(self, num_tokens: int, num_hits: int) -> None:
         self.requests += 1
         self.queries += num_tokens

@@ -2,7 +2,6 @@
 is left behind; a rendezvous port taken by someone else is retried."""
 from __future__ import annotations
 
-import gc
 import os
 import signal
 import socket
@@ -16,14 +15,6 @@ from minivllm.executor import multiproc
 from tests.executor import tp_helpers as h
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module", autouse=True)
-def no_leftover_children():
-    before = h.child_pids()
-    yield
-    gc.collect()
-    assert h.wait_until(lambda: not (h.child_pids() - before), timeout=10), h.child_pids() - before
 
 
 @pytest.mark.timeout(120)

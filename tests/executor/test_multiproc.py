@@ -1,7 +1,6 @@
 """MultiprocExecutor: tp=2 in worker processes gives tp=1's tokens, each rank holding its shard."""
 from __future__ import annotations
 
-import gc
 import os
 import weakref
 
@@ -16,15 +15,6 @@ from tests.executor import tp_helpers as h
 from tests.model_configs import llama_config
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module", autouse=True)
-def no_leftover_children():
-    """Torn down last: by then every LLM of this module is shut down or deleted."""
-    before = h.child_pids()
-    yield
-    gc.collect()
-    assert h.wait_until(lambda: not (h.child_pids() - before), timeout=10), h.child_pids() - before
 
 
 @pytest.fixture(scope="module")
