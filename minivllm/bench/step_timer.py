@@ -133,7 +133,7 @@ class StepTimer:
 def _shape(sched: Any) -> tuple[int, int, int, bool]:
     """(new tokens, requests, context tokens read, decode only) of a SchedulerOutput."""
     computed = {r.req_id: r.num_computed_tokens for r in sched.new_reqs}
-    computed.update((r.req_id, r.num_computed_tokens) for r in sched.cached_reqs)
+    computed.update(zip(sched.cached_reqs.req_ids, sched.cached_reqs.num_computed_tokens))
     scheduled = sched.num_scheduled_tokens
     kv_tokens = sum(computed.get(req, 0) + n for req, n in scheduled.items())
     return sum(scheduled.values()), len(scheduled), kv_tokens, bool(scheduled) and all(n == 1 for n in scheduled.values())

@@ -122,6 +122,8 @@ class SchedulerConfig:
     """fcfs (arrival order) or priority (lower ``priority`` value first)."""
     log_stats_interval: float = 5.0
     """Seconds between engine stats log lines; 0 turns them off."""
+    async_scheduling: Optional[bool] = None
+    """Schedule step k+1 while the device runs step k (null: on for CUDA with one worker, off on the CPU)."""
 
     def __post_init__(self) -> None:
         check_range("scheduler.max_num_seqs", self.max_num_seqs, low=1)

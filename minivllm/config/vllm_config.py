@@ -123,6 +123,7 @@ class VllmConfig:
         if not self.attention.backend:
             self.attention.backend = {"_target_": _attention_target(self.attention.name, self.device_type)}
         self._check_scheduler()
+        self.async_scheduling: bool = _resolve_async_scheduling(self.scheduler.async_scheduling, self)
 
     @property
     def tokenizer_path(self) -> str:
@@ -153,6 +154,13 @@ class VllmConfig:
 
     def to_dictconfig(self) -> DictConfig:
         return OmegaConf.structured(self)
+
+
+def _resolve_async_scheduling(requested: bool | None, cfg: "VllmConfig") -> bool:
+    """Overlap pays where the device runs apart from the host: CUDA, one worker in this process."""
+    if requested is None:
+        return cfg.device_type == "cuda" and cfg.world_size == 1
+    return requested
 
 
 def _resolve_device(device_type: str) -> str:

@@ -83,13 +83,14 @@ class KVCacheManager:
 
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
         """Register in the prefix cache the request's full blocks among its first
-        ``num_tokens`` tokens (computed, or being computed in the step being scheduled)."""
+        ``num_tokens`` tokens (computed, or being computed in the step being scheduled).
+        Tokens not known yet (async scheduling's placeholders) are never hashed."""
         if not self.enable_caching or request.sampling_params.prompt_logprobs is not None:
             return
         table = self._tables.get(request.request_id)
         if table is None:
             return
-        num_full = num_tokens // self.block_size
+        num_full = min(num_tokens, request.num_tokens) // self.block_size
         start = self._num_hashed.get(request.request_id, 0)
         if num_full <= start:
             return
@@ -115,6 +116,13 @@ class KVCacheManager:
         Returns the ids of the newly allocated blocks (possibly none), or None,
         with nothing changed, when too few blocks are free.
         """
+        total = request.num_computed_tokens + num_new_tokens
+        table = self._tables.get(request.request_id)
+        if new_computed_blocks is None and table is not None and total <= len(table) * self.block_size:
+            # The common decode step: its blocks suffice; hash a block that just filled up.
+            if self.enable_caching and total // self.block_size > self._num_hashed.get(request.request_id, 0):
+                self.cache_blocks(request, total)
+            return []
         computed = new_computed_blocks or []
         needed = self._num_blocks_to_allocate(request, num_new_tokens, computed)
         if needed is None:

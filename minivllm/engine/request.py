@@ -64,6 +64,10 @@ class Request:
     """Mixed into the prefix-cache hashes: only requests with the same salt share blocks."""
     block_hashes: list[BlockHash] = field(default_factory=list)
     """Prefix-cache hashes of the request's full blocks so far (filled by the KV-cache manager)."""
+    num_output_placeholders: int = 0
+    """With async scheduling: tokens that scheduled steps sample but whose values are not
+    known yet (at most one per step in flight). The scheduler already counts them as the
+    request's next inputs; see ``Scheduler``."""
 
     @property
     def all_token_ids(self) -> list[int]:
