@@ -1,7 +1,11 @@
 """Rotary position embeddings (RoPE), with the scaling schemes checkpoints use.
 
-Cos/sin are computed per step from the token positions, so there is no cache
-to size, rebuild after a device move, or keep in sync with max_model_len.
+By default cos/sin are computed per step from the token positions. Once the
+model is on its device, ``share_cos_sin_caches`` computes one table of them per
+distinct rotary embedding of the model (``(max_model_len, rotary_dim)``) and
+hands it to every layer, so a step only looks rows up; on CUDA the rotation is
+then one Triton kernel per tensor, in place (``layers.ops.rotary_inplace``).
+The table holds exactly what ``_freqs`` computes, so both paths agree.
 """
 from __future__ import annotations
 
@@ -56,6 +60,10 @@ class RotaryEmbedding(nn.Module):
             inv_freq = inv_freq / params["factor"]
         self.inv_freq_values = inv_freq.float().tolist()
         self._inv_freq: torch.Tensor | None = None
+        self.cos_sin_cache: torch.Tensor | None = None
+        """(max_position, rotary_dim) fp32: cosines then sines per position; see ``share_cos_sin_caches``."""
+        self.use_triton = True
+        """Whether CUDA inputs with a cache take the in-place Triton kernel (off under torch.compile)."""
 
     def _freqs(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if self._inv_freq is None or self._inv_freq.device != positions.device:
@@ -63,9 +71,23 @@ class RotaryEmbedding(nn.Module):
         angles = positions.float().unsqueeze(-1) * self._inv_freq  # (T, rotary_dim / 2)
         return angles.cos(), angles.sin()
 
+    def cache_key(self) -> tuple:
+        """Embeddings with equal keys compute equal cos/sin tables."""
+        return (type(self), self.rotary_dim, tuple(self.inv_freq_values))
+
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """q: (T, Hq, D), k: (T, Hk, D) -> rotated copies of the same shapes."""
-        cos, sin = self._freqs(positions)
+        """q: (T, Hq, D), k: (T, Hk, D) -> rotated tensors of the same shapes (on CUDA with a
+        cos/sin cache: ``q`` and ``k`` themselves, rotated in place)."""
+        cache = self.cos_sin_cache
+        if cache is None:
+            cos, sin = self._freqs(positions)
+        elif self.use_triton and q.is_cuda:
+            from minivllm.layers.ops.rotary_inplace import rotary_embedding_
+
+            rotary_embedding_(positions, q, k, cache, self.neox_style)
+            return q, k
+        else:
+            cos, sin = cache[positions].chunk(2, dim=-1)
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # (T, 1, rotary_dim / 2)
         return self._rotate(q, cos, sin), self._rotate(k, cos, sin)
 
@@ -78,6 +100,21 @@ class RotaryEmbedding(nn.Module):
             x1, x2 = rot[..., 0::2], rot[..., 1::2]
             rotated = torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
         return torch.cat((rotated.to(x.dtype), rest), dim=-1)
+
+
+def share_cos_sin_caches(model: nn.Module, max_positions: int, device: torch.device) -> int:
+    """Give every rotary embedding of ``model`` its cos/sin table, computed once per
+    distinct embedding (usually once per model); returns how many tables were made."""
+    tables: dict[tuple, torch.Tensor] = {}
+    positions = torch.arange(max_positions, device=device)
+    for module in model.modules():
+        if isinstance(module, RotaryEmbedding):
+            key = module.cache_key()
+            if key not in tables:
+                cos, sin = module._freqs(positions)  # (max_positions, rotary_dim / 2) each
+                tables[key] = torch.cat((cos, sin), dim=-1).float().contiguous()
+            module.cos_sin_cache = tables[key]
+    return len(tables)
 
 
 def get_rope(hf_config: Any, head_dim: int, rotary_dim: int | None = None, neox_style: bool = True) -> RotaryEmbedding:

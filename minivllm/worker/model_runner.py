@@ -25,6 +25,7 @@ from minivllm.core.scheduler_output import ModelRunnerOutput, NewRequestData, Sc
 from minivllm.distributed.parallel_state import broadcast_from_first
 from minivllm.engine.request import RequestId
 from minivllm.layers.compile import compile_small_ops
+from minivllm.layers.rotary import share_cos_sin_caches
 from minivllm.sample.logits_processors import LogitsEdits
 from minivllm.sample.metadata import SamplingMetadata, from_batch, has_logits_edits
 from minivllm.sample.prompt_logprobs import add_prompt_logprobs
@@ -66,6 +67,7 @@ class ModelRunner:
         self.attn_backend = build(self.cfg.attention.backend)
         loader = build(self.cfg.load.loader)
         self.model = loader.load_model(self.cfg, self.attn_backend, self.device)
+        share_cos_sin_caches(self.model, self.cfg.max_model_len, self.device)
         if self.cfg.compilation.torch_compile:
             compile_small_ops(self.model)
         self.attention_layers = [m for m in self.model.modules() if hasattr(m, "kv_cache") and hasattr(m, "backend")]
