@@ -11,10 +11,14 @@ from typing import Callable
 from transformers import PretrainedConfig
 
 from tests.model_configs import (
+    gemma2_config,
+    gemma3_config,
     gpt2_config,
     gpt_neox_config,
+    granite_config,
     llama_config,
     mistral_config,
+    olmo2_config,
     opt_config,
     phi3_config,
     qwen2_config,
@@ -41,6 +45,10 @@ PARITY_CASES = [
     ParityCase("qwen3-qknorm-headdim24-tied", "Qwen3ForCausalLM", qwen3_config),
     ParityCase("mistral-window5-mqa", "MistralForCausalLM", mistral_config),
     ParityCase("phi3-fused-partial-rope-window7", "Phi3ForCausalLM", phi3_config),
+    ParityCase("gemma2-softcaps-window6-alternating", "Gemma2ForCausalLM", gemma2_config),
+    ParityCase("gemma3-local-global-rope-qknorm", "Gemma3ForCausalLM", gemma3_config),
+    ParityCase("olmo2-postnorm-full-qknorm", "Olmo2ForCausalLM", olmo2_config),
+    ParityCase("granite-multipliers-tied", "GraniteForCausalLM", granite_config),
     ParityCase("gpt2-conv1d-tied", "GPT2LMHeadModel", gpt2_config),
     ParityCase(
         "gpt2-untied-inverse-layer-scale",
