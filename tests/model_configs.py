@@ -156,6 +156,28 @@ def granite_config(**overrides) -> GraniteConfig:
     return GraniteConfig(**{**base, **overrides})
 
 
+def phi3_longrope_config(**overrides) -> Phi3Config:
+    """Phi-3-128k's LongRoPE at toy scale: an original context of 8 tokens (every test
+    sequence is longer, so transformers uses the long factors too), 256 now, so
+    cos/sin carry an attention factor of sqrt(1 + ln 32 / ln 8)."""
+    half = 8  # head_dim 16, fully rotated
+    rope = {
+        "rope_type": "longrope",
+        "rope_theta": 10000.0,
+        "short_factor": [1.0 + 0.1 * i for i in range(half)],
+        "long_factor": [1.0 + 1.5 * i for i in range(half)],
+    }
+    return phi3_config(
+        partial_rotary_factor=1.0, original_max_position_embeddings=8, rope_parameters=rope, **overrides
+    )
+
+
+def qwen2_yarn_config(**overrides) -> Qwen2Config:
+    """Qwen's YaRN long-context recipe (factor 4 over an original context of 8 tokens), no window."""
+    rope = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8, "rope_theta": 10000.0}
+    return qwen2_config(use_sliding_window=False, rope_parameters=rope, **overrides)
+
+
 def gpt2_config(**overrides) -> GPT2Config:
     """Conv1D weights, learned positions, tied LM head."""
     base = dict(

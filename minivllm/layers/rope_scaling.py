@@ -8,11 +8,14 @@ the keys in the paged KV cache never need re-rotating:
 - ``dynamic`` (NTK) uses the base it would have at its full scaled context
   (``factor * max_position_embeddings``), as vLLM does, instead of
   re-deriving it from each batch's longest sequence as transformers does.
-- ``longrope`` (Phi-3/3.5 128k, Phi-4-mini) keeps two sets: short factors for
-  positions below ``original_max_position_embeddings`` and long factors at and
-  past it, chosen per token (transformers chooses per forward pass by the
-  batch's longest sequence; the two agree whenever a sequence is entirely on
-  one side of the boundary).
+- ``longrope`` (Phi-3/3.5 128k, Phi-4-mini) uses its long factors at every
+  position when the checkpoint's context (``max_position_embeddings``) exceeds
+  ``original_max_position_embeddings``, its short factors otherwise.
+  transformers picks per forward pass (long once the sequence is longer than
+  the original context), which would leave keys cached with short factors
+  wrong once a sequence crosses it; vLLM makes the same fixed choice at its
+  default ``max_model_len``. Sequences longer than the original context
+  therefore match transformers exactly; shorter ones use the long factors here.
 """
 from __future__ import annotations
 
@@ -31,10 +34,6 @@ class RopeFrequencies:
     """(rotary_dim / 2,) angle per position of each rotated pair."""
     attention_factor: float = 1.0
     """Multiplies cos and sin (YaRN's and LongRoPE's attention scaling)."""
-    long_inv_freq: list[float] | None = None
-    """LongRoPE: the frequencies used at positions >= ``long_from``."""
-    long_from: int | None = None
-    """LongRoPE: the first position that uses ``long_inv_freq``."""
 
 
 def compute_frequencies(params: dict[str, Any], rotary_dim: int, max_position_embeddings: int) -> RopeFrequencies:
@@ -100,7 +99,8 @@ def _yarn(
     low, high = max(low, 0), min(high, dim - 1)
     if low == high:
         high += 0.001
-    ramp = ((torch.arange(dim // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)  # 0: keep, 1: scale
+    pairs = torch.arange(dim // 2, dtype=torch.float64, device="cpu")
+    ramp = ((pairs - low) / (high - low)).clamp(0, 1)  # (dim / 2,) 0: keep the frequency, 1: divide it
     blended = inv_freq / factor * ramp + inv_freq * (1 - ramp)
     return RopeFrequencies(blended.tolist(), float(attention))
 
@@ -111,6 +111,6 @@ def _longrope(inv_freq: torch.Tensor, params: dict[str, Any], max_position_embed
     attention = params.get("attention_factor")
     if attention is None:
         attention = 1.0 if factor <= 1 else math.sqrt(1 + math.log(factor) / math.log(old_len))
-    short = inv_freq / torch.tensor(params["short_factor"], dtype=torch.float64)
-    long = inv_freq / torch.tensor(params["long_factor"], dtype=torch.float64)
-    return RopeFrequencies(short.tolist(), float(attention), long.tolist(), old_len)
+    factors = params["long_factor"] if max_position_embeddings > old_len else params["short_factor"]
+    factors = torch.tensor(factors, dtype=torch.float64, device="cpu")  # (rotary_dim / 2,)
+    return RopeFrequencies((inv_freq / factors).tolist(), float(attention))

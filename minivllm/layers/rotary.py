@@ -53,22 +53,13 @@ class RotaryEmbedding(nn.Module):
         if max_position_embeddings is None:
             max_position_embeddings = params.get("original_max_position_embeddings") or 2048
         self.freqs: RopeFrequencies = compute_frequencies(params, rotary_dim, max_position_embeddings)
-        self._inv_freq: torch.Tensor | None = None  # (rotary_dim / 2,), or (2, rotary_dim / 2) short and long
-
-    def _table(self, device: torch.device) -> torch.Tensor:
-        if self._inv_freq is None or self._inv_freq.device != device:
-            rows = [self.freqs.inv_freq] + ([self.freqs.long_inv_freq] if self.freqs.long_inv_freq else [])
-            self._inv_freq = torch.tensor(rows, dtype=torch.float32, device=device)
-        return self._inv_freq
+        self._inv_freq: torch.Tensor | None = None  # (rotary_dim / 2,)
 
     def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """positions: (T,) -> cos, sin: (T, rotary_dim / 2), attention factor applied."""
-        table = self._table(positions.device)
-        if self.freqs.long_from is None:
-            inv_freq = table[0]
-        else:  # LongRoPE: each token picks its set by its own position
-            inv_freq = table[(positions >= self.freqs.long_from).long()]  # (T, rotary_dim / 2)
-        angles = positions.float().unsqueeze(-1) * inv_freq  # (T, rotary_dim / 2)
+        if self._inv_freq is None or self._inv_freq.device != positions.device:
+            self._inv_freq = torch.tensor(self.freqs.inv_freq, dtype=torch.float32, device=positions.device)
+        angles = positions.float().unsqueeze(-1) * self._inv_freq  # (T, rotary_dim / 2)
         cos, sin = angles.cos(), angles.sin()
         if self.freqs.attention_factor != 1.0:
             cos, sin = cos * self.freqs.attention_factor, sin * self.freqs.attention_factor

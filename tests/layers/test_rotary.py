@@ -1,6 +1,7 @@
 """RoPE against transformers' own rotary modules, at positions past the original context."""
 from __future__ import annotations
 
+import math
 from types import SimpleNamespace
 
 import pytest
@@ -19,7 +20,8 @@ HEAD_DIM = 32
 
 def _llama(rope: dict) -> LlamaConfig:
     return LlamaConfig(
-        hidden_size=128, num_attention_heads=4, head_dim=HEAD_DIM, max_position_embeddings=ORIGINAL, rope_parameters=rope
+        hidden_size=128, num_attention_heads=4, head_dim=HEAD_DIM, max_position_embeddings=ORIGINAL,
+        rope_parameters=rope,
     )
 
 
@@ -81,7 +83,7 @@ def test_dynamic_ntk_matches_transformers_at_its_scaled_context():
     assert (plain[past] - cos[past]).abs().max() > 1e-2  # the scaling does change the angles
 
 
-def _phi3_longrope(**rope) -> Phi3Config:
+def _phi3_longrope(max_position_embeddings: int, **rope) -> Phi3Config:
     """Phi-3-128k's layout: ``original_max_position_embeddings`` outside rope_parameters, per-pair factors."""
     half = HEAD_DIM // 2
     rope = {
@@ -91,18 +93,25 @@ def _phi3_longrope(**rope) -> Phi3Config:
         **rope,
     }
     return Phi3Config(
-        hidden_size=128, num_attention_heads=4, max_position_embeddings=8 * ORIGINAL,
+        hidden_size=128, num_attention_heads=4, max_position_embeddings=max_position_embeddings,
         original_max_position_embeddings=ORIGINAL, rope_parameters=rope,
     )
 
 
 @pytest.mark.parametrize("rope", [{}, {"attention_factor": 1.3}], ids=["derived-attention", "given-attention"])
-def test_longrope_short_and_long_factors_match_transformers(rope):
-    config = _phi3_longrope(**rope)
-    ours, hf_rotary = get_rope(config, HEAD_DIM), Phi3RotaryEmbedding(config)
-    _assert_same(ours, torch.arange(ORIGINAL), hf_rotary)  # a short sequence: short factors
-    _assert_same(ours, torch.arange(ORIGINAL, 8 * ORIGINAL), Phi3RotaryEmbedding(config))  # long factors
-    assert ours.freqs.attention_factor == pytest.approx(rope.get("attention_factor", 1.5**0.5))  # sqrt(1 + ln 8 / ln 64)
+def test_longrope_long_factors_match_transformers_past_the_original_context(rope):
+    """A checkpoint whose context exceeds the original one rotates with its long factors,
+    as transformers does for any sequence longer than the original context."""
+    config = _phi3_longrope(8 * ORIGINAL, **rope)
+    ours = get_rope(config, HEAD_DIM)
+    _assert_same(ours, torch.arange(8 * ORIGINAL), Phi3RotaryEmbedding(config))
+    derived = (1 + math.log(8) / math.log(ORIGINAL)) ** 0.5  # context 8x the original one
+    assert ours.freqs.attention_factor == pytest.approx(rope.get("attention_factor", derived))
+
+
+def test_longrope_within_the_original_context_uses_the_short_factors():
+    config = _phi3_longrope(ORIGINAL, attention_factor=1.1)
+    _assert_same(get_rope(config, HEAD_DIM), torch.arange(ORIGINAL), Phi3RotaryEmbedding(config))
 
 
 def test_old_rope_scaling_and_rope_theta_attributes_are_read():
