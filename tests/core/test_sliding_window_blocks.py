@@ -105,3 +105,24 @@ def test_a_model_with_global_layers_frees_nothing(make_checkpoint):
     llm = LLM(model=str(ckpt), dtype="float32", block_size=BLOCK_SIZE, num_gpu_blocks_override=32)
     assert llm.cfg.kv_sliding_window is None and llm.cfg.max_blocks_per_request() == llm.cfg.max_model_len // 4
     llm.shutdown()
+
+
+def test_prefix_hits_on_blocks_freed_behind_the_window_stay_correct(make_checkpoint):
+    """A's prefix blocks leave its window and are freed but stay cached; B and C then
+    hit them (taking them back), and every output still equals transformers'."""
+    ckpt = make_checkpoint("mistral-window5-mqa", mistral_config())
+    gen = torch.Generator().manual_seed(3)
+    prefix = torch.randint(4, 512, (20,), generator=gen).tolist()
+    prompts = [prefix + torch.randint(4, 512, (3,), generator=gen).tolist() for _ in range(3)]
+    llm = LLM(model=str(ckpt), dtype="float32", block_size=4, num_gpu_blocks_override=12, max_num_batched_tokens=8)
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    first = llm.generate([{"prompt_token_ids": prompts[0]}], params, use_tqdm=False)
+    rest = llm.generate([{"prompt_token_ids": p} for p in prompts[1:]], params, use_tqdm=False)
+    kv = llm.llm_engine.core.scheduler.kv
+    assert kv.prefix_cache_stats.hits == 2 * 20  # both later requests found the 5 full prefix blocks
+    assert llm.llm_engine.core.scheduler.num_preemptions == 0
+    llm.shutdown()
+    hf_model = _load_hf(ckpt)
+    for prompt, out in zip(prompts, first + rest):
+        tokens = out.outputs[0].token_ids
+        assert _reference_logprobs(hf_model, prompt, tokens).argmax(dim=-1).tolist() == tokens
