@@ -17,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 from minivllm.config.bench import BenchConfig
 from minivllm.config.model_source import load_hf_config
 from minivllm.core.sliding_window import max_blocks_per_request, model_sliding_window
+from minivllm.layers.rotary import check_rope_types
 from minivllm.distributed.utils import check_tensor_parallel
 from minivllm.config.schema import (
     AttentionConfig,
@@ -115,6 +116,7 @@ class VllmConfig:
             self.hf_config.architectures = [self.model.architecture]
         self.architecture: str = _architecture(self.hf_config)
         ModelRegistry.check_supported(self.architecture)
+        check_rope_types(self.hf_config)
         self.dtype: torch.dtype = _resolve_dtype(self.model.dtype, self.hf_config, self.device_type)
         self.kv_cache_dtype: torch.dtype = (
             self.dtype if self.cache.cache_dtype == "auto" else _DTYPES[self.cache.cache_dtype]

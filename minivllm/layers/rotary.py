@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from minivllm.layers.rope_scaling import RopeFrequencies, compute_frequencies
+from minivllm.layers.rope_scaling import ROPE_TYPES, RopeFrequencies, compute_frequencies
 
 
 def rope_parameters(hf_config: Any, layer_type: str | None = None) -> dict[str, Any]:
@@ -31,6 +31,17 @@ def rope_parameters(hf_config: Any, layer_type: str | None = None) -> dict[str, 
         original = getattr(hf_config, "original_max_position_embeddings", None)
         params["original_max_position_embeddings"] = original or getattr(hf_config, "max_position_embeddings", None)
     return params
+
+
+def check_rope_types(hf_config: Any) -> None:
+    """Fail when the config is built, not in the worker, on a ``rope_type`` this engine lacks."""
+    raw = getattr(hf_config, "rope_parameters", None) or {}
+    nested = [key for key, value in raw.items() if isinstance(value, dict)]
+    for layer_type in nested or [None]:
+        rope_type = rope_parameters(hf_config, layer_type)["rope_type"]
+        if rope_type not in ROPE_TYPES:
+            key = "rope_parameters" + (f".{layer_type}" if layer_type else "") + ".rope_type"
+            raise ValueError(f"model config {key}={rope_type!r}: supported are {', '.join(ROPE_TYPES)}")
 
 
 class RotaryEmbedding(nn.Module):

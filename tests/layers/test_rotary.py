@@ -125,6 +125,12 @@ def test_unknown_rope_type_names_the_supported_ones():
         get_rope(SimpleNamespace(rope_parameters={"rope_type": "su", "rope_theta": 1e4}), HEAD_DIM)
 
 
+def test_an_unsupported_rope_type_fails_when_the_config_is_built(make_checkpoint):
+    ckpt = make_checkpoint("llama-gqa-untied", llama_config(tie=False))
+    with pytest.raises(ValueError, match=r"rope_parameters.rope_type='su': supported are default, linear"):
+        build_config([f"model.path={ckpt}", "device=cpu", "+model.hf_overrides.rope_scaling.rope_type=su"])
+
+
 def test_rope_scaling_override_without_theta_keeps_the_checkpoint_base(make_checkpoint):
     """``hf_overrides={"rope_scaling": {...}}`` without rope_theta used to leave it None (TypeError)."""
     ckpt = make_checkpoint("llama-theta5e4", llama_config(rope_parameters={"rope_type": "default", "rope_theta": 5e4}))
