@@ -7,8 +7,8 @@ inline ``hf_config`` gives the architecture's shape.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from transformers import AutoConfig, PretrainedConfig

@@ -161,7 +161,8 @@ class KVCacheManager:
         # are touched and freed again at once. Held blocks before the cut return to the pool.
         cut = num_blocks_out_of_window(first_new, self.sliding_window, self.block_size)
         revived = sum(1 for b in computed[max(cut - len(table), 0) :] if b.ref_cnt == 0)
-        reclaimed = sum(1 for b in table[self._num_out_of_window.get(request.request_id, 0) : cut] if b.ref_cnt == 1)
+        done = self._num_out_of_window.get(request.request_id, 0)
+        reclaimed = sum(1 for b in table[done:cut] if b.ref_cnt == 1)
         return needed if needed + revived <= self.pool.num_free_blocks + reclaimed else None
 
     def _free_out_of_window(self, request: Request, table: list[KVCacheBlock], first_new: int) -> None:
