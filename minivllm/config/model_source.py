@@ -71,7 +71,7 @@ def apply_hf_overrides(hf_config: PretrainedConfig, overrides: dict[str, Any]) -
             value = {k: (dict(v) if isinstance(v, Mapping) else v) for k, v in value.items()}
         current = getattr(hf_config, "rope_parameters", None)
         flat = isinstance(current, dict) and "rope_type" in current
-        if key in _ROPE_DICT_KEYS and isinstance(value, dict) and "rope_type" in value:
+        if key in _ROPE_DICT_KEYS and isinstance(value, dict) and ("rope_type" in value or "type" in value):
             if flat and value.get("rope_theta") is None:
                 value = {**value, "rope_theta": current.get("rope_theta")}
             key = "rope_parameters"

@@ -131,10 +131,11 @@ def test_an_unsupported_rope_type_fails_when_the_config_is_built(make_checkpoint
         build_config([f"model.path={ckpt}", "device=cpu", "+model.hf_overrides.rope_scaling.rope_type=su"])
 
 
-def test_rope_scaling_override_without_theta_keeps_the_checkpoint_base(make_checkpoint):
+@pytest.mark.parametrize("type_key", ["rope_type", "type"])
+def test_rope_scaling_override_without_theta_keeps_the_checkpoint_base(type_key, make_checkpoint):
     """``hf_overrides={"rope_scaling": {...}}`` without rope_theta used to leave it None (TypeError)."""
     ckpt = make_checkpoint("llama-theta5e4", llama_config(rope_parameters={"rope_type": "default", "rope_theta": 5e4}))
-    cfg = build_config([f"model.path={ckpt}", "device=cpu", "+model.hf_overrides.rope_scaling.rope_type=linear",
+    cfg = build_config([f"model.path={ckpt}", "device=cpu", f"+model.hf_overrides.rope_scaling.{type_key}=linear",
                         "+model.hf_overrides.rope_scaling.factor=2.0"])
     params = cfg.hf_config.rope_parameters
     assert (params["rope_type"], params["factor"], params["rope_theta"]) == ("linear", 2.0, 5e4)
