@@ -7,6 +7,7 @@ config fails when it is built, before any work starts.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -15,6 +16,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from minivllm.config.bench import BenchConfig
 from minivllm.config.model_source import load_hf_config
+from minivllm.core.sliding_window import max_blocks_per_request, model_sliding_window
+from minivllm.layers.rotary import check_rope_types
 from minivllm.distributed.utils import check_tensor_parallel
 from minivllm.config.schema import (
     AttentionConfig,
@@ -113,6 +116,7 @@ class VllmConfig:
             self.hf_config.architectures = [self.model.architecture]
         self.architecture: str = _architecture(self.hf_config)
         ModelRegistry.check_supported(self.architecture)
+        check_rope_types(self.hf_config)
         self.dtype: torch.dtype = _resolve_dtype(self.model.dtype, self.hf_config, self.device_type)
         self.kv_cache_dtype: torch.dtype = (
             self.dtype if self.cache.cache_dtype == "auto" else _DTYPES[self.cache.cache_dtype]
@@ -134,6 +138,21 @@ class VllmConfig:
     @property
     def world_size(self) -> int:
         return self.parallel.world_size
+
+    @functools.cached_property
+    def kv_sliding_window(self) -> int | None:
+        """The window behind which the KV cache frees blocks: set when every attention
+        layer of the model slides, None otherwise (``core/sliding_window.py``)."""
+        return model_sliding_window(self)
+
+    def max_blocks_per_request(self, num_tokens: int | None = None) -> int:
+        """KV blocks a request of ``num_tokens`` tokens (default ``max_model_len``) holds at most at once."""
+        return max_blocks_per_request(
+            num_tokens or self.max_model_len,
+            self.cache.block_size,
+            self.kv_sliding_window,
+            self.scheduler.max_num_batched_tokens,
+        )
 
     def _check_scheduler(self) -> None:
         sched = self.scheduler

@@ -96,6 +96,7 @@ class Scheduler:
             cfg.cache.block_size,
             enable_caching=cfg.cache.enable_prefix_caching,
             hash_root=root_hash(model_identity(cfg)),
+            sliding_window=cfg.kv_sliding_window,
         )
         self.requests: dict[RequestId, Request] = {}
         self.waiting = make_waiting_queue(self.policy)

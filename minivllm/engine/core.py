@@ -17,7 +17,7 @@ from minivllm.core.scheduler import EngineCoreOutput, Scheduler
 from minivllm.core.scheduler_output import SchedulerOutput
 from minivllm.engine.request import Request, RequestId
 from minivllm.executor.base import Executor
-from minivllm.utils import build, cdiv
+from minivllm.utils import build
 from minivllm.worker.pending_output import StepResult
 
 logger = logging.getLogger(__name__)
@@ -40,7 +40,7 @@ class EngineCore:
 
     def _log_capacity(self) -> None:
         block_size = self.cfg.cache.block_size
-        per_request = cdiv(self.cfg.max_model_len, block_size)
+        per_request = self.cfg.max_blocks_per_request()  # fewer when out-of-window blocks are freed
         logger.info(
             "KV cache: %d blocks of %d tokens (%d tokens); max concurrency at max_model_len=%d: %.2fx",
             self.num_blocks,

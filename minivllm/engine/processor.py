@@ -56,7 +56,9 @@ class Processor:
         room = self.cfg.max_model_len - num_prompt_tokens
         limit = room if params.max_tokens is None else min(params.max_tokens, room)
         self.check_params(params)
-        if num_prompt_tokens + limit > self.max_tokens_in_cache:
+        # A sliding-window model holds only its window's blocks (plus one step's) at once.
+        held = self.cfg.max_blocks_per_request(num_prompt_tokens + limit) * self.cfg.cache.block_size
+        if held > self.max_tokens_in_cache:
             raise ValueError(
                 f"prompt ({num_prompt_tokens} tokens) + max_tokens ({limit}) can never fit the KV cache "
                 f"({self.max_tokens_in_cache} tokens); lower max_tokens or give the cache more memory"

@@ -56,6 +56,16 @@ class RMSNorm(nn.Module):
         return x, residual
 
 
+class GemmaRMSNorm(RMSNorm):
+    """Gemma's RMSNorm: scales by ``1 + weight`` (weights are stored zero-centred),
+    multiplied in fp32 before casting back."""
+
+    def _norm(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (x32 * (1.0 + self.weight.float())).to(x.dtype)
+
+
 class LayerNorm(nn.LayerNorm):
     """``nn.LayerNorm`` whose parameters load from checkpoints like ours do."""
 

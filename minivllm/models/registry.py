@@ -17,6 +17,10 @@ _BUILTIN: dict[str, str] = {
     "Qwen3ForCausalLM": "minivllm.models.qwen3:Qwen3ForCausalLM",
     "MistralForCausalLM": "minivllm.models.mistral:MistralForCausalLM",
     "Phi3ForCausalLM": "minivllm.models.phi3:Phi3ForCausalLM",
+    "Gemma2ForCausalLM": "minivllm.models.gemma2:Gemma2ForCausalLM",
+    "Gemma3ForCausalLM": "minivllm.models.gemma3:Gemma3ForCausalLM",
+    "Olmo2ForCausalLM": "minivllm.models.olmo2:Olmo2ForCausalLM",
+    "GraniteForCausalLM": "minivllm.models.granite:GraniteForCausalLM",
     "GPT2LMHeadModel": "minivllm.models.gpt2:GPT2LMHeadModel",
     "GPTNeoXForCausalLM": "minivllm.models.gpt_neox:GPTNeoXForCausalLM",
 }

@@ -69,7 +69,7 @@ def test_rotary_in_place_equals_torch(head_dim, rotary_dim, neox, dtype):
     q = _values((5, 4, head_dim), dtype)
     k = _values((5, 2, head_dim), dtype)
     want_q, want_k = rope(positions, q, k)  # the torch path, cos/sin computed from positions
-    cos, sin = rope._freqs(torch.arange(64))
+    cos, sin = rope.cos_sin(torch.arange(64))
     cache = torch.cat((cos, sin), dim=-1)
     qkv = torch.cat((q, k), dim=1)  # q and k as strided views of one buffer, as the models have them
     got_q, got_k = qkv[:, :4], qkv[:, 4:]
@@ -85,7 +85,7 @@ def test_rotary_cache_path_equals_computed_path():
     positions = torch.tensor([1, 9, 2])
     q, k = torch.randn(3, 2, 8), torch.randn(3, 1, 8)
     want = rope(positions, q, k)
-    cos, sin = rope._freqs(torch.arange(16))
+    cos, sin = rope.cos_sin(torch.arange(16))
     rope.cos_sin_cache = torch.cat((cos, sin), dim=-1)
     got = rope(positions, q, k)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
@@ -107,7 +107,7 @@ def test_fused_layers_on_cuda_equal_the_torch_path(dtype):
     positions = torch.arange(7, device=cuda) * 5
     q, k = torch.randn(7, 4, 64, dtype=dtype, device=cuda), torch.randn(7, 2, 64, dtype=dtype, device=cuda)
     want_q, want_k = rope(positions, q, k)
-    cos, sin = rope._freqs(torch.arange(64, device=cuda))
+    cos, sin = rope.cos_sin(torch.arange(64, device=cuda))
     rope.cos_sin_cache = torch.cat((cos, sin), dim=-1)
     got_q, got_k = rope(positions, q.clone(), k.clone())
     torch.testing.assert_close(got_q, want_q, atol=1e-2, rtol=1e-2)

@@ -11,13 +11,19 @@ from typing import Callable
 from transformers import PretrainedConfig
 
 from tests.model_configs import (
+    gemma2_config,
+    gemma3_config,
     gpt2_config,
     gpt_neox_config,
+    granite_config,
     llama_config,
     mistral_config,
+    olmo2_config,
     opt_config,
     phi3_config,
+    phi3_longrope_config,
     qwen2_config,
+    qwen2_yarn_config,
     qwen3_config,
 )
 
@@ -41,6 +47,12 @@ PARITY_CASES = [
     ParityCase("qwen3-qknorm-headdim24-tied", "Qwen3ForCausalLM", qwen3_config),
     ParityCase("mistral-window5-mqa", "MistralForCausalLM", mistral_config),
     ParityCase("phi3-fused-partial-rope-window7", "Phi3ForCausalLM", phi3_config),
+    ParityCase("phi3-longrope-original8", "Phi3ForCausalLM", phi3_longrope_config),
+    ParityCase("qwen2-yarn-factor4-original8", "Qwen2ForCausalLM", qwen2_yarn_config),
+    ParityCase("gemma2-softcaps-window6-alternating", "Gemma2ForCausalLM", gemma2_config),
+    ParityCase("gemma3-local-global-rope-qknorm", "Gemma3ForCausalLM", gemma3_config),
+    ParityCase("olmo2-postnorm-full-qknorm", "Olmo2ForCausalLM", olmo2_config),
+    ParityCase("granite-multipliers-tied", "GraniteForCausalLM", granite_config),
     ParityCase("gpt2-conv1d-tied", "GPT2LMHeadModel", gpt2_config),
     ParityCase(
         "gpt2-untied-inverse-layer-scale",
