@@ -15,10 +15,12 @@ from tests.model_configs import (
     gpt_neox_config,
     llama_config,
     mistral_config,
+    mixtral_config,
     opt_config,
     phi3_config,
     qwen2_config,
     qwen3_config,
+    qwen3_moe_config,
 )
 
 
@@ -40,6 +42,13 @@ PARITY_CASES = [
     ParityCase("qwen2-bias-window-on-layer1", "Qwen2ForCausalLM", qwen2_config),
     ParityCase("qwen3-qknorm-headdim24-tied", "Qwen3ForCausalLM", qwen3_config),
     ParityCase("mistral-window5-mqa", "MistralForCausalLM", mistral_config),
+    ParityCase("qwen3-moe-8x-top2-raw-weights-dense-layer1", "Qwen3MoeForCausalLM", qwen3_moe_config),
+    ParityCase(
+        "qwen3-moe-8x-top2-renormalized",
+        "Qwen3MoeForCausalLM",
+        lambda: qwen3_moe_config(norm_topk_prob=True, mlp_only_layers=[]),
+    ),
+    ParityCase("mixtral-8x-top2-window6", "MixtralForCausalLM", mixtral_config),
     ParityCase("phi3-fused-partial-rope-window7", "Phi3ForCausalLM", phi3_config),
     ParityCase("gpt2-conv1d-tied", "GPT2LMHeadModel", gpt2_config),
     ParityCase(

@@ -26,6 +26,8 @@ PRESETS = {
     "llama-3.2-1b": ("LlamaForCausalLM", 1_235_814_400, None),
     "phi-3-mini": ("Phi3ForCausalLM", 3_821_079_552, 2047),
     "mistral-7b": ("MistralForCausalLM", 7_241_732_096, 4096),
+    "qwen3-30b-a3b": ("Qwen3MoeForCausalLM", 30_532_122_624, None),
+    "mixtral-8x7b": ("MixtralForCausalLM", 46_702_792_704, None),
 }
 
 
