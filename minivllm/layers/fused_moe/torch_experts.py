@@ -1,8 +1,9 @@
 """The reference expert computation in plain torch (the CPU path).
 
-For each local expert: gather the (token, slot) pairs routed to it, run its
-SwiGLU MLP on those tokens only, scale by the routing weight and add into the
-token's output. Experts that receive no token are skipped.
+The (token, slot) pairs are sorted by expert once; then for each local expert
+that received any: gather its tokens, run its SwiGLU MLP on those only, scale
+by the routing weight and add into the tokens' outputs. Experts that receive
+no token cost nothing, and neither do pairs whose expert is on another rank (id -1).
 """
 from __future__ import annotations
 
@@ -29,13 +30,19 @@ def torch_fused_experts(
     topk_weights (T, k); topk_ids (T, k) local expert ids, -1 = not on this rank.
     Returns (T, H) in hidden's dtype.
     """
+    k = topk_ids.shape[1]
+    flat = topk_ids.flatten()  # (T*k,) pair t*k+s -> expert
+    order = torch.argsort(flat, stable=True)  # pairs by expert, -1 first, tokens ascending within one
+    counts = torch.bincount(flat + 1, minlength=w13.shape[0] + 1).tolist()  # [other ranks, expert 0, ...]
+    flat_weights = topk_weights.flatten()
     out = torch.zeros_like(hidden)
-    for expert in range(w13.shape[0]):
-        tokens, slots = torch.where(topk_ids == expert)
-        if tokens.numel() == 0:
+    start = counts[0]
+    for expert, n in enumerate(counts[1:]):
+        if n == 0:
             continue
-        x = hidden[tokens]  # (n, H)
-        y = F.linear(silu_and_mul(F.linear(x, w13[expert])), w2[expert])  # (n, H)
-        y = y * topk_weights[tokens, slots, None]
-        out.index_add_(0, tokens, y.to(out.dtype))
+        pairs = order[start : start + n]
+        start += n
+        tokens = pairs // k
+        y = F.linear(silu_and_mul(F.linear(hidden[tokens], w13[expert])), w2[expert])  # (n, H)
+        out.index_add_(0, tokens, (y * flat_weights[pairs, None]).to(out.dtype))
     return out
