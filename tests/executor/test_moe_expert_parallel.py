@@ -19,8 +19,13 @@ def moe_dir(make_checkpoint):
     return make_checkpoint(CASE.name, CASE.config())
 
 
+@pytest.fixture(scope="module")
+def tp1_outputs(moe_dir):
+    return h.reference(moe_dir)
+
+
 @pytest.mark.parametrize("expert_parallel", [False, True], ids=["tp-sliced-experts", "expert-parallel"])
-def test_moe_tp2_matches_tp1(moe_dir, expert_parallel):
+def test_moe_tp2_matches_tp1(moe_dir, tp1_outputs, expert_parallel):
     llm = LLM(model=str(moe_dir), tensor_parallel_size=2, enable_expert_parallel=expert_parallel, **h.LLM_KWARGS)
     try:
         shapes = llm.llm_engine.core.executor.collective_rpc(h.param_shapes)
@@ -31,4 +36,4 @@ def test_moe_tp2_matches_tp1(moe_dir, expert_parallel):
     E, I, H = config.num_experts, config.moe_intermediate_size, config.hidden_size
     local = (E // 2, 2 * I, H) if expert_parallel else (E, 2 * I // 2, H)
     assert [s[EXPERTS + "w13"] for s in shapes] == [local, local]
-    h.assert_same_outputs(h.reference(moe_dir), outputs)
+    h.assert_same_outputs(tp1_outputs, outputs)

@@ -41,7 +41,7 @@ def _grouped_gemm_kernel(
     if pid_m * BLOCK_M >= tl.load(num_padded_ptr) or expert < 0:
         return
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    rows = tl.load(sorted_ids_ptr + offs_m)  # (BLOCK_M,) flat pair index, num_valid = padding
+    rows = tl.load(sorted_ids_ptr + offs_m).to(tl.int64)  # (BLOCK_M,) flat pair index, num_valid = padding
     row_ok = rows < num_valid
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
