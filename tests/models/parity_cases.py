@@ -44,9 +44,9 @@ PARITY_CASES = [
     ParityCase("mistral-window5-mqa", "MistralForCausalLM", mistral_config),
     ParityCase("qwen3-moe-8x-top2-raw-weights-dense-layer1", "Qwen3MoeForCausalLM", qwen3_moe_config),
     ParityCase(
-        "qwen3-moe-8x-top2-renormalized",
+        "qwen3-moe-8x-top2-renormalized-sparse-step2",
         "Qwen3MoeForCausalLM",
-        lambda: qwen3_moe_config(norm_topk_prob=True, mlp_only_layers=[]),
+        lambda: qwen3_moe_config(norm_topk_prob=True, mlp_only_layers=[], decoder_sparse_step=2),  # layer 0 dense
     ),
     ParityCase("mixtral-8x-top2-window6", "MixtralForCausalLM", mixtral_config),
     ParityCase("phi3-fused-partial-rope-window7", "Phi3ForCausalLM", phi3_config),
