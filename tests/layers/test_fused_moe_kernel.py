@@ -26,7 +26,7 @@ DEVICES = [
     "router_cls, config",
     [
         (MixtralTopKRouter, MixtralConfig(hidden_size=16, num_local_experts=8, num_experts_per_tok=2)),
-        (Qwen3MoeTopKRouter, Qwen3MoeConfig(hidden_size=16, num_experts=8, num_experts_per_tok=3, norm_topk_prob=False)),
+        (Qwen3MoeTopKRouter, Qwen3MoeConfig(hidden_size=16, num_experts=8, num_experts_per_tok=3)),
         (Qwen3MoeTopKRouter, Qwen3MoeConfig(hidden_size=16, num_experts=8, num_experts_per_tok=3, norm_topk_prob=True)),
     ],
 )

@@ -68,7 +68,8 @@ def test_expert_parallel_places_whole_experts_and_skips_the_rest_unread(monkeypa
 def test_checkpoint_names_map_to_stacked_parameters():
     assert expert_weight_target("model.layers.3.mlp.experts.17.up_proj.weight") == (
         "model.layers.3.mlp.experts.w13", (17, "w3"))
-    assert expert_weight_target("model.layers.0.mlp.experts.2.w2.weight") == ("model.layers.0.mlp.experts.w2", (2, "w2"))
+    assert expert_weight_target("model.layers.0.mlp.experts.2.w2.weight") == (
+        "model.layers.0.mlp.experts.w2", (2, "w2"))
     assert expert_weight_target("model.layers.0.mlp.gate.weight") is None
     assert expert_weight_target("model.layers.0.mlp.gate_proj.weight") is None  # a dense MLP
 

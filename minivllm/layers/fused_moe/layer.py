@@ -35,7 +35,9 @@ ExpertShard = tuple[int, str]
 """(global expert id, "w1" | "w3" | "w2"): which checkpoint tensor a weight_loader call carries."""
 
 
-def fused_experts(hidden, w13, w2, topk_weights, topk_ids) -> torch.Tensor:
+def fused_experts(
+    hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
+) -> torch.Tensor:
     """The Triton kernel on CUDA, the torch reference elsewhere (same arguments and result)."""
     if hidden.is_cuda:
         from minivllm.layers.fused_moe.triton_experts import triton_fused_experts
@@ -83,7 +85,8 @@ class FusedMoE(nn.Module):
             copy_checked(param.data[local], narrow(loaded, 1, start, I), f"experts.{expert}.w2")
         elif which in ("w1", "w3"):  # (I_full, H): rows, gate first then up
             offset = 0 if which == "w1" else I
-            copy_checked(param.data[local].narrow(0, offset, I), narrow(loaded, 0, start, I), f"experts.{expert}.{which}")
+            dest = param.data[local].narrow(0, offset, I)
+            copy_checked(dest, narrow(loaded, 0, start, I), f"experts.{expert}.{which}")
         else:
             raise ValueError(f"expert weight {which!r}: expected w1, w2 or w3")
 
