@@ -10,10 +10,12 @@ from transformers import (
     LlamaConfig,
     Olmo2Config,
     MistralConfig,
+    MixtralConfig,
     OPTConfig,
     Phi3Config,
     Qwen2Config,
     Qwen3Config,
+    Qwen3MoeConfig,
 )
 
 VOCAB = 512  # matches tests.checkpoints.train_tokenizer
@@ -83,6 +85,35 @@ def mistral_config(**overrides) -> MistralConfig:
         num_key_value_heads=1, sliding_window=5, tie_word_embeddings=False, architectures=["MistralForCausalLM"]
     )
     return MistralConfig(**{**base, **overrides})
+
+
+def qwen3_moe_config(**overrides) -> Qwen3MoeConfig:
+    """8 experts of width 32, top-2 without renormalization; layer 1 dense (mlp_only_layers)."""
+    base = _llama_like(
+        head_dim=16,
+        num_experts=8,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        norm_topk_prob=False,
+        decoder_sparse_step=1,
+        mlp_only_layers=[1],
+        tie_word_embeddings=False,
+        architectures=["Qwen3MoeForCausalLM"],
+    )
+    return Qwen3MoeConfig(**{**base, **overrides})
+
+
+def mixtral_config(**overrides) -> MixtralConfig:
+    """8 experts of width 48, top-2 renormalized, on every layer; window of 6."""
+    base = _llama_like(
+        intermediate_size=48,
+        num_local_experts=8,
+        num_experts_per_tok=2,
+        sliding_window=6,
+        tie_word_embeddings=False,
+        architectures=["MixtralForCausalLM"],
+    )
+    return MixtralConfig(**{**base, **overrides})
 
 
 def phi3_config(**overrides) -> Phi3Config:

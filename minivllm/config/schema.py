@@ -61,6 +61,8 @@ class ParallelConfig:
     """Tensor-parallel size (vLLM: tensor_parallel_size)."""
     pp: int = 1
     """Pipeline-parallel size; only 1 is supported."""
+    enable_expert_parallel: bool = False
+    """MoE models: place whole experts on the tensor-parallel ranks instead of slicing every expert."""
     backend: str = "auto"
     """Executor: auto (uni for tp=1, mp otherwise), uni, mp (one process per rank), ray."""
     executor: Any = None

@@ -17,8 +17,8 @@ from omegaconf import DictConfig, OmegaConf
 from minivllm.config.bench import BenchConfig
 from minivllm.config.model_source import load_hf_config
 from minivllm.core.sliding_window import max_blocks_per_request, model_sliding_window
+from minivllm.distributed.utils import check_expert_parallel, check_tensor_parallel
 from minivllm.layers.rotary import check_rope_types
-from minivllm.distributed.utils import check_tensor_parallel
 from minivllm.config.schema import (
     AttentionConfig,
     CacheConfig,
@@ -124,6 +124,7 @@ class VllmConfig:
         self.max_model_len: int = _resolve_max_model_len(self.model.max_model_len, self.hf_config)
         self.parallel.executor = {"_target_": _executor_target(self.parallel)}
         check_tensor_parallel(self.parallel.tp, self.hf_config)
+        check_expert_parallel(self.parallel.tp, self.parallel.enable_expert_parallel, self.hf_config)
         if not self.attention.backend:
             self.attention.backend = {"_target_": _attention_target(self.attention.name, self.device_type)}
         self._check_scheduler()

@@ -25,6 +25,7 @@ KWARG_KEYS = {
     "tensor_parallel_size": "parallel.tp",
     "pipeline_parallel_size": "parallel.pp",
     "distributed_executor_backend": "parallel.backend",
+    "enable_expert_parallel": "parallel.enable_expert_parallel",
     "gpu_memory_utilization": "cache.gpu_memory_utilization",
     "block_size": "cache.block_size",
     "kv_cache_dtype": "cache.cache_dtype",

@@ -21,7 +21,7 @@ class DefaultModelLoader:
     def load_model(self, cfg: VllmConfig, backend: AttentionBackend, device: torch.device) -> nn.Module:
         model_cls = ModelRegistry.resolve(cfg.architecture)
         with torch.device("meta"):
-            model = model_cls(cfg.hf_config, backend)
+            model = model_cls(cfg.hf_config, backend, **_model_options(cfg))
         model = model.to(dtype=cfg.dtype).to_empty(device=device)
         for module in model.modules():  # materialising drops shared parameters; restore them
             if hasattr(module, "retie"):
@@ -37,6 +37,11 @@ class DefaultModelLoader:
         show = cfg.load.use_tqdm and len(files) > 1
         for path in tqdm(files, desc="Loading weights", unit="file", disable=not show or None):
             yield from iterate_weights(kind, [path])
+
+
+def _model_options(cfg: VllmConfig) -> dict[str, Any]:
+    """Keyword options for the model class beyond (hf_config, backend); only MoE models take any."""
+    return {"expert_parallel": True} if cfg.parallel.enable_expert_parallel else {}
 
 
 @torch.no_grad()

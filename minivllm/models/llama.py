@@ -78,15 +78,25 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, config: PretrainedConfig, backend: AttentionBackend, layer_idx: int, **attn_opts: Any):
+    def __init__(
+        self,
+        config: PretrainedConfig,
+        backend: AttentionBackend,
+        layer_idx: int,
+        mlp: nn.Module | None = None,
+        **attn_opts: Any,
+    ):
+        """``mlp`` replaces the dense SwiGLU MLP (MoE families pass their sparse block)."""
         super().__init__()
         layer_types = getattr(config, "layer_types", None)  # Qwen2/3: sliding window only on some layers
         if layer_types is not None and layer_types[layer_idx] != "sliding_attention":
             attn_opts = {**attn_opts, "sliding_window": None}
         self.self_attn = LlamaAttention(config, backend, **attn_opts)
-        self.mlp = LlamaMLP(
-            config.hidden_size, config.intermediate_size, config.hidden_act, getattr(config, "mlp_bias", False)
-        )
+        if mlp is None:
+            mlp = LlamaMLP(
+                config.hidden_size, config.intermediate_size, config.hidden_act, getattr(config, "mlp_bias", False)
+            )
+        self.mlp = mlp
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -135,10 +145,11 @@ class LlamaForCausalLM(nn.Module):
     }
     model_cls = LlamaModel
 
-    def __init__(self, config: PretrainedConfig, backend: AttentionBackend) -> None:
+    def __init__(self, config: PretrainedConfig, backend: AttentionBackend, **layer_opts: Any) -> None:
+        """``layer_opts`` go to every decoder layer besides the attention options (e.g. ``expert_parallel``)."""
         super().__init__()
         self.config = config
-        self.model = self.model_cls(config, backend, **self.attention_options(config))
+        self.model = self.model_cls(config, backend, **self.attention_options(config), **layer_opts)
         self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
         if getattr(config, "tie_word_embeddings", False):
             self.lm_head.tie_to(self.model.embed_tokens)
@@ -158,4 +169,8 @@ class LlamaForCausalLM(nn.Module):
         skip = ("rotary_emb.inv_freq",)
         if getattr(self.config, "tie_word_embeddings", False):
             skip += ("lm_head.weight",)
-        load_weights(self, weights, self.packed_modules_mapping, skip)
+        load_weights(self, weights, self.packed_modules_mapping, skip, resolve=self.resolve_weight)
+
+    def resolve_weight(self, name: str) -> tuple[str, Any] | None:
+        """(parameter, shard id) for checkpoint names ``packed_modules_mapping`` cannot express; None here."""
+        return None

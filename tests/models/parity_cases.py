@@ -19,12 +19,14 @@ from tests.model_configs import (
     llama_config,
     mistral_config,
     olmo2_config,
+    mixtral_config,
     opt_config,
     phi3_config,
     phi3_longrope_config,
     qwen2_config,
     qwen2_yarn_config,
     qwen3_config,
+    qwen3_moe_config,
 )
 
 
@@ -46,6 +48,13 @@ PARITY_CASES = [
     ParityCase("qwen2-bias-window-on-layer1", "Qwen2ForCausalLM", qwen2_config),
     ParityCase("qwen3-qknorm-headdim24-tied", "Qwen3ForCausalLM", qwen3_config),
     ParityCase("mistral-window5-mqa", "MistralForCausalLM", mistral_config),
+    ParityCase("qwen3-moe-8x-top2-raw-weights-dense-layer1", "Qwen3MoeForCausalLM", qwen3_moe_config),
+    ParityCase(
+        "qwen3-moe-8x-top2-renormalized-sparse-step2",
+        "Qwen3MoeForCausalLM",
+        lambda: qwen3_moe_config(norm_topk_prob=True, mlp_only_layers=[], decoder_sparse_step=2),  # layer 0 dense
+    ),
+    ParityCase("mixtral-8x-top2-window6", "MixtralForCausalLM", mixtral_config),
     ParityCase("phi3-fused-partial-rope-window7", "Phi3ForCausalLM", phi3_config),
     ParityCase("phi3-longrope-original8", "Phi3ForCausalLM", phi3_longrope_config),
     ParityCase("qwen2-yarn-factor4-original8", "Qwen2ForCausalLM", qwen2_yarn_config),

@@ -30,6 +30,8 @@ PRESETS = {
     "gemma-3-1b": ("Gemma3ForCausalLM", 999_885_952, {512, None}),
     "olmo-2-1b": ("Olmo2ForCausalLM", 1_484_916_736, None),
     "granite-3.1-2b": ("GraniteForCausalLM", 2_533_531_648, None),
+    "qwen3-30b-a3b": ("Qwen3MoeForCausalLM", 30_532_122_624, None),
+    "mixtral-8x7b": ("MixtralForCausalLM", 46_702_792_704, None),
 }
 
 
