@@ -236,6 +236,10 @@ class AsyncLLM:
     def get_num_unfinished_requests(self) -> int:
         return len(self._streams)
 
+    def get_num_unfinished_sequences(self) -> int:
+        """Sequences (``n`` per request) of the unfinished requests: what the engine may still queue."""
+        return sum(stream.params.n for stream in self._streams.values())
+
     def shutdown(self, timeout: float = 10.0) -> None:
         """Stop the engine process; in-flight requests fail with EngineDeadError."""
         self._closing = True

@@ -65,6 +65,9 @@ class Processor:
 
     def check_params(self, params: SamplingParams) -> None:
         """The SamplingParams checks that need the model: logprob caps and token ids."""
+        max_n = self.cfg.serve.max_n
+        if params.n > max_n:
+            raise ValueError(f"n={params.n}: must be in [1, {max_n}] (serve.max_n={max_n})")
         cap = self.cfg.model.max_logprobs
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(params, name)
