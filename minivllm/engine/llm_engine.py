@@ -84,8 +84,9 @@ class LLMEngine:
         for index, child_id in enumerate(child_ids):
             child_params = parent.child_params(index)
             request = Request(
-                child_id, ids, child_params, self.eos_token_id, max_tokens, priority=priority, cache_salt=cache_salt
-            )
+                child_id, ids, child_params, self.eos_token_id, max_tokens, priority=priority, cache_salt=cache_salt,
+                parent_id=req_id,
+            )  # fmt: skip
             detok = IncrementalDetokenizer(self.tokenizer, child_params, ids)
             state = CompletionState(child_id, index, parent, detok)
             parent.children.append(state)

@@ -62,6 +62,9 @@ class Request:
     """The stop token id or stop string that ended the request, if any."""
     cache_salt: str | None = None
     """Mixed into the prefix-cache hashes: only requests with the same salt share blocks."""
+    parent_id: str | None = None
+    """The client request this sequence is one completion of (``n > 1``); the waiting
+    queue takes turns between client requests. None: the request is its own."""
     block_hashes: list[BlockHash] = field(default_factory=list)
     """Prefix-cache hashes of the request's full blocks so far (filled by the KV-cache manager)."""
 

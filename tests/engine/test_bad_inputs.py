@@ -31,6 +31,7 @@ def _still_serves(llm: LLM) -> None:
         ({"prompt_token_ids": [1, 99999]}, SamplingParams(max_tokens=4), "outside the vocabulary"),
         ({"prompt_token_ids": [5] * 60}, SamplingParams(max_tokens=27), "can never fit the KV cache"),
         (3.5, SamplingParams(max_tokens=4), "prompt: expected"),
+        ("def f():", SamplingParams(n=129, max_tokens=1), r"n=129: must be in \[1, 128\] \(serve.max_n=128\)"),
     ],
 )
 def test_bad_prompts_raise_and_the_engine_keeps_serving(llm, prompt, params, match):
