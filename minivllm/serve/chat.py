@@ -85,7 +85,8 @@ def render(state: ServerState, body: ChatCompletionRequest) -> dict[str, Any]:
     except Exception as err:  # noqa: BLE001 - a template error is the request's problem
         raise BadRequest("messages", f"messages: the chat template failed: {err}") from None
     # The template already holds any BOS it wants; add no special tokens on top.
-    return {"prompt": text, "prompt_token_ids": state.engine.tokenizer.encode(text, add_special_tokens=False)}
+    ids = state.engine.tokenizer.encode(text, add_special_tokens=False, verbose=False)  # too long: our error
+    return {"prompt": text, "prompt_token_ids": ids}
 
 
 def _message_dict(i: int, message: Any) -> dict[str, Any]:
