@@ -15,7 +15,6 @@ import asyncio
 import json
 import signal
 import sys
-from dataclasses import asdict
 from pathlib import Path
 
 from minivllm.bench.soak import SoakConfig, run_soak
@@ -49,7 +48,7 @@ def main() -> int:
         proc.wait(60)
     print(report.summary())
     if args.result_json:
-        args.result_json.write_text(json.dumps({**asdict(report), "problems": report.problems()}, indent=2))
+        args.result_json.write_text(json.dumps(report.to_json(), indent=2))
     return 1 if report.problems() else 0
 
 

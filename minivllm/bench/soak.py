@@ -83,6 +83,15 @@ class SoakReport:
                 out.append(f"{name}: open file descriptors grew {start.fds} -> {end.fds} after warm-up")
         return out
 
+    def to_json(self) -> dict:
+        """Plain JSON types (``dataclasses.asdict`` would mangle the Counters)."""
+        return {
+            "seconds": self.seconds, "requests": dict(self.requests), "outcomes": dict(self.outcomes),
+            "unexpected": self.unexpected, "http_500": self.http_500, "idle": self.idle,
+            "baseline": {k: vars(v) for k, v in self.baseline.items()},
+            "end": {k: vars(v) for k, v in self.end.items()}, "problems": self.problems(),
+        }  # fmt: skip
+
     def summary(self) -> str:
         lines = [f"soak: {sum(self.requests.values())} requests in {self.seconds:.0f} s"]
         lines.append("  by kind:    " + ", ".join(f"{k}={v}" for k, v in sorted(self.requests.items())))

@@ -78,7 +78,8 @@ class Traffic:
     async def chat_completion(self, stream: bool) -> str:
         n = self.rng.choice([1, 2])
         messages = [{"role": "user", "content": self.rng.choice(PROMPTS)}]
-        return await self._exchange("/v1/chat/completions", {**self._sampling(n), "messages": messages, "stream": stream}, n)
+        body = {**self._sampling(n), "messages": messages, "stream": stream}
+        return await self._exchange("/v1/chat/completions", body, n)
 
     async def _exchange(self, path: str, body: dict[str, Any], n: int) -> str:
         if body["stream"]:

@@ -10,7 +10,8 @@ SEATS, HUGE_N, HUGE_TOKENS, SMALL_TOKENS = 4, 64, 8, 2
 
 
 def test_small_request_finishes_within_bounded_steps_beside_a_huge_n(llama_dir):
-    llm = LLM(model=str(llama_dir), dtype="float32", block_size=8, num_gpu_blocks_override=64, max_num_seqs=SEATS)
+    kwargs = dict(dtype="float32", block_size=8, num_gpu_blocks_override=64, max_num_seqs=SEATS)
+    llm = LLM(model=str(llama_dir), **kwargs)
     try:
         engine = llm.llm_engine
         huge = SamplingParams(n=HUGE_N, max_tokens=HUGE_TOKENS, temperature=0, ignore_eos=True)

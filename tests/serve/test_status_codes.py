@@ -18,7 +18,8 @@ MAX_WAITING = 4
 
 @pytest.fixture(scope="module")
 def server(async_engine):
-    handle = async_engine.start_server(chat_template=TEMPLATE, max_n=8, max_seqs_per_request=17, max_waiting=MAX_WAITING)
+    limits = dict(max_n=8, max_seqs_per_request=17, max_waiting=MAX_WAITING)
+    handle = async_engine.start_server(chat_template=TEMPLATE, **limits)
     yield handle
     handle.stop()
 
@@ -79,7 +80,8 @@ def test_a_body_that_is_not_json_says_so(http):
         res = http.post("/v1/completions", content=b'{"prompt": "x"}', headers=headers)
         assert res.status_code == 400, res.text
         assert "Content-Type must be application/json" in res.json()["error"]["message"]
-    res = http.post("/v1/completions", content=b'{"prompt": "x", "max_tokens": 1}', headers={"content-type": "application/json; charset=utf-8"})
+    with_charset = {"content-type": "application/json; charset=utf-8"}
+    res = http.post("/v1/completions", content=b'{"prompt": "x", "max_tokens": 1}', headers=with_charset)
     assert res.status_code == 200
 
 
