@@ -5,8 +5,9 @@ It offers the subset of ``collections.deque`` the scheduler uses: ``append``
 newer requests), ``popleft``/``[0]`` (the next to admit), ``remove``, ``len``,
 ``in`` and iteration (in admission order).
 
-Fairness: a client request with ``n > 1`` arrives as ``n`` sequences of one
-*lane* (``Request.parent_id``); a single sequence is a lane of its own. Lanes
+Fairness: a client request with ``n > 1``, or a server request with several
+prompts, arrives as sequences of one *lane* (``Request.group_id``); a single
+sequence is a lane of its own. Lanes
 take turns, so one huge ``n`` cannot hold back a small request that arrives
 after it: each sequence gets a *turn* when queued, one past its lane's previous
 one and never below the turn being served now::
@@ -109,7 +110,7 @@ class FairRequestQueue:
 
 
 def _lane(request: Request) -> str:
-    return request.parent_id or request.request_id
+    return request.group_id or request.request_id
 
 
 def make_waiting_queue(policy: str) -> FairRequestQueue:

@@ -58,7 +58,7 @@ async def start_requests(
     try:
         for i, p in enumerate(prompts):
             request = {"prompt": p.text, "prompt_token_ids": p.token_ids}
-            streams.append(await engine.add_request(f"{base_id}-{i}", request, params, priority))
+            streams.append(await engine.add_request(f"{base_id}-{i}", request, params, priority, group_id=base_id))
     except BaseException as err:
         for s in streams:
             s.abort()

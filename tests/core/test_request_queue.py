@@ -13,7 +13,7 @@ _clock = iter(range(1_000_000))
 def seq(name: str, parent: str | None = None, priority: int = 0) -> Request:
     params = SamplingParams(max_tokens=4)
     return Request(RequestId(name), [1, 2], params, None, 4, arrival_time=float(next(_clock)),
-                   priority=priority, parent_id=parent)  # fmt: skip
+                   priority=priority, group_id=parent)  # fmt: skip
 
 
 def drain(queue) -> list[str]:

@@ -31,3 +31,23 @@ def test_small_request_finishes_within_bounded_steps_beside_a_huge_n(llama_dir):
         assert steps < fcfs_bound / 4
     finally:
         llm.shutdown()
+
+
+def test_a_batch_of_prompts_in_one_group_takes_turns_too(llama_dir):
+    """A server request with many prompts is one group: its sequences share a lane."""
+    kwargs = dict(dtype="float32", block_size=8, num_gpu_blocks_override=64, max_num_seqs=SEATS)
+    llm = LLM(model=str(llama_dir), **kwargs)
+    try:
+        engine = llm.llm_engine
+        params = SamplingParams(n=4, max_tokens=HUGE_TOKENS, temperature=0, ignore_eos=True)
+        for i in range(HUGE_N // 4):
+            engine.add_request(f"batch-{i}", f"x = {i}", params, group_id="batch")
+        engine.step()
+        engine.add_request("small", "import os", SamplingParams(max_tokens=SMALL_TOKENS, temperature=0, ignore_eos=True))
+        steps = 1
+        while not any(o.request_id == "small" and o.finished for o in engine.step()):
+            steps += 1
+            assert steps < 200, "the small request never finished"
+        assert steps + 1 <= 2 * HUGE_TOKENS + SMALL_TOKENS
+    finally:
+        llm.shutdown()
