@@ -61,10 +61,19 @@ class ServeConfig:
     """Jinja chat template (or a file holding one) for models whose tokenizer has none."""
     shutdown_timeout: float = 30.0
     """Seconds in-flight requests get to finish after SIGTERM before they are cancelled."""
+    max_n: int = 128
+    """Most completions one prompt may ask for (``n``); more is a 400. ``LLM`` checks it too."""
+    max_seqs_per_request: int = 1024
+    """Most sequences (prompts x n) one HTTP request may queue; more is a 400."""
+    max_waiting: int = 2048
+    """Sequences allowed to wait beyond scheduler.max_num_seqs; a request that would go past it gets 503."""
 
     def __post_init__(self) -> None:
         check_range("serve.port", self.port, low=0, high=65535)
         check_range("serve.shutdown_timeout", self.shutdown_timeout, low=0.0)
+        check_range("serve.max_n", self.max_n, low=1)
+        check_range("serve.max_seqs_per_request", self.max_seqs_per_request, low=1)
+        check_range("serve.max_waiting", self.max_waiting, low=0)
 
 
 @dataclass

@@ -70,11 +70,14 @@ class LLMEngine:
         params: SamplingParams | None = None,
         priority: int = 0,
         cache_salt: str | None = None,
+        group_id: str | None = None,
     ) -> RequestId:
         """Validate and queue a request (``params.n`` core requests); raises ValueError
         (nothing queued) on bad input.
 
         ``cache_salt``: only requests with the same salt share prefix-cache blocks.
+        ``group_id``: the client request it is part of (a server's request with several
+        prompts); the scheduler takes turns between groups. Default: its own id.
         """
         params = params or SamplingParams()
         _check_priority_and_salt(priority, cache_salt, self.cfg.scheduler.policy)
@@ -89,8 +92,9 @@ class LLMEngine:
         for index, child_id in enumerate(child_ids):
             child_params = parent.child_params(index)
             request = Request(
-                child_id, ids, child_params, self.eos_token_id, max_tokens, priority=priority, cache_salt=cache_salt
-            )
+                child_id, ids, child_params, self.eos_token_id, max_tokens, priority=priority, cache_salt=cache_salt,
+                group_id=group_id or req_id,
+            )  # fmt: skip
             detok = IncrementalDetokenizer(self.tokenizer, child_params, ids)
             state = CompletionState(child_id, index, parent, detok)
             parent.children.append(state)

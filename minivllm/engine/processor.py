@@ -25,7 +25,7 @@ class Processor:
 
     def tokenize(self, prompt: PromptType) -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):
-            text, ids = prompt, self.tokenizer.encode(prompt, add_special_tokens=True) if prompt else []
+            text, ids = prompt, self._encode(prompt) if prompt else []
         elif isinstance(prompt, dict) and "prompt_token_ids" in prompt:
             text, ids = prompt.get("prompt"), list(prompt["prompt_token_ids"])
         elif isinstance(prompt, dict) and "prompt" in prompt:
@@ -39,6 +39,10 @@ class Processor:
             )
         self._check_ids(ids)
         return text, ids
+
+    def _encode(self, text: str) -> list[int]:
+        """Token ids; transformers' too-long warning is off (``_check_ids`` says it better)."""
+        return self.tokenizer.encode(text, add_special_tokens=True, verbose=False)
 
     def _check_ids(self, ids: list[int]) -> None:
         if not ids:
@@ -67,6 +71,9 @@ class Processor:
 
     def check_params(self, params: SamplingParams) -> None:
         """The SamplingParams checks that need the model: logprob caps and token ids."""
+        max_n = self.cfg.serve.max_n
+        if params.n > max_n:
+            raise ValueError(f"n={params.n}: must be in [1, {max_n}] (serve.max_n={max_n})")
         cap = self.cfg.model.max_logprobs
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(params, name)

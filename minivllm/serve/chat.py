@@ -10,8 +10,10 @@ from fastapi.responses import StreamingResponse
 from minivllm.engine.outputs import CompletionOutput
 from minivllm.engine.request_stream import EngineDeadError, RequestStream
 from minivllm.sampling_params import RequestOutputKind
-from minivllm.serve.generation import SSE_DONE, Prompt, check_prompt, final_outputs, merged, sse, start_requests
+from minivllm.serve.generation import SSE_DONE, Prompt, check_prompt, continuous_usage, final_outputs, merged, sse
+from minivllm.serve.generation import start_requests
 from minivllm.serve.generation import unless_disconnected, usage
+from minivllm.serve.limits import admit
 from minivllm.serve.params import BadRequest, to_sampling_params
 from minivllm.serve.protocol import (
     ChatChoice,
@@ -37,6 +39,7 @@ NO_TEMPLATE = (
 
 async def create_chat_completion(state: ServerState, body: ChatCompletionRequest, raw: Request) -> Any:
     state.check_model(body.model)
+    admit(state, body.n, 1)
     if body.stream_options is not None and not body.stream:
         raise BadRequest("stream_options", "stream_options: only allowed with stream=true")
     if body.top_logprobs is not None and not body.logprobs:
@@ -52,8 +55,6 @@ async def create_chat_completion(state: ServerState, body: ChatCompletionRequest
     if body.stream:
         return StreamingResponse(_stream(body, request_id, streams, fmt), media_type="text/event-stream")
     outs = await unless_disconnected(raw, final_outputs(streams))
-    if outs is None:
-        return None
     choices = [
         ChatChoice(
             index=c.index,
@@ -84,7 +85,8 @@ def render(state: ServerState, body: ChatCompletionRequest) -> dict[str, Any]:
     except Exception as err:  # noqa: BLE001 - a template error is the request's problem
         raise BadRequest("messages", f"messages: the chat template failed: {err}") from None
     # The template already holds any BOS it wants; add no special tokens on top.
-    return {"prompt": text, "prompt_token_ids": state.engine.tokenizer.encode(text, add_special_tokens=False)}
+    ids = state.engine.tokenizer.encode(text, add_special_tokens=False, verbose=False)  # too long: our error
+    return {"prompt": text, "prompt_token_ids": ids}
 
 
 def _message_dict(i: int, message: Any) -> dict[str, Any]:
@@ -126,11 +128,14 @@ async def _stream(
     body: ChatCompletionRequest, request_id: str, streams: list[RequestStream], fmt: _Formatter
 ) -> AsyncIterator[str]:
     model = fmt.state.model_name
-
-    def chunk(choices: list[ChatStreamChoice], usage: UsageInfo | None = None) -> str:
-        return sse(ChatCompletionChunk(id=request_id, model=model, choices=choices, usage=usage))
-
+    every_chunk = continuous_usage(body)
     generated = 0
+
+    def chunk(choices: list[ChatStreamChoice], so_far: UsageInfo | None = None) -> str:
+        if so_far is None and every_chunk:
+            so_far = usage([fmt.prompt], generated=generated)
+        return sse(ChatCompletionChunk(id=request_id, model=model, choices=choices, usage=so_far))
+
     try:
         yield chunk([ChatStreamChoice(index=i, delta=DeltaMessage(role="assistant", content="")) for i in range(body.n)])
         async for _, out in merged(streams):

@@ -9,9 +9,22 @@ over HTTP without touching this file.
 from __future__ import annotations
 
 import time
-from typing import Any, Literal, Optional, Union
+from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, model_validator
+
+
+def _no_bool(value: Any) -> Any:
+    if isinstance(value, bool):
+        raise ValueError("Input should be a valid number, not a boolean")
+    return value
+
+
+Int = Annotated[int, Strict()]
+"""An integer as JSON writes it: ``true``, ``1.0`` and ``"1"`` are refused (OpenAI does too)."""
+Float = Annotated[float, BeforeValidator(_no_bool)]
+"""A number (integers accepted), never a boolean."""
+ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
 class OpenAIModel(BaseModel):
@@ -21,44 +34,46 @@ class OpenAIModel(BaseModel):
 class StreamOptions(OpenAIModel):
     include_usage: bool = False
     """Send a last chunk (with no choices) carrying the request's token usage."""
+    continuous_usage_stats: bool = False
+    """Also put the usage so far on every chunk."""
 
 
 class _SamplingRequest(OpenAIModel):
     """Fields shared by /v1/completions and /v1/chat/completions."""
 
     model: Optional[str] = None
-    n: int = 1
-    temperature: Optional[float] = None
-    top_p: Optional[float] = None
-    seed: Optional[int] = None
+    n: Int = 1
+    temperature: Optional[Float] = None
+    top_p: Optional[Float] = None
+    seed: Optional[Int] = None
     stop: Optional[Union[str, list[str]]] = None
     stream: bool = False
     stream_options: Optional[StreamOptions] = None
-    presence_penalty: Optional[float] = None
-    frequency_penalty: Optional[float] = None
-    logit_bias: Optional[dict[str, float]] = None
+    presence_penalty: Optional[Float] = None
+    frequency_penalty: Optional[Float] = None
+    logit_bias: Optional[dict[str, Float]] = None
     user: Optional[str] = None
     # vLLM's extra sampling fields, accepted at the top level
-    top_k: Optional[int] = None
-    min_p: Optional[float] = None
-    repetition_penalty: Optional[float] = None
-    min_tokens: Optional[int] = None
+    top_k: Optional[Int] = None
+    min_p: Optional[Float] = None
+    repetition_penalty: Optional[Float] = None
+    min_tokens: Optional[Int] = None
     ignore_eos: Optional[bool] = None
-    stop_token_ids: Optional[list[int]] = None
+    stop_token_ids: Optional[list[Int]] = None
     include_stop_str_in_output: Optional[bool] = None
     skip_special_tokens: Optional[bool] = None
     spaces_between_special_tokens: Optional[bool] = None
-    prompt_logprobs: Optional[int] = None
-    priority: int = 0
+    prompt_logprobs: Optional[Int] = None
+    priority: Int = 0
     """Scheduling priority (scheduler.policy=priority): lower runs first."""
 
 
 class CompletionRequest(_SamplingRequest):
     prompt: Union[str, list[str], list[int], list[list[int]]]
-    max_tokens: Optional[int] = 16
-    logprobs: Optional[int] = None
+    max_tokens: Optional[Int] = 16
+    logprobs: Optional[Int] = None
     echo: bool = False
-    best_of: Optional[int] = None
+    best_of: Optional[Int] = None
     suffix: Optional[str] = None
 
 
@@ -68,16 +83,26 @@ class ContentPart(OpenAIModel):
 
 
 class ChatMessage(OpenAIModel):
-    role: str
+    """One message; ``content`` is required except on an assistant message with ``tool_calls``."""
+
+    role: Literal[ROLES]
     content: Optional[Union[str, list[ContentPart]]] = None
+
+    @model_validator(mode="after")
+    def _content_required(self) -> "ChatMessage":
+        tool_calls = (self.model_extra or {}).get("tool_calls")
+        if self.content is None and not (self.role == "assistant" and tool_calls):
+            allowed = " (or tool_calls)" if self.role == "assistant" else ""
+            raise ValueError(f"a {self.role} message needs content{allowed}")
+        return self
 
 
 class ChatCompletionRequest(_SamplingRequest):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: Optional[int] = None
-    max_completion_tokens: Optional[int] = None
+    max_tokens: Optional[Int] = None
+    max_completion_tokens: Optional[Int] = None
     logprobs: bool = False
-    top_logprobs: Optional[int] = None
+    top_logprobs: Optional[Int] = None
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: Optional[dict[str, Any]] = None
