@@ -15,6 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from minivllm.config.bench import BenchConfig
 from minivllm.config.model_source import load_hf_config
+from minivllm.quantization import QuantizationConfig, get_quantization_config
 from minivllm.distributed.utils import check_tensor_parallel
 from minivllm.config.schema import (
     AttentionConfig,
@@ -114,6 +115,7 @@ class VllmConfig:
         self.architecture: str = _architecture(self.hf_config)
         ModelRegistry.check_supported(self.architecture)
         self.dtype: torch.dtype = _resolve_dtype(self.model.dtype, self.hf_config, self.device_type)
+        self.quant_config: QuantizationConfig | None = get_quantization_config(self.model.quantization, self.hf_config)
         self.kv_cache_dtype: torch.dtype = (
             self.dtype if self.cache.cache_dtype == "auto" else _DTYPES[self.cache.cache_dtype]
         )
