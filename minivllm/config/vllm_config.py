@@ -114,8 +114,10 @@ class VllmConfig:
             self.hf_config.architectures = [self.model.architecture]
         self.architecture: str = _architecture(self.hf_config)
         ModelRegistry.check_supported(self.architecture)
+        self.quant_config: QuantizationConfig | None = get_quantization_config(
+            self.model.quantization, self.hf_config, self.architecture
+        )
         self.dtype: torch.dtype = _resolve_dtype(self.model.dtype, self.hf_config, self.device_type)
-        self.quant_config: QuantizationConfig | None = get_quantization_config(self.model.quantization, self.hf_config)
         self.kv_cache_dtype: torch.dtype = (
             self.dtype if self.cache.cache_dtype == "auto" else _DTYPES[self.cache.cache_dtype]
         )

@@ -22,9 +22,12 @@ from minivllm.quantization.gptq import GPTQConfig
 QUANTIZATION_METHODS: dict[str, type[QuantizationConfig]] = {
     cls.name: cls for cls in (Fp8Config, CompressedTensorsConfig, AWQConfig, GPTQConfig)
 }
+QUANTIZED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+"""Families whose quantized checkpoints load and are tested: checkpoint names are module
+names, and fused layers have one checkpoint tensor per member (not Phi-3's fused ones)."""
 
 
-def get_quantization_config(requested: str | None, hf_config: Any) -> QuantizationConfig | None:
+def get_quantization_config(requested: str | None, hf_config: Any, architecture: str) -> QuantizationConfig | None:
     """The checkpoint's quantization, checked against ``model.quantization``; None when unquantized."""
     config = getattr(hf_config, "quantization_config", None)
     if config is not None and not isinstance(config, dict):
@@ -41,6 +44,9 @@ def get_quantization_config(requested: str | None, hf_config: Any) -> Quantizati
     if found not in QUANTIZATION_METHODS:
         raise ValueError(f"quantization method {found!r} (config.json quantization_config.quant_method) is not "
                          f"supported; supported: {sorted(QUANTIZATION_METHODS)}")
+    if architecture not in QUANTIZED_ARCHITECTURES:
+        raise ValueError(f"quantized {architecture} checkpoints ({found}) are not supported; quantization "
+                         f"supports {list(QUANTIZED_ARCHITECTURES)}")
     return QUANTIZATION_METHODS[found].from_config(config)
 
 

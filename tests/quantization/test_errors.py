@@ -72,3 +72,9 @@ def test_unsupported_settings_fail_when_the_config_is_built(llama_dir, tmp_path,
     ckpt = _with_quant_config(llama_dir, tmp_path / "ckpt", quant_config)
     with pytest.raises(ValueError, match=message):
         VllmConfig.from_dictconfig(compose([f"model.path={ckpt}"]))
+
+
+def test_quantized_checkpoint_of_an_untested_family_is_refused(opt_dir, tmp_path):
+    ckpt = _with_quant_config(opt_dir, tmp_path / "opt-fp8", {"quant_method": "fp8"})
+    with pytest.raises(ValueError, match=r"quantized OPTForCausalLM checkpoints \(fp8\) are not supported"):
+        VllmConfig.from_dictconfig(compose([f"model.path={ckpt}"]))
