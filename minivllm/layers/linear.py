@@ -44,7 +44,7 @@ class ReplicatedLinear(nn.Module):
 
     def __init__(self, in_features: int, out_features: int, bias: bool, *, full_in: int | None = None) -> None:
         super().__init__()
-        self.shape = LinearShape(in_features, self._member_sizes(out_features), full_in or in_features)
+        self.linear_shape = LinearShape(in_features, self._member_sizes(out_features), full_in or in_features)
         self.param_specs: dict[str, ParamSpec] = {}
         self.set_quant_method(UnquantizedLinearMethod(), torch.get_default_dtype())
         if bias:
@@ -62,7 +62,7 @@ class ReplicatedLinear(nn.Module):
             delattr(self, name)
         self.param_specs = {}
         self.quant_method = method
-        method.create_weights(self, self.shape, params_dtype)
+        method.create_weights(self, self.linear_shape, params_dtype)
 
     def spec_of(self, param: nn.Parameter) -> ParamSpec:
         for name, p in self._parameters.items():

@@ -67,9 +67,12 @@ def _scheme(weights: dict[str, Any], acts: dict[str, Any] | None) -> tuple[str, 
     if kind == "float":
         if not acts or acts.get("type") != "float" or acts.get("num_bits") != 8:
             raise ValueError("compressed-tensors fp8 weights need fp8 input_activations (the W8A8-FP8 scheme)")
-        if acts.get("strategy") not in ("tensor", "token"):
-            raise ValueError(f"compressed-tensors input_activations strategy={acts.get('strategy')!r}: allowed tensor, token")
-        return "fp8", not acts.get("dynamic", False)
+        dynamic = bool(acts.get("dynamic", False))
+        allowed = ("tensor", "token") if dynamic else ("tensor",)
+        if acts.get("strategy") not in allowed:
+            raise ValueError(f"compressed-tensors input_activations strategy={acts.get('strategy')!r} with "
+                             f"dynamic={dynamic}: allowed {list(allowed)}")
+        return "fp8", not dynamic
     if kind == "int" and acts is None:
         return "int8-w8a16", False
     raise ValueError(f"compressed-tensors: weights of type {kind!r} with input_activations {acts}: supported are "
