@@ -47,7 +47,7 @@ class ModelConfig:
     max_logprobs: int = 20
     """Most logprobs a request may ask for per token."""
     quantization: Optional[str] = None
-    """Quantization method (fp8, compressed-tensors, awq, gptq); null: config.json's quantization_config decides."""
+    """Quantization method (fp8, compressed-tensors, awq, gptq); null: config.json's decides; fp8 on an unquantized checkpoint quantizes while loading."""
 
     def __post_init__(self) -> None:
         check_choice("model.dtype", self.dtype, MODEL_DTYPES)

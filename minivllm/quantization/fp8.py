@@ -8,6 +8,9 @@ Per-tensor scales of fused members (q, k, v) differ, so ``weight_scale`` is kept
 per output channel: a member's scalar fills its rows. Static input scales of the
 members act on the same input, so after loading the largest one is kept.
 
+``model.quantization=fp8`` on an unquantized checkpoint quantizes each weight
+while loading (one scale per output channel), as vLLM does for ``quantization="fp8"``.
+
 On a GPU with fp8 tensor cores (compute capability 8.9+) the matmul is
 ``torch._scaled_mm`` on fp8 activations (quantized per token, or with the static
 scale); elsewhere, the CPU included, the weight is dequantized to the activation
@@ -34,9 +37,15 @@ class Fp8Config(QuantizationConfig):
 
     name = "fp8"
 
-    def __init__(self, activation_scheme: str, ignored_layers: list[str]) -> None:
+    def __init__(self, activation_scheme: str, ignored_layers: list[str], serialized: bool = True) -> None:
         self.activation_scheme = activation_scheme
         self.ignored_layers = ignored_layers
+        self.serialized = serialized
+
+    @classmethod
+    def online(cls) -> "Fp8Config":
+        """``model.quantization=fp8`` on an unquantized checkpoint: quantize while loading."""
+        return cls("dynamic", [], serialized=False)
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> "Fp8Config":
@@ -50,6 +59,8 @@ class Fp8Config(QuantizationConfig):
     def get_linear_method(self, prefix: str, members: list[str]) -> LinearMethod | None:
         if is_ignored(prefix, members, self.ignored_layers):
             return None
+        if not self.serialized:
+            return Fp8OnlineMethod()
         return Fp8LinearMethod(static_input=self.activation_scheme == "static")
 
 
@@ -87,6 +98,21 @@ class Fp8LinearMethod(ScaledWeightMethod):
         if _scaled_mm_usable(x, layer.weight):
             return _fp8_matmul(x, layer, bias)
         return F.linear(x, self.dequantize(layer, x.dtype), bias)
+
+
+class Fp8OnlineMethod(Fp8LinearMethod):
+    """Loads the model-dtype weight, then keeps it as fp8 with one scale per output row
+    (amax / 448); activations are scaled per token (dynamic)."""
+
+    def create_weights(self, layer: nn.Module, shape: LinearShape, params_dtype: torch.dtype) -> None:
+        out, inp = shape.output_size_per_partition, shape.input_size_per_partition
+        add_param(layer, "weight", (out, inp), params_dtype, ParamSpec(out_dim=0, in_dim=1))
+
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        weight = layer.weight.data.to(torch.float32)  # (out, in)
+        scale = (weight.abs().amax(dim=1, keepdim=True) / FP8_MAX).clamp(min=torch.finfo(torch.float32).tiny)
+        replace_param(layer, "weight", (weight / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8))
+        replace_param(layer, "weight_scale", scale.reshape(-1))
 
 
 def _scaled_mm_usable(x: torch.Tensor, weight: torch.Tensor) -> bool:

@@ -33,21 +33,28 @@ def get_quantization_config(requested: str | None, hf_config: Any, architecture:
     if config is not None and not isinstance(config, dict):
         config = config.to_dict()
     found = str(config.get("quant_method", "")).lower() if config else None
+    if requested == "fp8" and found is None:  # online: the loader quantizes the model-dtype weights
+        _check_architecture(architecture, requested)
+        return Fp8Config.online()
     if requested is not None and found != requested:
         have = f"quant_method={found!r}" if found else "no quantization_config"
         raise ValueError(
-            f"model.quantization={requested!r}, but the checkpoint's config.json has {have}; loading "
-            f"unquantized weights into a quantized layer (online quantization) is not supported"
+            f"model.quantization={requested!r}, but the checkpoint's config.json has {have}"
+            + ("; of the methods only fp8 quantizes an unquantized checkpoint while loading" if not found else "")
         )
     if found is None:
         return None
     if found not in QUANTIZATION_METHODS:
         raise ValueError(f"quantization method {found!r} (config.json quantization_config.quant_method) is not "
                          f"supported; supported: {sorted(QUANTIZATION_METHODS)}")
-    if architecture not in QUANTIZED_ARCHITECTURES:
-        raise ValueError(f"quantized {architecture} checkpoints ({found}) are not supported; quantization "
-                         f"supports {list(QUANTIZED_ARCHITECTURES)}")
+    _check_architecture(architecture, found)
     return QUANTIZATION_METHODS[found].from_config(config)
+
+
+def _check_architecture(architecture: str, method: str) -> None:
+    if architecture not in QUANTIZED_ARCHITECTURES:
+        raise ValueError(f"quantized {architecture} checkpoints ({method}) are not supported; quantization "
+                         f"supports {list(QUANTIZED_ARCHITECTURES)}")
 
 
 def quantize_model(model: nn.Module, quant_config: QuantizationConfig, params_dtype: torch.dtype) -> None:

@@ -36,9 +36,9 @@ def test_unknown_quantization_keyword_fails_when_the_config_is_built(llama_dir):
         VllmConfig.from_dictconfig(compose([f"model.path={llama_dir}", "model.quantization=int3"]))
 
 
-def test_quantization_keyword_on_an_unquantized_checkpoint_is_refused(llama_dir):
-    with pytest.raises(ValueError, match="model.quantization='fp8'.*no quantization_config"):
-        LLM(model=str(llama_dir), quantization="fp8")
+def test_int4_keyword_on_an_unquantized_checkpoint_is_refused(llama_dir):
+    with pytest.raises(ValueError, match="model.quantization='awq'.*no quantization_config; of the methods only fp8"):
+        VllmConfig.from_dictconfig(compose([f"model.path={llama_dir}", "model.quantization=awq"]))
 
 
 def test_awq_config_over_plain_weights_names_the_stray_tensor(llama_dir, tmp_path):

@@ -10,6 +10,7 @@ logprobs within the 1e-4 of the unquantized parity tests.
 from __future__ import annotations
 
 import pytest
+import torch
 
 from minivllm import LLM, SamplingParams
 from tests.hf_reference import hf_greedy
@@ -50,6 +51,17 @@ def test_quantization_keyword_names_the_checkpoint_method(quantized_pair):
     assert all(len(o.outputs[0].token_ids) == MAX_TOKENS for o in outputs)
     with pytest.raises(ValueError, match="model.quantization='gptq'.*quant_method='awq'"):
         LLM(model=str(quant_dir), quantization="gptq")
+
+
+def test_online_fp8_quantizes_an_unquantized_checkpoint_per_channel(llama_dir, quantized_pair):
+    """``quantization="fp8"`` on plain weights: the same per-channel fp8 weights the packer writes."""
+    llm = LLM(model=str(llama_dir), dtype="float32", num_gpu_blocks_override=64, quantization="fp8")
+    qkv = llm.llm_engine.core.executor.worker.model_runner.model.model.layers[0].self_attn.qkv_proj
+    assert qkv.weight.dtype == torch.float8_e4m3fn and qkv.weight_scale.shape == (qkv.weight.shape[0],)
+    prompts = [llm.get_tokenizer().encode(t) for t in PROMPTS]
+    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], GREEDY, use_tqdm=False)
+    llm.shutdown()
+    assert_matches(outputs, hf_greedy(quantized_pair("fp8-channel-dynamic")[1], prompts, MAX_TOKENS))
 
 
 STORED = {"fp8": ("weight", "float8_e4m3fn"), "ct-fp8": ("weight", "float8_e4m3fn"), "ct-int8": ("weight", "int8"),
