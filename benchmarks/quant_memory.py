@@ -27,6 +27,11 @@ METHODS = {
         "config_groups": {"g": {"targets": ["Linear"], "input_activations": None,
                                 "weights": {"num_bits": 8, "type": "int", "strategy": "channel"}}},
     },
+    "compressed-tensors W4A16 (group 128)": {
+        "quant_method": "compressed-tensors", "format": "pack-quantized",
+        "config_groups": {"g": {"targets": ["Linear"], "input_activations": None,
+                                "weights": {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 128}}},
+    },
     "awq (group 128)": {"quant_method": "awq", "bits": 4, "group_size": 128},
     "gptq (group 128)": {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False},
 }

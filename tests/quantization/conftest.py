@@ -38,6 +38,14 @@ CASES = {
         lambda: pk.int8_channel_quantizer,
         _ct_config({"type": "int", "strategy": "channel"}, None, "naive-quantized"),
     ),
+    "ct-w4a16-packed-g32": (
+        lambda: pk.ct_packed_quantizer(4, 32),
+        _ct_config({"type": "int", "num_bits": 4, "strategy": "group", "group_size": 32}, None, "pack-quantized"),
+    ),
+    "ct-w8a16-packed-channel": (
+        lambda: pk.ct_packed_quantizer(8, None),
+        _ct_config({"type": "int", "strategy": "channel"}, None, "pack-quantized"),
+    ),
     "awq-g32": (lambda: pk.awq_quantizer(32), AWQ_CONFIG),
     "gptq-g32": (
         lambda: pk.gptq_quantizer(32, desc_act=False),

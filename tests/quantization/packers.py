@@ -81,6 +81,31 @@ def int8_channel_quantizer(prefix: str, w: torch.Tensor):
     return {f"{prefix}.weight": q, f"{prefix}.weight_scale": scale}, q.float() * scale
 
 
+def ct_packed_quantizer(bits: int, group: int | None) -> Quantizer:
+    """compressed-tensors pack-quantized: symmetric, q + 2^(bits-1) in consecutive bit fields
+    of int32 words along the input; ``group`` None: one scale per output channel."""
+    qmax, per_word = 2 ** (bits - 1) - 1, 32 // bits
+
+    def quantize(prefix: str, w: torch.Tensor):
+        out, k = w.shape
+        size = group or k
+        scale = (w.reshape(out, k // size, size).abs().amax(-1) / qmax).half()  # (out, groups)
+        full = scale.float().repeat_interleave(size, dim=1)  # (out, k)
+        q = torch.round(w / full).clamp(-qmax - 1, qmax).long()
+        fields = (q + qmax + 1).numpy().astype(np.uint32).reshape(out, k // per_word, per_word)
+        packed = np.zeros(fields.shape[:2], dtype=np.uint32)
+        for i in range(per_word):
+            packed |= fields[:, :, i] << np.uint32(bits * i)
+        tensors = {
+            f"{prefix}.weight_packed": torch.from_numpy(packed.view(np.int32).copy()),
+            f"{prefix}.weight_scale": scale if group else scale.float(),
+            f"{prefix}.weight_shape": torch.tensor([out, k]),
+        }
+        return tensors, q.float() * full
+
+    return quantize
+
+
 # ---- int4 with groups along the input features ----------------------------------------------
 
 

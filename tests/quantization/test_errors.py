@@ -65,7 +65,10 @@ def test_awq_checkpoint_with_missing_tensors_names_them(quantized_pair, tmp_path
         ({"quant_method": "gptq", "bits": 4, "group_size": 32, "checkpoint_format": "marlin"}, "checkpoint_format='marlin'"),
         ({"quant_method": "fp8", "activation_scheme": "static", "weight_block_size": [128, 128]}, "weight_block_size"),
         ({"quant_method": "fp8", "activation_scheme": "sometimes"}, "activation_scheme='sometimes'"),
-        ({"quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups": {}}, "format='pack-quantized'"),
+        ({"quant_method": "compressed-tensors", "format": "marlin-24", "config_groups": {}}, "format='marlin-24'"),
+        ({"quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups": {"g": {
+            "targets": ["Linear"], "weights": {"type": "int", "num_bits": 4, "strategy": "group", "group_size": 16}}}},
+         "pack-quantized weights .*group_size: 16"),
     ],
 )
 def test_unsupported_settings_fail_when_the_config_is_built(llama_dir, tmp_path, quant_config, message):

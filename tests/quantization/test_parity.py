@@ -65,10 +65,12 @@ def test_online_fp8_quantizes_an_unquantized_checkpoint_per_channel(llama_dir, q
 
 
 STORED = {"fp8": ("weight", "float8_e4m3fn"), "ct-fp8": ("weight", "float8_e4m3fn"), "ct-int8": ("weight", "int8"),
+          "ct-w4a16": ("qweight", "int32"), "ct-w8a16": ("weight", "int8"),
           "awq": ("qweight", "int32"), "gptq": ("qweight", "int32")}
 
 
-@pytest.mark.parametrize("case", ["fp8-tensor-static", "ct-int8-w8a16", "awq-g32", "gptq-g32"])
+@pytest.mark.parametrize("case", ["fp8-tensor-static", "ct-int8-w8a16", "ct-w4a16-packed-g32",
+                                  "ct-w8a16-packed-channel", "awq-g32", "gptq-g32"])
 def test_layers_hold_the_quantized_tensors(quantized_pair, case):
     llm = LLM(model=str(quantized_pair(case)[0]), dtype="float32", num_gpu_blocks_override=8)
     model = llm.llm_engine.core.executor.worker.model_runner.model
