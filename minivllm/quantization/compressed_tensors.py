@@ -48,8 +48,11 @@ class CompressedTensorsConfig(QuantizationConfig):
             raise ValueError(f"compressed-tensors: exactly one entry in config_groups is supported, got {len(groups)}")
         group = groups[0]
         if "Linear" not in (group.get("targets") or []):
-            raise ValueError(f"compressed-tensors config_groups targets={group.get('targets')}: only ['Linear'] is supported")
-        weights, acts, ignore = group.get("weights") or {}, group.get("input_activations"), list(config.get("ignore") or [])
+            raise ValueError(
+                f"compressed-tensors config_groups targets={group.get('targets')}: only ['Linear'] is supported"
+            )
+        weights, acts = group.get("weights") or {}, group.get("input_activations")
+        ignore = list(config.get("ignore") or [])
         if fmt == "pack-quantized":
             group_size = weights.get("group_size") if weights.get("strategy") == "group" else None
             return cls(_packed_scheme(weights, acts), False, ignore, group_size)

@@ -71,6 +71,7 @@ def int4_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, ze
     _int4_matmul_kernel[grid](
         x, qweight, scales, zeros, g_idx, out, m, n, k,
         x.stride(0), qweight.stride(0), scales.stride(0), zeros.stride(0), out.stride(0),
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, FP32_DOT=device.type != "cuda" or x.dtype == torch.float32,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+        FP32_DOT=device.type != "cuda" or x.dtype == torch.float32,
     )
     return out

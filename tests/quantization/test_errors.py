@@ -60,7 +60,8 @@ def test_awq_checkpoint_with_missing_tensors_names_them(quantized_pair, tmp_path
 @pytest.mark.parametrize(
     ("quant_config", "message"),
     [
-        ({"quant_method": "awq", "bits": 4, "group_size": 16}, r"awq quantization_config.group_size=16: allowed \[32, 64, 128\]"),
+        ({"quant_method": "awq", "bits": 4, "group_size": 16},
+         r"awq quantization_config.group_size=16: allowed \[32, 64, 128\]"),
         ({"quant_method": "awq", "bits": 8, "group_size": 32}, "awq quantization_config.bits=8: only 4"),
         ({"quant_method": "gptq", "bits": 4, "group_size": 32, "checkpoint_format": "marlin"}, "checkpoint_format='marlin'"),
         ({"quant_method": "fp8", "activation_scheme": "static", "weight_block_size": [128, 128]}, "weight_block_size"),
