@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from minivllm.config.validation import check_choice, check_range
+from minivllm.quantization.registry import QUANTIZATION_METHODS
 
 MODEL_DTYPES = ("auto", "float32", "float16", "bfloat16")
 PARALLEL_BACKENDS = ("auto", "uni", "mp", "ray")
@@ -45,9 +46,13 @@ class ModelConfig:
     """Override for config.json's ``architectures[0]`` (picks the model class)."""
     max_logprobs: int = 20
     """Most logprobs a request may ask for per token."""
+    quantization: Optional[str] = None
+    """Quantization method (fp8, compressed-tensors, awq, gptq); null: config.json's decides; fp8 on an unquantized checkpoint quantizes while loading."""
 
     def __post_init__(self) -> None:
         check_choice("model.dtype", self.dtype, MODEL_DTYPES)
+        if self.quantization is not None:
+            check_choice("model.quantization", self.quantization, tuple(sorted(QUANTIZATION_METHODS)))
         if self.max_model_len is not None:
             check_range("model.max_model_len", self.max_model_len, low=1)
         check_range("model.max_logprobs", self.max_logprobs, low=0)

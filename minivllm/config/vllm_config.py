@@ -19,6 +19,7 @@ from minivllm.config.model_source import load_hf_config
 from minivllm.core.sliding_window import max_blocks_per_request, model_sliding_window
 from minivllm.distributed.utils import check_expert_parallel, check_tensor_parallel
 from minivllm.layers.rotary import check_rope_types
+from minivllm.quantization import QuantizationConfig, get_quantization_config
 from minivllm.config.schema import (
     AttentionConfig,
     CacheConfig,
@@ -126,6 +127,9 @@ class VllmConfig:
         self.architecture: str = _architecture(self.hf_config)
         ModelRegistry.check_supported(self.architecture)
         check_rope_types(self.hf_config)
+        self.quant_config: QuantizationConfig | None = get_quantization_config(
+            self.model.quantization, self.hf_config, self.architecture
+        )
         self.dtype: torch.dtype = _resolve_dtype(self.model.dtype, self.hf_config, self.device_type)
         self.kv_cache_dtype: torch.dtype = (
             self.dtype if self.cache.cache_dtype == "auto" else _DTYPES[self.cache.cache_dtype]

@@ -22,6 +22,7 @@ KWARG_KEYS = {
     "seed": "model.seed",
     "hf_overrides": "model.hf_overrides",
     "max_logprobs": "model.max_logprobs",
+    "quantization": "model.quantization",
     "tensor_parallel_size": "parallel.tp",
     "pipeline_parallel_size": "parallel.pp",
     "distributed_executor_backend": "parallel.backend",
