@@ -22,6 +22,7 @@ from minivllm.layers.compile import compile_small_ops
 from minivllm.sample.metadata import SamplingMetadata
 from minivllm.sample.prompt_logprobs import add_prompt_logprobs
 from minivllm.sample.sampler import Sampler, SamplerOutput
+from minivllm.structured_output.bitmask import bitmask_for_rows
 from minivllm.utils import build, cdiv
 from minivllm.worker.cuda_graphs import CUDAGraphRunner
 from minivllm.worker.request_state import CachedRequestState
@@ -135,8 +136,10 @@ class ModelRunner:
             return ModelRunnerOutput()
         last_token = meta.query_start_loc[1:].long() - 1
         logits = self.model.compute_logits(hidden[last_token[sample_rows]])  # (N, vocab) fp32
-        sampled = self._sample(logits, [states[i] for i in sample_rows])
-        return self._to_output([req_ids[i] for i in sample_rows], sampled)
+        row_ids = [req_ids[i] for i in sample_rows]
+        grammar = bitmask_for_rows(sched.grammar_bitmask, sched.structured_output_request_ids, row_ids, self.device)
+        sampled = self._sample(logits, [states[i] for i in sample_rows], grammar)
+        return self._to_output(row_ids, sampled)
 
     def _update_states(self, sched: SchedulerOutput) -> None:
         for req_id in sched.finished_req_ids:
@@ -186,7 +189,9 @@ class ModelRunner:
         meta.backend_data = self.attn_backend.prepare(meta, self.block_size)
         return meta
 
-    def _sample(self, logits: torch.Tensor, states: list[CachedRequestState]) -> SamplerOutput:
+    def _sample(
+        self, logits: torch.Tensor, states: list[CachedRequestState], grammar: torch.Tensor | None = None
+    ) -> SamplerOutput:
         generators = {i: g for i, s in enumerate(states) if (g := s.seeded_generator()) is not None}
         meta = SamplingMetadata.build(
             [s.sampling_params for s in states],
@@ -196,6 +201,7 @@ class ModelRunner:
             token_ids=[s.token_ids for s in states],
             num_prompt_tokens=[s.num_prompt_tokens for s in states],
         )
+        meta.grammar_bitmask = grammar
         return self.sampler(logits, meta)
 
     def _to_output(self, req_ids: list[RequestId], sampled: SamplerOutput) -> ModelRunnerOutput:
