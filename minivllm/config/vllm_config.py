@@ -42,6 +42,10 @@ EXECUTOR_TARGETS = {
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
+TOOL_CALL_PARSERS = ("hermes", "llama3_json")
+REASONING_PARSERS = ("deepseek_r1", "qwen3")
+
+
 @dataclass
 class ServeConfig:
     """The HTTP server of task=serve."""
@@ -58,10 +62,18 @@ class ServeConfig:
     """Jinja chat template (or a file holding one) for models whose tokenizer has none."""
     shutdown_timeout: float = 30.0
     """Seconds in-flight requests get to finish after SIGTERM before they are cancelled."""
+    tool_call_parser: Optional[str] = None
+    """How tool calls are read from chat output for tool_choice=auto: hermes or llama3_json."""
+    reasoning_parser: Optional[str] = None
+    """Split <think>...</think> into reasoning_content: deepseek_r1 or qwen3."""
 
     def __post_init__(self) -> None:
         check_range("serve.port", self.port, low=0, high=65535)
         check_range("serve.shutdown_timeout", self.shutdown_timeout, low=0.0)
+        for key, allowed in (("tool_call_parser", TOOL_CALL_PARSERS), ("reasoning_parser", REASONING_PARSERS)):
+            value = getattr(self, key)
+            if value is not None and value not in allowed:
+                raise ValueError(f"serve.{key}={value!r}: must be one of {', '.join(allowed)} (or null)")
 
 
 @dataclass

@@ -24,13 +24,17 @@ from minivllm.serve.generation import (
 from minivllm.serve.params import BadRequest, to_sampling_params
 from minivllm.serve.protocol import CompletionChoice, CompletionLogProbs, CompletionRequest
 from minivllm.serve.state import ServerState
+from minivllm.serve.structured import structured_outputs_of
 
 
 async def create_completion(state: ServerState, body: CompletionRequest, raw: Request) -> Any:
     state.check_model(body.model)
     _check_unsupported(body)
     kind = RequestOutputKind.DELTA if body.stream else RequestOutputKind.FINAL_ONLY
-    params = to_sampling_params(body, max_tokens=body.max_tokens, logprobs=body.logprobs, output_kind=kind)
+    params = to_sampling_params(
+        body, max_tokens=body.max_tokens, logprobs=body.logprobs, output_kind=kind,
+        structured_outputs=structured_outputs_of(body),
+    )  # fmt: skip
     prompts = [check_prompt(state.engine, p, body.max_tokens) for p in _prompt_list(body.prompt)]
     request_id = f"cmpl-{uuid.uuid4().hex}"
     streams = await start_requests(state.engine, request_id, prompts, params, body.priority)
