@@ -69,6 +69,10 @@ def _adapter(tp: Any) -> TypeAdapter:
 
 def to_sampling_params(request: Any, **explicit: Any) -> SamplingParams:
     """SamplingParams from a parsed request; ``explicit`` values (already converted) win."""
+    options = getattr(request, "stream_options", None)
+    if options is not None and options.model_extra:
+        name = sorted(options.model_extra)[0]
+        raise BadRequest("stream_options", f"stream_options.{name}: not supported; the only option is include_usage")
     fields = _sampling_fields()
     declared = set(type(request).model_fields)
     kwargs: dict[str, Any] = {}

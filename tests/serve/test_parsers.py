@@ -5,6 +5,7 @@ import json
 
 import pytest
 
+from minivllm.config.vllm_config import ServeConfig
 from minivllm.serve.reasoning import REASONING_PARSERS
 from minivllm.serve.tool_parsers import TOOL_PARSERS
 
@@ -60,3 +61,9 @@ def test_think_parser_whole_and_streamed(name, text, expected):
             assert "<think" not in r + c and "</think" not in r + c
             reasoning, content = reasoning + r, content + c
         assert (reasoning or None, content or None) == expected, size
+
+
+@pytest.mark.parametrize("key", ["tool_call_parser", "reasoning_parser"])
+def test_unknown_parser_names_are_refused_when_the_config_is_built(key):
+    with pytest.raises(ValueError, match=f"serve.{key}='nope': must be one of"):
+        ServeConfig(**{key: "nope"})

@@ -200,6 +200,8 @@ def test_chat_template_receives_tools(client, server):
         ("/v1/completions", {"prompt": "x", "max_tokens": 2, "guided_decoding_backend": "outlines"}, "guided_decoding_backend"),
         ("/v1/chat/completions", {"messages": MESSAGES, "functions": [WEATHER["function"]]}, "functions"),
         ("/v1/chat/completions", {"messages": MESSAGES, "audio": {"voice": "alloy"}}, "audio"),
+        ("/v1/chat/completions", {"messages": MESSAGES, "stream": True, "stream_options": {"continuous_usage_stats": True}},
+         "stream_options"),  # fmt: skip
         ("/v1/chat/completions", {"messages": MESSAGES, "guided_regex": "a", "guided_choice": ["a"]}, "guided_regex"),
         ("/v1/chat/completions", {"messages": MESSAGES, "guided_regex": "(unclosed"}, "guided_regex"),
         ("/v1/chat/completions", {"messages": MESSAGES, "response_format": {"type": "yaml"}}, "response_format"),
