@@ -4,7 +4,8 @@ whole or streamed (deltas).
 The reasoning parser (``serve.reasoning_parser``) splits first; the tool plan
 then reads the content. Streamed content that may still turn into a tool call
 is held back until it is clear; calls are sent whole, one delta each, when the
-choice ends.
+choice ends. A named function's arguments (the constrained output itself) stream
+as they are generated.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from dataclasses import dataclass, field
 from minivllm.serve.protocol import DeltaFunctionCall, DeltaMessage, DeltaToolCall, FunctionCall, ToolCallOut
 from minivllm.serve.reasoning import ThinkParser
 from minivllm.serve.tool_parsers import ToolCall
+from minivllm.serve.tool_parsers.base import new_call_id
 from minivllm.serve.tools import ToolPlan
 
 
@@ -59,6 +61,8 @@ class ChoiceStream:
         self.sent = 0
         """Characters of ``content`` already sent."""
         self.has_calls = False
+        self.call_id: str | None = None
+        """A named function's call, once its first delta is sent."""
 
     def feed(self, delta: str, final: bool) -> DeltaMessage | None:
         reasoning, content = self.think.feed(delta, final) if self.think else ("", delta)
@@ -67,6 +71,8 @@ class ChoiceStream:
         tools = self.parser.tools
         if tools is None or tools.mode == "none":
             out.content = self._send(len(self.content))
+        elif tools.mode == "named":
+            out.tool_calls = self._named(tools.named, content)
         elif not final:
             safe = tools.parser.safe_prefix(self.content) if tools.mode == "auto" else 0
             out.content = self._send(safe)
@@ -84,6 +90,16 @@ class ChoiceStream:
             DeltaToolCall(index=i, id=c.id, function=DeltaFunctionCall(name=c.name, arguments=c.arguments))
             for i, c in enumerate(calls)
         ] or None
+
+    def _named(self, name: str, arguments: str) -> list[DeltaToolCall] | None:
+        """The first delta names the call; the following ones carry argument text."""
+        first = self.call_id is None
+        if first:
+            self.call_id, self.has_calls = new_call_id(), True
+        elif not arguments:
+            return None
+        function = DeltaFunctionCall(name=name if first else None, arguments=arguments)
+        return [DeltaToolCall(index=0, id=self.call_id if first else None, function=function)]
 
     def _send(self, upto: int) -> str | None:
         if upto <= self.sent:

@@ -41,6 +41,7 @@ WEATHER = {
     },
 }
 TIME = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}
+NAMED = {"type": "function", "function": {"name": "get_weather"}}
 MESSAGES = [{"role": "user", "content": "What is the weather in Paris?"}]
 COMPACT = {"disable_any_whitespace": True}
 
@@ -112,9 +113,8 @@ def _check_weather_call(call) -> None:
 
 
 def test_tool_choice_named_and_required(client, server):
-    named = {"type": "function", "function": {"name": "get_weather"}}
     res = client.chat.completions.create(model=server.model_name, messages=MESSAGES, tools=[WEATHER, TIME],
-                                         tool_choice=named, max_tokens=60, temperature=1.0, seed=4)  # fmt: skip
+                                         tool_choice=NAMED, max_tokens=60, temperature=1.0, seed=4)  # fmt: skip
     (call,) = res.choices[0].message.tool_calls
     _check_weather_call(call)
     res = client.chat.completions.create(model=server.model_name, messages=MESSAGES, tools=[WEATHER], n=2,
@@ -125,19 +125,23 @@ def test_tool_choice_named_and_required(client, server):
             _check_weather_call(call)
 
 
-def test_tool_choice_required_streamed(client, server):
+@pytest.mark.parametrize("tool_choice", ["required", NAMED])
+def test_tool_choice_streamed(client, server, tool_choice):
     stream = client.chat.completions.create(model=server.model_name, messages=MESSAGES, tools=[WEATHER],
-                                            tool_choice="required", max_tokens=120, temperature=1.0, seed=6,
+                                            tool_choice=tool_choice, max_tokens=120, temperature=1.0, seed=6,
                                             stream=True, parallel_tool_calls=False)  # fmt: skip
-    calls, reasons = {}, []
+    calls, reasons, ids = {}, [], set()
     for chunk in stream:
         for choice in chunk.choices:
             for d in choice.delta.tool_calls or []:
+                if d.id:
+                    ids.add(d.id)
                 entry = calls.setdefault(d.index, {"name": "", "arguments": ""})
                 entry["name"] += d.function.name or ""
                 entry["arguments"] += d.function.arguments or ""
             reasons.append(choice.finish_reason)
-    assert list(calls) == [0] and calls[0]["name"] == "get_weather" and reasons[-1] == "tool_calls"
+    assert list(calls) == [0] and calls[0]["name"] == "get_weather" and len(ids) == 1
+    assert reasons[-1] == ("tool_calls" if tool_choice == "required" else "stop")
     jsonschema.validate(json.loads(calls[0]["arguments"]), WEATHER["function"]["parameters"])
 
 

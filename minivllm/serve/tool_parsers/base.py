@@ -8,6 +8,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
+def new_call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
 @dataclass
 class ToolCall:
     """One call, as OpenAI's ``tool_calls`` entries carry it."""
@@ -15,7 +19,7 @@ class ToolCall:
     name: str
     arguments: str
     """The arguments as a JSON text."""
-    id: str = field(default_factory=lambda: f"call_{uuid.uuid4().hex[:24]}")
+    id: str = field(default_factory=new_call_id)
 
     @classmethod
     def from_object(cls, obj: Any, args_key: str) -> "ToolCall | None":
