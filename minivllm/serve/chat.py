@@ -10,6 +10,7 @@ from fastapi.responses import StreamingResponse
 from minivllm.engine.outputs import CompletionOutput
 from minivllm.engine.request_stream import EngineDeadError, RequestStream
 from minivllm.sampling_params import RequestOutputKind
+from minivllm.serve.chat_output import ChatOutputParser
 from minivllm.serve.generation import SSE_DONE, Prompt, check_prompt, final_outputs, merged, sse, start_requests
 from minivllm.serve.generation import unless_disconnected, usage
 from minivllm.serve.params import BadRequest, to_sampling_params
@@ -26,7 +27,6 @@ from minivllm.serve.protocol import (
     TopLogProb,
     UsageInfo,
 )
-from minivllm.serve.chat_output import ChatOutputParser
 from minivllm.serve.reasoning import REASONING_PARSERS
 from minivllm.serve.state import ServerState
 from minivllm.serve.structured import structured_outputs_of
