@@ -14,6 +14,7 @@ on the first structured request: an engine that never gets one pays nothing.
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -22,11 +23,14 @@ import numpy as np
 
 from minivllm.engine.request import Request, RequestId
 from minivllm.structured_output.backend import XGrammarBackend
-from minivllm.structured_output.params import GrammarKey
+from minivllm.structured_output.params import GrammarKey, StructuredOutputsParams
 
 logger = logging.getLogger(__name__)
 _COMPILE_THREADS = 1
 """One compile thread: it leaves the step loop its core and keeps compiles in order."""
+CACHE_SIZE = 256
+"""Compiled grammars kept for reuse (least recently used go first); matchers hold
+their own reference, so eviction never affects a running request."""
 
 
 @dataclass(slots=True)
@@ -42,8 +46,8 @@ class StructuredOutputManager:
         self._make_backend = make_backend
         self._backend: XGrammarBackend | None = None
         self._pool: ThreadPoolExecutor | None = None
-        self._cache: dict[GrammarKey, Future] = {}
-        """Compiled grammars (or compiles under way) per constraint."""
+        self._cache: OrderedDict[GrammarKey, Future] = OrderedDict()
+        """Compiled grammars (or compiles under way) per constraint, least recently used first."""
         self._requests: dict[RequestId, _RequestGrammar] = {}
 
     @property
@@ -58,12 +62,19 @@ class StructuredOutputManager:
         if self._backend is None:
             self._backend = self._make_backend()
             self._pool = ThreadPoolExecutor(_COMPILE_THREADS, thread_name_prefix="grammar-compile")
+        self._requests[request.request_id] = _RequestGrammar(self._compiled(params))
+
+    def _compiled(self, params: StructuredOutputsParams) -> Future:
+        """The cached compile of ``params``'s constraint, started if new."""
         key = params.key()
         future = self._cache.get(key)
         if future is None:
             future = self._pool.submit(self._backend.compile, params)
             self._cache[key] = future
-        self._requests[request.request_id] = _RequestGrammar(future)
+            if len(self._cache) > CACHE_SIZE:
+                self._cache.popitem(last=False)
+        self._cache.move_to_end(key)
+        return future
 
     def is_ready(self, request: Request) -> bool:
         """True when the request has no grammar or its grammar is compiled (its matcher

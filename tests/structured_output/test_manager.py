@@ -108,3 +108,19 @@ def test_vocab_padding_beyond_the_tokenizer_is_never_allowed(tokenizer):
     assert row.shape == ((2048 + 64) // 32,)
     assert _allowed(row, tokenizer.convert_tokens_to_ids("{"))
     assert not any(_allowed(row, t) for t in range(2048, 2048 + 64))
+
+
+def test_the_compile_cache_keeps_the_most_recently_used(tokenizer, monkeypatch):
+    from minivllm.structured_output import manager
+
+    monkeypatch.setattr(manager, "CACHE_SIZE", 2)
+    backend = GatedBackend(tokenizer)
+    backend.gate.set()
+    sched = _scheduler(backend)
+    for choices in (["a"], ["b"], ["a"], ["c"], ["a"]):
+        sched.add_request(_constrained([5], StructuredOutputsParams(choice=choices)))
+    keys = [StructuredOutputsParams(choice=[c]).key() for c in "ca"]  # least recently used first
+    assert list(sched.structured._cache) == keys
+    for future in sched.structured._cache.values():
+        future.result(timeout=30)
+    assert backend.compiles == 3  # "a" once, then "b" and "c"
