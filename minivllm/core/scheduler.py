@@ -206,9 +206,8 @@ class Scheduler:
         waiting_for_grammar: list[Request] = []
         while self.waiting and plan.budget > 0 and len(self.running) < self.max_num_seqs:
             request = self.waiting[0]
-            if self.structured.active and not self._grammar_ready(request):
-                if not request.is_finished:
-                    waiting_for_grammar.append(self.waiting.popleft())  # let the others by
+            if self.structured.active and not self.structured.is_ready(request):
+                waiting_for_grammar.append(self.waiting.popleft())  # let the others by
                 continue
             cached = self.kv.get_computed_blocks(request)
             num_cached = len(cached) * self.kv.block_size
@@ -227,15 +226,6 @@ class Scheduler:
             plan.budget -= num_new
         for request in reversed(waiting_for_grammar):
             self.waiting.appendleft(request)
-
-    def _grammar_ready(self, request: Request) -> bool:
-        """Whether the request's grammar (if any) is compiled; a failed compile finishes it."""
-        try:
-            return self.structured.is_ready(request)
-        except Exception:  # noqa: BLE001 - the request's grammar, not the engine, is broken
-            logger.exception("request %s: its grammar failed to compile; aborting it", request.request_id)
-            self._finish(request, RequestStatus.FINISHED_ABORTED)
-            return False
 
     def _preempt(self, request: Request) -> None:
         self.running.remove(request)
@@ -329,9 +319,11 @@ class Scheduler:
         return False
 
     def _check_grammar_end(self, request: Request) -> bool:
-        """Advance the request's matcher; a grammar that reached its end finishes it ("stop")."""
+        """Advance the request's matcher; a grammar that reached its end finishes it ("stop"),
+        one that failed to compile aborts it."""
         if self.structured.active and self.structured.accept_tokens(request):
-            self._finish(request, RequestStatus.FINISHED_STOPPED)
+            failed = self.structured.failed(request)
+            self._finish(request, RequestStatus.FINISHED_ABORTED if failed else RequestStatus.FINISHED_STOPPED)
             return True
         return False
 

@@ -39,6 +39,8 @@ class _RequestGrammar:
     matcher: Any = None
     num_accepted: int = 0
     """Output tokens the matcher has consumed."""
+    failed: bool = False
+    """The grammar did not compile: the request runs one step unconstrained, then is aborted."""
 
 
 class StructuredOutputManager:
@@ -78,14 +80,24 @@ class StructuredOutputManager:
 
     def is_ready(self, request: Request) -> bool:
         """True when the request has no grammar or its grammar is compiled (its matcher
-        made). Raises the compile's exception if it failed."""
+        made), or failed to compile (it is aborted at its first token, so that the
+        front end hears of it through the usual outputs)."""
         state = self._requests.get(request.request_id)
-        if state is None or state.matcher is not None:
+        if state is None or state.matcher is not None or state.failed:
             return True
         if not state.compiled.done():
             return False
+        if state.compiled.exception() is not None:
+            logger.error("request %s: its grammar failed to compile (%s); aborting it",
+                         request.request_id, state.compiled.exception())  # fmt: skip
+            state.failed = True
+            return True
         state.matcher = self._backend.matcher(state.compiled.result())
         return True
+
+    def failed(self, request: Request) -> bool:
+        state = self._requests.get(request.request_id)
+        return state is not None and state.failed
 
     def accept_tokens(self, request: Request) -> bool:
         """Feed the matcher the request's output tokens it has not seen yet. True when
@@ -93,6 +105,8 @@ class StructuredOutputManager:
         state = self._requests.get(request.request_id)
         if state is None:
             return False
+        if state.failed:
+            return True
         outputs = request.output_token_ids
         while state.num_accepted < len(outputs):
             token = outputs[state.num_accepted]
@@ -105,7 +119,7 @@ class StructuredOutputManager:
     def fill_bitmask(self, requests: list[Request]) -> tuple[np.ndarray, list[RequestId]] | None:
         """(rows, ceil(vocab / 32)) int32 allowed-token bits for those of ``requests``
         that have a grammar, and their ids in row order; None when none has one."""
-        rows = [r for r in requests if r.request_id in self._requests]
+        rows = [r for r in requests if (s := self._requests.get(r.request_id)) is not None and not s.failed]
         if not rows:
             return None
         bitmask = self._backend.allocate_bitmask(len(rows))

@@ -124,3 +124,18 @@ def test_the_compile_cache_keeps_the_most_recently_used(tokenizer, monkeypatch):
     for future in sched.structured._cache.values():
         future.result(timeout=30)
     assert backend.compiles == 3  # "a" once, then "b" and "c"
+
+
+def test_a_grammar_that_fails_to_compile_aborts_its_request_through_the_outputs(tokenizer):
+    class Failing(GatedBackend):
+        def compile(self, params):
+            raise RuntimeError("out of memory")
+
+    sched = _scheduler(Failing(tokenizer))
+    request = _constrained([5, 6], StructuredOutputsParams(choice=["ab"]))
+    sched.add_request(request)
+    sched.structured._cache[request.sampling_params.structured_outputs.key()].exception(timeout=30)
+    out = sched.schedule()
+    assert list(out.num_scheduled_tokens) == [request.request_id] and out.grammar_bitmask is None
+    (result,) = sched.update_from_output(out, ModelRunnerOutput(sampled_token_ids={request.request_id: [7]}))
+    assert result.finish_reason == "abort" and not sched.has_unfinished_requests()
