@@ -46,6 +46,10 @@ EXECUTOR_TARGETS = {
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
+TOOL_CALL_PARSERS = ("hermes", "llama3_json")
+REASONING_PARSERS = ("deepseek_r1", "qwen3")
+
+
 @dataclass
 class ServeConfig:
     """The HTTP server of task=serve."""
@@ -68,6 +72,10 @@ class ServeConfig:
     """Most sequences (prompts x n) one HTTP request may queue; more is a 400."""
     max_waiting: int = 2048
     """Sequences allowed to wait beyond scheduler.max_num_seqs; a request that would go past it gets 503."""
+    tool_call_parser: Optional[str] = None
+    """How tool calls are read from chat output for tool_choice=auto: hermes or llama3_json."""
+    reasoning_parser: Optional[str] = None
+    """Split <think>...</think> into reasoning_content: deepseek_r1 or qwen3."""
 
     def __post_init__(self) -> None:
         check_range("serve.port", self.port, low=0, high=65535)
@@ -75,6 +83,10 @@ class ServeConfig:
         check_range("serve.max_n", self.max_n, low=1)
         check_range("serve.max_seqs_per_request", self.max_seqs_per_request, low=1)
         check_range("serve.max_waiting", self.max_waiting, low=0)
+        for key, allowed in (("tool_call_parser", TOOL_CALL_PARSERS), ("reasoning_parser", REASONING_PARSERS)):
+            value = getattr(self, key)
+            if value is not None and value not in allowed:
+                raise ValueError(f"serve.{key}={value!r}: must be one of {', '.join(allowed)} (or null)")
 
 
 @dataclass

@@ -56,6 +56,8 @@ from minivllm.core.scheduler_output import (
 )
 from minivllm.core.stats import SchedulerStats
 from minivllm.engine.request import Request, RequestId, RequestStatus
+from minivllm.structured_output.backend import backend_for
+from minivllm.structured_output.manager import StructuredOutputManager
 
 logger = logging.getLogger(__name__)
 
@@ -104,10 +106,13 @@ class Scheduler:
         self.num_preemptions = 0
         self._forget: set[RequestId] = set()
         """Requests the workers should drop at the next step."""
+        self.structured = StructuredOutputManager(lambda: backend_for(cfg))
+        """Grammar matchers of requests with structured outputs."""
 
     # ---- requests in and out --------------------------------------------------------
     def add_request(self, request: Request) -> None:
         self.requests[request.request_id] = request
+        self.structured.add_request(request)
         self.waiting.append(request)
 
     def abort_requests(self, request_ids: list[RequestId]) -> None:
@@ -144,7 +149,18 @@ class Scheduler:
         self._schedule_running(plan)
         if not plan.preempted:
             self._schedule_waiting(plan)
-        return self._make_output(plan)
+        out = self._make_output(plan)
+        if self.structured.active:
+            self._attach_grammar_bitmask(out)
+        return out
+
+    def _attach_grammar_bitmask(self, out: SchedulerOutput) -> None:
+        """Bitmask rows for the requests that sample in this step (all their tokens computed)."""
+        sampling = [self.requests[r] for r in out.num_scheduled_tokens]
+        sampling = [r for r in sampling if r.num_computed_tokens == r.num_tokens + r.num_output_placeholders]
+        filled = self.structured.fill_bitmask(sampling)
+        if filled is not None:
+            out.grammar_bitmask, out.structured_output_request_ids = filled
 
     def _running_order(self) -> list[Request]:
         """The order running requests get budget and blocks in; preemption victims
@@ -211,10 +227,14 @@ class Scheduler:
         return self.kv.can_allocate(request, num_new, cached)
 
     def _schedule_waiting(self, plan: _StepPlan) -> None:
+        waiting_for_grammar: list[Request] = []
         while self.waiting and plan.budget > 0 and len(self.running) < self.max_num_seqs:
             request = self.waiting[0]
             if request.num_output_placeholders:
                 break  # preempted with a token in flight: readmit it once the token is known
+            if self.structured.active and not self.structured.is_ready(request):
+                waiting_for_grammar.append(self.waiting.popleft())  # let the others by
+                continue
             cached = self.kv.get_computed_blocks(request)
             num_cached = len(cached) * self.kv.block_size
             num_new = request.num_tokens - num_cached
@@ -230,6 +250,8 @@ class Scheduler:
             plan.scheduled[request.request_id] = num_new
             plan.newly_admitted.append(request)
             plan.budget -= num_new
+        for request in reversed(waiting_for_grammar):
+            self.waiting.appendleft(request)
 
     def _preempt(self, request: Request) -> None:
         self.running.remove(request)
@@ -291,7 +313,7 @@ class Scheduler:
             for token in new_tokens:
                 request.output_token_ids.append(token)
                 appended.append(token)
-                if self._check_stop(request, token):
+                if self._check_stop(request, token) or self._check_grammar_end(request):
                     break
             results.append(
                 EngineCoreOutput(
@@ -320,6 +342,15 @@ class Scheduler:
             return True
         return False
 
+    def _check_grammar_end(self, request: Request) -> bool:
+        """Advance the request's matcher; a grammar that reached its end finishes it ("stop"),
+        one that failed to compile aborts it."""
+        if self.structured.active and self.structured.accept_tokens(request):
+            failed = self.structured.failed(request)
+            self._finish(request, RequestStatus.FINISHED_ABORTED if failed else RequestStatus.FINISHED_STOPPED)
+            return True
+        return False
+
     def _finish(self, request: Request, status: RequestStatus) -> None:
         request.status = status
         if request in self.running:
@@ -328,4 +359,5 @@ class Scheduler:
             self.waiting.remove(request)
         self.kv.free(request)
         self._forget.add(request.request_id)
+        self.structured.remove(request.request_id)
         del self.requests[request.request_id]

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from minivllm.core.block_pool import BlockId
 from minivllm.engine.request import RequestId
 from minivllm.sampling_params import SamplingParams
@@ -50,6 +52,11 @@ class SchedulerOutput:
     """New tokens per request in this step, in batch order."""
     finished_req_ids: set[RequestId] = field(default_factory=set)
     """Requests the workers can forget (finished, aborted or preempted since last step)."""
+    grammar_bitmask: np.ndarray | None = None
+    """Structured outputs: (rows, ceil(vocab / 32)) int32 allowed-token bits, one row per
+    request in ``structured_output_request_ids``; None when no sampling request has a grammar."""
+    structured_output_request_ids: list[RequestId] = field(default_factory=list)
+    """The request of each ``grammar_bitmask`` row."""
 
     @property
     def total_num_scheduled_tokens(self) -> int:

@@ -69,16 +69,23 @@ class EngineCore:
         return self._step_sync()
 
     def _step_overlapped(self) -> list[EngineCoreOutput]:
+        results = []
+        if self._in_flight is not None and self.scheduler.structured.active:
+            # Grammar masks need every token so far: no speculation while a request has one.
+            results = self._finish_in_flight()
         sched = self.scheduler.schedule()
         launched = None
         if not sched.is_empty or sched.finished_req_ids:
             launched = self.executor.execute_model_async(sched)
-        results = []
         if self._in_flight is not None:
-            prev_sched, prev = self._in_flight
-            results = self.scheduler.update_from_output(prev_sched, prev.result())
+            results = self._finish_in_flight()
         self._in_flight = (sched, launched) if launched is not None and not sched.is_empty else None
         return results
+
+    def _finish_in_flight(self) -> list[EngineCoreOutput]:
+        prev_sched, prev = self._in_flight
+        self._in_flight = None
+        return self.scheduler.update_from_output(prev_sched, prev.result())
 
     def _step_sync(self) -> list[EngineCoreOutput]:
         sched = self.scheduler.schedule()

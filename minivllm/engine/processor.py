@@ -11,9 +11,12 @@ from transformers import PreTrainedTokenizerBase
 
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.sampling_params import SamplingParams
+from minivllm.structured_output.backend import check_grammar
 
 PromptType = Union[str, dict[str, Any], list[int]]
 """A string, ``{"prompt": str}``, ``{"prompt_token_ids": [...]}`` or a list of token ids."""
+PROMPT_KEYS = ("prompt", "prompt_token_ids")
+"""The keys of a prompt dict the engine handles; any other (e.g. ``multi_modal_data``) is refused."""
 
 
 class Processor:
@@ -24,6 +27,11 @@ class Processor:
         self.vocab_size = cfg.hf_config.vocab_size
 
     def tokenize(self, prompt: PromptType) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, dict) and (unknown := sorted(set(prompt) - set(PROMPT_KEYS))):
+            raise ValueError(
+                f"prompt: key(s) {', '.join(map(repr, unknown))} not supported by this engine; "
+                f"a prompt dict may hold {' and '.join(PROMPT_KEYS)}"
+            )
         if isinstance(prompt, str):
             text, ids = prompt, self._encode(prompt) if prompt else []
         elif isinstance(prompt, dict) and "prompt_token_ids" in prompt:
@@ -89,6 +97,8 @@ class Processor:
             if bad:
                 raise ValueError(f"{name}: token ids {bad[:5]} outside the vocabulary [0, {self.vocab_size})")
         self._bad_words_token_ids(params.bad_words or [])
+        if params.structured_outputs is not None:
+            check_grammar(params.structured_outputs)
 
     def prepare_params(self, params: SamplingParams, eos_token_id: int | None) -> SamplingParams:
         """A copy of ``params`` with the token ids the workers need filled in."""

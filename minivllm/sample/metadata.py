@@ -37,6 +37,8 @@ class SamplingMetadata:
     """Largest ``logprobs`` asked for in the batch; None when nobody asked."""
     edits: LogitsEdits | None = None
     """Penalties, logit_bias, allowed/bad tokens, min_tokens; None when no row asks."""
+    grammar_bitmask: torch.Tensor | None = None
+    """Structured outputs: (N, ceil(V / 32)) int32 allowed-token bits; None when no row has a grammar."""
 
     @classmethod
     def build(

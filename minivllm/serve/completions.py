@@ -26,6 +26,7 @@ from minivllm.serve.limits import admit
 from minivllm.serve.params import BadRequest, to_sampling_params
 from minivllm.serve.protocol import CompletionChoice, CompletionLogProbs, CompletionRequest
 from minivllm.serve.state import ServerState
+from minivllm.serve.structured import structured_outputs_of
 
 
 async def create_completion(state: ServerState, body: CompletionRequest, raw: Request) -> Any:
@@ -34,7 +35,10 @@ async def create_completion(state: ServerState, body: CompletionRequest, raw: Re
     raw_prompts = _prompt_list(body.prompt)
     admit(state, body.n, len(raw_prompts))
     kind = RequestOutputKind.DELTA if body.stream else RequestOutputKind.FINAL_ONLY
-    params = to_sampling_params(body, max_tokens=body.max_tokens, logprobs=body.logprobs, output_kind=kind)
+    params = to_sampling_params(
+        body, max_tokens=body.max_tokens, logprobs=body.logprobs, output_kind=kind,
+        structured_outputs=structured_outputs_of(body),
+    )  # fmt: skip
     prompts = [check_prompt(state.engine, p, body.max_tokens) for p in raw_prompts]
     request_id = f"cmpl-{uuid.uuid4().hex}"
     streams = await start_requests(state.engine, request_id, prompts, params, body.priority)

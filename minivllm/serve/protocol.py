@@ -4,7 +4,9 @@ Requests accept OpenAI's fields plus vLLM's extra sampling fields at the top
 level (``top_k``, ``min_p``, ``repetition_penalty``, ...). Fields nobody declared
 are kept (``extra="allow"``): ``params.py`` maps every field whose name is a
 ``SamplingParams`` field onto it, so a field added to ``SamplingParams`` works
-over HTTP without touching this file.
+over HTTP without touching this file. Any other field is a 400 naming it: the
+server never drops what a client asked for. Only the fields in ``NO_OP_FIELDS``
+are accepted and ignored (documented in docs/serving.md).
 """
 from __future__ import annotations
 
@@ -25,6 +27,10 @@ Int = Annotated[int, Strict()]
 Float = Annotated[float, BeforeValidator(_no_bool)]
 """A number (integers accepted), never a boolean."""
 ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
+NO_OP_FIELDS = ("user",)
+"""Accepted and documented as having no effect (OpenAI's end-user id)."""
 
 
 class OpenAIModel(BaseModel):
@@ -64,6 +70,13 @@ class _SamplingRequest(OpenAIModel):
     skip_special_tokens: Optional[bool] = None
     spaces_between_special_tokens: Optional[bool] = None
     prompt_logprobs: Optional[Int] = None
+    # structured outputs (serve/structured.py): at most one of these
+    response_format: Optional[dict[str, Any]] = None
+    structured_outputs: Optional[dict[str, Any]] = None
+    guided_json: Optional[Union[str, dict[str, Any]]] = None
+    guided_regex: Optional[str] = None
+    guided_choice: Optional[list[str]] = None
+    guided_grammar: Optional[str] = None
     priority: Int = 0
     """Scheduling priority (scheduler.policy=priority): lower runs first."""
 
@@ -106,6 +119,9 @@ class ChatCompletionRequest(_SamplingRequest):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: Optional[dict[str, Any]] = None
+    tools: Optional[list[dict[str, Any]]] = None
+    tool_choice: Optional[Union[str, dict[str, Any]]] = None
+    parallel_tool_calls: Optional[bool] = None
 
 
 # ---- responses ---------------------------------------------------------------------
@@ -153,9 +169,35 @@ class ChatLogProbs(BaseModel):
     content: Optional[list[ChatTokenLogProb]] = None
 
 
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str
+    """The arguments as JSON text."""
+
+
+class ToolCallOut(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class DeltaFunctionCall(BaseModel):
+    name: Optional[str] = None
+    arguments: Optional[str] = None
+
+
+class DeltaToolCall(BaseModel):
+    index: int
+    id: Optional[str] = None
+    type: Literal["function"] = "function"
+    function: DeltaFunctionCall
+
+
 class ChatMessageOut(BaseModel):
     role: str = "assistant"
     content: Optional[str] = None
+    reasoning_content: Optional[str] = None
+    tool_calls: list[ToolCallOut] = Field(default_factory=list)
 
 
 class ChatChoice(BaseModel):
@@ -178,6 +220,8 @@ class ChatCompletionResponse(BaseModel):
 class DeltaMessage(BaseModel):
     role: Optional[str] = None
     content: Optional[str] = None
+    reasoning_content: Optional[str] = None
+    tool_calls: Optional[list[DeltaToolCall]] = None
 
 
 class ChatStreamChoice(BaseModel):

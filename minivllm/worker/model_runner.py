@@ -31,6 +31,7 @@ from minivllm.sample.metadata import SamplingMetadata, from_batch, has_logits_ed
 from minivllm.sample.prompt_logprobs import add_prompt_logprobs
 from minivllm.sample.sampler import Sampler
 from minivllm.sampling_params import SamplingParams
+from minivllm.structured_output.bitmask import bitmask_for_rows
 from minivllm.utils import build, cdiv
 from minivllm.worker.cuda_graphs import CUDAGraphRunner
 from minivllm.worker.input_batch import InputBatch
@@ -151,7 +152,7 @@ class ModelRunner:
         prompt_logprobs = self._gather_prompt_logprobs(hidden, step) if self.prompt_logprobs else {}
         if not len(step.sample_idx):
             return DoneOutput(ModelRunnerOutput())
-        pending = self._sample_and_collect(hidden, step, prompt_logprobs)
+        pending = self._sample_and_collect(hidden, step, prompt_logprobs, sched)
         self._pending = pending
         return pending
 
@@ -222,16 +223,24 @@ class ModelRunner:
             del self.prompt_logprobs[req_id]
         return {req_id: state.entries for req_id, state in done.items()}
 
-    def _sample_and_collect(self, hidden: torch.Tensor, step: StepInputs, prompt_logprobs: dict) -> PendingOutput:
+    def _sample_and_collect(
+        self, hidden: torch.Tensor, step: StepInputs, prompt_logprobs: dict, sched: SchedulerOutput
+    ) -> PendingOutput:
         rows = step.rows[step.sample_idx]
+        req_ids = [self.batch.req_ids[r] for r in rows.tolist()]
         logits = self.model.compute_logits(hidden[step.logits_index])  # (S, vocab) fp32
         seq_lens = step.query_lens[step.sample_idx] + self.batch.num_computed_tokens[rows]
         meta = self._sampling_metadata(rows, seq_lens, logits.shape[-1])
+        meta.grammar_bitmask = None
+        if sched.grammar_bitmask is not None:
+            meta.grammar_bitmask = bitmask_for_rows(
+                sched.grammar_bitmask, sched.structured_output_request_ids, req_ids, self.device
+            )
         sampled = self.sampler(logits, meta)
         broadcast_from_first(sampled.token_ids)  # every rank keeps the same tokens
         params = [self.batch.params[r] for r in rows.tolist()]
         return PendingOutput(
-            req_ids=[self.batch.req_ids[r] for r in rows.tolist()],
+            req_ids=req_ids,
             sampled=sampled,
             num_logprobs=[p.logprobs for p in params],
             prompt_logprobs=prompt_logprobs,
