@@ -163,7 +163,8 @@ class CompilationConfig:
     cudagraph_capture_sizes: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64, 128, 256, 512])
     """Batch sizes captured as CUDA graphs; other sizes pad up to the next one."""
     torch_compile: bool = False
-    """Compile the small fused ops with torch.compile."""
+    """Compile the small elementwise ops with torch.compile instead of the Triton kernels (off: on CUDA the
+    norms and rotary are already fused Triton kernels and graphs remove launch costs; compiling adds start-up)."""
 
     def __post_init__(self) -> None:
         for size in self.cudagraph_capture_sizes:
