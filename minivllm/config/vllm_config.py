@@ -19,6 +19,7 @@ from minivllm.config.model_source import load_hf_config
 from minivllm.core.sliding_window import max_blocks_per_request, model_sliding_window
 from minivllm.distributed.utils import check_expert_parallel, check_tensor_parallel
 from minivllm.layers.rotary import check_rope_types
+from minivllm.lora.config import LoRAConfig
 from minivllm.quantization import QuantizationConfig, get_quantization_config
 from minivllm.config.schema import (
     AttentionConfig,
@@ -123,6 +124,8 @@ class VllmConfig:
     """Workload and baseline of task=bench (options in conf/bench/)."""
     serve: ServeConfig = field(default_factory=ServeConfig)
     """HTTP server of task=serve."""
+    lora: LoRAConfig = field(default_factory=LoRAConfig)
+    """Multi-LoRA serving: adapter slots and ranks."""
 
     def __post_init__(self) -> None:
         if self.model.path in ("", "???"):
@@ -153,6 +156,7 @@ class VllmConfig:
         if not self.attention.backend:
             self.attention.backend = {"_target_": _attention_target(self.attention.name, self.device_type)}
         self._check_scheduler()
+        self._check_lora()
         self.async_scheduling: bool = _resolve_async_scheduling(self.scheduler.async_scheduling, self)
 
     @property
@@ -187,6 +191,13 @@ class VllmConfig:
                 f"scheduler.max_num_batched_tokens={sched.max_num_batched_tokens} is smaller than "
                 f"max_model_len={self.max_model_len} with chunked prefill off: a long prompt could never be "
                 f"scheduled; raise it, lower model.max_model_len, or set scheduler.enable_chunked_prefill=true"
+            )
+
+    def _check_lora(self) -> None:
+        if self.lora.enable_lora and self.parallel.world_size > 1:
+            raise ValueError(
+                f"lora.enable_lora=true with {self.parallel.world_size} workers: LoRA runs on one worker only "
+                "so far (parallel.tp=1)"
             )
 
     @classmethod

@@ -15,6 +15,7 @@ from minivllm.engine.processor import Processor, PromptType
 from minivllm.engine.request import Request, RequestId
 from minivllm.engine.stats import EngineStats, StatLogger
 from minivllm.engine.tokenizer import get_tokenizer
+from minivllm.lora.request import LoRARequest
 from minivllm.sampling_params import SamplingParams
 
 
@@ -71,6 +72,7 @@ class LLMEngine:
         priority: int = 0,
         cache_salt: str | None = None,
         group_id: str | None = None,
+        lora_request: LoRARequest | None = None,
     ) -> RequestId:
         """Validate and queue a request (``params.n`` core requests); raises ValueError
         (nothing queued) on bad input.
@@ -78,9 +80,11 @@ class LLMEngine:
         ``cache_salt``: only requests with the same salt share prefix-cache blocks.
         ``group_id``: the client request it is part of (a server's request with several
         prompts); the scheduler takes turns between groups. Default: its own id.
+        ``lora_request``: the adapter to run under (needs ``lora.enable_lora``).
         """
         params = params or SamplingParams()
         _check_priority_and_salt(priority, cache_salt, self.cfg.scheduler.policy)
+        self.processor.lora.check(lora_request)
         text, ids = self.processor.tokenize(prompt)
         max_tokens = self.processor.max_output_tokens(len(ids), params)
         req_id = RequestId(str(next(self._ids)) if request_id is None else str(request_id))
@@ -93,7 +97,7 @@ class LLMEngine:
             child_params = parent.child_params(index)
             request = Request(
                 child_id, ids, child_params, self.eos_token_id, max_tokens, priority=priority, cache_salt=cache_salt,
-                group_id=group_id or req_id,
+                group_id=group_id or req_id, lora_request=lora_request,
             )  # fmt: skip
             detok = IncrementalDetokenizer(self.tokenizer, child_params, ids)
             state = CompletionState(child_id, index, parent, detok)

@@ -10,6 +10,7 @@ from typing import Any, Union
 from transformers import PreTrainedTokenizerBase
 
 from minivllm.config.vllm_config import VllmConfig
+from minivllm.lora.checker import LoRAChecker
 from minivllm.sampling_params import SamplingParams
 from minivllm.structured_output.backend import check_grammar
 
@@ -25,6 +26,8 @@ class Processor:
         self.tokenizer = tokenizer
         self.max_tokens_in_cache = max_tokens_in_cache
         self.vocab_size = cfg.hf_config.vocab_size
+        self.lora = LoRAChecker(cfg.lora, cfg.hf_config)
+        """``self.lora.check(lora_request)`` validates a request's adapter."""
 
     def tokenize(self, prompt: PromptType) -> tuple[str | None, list[int]]:
         if isinstance(prompt, dict) and (unknown := sorted(set(prompt) - set(PROMPT_KEYS))):

@@ -12,6 +12,7 @@ from minivllm.config.vllm_config import VllmConfig
 from minivllm.engine.llm_engine import LLMEngine
 from minivllm.engine.outputs import RequestOutput
 from minivllm.engine.processor import PromptType
+from minivllm.lora.request import LoRARequest
 from minivllm.sampling_params import RequestOutputKind, SamplingParams
 
 # vLLM keyword -> key in the config tree
@@ -41,6 +42,10 @@ KWARG_KEYS = {
     "cuda_graph_sizes": "compilation.cudagraph_capture_sizes",
     "attention_backend": "attention.name",
     "device": "device.type",
+    "enable_lora": "lora.enable_lora",
+    "max_loras": "lora.max_loras",
+    "max_lora_rank": "lora.max_lora_rank",
+    "max_cpu_loras": "lora.max_cpu_loras",
 }
 
 
@@ -97,22 +102,27 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
         priority: Sequence[int] | None = None,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
         """Generate for every prompt; outputs come back in prompt order.
 
         All requests are validated before the first is queued, so a bad one
-        raises ValueError and leaves the engine as it was.
+        raises ValueError and leaves the engine as it was. ``lora_request``: one adapter
+        for every prompt or one (or None) per prompt.
         """
         prompts = _as_list_of_prompts(prompts)
         params = _params_per_prompt(sampling_params, len(prompts))
+        loras = _loras_per_prompt(lora_request, len(prompts))
         engine = self.llm_engine
-        for p, sp in zip(prompts, params):  # validate everything before queuing anything
+        for p, sp, lora in zip(prompts, params, loras):  # validate everything before queuing anything
+            engine.processor.lora.check(lora)
             _, ids = engine.processor.tokenize(p)
             engine.processor.max_output_tokens(len(ids), sp)
         req_ids = []
         try:
             for i, (p, sp) in enumerate(zip(prompts, params)):
-                req_ids.append(engine.add_request(None, p, _final_only(sp), priority[i] if priority else 0))
+                prio = priority[i] if priority else 0
+                req_ids.append(engine.add_request(None, p, _final_only(sp), prio, lora_request=loras[i]))
             return self._run(req_ids, use_tqdm)
         except BaseException:
             engine.abort_request([r for r in req_ids])
@@ -170,3 +180,12 @@ def _params_per_prompt(params: Any, n: int) -> list[SamplingParams]:
     if len(params) != n:
         raise ValueError(f"sampling_params: {len(params)} given for {n} prompts; give one, or one per prompt")
     return params
+
+
+def _loras_per_prompt(lora: Any, n: int) -> list[LoRARequest | None]:
+    if lora is None or isinstance(lora, LoRARequest):
+        return [lora] * n
+    loras = list(lora)
+    if len(loras) != n:
+        raise ValueError(f"lora_request: {len(loras)} given for {n} prompts; give one, or one per prompt")
+    return loras

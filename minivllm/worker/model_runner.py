@@ -26,6 +26,7 @@ from minivllm.distributed.parallel_state import broadcast_from_first
 from minivllm.engine.request import RequestId
 from minivllm.layers.compile import compile_small_ops
 from minivllm.layers.rotary import share_cos_sin_caches
+from minivllm.lora.manager import LoRAModelManager
 from minivllm.sample.logits_processors import LogitsEdits
 from minivllm.sample.metadata import SamplingMetadata, from_batch, has_logits_edits
 from minivllm.sample.prompt_logprobs import add_prompt_logprobs
@@ -72,6 +73,9 @@ class ModelRunner:
         if self.cfg.compilation.torch_compile:
             compile_small_ops(self.model)
         self.attention_layers = [m for m in self.model.modules() if hasattr(m, "kv_cache") and hasattr(m, "backend")]
+        self.lora: LoRAModelManager | None = None
+        if self.cfg.lora.enable_lora:
+            self.lora = LoRAModelManager(self.model, self.cfg.lora, self.cfg.hf_config, self.cfg.dtype, self.device)
 
     def kv_cache_shape(self, num_blocks: int) -> tuple[int, ...]:
         layer = self.attention_layers[0]
@@ -90,8 +94,10 @@ class ModelRunner:
 
     @property
     def cuda_graphs_enabled(self) -> bool:
-        """Graphs need CUDA and a backend with no host work per step (Triton); never on the CPU."""
-        return self.cfg.compilation.cudagraph and self.device.type == "cuda" and self.attn_backend.name == "triton"
+        """Graphs need CUDA and a backend with no host work per step (Triton); never on the CPU,
+        nor with LoRA (its token groups change per step)."""
+        graphs = self.cfg.compilation.cudagraph and not self.cfg.lora.enable_lora
+        return graphs and self.device.type == "cuda" and self.attn_backend.name == "triton"
 
     def capture_cuda_graphs(self) -> None:
         """Capture decode steps after the KV cache exists (no-op where graphs are off)."""
@@ -161,9 +167,13 @@ class ModelRunner:
         for req_id in sched.finished_req_ids:
             batch.remove(req_id)
             self.prompt_logprobs.pop(req_id, None)
+            if self.lora is not None:
+                self.lora.remove_request(req_id)
         for new in sched.new_reqs:
             batch.add(new, self.device)
             self._track_prompt_logprobs(new)
+            if self.lora is not None:
+                self.lora.add_request(new.req_id, new.lora_request)
         cached = sched.cached_reqs
         if len(cached):
             rows = [batch.row_of[r] for r in cached.req_ids]
@@ -198,6 +208,8 @@ class ModelRunner:
                 (pending.index_of[self.batch.req_ids[r]] for r in rs.tolist()), dtype=np.int64, count=len(rs)
             )
         step = self.inputs.build(self.batch, rows, query_lens, index)
+        if self.lora is not None:
+            self.lora.prepare_step([self.batch.req_ids[r] for r in rows.tolist()], query_lens)
         step.meta.backend_data = self.attn_backend.prepare(step.meta, self.block_size)
         if step.placeholders is not None:
             dst, src = step.placeholders
