@@ -14,6 +14,7 @@ from torch import nn
 
 from minivllm.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, ReplicatedLinear
 from minivllm.lora.punica import LoRAStepContext, add_lora
+from minivllm.lora.triton_ops import lora_shrink_expand
 
 # our fused module -> the checkpoint (PEFT) module of each member, in output order
 MEMBERS = {
@@ -59,7 +60,11 @@ class LoRALinear(nn.Module):
         if groups:
             for m, offset in enumerate(self.offsets):
                 b = self.lora_b[m]
-                add_lora(out[:, offset : offset + b.shape[-1]], x, self.lora_a[m], b, groups)
+                target = out[:, offset : offset + b.shape[-1]]
+                if x.is_cuda:
+                    lora_shrink_expand(target, x, self.lora_a[m], b, *self.ctx.segments())
+                else:
+                    add_lora(target, x, self.lora_a[m], b, groups)
         return out
 
     def set_slot(self, slot: int, pairs: list[tuple[torch.Tensor, torch.Tensor] | None]) -> None:
