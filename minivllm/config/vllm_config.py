@@ -20,6 +20,7 @@ from minivllm.core.sliding_window import max_blocks_per_request, model_sliding_w
 from minivllm.distributed.utils import check_expert_parallel, check_tensor_parallel
 from minivllm.layers.rotary import check_rope_types
 from minivllm.lora.config import LoRAConfig
+from minivllm.lora.serving import parse_lora_modules
 from minivllm.quantization import QuantizationConfig, get_quantization_config
 from minivllm.config.schema import (
     AttentionConfig,
@@ -77,11 +78,16 @@ class ServeConfig:
     """How tool calls are read from chat output for tool_choice=auto: hermes or llama3_json."""
     reasoning_parser: Optional[str] = None
     """Split <think>...</think> into reasoning_content: deepseek_r1 or qwen3."""
+    lora_modules: list[str] = field(default_factory=list)
+    """LoRA adapters served from the start, as name=path; a request picks one by its ``model`` field."""
+    enable_lora_runtime_updates: bool = False
+    """Offer /v1/load_lora_adapter and /v1/unload_lora_adapter."""
 
     def __post_init__(self) -> None:
         check_range("serve.port", self.port, low=0, high=65535)
         check_range("serve.shutdown_timeout", self.shutdown_timeout, low=0.0)
         check_range("serve.max_n", self.max_n, low=1)
+        parse_lora_modules(list(self.lora_modules))
         check_range("serve.max_seqs_per_request", self.max_seqs_per_request, low=1)
         check_range("serve.max_waiting", self.max_waiting, low=0)
         for key, allowed in (("tool_call_parser", TOOL_CALL_PARSERS), ("reasoning_parser", REASONING_PARSERS)):
@@ -194,6 +200,9 @@ class VllmConfig:
             )
 
     def _check_lora(self) -> None:
+        uses_lora = self.serve.lora_modules or self.serve.enable_lora_runtime_updates
+        if uses_lora and not self.lora.enable_lora:
+            raise ValueError("serve.lora_modules / serve.enable_lora_runtime_updates: need lora.enable_lora=true")
         if self.lora.enable_lora and self.parallel.world_size > 1:
             raise ValueError(
                 f"lora.enable_lora=true with {self.parallel.world_size} workers: LoRA runs on one worker only "

@@ -32,6 +32,7 @@ from minivllm.engine.outputs import RequestOutput
 from minivllm.engine.processor import Processor, PromptType
 from minivllm.engine.request_stream import EngineDeadError, RequestStream
 from minivllm.engine.tokenizer import get_tokenizer
+from minivllm.lora.request import LoRARequest
 from minivllm.sampling_params import RequestOutputKind, SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -162,9 +163,11 @@ class AsyncLLM:
         params: SamplingParams | None = None,
         priority: int = 0,
         group_id: str | None = None,
+        lora_request: LoRARequest | None = None,
     ) -> RequestStream:
         """Validate and queue a request; returns once the engine has accepted it.
         ``group_id``: the client request it is part of (the scheduler takes turns between them).
+        ``lora_request``: the adapter to run under (needs ``lora.enable_lora``).
 
         Raises ValueError (nothing queued) on bad input, EngineDeadError if the engine is gone.
         """
@@ -172,6 +175,7 @@ class AsyncLLM:
         if self.errored is not None:
             raise EngineDeadError(self.errored)
         params = params or SamplingParams()
+        self.processor.lora.check(lora_request)
         text, ids = self.processor.tokenize(prompt)
         self.processor.max_output_tokens(len(ids), params)
         request_id = str(request_id)
@@ -183,7 +187,7 @@ class AsyncLLM:
         accepted = self._loop.create_future()
         self._streams[request_id] = stream
         self._pending[("add", request_id)] = accepted
-        self._send(("add", request_id, {"prompt": text, "prompt_token_ids": ids}, engine_params, priority, group_id))
+        self._send(("add", request_id, {"prompt": text, "prompt_token_ids": ids}, engine_params, priority, group_id, lora_request))
         try:
             await accepted
         except asyncio.CancelledError:

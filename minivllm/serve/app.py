@@ -28,13 +28,15 @@ from minivllm.engine.request_stream import EngineDeadError
 from minivllm.serve.chat import create_chat_completion
 from minivllm.serve.completions import create_completion
 from minivllm.serve.errors import ClientDisconnected, ModelNotFound, Overloaded
+from minivllm.serve.lora_routes import add_lora_routes
 from minivllm.serve.metrics import CONTENT_TYPE
 from minivllm.serve.params import BadRequest, param_of
 from minivllm.serve.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
 from minivllm.serve.state import ServerState
 
 logger = logging.getLogger(__name__)
-ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics")
+ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics",
+          "/v1/load_lora_adapter", "/v1/unload_lora_adapter")
 
 
 def build_app(engine: AsyncLLM, cfg: VllmConfig) -> FastAPI:
@@ -60,7 +62,14 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
     @app.get("/v1/models")
     async def models() -> ModelList:
         card = ModelCard(id=state.model_name, root=state.cfg.model.path, max_model_len=state.cfg.max_model_len)
-        return ModelList(data=[card])
+        adapters = [
+            ModelCard(id=name, root=lora.lora_path, parent=state.model_name, max_model_len=state.cfg.max_model_len)
+            for name, lora in state.adapters.by_name.items()
+        ]
+        return ModelList(data=[card, *adapters])
+
+    if state.cfg.serve.enable_lora_runtime_updates:
+        add_lora_routes(app, state)
 
     @app.get("/health")
     async def health() -> Response:

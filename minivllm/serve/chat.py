@@ -43,7 +43,7 @@ NO_TEMPLATE = (
 
 
 async def create_chat_completion(state: ServerState, body: ChatCompletionRequest, raw: Request) -> Any:
-    state.check_model(body.model)
+    lora = state.check_model(body.model)
     admit(state, body.n, 1)
     if body.stream_options is not None and not body.stream:
         raise BadRequest("stream_options", "stream_options: only allowed with stream=true")
@@ -58,7 +58,7 @@ async def create_chat_completion(state: ServerState, body: ChatCompletionRequest
     )
     prompt = check_prompt(state.engine, render(state, body, tools), max_tokens, prompt_field="messages")
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
-    streams = await start_requests(state.engine, request_id, [prompt], params, body.priority, "messages")
+    streams = await start_requests(state.engine, request_id, [prompt], params, body.priority, "messages", lora)
     reasoning = state.cfg.serve.reasoning_parser
     fmt = _Formatter(state, body, prompt, ChatOutputParser(tools, REASONING_PARSERS[reasoning] if reasoning else None))
     if body.stream:

@@ -30,7 +30,7 @@ from minivllm.serve.structured import structured_outputs_of
 
 
 async def create_completion(state: ServerState, body: CompletionRequest, raw: Request) -> Any:
-    state.check_model(body.model)
+    lora = state.check_model(body.model)
     _check_unsupported(body)
     raw_prompts = _prompt_list(body.prompt)
     admit(state, body.n, len(raw_prompts))
@@ -41,7 +41,7 @@ async def create_completion(state: ServerState, body: CompletionRequest, raw: Re
     )  # fmt: skip
     prompts = [check_prompt(state.engine, p, body.max_tokens) for p in raw_prompts]
     request_id = f"cmpl-{uuid.uuid4().hex}"
-    streams = await start_requests(state.engine, request_id, prompts, params, body.priority)
+    streams = await start_requests(state.engine, request_id, prompts, params, body.priority, lora_request=lora)
     fmt = _Formatter(state, body, prompts)
     if body.stream:
         return StreamingResponse(_stream(state, body, request_id, streams, fmt), media_type="text/event-stream")

@@ -7,6 +7,8 @@ from typing import Any
 
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.engine.async_llm import AsyncLLM
+from minivllm.lora.request import LoRARequest
+from minivllm.lora.serving import ServedAdapters
 from minivllm.serve.errors import ModelNotFound
 from minivllm.serve.metrics import ServerMetrics
 from minivllm.serve.protocol import CompletionChoice, CompletionResponse, ErrorInfo, ErrorResponse, UsageInfo
@@ -21,13 +23,20 @@ class ServerState:
         self.chat_template = load_chat_template(cfg.serve.chat_template) or getattr(
             engine.tokenizer, "chat_template", None
         )
+        self.adapters = ServedAdapters(list(cfg.serve.lora_modules), self.model_name, engine.processor.lora.check)
+        """LoRA adapters the ``model`` field may name besides the base model."""
         self.metrics = ServerMetrics(self.model_name)
         engine.stat_loggers.append(self.metrics)
         self.token_text = lru_cache(maxsize=65536)(self._token_text)
 
-    def check_model(self, model: str | None) -> None:
-        if model is not None and model != self.model_name:
-            raise ModelNotFound(model, self.model_name)
+    def check_model(self, model: str | None) -> LoRARequest | None:
+        """The adapter ``model`` names (None: the base model); 404 for a name not served."""
+        if model is None or model == self.model_name:
+            return None
+        lora = self.adapters.by_name.get(model)
+        if lora is None:
+            raise ModelNotFound(model, ", ".join([self.model_name, *self.adapters.by_name]))
+        return lora
 
     def _token_text(self, token_id: int) -> str:
         return self.engine.tokenizer.decode([token_id])
