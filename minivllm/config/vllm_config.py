@@ -203,11 +203,8 @@ class VllmConfig:
         uses_lora = self.serve.lora_modules or self.serve.enable_lora_runtime_updates
         if uses_lora and not self.lora.enable_lora:
             raise ValueError("serve.lora_modules / serve.enable_lora_runtime_updates: need lora.enable_lora=true")
-        if self.lora.enable_lora and self.parallel.world_size > 1:
-            raise ValueError(
-                f"lora.enable_lora=true with {self.parallel.world_size} workers: LoRA runs on one worker only "
-                "so far (parallel.tp=1)"
-            )
+        if self.lora.enable_lora and self.parallel.pp > 1:
+            raise ValueError(f"lora.enable_lora=true with parallel.pp={self.parallel.pp}: LoRA needs parallel.pp=1")
 
     @classmethod
     def from_dictconfig(cls, cfg: DictConfig | dict) -> "VllmConfig":

@@ -6,13 +6,25 @@ the whole of ``o_proj`` / ``down_proj``), stacked slot tensors
 ``A`` (slots, in, max_rank) and ``B`` (slots, max_rank, out). A slot holding an
 adapter of rank r < max_rank has zeros beyond r, so the sum is unchanged; a
 slot an adapter does not target for this module stays zero.
+
+Tensor parallelism follows the base layer: a column-parallel layer keeps the
+whole A and its ranks' columns of B (its output stays split); a row-parallel
+layer keeps its rows of A, and the (T, max_rank) shrink results are summed over
+the ranks before the expand with the whole B.
 """
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from minivllm.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, ReplicatedLinear
+from minivllm.distributed.parallel_state import all_reduce
+from minivllm.layers.linear import (
+    ColumnParallelLinear,
+    MergedColumnParallelLinear,
+    QKVParallelLinear,
+    ReplicatedLinear,
+    RowParallelLinear,
+)
 from minivllm.lora.punica import LoRAStepContext, add_lora
 from minivllm.lora.triton_ops import lora_shrink_expand
 
@@ -38,6 +50,10 @@ class LoRALinear(nn.Module):
         in_features = shape.input_size_per_partition
         sizes = list(shape.output_sizes) if len(members) > 1 else [shape.output_size_per_partition]
         self.offsets = [sum(sizes[:i]) for i in range(len(sizes))]
+        self.sizes = sizes
+        self.in_features = in_features
+        row_parallel = isinstance(base, RowParallelLinear) and base.tp_size > 1
+        self.reduce = all_reduce if row_parallel else None
         self.lora_a = nn.ParameterList(
             nn.Parameter(torch.zeros(max_loras, in_features, max_rank, dtype=dtype, device=device), requires_grad=False)
             for _ in members
@@ -62,9 +78,9 @@ class LoRALinear(nn.Module):
                 b = self.lora_b[m]
                 target = out[:, offset : offset + b.shape[-1]]
                 if x.is_cuda:
-                    lora_shrink_expand(target, x, self.lora_a[m], b, *self.ctx.segments())
+                    lora_shrink_expand(target, x, self.lora_a[m], b, *self.ctx.segments(), reduce=self.reduce)
                 else:
-                    add_lora(target, x, self.lora_a[m], b, groups)
+                    add_lora(target, x, self.lora_a[m], b, groups, reduce=self.reduce)
         return out
 
     def set_slot(self, slot: int, pairs: list[tuple[torch.Tensor, torch.Tensor] | None]) -> None:
@@ -74,9 +90,24 @@ class LoRALinear(nn.Module):
             a.zero_()
             b.zero_()
             if pair is not None:
-                rank = pair[0].shape[1]
-                a[:, :rank].copy_(pair[0])
-                b[:rank].copy_(pair[1])
+                full_a, full_b = pair
+                rank = full_a.shape[1]
+                a[:, :rank].copy_(full_a.narrow(0, self._in_start(), self.in_features))
+                b[:rank].copy_(full_b.narrow(1, self._out_start(m), self.sizes[m]))
+
+    def _in_start(self) -> int:
+        """This rank's first input feature (row-parallel layers hold a slice)."""
+        base = self.base
+        return base.tp_rank * self.in_features if isinstance(base, RowParallelLinear) else 0
+
+    def _out_start(self, member: int) -> int:
+        """This rank's first output feature of ``member`` in the full (checkpoint) layout."""
+        base = self.base
+        if not isinstance(base, ColumnParallelLinear):
+            return 0
+        if isinstance(base, QKVParallelLinear) and member > 0:  # k, v: KV heads may be replicated
+            return (base.tp_rank // base.kv_replicas) * self.sizes[member]
+        return base.tp_rank * self.sizes[member]
 
 
 def wrap_lora_layers(model: nn.Module, ctx: LoRAStepContext, max_loras: int, max_rank: int,

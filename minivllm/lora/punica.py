@@ -8,6 +8,7 @@ punica / S-LoRA idea with a loop over the few slots instead of a kernel).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 import torch
@@ -54,13 +55,24 @@ class LoRAStepContext:
 
 
 def add_lora(
-    out: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, groups: list[tuple[int, torch.Tensor]]
+    out: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, groups: list[tuple[int, torch.Tensor]],
+    reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> None:
     """``out[idx] += x[idx] @ a[slot] @ b[slot]`` for every (slot, idx) group, in place.
 
     out: (T, out_features) (may be a column slice), x: (T, in_features),
     a: (slots, in_features, max_rank), b: (slots, max_rank, out_features).
+    ``reduce``: for a row-parallel layer, sums the (T, max_rank) shrink results over
+    the ranks (each holds a slice of the input features) before the expand.
     """
+    if reduce is not None:
+        shrunk = torch.zeros(x.shape[0], a.shape[2], dtype=a.dtype, device=x.device)  # (T, max_rank)
+        for slot, idx in groups:
+            shrunk.index_copy_(0, idx, x[idx].to(a.dtype) @ a[slot])
+        shrunk = reduce(shrunk)
+        for slot, idx in groups:
+            out.index_add_(0, idx, (shrunk[idx] @ b[slot]).to(out.dtype))
+        return
     for slot, idx in groups:
         delta = (x[idx].to(a.dtype) @ a[slot]) @ b[slot]  # (n, out_features)
         out.index_add_(0, idx, delta.to(out.dtype))

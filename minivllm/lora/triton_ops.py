@@ -10,6 +10,8 @@ Every token is in at most one segment, so the adds never race.
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 import triton
 import triton.language as tl
@@ -82,8 +84,12 @@ def segmented_matmul(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, token_
 
 
 def lora_shrink_expand(out: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, token_idx: torch.Tensor,
-                       seg_slot: torch.Tensor, seg_start: torch.Tensor, seg_len: torch.Tensor, max_len: int) -> None:  # fmt: skip
-    """``out[tok] += x[tok] @ a[slot] @ b[slot]``: shrink into a (T, max_rank) fp32 buffer, then expand."""
+                       seg_slot: torch.Tensor, seg_start: torch.Tensor, seg_len: torch.Tensor, max_len: int,
+                       reduce: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:  # fmt: skip
+    """``out[tok] += x[tok] @ a[slot] @ b[slot]``: shrink into a (T, max_rank) fp32 buffer, then expand.
+    ``reduce`` (row-parallel layers): sums the buffer over the ranks between the two."""
     buffer = torch.zeros(x.shape[0], a.shape[2], dtype=torch.float32, device=x.device)  # (T, max_rank)
     segmented_matmul(x, a, buffer, token_idx, seg_slot, seg_start, seg_len, max_len, add=False)
+    if reduce is not None:
+        buffer = reduce(buffer)
     segmented_matmul(buffer, b, out, token_idx, seg_slot, seg_start, seg_len, max_len, add=True)

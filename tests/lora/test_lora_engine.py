@@ -108,7 +108,6 @@ def test_lora_request_needs_enable_lora(llama_dir, adapters):
         ({"max_loras": 0}, r"lora.max_loras=0: must be in \[1, inf\)"),
         ({"max_lora_rank": 0}, r"lora.max_lora_rank=0"),
         ({"max_loras": 4, "max_cpu_loras": 2}, "lora.max_cpu_loras=2: must be at least lora.max_loras=4"),
-        ({"tensor_parallel_size": 2}, "LoRA runs on one worker only"),
     ],
 )
 def test_bad_lora_config(llama_dir, kwargs, match):

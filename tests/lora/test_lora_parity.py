@@ -63,3 +63,15 @@ def test_mixed_batch_and_more_adapters_than_slots(llama_base, tmp_path):
         manager = llm.llm_engine.core.executor.worker.model_runner.lora
         assert manager.num_loads == 3
         assert manager.num_evictions == (0 if max_loras == 3 else 2)
+
+
+def test_tp2_equals_tp1(llama_base, tmp_path):
+    """Two worker processes: column-parallel B and row-parallel A slices (one case: processes are slow)."""
+    adapters = [make_adapter(llama_base, tmp_path / f"t{i}", rank=4, alpha=8, seed=30 + i) for i in range(2)]
+    loras = [LoRARequest(f"t{i}", i + 1, str(a)) for i, a in enumerate(adapters)] + [None]
+    expected = [peft_greedy(llama_base, a, [p], MAX_TOKENS)[0] for a, p in zip([*adapters, None], PROMPTS)]
+    llm = _llm(llama_base, max_loras=2, max_lora_rank=8, tensor_parallel_size=2)
+    try:
+        assert _tokens(llm.generate(PROMPTS, GREEDY, use_tqdm=False, lora_request=loras)) == expected
+    finally:
+        llm.shutdown()
