@@ -65,7 +65,8 @@ def main() -> None:
     args = parse_args()
     base = ASSETS_DIR / "demo-llama"
     counts = [int(c) for c in args.adapters.split(",")]
-    prompts = [{"prompt_token_ids": [(7 * i + j) % 2000 + 4 for j in range(args.prompt_len)]} for i in range(args.num_requests)]
+    prompts = [{"prompt_token_ids": [(7 * i + j) % 2000 + 4 for j in range(args.prompt_len)]}
+               for i in range(args.num_requests)]
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
     total = args.num_requests * args.max_tokens
     common = dict(dtype="float32", device="cpu", max_num_seqs=args.num_requests, enable_prefix_caching=False)
@@ -78,7 +79,8 @@ def main() -> None:
             rows.append((f"lora on, {n} adapters", run(llm, prompts, loras, params, args.repeat)))
             llm.shutdown()
     base_time = rows[0][1]
-    print(f"{args.num_requests} requests x ({args.prompt_len} prompt + {args.max_tokens} output tokens), rank {args.rank}")
+    print(f"{args.num_requests} requests x ({args.prompt_len} prompt + {args.max_tokens} output tokens), "
+          f"rank {args.rank}")
     print("| run | wall (s) | output tok/s | vs base |\n| --- | --- | --- | --- |")
     for name, t in rows:
         print(f"| {name} | {t:.2f} | {total / t:.1f} | {t / base_time:.2f}x |")

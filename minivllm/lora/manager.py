@@ -56,7 +56,8 @@ class LoRAModelManager:
             raise RuntimeError(f"{len(needed)} adapters in one step, more than lora.max_loras={self.cfg.max_loras}")
         for lora in needed.values():
             self._make_resident(lora, needed)
-        row_slots = np.fromiter((-1 if lo is None else self.slots[lo.lora_int_id] for lo in loras), np.int64, len(loras))
+        slot_of = self.slots
+        row_slots = np.fromiter((-1 if lo is None else slot_of[lo.lora_int_id] for lo in loras), np.int64, len(loras))
         self.ctx.set_token_slots(np.repeat(row_slots, query_lens), self.device)
 
     def _make_resident(self, lora: LoRARequest, needed: dict[int, LoRARequest]) -> None:

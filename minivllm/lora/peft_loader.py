@@ -30,7 +30,10 @@ ATTENTION_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP_MODULES = ("gate_proj", "up_proj", "down_proj")
 SUPPORTED_MODULES = ATTENTION_MODULES + MLP_MODULES
 _KEY = re.compile(r"layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)\.lora_([AB])\.weight$")
-_UNSUPPORTED_OPTIONS = {"use_dora": False, "bias": "none", "modules_to_save": None, "rank_pattern": {}, "alpha_pattern": {}}
+_UNSUPPORTED_OPTIONS = {
+    "use_dora": False, "bias": "none", "modules_to_save": None, "rank_pattern": {}, "alpha_pattern": {},
+}  # fmt: skip
+"""PEFT options the loader does not implement, with the value that means "not used"."""
 
 
 @dataclass

@@ -66,14 +66,17 @@ def segmented_matmul(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, token_
     for t, name, dims in ((x, "x", 2), (w, "w", 3), (out, "out", 2), (token_idx, "token_idx", 1)):
         check_tensor(t, name, device, dims)
     check_launchable(device, _segmented_matmul_kernel)
-    require(x.dtype in SUPPORTED_DTYPES and w.dtype in SUPPORTED_DTYPES, f"dtypes {x.dtype}, {w.dtype}: allowed {SUPPORTED_DTYPES}")
+    require(x.dtype in SUPPORTED_DTYPES and w.dtype in SUPPORTED_DTYPES,
+            f"dtypes {x.dtype}, {w.dtype}: allowed {SUPPORTED_DTYPES}")
     require(w.shape[1] == x.shape[1] and out.shape == (x.shape[0], w.shape[2]),
             f"shapes x {tuple(x.shape)}, w {tuple(w.shape)}, out {tuple(out.shape)} do not chain (T,K)@(S,K,N)->(T,N)")
-    require(seg_slot.shape == seg_start.shape == seg_len.shape, "seg_slot, seg_start and seg_len must have one entry per segment")
+    require(seg_slot.shape == seg_start.shape == seg_len.shape,
+            "seg_slot, seg_start and seg_len must have one entry per segment")
     if seg_len.numel() == 0 or max_len == 0:
         return
     n, k = w.shape[2], w.shape[1]
-    block_m, block_n, block_k = 16, max(16, min(64, triton.next_power_of_2(n))), max(16, min(64, triton.next_power_of_2(k)))
+    block_m = 16
+    block_n, block_k = (max(16, min(64, triton.next_power_of_2(d))) for d in (n, k))
     grid = (seg_len.numel(), triton.cdiv(max_len, block_m), triton.cdiv(n, block_n))
     _segmented_matmul_kernel[grid](
         x, w, out, token_idx, seg_slot, seg_start, seg_len, n, k,

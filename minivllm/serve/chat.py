@@ -65,7 +65,8 @@ async def create_chat_completion(state: ServerState, body: ChatCompletionRequest
         return StreamingResponse(_stream(body, request_id, streams, fmt), media_type="text/event-stream")
     outs = await unless_disconnected(raw, final_outputs(streams))
     choices = [fmt.choice(c) for c in outs[0].outputs]
-    return ChatCompletionResponse(id=request_id, model=state.model_name, choices=choices, usage=usage([prompt], outs))
+    model = body.model or state.model_name  # an adapter's name when the request chose one
+    return ChatCompletionResponse(id=request_id, model=model, choices=choices, usage=usage([prompt], outs))
 
 
 def _constraint(body: ChatCompletionRequest, tools: ToolPlan | None) -> StructuredOutputsParams | None:
@@ -148,7 +149,7 @@ class _Formatter:
 async def _stream(
     body: ChatCompletionRequest, request_id: str, streams: list[RequestStream], fmt: _Formatter
 ) -> AsyncIterator[str]:
-    model = fmt.state.model_name
+    model = body.model or fmt.state.model_name
     every_chunk = continuous_usage(body)
     generated = 0
 

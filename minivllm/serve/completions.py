@@ -47,7 +47,7 @@ async def create_completion(state: ServerState, body: CompletionRequest, raw: Re
         return StreamingResponse(_stream(state, body, request_id, streams, fmt), media_type="text/event-stream")
     outs = await unless_disconnected(raw, final_outputs(streams))
     choices = [fmt.choice(i, c) for i, out in enumerate(outs) for c in out.outputs]
-    return state.completion_response(request_id, choices, usage(prompts, outs))
+    return state.completion_response(request_id, choices, usage(prompts, outs), body.model)
 
 
 def _check_unsupported(body: CompletionRequest) -> None:
@@ -119,9 +119,9 @@ async def _stream(
                     choices.append(fmt.choice(i, c))
             if choices:
                 so_far = usage(fmt.prompts, generated=generated) if every_chunk else None
-                yield sse(state.completion_response(request_id, choices, so_far))
+                yield sse(state.completion_response(request_id, choices, so_far, body.model))
         if body.stream_options is not None and body.stream_options.include_usage:
-            yield sse(state.completion_response(request_id, [], usage(fmt.prompts, generated=generated)))
+            yield sse(state.completion_response(request_id, [], usage(fmt.prompts, generated=generated), body.model))
     except EngineDeadError as err:
         yield sse(state.error_body(str(err), "engine_error", 503))
     yield SSE_DONE

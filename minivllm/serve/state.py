@@ -45,9 +45,10 @@ class ServerState:
         return self.engine.tokenizer.decode(token_ids)
 
     def completion_response(
-        self, request_id: str, choices: list[CompletionChoice], usage: UsageInfo | None
+        self, request_id: str, choices: list[CompletionChoice], usage: UsageInfo | None, model: str | None = None
     ) -> CompletionResponse:
-        return CompletionResponse(id=request_id, model=self.model_name, choices=choices, usage=usage)
+        """``model``: the name the request chose (an adapter's); default the served model."""
+        return CompletionResponse(id=request_id, model=model or self.model_name, choices=choices, usage=usage)
 
     @staticmethod
     def error_body(message: str, kind: str = "invalid_request_error", code: int = 400, param: Any = None) -> ErrorResponse:

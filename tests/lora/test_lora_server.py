@@ -26,9 +26,11 @@ def adapters(llama_dir, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(llama_dir, adapters):
-    harness = EngineHarness(VllmConfig.from_dictconfig(config_from_kwargs(str(llama_dir), **ENGINE_KWARGS, **LORA_KWARGS)))
+    cfg = VllmConfig.from_dictconfig(config_from_kwargs(str(llama_dir), **ENGINE_KWARGS, **LORA_KWARGS))
+    harness = EngineHarness(cfg)
+    template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
     handle = harness.start_server(served_model_name="tiny", lora_modules=[f"sql={adapters[0]}"],
-                                  enable_lora_runtime_updates=True)  # fmt: skip
+                                  enable_lora_runtime_updates=True, chat_template=template)  # fmt: skip
     yield handle
     handle.stop()
     harness.close()
@@ -56,6 +58,7 @@ def offline(llama_dir, adapters):
 def _complete(client, model):
     out = client.completions.create(model=model, prompt=PROMPT, max_tokens=8, temperature=0,
                                     extra_body={"ignore_eos": True})  # fmt: skip
+    assert out.model == model
     return out.choices[0].text
 
 
@@ -63,6 +66,8 @@ def test_model_field_selects_the_adapter(client, offline, adapters):
     assert [m.id for m in client.models.list().data] == ["tiny", "sql"]
     base, sql = _complete(client, "tiny"), _complete(client, "sql")
     assert base == offline(None) and sql == offline(adapters[0]) and base != sql
+    chat = client.chat.completions.create(model="sql", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+    assert chat.model == "sql"
 
 
 def test_unknown_model_is_a_404_in_openai_shape(client, server):
@@ -75,7 +80,8 @@ def test_unknown_model_is_a_404_in_openai_shape(client, server):
 
 def test_load_and_unload_at_run_time(client, server, offline, adapters, tmp_path):
     url = server.base_url
-    assert httpx.post(f"{url}/v1/load_lora_adapter", json={"lora_name": "new", "lora_path": str(adapters[1])}).status_code == 200
+    loaded = httpx.post(f"{url}/v1/load_lora_adapter", json={"lora_name": "new", "lora_path": str(adapters[1])})
+    assert loaded.status_code == 200
     assert "new" in [m.id for m in client.models.list().data]
     assert _complete(client, "new") == offline(adapters[1])
     bad = httpx.post(f"{url}/v1/load_lora_adapter", json={"lora_name": "bad", "lora_path": str(tmp_path)})
