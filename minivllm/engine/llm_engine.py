@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
+from typing import Any, Callable
 
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.core.scheduler import SchedulerStats
@@ -14,6 +15,7 @@ from minivllm.engine.processor import Processor, PromptType
 from minivllm.engine.request import Request, RequestId
 from minivllm.engine.stats import EngineStats, StatLogger
 from minivllm.engine.tokenizer import get_tokenizer
+from minivllm.executor.user_calls import user_collective_rpc
 from minivllm.sampling_params import SamplingParams
 
 
@@ -142,6 +144,10 @@ class LLMEngine:
         self.stat_logger.record_step(prompt_tokens, generation_tokens)
         self.stat_logger.maybe_log(self.scheduler_stats)
         return outputs
+
+    def collective_rpc(self, method: str | Callable, args: tuple = (), kwargs: dict | None = None) -> list[Any]:
+        """A user's call on every worker (see ``executor/user_calls.py``); one result per rank."""
+        return user_collective_rpc(self.core.executor, method, args, kwargs)
 
     def shutdown(self) -> None:
         self.core.shutdown()

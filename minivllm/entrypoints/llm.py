@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from omegaconf import DictConfig, OmegaConf
+from torch import nn
 from tqdm.auto import tqdm
 
 from minivllm.config.store import compose
@@ -12,6 +13,7 @@ from minivllm.config.vllm_config import VllmConfig
 from minivllm.engine.llm_engine import LLMEngine
 from minivllm.engine.outputs import RequestOutput
 from minivllm.engine.processor import PromptType
+from minivllm.executor.user_calls import apply_to_model
 from minivllm.sampling_params import RequestOutputKind, SamplingParams
 
 # vLLM keyword -> key in the config tree
@@ -129,6 +131,28 @@ class LLM:
                         bar.update(1)
                         bar.set_postfix_str(f"output {generated / max(bar.format_dict['elapsed'], 1e-9):.1f} tok/s")
         return [finished[r] for r in req_ids]
+
+    def collective_rpc(
+        self,
+        method: str | Callable,
+        timeout: float | None = None,
+        args: tuple = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> list[Any]:
+        """Run ``method`` on every worker; one result per rank, in rank order.
+
+        ``method`` is a Worker method name, or a function called as
+        ``method(worker, *args, **kwargs)`` in each worker's process (lambdas
+        and closures work: they travel with cloudpickle). An exception on a
+        rank raises RuntimeError naming the rank; the engine keeps serving.
+        """
+        if timeout is not None:
+            raise ValueError(f"collective_rpc: timeout={timeout!r} is not supported; leave it None")
+        return self.llm_engine.collective_rpc(method, args, kwargs)
+
+    def apply_model(self, func: Callable[[nn.Module], Any]) -> list[Any]:
+        """``func(model)`` on every rank's model (its shard under tensor parallelism); results in rank order."""
+        return self.collective_rpc(apply_to_model, args=(func,))
 
     def shutdown(self) -> None:
         self.llm_engine.shutdown()

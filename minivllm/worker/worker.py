@@ -44,6 +44,10 @@ class Worker:
         self.model_runner = build(self.cfg.parallel.model_runner, cfg=self.cfg, device=self.device)
         self.model_runner.load_model()
 
+    def get_model(self) -> torch.nn.Module:
+        """This rank's model (its shard of the weights under tensor parallelism)."""
+        return self.model_runner.model
+
     def determine_num_available_blocks(self) -> int:
         """KV blocks that fit: (device memory x utilization - peak usage) / bytes per block.
 

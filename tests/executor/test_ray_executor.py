@@ -52,6 +52,12 @@ def test_llama_tp2_on_ray_matches_tp1(llama_dir):
         h.assert_same_outputs(h.reference(llama_dir), h.generate(llm))
         caches = llm.llm_engine.core.executor.collective_rpc(h.kv_cache_shape)
         assert [c[3] for c in caches] == [1, 1]  # the 2 KV heads split over the ranks
+        offset = 7  # a user's closure reaches the actors (LLM.collective_rpc, LLM.apply_model)
+        results = llm.collective_rpc(lambda worker: (worker.rank + offset, os.getpid()))
+        pids = llm.llm_engine.core.executor.worker_pids
+        assert results == [(7, pids[0]), (8, pids[1])]
+        up = llm.apply_model(lambda model: tuple(model.model.layers[0].mlp.gate_up_proj.weight.shape))
+        assert up == [(128, 64), (128, 64)]  # gate and up, 64 of 128 rows each per rank
     finally:
         llm.shutdown()
 
