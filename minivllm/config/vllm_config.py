@@ -29,6 +29,7 @@ from minivllm.config.schema import (
 )
 from minivllm.config.validation import check_range
 from minivllm.models.registry import ModelRegistry
+from minivllm.plugins import load_general_plugins
 
 ATTENTION_TARGETS = {
     "torch": "minivllm.attention.torch_backend.TorchAttentionBackend",
@@ -98,10 +99,13 @@ class VllmConfig:
     """Workload and baseline of task=bench (options in conf/bench/)."""
     serve: ServeConfig = field(default_factory=ServeConfig)
     """HTTP server of task=serve."""
+    plugins: Optional[list[str]] = None
+    """Entry points of the group minivllm.general_plugins to call at start-up, by name; null: all installed."""
 
     def __post_init__(self) -> None:
         if self.model.path in ("", "???"):
             raise ValueError("model.path: is required; give a checkpoint directory or a preset (model=opt-125m)")
+        load_general_plugins(self.plugins)  # before the architecture check: a plugin may register it
         self.device_type: str = _resolve_device(self.device.type)
         self.hf_config, self.checkpoint_dir = load_hf_config(
             self.model.path,

@@ -10,6 +10,7 @@ import torch.distributed as dist
 
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.core.scheduler_output import ModelRunnerOutput, SchedulerOutput
+from minivllm.plugins import load_general_plugins
 from minivllm.utils import build
 
 logger = logging.getLogger(__name__)
@@ -20,6 +21,7 @@ class Worker:
     def __init__(
         self, cfg: VllmConfig, rank: int = 0, distributed_init_method: str | None = None, num_threads: int | None = None
     ) -> None:
+        load_general_plugins(cfg.plugins)  # in a worker process, this is their first chance to run
         self.cfg = cfg
         self.rank = rank
         self.distributed_init_method = distributed_init_method
