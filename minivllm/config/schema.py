@@ -14,7 +14,7 @@ from typing import Any, Optional
 from minivllm.config.validation import check_choice, check_range
 
 MODEL_DTYPES = ("auto", "float32", "float16", "bfloat16")
-PARALLEL_BACKENDS = ("auto", "uni", "mp", "ray")
+PARALLEL_BACKENDS = ("auto", "uni", "mp", "ray", "external_launcher")
 CACHE_DTYPES = ("auto", "float32", "float16", "bfloat16")
 LOAD_FORMATS = ("auto", "safetensors", "pt", "dummy")
 SCHEDULER_POLICIES = ("fcfs", "priority")
@@ -62,7 +62,7 @@ class ParallelConfig:
     pp: int = 1
     """Pipeline-parallel size; only 1 is supported."""
     backend: str = "auto"
-    """Executor: auto (uni for tp=1, mp otherwise), uni, mp (one process per rank), ray."""
+    """Executor: auto (uni for tp=1, mp otherwise), uni, mp (one process per rank), ray, external_launcher (torchrun)."""
     executor: Any = None
     """``_target_`` node of the executor class; null follows ``backend``."""
     worker: Any = field(default_factory=lambda: {"_target_": "minivllm.worker.worker.Worker"})

@@ -39,6 +39,7 @@ EXECUTOR_TARGETS = {
     "uni": "minivllm.executor.uniproc.UniProcExecutor",
     "mp": "minivllm.executor.multiproc.MultiprocExecutor",
     "ray": "minivllm.executor.ray_executor.RayDistributedExecutor",
+    "external_launcher": "minivllm.executor.external_launcher.ExecutorWithExternalLauncher",
 }
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
