@@ -61,6 +61,10 @@ class ParallelConfig:
     """Tensor-parallel size (vLLM: tensor_parallel_size)."""
     pp: int = 1
     """Pipeline-parallel size; only 1 is supported."""
+    dp: int = 1
+    """Data-parallel size: independent engine replicas, each of tp x pp ranks (vLLM: data_parallel_size)."""
+    dp_rank: int = 0
+    """This replica's index in [0, dp); set by the data-parallel front end (it picks the replica's devices)."""
     backend: str = "auto"
     """Executor: auto (uni for tp=1, mp otherwise), uni, mp (one process per rank), ray, external_launcher (torchrun)."""
     executor: Any = None
@@ -75,6 +79,13 @@ class ParallelConfig:
         if self.pp != 1:
             raise ValueError(f"parallel.pp={self.pp}: pipeline parallelism is not supported; use 1")
         check_choice("parallel.backend", self.backend, PARALLEL_BACKENDS)
+        check_range("parallel.dp", self.dp, low=1)
+        check_range("parallel.dp_rank", self.dp_rank, low=0, high=self.dp - 1)
+        if self.dp > 1 and self.backend == "external_launcher":
+            raise ValueError(
+                f"parallel.dp={self.dp}: not supported with parallel.backend=external_launcher "
+                "(launch one engine per replica yourself); use auto, uni, mp or ray"
+            )
 
     @property
     def world_size(self) -> int:

@@ -9,6 +9,7 @@ one-way pipes of pickled messages:
     ("add", id, prompt, params, priority) ──►   LLMEngine.add_request
     ("abort", [ids])                      ──►   LLMEngine.abort_request (blocks freed now)
     ("stats", token)                      ──►   scheduler_stats()
+    ("rpc", token, call)                  ──►   collective_rpc (call: cloudpickled method, args, kwargs)
     ("shutdown", None)                    ──►   leave the loop
                                           ◄──   EngineMessage(added, add_errors, replies)
                                           ◄──   EngineMessage(outputs=[RequestOutput (DELTA)])
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import pickle
 import signal
 from operator import attrgetter
 import traceback
@@ -146,11 +148,23 @@ def _drain(engine: Any, commands: Connection, msg: EngineMessage) -> bool:
             engine.abort_request(args[0])
         elif kind == "stats":
             msg.replies[args[0]] = engine.scheduler_stats()
+        elif kind == "rpc":
+            token, call = args
+            msg.replies[token] = _run_rpc(engine, call)
         elif kind == "shutdown":
             return False
         else:
             raise ValueError(f"engine process: unknown command {kind!r}")
     return True
+
+
+def _run_rpc(engine: Any, call: bytes) -> Any:
+    """A user's ``collective_rpc``: its results, or the error it raised (as a value)."""
+    try:
+        method, args, kwargs = pickle.loads(call)
+        return engine.collective_rpc(method, args, kwargs)
+    except Exception as err:  # noqa: BLE001 - the caller raises it
+        return RuntimeError(str(err))
 
 
 def _describe(err: BaseException) -> str:

@@ -26,6 +26,7 @@ KWARG_KEYS = {
     "max_logprobs": "model.max_logprobs",
     "tensor_parallel_size": "parallel.tp",
     "pipeline_parallel_size": "parallel.pp",
+    "data_parallel_size": "parallel.dp",
     "distributed_executor_backend": "parallel.backend",
     "gpu_memory_utilization": "cache.gpu_memory_utilization",
     "block_size": "cache.block_size",
@@ -86,7 +87,12 @@ class LLM:
 
     def _init(self, cfg: VllmConfig) -> None:
         self.cfg = cfg
-        self.llm_engine = LLMEngine(cfg)
+        if cfg.parallel.dp > 1:  # replicas in their own processes, behind one front end
+            from minivllm.data_parallel.engine import DataParallelEngine
+
+            self.llm_engine = DataParallelEngine(cfg)
+        else:
+            self.llm_engine = LLMEngine(cfg)
 
     def get_tokenizer(self):
         return self.llm_engine.tokenizer

@@ -31,7 +31,8 @@ class Worker:
 
     def init_device(self) -> None:
         if self.cfg.device_type == "cuda":
-            self.device = torch.device("cuda", self.rank % torch.cuda.device_count())
+            first = self.cfg.parallel.dp_rank * self.cfg.world_size  # data-parallel replicas take disjoint GPUs
+            self.device = torch.device("cuda", (first + self.rank) % torch.cuda.device_count())
             torch.cuda.set_device(self.device)
         if self.num_threads:
             torch.set_num_threads(self.num_threads)
