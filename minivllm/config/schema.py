@@ -60,7 +60,9 @@ class ParallelConfig:
     tp: int = 1
     """Tensor-parallel size (vLLM: tensor_parallel_size)."""
     pp: int = 1
-    """Pipeline-parallel size; only 1 is supported."""
+    """Pipeline-parallel size: stages of consecutive decoder layers (vLLM: pipeline_parallel_size)."""
+    pp_layer_partition: Optional[list[int]] = None
+    """Decoder layers per pipeline stage (e.g. [3, 2]); null splits them evenly, earlier stages taking the rest."""
     dp: int = 1
     """Data-parallel size: independent engine replicas, each of tp x pp ranks (vLLM: data_parallel_size)."""
     dp_rank: int = 0
@@ -76,8 +78,11 @@ class ParallelConfig:
 
     def __post_init__(self) -> None:
         check_range("parallel.tp", self.tp, low=1)
-        if self.pp != 1:
-            raise ValueError(f"parallel.pp={self.pp}: pipeline parallelism is not supported; use 1")
+        check_range("parallel.pp", self.pp, low=1)
+        if self.pp > 1 and self.backend in ("uni", "external_launcher"):
+            raise ValueError(f"parallel.pp={self.pp}: needs parallel.backend auto, mp or ray (not {self.backend})")
+        if self.pp_layer_partition is not None and self.pp == 1:
+            raise ValueError("parallel.pp_layer_partition: only applies with parallel.pp > 1; leave it null")
         check_choice("parallel.backend", self.backend, PARALLEL_BACKENDS)
         check_range("parallel.dp", self.dp, low=1)
         check_range("parallel.dp_rank", self.dp_rank, low=0, high=self.dp - 1)
@@ -90,6 +95,11 @@ class ParallelConfig:
     @property
     def world_size(self) -> int:
         return self.tp * self.pp
+
+    @property
+    def output_rank(self) -> int:
+        """The rank whose sampled tokens the engine takes: the first of the last pipeline stage."""
+        return (self.pp - 1) * self.tp
 
 
 @dataclass

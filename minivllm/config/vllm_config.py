@@ -15,6 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from minivllm.config.bench import BenchConfig
 from minivllm.config.model_source import load_hf_config
+from minivllm.distributed.pipeline import check_partition
 from minivllm.distributed.utils import check_tensor_parallel
 from minivllm.config.schema import (
     AttentionConfig,
@@ -125,6 +126,7 @@ class VllmConfig:
         self.max_model_len: int = _resolve_max_model_len(self.model.max_model_len, self.hf_config)
         self.parallel.executor = {"_target_": _executor_target(self.parallel)}
         check_tensor_parallel(self.parallel.tp, self.hf_config)
+        self._check_pipeline_parallel()
         if not self.attention.backend:
             self.attention.backend = {"_target_": _attention_target(self.attention.name, self.device_type)}
         self._check_scheduler()
@@ -138,6 +140,15 @@ class VllmConfig:
     @property
     def world_size(self) -> int:
         return self.parallel.world_size
+
+    def _check_pipeline_parallel(self) -> None:
+        pp = self.parallel.pp
+        if pp == 1:
+            return
+        if not getattr(ModelRegistry.resolve(self.architecture), "supports_pp", False):
+            raise ValueError(f"parallel.pp={pp}: {self.architecture} does not support pipeline parallelism; use 1")
+        text_config = getattr(self.hf_config, "text_config", None) or self.hf_config
+        check_partition(text_config.num_hidden_layers, pp, self.parallel.pp_layer_partition)
 
     def _check_scheduler(self) -> None:
         sched = self.scheduler
@@ -211,7 +222,10 @@ def _executor_target(parallel: Any) -> str:
     if backend == "auto":
         backend = "uni" if parallel.world_size == 1 else "mp"
     if backend == "uni" and parallel.world_size > 1:
-        raise ValueError(f"parallel.backend=uni: runs one rank, but parallel.tp={parallel.tp}; use mp or ray")
+        raise ValueError(
+            f"parallel.backend=uni: runs one rank, but parallel.tp={parallel.tp} x parallel.pp={parallel.pp} "
+            f"= {parallel.world_size}; use mp or ray"
+        )
     return EXECUTOR_TARGETS[backend]
 
 

@@ -17,6 +17,7 @@ from torch import nn
 from minivllm.attention.backend import AttentionMetadata
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.core.scheduler_output import ModelRunnerOutput, SchedulerOutput
+from minivllm.distributed.pipeline import pipeline_stage
 from minivllm.engine.request import RequestId
 from minivllm.layers.compile import compile_small_ops
 from minivllm.sample.metadata import SamplingMetadata
@@ -48,6 +49,7 @@ class ModelRunner:
         if self.cfg.compilation.torch_compile:
             compile_small_ops(self.model)
         self.attention_layers = [m for m in self.model.modules() if hasattr(m, "kv_cache") and hasattr(m, "backend")]
+        self.pipeline = pipeline_stage(self.cfg, self.model, self.device)  # None unless parallel.pp > 1
 
     def kv_cache_shape(self, num_blocks: int) -> tuple[int, ...]:
         layer = self.attention_layers[0]
@@ -67,7 +69,8 @@ class ModelRunner:
     @property
     def cuda_graphs_enabled(self) -> bool:
         """Graphs need CUDA and a backend with no host work per step (Triton); never on the CPU."""
-        return self.cfg.compilation.cudagraph and self.device.type == "cuda" and self.attn_backend.name == "triton"
+        graphs = self.cfg.compilation.cudagraph and self.cfg.parallel.pp == 1
+        return graphs and self.device.type == "cuda" and self.attn_backend.name == "triton"
 
     def capture_cuda_graphs(self) -> None:
         """Capture decode steps after the KV cache exists (no-op where graphs are off)."""
@@ -80,11 +83,15 @@ class ModelRunner:
         self.cuda_graphs = CUDAGraphRunner(self.model, sizes, max_blocks, self.cfg.max_model_len, self.device)
         self.cuda_graphs.capture()
 
-    def _forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+    def _forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, intermediate=None
+    ) -> torch.Tensor:
         """Replay a captured graph for decode-only steps that fit one; run eagerly otherwise."""
         graphs = self.cuda_graphs
         if graphs is not None and meta.max_query_len == 1 and graphs.padded_size(meta.num_reqs) is not None:
             return graphs.run(input_ids, positions, meta)
+        if intermediate is not None:  # a later pipeline stage
+            return self.model(input_ids, positions, meta, intermediate)
         return self.model(input_ids, positions, meta)
 
     @torch.inference_mode()
@@ -104,8 +111,11 @@ class ModelRunner:
         ids = np.zeros(budget, dtype=np.int64)
         positions = np.concatenate([np.arange(n) for n in lens])
         meta = self._attention_metadata(lens, [0] * num_seqs, tables, positions)
-        hidden = self.model(torch.from_numpy(ids).to(self.device), torch.from_numpy(positions).to(self.device), meta)
-        self.model.compute_logits(hidden[-num_seqs:])
+        intermediate = self.pipeline.empty(budget) if self.pipeline and not self.pipeline.is_first else None
+        hidden = self._forward(torch.from_numpy(ids).to(self.device), torch.from_numpy(positions).to(self.device),
+                               meta, intermediate)  # fmt: skip
+        if self.pipeline is None or self.pipeline.is_last:
+            self.model.compute_logits(hidden[-num_seqs:])
         self.kv_caches = []
         for layer in self.attention_layers:
             layer.kv_cache = None
@@ -124,7 +134,13 @@ class ModelRunner:
         computed = [s.num_computed_tokens for s in states]
         input_ids, positions = self._flat_tokens(states, query_lens)
         meta = self._attention_metadata(query_lens, computed, [s.block_ids for s in states], positions)
-        hidden = self._forward(input_ids, torch.from_numpy(positions).to(self.device), meta)  # (T, hidden)
+        intermediate = self.pipeline.recv(len(input_ids)) if self.pipeline is not None else None
+        hidden = self._forward(input_ids, torch.from_numpy(positions).to(self.device), meta, intermediate)  # (T, hidden)
+        if self.pipeline is not None and not self.pipeline.is_last:  # hand on to the next stage; it samples
+            self.pipeline.send(hidden)
+            for state, n in zip(states, query_lens):
+                state.num_computed_tokens += n
+            return ModelRunnerOutput()
         if any(s.prompt_logprobs is not None for s in states):
             starts = np.cumsum([0, *query_lens[:-1]]).tolist()
             add_prompt_logprobs(self.model.compute_logits, hidden, starts, states, computed, query_lens)

@@ -10,6 +10,7 @@ import torch.distributed as dist
 
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.core.scheduler_output import ModelRunnerOutput, SchedulerOutput
+from minivllm.distributed.parallel_state import destroy_model_parallel, init_model_parallel
 from minivllm.plugins import load_general_plugins
 from minivllm.utils import build
 
@@ -41,6 +42,7 @@ class Worker:
             dist.init_process_group(
                 backend, init_method=self.distributed_init_method, rank=self.rank, world_size=self.cfg.world_size
             )
+            init_model_parallel(self.cfg.parallel.tp, self.cfg.parallel.pp, self.cfg.parallel.pp_layer_partition)
         torch.manual_seed(self.cfg.model.seed)
 
     def load_model(self) -> None:
@@ -94,10 +96,11 @@ class Worker:
 
     def execute_model(self, sched: SchedulerOutput) -> ModelRunnerOutput | None:
         output = self.model_runner.execute_model(sched)
-        return output if self.rank == 0 else None
+        return output if self.rank == self.cfg.parallel.output_rank else None
 
     def shutdown(self) -> None:
         if dist.is_available() and dist.is_initialized():
+            destroy_model_parallel()
             dist.destroy_process_group()
 
 

@@ -17,9 +17,10 @@ from tests.executor import tp_helpers as h
 pytestmark = pytest.mark.slow
 
 
-@pytest.mark.timeout(120)
-def test_killed_worker_fails_fast_naming_the_rank(opt_dir):
-    llm = LLM(model=str(opt_dir), tensor_parallel_size=2, **h.LLM_KWARGS)
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("ranks", [dict(tensor_parallel_size=2), dict(pipeline_parallel_size=2)], ids=["tp2", "pp2"])
+def test_killed_worker_fails_fast_naming_the_rank(opt_dir, ranks):
+    llm = LLM(model=str(opt_dir), **ranks, **h.LLM_KWARGS)
     pids = llm.llm_engine.core.executor.worker_pids
     os.kill(pids[1], signal.SIGKILL)
     start = time.monotonic()

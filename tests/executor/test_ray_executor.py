@@ -62,6 +62,16 @@ def test_llama_tp2_on_ray_matches_tp1(llama_dir):
         llm.shutdown()
 
 
+@pytest.mark.timeout(240)
+def test_opt_pp2_on_ray_matches_pp1(opt_dir):
+    llm = LLM(model=str(opt_dir), pipeline_parallel_size=2, distributed_executor_backend="ray", **h.LLM_KWARGS)
+    try:
+        h.assert_same_outputs(h.reference(opt_dir), h.generate(llm))
+        assert llm.collective_rpc(lambda worker: len(worker.model_runner.kv_caches)) == [1, 1]  # a layer per stage
+    finally:
+        llm.shutdown()
+
+
 @pytest.mark.timeout(180)
 def test_killed_actor_fails_fast_naming_the_rank(opt_dir):
     llm = _ray_llm(opt_dir)
