@@ -9,7 +9,10 @@ from minivllm.distributed.pipeline import check_partition, even_partition
 from tests.executor import tp_helpers as h
 from tests.model_configs import llama_config
 
-LAYER_TYPES = lambda model: [type(layer).__name__ for layer in (getattr(model.model, "decoder", None) or model.model).layers]  # noqa: E731
+def layer_types(model) -> list[str]:
+    """Runs in each worker (apply_model): the class of each decoder layer slot."""
+    stack = getattr(model.model, "decoder", None) or model.model
+    return [type(layer).__name__ for layer in stack.layers]
 
 
 def kv_layers(worker) -> int:
@@ -58,7 +61,7 @@ def test_opt_pp2_matches_pp1_each_stage_holding_its_layers(opt_dir):
     llm = LLM(model=str(opt_dir), pipeline_parallel_size=2, **h.LLM_KWARGS)
     try:
         h.assert_same_outputs(h.reference(opt_dir), h.generate(llm))
-        assert llm.apply_model(LAYER_TYPES) == [["OPTDecoderLayer", "MissingLayer"], ["MissingLayer", "OPTDecoderLayer"]]
+        assert llm.apply_model(layer_types) == [["OPTDecoderLayer", "MissingLayer"], ["MissingLayer", "OPTDecoderLayer"]]
         assert llm.collective_rpc(kv_layers) == [1, 1]  # each stage caches only its own layer
         names = llm.collective_rpc(lambda worker: {n for n, _ in worker.get_model().named_parameters()})
         assert not any(".layers.1." in n for n in names[0]) and not any(".layers.0." in n for n in names[1])
