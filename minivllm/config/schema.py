@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from minivllm.config.validation import check_choice, check_range
+from minivllm.quantization.registry import QUANTIZATION_METHODS
 
 MODEL_DTYPES = ("auto", "float32", "float16", "bfloat16")
 PARALLEL_BACKENDS = ("auto", "uni", "mp", "ray", "external_launcher")
@@ -45,9 +46,13 @@ class ModelConfig:
     """Override for config.json's ``architectures[0]`` (picks the model class)."""
     max_logprobs: int = 20
     """Most logprobs a request may ask for per token."""
+    quantization: Optional[str] = None
+    """Quantization method (fp8, compressed-tensors, awq, gptq); null: config.json's decides; fp8 on an unquantized checkpoint quantizes while loading."""
 
     def __post_init__(self) -> None:
         check_choice("model.dtype", self.dtype, MODEL_DTYPES)
+        if self.quantization is not None:
+            check_choice("model.quantization", self.quantization, tuple(sorted(QUANTIZATION_METHODS)))
         if self.max_model_len is not None:
             check_range("model.max_model_len", self.max_model_len, low=1)
         check_range("model.max_logprobs", self.max_logprobs, low=0)
@@ -67,6 +72,8 @@ class ParallelConfig:
     """Data-parallel size: independent engine replicas, each of tp x pp ranks (vLLM: data_parallel_size)."""
     dp_rank: int = 0
     """This replica's index in [0, dp); set by the data-parallel front end (it picks the replica's devices)."""
+    enable_expert_parallel: bool = False
+    """MoE models: place whole experts on the tensor-parallel ranks instead of slicing every expert."""
     backend: str = "auto"
     """Executor: auto (uni for tp=1, mp otherwise), uni, mp (one process per rank), ray, external_launcher (torchrun)."""
     executor: Any = None
@@ -143,6 +150,8 @@ class SchedulerConfig:
     """fcfs (arrival order) or priority (lower ``priority`` value first)."""
     log_stats_interval: float = 5.0
     """Seconds between engine stats log lines; 0 turns them off."""
+    async_scheduling: Optional[bool] = None
+    """Schedule step k+1 while the device runs step k (null: on for CUDA with one worker, off on the CPU)."""
 
     def __post_init__(self) -> None:
         check_range("scheduler.max_num_seqs", self.max_num_seqs, low=1)

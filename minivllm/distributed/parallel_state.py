@@ -81,3 +81,11 @@ def all_gather_last_dim(x: torch.Tensor) -> torch.Tensor:
     parts = [torch.empty_like(x) for _ in range(world)]
     dist.all_gather(parts, x.contiguous(), group=_tp_group)
     return torch.cat(parts, dim=-1)
+
+
+def broadcast_from_first(x: torch.Tensor) -> torch.Tensor:
+    """Give every tensor-parallel rank its group's rank 0's ``x``, in place."""
+    if tp_size() > 1:
+        src = 0 if _tp_group is None else dist.get_global_rank(_tp_group, 0)
+        dist.broadcast(x, src=src, group=_tp_group)
+    return x

@@ -174,9 +174,15 @@ class AsyncLLM:
 
     # ---- public API ------------------------------------------------------------------
     async def add_request(
-        self, request_id: str, prompt: PromptType, params: SamplingParams | None = None, priority: int = 0
+        self,
+        request_id: str,
+        prompt: PromptType,
+        params: SamplingParams | None = None,
+        priority: int = 0,
+        group_id: str | None = None,
     ) -> RequestStream:
         """Validate and queue a request; returns once the engine has accepted it.
+        ``group_id``: the client request it is part of (the scheduler takes turns between them).
 
         Raises ValueError (nothing queued) on bad input, EngineDeadError if the engine is gone.
         """
@@ -196,7 +202,8 @@ class AsyncLLM:
         self._streams[request_id] = stream
         self._pending[("add", request_id)] = accepted
         replica = self._replica_of[request_id] = self.balancer.pick(ids)
-        self._send(("add", request_id, {"prompt": text, "prompt_token_ids": ids}, engine_params, priority), replica)
+        command = ("add", request_id, {"prompt": text, "prompt_token_ids": ids}, engine_params, priority, group_id)
+        self._send(command, replica)
         try:
             await accepted
         except asyncio.CancelledError:
@@ -270,6 +277,10 @@ class AsyncLLM:
 
     def get_num_unfinished_requests(self) -> int:
         return len(self._streams)
+
+    def get_num_unfinished_sequences(self) -> int:
+        """Sequences (``n`` per request) of the unfinished requests: what the engine may still queue."""
+        return sum(stream.params.n for stream in self._streams.values())
 
     def shutdown(self, timeout: float = 10.0) -> None:
         """Stop the engine process; in-flight requests fail with EngineDeadError."""

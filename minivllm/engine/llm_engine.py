@@ -1,6 +1,7 @@
 """LLMEngine: tokenize, add requests, step the core, detokenize, build outputs."""
 from __future__ import annotations
 
+import gc
 import itertools
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -40,6 +41,10 @@ class LLMEngine:
         self._parents: dict[RequestId, ParentRequest] = {}
         self._ids = itertools.count()
         self.stat_logger = StatLogger(cfg.scheduler.log_stats_interval)
+        # The model, tokenizer and config are long-lived: move them out of the
+        # collector's view so that per-step garbage collections stay short.
+        gc.collect()
+        gc.freeze()
 
     @property
     def eos_token_id(self) -> int | None:
@@ -67,11 +72,14 @@ class LLMEngine:
         params: SamplingParams | None = None,
         priority: int = 0,
         cache_salt: str | None = None,
+        group_id: str | None = None,
     ) -> RequestId:
         """Validate and queue a request (``params.n`` core requests); raises ValueError
         (nothing queued) on bad input.
 
         ``cache_salt``: only requests with the same salt share prefix-cache blocks.
+        ``group_id``: the client request it is part of (a server's request with several
+        prompts); the scheduler takes turns between groups. Default: its own id.
         """
         params = params or SamplingParams()
         _check_priority_and_salt(priority, cache_salt, self.cfg.scheduler.policy)
@@ -86,8 +94,9 @@ class LLMEngine:
         for index, child_id in enumerate(child_ids):
             child_params = parent.child_params(index)
             request = Request(
-                child_id, ids, child_params, self.eos_token_id, max_tokens, priority=priority, cache_salt=cache_salt
-            )
+                child_id, ids, child_params, self.eos_token_id, max_tokens, priority=priority, cache_salt=cache_salt,
+                group_id=group_id or req_id,
+            )  # fmt: skip
             detok = IncrementalDetokenizer(self.tokenizer, child_params, ids)
             state = CompletionState(child_id, index, parent, detok)
             parent.children.append(state)
@@ -116,22 +125,29 @@ class LLMEngine:
 
     # ---- stepping -------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        """One engine step; returns one output per request that advanced."""
+        """One engine step; returns one output per request that advanced (and, for
+        requests asking for the final output only, once they finished)."""
         advanced: dict[RequestId, list[CompletionState]] = {}
         prompt_tokens = generation_tokens = 0
+        states = self._states
         for core_out in self.core.step():
-            state = self._states.get(core_out.req_id)
+            state = states.get(core_out.req_id)
             if state is None:
                 continue
-            prompt_tokens += len(state.parent.prompt_token_ids) if not state.token_ids else 0
+            parent = state.parent
+            if not state.token_ids:
+                prompt_tokens += len(parent.prompt_token_ids)
             generation_tokens += len(core_out.new_token_ids)
-            self.counters.num_generation_tokens += len(core_out.new_token_ids)
-            state.parent.absorb_prompt_logprobs(core_out)
+            parent.absorb_prompt_logprobs(core_out)
             if state.absorb(core_out):  # a stop string: the core does not know yet
                 self.core.abort_requests([state.request_id])
             if state.finished:
-                del self._states[state.request_id]
-            advanced.setdefault(state.parent.request_id, []).append(state)
+                del states[state.request_id]
+                parent.num_unfinished -= 1
+            elif parent.final_only:
+                continue  # nothing to show before the end
+            advanced.setdefault(parent.request_id, []).append(state)
+        self.counters.num_generation_tokens += generation_tokens
         outputs = []
         for parent_id, children in advanced.items():
             parent = self._parents[parent_id]

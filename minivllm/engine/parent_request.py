@@ -89,7 +89,13 @@ class ParentRequest:
     children: list[CompletionState] = field(default_factory=list)
     prompt_logprobs: list[dict[int, float] | None] | None = None
     first_token_time: float | None = None
+    num_unfinished: int = 0
+    """Children not finished yet (the engine counts them down)."""
     _prompt_logprobs_sent: bool = False
+
+    def __post_init__(self) -> None:
+        self.num_unfinished = self.params.n
+        self.final_only = self.params.output_kind == RequestOutputKind.FINAL_ONLY
 
     def child_id(self, index: int) -> RequestId:
         return self.request_id if self.params.n == 1 else RequestId(f"{index}_{self.request_id}")
@@ -106,10 +112,11 @@ class ParentRequest:
 
     @property
     def finished(self) -> bool:
-        return all(c.finished for c in self.children)
+        return self.num_unfinished == 0
 
     def absorb_prompt_logprobs(self, core_out: EngineCoreOutput) -> None:
-        self.first_token_time = self.first_token_time or time.monotonic()
+        if self.first_token_time is None:
+            self.first_token_time = time.monotonic()
         if core_out.prompt_logprobs is not None and self.prompt_logprobs is None:
             self.prompt_logprobs = core_out.prompt_logprobs
 

@@ -33,8 +33,13 @@ class LlamaAttention(nn.Module):
         qk_norm: bool = False,
         sliding_window: int | None = None,
         o_bias: bool | None = None,
+        scale: float | None = None,
+        logits_soft_cap: float | None = None,
+        rope_layer_type: str | None = None,
+        qk_norm_cls: type[RMSNorm] = RMSNorm,
     ) -> None:
-        """``o_bias`` defaults to ``qkv_bias`` (Llama's ``attention_bias`` covers both; Qwen2 biases q/k/v only)."""
+        """``o_bias`` defaults to ``qkv_bias`` (Llama's ``attention_bias`` covers both; Qwen2 biases q/k/v only).
+        ``scale`` defaults to ``head_dim ** -0.5``; ``rope_layer_type`` picks a per-layer-type RoPE base (Gemma 3)."""
         super().__init__()
         hidden = config.hidden_size
         num_heads = config.num_attention_heads
@@ -42,12 +47,13 @@ class LlamaAttention(nn.Module):
         head_dim = getattr(config, "head_dim", None) or hidden // num_heads
         self.qkv_proj = QKVParallelLinear(hidden, head_dim, num_heads, num_kv_heads, bias=qkv_bias)
         self.o_proj = RowParallelLinear(num_heads * head_dim, hidden, bias=qkv_bias if o_bias is None else o_bias)
-        self.rotary_emb = get_rope(config, head_dim)
+        self.rotary_emb = get_rope(config, head_dim, layer_type=rope_layer_type)
         self.head_dim = head_dim
-        self.q_norm = RMSNorm(head_dim, config.rms_norm_eps) if qk_norm else None
-        self.k_norm = RMSNorm(head_dim, config.rms_norm_eps) if qk_norm else None
+        self.q_norm = qk_norm_cls(head_dim, config.rms_norm_eps) if qk_norm else None
+        self.k_norm = qk_norm_cls(head_dim, config.rms_norm_eps) if qk_norm else None
         local_heads, local_kv = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
-        self.attn = Attention(backend, local_heads, head_dim, local_kv, head_dim**-0.5, sliding_window)
+        scale = head_dim**-0.5 if scale is None else scale
+        self.attn = Attention(backend, local_heads, head_dim, local_kv, scale, sliding_window, logits_soft_cap)
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         T = hidden.shape[0]
@@ -73,15 +79,25 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, config: PretrainedConfig, backend: AttentionBackend, layer_idx: int, **attn_opts: Any):
+    def __init__(
+        self,
+        config: PretrainedConfig,
+        backend: AttentionBackend,
+        layer_idx: int,
+        mlp: nn.Module | None = None,
+        **attn_opts: Any,
+    ):
+        """``mlp`` replaces the dense SwiGLU MLP (MoE families pass their sparse block)."""
         super().__init__()
         layer_types = getattr(config, "layer_types", None)  # Qwen2/3: sliding window only on some layers
         if layer_types is not None and layer_types[layer_idx] != "sliding_attention":
             attn_opts = {**attn_opts, "sliding_window": None}
         self.self_attn = LlamaAttention(config, backend, **attn_opts)
-        self.mlp = LlamaMLP(
-            config.hidden_size, config.intermediate_size, config.hidden_act, getattr(config, "mlp_bias", False)
-        )
+        if mlp is None:
+            mlp = LlamaMLP(
+                config.hidden_size, config.intermediate_size, config.hidden_act, getattr(config, "mlp_bias", False)
+            )
+        self.mlp = mlp
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -108,6 +124,10 @@ class LlamaModel(nn.Module):
         )  # this pipeline stage's layers; all of them when pp=1
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:  # (T,) -> (T, hidden)
+        """The token embeddings the first layer sees (Gemma and Granite scale them)."""
+        return self.embed_tokens(input_ids)
+
     def forward(
         self,
         input_ids: torch.Tensor,
@@ -117,7 +137,7 @@ class LlamaModel(nn.Module):
     ) -> torch.Tensor | IntermediateTensors:
         """Hidden states (T, hidden); a non-last pipeline stage returns its intermediate tensors instead."""
         if intermediate is None:
-            hidden, residual = self.embed_tokens(input_ids), None  # (T, hidden)
+            hidden, residual = self.embed(input_ids), None  # (T, hidden)
         else:  # from the previous pipeline stage
             hidden, residual = intermediate["hidden"], intermediate["residual"]
         for layer in self.layers[self.start : self.end]:
@@ -140,10 +160,11 @@ class LlamaForCausalLM(nn.Module):
     supports_pp = True
     pp_intermediate_keys = ("hidden", "residual")
 
-    def __init__(self, config: PretrainedConfig, backend: AttentionBackend) -> None:
+    def __init__(self, config: PretrainedConfig, backend: AttentionBackend, **layer_opts: Any) -> None:
+        """``layer_opts`` go to every decoder layer besides the attention options (e.g. ``expert_parallel``)."""
         super().__init__()
         self.config = config
-        self.model = self.model_cls(config, backend, **self.attention_options(config))
+        self.model = self.model_cls(config, backend, **self.attention_options(config), **layer_opts)
         self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
         if getattr(config, "tie_word_embeddings", False):
             self.lm_head.tie_to(self.model.embed_tokens)
@@ -169,4 +190,8 @@ class LlamaForCausalLM(nn.Module):
         skip = ("rotary_emb.inv_freq", *missing_layer_names(self.model.layers))
         if getattr(self.config, "tie_word_embeddings", False):
             skip += ("lm_head.weight",)
-        load_weights(self, weights, self.packed_modules_mapping, skip)
+        load_weights(self, weights, self.packed_modules_mapping, skip, resolve=self.resolve_weight)
+
+    def resolve_weight(self, name: str) -> tuple[str, Any] | None:
+        """(parameter, shard id) for checkpoint names ``packed_modules_mapping`` cannot express; None here."""
+        return None
