@@ -70,8 +70,10 @@ class DataParallelEngine:
         params: SamplingParams | None = None,
         priority: int = 0,
         cache_salt: str | None = None,
+        group_id: str | None = None,
     ) -> str:
-        """Validate, pick a replica and queue the request there; raises ValueError (nothing queued) on bad input."""
+        """Validate, pick a replica and queue the request there; raises ValueError (nothing queued) on bad input.
+        ``group_id``: the client request it is part of (that replica's scheduler takes turns between them)."""
         self._check_alive()
         if cache_salt is not None:
             raise ValueError("cache_salt: not supported with parallel.dp > 1; leave it None")
@@ -83,7 +85,8 @@ class DataParallelEngine:
             raise ValueError(f"request_id={request_id!r}: already in use by an unfinished request")
         replica = self.balancer.pick(ids)
         self._requests[request_id] = _Routed(replica, text, ids)
-        self.replicas[replica].send(("add", request_id, {"prompt": text, "prompt_token_ids": ids}, params, priority))
+        prompt_ids = {"prompt": text, "prompt_token_ids": ids}
+        self.replicas[replica].send(("add", request_id, prompt_ids, params, priority, group_id))
         return request_id
 
     def abort_request(self, request_ids: str | list[str]) -> None:

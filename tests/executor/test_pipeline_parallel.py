@@ -1,5 +1,6 @@
 """Pipeline parallelism: pp=2 (and tp=2 x pp=2) gives pp=1's tokens; each stage holds
-only its layers' weights and KV cache; bad partitions fail when the config is built."""
+only its layers' weights and KV cache; a killed stage fails the engine fast; bad
+partitions fail when the config is built."""
 from __future__ import annotations
 
 import pytest
@@ -57,7 +58,7 @@ def test_bad_pipeline_configs_fail_when_built(llama3_dir, make_checkpoint):
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-def test_opt_pp2_matches_pp1_each_stage_holding_its_layers(opt_dir):
+def test_opt_pp2_matches_pp1_each_stage_holding_its_layers_and_a_killed_stage_fails_fast(opt_dir):
     llm = LLM(model=str(opt_dir), pipeline_parallel_size=2, **h.LLM_KWARGS)
     try:
         h.assert_same_outputs(h.reference(opt_dir), h.generate(llm))
@@ -65,30 +66,22 @@ def test_opt_pp2_matches_pp1_each_stage_holding_its_layers(opt_dir):
         assert llm.collective_rpc(kv_layers) == [1, 1]  # each stage caches only its own layer
         names = llm.collective_rpc(lambda worker: {n for n, _ in worker.get_model().named_parameters()})
         assert not any(".layers.1." in n for n in names[0]) and not any(".layers.0." in n for n in names[1])
-    finally:
-        llm.shutdown()
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(240)
-def test_llama_odd_layers_explicit_partition_matches_pp1(llama3_dir):
-    llm = LLM(model=str(llama3_dir), pipeline_parallel_size=2, overrides=["parallel.pp_layer_partition=[1,2]"],
-              **h.LLM_KWARGS)  # fmt: skip
-    try:
-        h.assert_same_outputs(h.reference(llama3_dir), h.generate(llm))
-        assert llm.collective_rpc(kv_layers) == [1, 2]
+        h.assert_fails_fast_when_rank_1_is_killed(llm)  # the last stage: the first one waits on it
     finally:
         llm.shutdown()
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_tp2_x_pp2_matches_tp1(llama_dir):
-    llm = LLM(model=str(llama_dir), tensor_parallel_size=2, pipeline_parallel_size=2, **h.LLM_KWARGS)
+def test_llama_tp2_x_pp2_odd_layers_explicit_partition_matches_tp1(llama3_dir):
+    """4 processes: stage 0 holds layer 0, stage 1 layers 1 and 2, each split over 2 tp ranks."""
+    llm = LLM(model=str(llama3_dir), tensor_parallel_size=2, pipeline_parallel_size=2,
+              overrides=["parallel.pp_layer_partition=[1,2]"], **h.LLM_KWARGS)  # fmt: skip
     try:
-        h.assert_same_outputs(h.reference(llama_dir), h.generate(llm))
+        h.assert_same_outputs(h.reference(llama3_dir), h.generate(llm))
+        assert llm.collective_rpc(kv_layers) == [1, 1, 2, 2]
         shapes = llm.apply_model(lambda model: [tuple(layer.mlp.gate_up_proj.weight.shape)
                                                 for layer in model.model.layers if hasattr(layer, "mlp")])  # fmt: skip
-        assert shapes == [[(128, 64)]] * 4  # one layer per stage, half of gate and up per tp rank
+        assert shapes == [[(128, 64)]] * 2 + [[(128, 64)] * 2] * 2  # half of gate and up per tp rank
     finally:
         llm.shutdown()
