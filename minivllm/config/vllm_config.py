@@ -15,6 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from minivllm.config.bench import BenchConfig
 from minivllm.config.model_source import load_hf_config
+from minivllm.model_loader.gguf_config import find_gguf_file, gguf_hf_config
 from minivllm.distributed.utils import check_tensor_parallel
 from minivllm.config.schema import (
     AttentionConfig,
@@ -39,7 +40,14 @@ EXECUTOR_TARGETS = {
     "mp": "minivllm.executor.multiproc.MultiprocExecutor",
     "ray": "minivllm.executor.ray_executor.RayDistributedExecutor",
 }
+LOADER_TARGETS = {
+    "gguf": "minivllm.model_loader.gguf_loader.GGUFModelLoader",
+    "tensorizer": "minivllm.model_loader.tensorizer_loader.TensorizerModelLoader",
+    "sharded_state": "minivllm.model_loader.sharded_state.ShardedStateLoader",
+}
+DEFAULT_LOADER = "minivllm.model_loader.loader.DefaultModelLoader"
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+_KV_DTYPES = {**_DTYPES, "fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn}
 
 
 @dataclass
@@ -103,19 +111,18 @@ class VllmConfig:
         if self.model.path in ("", "???"):
             raise ValueError("model.path: is required; give a checkpoint directory or a preset (model=opt-125m)")
         self.device_type: str = _resolve_device(self.device.type)
-        self.hf_config, self.checkpoint_dir = load_hf_config(
-            self.model.path,
-            inline=self.model.hf_config,
-            overrides=dict(self.model.hf_overrides),
-            allow_inline=self.load.format == "dummy",
-        )
+        if self.load.format == "auto" and self.model.path.endswith(".gguf"):
+            self.load.format = "gguf"
+        self.hf_config, self.checkpoint_dir = self._load_hf_config()
+        if not self.load.loader:
+            self.load.loader = {"_target_": LOADER_TARGETS.get(self.load.format, DEFAULT_LOADER)}
         if self.model.architecture:
             self.hf_config.architectures = [self.model.architecture]
         self.architecture: str = _architecture(self.hf_config)
         ModelRegistry.check_supported(self.architecture)
         self.dtype: torch.dtype = _resolve_dtype(self.model.dtype, self.hf_config, self.device_type)
         self.kv_cache_dtype: torch.dtype = (
-            self.dtype if self.cache.cache_dtype == "auto" else _DTYPES[self.cache.cache_dtype]
+            self.dtype if self.cache.cache_dtype == "auto" else _KV_DTYPES[self.cache.cache_dtype]
         )
         self.max_model_len: int = _resolve_max_model_len(self.model.max_model_len, self.hf_config)
         self.parallel.executor = {"_target_": _executor_target(self.parallel)}
@@ -123,6 +130,20 @@ class VllmConfig:
         if not self.attention.backend:
             self.attention.backend = {"_target_": _attention_target(self.attention.name, self.device_type)}
         self._check_scheduler()
+
+    def _load_hf_config(self) -> tuple[Any, Any]:
+        """The checkpoint's config and directory; a GGUF file's config comes from its metadata."""
+        overrides = dict(self.model.hf_overrides)
+        if self.load.format != "gguf":
+            return load_hf_config(
+                self.model.path, inline=self.model.hf_config, overrides=overrides,
+                allow_inline=self.load.format == "dummy",
+            )
+        gguf_file = find_gguf_file(self.model.path)
+        hf_config = gguf_hf_config(gguf_file)
+        for key, value in overrides.items():
+            setattr(hf_config, key, value)
+        return hf_config, gguf_file.parent
 
     @property
     def tokenizer_path(self) -> str:
