@@ -19,13 +19,7 @@ class DefaultModelLoader:
     (or draws random ones for ``load.format=dummy``)."""
 
     def load_model(self, cfg: VllmConfig, backend: AttentionBackend, device: torch.device) -> nn.Module:
-        model_cls = ModelRegistry.resolve(cfg.architecture)
-        with torch.device("meta"):
-            model = model_cls(cfg.hf_config, backend)
-        model = model.to(dtype=cfg.dtype).to_empty(device=device)
-        for module in model.modules():  # materialising drops shared parameters; restore them
-            if hasattr(module, "retie"):
-                module.retie()
+        model = build_empty_model(cfg, backend, device)
         if cfg.load.format == "dummy":
             init_dummy_weights(model, seed=cfg.model.seed)
         else:
@@ -37,6 +31,18 @@ class DefaultModelLoader:
         show = cfg.load.use_tqdm and len(files) > 1
         for path in tqdm(files, desc="Loading weights", unit="file", disable=not show or None):
             yield from iterate_weights(kind, [path])
+
+
+def build_empty_model(cfg: VllmConfig, backend: AttentionBackend, device: torch.device) -> nn.Module:
+    """The model class for ``cfg``, built on the meta device and materialised (uninitialised) on ``device``."""
+    model_cls = ModelRegistry.resolve(cfg.architecture)
+    with torch.device("meta"):
+        model = model_cls(cfg.hf_config, backend)
+    model = model.to(dtype=cfg.dtype).to_empty(device=device)
+    for module in model.modules():  # materialising drops shared parameters; restore them
+        if hasattr(module, "retie"):
+            module.retie()
+    return model
 
 
 @torch.no_grad()
