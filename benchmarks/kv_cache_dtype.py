@@ -26,18 +26,20 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--cpu-memory-gb", type=float, default=6.0, help="memory budget on the CPU")
     parser.add_argument("--max-model-len", type=int, default=2048)
     parser.add_argument("--max-tokens", type=int, default=16, help="decode tokens per request in the timed run")
+    parser.add_argument("--max-num-batched-tokens", type=int, default=128, help="step budget (and profile-run size)")
     return parser.parse_args()
 
 
 def measure(args: argparse.Namespace, cache_dtype: str) -> dict[str, float]:
     llm = LLM(model=args.model, load_format="dummy", dtype=args.dtype, kv_cache_dtype=cache_dtype,
-              cpu_memory_gb=args.cpu_memory_gb, max_model_len=args.max_model_len)
+              cpu_memory_gb=args.cpu_memory_gb, max_model_len=args.max_model_len,
+              max_num_batched_tokens=args.max_num_batched_tokens)
     runner = llm.llm_engine.core.executor.worker.model_runner
     block_size = llm.llm_engine.cfg.cache.block_size
     num_blocks = runner.kv_caches[0].shape[1]
     start = time.perf_counter()
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
-    llm.generate([{"prompt_token_ids": list(range(100 + i, 228 + i))} for i in range(4)], params, use_tqdm=False)
+    llm.generate([{"prompt_token_ids": list(range(100 + i, 116 + i))} for i in range(4)], params, use_tqdm=False)
     elapsed = time.perf_counter() - start
     row = {
         "kv_dtype": str(runner.kv_caches[0].dtype).removeprefix("torch."),

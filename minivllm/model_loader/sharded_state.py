@@ -25,6 +25,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from minivllm.attention.backend import AttentionBackend
+from minivllm.attention.kv_quant import load_kv_scale
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.distributed.parallel_state import tp_rank, tp_size
 from minivllm.model_loader.loader import build_empty_model
@@ -48,9 +49,10 @@ def save_sharded_state(llm: Any, out: str | Path, max_part_bytes: int = MAX_PART
 
 def save_rank_shard(worker: Any, out: str, max_part_bytes: int) -> list[str]:
     """Runs in each worker: write this rank's parameters in parts of at most ``max_part_bytes``."""
-    parts: list[dict[str, torch.Tensor]] = [{}]
+    model = worker.model_runner.model
+    parts: list[dict[str, torch.Tensor]] = [kv_scales(model)]
     size = 0
-    for name, param in worker.model_runner.model.named_parameters():  # tied weights appear once
+    for name, param in model.named_parameters():  # tied weights appear once
         nbytes = param.numel() * param.element_size()
         if parts[-1] and size + nbytes > max_part_bytes:
             parts.append({})
@@ -61,6 +63,17 @@ def save_rank_shard(worker: Any, out: str, max_part_bytes: int) -> list[str]:
     for name, tensors in zip(names, parts):
         save_file(tensors, str(Path(out) / name))
     return names
+
+
+def kv_scales(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The attention layers' fp8 KV-cache scales that differ from 1.0, under vLLM's checkpoint names."""
+    scales = {}
+    for path, module in model.named_modules():
+        for kind in ("k_scale", "v_scale"):
+            value = getattr(module, kind, 1.0) if hasattr(module, "kv_cache") else 1.0
+            if value != 1.0:
+                scales[f"{path.rpartition('.')[0]}.{kind}"] = torch.tensor(value, dtype=torch.float32)
+    return scales
 
 
 def rank_files(checkpoint: Path, rank: int, world: int) -> list[Path]:
@@ -93,6 +106,8 @@ class ShardedStateLoader:
         for path in rank_files(cfg.checkpoint_dir, tp_rank(), tp_size()):
             with safe_open(str(path), framework="pt", device=str(device)) as f:
                 for name in f.keys():
+                    if load_kv_scale(model, name, f.get_tensor(name)):
+                        continue
                     if name not in params:
                         raise ValueError(f"{path.name}: tensor {name!r} matches no parameter of {type(model).__name__}")
                     value = f.get_tensor(name)

@@ -60,3 +60,13 @@ def test_tool_round_trip_at_tp1_equals_safetensors(llama_dir, tmp_path):
     save_main([str(llama_dir), str(tmp_path), "--dtype", "float32"])
     llm = LLM(model=str(tmp_path), load_format="sharded_state", **h.LLM_KWARGS)
     h.assert_same_outputs(h.reference(llama_dir), h.generate(llm), atol=0.0)
+
+
+def test_kv_cache_scales_survive_the_round_trip(llama_dir, tmp_path):
+    llm = LLM(model=str(llama_dir), kv_cache_dtype="fp8", **h.LLM_KWARGS)
+    attn = llm.llm_engine.core.executor.worker.model_runner.model.model.layers[1].self_attn.attn
+    attn.k_scale, attn.v_scale = 0.5, 0.25
+    save_sharded_state(llm, tmp_path)
+    loaded = LLM(model=str(tmp_path), kv_cache_dtype="fp8", load_format="sharded_state", **h.LLM_KWARGS)
+    layers = loaded.llm_engine.core.executor.worker.model_runner.model.model.layers
+    assert [(l.self_attn.attn.k_scale, l.self_attn.attn.v_scale) for l in layers] == [(1.0, 1.0), (0.5, 0.25)]
