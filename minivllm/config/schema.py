@@ -16,8 +16,8 @@ from minivllm.quantization.registry import QUANTIZATION_METHODS
 
 MODEL_DTYPES = ("auto", "float32", "float16", "bfloat16")
 PARALLEL_BACKENDS = ("auto", "uni", "mp", "ray", "external_launcher")
-CACHE_DTYPES = ("auto", "float32", "float16", "bfloat16")
-LOAD_FORMATS = ("auto", "safetensors", "pt", "dummy")
+CACHE_DTYPES = ("auto", "float32", "float16", "bfloat16", "fp8", "fp8_e4m3")
+LOAD_FORMATS = ("auto", "safetensors", "pt", "dummy", "gguf", "tensorizer", "sharded_state")
 SCHEDULER_POLICIES = ("fcfs", "priority")
 ATTENTION_BACKENDS = ("auto", "torch", "triton")
 DEVICE_TYPES = ("auto", "cpu", "cuda")
@@ -118,7 +118,7 @@ class CacheConfig:
     gpu_memory_utilization: float = 0.9
     """Fraction of device memory the engine may use (weights, activations and KV cache)."""
     cache_dtype: str = "auto"
-    """KV-cache dtype; auto follows the model dtype."""
+    """KV-cache dtype; auto follows the model dtype; fp8 (= fp8_e4m3) stores float8_e4m3fn with per-layer scales."""
     enable_prefix_caching: bool = True
     """Reuse the KV blocks of identical prompt prefixes across requests."""
     num_gpu_blocks_override: Optional[int] = None
@@ -165,9 +165,9 @@ class LoadConfig:
     """How weights are read."""
 
     format: str = "auto"
-    """Weights: auto (safetensors, else .bin/.pt), safetensors, pt, dummy (random, no files)."""
-    loader: Any = field(default_factory=lambda: {"_target_": "minivllm.model_loader.loader.DefaultModelLoader"})
-    """``_target_`` node of the model loader."""
+    """Weights: auto (safetensors, else .bin/.pt), safetensors, pt, dummy (random), gguf, tensorizer, sharded_state."""
+    loader: Any = None
+    """``_target_`` node of the model loader; null follows ``format``."""
     use_tqdm: bool = True
     """Show a progress bar while loading weight files (only on a terminal)."""
 
@@ -184,7 +184,8 @@ class CompilationConfig:
     cudagraph_capture_sizes: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64, 128, 256, 512])
     """Batch sizes captured as CUDA graphs; other sizes pad up to the next one."""
     torch_compile: bool = False
-    """Compile the small fused ops with torch.compile."""
+    """Compile the small elementwise ops with torch.compile instead of the Triton kernels (off: on CUDA the
+    norms and rotary are already fused Triton kernels and graphs remove launch costs; compiling adds start-up)."""
 
     def __post_init__(self) -> None:
         for size in self.cudagraph_capture_sizes:

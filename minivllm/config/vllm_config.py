@@ -20,6 +20,7 @@ from minivllm.core.sliding_window import max_blocks_per_request, model_sliding_w
 from minivllm.distributed.pipeline import check_partition
 from minivllm.distributed.utils import check_expert_parallel, check_tensor_parallel
 from minivllm.layers.rotary import check_rope_types
+from minivllm.model_loader.gguf_config import find_gguf_file, gguf_hf_config
 from minivllm.quantization import QuantizationConfig, get_quantization_config
 from minivllm.config.schema import (
     AttentionConfig,
@@ -46,7 +47,14 @@ EXECUTOR_TARGETS = {
     "ray": "minivllm.executor.ray_executor.RayDistributedExecutor",
     "external_launcher": "minivllm.executor.external_launcher.ExecutorWithExternalLauncher",
 }
+LOADER_TARGETS = {
+    "gguf": "minivllm.model_loader.gguf_loader.GGUFModelLoader",
+    "tensorizer": "minivllm.model_loader.tensorizer_loader.TensorizerModelLoader",
+    "sharded_state": "minivllm.model_loader.sharded_state.ShardedStateLoader",
+}
+DEFAULT_LOADER = "minivllm.model_loader.loader.DefaultModelLoader"
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+_KV_DTYPES = {**_DTYPES, "fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn}
 
 
 TOOL_CALL_PARSERS = ("hermes", "llama3_json")
@@ -134,12 +142,11 @@ class VllmConfig:
             raise ValueError("model.path: is required; give a checkpoint directory or a preset (model=opt-125m)")
         load_general_plugins(self.plugins)  # before the architecture check: a plugin may register it
         self.device_type: str = _resolve_device(self.device.type)
-        self.hf_config, self.checkpoint_dir = load_hf_config(
-            self.model.path,
-            inline=self.model.hf_config,
-            overrides=dict(self.model.hf_overrides),
-            allow_inline=self.load.format == "dummy",
-        )
+        if self.load.format == "auto" and self.model.path.endswith(".gguf"):
+            self.load.format = "gguf"
+        self.hf_config, self.checkpoint_dir = self._load_hf_config()
+        if not self.load.loader:
+            self.load.loader = {"_target_": LOADER_TARGETS.get(self.load.format, DEFAULT_LOADER)}
         if self.model.architecture:
             self.hf_config.architectures = [self.model.architecture]
         self.architecture: str = _architecture(self.hf_config)
@@ -150,7 +157,7 @@ class VllmConfig:
         )
         self.dtype: torch.dtype = _resolve_dtype(self.model.dtype, self.hf_config, self.device_type)
         self.kv_cache_dtype: torch.dtype = (
-            self.dtype if self.cache.cache_dtype == "auto" else _DTYPES[self.cache.cache_dtype]
+            self.dtype if self.cache.cache_dtype == "auto" else _KV_DTYPES[self.cache.cache_dtype]
         )
         self.max_model_len: int = _resolve_max_model_len(self.model.max_model_len, self.hf_config)
         self.parallel.executor = {"_target_": _executor_target(self.parallel)}
@@ -161,6 +168,20 @@ class VllmConfig:
             self.attention.backend = {"_target_": _attention_target(self.attention.name, self.device_type)}
         self._check_scheduler()
         self.async_scheduling: bool = _resolve_async_scheduling(self.scheduler.async_scheduling, self)
+
+    def _load_hf_config(self) -> tuple[Any, Any]:
+        """The checkpoint's config and directory; a GGUF file's config comes from its metadata."""
+        overrides = dict(self.model.hf_overrides)
+        if self.load.format != "gguf":
+            return load_hf_config(
+                self.model.path, inline=self.model.hf_config, overrides=overrides,
+                allow_inline=self.load.format == "dummy",
+            )
+        gguf_file = find_gguf_file(self.model.path)
+        hf_config = gguf_hf_config(gguf_file)
+        for key, value in overrides.items():
+            setattr(hf_config, key, value)
+        return hf_config, gguf_file.parent
 
     @property
     def tokenizer_path(self) -> str:
@@ -178,6 +199,8 @@ class VllmConfig:
             return
         if not getattr(ModelRegistry.resolve(self.architecture), "supports_pp", False):
             raise ValueError(f"parallel.pp={pp}: {self.architecture} does not support pipeline parallelism; use 1")
+        if self.load.format == "sharded_state":  # its files are named by tp rank, which repeats on every stage
+            raise ValueError(f"parallel.pp={pp}: load.format=sharded_state saves one shard per tp rank; use pp=1")
         text_config = getattr(self.hf_config, "text_config", None) or self.hf_config
         check_partition(text_config.num_hidden_layers, pp, self.parallel.pp_layer_partition)
 

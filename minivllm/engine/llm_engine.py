@@ -1,6 +1,7 @@
 """LLMEngine: tokenize, add requests, step the core, detokenize, build outputs."""
 from __future__ import annotations
 
+import atexit
 import gc
 import itertools
 from dataclasses import dataclass
@@ -45,6 +46,8 @@ class LLMEngine:
         # collector's view so that per-step garbage collections stay short.
         gc.collect()
         gc.freeze()
+        atexit.unregister(gc.unfreeze)  # once per process, however many engines
+        atexit.register(gc.unfreeze)  # let the interpreter's last collection see them again
 
     @property
     def eos_token_id(self) -> int | None:
