@@ -14,7 +14,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from minivllm.config.bench import BenchConfig
-from minivllm.config.model_source import load_hf_config
+from minivllm.config.model_source import HubOptions, load_hf_config
 from minivllm.distributed.utils import check_tensor_parallel
 from minivllm.config.schema import (
     AttentionConfig,
@@ -108,6 +108,7 @@ class VllmConfig:
             inline=self.model.hf_config,
             overrides=dict(self.model.hf_overrides),
             allow_inline=self.load.format == "dummy",
+            hub=self.hub_options(),
         )
         if self.model.architecture:
             self.hf_config.architectures = [self.model.architecture]
@@ -124,10 +125,18 @@ class VllmConfig:
             self.attention.backend = {"_target_": _attention_target(self.attention.name, self.device_type)}
         self._check_scheduler()
 
+    def hub_options(self, tokenizer: bool = False) -> HubOptions:
+        """Where and how hub ids are found in the local HF cache (``tokenizer``: for the tokenizer)."""
+        model = self.model
+        revision = (model.tokenizer_revision or model.revision) if tokenizer else model.revision
+        return HubOptions(revision, self.load.download_dir, model.trust_remote_code, model.code_revision)
+
     @property
     def tokenizer_path(self) -> str:
         if self.model.tokenizer:
             return self.model.tokenizer
+        if self.model.tokenizer_revision and self.model.tokenizer_revision != self.model.revision:
+            return self.model.path  # the hub id, looked up at the tokenizer's own revision
         return str(self.checkpoint_dir) if self.checkpoint_dir is not None else self.model.path
 
     @property

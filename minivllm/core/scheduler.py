@@ -55,6 +55,8 @@ class EngineCoreOutput:
     stop_reason: int | str | None = None
     prompt_logprobs: list[dict[int, float] | None] | None = None
     """With the first new token of a request that asked: one entry per prompt token (the first None)."""
+    num_cached_tokens: int = 0
+    """Prompt tokens the request found in the prefix cache when first scheduled."""
 
 
 @dataclass
@@ -200,6 +202,8 @@ class Scheduler:
             self.waiting.popleft()
             request.status = RequestStatus.RUNNING
             request.num_computed_tokens = num_cached
+            if request.num_cached_tokens is None:
+                request.num_cached_tokens = num_cached
             self.running.append(request)
             plan.scheduled[request.request_id] = num_new
             plan.newly_admitted.append(request)
@@ -277,6 +281,7 @@ class Scheduler:
                     finish_reason=request.status.finish_reason,
                     stop_reason=request.stop_reason,
                     prompt_logprobs=output.prompt_logprobs.get(req_id),
+                    num_cached_tokens=request.num_cached_tokens or 0,
                 )
             )
         return results

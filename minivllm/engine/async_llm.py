@@ -166,7 +166,7 @@ class AsyncLLM:
         if self.errored is not None:
             raise EngineDeadError(self.errored)
         params = params or SamplingParams()
-        text, ids = self.processor.tokenize(prompt)
+        text, ids = self.processor.tokenize(prompt, params.truncate_prompt_tokens)
         self.processor.max_output_tokens(len(ids), params)
         request_id = str(request_id)
         if request_id in self._streams:

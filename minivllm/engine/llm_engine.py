@@ -5,9 +5,10 @@ import itertools
 from dataclasses import dataclass
 
 from minivllm.config.vllm_config import VllmConfig
-from minivllm.core.scheduler import SchedulerStats
+from minivllm.core.scheduler import EngineCoreOutput, SchedulerStats
 from minivllm.engine.core import EngineCore
 from minivllm.engine.detokenizer import IncrementalDetokenizer
+from minivllm.engine.logprob import LogprobBuilder
 from minivllm.engine.outputs import RequestOutput
 from minivllm.engine.parent_request import CompletionState, ParentRequest
 from minivllm.engine.processor import Processor, PromptType
@@ -38,6 +39,7 @@ class LLMEngine:
         self._parents: dict[RequestId, ParentRequest] = {}
         self._ids = itertools.count()
         self.stat_logger = StatLogger(cfg.scheduler.log_stats_interval)
+        self.logprob_builder = LogprobBuilder(self.tokenizer)
 
     @property
     def eos_token_id(self) -> int | None:
@@ -73,7 +75,7 @@ class LLMEngine:
         """
         params = params or SamplingParams()
         _check_priority_and_salt(priority, cache_salt, self.cfg.scheduler.policy)
-        text, ids = self.processor.tokenize(prompt)
+        text, ids = self.processor.tokenize(prompt, params.truncate_prompt_tokens)
         max_tokens = self.processor.max_output_tokens(len(ids), params)
         req_id = RequestId(str(next(self._ids)) if request_id is None else str(request_id))
         parent = ParentRequest(req_id, text, ids, self.processor.prepare_params(params, self.eos_token_id))
@@ -124,6 +126,7 @@ class LLMEngine:
             prompt_tokens += len(state.parent.prompt_token_ids) if not state.token_ids else 0
             generation_tokens += len(core_out.new_token_ids)
             self.counters.num_generation_tokens += len(core_out.new_token_ids)
+            self._wrap_logprobs(core_out, state.parent.params)
             state.parent.absorb_prompt_logprobs(core_out)
             if state.absorb(core_out):  # a stop string: the core does not know yet
                 self.core.abort_requests([state.request_id])
@@ -142,6 +145,18 @@ class LLMEngine:
         self.stat_logger.record_step(prompt_tokens, generation_tokens)
         self.stat_logger.maybe_log(self.scheduler_stats)
         return outputs
+
+    def _wrap_logprobs(self, core_out: EngineCoreOutput, params: SamplingParams) -> None:
+        """The workers' {token: float} dicts as {token: Logprob} (rank and text added)."""
+        build = self.logprob_builder.positions
+        if core_out.new_logprobs is not None:
+            core_out.new_logprobs = build(core_out.new_logprobs, params.logprobs, params.detokenize)
+        if core_out.prompt_logprobs is not None:
+            core_out.prompt_logprobs = build(core_out.prompt_logprobs, params.prompt_logprobs, params.detokenize)
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix block; False (nothing changed) while requests hold blocks."""
+        return self.core.scheduler.kv.pool.reset_prefix_cache()
 
     def shutdown(self) -> None:
         self.core.shutdown()

@@ -23,13 +23,21 @@ class Processor:
         self.max_tokens_in_cache = max_tokens_in_cache
         self.vocab_size = cfg.hf_config.vocab_size
 
-    def tokenize(self, prompt: PromptType) -> tuple[str | None, list[int]]:
+    def tokenize(self, prompt: PromptType, truncate_prompt_tokens: int | None = None) -> tuple[str | None, list[int]]:
+        """(text, token ids); ``truncate_prompt_tokens`` keeps only the last k ids (before the checks)."""
+        text, ids = self._split(prompt)
+        if truncate_prompt_tokens is not None:
+            ids = ids[-truncate_prompt_tokens:]
+        self._check_ids(ids)
+        return text, ids
+
+    def _split(self, prompt: PromptType) -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):
             text, ids = prompt, self.tokenizer.encode(prompt, add_special_tokens=True) if prompt else []
         elif isinstance(prompt, dict) and "prompt_token_ids" in prompt:
             text, ids = prompt.get("prompt"), list(prompt["prompt_token_ids"])
         elif isinstance(prompt, dict) and "prompt" in prompt:
-            return self.tokenize(prompt["prompt"])
+            return self._split(prompt["prompt"])
         elif isinstance(prompt, (list, tuple)) and all(isinstance(t, int) for t in prompt):
             text, ids = None, list(prompt)
         else:
@@ -37,7 +45,6 @@ class Processor:
                 f"prompt: expected a string, a list of token ids, or a dict with 'prompt' or 'prompt_token_ids'; "
                 f"got {type(prompt).__name__}"
             )
-        self._check_ids(ids)
         return text, ids
 
     def _check_ids(self, ids: list[int]) -> None:
@@ -68,8 +75,13 @@ class Processor:
         cap = self.cfg.model.max_logprobs
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(params, name)
-            if value is not None and value > cap:
-                raise ValueError(f"{name}={value}: must be in [0, {cap}] (model.max_logprobs={cap})")
+            if value is None or cap == -1:
+                continue
+            if value == -1 or value > cap:
+                raise ValueError(
+                    f"{name}={value}: must be in [0, {cap}] (model.max_logprobs={cap}; "
+                    f"set it to -1 to allow -1, the whole vocabulary)"
+                )
         id_lists = {
             "stop_token_ids": params.stop_token_ids,
             "allowed_token_ids": params.allowed_token_ids or [],
@@ -84,6 +96,9 @@ class Processor:
     def prepare_params(self, params: SamplingParams, eos_token_id: int | None) -> SamplingParams:
         """A copy of ``params`` with the token ids the workers need filled in."""
         params = params.clone()
+        for name in ("logprobs", "prompt_logprobs"):
+            if getattr(params, name) == -1:
+                setattr(params, name, self.vocab_size)
         stop_ids = set(params.stop_token_ids)
         if eos_token_id is not None and not params.ignore_eos:
             stop_ids.add(eos_token_id)

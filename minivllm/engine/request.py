@@ -62,6 +62,8 @@ class Request:
     """The stop token id or stop string that ended the request, if any."""
     cache_salt: str | None = None
     """Mixed into the prefix-cache hashes: only requests with the same salt share blocks."""
+    num_cached_tokens: int | None = None
+    """Prompt tokens found in the prefix cache when first scheduled (None until then)."""
     block_hashes: list[BlockHash] = field(default_factory=list)
     """Prefix-cache hashes of the request's full blocks so far (filled by the KV-cache manager)."""
 

@@ -16,7 +16,9 @@ DEMO_TOKENIZER = Path(__file__).resolve().parents[1] / "assets" / "demo-llama"
 def get_tokenizer(cfg: VllmConfig) -> PreTrainedTokenizerBase:
     """The checkpoint's tokenizer; for a dummy-weights preset with no local files,
     the bundled demo tokenizer stands in (its ids are valid in any larger vocab)."""
-    source = find_local_checkpoint(cfg.tokenizer_path) if not Path(cfg.tokenizer_path).is_dir() else Path(cfg.tokenizer_path)
+    hub = cfg.hub_options(tokenizer=True)
+    given = Path(cfg.tokenizer_path)
+    source = given if given.is_dir() else find_local_checkpoint(cfg.tokenizer_path, hub)
     if source is None and cfg.load.format == "dummy":
         logger.warning(
             "No local tokenizer for %r; using the bundled demo tokenizer with random weights.", cfg.tokenizer_path
@@ -24,4 +26,4 @@ def get_tokenizer(cfg: VllmConfig) -> PreTrainedTokenizerBase:
         source = DEMO_TOKENIZER
     if source is None:
         raise ValueError(f"model.tokenizer={cfg.tokenizer_path!r}: no local tokenizer files found")
-    return AutoTokenizer.from_pretrained(str(source), local_files_only=True)
+    return AutoTokenizer.from_pretrained(str(source), local_files_only=True, trust_remote_code=hub.trust_remote_code)

@@ -7,12 +7,16 @@ from typing import Any, Sequence
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
+from minivllm.beam_search import BeamSearch, BeamSearchOutput
+from minivllm.config.generation_defaults import generation_defaults
 from minivllm.config.store import compose
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.engine.llm_engine import LLMEngine
+from minivllm.engine.metrics_reader import Metric, engine_metrics
 from minivllm.engine.outputs import RequestOutput
 from minivllm.engine.processor import PromptType
-from minivllm.sampling_params import RequestOutputKind, SamplingParams
+from minivllm.entrypoints.chat_utils import Conversation, is_single_conversation, render_chat
+from minivllm.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
 
 # vLLM keyword -> key in the config tree
 KWARG_KEYS = {
@@ -22,6 +26,14 @@ KWARG_KEYS = {
     "seed": "model.seed",
     "hf_overrides": "model.hf_overrides",
     "max_logprobs": "model.max_logprobs",
+    "revision": "model.revision",
+    "tokenizer_revision": "model.tokenizer_revision",
+    "code_revision": "model.code_revision",
+    "trust_remote_code": "model.trust_remote_code",
+    "generation_config": "model.generation_config",
+    "runner": "model.runner",
+    "download_dir": "load.download_dir",
+    "max_seq_len_to_capture": "compilation.max_seq_len_to_capture",
     "tensor_parallel_size": "parallel.tp",
     "pipeline_parallel_size": "parallel.pp",
     "distributed_executor_backend": "parallel.backend",
@@ -42,6 +54,10 @@ KWARG_KEYS = {
 }
 
 
+SPECIAL_KWARGS = ("enforce_eager", "disable_log_stats", "task", "served_model_name")
+"""vLLM keywords with their own handling in ``_apply_special_kwargs``."""
+
+
 def _is_preset(name: str) -> bool:
     conf_dir = Path(__file__).resolve().parents[1] / "conf" / "model"
     return "/" not in name and (conf_dir / f"{name}.yaml").is_file()
@@ -54,16 +70,35 @@ def config_from_kwargs(model: str | None = None, overrides: Sequence[str] = (), 
     cfg = compose([*group_choice, *overrides])
     if model and not group_choice:
         OmegaConf.update(cfg, "model", {"path": model, "hf_config": None, "tokenizer": None}, merge=True)
-    enforce_eager = kwargs.pop("enforce_eager", None)
-    if enforce_eager is not None:
-        OmegaConf.update(cfg, "compilation.cudagraph", not enforce_eager)
+    _apply_special_kwargs(cfg, kwargs)
     unknown = sorted(set(kwargs) - set(KWARG_KEYS))
     if unknown:
-        raise ValueError(f"LLM(): unknown keyword(s) {', '.join(unknown)}; known: {', '.join(sorted(KWARG_KEYS))}")
+        known = ", ".join(sorted([*KWARG_KEYS, *SPECIAL_KWARGS]))
+        raise ValueError(f"LLM(): unknown or unimplemented keyword(s) {', '.join(unknown)}; known: {known}")
     for name, value in kwargs.items():
         if value is not None:
             OmegaConf.update(cfg, KWARG_KEYS[name], value, merge=False)
     return cfg
+
+
+def _apply_special_kwargs(cfg: DictConfig, kwargs: dict[str, Any]) -> None:
+    """vLLM keywords that do not map one-to-one onto a key (popped from ``kwargs``)."""
+    enforce_eager = kwargs.pop("enforce_eager", None)
+    if enforce_eager is not None:
+        OmegaConf.update(cfg, "compilation.cudagraph", not enforce_eager)
+    if kwargs.pop("disable_log_stats", None):
+        OmegaConf.update(cfg, "scheduler.log_stats_interval", 0.0)
+    task = kwargs.pop("task", None)
+    if task not in (None, "auto", "generate", "embed"):
+        raise ValueError(f"LLM(): task={task!r}: must be generate or embed (or use runner=generate/pooling)")
+    if task == "embed":
+        OmegaConf.update(cfg, "model.runner", "pooling")
+    names = kwargs.pop("served_model_name", None)
+    if names is not None:
+        names = [names] if isinstance(names, str) else list(names)
+        if not names or not all(isinstance(n, str) and n and "," not in n for n in names):
+            raise ValueError(f"LLM(): served_model_name={names!r}: must be a name or a list of names (no commas)")
+        OmegaConf.update(cfg, "serve.served_model_name", ",".join(names))
 
 
 class LLM:
@@ -84,10 +119,26 @@ class LLM:
 
     def _init(self, cfg: VllmConfig) -> None:
         self.cfg = cfg
+        self.default_sampling_params = generation_defaults(cfg)
         self.llm_engine = LLMEngine(cfg)
 
     def get_tokenizer(self):
         return self.llm_engine.tokenizer
+
+    def get_default_sampling_params(self) -> SamplingParams:
+        """What generate() uses when given no SamplingParams (the checkpoint's generation config, see
+        ``model.generation_config``)."""
+        return SamplingParams(**self.default_sampling_params)
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget the prefix cache; False (nothing changed) while requests are running."""
+        return self.llm_engine.reset_prefix_cache()
+
+    def get_metrics(self) -> list[Metric]:
+        """vLLM-named counters and gauges (``vllm:prompt_tokens``, ``vllm:kv_cache_usage_perc``, ...)."""
+        engine = self.llm_engine
+        name = self.cfg.serve.served_model_name or self.cfg.model.path
+        return engine_metrics(engine.get_stats(), engine.counters.num_finished_requests, name.split(",")[0])
 
     def generate(
         self,
@@ -102,10 +153,12 @@ class LLM:
         raises ValueError and leaves the engine as it was.
         """
         prompts = _as_list_of_prompts(prompts)
+        if sampling_params is None:
+            sampling_params = self.get_default_sampling_params()
         params = _params_per_prompt(sampling_params, len(prompts))
         engine = self.llm_engine
         for p, sp in zip(prompts, params):  # validate everything before queuing anything
-            _, ids = engine.processor.tokenize(p)
+            _, ids = engine.processor.tokenize(p, sp.truncate_prompt_tokens)
             engine.processor.max_output_tokens(len(ids), sp)
         req_ids = []
         try:
@@ -115,6 +168,69 @@ class LLM:
         except BaseException:
             engine.abort_request([r for r in req_ids])
             raise
+
+    def chat(
+        self,
+        messages: Conversation | Sequence[Conversation],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+        chat_template: str | None = None,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        tools: list[dict[str, Any]] | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
+    ) -> list[RequestOutput]:
+        """Generate replies to one conversation or a list of them, through the chat template
+        (the tokenizer's, or ``chat_template``); one output per conversation."""
+        conversations = [messages] if is_single_conversation(messages) else list(messages)
+        prompts = [
+            render_chat(
+                self.get_tokenizer(),
+                conversation,
+                chat_template=chat_template,
+                add_generation_prompt=add_generation_prompt,
+                continue_final_message=continue_final_message,
+                tools=tools,
+                chat_template_kwargs=chat_template_kwargs,
+            )
+            for conversation in conversations
+        ]
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+
+    def beam_search(
+        self, prompts: PromptType | Sequence[PromptType], params: BeamSearchParams, use_tqdm: bool = False
+    ) -> list[BeamSearchOutput]:
+        """Beam search per prompt (see ``minivllm.beam_search``); each round is one batch of ordinary
+        one-token requests, so beams share their prompt's KV blocks through the prefix cache."""
+        engine = self.llm_engine
+        width = 2 * params.beam_width
+        cap = self.cfg.model.max_logprobs
+        if cap != -1 and width > cap:
+            raise ValueError(f"beam_width={params.beam_width}: needs 2 * beam_width <= model.max_logprobs={cap}")
+        searches = []
+        for p in _as_list_of_prompts(prompts):
+            _, ids = engine.processor.tokenize(p)
+            engine.processor.max_output_tokens(len(ids), SamplingParams(max_tokens=params.max_tokens))
+            if len(ids) + params.max_tokens > self.cfg.max_model_len:
+                raise ValueError(f"max_tokens={params.max_tokens}: prompt + max_tokens exceed max_model_len")
+            searches.append(BeamSearch(ids, params, engine.eos_token_id))
+        step = SamplingParams(max_tokens=1, temperature=0.0, logprobs=width, ignore_eos=True, detokenize=False)
+        for _ in tqdm(range(params.max_tokens), desc="Beam search", disable=not use_tqdm or None):
+            live = [s for s in searches if not s.done]
+            if not live:
+                break
+            batches = [s.requests() for s in live]
+            outs = iter(self.generate([{"prompt_token_ids": r} for b in batches for r in b], step, use_tqdm=False))
+            for search, batch in zip(live, batches):
+                search.advance([next(outs).outputs[0].logprobs[0] for _ in batch])
+        tok = self.get_tokenizer()
+        results = []
+        for search in searches:
+            sequences = search.output()
+            for seq in sequences:
+                seq.text = tok.decode(seq.tokens, skip_special_tokens=True)
+            results.append(BeamSearchOutput(sequences))
+        return results
 
     def _run(self, req_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
         finished: dict[str, RequestOutput] = {}
