@@ -53,7 +53,7 @@ class ServeConfig:
     api_key: Optional[str] = None
     """When set, every /v1 route needs ``Authorization: Bearer <api_key>``."""
     served_model_name: Optional[str] = None
-    """Model name reported by /v1/models; defaults to model.path."""
+    """Model name(s) the server answers to, comma-separated (the first is reported); defaults to model.path."""
     chat_template: Optional[str] = None
     """Jinja chat template (or a file holding one) for models whose tokenizer has none."""
     shutdown_timeout: float = 30.0

@@ -55,8 +55,8 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
 
     @app.get("/v1/models")
     async def models() -> ModelList:
-        card = ModelCard(id=state.model_name, root=state.cfg.model.path, max_model_len=state.cfg.max_model_len)
-        return ModelList(data=[card])
+        root, max_len = state.cfg.model.path, state.cfg.max_model_len
+        return ModelList(data=[ModelCard(id=name, root=root, max_model_len=max_len) for name in state.model_names])
 
     @app.get("/health")
     async def health() -> Response:

@@ -16,7 +16,9 @@ class ServerState:
     def __init__(self, engine: AsyncLLM, cfg: VllmConfig) -> None:
         self.engine = engine
         self.cfg = cfg
-        self.model_name = cfg.serve.served_model_name or cfg.model.path
+        self.model_names = (cfg.serve.served_model_name or cfg.model.path).split(",")
+        """Every name the model answers to; the first is reported in responses."""
+        self.model_name = self.model_names[0]
         self.api_key = cfg.serve.api_key
         self.chat_template = load_chat_template(cfg.serve.chat_template) or getattr(
             engine.tokenizer, "chat_template", None
@@ -26,7 +28,7 @@ class ServerState:
         self.token_text = lru_cache(maxsize=65536)(self._token_text)
 
     def check_model(self, model: str | None) -> None:
-        if model is not None and model != self.model_name:
+        if model is not None and model not in self.model_names:
             raise BadRequest("model", f"model={model!r}: not served here; this server serves {self.model_name!r}")
 
     def _token_text(self, token_id: int) -> str:

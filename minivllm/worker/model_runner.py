@@ -76,14 +76,14 @@ class ModelRunner:
         sizes = [s for s in self.cfg.compilation.cudagraph_capture_sizes if s <= self.cfg.scheduler.max_num_seqs]
         if not sizes:
             return
-        max_blocks = cdiv(self.cfg.max_model_len, self.block_size)
-        self.cuda_graphs = CUDAGraphRunner(self.model, sizes, max_blocks, self.cfg.max_model_len, self.device)
+        max_len = min(self.cfg.max_model_len, self.cfg.compilation.max_seq_len_to_capture)
+        self.cuda_graphs = CUDAGraphRunner(self.model, sizes, cdiv(max_len, self.block_size), max_len, self.device)
         self.cuda_graphs.capture()
 
     def _forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """Replay a captured graph for decode-only steps that fit one; run eagerly otherwise."""
         graphs = self.cuda_graphs
-        if graphs is not None and meta.max_query_len == 1 and graphs.padded_size(meta.num_reqs) is not None:
+        if graphs is not None and meta.max_query_len == 1 and graphs.covers(meta):
             return graphs.run(input_ids, positions, meta)
         return self.model(input_ids, positions, meta)
 
