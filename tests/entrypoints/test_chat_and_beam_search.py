@@ -35,7 +35,7 @@ def chat_dir(llama_dir, tmp_path_factory):
 @pytest.fixture(scope="module")
 def llm(chat_dir):
     torch.set_num_threads(1)
-    return LLM(str(chat_dir), dtype="float32", block_size=4, disable_log_stats=True)
+    return LLM(str(chat_dir), dtype="float32", block_size=4, disable_log_stats=True, num_gpu_blocks_override=128)
 
 
 def test_chat_equals_the_template_then_generate(llm):
@@ -67,7 +67,7 @@ def test_chat_tools_kwargs_and_continue_final_message(llm):
 
 
 def test_chat_without_a_template_is_a_clear_error_unless_one_is_given(llama_dir):
-    plain = LLM(str(llama_dir), dtype="float32", disable_log_stats=True)
+    plain = LLM(str(llama_dir), dtype="float32", disable_log_stats=True, num_gpu_blocks_override=128)
     with pytest.raises(ValueError, match="no chat template"):
         plain.chat(CHAT, GREEDY, use_tqdm=False)
     out = plain.chat(CHAT, GREEDY, chat_template=TEMPLATE, use_tqdm=False)[0]
@@ -78,7 +78,7 @@ def test_chat_without_a_template_is_a_clear_error_unless_one_is_given(llama_dir)
 def beam_models(request):
     torch.set_num_threads(1)
     path = request.getfixturevalue(request.param)
-    llm = LLM(str(path), dtype="float32", block_size=4, disable_log_stats=True)
+    llm = LLM(str(path), dtype="float32", block_size=4, disable_log_stats=True, num_gpu_blocks_override=128)
     return llm, AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
 
 

@@ -18,7 +18,8 @@ LONG = "import os\nimport sys\n\nclass Config:\n    def __init__(self, path):\n 
 @pytest.fixture(scope="module")
 def llm(llama_dir):
     torch.set_num_threads(1)
-    return LLM(str(llama_dir), dtype="float32", block_size=4, max_logprobs=-1, disable_log_stats=True)
+    kwargs = dict(dtype="float32", block_size=4, disable_log_stats=True, num_gpu_blocks_override=128)
+    return LLM(str(llama_dir), max_logprobs=-1, **kwargs)
 
 
 def test_logprob_objects_carry_rank_and_text(llm):
@@ -44,7 +45,7 @@ def test_logprobs_minus_one_is_the_whole_vocabulary(llm, llama_dir):
     assert len(entry) == llm.cfg.hf_config.vocab_size
     assert math.log(sum(math.exp(lp.logprob) for lp in entry.values())) == pytest.approx(0.0, abs=1e-4)
     assert sorted(lp.rank for lp in entry.values()) == list(range(1, len(entry) + 1))
-    capped = LLM(str(llama_dir), dtype="float32", max_logprobs=5, disable_log_stats=True)
+    capped = LLM(str(llama_dir), dtype="float32", max_logprobs=5, num_gpu_blocks_override=16)
     with pytest.raises(ValueError, match="logprobs=-1.*max_logprobs=5"):
         capped.generate("x", SamplingParams(logprobs=-1), use_tqdm=False)
 

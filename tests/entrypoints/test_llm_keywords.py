@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from minivllm import LLM, SamplingParams
+from minivllm.config.generation_defaults import generation_defaults
 from minivllm.config.schema import ModelConfig
 from minivllm.entrypoints.llm import config_from_kwargs
 from minivllm.config.vllm_config import VllmConfig
@@ -28,15 +29,15 @@ def with_generation_config(llama_dir, tmp_path_factory):
 
 def test_generation_config_defaults_apply_without_sampling_params(with_generation_config):
     torch.set_num_threads(1)
-    llm = LLM(str(with_generation_config), dtype="float32", disable_log_stats=True)
+    llm = LLM(str(with_generation_config), dtype="float32", disable_log_stats=True, num_gpu_blocks_override=128)
     defaults = llm.get_default_sampling_params()
     assert (defaults.top_k, defaults.temperature, defaults.max_tokens) == (1, 0.9, 3)
     prompts = ["def f(x):", "import os"]
     sampled = llm.generate(prompts, use_tqdm=False)  # top_k=1: sampling is greedy
     greedy = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=3), use_tqdm=False)
     assert [o.outputs[0].token_ids for o in sampled] == [o.outputs[0].token_ids for o in greedy]
-    off = config_from_kwargs(str(with_generation_config), generation_config="vllm")
-    assert LLM.from_config(off).get_default_sampling_params() == SamplingParams()
+    off = VllmConfig.from_dictconfig(config_from_kwargs(str(with_generation_config), generation_config="vllm"))
+    assert generation_defaults(off) == {}
 
 
 def test_dtype_aliases():
