@@ -18,8 +18,14 @@ are its beams' top tokens; per round (``BeamSearch.advance``), as transformers'
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
-from minivllm.sampling_params import BeamSearchParams
+from tqdm.auto import tqdm
+
+from minivllm.sampling_params import BeamSearchParams, SamplingParams
+
+if TYPE_CHECKING:
+    from minivllm.entrypoints.llm import LLM
 
 
 @dataclass
@@ -121,3 +127,51 @@ class BeamSearch:
 
 def _reason(token: int, eos: int | None) -> str:
     return "stop" if token == eos else "length"
+
+
+def run_beam_search(llm: "LLM", prompts: Any, params: BeamSearchParams, use_tqdm: bool) -> list[BeamSearchOutput]:
+    """Drive one ``BeamSearch`` per prompt; each round is one ``llm.generate`` call over every live beam."""
+    width = 2 * params.beam_width
+    cap = llm.cfg.model.max_logprobs
+    if cap != -1 and width > cap:
+        raise ValueError(f"beam_width={params.beam_width}: needs 2 * beam_width <= model.max_logprobs={cap}")
+    searches = [_start(llm, p, params) for p in _prompt_list(prompts)]
+    step = SamplingParams(max_tokens=1, temperature=0.0, logprobs=width, ignore_eos=True, detokenize=False)
+    for _ in tqdm(range(params.max_tokens), desc="Beam search", disable=not use_tqdm or None):
+        live = [s for s in searches if not s.done]
+        if not live:
+            break
+        batches = [s.requests() for s in live]
+        outs = iter(llm.generate([{"prompt_token_ids": r} for b in batches for r in b], step, use_tqdm=False))
+        for search, batch in zip(live, batches):
+            search.advance([next(outs).outputs[0].logprobs[0] for _ in batch])
+    tok = llm.get_tokenizer()
+    results = []
+    for search in searches:
+        sequences = search.output()
+        for seq in sequences:
+            seq.text = tok.decode(seq.tokens, skip_special_tokens=True)
+        results.append(BeamSearchOutput(sequences))
+    return results
+
+
+def _prompt_list(prompts: Any) -> list[Any]:
+    if isinstance(prompts, (str, dict)):
+        return [prompts]
+    prompts = list(prompts)
+    if not prompts:
+        raise ValueError("prompts: is empty; give at least one prompt")
+    return prompts
+
+
+def _start(llm: "LLM", prompt: Any, params: BeamSearchParams) -> BeamSearch:
+    """A search for one prompt, after the checks that need the model."""
+    engine = llm.llm_engine
+    _, ids = engine.processor.tokenize(prompt)
+    if len(ids) + params.max_tokens > llm.cfg.max_model_len:
+        raise ValueError(
+            f"max_tokens={params.max_tokens}: the prompt has {len(ids)} tokens; prompt + max_tokens must fit "
+            f"max_model_len={llm.cfg.max_model_len}"
+        )
+    engine.processor.max_output_tokens(len(ids), SamplingParams(max_tokens=params.max_tokens))
+    return BeamSearch(ids, params, engine.eos_token_id)

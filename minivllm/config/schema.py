@@ -17,6 +17,7 @@ MODEL_DTYPES = ("auto", "float32", "float16", "bfloat16")
 DTYPE_ALIASES = {"half": "float16", "float": "float32"}
 """vLLM's other names for the same dtypes."""
 RUNNERS = ("generate", "pooling")
+POOLING_TYPES = ("LAST", "MEAN")
 PARALLEL_BACKENDS = ("auto", "uni", "mp", "ray")
 CACHE_DTYPES = ("auto", "float32", "float16", "bfloat16")
 LOAD_FORMATS = ("auto", "safetensors", "pt", "dummy")
@@ -24,6 +25,20 @@ SCHEDULER_POLICIES = ("fcfs", "priority")
 ATTENTION_BACKENDS = ("auto", "torch", "triton")
 DEVICE_TYPES = ("auto", "cpu", "cuda")
 TASKS = ("generate", "bench", "serve")
+
+
+@dataclass
+class PoolerConfig:
+    """How model.runner=pooling turns a prompt's hidden states into one vector (vLLM's pooler_config)."""
+
+    pooling_type: str = "LAST"
+    """LAST (the last prompt token's hidden state) or MEAN (the mean over the prompt; turns prefix caching off)."""
+    normalize: bool = True
+    """L2-normalize embeddings unless a request says otherwise."""
+
+    def __post_init__(self) -> None:
+        self.pooling_type = str(self.pooling_type).upper()
+        check_choice("model.pooler_config.pooling_type", self.pooling_type, POOLING_TYPES)
 
 
 @dataclass
@@ -60,6 +75,8 @@ class ModelConfig:
     """Default SamplingParams: auto (the checkpoint's generation_config.json), vllm (none), or a folder holding one."""
     runner: str = "generate"
     """generate (sample tokens) or pooling (return pooled hidden states: LLM.embed / LLM.encode)."""
+    pooler_config: PoolerConfig = field(default_factory=PoolerConfig)
+    """Pooling type and normalization for runner=pooling."""
 
     def __post_init__(self) -> None:
         self.dtype = DTYPE_ALIASES.get(self.dtype, self.dtype)

@@ -7,6 +7,7 @@ config fails when it is built, before any work starts.
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -30,6 +31,7 @@ from minivllm.config.schema import (
 from minivllm.config.validation import check_range
 from minivllm.models.registry import ModelRegistry
 
+logger = logging.getLogger(__name__)
 ATTENTION_TARGETS = {
     "torch": "minivllm.attention.torch_backend.TorchAttentionBackend",
     "triton": "minivllm.attention.triton_backend.TritonAttentionBackend",
@@ -113,6 +115,7 @@ class VllmConfig:
         if self.model.architecture:
             self.hf_config.architectures = [self.model.architecture]
         self.architecture: str = _architecture(self.hf_config)
+        _refuse_encoder_only(self.hf_config, self.architecture)
         ModelRegistry.check_supported(self.architecture)
         self.dtype: torch.dtype = _resolve_dtype(self.model.dtype, self.hf_config, self.device_type)
         self.kv_cache_dtype: torch.dtype = (
@@ -124,6 +127,7 @@ class VllmConfig:
         if not self.attention.backend:
             self.attention.backend = {"_target_": _attention_target(self.attention.name, self.device_type)}
         self._check_scheduler()
+        self._check_pooling()
 
     def hub_options(self, tokenizer: bool = False) -> HubOptions:
         """Where and how hub ids are found in the local HF cache (``tokenizer``: for the tokenizer)."""
@@ -152,6 +156,13 @@ class VllmConfig:
                 f"scheduled; raise it, lower model.max_model_len, or set scheduler.enable_chunked_prefill=true"
             )
 
+    def _check_pooling(self) -> None:
+        """MEAN pooling needs every prompt position computed, so cached prefixes cannot be reused."""
+        if self.model.runner == "pooling" and self.model.pooler_config.pooling_type == "MEAN":
+            if self.cache.enable_prefix_caching:
+                logger.warning("model.pooler_config.pooling_type=MEAN: turning prefix caching off (it skips tokens)")
+                self.cache.enable_prefix_caching = False
+
     @classmethod
     def from_dictconfig(cls, cfg: DictConfig | dict) -> "VllmConfig":
         """Validate a composed config and compute the derived values."""
@@ -170,6 +181,19 @@ def _resolve_device(device_type: str) -> str:
     if device_type == "cuda" and not torch.cuda.is_available():
         raise ValueError("device.type=cuda: no CUDA device is visible; use device=cpu or device=auto")
     return device_type
+
+
+_ENCODER_ONLY = ("bert", "roberta", "xlm-roberta", "distilbert", "deberta", "deberta-v2", "electra", "modernbert",
+                 "mpnet", "nomic_bert", "camembert", "albert")
+
+
+def _refuse_encoder_only(hf_config: Any, architecture: str) -> None:
+    if getattr(hf_config, "model_type", None) in _ENCODER_ONLY:
+        raise ValueError(
+            f"architecture {architecture!r} (model_type {hf_config.model_type!r}) is an encoder-only (bidirectional) "
+            f"model: not supported; minivllm runs decoder-only models, for generation or for embeddings with "
+            f"model.runner=pooling (e.g. Qwen3-Embedding, gte-Qwen2)"
+        )
 
 
 def _architecture(hf_config: Any) -> str:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from typing import Any
 
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.core.block_hash import model_identity, root_hash
@@ -57,6 +58,8 @@ class EngineCoreOutput:
     """With the first new token of a request that asked: one entry per prompt token (the first None)."""
     num_cached_tokens: int = 0
     """Prompt tokens the request found in the prefix cache when first scheduled."""
+    pooling_output: Any = None
+    """runner=pooling: the request's pooled (H,) tensor, with its one placeholder token."""
 
 
 @dataclass
@@ -282,6 +285,7 @@ class Scheduler:
                     stop_reason=request.stop_reason,
                     prompt_logprobs=output.prompt_logprobs.get(req_id),
                     num_cached_tokens=request.num_cached_tokens or 0,
+                    pooling_output=output.pooler_output.get(req_id),
                 )
             )
         return results

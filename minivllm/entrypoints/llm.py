@@ -7,7 +7,7 @@ from typing import Any, Sequence
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
-from minivllm.beam_search import BeamSearch, BeamSearchOutput
+from minivllm.beam_search import BeamSearchOutput, run_beam_search
 from minivllm.config.generation_defaults import generation_defaults
 from minivllm.config.store import compose
 from minivllm.config.vllm_config import VllmConfig
@@ -15,6 +15,8 @@ from minivllm.engine.llm_engine import LLMEngine
 from minivllm.engine.metrics_reader import Metric, engine_metrics
 from minivllm.engine.outputs import RequestOutput
 from minivllm.engine.processor import PromptType
+from minivllm.pooling.outputs import EmbeddingRequestOutput, PoolingRequestOutput
+from minivllm.pooling.params import PoolingParams
 from minivllm.entrypoints.chat_utils import Conversation, is_single_conversation, render_chat
 from minivllm.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
 
@@ -152,6 +154,7 @@ class LLM:
         All requests are validated before the first is queued, so a bad one
         raises ValueError and leaves the engine as it was.
         """
+        self._needs_runner("generate", "generate")
         prompts = _as_list_of_prompts(prompts)
         if sampling_params is None:
             sampling_params = self.get_default_sampling_params()
@@ -202,35 +205,54 @@ class LLM:
     ) -> list[BeamSearchOutput]:
         """Beam search per prompt (see ``minivllm.beam_search``); each round is one batch of ordinary
         one-token requests, so beams share their prompt's KV blocks through the prefix cache."""
+        self._needs_runner("generate", "beam_search")
+        return run_beam_search(self, prompts, params, use_tqdm)
+
+    def encode(
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
+        use_tqdm: bool = True,
+        pooling_task: str = "embed",
+        truncate_prompt_tokens: int | None = None,
+    ) -> list[PoolingRequestOutput]:
+        """Pooled vectors of the prompts (``runner="pooling"``); outputs in prompt order."""
+        self._needs_runner("pooling", "encode")
+        if pooling_task != "embed":
+            raise ValueError(f"pooling_task={pooling_task!r}: only 'embed' is supported")
+        prompts = _as_list_of_prompts(prompts)
+        params = _pooling_params_per_prompt(pooling_params, len(prompts), truncate_prompt_tokens)
         engine = self.llm_engine
-        width = 2 * params.beam_width
-        cap = self.cfg.model.max_logprobs
-        if cap != -1 and width > cap:
-            raise ValueError(f"beam_width={params.beam_width}: needs 2 * beam_width <= model.max_logprobs={cap}")
-        searches = []
-        for p in _as_list_of_prompts(prompts):
-            _, ids = engine.processor.tokenize(p)
-            engine.processor.max_output_tokens(len(ids), SamplingParams(max_tokens=params.max_tokens))
-            if len(ids) + params.max_tokens > self.cfg.max_model_len:
-                raise ValueError(f"max_tokens={params.max_tokens}: prompt + max_tokens exceed max_model_len")
-            searches.append(BeamSearch(ids, params, engine.eos_token_id))
-        step = SamplingParams(max_tokens=1, temperature=0.0, logprobs=width, ignore_eos=True, detokenize=False)
-        for _ in tqdm(range(params.max_tokens), desc="Beam search", disable=not use_tqdm or None):
-            live = [s for s in searches if not s.done]
-            if not live:
-                break
-            batches = [s.requests() for s in live]
-            outs = iter(self.generate([{"prompt_token_ids": r} for b in batches for r in b], step, use_tqdm=False))
-            for search, batch in zip(live, batches):
-                search.advance([next(outs).outputs[0].logprobs[0] for _ in batch])
-        tok = self.get_tokenizer()
-        results = []
-        for search in searches:
-            sequences = search.output()
-            for seq in sequences:
-                seq.text = tok.decode(seq.tokens, skip_special_tokens=True)
-            results.append(BeamSearchOutput(sequences))
-        return results
+        for p, pp in zip(prompts, params):  # validate everything before queuing anything
+            pp.check(self.cfg.hf_config, self.cfg.hf_config.hidden_size)
+            engine.processor.tokenize(p, pp.truncate_prompt_tokens)
+        req_ids = []
+        try:
+            for p, pp in zip(prompts, params):
+                req_ids.append(engine.add_request(None, p, pooling_params=pp))
+            return self._run(req_ids, use_tqdm)
+        except BaseException:
+            engine.abort_request(req_ids)
+            raise
+
+    def embed(
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
+        use_tqdm: bool = True,
+        truncate_prompt_tokens: int | None = None,
+    ) -> list[EmbeddingRequestOutput]:
+        """One embedding per prompt (``runner="pooling"``): ``outs[i].outputs.embedding``."""
+        self._needs_runner("pooling", "embed")
+        outs = self.encode(prompts, pooling_params, use_tqdm, truncate_prompt_tokens=truncate_prompt_tokens)
+        return [EmbeddingRequestOutput.from_base(o) for o in outs]
+
+    def _needs_runner(self, runner: str, method: str) -> None:
+        if self.cfg.model.runner != runner:
+            raise ValueError(
+                f"{method}(): needs runner={runner!r}, but this LLM was built with runner={self.cfg.model.runner!r} "
+                f"(LLM(..., runner={runner!r}))"
+            )
 
     def _run(self, req_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
         finished: dict[str, RequestOutput] = {}
@@ -241,7 +263,8 @@ class LLM:
                 for out in self.llm_engine.step():
                     if out.finished:
                         finished[out.request_id] = out
-                        generated += sum(len(c.token_ids) for c in out.outputs)
+                        if isinstance(out, RequestOutput):  # pooling outputs generate nothing
+                            generated += sum(len(c.token_ids) for c in out.outputs)
                         bar.update(1)
                         bar.set_postfix_str(f"output {generated / max(bar.format_dict['elapsed'], 1e-9):.1f} tok/s")
         return [finished[r] for r in req_ids]
@@ -272,6 +295,17 @@ def _final_only(params: SamplingParams) -> SamplingParams:
         return params
     params = params.clone()
     params.output_kind = RequestOutputKind.FINAL_ONLY
+    return params
+
+
+def _pooling_params_per_prompt(params: Any, n: int, truncate: int | None) -> list[PoolingParams]:
+    if params is None or isinstance(params, PoolingParams):
+        params = [params or PoolingParams()] * n
+    params = list(params)
+    if len(params) != n:
+        raise ValueError(f"pooling_params: {len(params)} given for {n} prompts; give one, or one per prompt")
+    if truncate is not None:
+        params = [PoolingParams(p.dimensions, p.normalize, truncate) for p in params]
     return params
 
 

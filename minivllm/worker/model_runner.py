@@ -19,6 +19,7 @@ from minivllm.config.vllm_config import VllmConfig
 from minivllm.core.scheduler_output import ModelRunnerOutput, SchedulerOutput
 from minivllm.engine.request import RequestId
 from minivllm.layers.compile import compile_small_ops
+from minivllm.pooling.pooler import Pooler
 from minivllm.sample.metadata import SamplingMetadata
 from minivllm.sample.prompt_logprobs import add_prompt_logprobs
 from minivllm.sample.sampler import Sampler, SamplerOutput
@@ -39,6 +40,7 @@ class ModelRunner:
         self.requests: dict[RequestId, CachedRequestState] = {}
         self.cuda_graphs: CUDAGraphRunner | None = None
         self.sampler = Sampler(torch.Generator(device=device).manual_seed(cfg.model.seed))
+        self.pooler = Pooler(cfg.model.pooler_config.pooling_type) if cfg.model.runner == "pooling" else None
 
     # ---- set-up -------------------------------------------------------------------
     def load_model(self) -> None:
@@ -131,6 +133,8 @@ class ModelRunner:
         sample_rows = [i for i, s in enumerate(states) if computed[i] + query_lens[i] == len(s.token_ids)]
         for state, n in zip(states, query_lens):
             state.num_computed_tokens += n
+        if self.pooler is not None:  # runner=pooling: pooled hidden states instead of tokens
+            return self.pooler(hidden, req_ids, computed, query_lens, sample_rows, sched.finished_req_ids)
         if not sample_rows:
             return ModelRunnerOutput()
         last_token = meta.query_start_loc[1:].long() - 1
