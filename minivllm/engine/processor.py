@@ -78,10 +78,8 @@ class Processor:
             if value is None or cap == -1:
                 continue
             if value == -1 or value > cap:
-                raise ValueError(
-                    f"{name}={value}: must be in [0, {cap}] (model.max_logprobs={cap}; "
-                    f"set it to -1 to allow -1, the whole vocabulary)"
-                )
+                hint = "; -1 (the whole vocabulary) needs model.max_logprobs=-1" if value == -1 else ""
+                raise ValueError(f"{name}={value}: must be in [0, {cap}] (model.max_logprobs={cap}){hint}")
         id_lists = {
             "stop_token_ids": params.stop_token_ids,
             "allowed_token_ids": params.allowed_token_ids or [],
