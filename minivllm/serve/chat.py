@@ -9,6 +9,7 @@ from fastapi.responses import StreamingResponse
 
 from minivllm.engine.outputs import CompletionOutput
 from minivllm.engine.request_stream import EngineDeadError, RequestStream
+from minivllm.entrypoints.chat_utils import render_chat
 from minivllm.sampling_params import RequestOutputKind
 from minivllm.serve.generation import SSE_DONE, Prompt, check_prompt, final_outputs, merged, sse, start_requests
 from minivllm.serve.generation import unless_disconnected, usage
@@ -71,32 +72,19 @@ def render(state: ServerState, body: ChatCompletionRequest) -> dict[str, Any]:
     """The prompt text and ids the template makes of the messages."""
     if not state.chat_template:
         raise BadRequest("messages", NO_TEMPLATE)
-    messages = [_message_dict(i, m) for i, m in enumerate(body.messages)]
+    messages = [m.model_dump(exclude_none=True) for m in body.messages]
     try:
-        text = state.engine.tokenizer.apply_chat_template(
+        return render_chat(
+            state.engine.tokenizer,
             messages,
             chat_template=state.chat_template,
             add_generation_prompt=body.add_generation_prompt and not body.continue_final_message,
             continue_final_message=body.continue_final_message,
-            tokenize=False,
-            **(body.chat_template_kwargs or {}),
+            tools=getattr(body, "tools", None),
+            chat_template_kwargs=body.chat_template_kwargs,
         )
-    except Exception as err:  # noqa: BLE001 - a template error is the request's problem
-        raise BadRequest("messages", f"messages: the chat template failed: {err}") from None
-    # The template already holds any BOS it wants; add no special tokens on top.
-    return {"prompt": text, "prompt_token_ids": state.engine.tokenizer.encode(text, add_special_tokens=False)}
-
-
-def _message_dict(i: int, message: Any) -> dict[str, Any]:
-    out = message.model_dump(exclude_none=True)
-    if isinstance(message.content, list):
-        parts = []
-        for part in message.content:
-            if part.type != "text" or part.text is None:
-                raise BadRequest("messages", f"messages[{i}].content: only text parts are supported, got {part.type!r}")
-            parts.append(part.text)
-        out["content"] = "\n".join(parts)
-    return out
+    except ValueError as err:
+        raise BadRequest("messages", str(err)) from None
 
 
 class _Formatter:
