@@ -13,6 +13,7 @@ from minivllm.entrypoints.chat_utils import render_chat
 from minivllm.sampling_params import RequestOutputKind
 from minivllm.serve.generation import SSE_DONE, Prompt, check_prompt, final_outputs, merged, sse, start_requests
 from minivllm.serve.generation import unless_disconnected, usage
+from minivllm.serve.completions import prompt_logprobs_json
 from minivllm.serve.params import BadRequest, to_sampling_params
 from minivllm.serve.protocol import (
     ChatChoice,
@@ -46,7 +47,10 @@ async def create_chat_completion(state: ServerState, body: ChatCompletionRequest
     kind = RequestOutputKind.DELTA if body.stream else RequestOutputKind.FINAL_ONLY
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     params = to_sampling_params(body, max_tokens=max_tokens, logprobs=logprobs, output_kind=kind)
-    prompt = check_prompt(state.engine, render(state, body), max_tokens, prompt_field="messages")
+    prompt = check_prompt(
+        state.engine, render(state, body), max_tokens, prompt_field="messages",
+        truncate_prompt_tokens=params.truncate_prompt_tokens,
+    )  # fmt: skip
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     streams = await start_requests(state.engine, request_id, [prompt], params, body.priority, "messages")
     fmt = _Formatter(state, body, prompt)
@@ -65,7 +69,10 @@ async def create_chat_completion(state: ServerState, body: ChatCompletionRequest
         )
         for c in outs[0].outputs
     ]
-    return ChatCompletionResponse(id=request_id, model=state.model_name, choices=choices, usage=usage([prompt], outs))
+    shown = prompt_logprobs_json(outs[0].prompt_logprobs) if body.prompt_logprobs is not None else None
+    return ChatCompletionResponse(
+        id=request_id, model=state.model_name, choices=choices, usage=usage([prompt], outs), prompt_logprobs=shown
+    )
 
 
 def render(state: ServerState, body: ChatCompletionRequest) -> dict[str, Any]:

@@ -26,13 +26,13 @@ NOT_SAMPLING = frozenset(
     {
         "model", "prompt", "messages", "stream", "stream_options", "echo", "user", "priority", "suffix",
         "best_of", "max_completion_tokens", "top_logprobs", "add_generation_prompt", "continue_final_message",
-        "chat_template_kwargs", "max_tokens", "logprobs",
+        "chat_template_kwargs", "max_tokens", "logprobs", "add_special_tokens",
     }
 )  # fmt: skip
 # Declared fields that mean "off" at these values (OpenAI's defaults).
 NEUTRAL = {"presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0, "logit_bias": {}}
 # Never settable over HTTP.
-SERVER_OWNED = frozenset({"output_kind"})
+SERVER_OWNED = frozenset({"output_kind", "logits_processors"})
 
 
 class BadRequest(ValueError):

@@ -58,6 +58,8 @@ class CompletionRequest(_SamplingRequest):
     max_tokens: Optional[int] = 16
     logprobs: Optional[int] = None
     echo: bool = False
+    add_special_tokens: bool = True
+    """Add the tokenizer's special tokens (BOS) to text prompts."""
     best_of: Optional[int] = None
     suffix: Optional[str] = None
 
@@ -97,12 +99,25 @@ class CompletionLogProbs(BaseModel):
     top_logprobs: list[Optional[dict[str, float]]] = Field(default_factory=list)
 
 
+class PromptLogprob(BaseModel):
+    """vLLM's JSON form of one ``Logprob``."""
+
+    logprob: float
+    rank: Optional[int] = None
+    decoded_token: Optional[str] = None
+
+
+PromptLogprobs = list[Optional[dict[int, PromptLogprob]]]
+"""One entry per prompt token (the first None): token id -> its logprob."""
+
+
 class CompletionChoice(BaseModel):
     index: int
     text: str
     logprobs: Optional[CompletionLogProbs] = None
     finish_reason: Optional[str] = None
     stop_reason: Optional[Union[int, str]] = None
+    prompt_logprobs: Optional[PromptLogprobs] = None
 
 
 class CompletionResponse(BaseModel):
@@ -148,6 +163,7 @@ class ChatCompletionResponse(BaseModel):
     model: str
     choices: list[ChatChoice]
     usage: Optional[UsageInfo] = None
+    prompt_logprobs: Optional[PromptLogprobs] = None
 
 
 class DeltaMessage(BaseModel):
