@@ -32,6 +32,8 @@ from minivllm.engine.outputs import RequestOutput
 from minivllm.engine.processor import Processor, PromptType
 from minivllm.engine.request_stream import EngineDeadError, RequestStream
 from minivllm.engine.tokenizer import get_tokenizer
+from minivllm.pooling.outputs import PoolingRequestOutput
+from minivllm.pooling.params import PoolingParams
 from minivllm.sampling_params import RequestOutputKind, SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -111,6 +113,8 @@ class AsyncLLM:
             self._resolve(token, value)
         for packed in msg.outputs:
             self._on_output(unpack_output(packed), now)
+        for pooled in msg.pooled:
+            self._resolve(("pooled", pooled.request_id), pooled)
         if msg.fatal is not None:
             self._on_dead(f"engine failed: {msg.fatal}")
 
@@ -195,6 +199,30 @@ class AsyncLLM:
                 yield out
         finally:
             stream.abort()
+
+    async def encode(
+        self, prompt: PromptType, params: PoolingParams, request_id: str, priority: int = 0
+    ) -> PoolingRequestOutput:
+        """The pooled vector of one prompt (model.runner=pooling). Raises ValueError (nothing queued)
+        on bad input; cancelling the await aborts the request."""
+        self._bind_loop()
+        if self.errored is not None:
+            raise EngineDeadError(self.errored)
+        if self.cfg.model.runner != "pooling":
+            raise ValueError("input: this engine generates; embeddings need model.runner=pooling")
+        params.check(self.cfg.hf_config, self.cfg.hf_config.hidden_size)
+        text, ids = self.processor.tokenize(prompt, params.truncate_prompt_tokens)
+        accepted, pooled = self._loop.create_future(), self._loop.create_future()
+        self._pending[("add", request_id)], self._pending[("pooled", request_id)] = accepted, pooled
+        self._send(("add", request_id, {"prompt": text, "prompt_token_ids": ids}, params, priority))
+        try:
+            await accepted
+            return await pooled
+        except BaseException:
+            self._pending.pop(("pooled", request_id), None)
+            if self.errored is None:
+                self._send(("abort", [request_id]))
+            raise
 
     async def abort(self, request_ids: str | Sequence[str]) -> None:
         """Stop requests now: their KV blocks are free before the engine's next step, and

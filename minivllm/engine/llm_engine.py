@@ -78,8 +78,10 @@ class LLMEngine:
 
         ``cache_salt``: only requests with the same salt share prefix-cache blocks.
         """
-        if self.cfg.model.runner == "pooling" or pooling_params is not None:
+        if pooling_params is not None:
             return self._add_pooling_request(request_id, prompt, pooling_params, priority, cache_salt)
+        if self.cfg.model.runner == "pooling":
+            raise ValueError("params: this engine pools (model.runner=pooling); generating needs runner=generate")
         params = params or SamplingParams()
         _check_priority_and_salt(priority, cache_salt, self.cfg.scheduler.policy)
         text, ids = self.processor.tokenize(prompt, params.truncate_prompt_tokens)
@@ -104,13 +106,12 @@ class LLMEngine:
         return req_id
 
     def _add_pooling_request(
-        self, request_id: str | None, prompt: PromptType, params: PoolingParams | None, priority: int,
+        self, request_id: str | None, prompt: PromptType, params: PoolingParams, priority: int,
         cache_salt: str | None,
     ) -> RequestId:  # fmt: skip
         """One core request that computes the prompt and returns its pooled vector (runner=pooling)."""
         if self.cfg.model.runner != "pooling":
             raise ValueError("pooling_params: this engine generates; pooling needs model.runner=pooling")
-        params = params or PoolingParams()
         _check_priority_and_salt(priority, cache_salt, self.cfg.scheduler.policy)
         params.check(self.cfg.hf_config, self.cfg.hf_config.hidden_size)
         _, ids = self.processor.tokenize(prompt, params.truncate_prompt_tokens)

@@ -27,11 +27,15 @@ from minivllm.serve.completions import create_completion
 from minivllm.serve.metrics import CONTENT_TYPE
 from minivllm.serve.params import BadRequest, param_of
 from minivllm.serve.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
+from minivllm.serve.embeddings import add_embedding_routes
 from minivllm.serve.state import ServerState
 from minivllm.serve.tokenize import add_tokenize_routes
 
 logger = logging.getLogger(__name__)
-ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics", "/tokenize", "/detokenize")
+ROUTES = (
+    "/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics", "/tokenize", "/detokenize",
+    "/v1/embeddings",
+)  # fmt: skip
 
 
 def build_app(engine: AsyncLLM, cfg: VllmConfig) -> FastAPI:
@@ -41,6 +45,7 @@ def build_app(engine: AsyncLLM, cfg: VllmConfig) -> FastAPI:
     _add_error_handlers(app, state)
     _add_routes(app, state)
     add_tokenize_routes(app, state)
+    add_embedding_routes(app, state)
     app.add_middleware(_Auth, api_key=state.api_key)
     app.add_middleware(_HttpMetrics, state=state)
     return app
