@@ -29,7 +29,7 @@ from minivllm.config.schema import (
     TaskConfig,
 )
 from minivllm.config.validation import check_range
-from minivllm.models.registry import ModelRegistry
+from minivllm.models.registry import POOLING_ONLY, ModelRegistry
 
 logger = logging.getLogger(__name__)
 ATTENTION_TARGETS = {
@@ -157,7 +157,13 @@ class VllmConfig:
             )
 
     def _check_pooling(self) -> None:
-        """MEAN pooling needs every prompt position computed, so cached prefixes cannot be reused."""
+        """Base models (no LM head) only pool; MEAN pooling needs every prompt position computed,
+        so cached prefixes cannot be reused."""
+        if self.architecture in POOLING_ONLY and self.model.runner != "pooling":
+            raise ValueError(
+                f"model.runner={self.model.runner}: {self.architecture} has no LM head, so it can only embed; "
+                f"use model.runner=pooling (LLM(..., runner='pooling'))"
+            )
         if self.model.runner == "pooling" and self.model.pooler_config.pooling_type == "MEAN":
             if self.cache.enable_prefix_caching:
                 logger.warning("model.pooler_config.pooling_type=MEAN: turning prefix caching off (it skips tokens)")

@@ -82,3 +82,23 @@ def test_wrong_runner_dimensions_and_encoder_only_are_clear_errors(llama_dir, tm
                architectures=["BertModel"]).save_pretrained(tmp_path)  # fmt: skip
     with pytest.raises(ValueError, match="encoder-only.*not supported"):
         VllmConfig.from_dictconfig(config_from_kwargs(str(tmp_path), runner="pooling"))
+
+
+@pytest.mark.parametrize("family", ["qwen3", "llama"])
+def test_base_model_checkpoints_embed(family, tmp_path, tokenizer_dir):
+    """A checkpoint saved from AutoModel (architecture ``Qwen3Model``: no ``model.`` prefix, no LM head)."""
+    from tests.model_configs import llama_config
+
+    config = qwen3_config() if family == "qwen3" else llama_config()
+    torch.manual_seed(0)
+    base = AutoModel.from_config(config, dtype=torch.float32)
+    base.save_pretrained(tmp_path)
+    for f in tokenizer_dir.iterdir():
+        (tmp_path / f.name).write_bytes(f.read_bytes())
+    assert AutoModel.from_pretrained(tmp_path).config.architectures[0].endswith("Model")
+    llm = LLM(str(tmp_path), runner="pooling", **ENGINE)
+    ids = llm.get_tokenizer().encode(TEXTS[0])
+    got = llm.embed({"prompt_token_ids": ids}, use_tqdm=False)[0].outputs.embedding
+    torch.testing.assert_close(torch.tensor(got), _reference(tmp_path, [ids], "LAST", True)[0], atol=1e-4, rtol=0)
+    with pytest.raises(ValueError, match="no LM head.*runner=pooling"):
+        VllmConfig.from_dictconfig(config_from_kwargs(str(tmp_path)))
