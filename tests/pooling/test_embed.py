@@ -9,7 +9,7 @@ from minivllm import LLM, SamplingParams
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.entrypoints.llm import config_from_kwargs
 from minivllm.pooling import PoolingParams
-from tests.model_configs import qwen3_config
+from tests.model_configs import llama_config, mistral_config, qwen2_config, qwen3_config
 
 TEXTS = [
     "def fibonacci(n):",
@@ -84,20 +84,23 @@ def test_wrong_runner_dimensions_and_encoder_only_are_clear_errors(llama_dir, tm
         VllmConfig.from_dictconfig(config_from_kwargs(str(tmp_path), runner="pooling"))
 
 
-@pytest.mark.parametrize("family", ["qwen3", "llama"])
-def test_base_model_checkpoints_embed(family, tmp_path, tokenizer_dir):
-    """A checkpoint saved from AutoModel (architecture ``Qwen3Model``: no ``model.`` prefix, no LM head)."""
-    from tests.model_configs import llama_config
+BASE_MODEL_CASES = {
+    "LlamaModel": llama_config, "Qwen2Model": qwen2_config, "Qwen3Model": qwen3_config, "MistralModel": mistral_config,
+}  # fmt: skip
+"""Pooling-only architectures -> the config of a checkpoint saved with AutoModel."""
 
-    config = qwen3_config() if family == "qwen3" else llama_config()
+
+@pytest.mark.parametrize("architecture", sorted(BASE_MODEL_CASES))
+def test_base_model_checkpoints_embed(architecture, tmp_path, tokenizer_dir):
+    """A checkpoint saved from AutoModel (no ``model.`` prefix, no LM head) against transformers."""
     torch.manual_seed(0)
-    base = AutoModel.from_config(config, dtype=torch.float32)
+    base = AutoModel.from_config(BASE_MODEL_CASES[architecture](), dtype=torch.float32)
     base.save_pretrained(tmp_path)
     for f in tokenizer_dir.iterdir():
         (tmp_path / f.name).write_bytes(f.read_bytes())
-    assert AutoModel.from_pretrained(tmp_path).config.architectures[0].endswith("Model")
+    assert AutoModel.from_pretrained(tmp_path).config.architectures == [architecture]
     llm = LLM(str(tmp_path), runner="pooling", **ENGINE)
-    ids = llm.get_tokenizer().encode(TEXTS[0])
+    ids = llm.get_tokenizer().encode(TEXTS[1])
     got = llm.embed({"prompt_token_ids": ids}, use_tqdm=False)[0].outputs.embedding
     torch.testing.assert_close(torch.tensor(got), _reference(tmp_path, [ids], "LAST", True)[0], atol=1e-4, rtol=0)
     with pytest.raises(ValueError, match="no LM head.*runner=pooling"):
