@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import random
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -34,6 +35,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--prompt-len", type=int, default=64)
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--beam-width", type=int, default=4)
+    p.add_argument("--repeats", type=int, default=3, help="runs per logits-processor setting (median shown)")
     return p.parse_args()
 
 
@@ -57,12 +59,19 @@ def bench_logits_processors(path: Path, prompts: list[list[int]], args: argparse
     identity = lambda ids, logits: logits  # noqa: E731
     base = dict(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
     llm.generate([{"prompt_token_ids": p} for p in prompts[:4]], SamplingParams(**base), use_tqdm=False)  # warm-up
-    print("| requests with a logits processor | seconds | output tok/s |\n| --- | ---: | ---: |")
-    for with_proc in (0, 1, len(prompts)):
-        params = [SamplingParams(**base, logits_processors=[identity] if i < with_proc else None)
-                  for i in range(len(prompts))]  # fmt: skip
-        llm.reset_prefix_cache()
-        _, secs = timed(lambda: llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False))
+    counts = (0, 1, len(prompts))
+    runs: dict[int, list[float]] = {c: [] for c in counts}
+    for _ in range(args.repeats):  # interleaved, so a busy machine slows every setting alike
+        for with_proc in counts:
+            params = [SamplingParams(**base, logits_processors=[identity] if i < with_proc else None)
+                      for i in range(len(prompts))]  # fmt: skip
+            llm.reset_prefix_cache()
+            _, secs = timed(lambda: llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False))
+            runs[with_proc].append(secs)
+    print(f"| requests with a logits processor | median seconds of {args.repeats} | output tok/s |")
+    print("| --- | ---: | ---: |")
+    for with_proc in counts:
+        secs = statistics.median(runs[with_proc])
         print(f"| {with_proc} of {len(prompts)} | {secs:.2f} | {len(prompts) * args.max_tokens / secs:.1f} |")
     llm.shutdown()
 
