@@ -33,6 +33,7 @@ from minivllm.engine.processor import Processor, PromptType
 from minivllm.engine.request_stream import EngineDeadError, RequestStream
 from minivllm.engine.tokenizer import get_tokenizer
 from minivllm.pooling.outputs import PoolingRequestOutput
+from minivllm.sample.custom_processors import check_picklable
 from minivllm.pooling.params import PoolingParams
 from minivllm.sampling_params import RequestOutputKind, SamplingParams
 
@@ -172,6 +173,7 @@ class AsyncLLM:
         params = params or SamplingParams()
         text, ids = self.processor.tokenize(prompt, params.truncate_prompt_tokens)
         self.processor.max_output_tokens(len(ids), params)
+        check_picklable(params)  # the engine runs in another process
         request_id = str(request_id)
         if request_id in self._streams:
             raise ValueError(f"request_id={request_id!r}: already in use by an unfinished request")

@@ -10,6 +10,7 @@ from typing import Any, Union
 from transformers import PreTrainedTokenizerBase
 
 from minivllm.config.vllm_config import VllmConfig
+from minivllm.sample.custom_processors import check_picklable
 from minivllm.sampling_params import SamplingParams
 
 PromptType = Union[str, dict[str, Any], list[int]]
@@ -90,6 +91,8 @@ class Processor:
             if bad:
                 raise ValueError(f"{name}: token ids {bad[:5]} outside the vocabulary [0, {self.vocab_size})")
         self._bad_words_token_ids(params.bad_words or [])
+        if self.cfg.world_size > 1:  # the workers are other processes
+            check_picklable(params)
 
     def prepare_params(self, params: SamplingParams, eos_token_id: int | None) -> SamplingParams:
         """A copy of ``params`` with the token ids the workers need filled in."""

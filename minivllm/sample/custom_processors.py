@@ -8,6 +8,7 @@ batch without them) takes the batched path untouched.
 """
 from __future__ import annotations
 
+import pickle
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -45,3 +46,16 @@ class CustomProcessors:
                     )
             logits[row] = values
         return logits
+
+
+def check_picklable(params: SamplingParams) -> None:
+    """Callables that must reach another process (tp > 1 workers, AsyncLLM's engine process) must
+    pickle: a lambda or a local function cannot; a module-level function or class instance can."""
+    if not params.logits_processors:
+        return
+    try:
+        pickle.dumps(params.logits_processors)
+    except Exception as err:  # noqa: BLE001 - pickle raises several types
+        raise ValueError(
+            f"logits_processors: must be picklable to run in another process (define them at module level): {err}"
+        ) from None

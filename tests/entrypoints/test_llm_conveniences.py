@@ -108,3 +108,15 @@ def test_get_metrics_counts_with_vllm_names(llm):
     assert after["vllm:generation_tokens"] - before["vllm:generation_tokens"] == 10
     assert after["vllm:request_success"] - before["vllm:request_success"] == 2
     assert after["vllm:num_requests_running"] == 0
+
+
+def test_logits_processors_that_cannot_leave_the_process_are_refused_up_front():
+    from minivllm.sample.custom_processors import check_picklable
+
+    check_picklable(SamplingParams(logits_processors=[keep_logits]))  # a module-level function pickles
+    with pytest.raises(ValueError, match="logits_processors: must be picklable"):
+        check_picklable(SamplingParams(logits_processors=[lambda ids, logits: logits]))
+
+
+def keep_logits(output_ids: list[int], logits: torch.Tensor) -> torch.Tensor:
+    return logits
