@@ -105,3 +105,4 @@ def test_base_model_checkpoints_embed(architecture, tmp_path, tokenizer_dir):
     torch.testing.assert_close(torch.tensor(got), _reference(tmp_path, [ids], "LAST", True)[0], atol=1e-4, rtol=0)
     with pytest.raises(ValueError, match="no LM head.*runner=pooling"):
         VllmConfig.from_dictconfig(config_from_kwargs(str(tmp_path)))
+
