@@ -85,10 +85,10 @@ class BeamSearch:
     def advance(self, top: list[dict[int, float]]) -> None:
         """``top[i]``: live beam i's next-token logprobs (at least its best ``2W``)."""
         width, k = self.params.beam_width, 2 * self.params.beam_width
-        candidates = sorted(
-            ((beam.cum_logprob + lp, i, token, lp) for i, beam in enumerate(self.running) for token, lp in top[i].items()),
-            key=lambda c: -c[0],
-        )[:k]
+        scored = (
+            (beam.cum_logprob + lp, i, token, lp) for i, beam in enumerate(self.running) for token, lp in top[i].items()
+        )
+        candidates = sorted(scored, key=lambda c: -c[0])[:k]
         gen_len = len(self.running[0].tokens) + 1
         running, new_finished = [], []
         for rank, (total, i, token, lp) in enumerate(candidates):

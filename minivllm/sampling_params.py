@@ -80,7 +80,7 @@ class SamplingParams:
     truncate_prompt_tokens: Optional[int] = None
     """Keep only the last k prompt tokens (k >= 1)."""
     logits_processors: Optional[list[Callable[..., Any]]] = None
-    """Per-request callables ``(output_token_ids, logits) -> logits`` on one row's (vocab,) logits, after the built-in edits."""
+    """Per-request callables ``(output_token_ids, logits) -> logits`` on the row's (vocab,) logits, run last."""
 
     # Filled by the engine's processor from the tokenizer and model config (not user input).
     _all_stop_token_ids: set[int] = field(default_factory=set, init=False, repr=False, compare=False)

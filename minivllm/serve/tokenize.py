@@ -56,7 +56,8 @@ def add_tokenize_routes(app: FastAPI, state: ServerState) -> None:
         state.check_model(body.model)
         tokens = _token_ids(state, body)
         strs = state.engine.tokenizer.convert_ids_to_tokens(tokens) if body.return_token_strs else None
-        return TokenizeResponse(count=len(tokens), max_model_len=state.cfg.max_model_len, tokens=tokens, token_strs=strs)
+        max_len = state.cfg.max_model_len
+        return TokenizeResponse(count=len(tokens), max_model_len=max_len, tokens=tokens, token_strs=strs)
 
     @app.post("/detokenize")
     async def detokenize(body: DetokenizeRequest) -> DetokenizeResponse:

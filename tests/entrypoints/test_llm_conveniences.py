@@ -33,7 +33,8 @@ def test_logprob_objects_carry_rank_and_text(llm):
         assert all(lp.decoded_token == tok.decode([t]) for t, lp in entry.items())
     first = out.prompt_logprobs[1]
     prompt_token = out.prompt_token_ids[1]
-    assert isinstance(first[prompt_token].logprob, float) and first[prompt_token].decoded_token == tok.decode([prompt_token])
+    assert isinstance(first[prompt_token].logprob, float)
+    assert first[prompt_token].decoded_token == tok.decode([prompt_token])
     assert out.outputs[0].cumulative_logprob == pytest.approx(
         sum(e[t].logprob for e, t in zip(out.outputs[0].logprobs, out.outputs[0].token_ids))
     )
