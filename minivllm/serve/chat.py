@@ -81,7 +81,7 @@ def render(state: ServerState, body: ChatCompletionRequest) -> dict[str, Any]:
         raise BadRequest("messages", NO_TEMPLATE)
     messages = [m.model_dump(exclude_none=True) for m in body.messages]
     try:
-        return render_chat(
+        rendered = render_chat(
             state.engine.tokenizer,
             messages,
             chat_template=state.chat_template,
@@ -92,6 +92,9 @@ def render(state: ServerState, body: ChatCompletionRequest) -> dict[str, Any]:
         )
     except ValueError as err:
         raise BadRequest("messages", str(err)) from None
+    if body.add_special_tokens:
+        rendered["prompt_token_ids"] = state.engine.tokenizer.encode(rendered["prompt"], add_special_tokens=True)
+    return rendered
 
 
 class _Formatter:

@@ -83,6 +83,8 @@ class ChatCompletionRequest(_SamplingRequest):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: Optional[dict[str, Any]] = None
+    add_special_tokens: bool = False
+    """Add the tokenizer's special tokens on top of the template's text (the template usually holds them)."""
 
 
 # ---- responses ---------------------------------------------------------------------

@@ -81,6 +81,12 @@ def test_add_special_tokens(server, bos_adding_tokenizer):
     assert with_bos[0] == 1 and with_bos[1:] == bos_adding_tokenizer.encode(PROMPT, add_special_tokens=False)
     assert _complete(server, prompt=PROMPT)["usage"]["prompt_tokens"] == len(with_bos)
     assert _complete(server, prompt=PROMPT, add_special_tokens=False)["usage"]["prompt_tokens"] == len(with_bos) - 1
+    chat = {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": 1}  # the template adds no BOS
+    counts = [
+        httpx.post(f"{server.base_url}/v1/chat/completions", json={**chat, **extra}, timeout=60).json()["usage"]
+        for extra in ({}, {"add_special_tokens": True})
+    ]
+    assert counts[0]["prompt_tokens"] == len(with_bos) - 1 and counts[1]["prompt_tokens"] == len(with_bos)
 
 
 def test_chat_returns_prompt_logprobs(server):
