@@ -46,7 +46,9 @@ async def create_chat_completion(state: ServerState, body: ChatCompletionRequest
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     kind = RequestOutputKind.DELTA if body.stream else RequestOutputKind.FINAL_ONLY
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
-    params = to_sampling_params(body, max_tokens=max_tokens, logprobs=logprobs, output_kind=kind)
+    params = to_sampling_params(
+        body, state.default_sampling_params, max_tokens=max_tokens, logprobs=logprobs, output_kind=kind
+    )
     prompt = check_prompt(
         state.engine, render(state, body), max_tokens, prompt_field="messages",
         truncate_prompt_tokens=params.truncate_prompt_tokens,

@@ -30,7 +30,9 @@ async def create_completion(state: ServerState, body: CompletionRequest, raw: Re
     state.check_model(body.model)
     _check_unsupported(body)
     kind = RequestOutputKind.DELTA if body.stream else RequestOutputKind.FINAL_ONLY
-    params = to_sampling_params(body, max_tokens=body.max_tokens, logprobs=body.logprobs, output_kind=kind)
+    params = to_sampling_params(
+        body, state.default_sampling_params, max_tokens=body.max_tokens, logprobs=body.logprobs, output_kind=kind
+    )
     if body.echo and body.logprobs is not None:  # the echoed prompt's logprobs come from prompt logprobs
         params.prompt_logprobs = max(params.prompt_logprobs or 0, body.logprobs)
     prompts = [

@@ -68,8 +68,10 @@ def _adapter(tp: Any) -> TypeAdapter:
     return TypeAdapter(tp)
 
 
-def to_sampling_params(request: Any, **explicit: Any) -> SamplingParams:
-    """SamplingParams from a parsed request; ``explicit`` values (already converted) win."""
+def to_sampling_params(request: Any, defaults: dict[str, Any] | None = None, **explicit: Any) -> SamplingParams:
+    """SamplingParams from a parsed request; ``explicit`` values (already converted) win, except that
+    ``defaults`` (the checkpoint's generation config) fill the fields the client did not send."""
+    unset = _unset_defaults(request, defaults or {})
     fields = _sampling_fields()
     declared = set(type(request).model_fields)
     kwargs: dict[str, Any] = {}
@@ -85,10 +87,18 @@ def to_sampling_params(request: Any, **explicit: Any) -> SamplingParams:
         else:
             logger.warning("ignoring unknown request field %r", name)
     kwargs.update(explicit)
+    kwargs.update(unset)
     try:
         return SamplingParams(**kwargs)
     except (ValueError, TypeError) as err:
         raise bad_request(ValueError(str(err))) from None
+
+
+def _unset_defaults(request: Any, defaults: dict[str, Any]) -> dict[str, Any]:
+    sent = request.model_fields_set
+    if "max_completion_tokens" in sent:
+        sent = sent | {"max_tokens"}
+    return {name: value for name, value in defaults.items() if name not in sent}
 
 
 def _check_type(name: str, value: Any, annotation: Any) -> Any:

@@ -5,6 +5,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from minivllm.config.generation_defaults import generation_defaults
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.engine.async_llm import AsyncLLM
 from minivllm.serve.metrics import ServerMetrics
@@ -20,6 +21,8 @@ class ServerState:
         """Every name the model answers to; the first is reported in responses."""
         self.model_name = self.model_names[0]
         self.api_key = cfg.serve.api_key
+        self.default_sampling_params = generation_defaults(cfg)
+        """The checkpoint's generation config: defaults for the sampling fields a request leaves out."""
         self.chat_template = load_chat_template(cfg.serve.chat_template) or getattr(
             engine.tokenizer, "chat_template", None
         )
