@@ -14,6 +14,7 @@ from enum import Enum
 from typing import Any, Callable, Optional
 
 from minivllm.config.validation import check_range
+from minivllm.structured_output.params import GuidedDecodingParams, StructuredOutputsParams
 
 _GREEDY_EPS = 1e-5
 
@@ -81,6 +82,10 @@ class SamplingParams:
     """Keep only the last k prompt tokens (k >= 1)."""
     logits_processors: Optional[list[Callable[..., Any]]] = None
     """Per-request callables ``(output_token_ids, logits) -> logits`` on the row's (vocab,) logits, run last."""
+    structured_outputs: Optional[StructuredOutputsParams] = None
+    """Constrain the output to a JSON schema, regex, choice list or grammar."""
+    guided_decoding: Optional[GuidedDecodingParams] = None
+    """vLLM's older name for ``structured_outputs`` (moved there on construction)."""
 
     # Filled by the engine's processor from the tokenizer and model config (not user input).
     _all_stop_token_ids: set[int] = field(default_factory=set, init=False, repr=False, compare=False)
@@ -100,7 +105,20 @@ class SamplingParams:
             self.logit_bias = _logit_bias(self.logit_bias)
         if isinstance(self.output_kind, str) and self.output_kind.upper() in RequestOutputKind.__members__:
             self.output_kind = RequestOutputKind[self.output_kind.upper()]  # from a config file or the CLI
+        self._structured_outputs()
         self._validate()
+
+    def _structured_outputs(self) -> None:
+        """Accept the older ``guided_decoding`` and plain dicts (config files, JSON)."""
+        if self.guided_decoding is not None:
+            if self.structured_outputs is not None:
+                raise ValueError("guided_decoding: give structured_outputs or guided_decoding, not both")
+            self.structured_outputs = self.guided_decoding
+            self.guided_decoding = None
+        if self.structured_outputs is not None:
+            self.structured_outputs = StructuredOutputsParams.from_dict(
+                _plain(self.structured_outputs), "structured_outputs"
+            )
 
     def _validate(self) -> None:
         for name in _INTS:
@@ -157,6 +175,15 @@ class SamplingParams:
         Logits processors are shared, not copied (they may hold state the caller reads)."""
         memo = {id(f): f for f in self.logits_processors or []}
         return deepcopy(self, memo)
+
+
+def _plain(value: Any) -> Any:
+    """A GuidedDecodingParams as a StructuredOutputsParams; anything else unchanged."""
+    if isinstance(value, GuidedDecodingParams):
+        return StructuredOutputsParams(**{k: v for k, v in vars(value).items()})
+    if hasattr(value, "items") and not isinstance(value, (dict, StructuredOutputsParams)):
+        return dict(value.items())  # an OmegaConf node
+    return value
 
 
 _INTS = ("n", "top_k", "min_tokens", "max_tokens", "logprobs", "prompt_logprobs", "seed", "truncate_prompt_tokens")

@@ -2,14 +2,20 @@
 from __future__ import annotations
 
 from transformers import (
+    Gemma2Config,
+    Gemma3TextConfig,
     GPT2Config,
     GPTNeoXConfig,
+    GraniteConfig,
     LlamaConfig,
+    Olmo2Config,
     MistralConfig,
+    MixtralConfig,
     OPTConfig,
     Phi3Config,
     Qwen2Config,
     Qwen3Config,
+    Qwen3MoeConfig,
 )
 
 VOCAB = 512  # matches tests.checkpoints.train_tokenizer
@@ -81,6 +87,35 @@ def mistral_config(**overrides) -> MistralConfig:
     return MistralConfig(**{**base, **overrides})
 
 
+def qwen3_moe_config(**overrides) -> Qwen3MoeConfig:
+    """8 experts of width 32, top-2 without renormalization; layer 1 dense (mlp_only_layers)."""
+    base = _llama_like(
+        head_dim=16,
+        num_experts=8,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        norm_topk_prob=False,
+        decoder_sparse_step=1,
+        mlp_only_layers=[1],
+        tie_word_embeddings=False,
+        architectures=["Qwen3MoeForCausalLM"],
+    )
+    return Qwen3MoeConfig(**{**base, **overrides})
+
+
+def mixtral_config(**overrides) -> MixtralConfig:
+    """8 experts of width 48, top-2 renormalized, on every layer; window of 6."""
+    base = _llama_like(
+        intermediate_size=48,
+        num_local_experts=8,
+        num_experts_per_tok=2,
+        sliding_window=6,
+        tie_word_embeddings=False,
+        architectures=["MixtralForCausalLM"],
+    )
+    return MixtralConfig(**{**base, **overrides})
+
+
 def phi3_config(**overrides) -> Phi3Config:
     """Fused qkv/gate_up in the checkpoint, GQA, half the head rotated, window of 7."""
     base = _llama_like(
@@ -92,6 +127,86 @@ def phi3_config(**overrides) -> Phi3Config:
         architectures=["Phi3ForCausalLM"],
     )
     return Phi3Config(**{**base, **overrides})
+
+
+def gemma2_config(**overrides) -> Gemma2Config:
+    """Window 6 on layers 0 and 2, global layer 1; attention scores capped at 1.5 and
+    logits at 4 (both bind on these weights); query_pre_attn_scalar 24 != head_dim 16."""
+    base = _llama_like(
+        num_hidden_layers=3,
+        head_dim=16,
+        hidden_activation="gelu_pytorch_tanh",
+        query_pre_attn_scalar=24,
+        sliding_window=6,
+        attn_logit_softcapping=1.5,
+        final_logit_softcapping=4.0,
+        tie_word_embeddings=True,
+        architectures=["Gemma2ForCausalLM"],
+    )
+    return Gemma2Config(**{**base, **overrides})
+
+
+def gemma3_config(**overrides) -> Gemma3TextConfig:
+    """Local layers 0 and 2 (window 6, RoPE base 10k), global layer 1 (base 1M, linear
+    scaling 2); per-head q/k norms; one KV head; query_pre_attn_scalar 64 != head_dim 16
+    (which also keeps the normed q.k scores small enough for bf16 to track fp32)."""
+    base = _llama_like(
+        num_hidden_layers=3,
+        num_key_value_heads=1,
+        head_dim=16,
+        hidden_activation="gelu_pytorch_tanh",
+        query_pre_attn_scalar=64,
+        sliding_window=6,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+        rope_parameters={
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1_000_000.0},
+        },
+        tie_word_embeddings=True,
+        architectures=["Gemma3ForCausalLM"],
+    )
+    return Gemma3TextConfig(**{**base, **overrides})
+
+
+def olmo2_config(**overrides) -> Olmo2Config:
+    """Post-sublayer norms; q/k RMSNorm over all heads of each projection; GQA; untied."""
+    base = _llama_like(tie_word_embeddings=False, architectures=["Olmo2ForCausalLM"])
+    return Olmo2Config(**{**base, **overrides})
+
+
+def granite_config(**overrides) -> GraniteConfig:
+    """The four multipliers set away from 1 (Granite 3's values are 12, 0.22, 1/64, 8); tied."""
+    base = _llama_like(
+        embedding_multiplier=6.0,
+        residual_multiplier=0.4,
+        attention_multiplier=0.2,
+        logits_scaling=1.5,
+        tie_word_embeddings=True,
+        architectures=["GraniteForCausalLM"],
+    )
+    return GraniteConfig(**{**base, **overrides})
+
+
+def phi3_longrope_config(**overrides) -> Phi3Config:
+    """Phi-3-128k's LongRoPE at toy scale: an original context of 8 tokens (every test
+    sequence is longer, so transformers uses the long factors too), 256 now, so
+    cos/sin carry an attention factor of sqrt(1 + ln 32 / ln 8)."""
+    half = 8  # head_dim 16, fully rotated
+    rope = {
+        "rope_type": "longrope",
+        "rope_theta": 10000.0,
+        "short_factor": [1.0 + 0.1 * i for i in range(half)],
+        "long_factor": [1.0 + 1.5 * i for i in range(half)],
+    }
+    return phi3_config(
+        partial_rotary_factor=1.0, original_max_position_embeddings=8, rope_parameters=rope, **overrides
+    )
+
+
+def qwen2_yarn_config(**overrides) -> Qwen2Config:
+    """Qwen's YaRN long-context recipe (factor 4 over an original context of 8 tokens), no window."""
+    rope = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8, "rope_theta": 10000.0}
+    return qwen2_config(use_sliding_window=False, rope_parameters=rope, **overrides)
 
 
 def gpt2_config(**overrides) -> GPT2Config:

@@ -260,6 +260,15 @@ def evaluate(model: LlamaForCausalLM, stream: torch.Tensor, seq_len: int,
 # ----------------------------------------------------------------------- checkpoint
 
 
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+    "{{ message['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+"""ChatML-style, so the server answers chat out of the box (the model never saw it in
+training: its replies stay Python-flavoured)."""
+
+
 def save_checkpoint(model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerFast, out: Path) -> None:
     """Save bfloat16 safetensors and a tokenizer that both transformers 4.x
     and 5.x load with ``AutoTokenizer`` (5.x names its own class otherwise)."""
@@ -271,6 +280,7 @@ def save_checkpoint(model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerFast,
     config_path = out / "tokenizer_config.json"
     config = json.loads(config_path.read_text())
     config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    config["chat_template"] = CHAT_TEMPLATE
     config_path.write_text(json.dumps(config, indent=2) + "\n")
     special = {"bos_token": BOS, "eos_token": EOS, "pad_token": PAD}
     (out / "special_tokens_map.json").write_text(json.dumps(special, indent=2) + "\n")

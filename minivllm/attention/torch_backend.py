@@ -35,12 +35,12 @@ class _Group:
     single_decode_len: int | None = None
     """For a group of one decode request: its length. Its keys are then cut to
     that length and attend unmasked, which lets SDPA take its fastest path."""
+    causal: torch.Tensor | None = None
+    """(B, 1, Q, L) True where a key is at or before its query (which also drops
+    the gathered positions past the request's end); built once per step."""
 
-    @property
-    def causal(self) -> torch.Tensor:
-        """(B, Q, L) True where a key is at or before its query (which also drops
-        the gathered positions past the request's end)."""
-        return self.k_pos <= self.q_pos
+    def __post_init__(self) -> None:
+        self.causal = (self.k_pos <= self.q_pos).unsqueeze(1)
 
 
 class TorchAttentionBackend(AttentionBackend):
@@ -86,8 +86,7 @@ class TorchAttentionBackend(AttentionBackend):
             else:
                 mask = group.causal
                 if sliding_window is not None:
-                    mask = mask & (group.k_pos > group.q_pos - sliding_window)
-                mask = mask.unsqueeze(1)
+                    mask = mask & (group.k_pos > group.q_pos - sliding_window).unsqueeze(1)
             o = _attend(q, k, v, mask, scale, logits_soft_cap)  # (B, H, Q, D)
             out[group.token_idx] = o.transpose(1, 2).reshape(-1, *query.shape[1:]).to(out.dtype)
         return out
@@ -141,13 +140,19 @@ def _gather_blocks(kv_cache: torch.Tensor, block_ids: torch.Tensor) -> tuple[tor
 
 
 def _attend(q, k, v, mask, scale: float, soft_cap: float | None) -> torch.Tensor:
-    """q: (B, H, Q, D); k, v: (B, Hkv, L, D); mask: broadcastable to (B, H, Q, L), True = attend
+    """q: (B, H, Q, D); k, v: (B, Hkv, L, D); mask: broadcastable to (B, 1, Q, L), True = attend
     (None: every key, the last query's causal context when Q == 1)."""
-    group = q.shape[1] // k.shape[1]
+    B, H, Q, D = q.shape
+    group = H // k.shape[1]
+    k, v = k.to(q.dtype), v.to(q.dtype)
+    if group > 1 and Q == 1:
+        # Decode: the heads sharing a KV head become that head's queries, so keys and
+        # values are read as they are, never repeated (the mask is the same for them).
+        o = _attend(q.view(B, k.shape[1], group, D), k, v, mask, scale, soft_cap)  # (B, Hkv, group, D)
+        return o.reshape(B, H, 1, D)
     if group > 1:
         k = k.repeat_interleave(group, dim=1)
         v = v.repeat_interleave(group, dim=1)
-    k, v = k.to(q.dtype), v.to(q.dtype)
     if soft_cap is None:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
     scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale

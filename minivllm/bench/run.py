@@ -111,6 +111,20 @@ def _drive(
     return time.perf_counter() - start, produced, time.process_time() - start_cpu
 
 
+def _warm_up(llm: LLM, prompt: list[int]) -> None:
+    """Run every kind of step the timed run will (prefill, decode, a prefill chunk
+    mixed with decodes) once, so one-time costs (Triton compiling each kernel variant,
+    allocator growth) stay out of the timings."""
+    engine = llm.llm_engine
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, output_kind=RequestOutputKind.FINAL_ONLY)
+    engine.add_request("warmup-0", {"prompt_token_ids": prompt[:16]}, params)
+    engine.step()  # prefill
+    engine.step()  # decode
+    engine.add_request("warmup-1", {"prompt_token_ids": prompt}, params)
+    while engine.has_unfinished_requests():  # mixed prefill + decode, then decodes of two
+        engine.step()
+
+
 def _model_runner(llm: LLM) -> Any | None:
     worker = getattr(llm.llm_engine.core.executor, "worker", None)
     return getattr(worker, "model_runner", None)
@@ -124,7 +138,7 @@ def bench_minivllm(cfg: VllmConfig, requests: list[BenchRequest], single: BenchR
         device = runner.device if runner is not None else torch.device(cfg.device_type)
         timer = StepTimer(llm.llm_engine.core.executor, runner, device).attach()
         if cfg.bench.warmup:
-            _drive(llm, [BenchRequest(requests[0].prompt_token_ids[:16], 4)], cfg, timer, None)
+            _warm_up(llm, requests[0].prompt_token_ids)
         out: dict[str, Any] = {}
         if single is not None:
             timer.reset()

@@ -1,15 +1,16 @@
 """Where an engine step's time goes, measured from outside the engine.
 
 Each step's shape (tokens, requests, context read) comes from the scheduler
-output handed to the executor; forward hooks on the model (and a wrapper on
-``compute_logits``) time the model. Whatever else a step spends (scheduling,
-input preparation, sampling, output processing, detokenizing) is the engine's
-overhead::
+output handed to the executor; wrappers on the model runner's ``_forward``
+(eager or a CUDA-graph replay alike: a replayed graph never calls the model's
+modules, so module hooks would miss it) and on ``compute_logits`` time the
+model. Whatever else a step spends (scheduling, input preparation, sampling,
+output processing, detokenizing) is the engine's overhead::
 
     step wall time = model forward + logits  +  engine overhead
 
-With the model out of reach (workers in other processes) or not called as a
-module (a captured CUDA graph), only wall times and shapes are recorded.
+With the model out of reach (workers in other processes), only wall times and
+shapes are recorded.
 """
 from __future__ import annotations
 
@@ -56,23 +57,25 @@ class StepTimer:
         self.executor.execute_model = observed_execute
         self._undo = [lambda: delattr(self.executor, "execute_model")]
         if self.sees_model:
-            self._time_model(self.model_runner.model)
+            self._time_model(self.model_runner)
         return self
 
-    def _time_model(self, model: Any) -> None:
-        pre = model.register_forward_pre_hook(self._before)
-        post = model.register_forward_hook(self._after)
-        logits_fn = model.compute_logits
+    def _time_model(self, runner: Any) -> None:
+        for owner, name in ((runner, "_forward"), (runner.model, "compute_logits")):
+            self._undo.append(self._wrap(owner, name))
 
-        def timed_logits(hidden: torch.Tensor) -> torch.Tensor:
-            self._before(model, ())
+    def _wrap(self, owner: Any, name: str) -> Callable[[], None]:
+        inner = getattr(owner, name)
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            self._start()
             try:
-                return logits_fn(hidden)
+                return inner(*args, **kwargs)
             finally:
-                self._after(model, (), None)
+                self._stop()
 
-        model.compute_logits = timed_logits
-        self._undo += [pre.remove, post.remove, lambda: delattr(model, "compute_logits")]
+        setattr(owner, name, timed)
+        return lambda: delattr(owner, name)
 
     def detach(self) -> None:
         for undo in self._undo:
@@ -83,11 +86,11 @@ class StepTimer:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    def _before(self, module: Any, args: tuple) -> None:
+    def _start(self) -> None:
         self._sync()
         self._started = time.perf_counter()
 
-    def _after(self, module: Any, args: tuple, output: Any) -> None:
+    def _stop(self) -> None:
         self._sync()
         if self._started is not None:
             self._model_s += time.perf_counter() - self._started
@@ -133,7 +136,7 @@ class StepTimer:
 def _shape(sched: Any) -> tuple[int, int, int, bool]:
     """(new tokens, requests, context tokens read, decode only) of a SchedulerOutput."""
     computed = {r.req_id: r.num_computed_tokens for r in sched.new_reqs}
-    computed.update((r.req_id, r.num_computed_tokens) for r in sched.cached_reqs)
+    computed.update(zip(sched.cached_reqs.req_ids, sched.cached_reqs.num_computed_tokens))
     scheduled = sched.num_scheduled_tokens
     kv_tokens = sum(computed.get(req, 0) + n for req, n in scheduled.items())
     return sum(scheduled.values()), len(scheduled), kv_tokens, bool(scheduled) and all(n == 1 for n in scheduled.values())

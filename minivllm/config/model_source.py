@@ -7,6 +7,7 @@ inline ``hf_config`` gives the architecture's shape.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -73,9 +74,35 @@ def load_hf_config(
         hf_config = config_from_dict(inline)
     else:
         raise ModelNotFoundError(_not_found_message(path, has_inline=inline is not None, hub=hub))
-    for key, value in overrides.items():
-        setattr(hf_config, key, value)
+    apply_hf_overrides(hf_config, overrides)
     return hf_config, local
+
+
+_ROPE_DICT_KEYS = ("rope_scaling", "rope_parameters")
+
+
+def apply_hf_overrides(hf_config: PretrainedConfig, overrides: dict[str, Any]) -> None:
+    """Set each ``model.hf_overrides`` key on the config.
+
+    transformers 5 keeps ``rope_theta`` inside ``rope_parameters``, so replacing
+    that dict (or the older ``rope_scaling``) would lose the base; an override
+    without ``rope_theta`` keeps the checkpoint's. ``rope_theta`` alone updates
+    the base inside a flat ``rope_parameters``.
+    """
+    for key, value in overrides.items():
+        if isinstance(value, Mapping):
+            value = {k: (dict(v) if isinstance(v, Mapping) else v) for k, v in value.items()}
+        current = getattr(hf_config, "rope_parameters", None)
+        flat = isinstance(current, dict) and "rope_type" in current
+        if key in _ROPE_DICT_KEYS and isinstance(value, dict) and ("rope_type" in value or "type" in value):
+            if flat and value.get("rope_theta") is None:
+                value = {**value, "rope_theta": current.get("rope_theta")}
+            key = "rope_parameters"
+        elif key == "rope_theta" and flat:
+            current["rope_theta"] = value
+        setattr(hf_config, key, value)
+        if key == "rope_parameters" and hasattr(hf_config, "standardize_rope_params"):
+            hf_config.standardize_rope_params()
 
 
 def config_from_dict(inline: dict[str, Any]) -> PretrainedConfig:

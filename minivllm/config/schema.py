@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from minivllm.config.validation import check_choice, check_range
+from minivllm.quantization.registry import QUANTIZATION_METHODS
 
 MODEL_DTYPES = ("auto", "float32", "float16", "bfloat16")
 DTYPE_ALIASES = {"half": "float16", "float": "float32"}
@@ -63,6 +64,8 @@ class ModelConfig:
     """Override for config.json's ``architectures[0]`` (picks the model class)."""
     max_logprobs: int = 20
     """Most logprobs a request may ask for per token; -1 puts no limit (logprobs=-1 then means the whole vocabulary)."""
+    quantization: Optional[str] = None
+    """Quantization method (fp8, compressed-tensors, awq, gptq); null: config.json's decides; fp8 on an unquantized checkpoint quantizes while loading."""
     revision: Optional[str] = None
     """Branch, tag or commit of a hub checkpoint looked up in the local HF cache."""
     tokenizer_revision: Optional[str] = None
@@ -81,6 +84,8 @@ class ModelConfig:
     def __post_init__(self) -> None:
         self.dtype = DTYPE_ALIASES.get(self.dtype, self.dtype)
         check_choice("model.dtype", self.dtype, MODEL_DTYPES + tuple(DTYPE_ALIASES))
+        if self.quantization is not None:
+            check_choice("model.quantization", self.quantization, tuple(sorted(QUANTIZATION_METHODS)))
         if self.max_model_len is not None:
             check_range("model.max_model_len", self.max_model_len, low=1)
         if self.max_logprobs != -1:
@@ -96,6 +101,8 @@ class ParallelConfig:
     """Tensor-parallel size (vLLM: tensor_parallel_size)."""
     pp: int = 1
     """Pipeline-parallel size; only 1 is supported."""
+    enable_expert_parallel: bool = False
+    """MoE models: place whole experts on the tensor-parallel ranks instead of slicing every expert."""
     backend: str = "auto"
     """Executor: auto (uni for tp=1, mp otherwise), uni, mp (one process per rank), ray."""
     executor: Any = None
@@ -157,6 +164,8 @@ class SchedulerConfig:
     """fcfs (arrival order) or priority (lower ``priority`` value first)."""
     log_stats_interval: float = 5.0
     """Seconds between engine stats log lines; 0 turns them off."""
+    async_scheduling: Optional[bool] = None
+    """Schedule step k+1 while the device runs step k (null: on for CUDA with one worker, off on the CPU)."""
 
     def __post_init__(self) -> None:
         check_range("scheduler.max_num_seqs", self.max_num_seqs, low=1)

@@ -7,6 +7,7 @@ config fails when it is built, before any work starts.
 """
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -16,7 +17,10 @@ from omegaconf import DictConfig, OmegaConf
 
 from minivllm.config.bench import BenchConfig
 from minivllm.config.model_source import HubOptions, load_hf_config
-from minivllm.distributed.utils import check_tensor_parallel
+from minivllm.core.sliding_window import max_blocks_per_request, model_sliding_window
+from minivllm.distributed.utils import check_expert_parallel, check_tensor_parallel
+from minivllm.layers.rotary import check_rope_types
+from minivllm.quantization import QuantizationConfig, get_quantization_config
 from minivllm.config.schema import (
     AttentionConfig,
     CacheConfig,
@@ -44,6 +48,10 @@ EXECUTOR_TARGETS = {
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
+TOOL_CALL_PARSERS = ("hermes", "llama3_json")
+REASONING_PARSERS = ("deepseek_r1", "qwen3")
+
+
 @dataclass
 class ServeConfig:
     """The HTTP server of task=serve."""
@@ -60,10 +68,27 @@ class ServeConfig:
     """Jinja chat template (or a file holding one) for models whose tokenizer has none."""
     shutdown_timeout: float = 30.0
     """Seconds in-flight requests get to finish after SIGTERM before they are cancelled."""
+    max_n: int = 128
+    """Most completions one prompt may ask for (``n``); more is a 400. ``LLM`` checks it too."""
+    max_seqs_per_request: int = 1024
+    """Most sequences (prompts x n) one HTTP request may queue; more is a 400."""
+    max_waiting: int = 2048
+    """Sequences allowed to wait beyond scheduler.max_num_seqs; a request that would go past it gets 503."""
+    tool_call_parser: Optional[str] = None
+    """How tool calls are read from chat output for tool_choice=auto: hermes or llama3_json."""
+    reasoning_parser: Optional[str] = None
+    """Split <think>...</think> into reasoning_content: deepseek_r1 or qwen3."""
 
     def __post_init__(self) -> None:
         check_range("serve.port", self.port, low=0, high=65535)
         check_range("serve.shutdown_timeout", self.shutdown_timeout, low=0.0)
+        check_range("serve.max_n", self.max_n, low=1)
+        check_range("serve.max_seqs_per_request", self.max_seqs_per_request, low=1)
+        check_range("serve.max_waiting", self.max_waiting, low=0)
+        for key, allowed in (("tool_call_parser", TOOL_CALL_PARSERS), ("reasoning_parser", REASONING_PARSERS)):
+            value = getattr(self, key)
+            if value is not None and value not in allowed:
+                raise ValueError(f"serve.{key}={value!r}: must be one of {', '.join(allowed)} (or null)")
 
 
 @dataclass
@@ -117,6 +142,10 @@ class VllmConfig:
         self.architecture: str = _architecture(self.hf_config)
         _refuse_encoder_only(self.hf_config, self.architecture)
         ModelRegistry.check_supported(self.architecture)
+        check_rope_types(self.hf_config)
+        self.quant_config: QuantizationConfig | None = get_quantization_config(
+            self.model.quantization, self.hf_config, self.architecture
+        )
         self.dtype: torch.dtype = _resolve_dtype(self.model.dtype, self.hf_config, self.device_type)
         self.kv_cache_dtype: torch.dtype = (
             self.dtype if self.cache.cache_dtype == "auto" else _DTYPES[self.cache.cache_dtype]
@@ -124,10 +153,12 @@ class VllmConfig:
         self.max_model_len: int = _resolve_max_model_len(self.model.max_model_len, self.hf_config)
         self.parallel.executor = {"_target_": _executor_target(self.parallel)}
         check_tensor_parallel(self.parallel.tp, self.hf_config)
+        check_expert_parallel(self.parallel.tp, self.parallel.enable_expert_parallel, self.hf_config)
         if not self.attention.backend:
             self.attention.backend = {"_target_": _attention_target(self.attention.name, self.device_type)}
         self._check_scheduler()
         self._check_pooling()
+        self.async_scheduling: bool = _resolve_async_scheduling(self.scheduler.async_scheduling, self)
 
     def hub_options(self, tokenizer: bool = False) -> HubOptions:
         """Where and how hub ids are found in the local HF cache (``tokenizer``: for the tokenizer)."""
@@ -146,6 +177,21 @@ class VllmConfig:
     @property
     def world_size(self) -> int:
         return self.parallel.world_size
+
+    @functools.cached_property
+    def kv_sliding_window(self) -> int | None:
+        """The window behind which the KV cache frees blocks: set when every attention
+        layer of the model slides, None otherwise (``core/sliding_window.py``)."""
+        return model_sliding_window(self)
+
+    def max_blocks_per_request(self, num_tokens: int | None = None) -> int:
+        """KV blocks a request of ``num_tokens`` tokens (default ``max_model_len``) holds at most at once."""
+        return max_blocks_per_request(
+            num_tokens or self.max_model_len,
+            self.cache.block_size,
+            self.kv_sliding_window,
+            self.scheduler.max_num_batched_tokens,
+        )
 
     def _check_scheduler(self) -> None:
         sched = self.scheduler
@@ -179,6 +225,13 @@ class VllmConfig:
 
     def to_dictconfig(self) -> DictConfig:
         return OmegaConf.structured(self)
+
+
+def _resolve_async_scheduling(requested: bool | None, cfg: "VllmConfig") -> bool:
+    """Overlap pays where the device runs apart from the host: CUDA, one worker in this process."""
+    if requested is None:
+        return cfg.device_type == "cuda" and cfg.world_size == 1
+    return requested
 
 
 def _resolve_device(device_type: str) -> str:

@@ -21,11 +21,20 @@ share it: the batch runs as one forward pass, and each attention layer writes
 the keys and values of every new token before any request attends. The
 scheduler never takes a scheduled request back out of its step, so a hashed
 block's KV is always computed by the end of that step.
+
+With ``sliding_window`` set (every attention layer slides, see
+``sliding_window.py``), each allocation first frees the leading blocks that
+fell out of the window of the step's first new token. Their table positions
+keep the stale block objects (so positions stay aligned) and
+``_num_out_of_window`` counts them; they were hashed when computed, stay
+findable in the prefix cache until evicted, and hashes chain over token ids,
+not block ids, so later blocks still hash and hit as before.
 """
 from __future__ import annotations
 
 from minivllm.core.block_hash import BlockHash, extend_block_hashes, request_extra_keys, root_hash
 from minivllm.core.block_pool import BlockId, BlockPool, KVCacheBlock
+from minivllm.core.sliding_window import num_blocks_out_of_window
 from minivllm.core.stats import PrefixCacheStats
 from minivllm.engine.request import Request, RequestId
 from minivllm.utils import cdiv
@@ -38,8 +47,10 @@ class KVCacheManager:
         block_size: int,
         enable_caching: bool = False,
         hash_root: BlockHash | None = None,
+        sliding_window: int | None = None,
     ) -> None:
         self.block_size = block_size
+        self.sliding_window = sliding_window
         self.pool = BlockPool(num_blocks)
         self._tables: dict[RequestId, list[KVCacheBlock]] = {}
         self.enable_caching = enable_caching
@@ -47,6 +58,8 @@ class KVCacheManager:
         self.prefix_cache_stats = PrefixCacheStats()
         self._num_hashed: dict[RequestId, int] = {}
         """Leading blocks of each table already registered in the prefix cache."""
+        self._num_out_of_window: dict[RequestId, int] = {}
+        """Leading blocks of each table already returned to the pool (sliding window)."""
 
     @property
     def num_free_blocks(self) -> int:
@@ -83,13 +96,14 @@ class KVCacheManager:
 
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
         """Register in the prefix cache the request's full blocks among its first
-        ``num_tokens`` tokens (computed, or being computed in the step being scheduled)."""
+        ``num_tokens`` tokens (computed, or being computed in the step being scheduled).
+        Tokens not known yet (async scheduling's placeholders) are never hashed."""
         if not self.enable_caching or request.sampling_params.prompt_logprobs is not None:
             return
         table = self._tables.get(request.request_id)
         if table is None:
             return
-        num_full = num_tokens // self.block_size
+        num_full = min(num_tokens, request.num_tokens) // self.block_size
         start = self._num_hashed.get(request.request_id, 0)
         if num_full <= start:
             return
@@ -115,6 +129,14 @@ class KVCacheManager:
         Returns the ids of the newly allocated blocks (possibly none), or None,
         with nothing changed, when too few blocks are free.
         """
+        total = request.num_computed_tokens + num_new_tokens
+        table = self._tables.get(request.request_id)
+        fits = table is not None and total <= len(table) * self.block_size
+        if new_computed_blocks is None and fits and self.sliding_window is None:
+            # The common decode step: its blocks suffice; hash a block that just filled up.
+            if self.enable_caching and total // self.block_size > self._num_hashed.get(request.request_id, 0):
+                self.cache_blocks(request, total)
+            return []
         computed = new_computed_blocks or []
         needed = self._num_blocks_to_allocate(request, num_new_tokens, computed)
         if needed is None:
@@ -126,6 +148,7 @@ class KVCacheManager:
             self._num_hashed[request.request_id] = len(computed)
             if self.enable_caching:
                 self.prefix_cache_stats.record(request.num_tokens, len(computed) * self.block_size)
+        self._free_out_of_window(request, table, request.num_computed_tokens + len(computed) * self.block_size)
         new_blocks = self.pool.allocate(needed)
         table.extend(new_blocks)
         self.cache_blocks(request, request.num_computed_tokens + len(computed) * self.block_size + num_new_tokens)
@@ -140,18 +163,32 @@ class KVCacheManager:
     def _num_blocks_to_allocate(self, request: Request, num_new_tokens: int, computed: list[KVCacheBlock]) -> int | None:
         """Fresh blocks needed for the new tokens, or None when they (plus the cached
         blocks taken out of the free queue) exceed the free blocks."""
-        num_held = len(self._tables.get(request.request_id, ())) + len(computed)
-        num_tokens = request.num_computed_tokens + len(computed) * self.block_size + num_new_tokens
-        needed = max(self.blocks_needed(num_tokens) - num_held, 0)
-        revived = sum(1 for b in computed if b.ref_cnt == 0)  # cached blocks leaving the free queue
-        return needed if needed + revived <= self.pool.num_free_blocks else None
+        table = self._tables.get(request.request_id, [])
+        first_new = request.num_computed_tokens + len(computed) * self.block_size
+        needed = max(self.blocks_needed(first_new + num_new_tokens) - len(table) - len(computed), 0)
+        # Computed blocks past the window cut leave the free queue (if free); those before it
+        # are touched and freed again at once. Held blocks before the cut return to the pool.
+        cut = num_blocks_out_of_window(first_new, self.sliding_window, self.block_size)
+        revived = sum(1 for b in computed[max(cut - len(table), 0) :] if b.ref_cnt == 0)
+        done = self._num_out_of_window.get(request.request_id, 0)
+        reclaimed = sum(1 for b in table[done:cut] if b.ref_cnt == 1)
+        return needed if needed + revived <= self.pool.num_free_blocks + reclaimed else None
+
+    def _free_out_of_window(self, request: Request, table: list[KVCacheBlock], first_new: int) -> None:
+        """Return the blocks before the window of the token at ``first_new`` (no-op without a window)."""
+        cut = num_blocks_out_of_window(first_new, self.sliding_window, self.block_size)
+        done = self._num_out_of_window.get(request.request_id, 0)
+        if cut > done:
+            self.pool.free(table[done:cut])
+            self._num_out_of_window[request.request_id] = cut
 
     def free(self, request: Request) -> None:
         """Return the request's blocks, last block first, so the tail of a
         sequence is evicted before its head (its head is likelier to be shared)."""
         table = self._tables.pop(request.request_id, [])
         self._num_hashed.pop(request.request_id, None)
-        self.pool.free(list(reversed(table)))
+        done = self._num_out_of_window.pop(request.request_id, 0)
+        self.pool.free(list(reversed(table[done:])))
 
     def num_shared_blocks(self) -> int:
         """Extra references beyond the first on blocks in use (for memory accounting)."""

@@ -21,6 +21,22 @@ whole batch's keys and values before attending). That is only sound if a
 scheduled request is never taken back out of its step: running requests are
 visited in victim order (victims always come later), and priority
 preemptions happen before anything is scheduled.
+
+Async scheduling (``scheduler.async_scheduling``): the engine core schedules
+step k+1 before it has step k's sampled tokens, so the device never waits for
+the host. What is speculative: a request that samples in step k gets a
+*placeholder* for that token (``num_output_placeholders``), and step k+1
+already schedules the placeholder as the request's next input (the worker fills
+it in from its own sampled tokens). When step k's output arrives, the real
+token replaces the placeholder and the stop checks run as usual. A request that
+finished in step k (EOS, a stop token, a stop string, max_tokens reached,
+aborted) may thus also be in step k+1: it is finished and forgotten as soon as
+step k's output is processed, and its step-k+1 token, arriving later, finds no
+request and is dropped, so the output is exactly the synchronous one. A request
+whose known plus pending outputs already reach ``max_tokens`` is not scheduled
+again (it cannot need another step). A preempted request keeps its pending
+token (it was sampled from complete KV) and is not readmitted while one is
+pending. Prefix-cache hashes cover known tokens only.
 """
 from __future__ import annotations
 
@@ -41,6 +57,8 @@ from minivllm.core.scheduler_output import (
 )
 from minivllm.core.stats import SchedulerStats
 from minivllm.engine.request import Request, RequestId, RequestStatus
+from minivllm.structured_output.backend import backend_for
+from minivllm.structured_output.manager import StructuredOutputManager
 
 logger = logging.getLogger(__name__)
 
@@ -79,24 +97,27 @@ class Scheduler:
         self.max_num_batched_tokens = cfg.scheduler.max_num_batched_tokens
         self.chunked_prefill = cfg.scheduler.enable_chunked_prefill
         self.policy = cfg.scheduler.policy
+        self.async_scheduling = cfg.async_scheduling
         self.kv = KVCacheManager(
             num_blocks,
             cfg.cache.block_size,
             enable_caching=cfg.cache.enable_prefix_caching,
             hash_root=root_hash(model_identity(cfg)),
+            sliding_window=cfg.kv_sliding_window,
         )
         self.requests: dict[RequestId, Request] = {}
         self.waiting = make_waiting_queue(self.policy)
         self.running: list[Request] = []
         self.num_preemptions = 0
-        self._tokens_sent: dict[RequestId, int] = {}
-        """Tokens of each running request the workers already hold."""
         self._forget: set[RequestId] = set()
         """Requests the workers should drop at the next step."""
+        self.structured = StructuredOutputManager(lambda: backend_for(cfg))
+        """Grammar matchers of requests with structured outputs."""
 
     # ---- requests in and out --------------------------------------------------------
     def add_request(self, request: Request) -> None:
         self.requests[request.request_id] = request
+        self.structured.add_request(request)
         self.waiting.append(request)
 
     def abort_requests(self, request_ids: list[RequestId]) -> None:
@@ -133,7 +154,18 @@ class Scheduler:
         self._schedule_running(plan)
         if not plan.preempted:
             self._schedule_waiting(plan)
-        return self._make_output(plan)
+        out = self._make_output(plan)
+        if self.structured.active:
+            self._attach_grammar_bitmask(out)
+        return out
+
+    def _attach_grammar_bitmask(self, out: SchedulerOutput) -> None:
+        """Bitmask rows for the requests that sample in this step (all their tokens computed)."""
+        sampling = [self.requests[r] for r in out.num_scheduled_tokens]
+        sampling = [r for r in sampling if r.num_computed_tokens == r.num_tokens + r.num_output_placeholders]
+        filled = self.structured.fill_bitmask(sampling)
+        if filled is not None:
+            out.grammar_bitmask, out.structured_output_request_ids = filled
 
     def _running_order(self) -> list[Request]:
         """The order running requests get budget and blocks in; preemption victims
@@ -151,13 +183,21 @@ class Scheduler:
                 break
             if request.status is not RequestStatus.RUNNING:
                 continue  # preempted earlier in this step
-            num_new = min(request.num_tokens - request.num_computed_tokens, plan.budget)
+            num_new = request.num_tokens + request.num_output_placeholders - request.num_computed_tokens
+            if request.num_output_placeholders and not self._may_continue(request):
+                continue
+            num_new = min(num_new, plan.budget)
             new_blocks = self._allocate_or_preempt(request, num_new, plan)
             if new_blocks is None:
                 continue  # the request itself was preempted
             plan.scheduled[request.request_id] = num_new
             plan.new_blocks[request.request_id] = new_blocks
             plan.budget -= num_new
+
+    @staticmethod
+    def _may_continue(request: Request) -> bool:
+        """Whether a request with a pending token could still need another step."""
+        return request.num_output_tokens + request.num_output_placeholders < request.max_tokens
 
     def _allocate_or_preempt(self, request: Request, num_new: int, plan: _StepPlan) -> list[BlockId] | None:
         """Blocks for ``num_new`` more tokens of a running request, preempting from the
@@ -192,8 +232,14 @@ class Scheduler:
         return self.kv.can_allocate(request, num_new, cached)
 
     def _schedule_waiting(self, plan: _StepPlan) -> None:
+        waiting_for_grammar: list[Request] = []
         while self.waiting and plan.budget > 0 and len(self.running) < self.max_num_seqs:
             request = self.waiting[0]
+            if request.num_output_placeholders:
+                break  # preempted with a token in flight: readmit it once the token is known
+            if self.structured.active and not self.structured.is_ready(request):
+                waiting_for_grammar.append(self.waiting.popleft())  # let the others by
+                continue
             cached = self.kv.get_computed_blocks(request)
             num_cached = len(cached) * self.kv.block_size
             num_new = request.num_tokens - num_cached
@@ -211,6 +257,8 @@ class Scheduler:
             plan.scheduled[request.request_id] = num_new
             plan.newly_admitted.append(request)
             plan.budget -= num_new
+        for request in reversed(waiting_for_grammar):
+            self.waiting.appendleft(request)
 
     def _preempt(self, request: Request) -> None:
         self.running.remove(request)
@@ -226,7 +274,6 @@ class Scheduler:
                 "cache.cpu_memory_gb) or lower scheduler.max_num_seqs.",
                 request.request_id,
             )
-        self._tokens_sent.pop(request.request_id, None)
         self._forget.add(request.request_id)
         self.waiting.appendleft(request)
 
@@ -234,22 +281,19 @@ class Scheduler:
         out = SchedulerOutput(num_scheduled_tokens=plan.scheduled, finished_req_ids=self._forget)
         self._forget = set()
         admitted = {r.request_id for r in plan.newly_admitted}
+        cached = out.cached_reqs
         for req_id, num_new in plan.scheduled.items():
             request = self.requests[req_id]
             if req_id in admitted:
                 out.new_reqs.append(self._new_request_data(request))
             else:
-                sent = self._tokens_sent[req_id]
-                out.cached_reqs.append(
-                    CachedRequestData(
-                        req_id=req_id,
-                        new_token_ids=request.token_ids_from(sent),
-                        new_block_ids=plan.new_blocks[req_id],
-                        num_computed_tokens=request.num_computed_tokens,
-                    )
-                )
-            self._tokens_sent[req_id] = request.num_tokens
+                cached.req_ids.append(req_id)
+                cached.new_block_ids.append(plan.new_blocks[req_id] or None)
+                cached.num_computed_tokens.append(request.num_computed_tokens)
             request.num_computed_tokens += num_new
+            samples = request.num_computed_tokens == request.num_tokens + request.num_output_placeholders
+            if self.async_scheduling and samples:
+                request.num_output_placeholders += 1  # it samples in this step
         return out
 
     def _new_request_data(self, request: Request) -> NewRequestData:
@@ -265,27 +309,30 @@ class Scheduler:
     # ---- after the step -------------------------------------------------------------
     def update_from_output(self, sched: SchedulerOutput, output: ModelRunnerOutput) -> list[EngineCoreOutput]:
         results = []
-        for req_id in sched.num_scheduled_tokens:
-            request = self.requests.get(req_id)
-            new_tokens = output.sampled_token_ids.get(req_id)
-            if request is None or request.is_finished or not new_tokens:
-                continue  # aborted meanwhile, or mid-way through a chunked prefill
+        requests, logprobs, prompt_logprobs = self.requests, output.logprobs, output.prompt_logprobs
+        pooler_output = output.pooler_output
+        for req_id, new_tokens in output.sampled_token_ids.items():
+            request = requests.get(req_id)
+            if request is None:
+                continue  # finished or aborted meanwhile
+            if self.async_scheduling:
+                request.num_output_placeholders -= 1
             appended = []
             for token in new_tokens:
                 request.output_token_ids.append(token)
                 appended.append(token)
-                if self._check_stop(request, token):
+                if self._check_stop(request, token) or self._check_grammar_end(request):
                     break
             results.append(
                 EngineCoreOutput(
-                    req_id=req_id,
-                    new_token_ids=appended,
-                    new_logprobs=output.logprobs.get(req_id),
-                    finish_reason=request.status.finish_reason,
-                    stop_reason=request.stop_reason,
-                    prompt_logprobs=output.prompt_logprobs.get(req_id),
-                    num_cached_tokens=request.num_cached_tokens or 0,
-                    pooling_output=output.pooler_output.get(req_id),
+                    req_id,
+                    appended,
+                    logprobs.get(req_id) if logprobs else None,
+                    request.status.finish_reason,
+                    request.stop_reason,
+                    prompt_logprobs.get(req_id) if prompt_logprobs else None,
+                    request.num_cached_tokens or 0,
+                    pooler_output.get(req_id) if pooler_output else None,
                 )
             )
         return results
@@ -305,6 +352,15 @@ class Scheduler:
             return True
         return False
 
+    def _check_grammar_end(self, request: Request) -> bool:
+        """Advance the request's matcher; a grammar that reached its end finishes it ("stop"),
+        one that failed to compile aborts it."""
+        if self.structured.active and self.structured.accept_tokens(request):
+            failed = self.structured.failed(request)
+            self._finish(request, RequestStatus.FINISHED_ABORTED if failed else RequestStatus.FINISHED_STOPPED)
+            return True
+        return False
+
     def _finish(self, request: Request, status: RequestStatus) -> None:
         request.status = status
         if request in self.running:
@@ -312,6 +368,6 @@ class Scheduler:
         elif request in self.waiting:
             self.waiting.remove(request)
         self.kv.free(request)
-        self._tokens_sent.pop(request.request_id, None)
         self._forget.add(request.request_id)
+        self.structured.remove(request.request_id)
         del self.requests[request.request_id]

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from minivllm.core.block_pool import BlockId
 from minivllm.engine.request import RequestId
 from minivllm.sampling_params import SamplingParams
@@ -18,7 +20,7 @@ from minivllm.sampling_params import SamplingParams
 class NewRequestData:
     req_id: RequestId
     token_ids: list[int]
-    """Prompt plus any output generated before a preemption."""
+    """Prompt plus any output generated before a preemption (all known tokens)."""
     num_prompt_tokens: int
     sampling_params: SamplingParams
     block_ids: list[BlockId]
@@ -27,21 +29,35 @@ class NewRequestData:
 
 @dataclass(slots=True)
 class CachedRequestData:
-    req_id: RequestId
-    new_token_ids: list[int]
-    """Tokens sampled since the request was last scheduled."""
-    new_block_ids: list[BlockId]
-    num_computed_tokens: int
+    """Requests the workers already hold, as parallel lists (entry ``i`` is ``req_ids[i]``'s).
+
+    No token ids travel: a worker appends the tokens it samples to its own
+    copy of each request, so the scheduler only sends what it decided.
+    """
+
+    req_ids: list[RequestId] = field(default_factory=list)
+    new_block_ids: list[list[BlockId] | None] = field(default_factory=list)
+    """Blocks allocated since the request was last scheduled (None: none)."""
+    num_computed_tokens: list[int] = field(default_factory=list)
+    """Tokens with KV in the cache before this step."""
+
+    def __len__(self) -> int:
+        return len(self.req_ids)
 
 
 @dataclass
 class SchedulerOutput:
     new_reqs: list[NewRequestData] = field(default_factory=list)
-    cached_reqs: list[CachedRequestData] = field(default_factory=list)
+    cached_reqs: CachedRequestData = field(default_factory=CachedRequestData)
     num_scheduled_tokens: dict[RequestId, int] = field(default_factory=dict)
     """New tokens per request in this step, in batch order."""
     finished_req_ids: set[RequestId] = field(default_factory=set)
     """Requests the workers can forget (finished, aborted or preempted since last step)."""
+    grammar_bitmask: np.ndarray | None = None
+    """Structured outputs: (rows, ceil(vocab / 32)) int32 allowed-token bits, one row per
+    request in ``structured_output_request_ids``; None when no sampling request has a grammar."""
+    structured_output_request_ids: list[RequestId] = field(default_factory=list)
+    """The request of each ``grammar_bitmask`` row."""
 
     @property
     def total_num_scheduled_tokens(self) -> int:

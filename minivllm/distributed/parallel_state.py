@@ -33,3 +33,10 @@ def all_gather_last_dim(x: torch.Tensor) -> torch.Tensor:
     parts = [torch.empty_like(x) for _ in range(world)]
     dist.all_gather(parts, x.contiguous())
     return torch.cat(parts, dim=-1)
+
+
+def broadcast_from_first(x: torch.Tensor) -> torch.Tensor:
+    """Give every tensor-parallel rank rank 0's ``x``, in place."""
+    if tp_size() > 1:
+        dist.broadcast(x, src=0)
+    return x

@@ -66,6 +66,38 @@ def check_tensor_parallel(tp: int, hf_config: Any) -> None:
             raise ValueError(f"parallel.tp={tp}: the model's {key}={width} is not divisible by it")
 
 
+def num_experts(hf_config: Any) -> int:
+    """Routed experts per MoE layer (Mixtral's num_local_experts, Qwen3-MoE's num_experts); 0 when dense."""
+    text_config = getattr(hf_config, "text_config", None) or hf_config
+    return int(getattr(text_config, "num_local_experts", None) or getattr(text_config, "num_experts", None) or 0)
+
+
+def check_expert_parallel(tp: int, enabled: bool, hf_config: Any) -> None:
+    """Raise ValueError when the experts cannot be spread over ``tp`` ranks the chosen way.
+
+    Expert parallel needs a MoE model whose expert count ``tp`` divides; without
+    it, each expert's intermediate dim (``moe_intermediate_size``, else
+    ``intermediate_size``) is sliced and must divide.
+    """
+    experts = num_experts(hf_config)
+    if enabled and not experts:
+        raise ValueError("parallel.enable_expert_parallel=true: the model has no experts (not a MoE model); unset it")
+    if tp == 1 or not experts:
+        return
+    text_config = getattr(hf_config, "text_config", None) or hf_config
+    if enabled and experts % tp:
+        raise ValueError(
+            f"parallel.tp={tp}: with parallel.enable_expert_parallel=true the model's {experts} experts "
+            f"must be divisible by it"
+        )
+    width = getattr(text_config, "moe_intermediate_size", None) or getattr(text_config, "intermediate_size", 0)
+    if not enabled and width % tp:
+        raise ValueError(
+            f"parallel.tp={tp}: each expert's intermediate size {width} is not divisible by it; "
+            f"set parallel.enable_expert_parallel=true to place whole experts on ranks instead"
+        )
+
+
 def retry_on_address_in_use(start: Callable[[], None], stop: Callable[[], None], what: str, tries: int = 3) -> None:
     """Run ``start`` (spawn ranks and rendezvous); when it fails because the chosen
     port was taken meanwhile, ``stop`` the ranks and try again with a new port.

@@ -33,8 +33,8 @@ from minivllm.engine.processor import Processor, PromptType
 from minivllm.engine.request_stream import EngineDeadError, RequestStream
 from minivllm.engine.tokenizer import get_tokenizer
 from minivllm.pooling.outputs import PoolingRequestOutput
-from minivllm.sample.custom_processors import check_picklable
 from minivllm.pooling.params import PoolingParams
+from minivllm.sample.custom_processors import check_picklable
 from minivllm.sampling_params import RequestOutputKind, SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -161,9 +161,15 @@ class AsyncLLM:
 
     # ---- public API ------------------------------------------------------------------
     async def add_request(
-        self, request_id: str, prompt: PromptType, params: SamplingParams | None = None, priority: int = 0
+        self,
+        request_id: str,
+        prompt: PromptType,
+        params: SamplingParams | None = None,
+        priority: int = 0,
+        group_id: str | None = None,
     ) -> RequestStream:
         """Validate and queue a request; returns once the engine has accepted it.
+        ``group_id``: the client request it is part of (the scheduler takes turns between them).
 
         Raises ValueError (nothing queued) on bad input, EngineDeadError if the engine is gone.
         """
@@ -183,7 +189,7 @@ class AsyncLLM:
         accepted = self._loop.create_future()
         self._streams[request_id] = stream
         self._pending[("add", request_id)] = accepted
-        self._send(("add", request_id, {"prompt": text, "prompt_token_ids": ids}, engine_params, priority))
+        self._send(("add", request_id, {"prompt": text, "prompt_token_ids": ids}, engine_params, priority, group_id))
         try:
             await accepted
         except asyncio.CancelledError:
@@ -203,10 +209,11 @@ class AsyncLLM:
             stream.abort()
 
     async def encode(
-        self, prompt: PromptType, params: PoolingParams, request_id: str, priority: int = 0
-    ) -> PoolingRequestOutput:
+        self, prompt: PromptType, params: PoolingParams, request_id: str, priority: int = 0,
+        group_id: str | None = None,
+    ) -> PoolingRequestOutput:  # fmt: skip
         """The pooled vector of one prompt (model.runner=pooling). Raises ValueError (nothing queued)
-        on bad input; cancelling the await aborts the request."""
+        on bad input; cancelling the await aborts the request. ``group_id`` as for ``add_request``."""
         self._bind_loop()
         if self.errored is not None:
             raise EngineDeadError(self.errored)
@@ -216,7 +223,7 @@ class AsyncLLM:
         text, ids = self.processor.tokenize(prompt, params.truncate_prompt_tokens)
         accepted, pooled = self._loop.create_future(), self._loop.create_future()
         self._pending[("add", request_id)], self._pending[("pooled", request_id)] = accepted, pooled
-        self._send(("add", request_id, {"prompt": text, "prompt_token_ids": ids}, params, priority))
+        self._send(("add", request_id, {"prompt": text, "prompt_token_ids": ids}, params, priority, group_id))
         try:
             await accepted
             return await pooled
@@ -265,6 +272,11 @@ class AsyncLLM:
 
     def get_num_unfinished_requests(self) -> int:
         return len(self._streams)
+
+    def get_num_unfinished_sequences(self) -> int:
+        """Sequences (``n`` per request) of the unfinished requests: what the engine may still queue."""
+        pooling = sum(1 for key in self._pending if isinstance(key, tuple) and key[0] == "pooled")
+        return sum(stream.params.n for stream in self._streams.values()) + pooling
 
     def shutdown(self, timeout: float = 10.0) -> None:
         """Stop the engine process; in-flight requests fail with EngineDeadError."""

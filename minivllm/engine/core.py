@@ -1,13 +1,24 @@
-"""EngineCore: the loop schedule -> execute -> update, with no tokenizer in sight."""
+"""EngineCore: the loop schedule -> execute -> update, with no tokenizer in sight.
+
+With ``scheduler.async_scheduling`` one step is kept in flight: each ``step()``
+schedules and launches step k+1, then waits for step k's tokens and processes
+them, so the host's scheduling and input preparation overlap the device's work
+(see ``Scheduler`` for what the scheduler assumes about the tokens in flight)::
+
+    sync:   schedule k | run k | wait k | update k | schedule k+1 | run k+1 ...
+    async:  schedule k+1 | launch k+1 | wait k | update k | schedule k+2 | launch k+2 | wait k+1 ...
+"""
 from __future__ import annotations
 
 import logging
 
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.core.scheduler import EngineCoreOutput, Scheduler
+from minivllm.core.scheduler_output import SchedulerOutput
 from minivllm.engine.request import Request, RequestId
 from minivllm.executor.base import Executor
-from minivllm.utils import build, cdiv
+from minivllm.utils import build
+from minivllm.worker.pending_output import StepResult
 
 logger = logging.getLogger(__name__)
 
@@ -24,10 +35,12 @@ class EngineCore:
             raise
         self._log_capacity()
         self.scheduler = Scheduler(cfg, self.num_blocks)
+        self._in_flight: tuple[SchedulerOutput, StepResult] | None = None
+        """Async scheduling: the launched step whose tokens are not processed yet."""
 
     def _log_capacity(self) -> None:
         block_size = self.cfg.cache.block_size
-        per_request = cdiv(self.cfg.max_model_len, block_size)
+        per_request = self.cfg.max_blocks_per_request()  # fewer when out-of-window blocks are freed
         logger.info(
             "KV cache: %d blocks of %d tokens (%d tokens); max concurrency at max_model_len=%d: %.2fx",
             self.num_blocks,
@@ -48,9 +61,33 @@ class EngineCore:
         self.scheduler.abort_requests(request_ids)
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished_requests()
+        return self.scheduler.has_unfinished_requests() or self._in_flight is not None
 
     def step(self) -> list[EngineCoreOutput]:
+        if self.cfg.async_scheduling:
+            return self._step_overlapped()
+        return self._step_sync()
+
+    def _step_overlapped(self) -> list[EngineCoreOutput]:
+        results = []
+        if self._in_flight is not None and self.scheduler.structured.active:
+            # Grammar masks need every token so far: no speculation while a request has one.
+            results = self._finish_in_flight()
+        sched = self.scheduler.schedule()
+        launched = None
+        if not sched.is_empty or sched.finished_req_ids:
+            launched = self.executor.execute_model_async(sched)
+        if self._in_flight is not None:
+            results = self._finish_in_flight()
+        self._in_flight = (sched, launched) if launched is not None and not sched.is_empty else None
+        return results
+
+    def _finish_in_flight(self) -> list[EngineCoreOutput]:
+        prev_sched, prev = self._in_flight
+        self._in_flight = None
+        return self.scheduler.update_from_output(prev_sched, prev.result())
+
+    def _step_sync(self) -> list[EngineCoreOutput]:
         sched = self.scheduler.schedule()
         if sched.is_empty:
             if sched.finished_req_ids:  # let workers drop state of aborted requests

@@ -4,14 +4,14 @@ The front end (HTTP handlers, the asyncio loop) and the step loop live in
 different processes, so neither waits on the other's GIL. They talk over two
 one-way pipes of pickled messages:
 
-    front end                                   engine process
-    ---------                                   --------------
-    ("add", id, prompt, params, priority) ──►   LLMEngine.add_request
-    ("abort", [ids])                      ──►   LLMEngine.abort_request (blocks freed now)
-    ("stats", token)                      ──►   scheduler_stats()
-    ("shutdown", None)                    ──►   leave the loop
-                                          ◄──   EngineMessage(added, add_errors, replies)
-                                          ◄──   EngineMessage(outputs=[RequestOutput (DELTA)])
+    front end                                           engine process
+    ---------                                           --------------
+    ("add", id, prompt, params, priority, group_id) ──► LLMEngine.add_request
+    ("abort", [ids])                                ──► LLMEngine.abort_request (blocks freed now)
+    ("stats", token)                                ──► scheduler_stats()
+    ("shutdown", None)                              ──► leave the loop
+                                                    ◄── EngineMessage(added, add_errors, replies)
+                                                    ◄── EngineMessage(outputs=[RequestOutput (DELTA)])
 
 Commands are drained between steps, never during one, so an abort frees its
 blocks before the next step is scheduled. Outputs are deltas; the front end
@@ -148,10 +148,10 @@ def _drain(engine: Any, commands: Connection, msg: EngineMessage) -> bool:
     while commands.poll(0):
         kind, *args = commands.recv()
         if kind == "add":
-            request_id, prompt, params, priority = args
+            request_id, prompt, params, priority, group_id = args
             kwargs = {"pooling_params": params} if isinstance(params, PoolingParams) else {"params": params}
             try:
-                engine.add_request(request_id, prompt, priority=priority, **kwargs)
+                engine.add_request(request_id, prompt, priority=priority, group_id=group_id, **kwargs)
                 msg.added.append(request_id)
             except ValueError as err:
                 msg.add_errors[request_id] = str(err)

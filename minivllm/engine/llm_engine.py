@@ -1,6 +1,7 @@
 """LLMEngine: tokenize, add requests, step the core, detokenize, build outputs."""
 from __future__ import annotations
 
+import gc
 import itertools
 from dataclasses import dataclass
 
@@ -44,6 +45,10 @@ class LLMEngine:
         self._ids = itertools.count()
         self.stat_logger = StatLogger(cfg.scheduler.log_stats_interval)
         self.logprob_builder = LogprobBuilder(self.tokenizer)
+        # The model, tokenizer and config are long-lived: move them out of the
+        # collector's view so that per-step garbage collections stay short.
+        gc.collect()
+        gc.freeze()
 
     @property
     def eos_token_id(self) -> int | None:
@@ -71,15 +76,18 @@ class LLMEngine:
         params: SamplingParams | None = None,
         priority: int = 0,
         cache_salt: str | None = None,
+        group_id: str | None = None,
         pooling_params: PoolingParams | None = None,
     ) -> RequestId:
         """Validate and queue a request (``params.n`` core requests); raises ValueError
         (nothing queued) on bad input.
 
         ``cache_salt``: only requests with the same salt share prefix-cache blocks.
+        ``group_id``: the client request it is part of (a server's request with several
+        prompts); the scheduler takes turns between groups. Default: its own id.
         """
         if pooling_params is not None:
-            return self._add_pooling_request(request_id, prompt, pooling_params, priority, cache_salt)
+            return self._add_pooling_request(request_id, prompt, pooling_params, priority, cache_salt, group_id)
         if self.cfg.model.runner == "pooling":
             raise ValueError("params: this engine pools (model.runner=pooling); generating needs runner=generate")
         params = params or SamplingParams()
@@ -95,8 +103,9 @@ class LLMEngine:
         for index, child_id in enumerate(child_ids):
             child_params = parent.child_params(index)
             request = Request(
-                child_id, ids, child_params, self.eos_token_id, max_tokens, priority=priority, cache_salt=cache_salt
-            )
+                child_id, ids, child_params, self.eos_token_id, max_tokens, priority=priority, cache_salt=cache_salt,
+                group_id=group_id or req_id,
+            )  # fmt: skip
             detok = IncrementalDetokenizer(self.tokenizer, child_params, ids)
             state = CompletionState(child_id, index, parent, detok)
             parent.children.append(state)
@@ -107,7 +116,7 @@ class LLMEngine:
 
     def _add_pooling_request(
         self, request_id: str | None, prompt: PromptType, params: PoolingParams, priority: int,
-        cache_salt: str | None,
+        cache_salt: str | None, group_id: str | None,
     ) -> RequestId:  # fmt: skip
         """One core request that computes the prompt and returns its pooled vector (runner=pooling)."""
         if self.cfg.model.runner != "pooling":
@@ -122,7 +131,10 @@ class LLMEngine:
         self._pooling[req_id] = (params, ids)
         self.counters.num_prompt_tokens += len(ids)
         self.core.add_request(
-            Request(req_id, ids, one_step, None, max_tokens=1, priority=priority, cache_salt=cache_salt)
+            Request(
+                req_id, ids, one_step, None, max_tokens=1, priority=priority, cache_salt=cache_salt,
+                group_id=group_id or req_id,
+            )  # fmt: skip
         )
         return req_id
 
@@ -154,29 +166,37 @@ class LLMEngine:
 
     # ---- stepping -------------------------------------------------------------------
     def step(self) -> list[RequestOutput | PoolingRequestOutput]:
-        """One engine step; returns one output per request that advanced."""
+        """One engine step; returns one output per request that advanced (and, for
+        requests asking for the final output only, once they finished)."""
         advanced: dict[RequestId, list[CompletionState]] = {}
         prompt_tokens = generation_tokens = 0
+        states, pooling = self._states, self._pooling
         pooled = []
         for core_out in self.core.step():
-            if core_out.pooling_output is not None:
+            if pooling and core_out.pooling_output is not None:
                 pooled.append(self._pooled_output(core_out))
                 self.counters.num_finished_requests += 1
                 prompt_tokens += len(pooled[-1].prompt_token_ids)
                 continue
-            state = self._states.get(core_out.req_id)
+            state = states.get(core_out.req_id)
             if state is None:
                 continue
-            prompt_tokens += len(state.parent.prompt_token_ids) if not state.token_ids else 0
+            parent = state.parent
+            if not state.token_ids:
+                prompt_tokens += len(parent.prompt_token_ids)
             generation_tokens += len(core_out.new_token_ids)
-            self.counters.num_generation_tokens += len(core_out.new_token_ids)
-            self._wrap_logprobs(core_out, state.parent.params)
-            state.parent.absorb_prompt_logprobs(core_out)
+            if core_out.new_logprobs is not None or core_out.prompt_logprobs is not None:
+                self._wrap_logprobs(core_out, parent.params)
+            parent.absorb_prompt_logprobs(core_out)
             if state.absorb(core_out):  # a stop string: the core does not know yet
                 self.core.abort_requests([state.request_id])
             if state.finished:
-                del self._states[state.request_id]
-            advanced.setdefault(state.parent.request_id, []).append(state)
+                del states[state.request_id]
+                parent.num_unfinished -= 1
+            elif parent.final_only:
+                continue  # nothing to show before the end
+            advanced.setdefault(parent.request_id, []).append(state)
+        self.counters.num_generation_tokens += generation_tokens
         outputs = []
         for parent_id, children in advanced.items():
             parent = self._parents[parent_id]
@@ -188,7 +208,9 @@ class LLMEngine:
                 outputs.append(out)
         self.stat_logger.record_step(prompt_tokens, generation_tokens)
         self.stat_logger.maybe_log(self.scheduler_stats)
-        return outputs + pooled
+        if pooled:
+            outputs.extend(pooled)
+        return outputs
 
     def _wrap_logprobs(self, core_out: EngineCoreOutput, params: SamplingParams) -> None:
         """The workers' {token: float} dicts as {token: Logprob} (rank and text added)."""

@@ -91,7 +91,13 @@ class ParentRequest:
     first_token_time: float | None = None
     num_cached_tokens: int = 0
     """From the first core output (child 0 or whichever came first)."""
+    num_unfinished: int = 0
+    """Children not finished yet (the engine counts them down)."""
     _prompt_logprobs_sent: bool = False
+
+    def __post_init__(self) -> None:
+        self.num_unfinished = self.params.n
+        self.final_only = self.params.output_kind == RequestOutputKind.FINAL_ONLY
 
     def child_id(self, index: int) -> RequestId:
         return self.request_id if self.params.n == 1 else RequestId(f"{index}_{self.request_id}")
@@ -108,7 +114,7 @@ class ParentRequest:
 
     @property
     def finished(self) -> bool:
-        return all(c.finished for c in self.children)
+        return self.num_unfinished == 0
 
     def absorb_prompt_logprobs(self, core_out: EngineCoreOutput) -> None:
         if self.first_token_time is None:

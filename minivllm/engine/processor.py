@@ -12,9 +12,12 @@ from transformers import PreTrainedTokenizerBase
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.sample.custom_processors import check_picklable
 from minivllm.sampling_params import SamplingParams
+from minivllm.structured_output.backend import check_grammar
 
 PromptType = Union[str, dict[str, Any], list[int]]
 """A string, ``{"prompt": str}``, ``{"prompt_token_ids": [...]}`` or a list of token ids."""
+PROMPT_KEYS = ("prompt", "prompt_token_ids")
+"""The keys of a prompt dict the engine handles; any other (e.g. ``multi_modal_data``) is refused."""
 
 
 class Processor:
@@ -33,8 +36,13 @@ class Processor:
         return text, ids
 
     def _split(self, prompt: PromptType) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, dict) and (unknown := sorted(set(prompt) - set(PROMPT_KEYS))):
+            raise ValueError(
+                f"prompt: key(s) {', '.join(map(repr, unknown))} not supported by this engine; "
+                f"a prompt dict may hold {' and '.join(PROMPT_KEYS)}"
+            )
         if isinstance(prompt, str):
-            text, ids = prompt, self.tokenizer.encode(prompt, add_special_tokens=True) if prompt else []
+            text, ids = prompt, self._encode(prompt) if prompt else []
         elif isinstance(prompt, dict) and "prompt_token_ids" in prompt:
             text, ids = prompt.get("prompt"), list(prompt["prompt_token_ids"])
         elif isinstance(prompt, dict) and "prompt" in prompt:
@@ -47,6 +55,10 @@ class Processor:
                 f"got {type(prompt).__name__}"
             )
         return text, ids
+
+    def _encode(self, text: str) -> list[int]:
+        """Token ids; transformers' too-long warning is off (``_check_ids`` says it better)."""
+        return self.tokenizer.encode(text, add_special_tokens=True, verbose=False)
 
     def _check_ids(self, ids: list[int]) -> None:
         if not ids:
@@ -64,7 +76,9 @@ class Processor:
         room = self.cfg.max_model_len - num_prompt_tokens
         limit = room if params.max_tokens is None else min(params.max_tokens, room)
         self.check_params(params)
-        if num_prompt_tokens + limit > self.max_tokens_in_cache:
+        # A sliding-window model holds only its window's blocks (plus one step's) at once.
+        held = self.cfg.max_blocks_per_request(num_prompt_tokens + limit) * self.cfg.cache.block_size
+        if held > self.max_tokens_in_cache:
             raise ValueError(
                 f"prompt ({num_prompt_tokens} tokens) + max_tokens ({limit}) can never fit the KV cache "
                 f"({self.max_tokens_in_cache} tokens); lower max_tokens or give the cache more memory"
@@ -73,6 +87,9 @@ class Processor:
 
     def check_params(self, params: SamplingParams) -> None:
         """The SamplingParams checks that need the model: logprob caps and token ids."""
+        max_n = self.cfg.serve.max_n
+        if params.n > max_n:
+            raise ValueError(f"n={params.n}: must be in [1, {max_n}] (serve.max_n={max_n})")
         cap = self.cfg.model.max_logprobs
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(params, name)
@@ -93,6 +110,8 @@ class Processor:
         self._bad_words_token_ids(params.bad_words or [])
         if self.cfg.world_size > 1:  # the workers are other processes
             check_picklable(params)
+        if params.structured_outputs is not None:
+            check_grammar(params.structured_outputs)
 
     def prepare_params(self, params: SamplingParams, eos_token_id: int | None) -> SamplingParams:
         """A copy of ``params`` with the token ids the workers need filled in."""

@@ -64,8 +64,16 @@ class Request:
     """Mixed into the prefix-cache hashes: only requests with the same salt share blocks."""
     num_cached_tokens: int | None = None
     """Prompt tokens found in the prefix cache when first scheduled (None until then)."""
+    group_id: str | None = None
+    """The client request this sequence belongs to: its parent (one of ``n`` completions),
+    or a server request that sent several prompts. The waiting queue takes turns between
+    groups. None: the request is a group of its own."""
     block_hashes: list[BlockHash] = field(default_factory=list)
     """Prefix-cache hashes of the request's full blocks so far (filled by the KV-cache manager)."""
+    num_output_placeholders: int = 0
+    """With async scheduling: tokens that scheduled steps sample but whose values are not
+    known yet (at most one per step in flight). The scheduler already counts them as the
+    request's next inputs; see ``Scheduler``."""
 
     @property
     def all_token_ids(self) -> list[int]:

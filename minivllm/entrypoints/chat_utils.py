@@ -59,7 +59,7 @@ def render_chat(
         )
     except Exception as err:  # noqa: BLE001 - a template error is the caller's problem
         raise ValueError(f"messages: the chat template failed: {err}") from None
-    return TokensPrompt(prompt=text, prompt_token_ids=tokenizer.encode(text, add_special_tokens=False))
+    return TokensPrompt(prompt=text, prompt_token_ids=tokenizer.encode(text, add_special_tokens=False, verbose=False))
 
 
 def _message(i: int, message: Any) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from typing import Any, Callable
 
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.core.scheduler_output import ModelRunnerOutput, SchedulerOutput
+from minivllm.worker.pending_output import DoneOutput, StepResult
 
 
 class WorkerFailedError(RuntimeError):
@@ -42,6 +43,11 @@ class Executor(ABC):
 
     def execute_model(self, sched: SchedulerOutput) -> ModelRunnerOutput:
         return self.collective_rpc("execute_model", (sched,))[0]
+
+    def execute_model_async(self, sched: SchedulerOutput) -> StepResult:
+        """Launch a step and return before its tokens are known, where the executor can
+        (one worker in this process); elsewhere the step completes before this returns."""
+        return DoneOutput(self.execute_model(sched))
 
     def shutdown(self) -> None:
         """Release workers and processes; safe to call more than once."""

@@ -4,8 +4,10 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from minivllm.config.vllm_config import VllmConfig
+from minivllm.core.scheduler_output import SchedulerOutput
 from minivllm.executor.base import Executor, run_method
 from minivllm.utils import build
+from minivllm.worker.pending_output import StepResult
 
 
 class UniProcExecutor(Executor):
@@ -17,6 +19,9 @@ class UniProcExecutor(Executor):
 
     def collective_rpc(self, method: str | Callable, args: tuple = (), kwargs: dict | None = None) -> list[Any]:
         return [run_method(self.worker, method, args, kwargs)]
+
+    def execute_model_async(self, sched: SchedulerOutput) -> StepResult:
+        return self.worker.model_runner.execute_model_async(sched)
 
     def shutdown(self) -> None:
         if self.worker is not None:

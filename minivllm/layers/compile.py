@@ -27,5 +27,7 @@ def compile_small_ops(model: nn.Module) -> int:
             if cls not in compiled:  # one compiled function per class, shared by its instances
                 compiled[cls] = torch.compile(cls.forward, dynamic=True)
             module.forward = compiled[cls].__get__(module, cls)
+            if hasattr(module, "use_triton"):
+                module.use_triton = False  # the compiled torch code replaces the Triton kernel
             count += 1
     return count

@@ -1,4 +1,10 @@
-"""Normalisation layers; statistics are computed in fp32 whatever the model dtype."""
+"""Normalisation layers; statistics are computed in fp32 whatever the model dtype.
+
+On CUDA, ``RMSNorm`` runs as one Triton kernel (``layers.ops.fused_rms_norm``),
+fused with the residual add where there is one; the torch code below is the
+reference and the CPU path. A subclass that changes the arithmetic (a different
+``_norm``) keeps the torch path.
+"""
 from __future__ import annotations
 
 import torch
@@ -10,6 +16,8 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.empty(hidden_size), requires_grad=False)
+        self.use_triton = type(self)._norm is RMSNorm._norm
+        """Whether CUDA inputs take the fused Triton kernel (off under torch.compile)."""
 
     def _norm(self, x: torch.Tensor) -> torch.Tensor:
         x32 = x.float()
@@ -21,10 +29,41 @@ class RMSNorm(nn.Module):
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """With ``residual``: returns (norm(x + residual), x + residual), the fused
         add-and-norm that pre-norm decoder layers use between sublayers."""
+        if self.use_triton and x.is_cuda:
+            return self._forward_triton(x, residual)
         if residual is None:
             return self._norm(x)
         summed = x + residual
         return self._norm(summed), summed
+
+    def _forward_triton(
+        self, x: torch.Tensor, residual: torch.Tensor | None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Without a residual the input is left intact (callers keep it as the residual);
+        with one, ``x`` and ``residual`` are the sublayer's fresh output and the running
+        sum, owned by the caller's forward, so both are updated in place."""
+        from minivllm.layers.ops.fused_rms_norm import rms_norm_
+
+        shape = x.shape
+        if residual is None:
+            out = x.reshape(-1, shape[-1]).clone()
+            rms_norm_(out, self.weight, self.eps)
+            return out.view(shape)
+        if not (x.is_contiguous() and residual.is_contiguous()):
+            x, residual = x.contiguous(), residual.contiguous()
+        flat_x, flat_r = x.view(-1, shape[-1]), residual.view(-1, shape[-1])
+        rms_norm_(flat_x, self.weight, self.eps, flat_r)
+        return x, residual
+
+
+class GemmaRMSNorm(RMSNorm):
+    """Gemma's RMSNorm: scales by ``1 + weight`` (weights are stored zero-centred),
+    multiplied in fp32 before casting back."""
+
+    def _norm(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (x32 * (1.0 + self.weight.float())).to(x.dtype)
 
 
 class LayerNorm(nn.LayerNorm):

@@ -1,37 +1,51 @@
 """Rotary position embeddings (RoPE), with the scaling schemes checkpoints use.
 
-Cos/sin are computed per step from the token positions, so there is no cache
-to size, rebuild after a device move, or keep in sync with max_model_len.
+The frequencies of each ``rope_type`` come from ``rope_scaling.compute_frequencies``.
+By default cos/sin are computed per step from the token positions. Once the
+model is on its device, ``share_cos_sin_caches`` computes one table of them per
+distinct rotary embedding of the model (``(max_model_len, rotary_dim)``) and
+hands it to every layer, so a step only looks rows up; on CUDA the rotation is
+then one Triton kernel per tensor, in place (``layers.ops.rotary_inplace``).
+The table holds exactly what ``cos_sin`` computes, so both paths agree.
 """
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
 from torch import nn
 
+from minivllm.layers.rope_scaling import ROPE_TYPES, RopeFrequencies, compute_frequencies
 
-def rope_parameters(hf_config: Any) -> dict[str, Any]:
-    """``{"rope_theta": ..., "rope_type": ..., **scaling}`` from old and new config layouts."""
-    params = dict(getattr(hf_config, "rope_parameters", None) or {})
-    scaling = getattr(hf_config, "rope_scaling", None) or {}
-    params = {**scaling, **params}
-    params.setdefault("rope_theta", getattr(hf_config, "rope_theta", 10000.0))
-    rope_type = params.get("rope_type") or params.get("type") or "default"
-    params["rope_type"] = rope_type
+
+def rope_parameters(hf_config: Any, layer_type: str | None = None) -> dict[str, Any]:
+    """One flat ``{"rope_theta": ..., "rope_type": ..., **scaling}`` dict.
+
+    Reads transformers 5's ``rope_parameters`` (flat, or nested by layer type as
+    Gemma 3 stores a base per ``sliding_attention`` / ``full_attention``; pass
+    ``layer_type`` to pick one) and the older ``rope_scaling`` + ``rope_theta``.
+    """
+    params = dict(getattr(hf_config, "rope_parameters", None) or getattr(hf_config, "rope_scaling", None) or {})
+    if layer_type is not None and isinstance(params.get(layer_type), dict):
+        params = dict(params[layer_type])
+    if params.get("rope_theta") is None:
+        params["rope_theta"] = getattr(hf_config, "rope_theta", None) or 10000.0
+    params["rope_type"] = params.get("rope_type") or params.get("type") or "default"
+    if params.get("original_max_position_embeddings") is None:
+        original = getattr(hf_config, "original_max_position_embeddings", None)
+        params["original_max_position_embeddings"] = original or getattr(hf_config, "max_position_embeddings", None)
     return params
 
 
-def _llama3_inv_freq(inv_freq: torch.Tensor, params: dict[str, Any]) -> torch.Tensor:
-    factor = params["factor"]
-    low, high = params.get("low_freq_factor", 1.0), params.get("high_freq_factor", 4.0)
-    old_len = params["original_max_position_embeddings"]
-    wavelen = 2 * math.pi / inv_freq
-    smooth = ((old_len / wavelen) - low) / (high - low)
-    blended = (1 - smooth) * inv_freq / factor + smooth * inv_freq
-    out = torch.where(wavelen > old_len / low, inv_freq / factor, blended)
-    return torch.where(wavelen < old_len / high, inv_freq, out)
+def check_rope_types(hf_config: Any) -> None:
+    """Fail when the config is built, not in the worker, on a ``rope_type`` this engine lacks."""
+    raw = getattr(hf_config, "rope_parameters", None) or {}
+    nested = [key for key, value in raw.items() if isinstance(value, dict)]
+    for layer_type in nested or [None]:
+        rope_type = rope_parameters(hf_config, layer_type)["rope_type"]
+        if rope_type not in ROPE_TYPES:
+            key = "rope_parameters" + (f".{layer_type}" if layer_type else "") + ".rope_type"
+            raise ValueError(f"model config {key}={rope_type!r}: supported are {', '.join(ROPE_TYPES)}")
 
 
 class RotaryEmbedding(nn.Module):
@@ -41,31 +55,52 @@ class RotaryEmbedding(nn.Module):
     other (Llama, GPT-NeoX); otherwise even/odd pairs are rotated (GPT-J).
     """
 
-    def __init__(self, head_dim: int, rotary_dim: int, params: dict[str, Any], neox_style: bool = True) -> None:
+    def __init__(
+        self,
+        head_dim: int,
+        rotary_dim: int,
+        params: dict[str, Any],
+        neox_style: bool = True,
+        max_position_embeddings: int | None = None,
+    ) -> None:
         super().__init__()
         self.head_dim, self.rotary_dim, self.neox_style = head_dim, rotary_dim, neox_style
-        rope_type = params["rope_type"]
-        if rope_type not in ("default", "llama3", "linear"):
-            raise ValueError(f"rope_type={rope_type!r}: supported are default, llama3, linear")
-        # Computed on the CPU even when the model is built under a meta-device context.
-        exponents = torch.arange(0, rotary_dim, 2, dtype=torch.float64, device="cpu") / rotary_dim
-        inv_freq = 1.0 / (params["rope_theta"] ** exponents)
-        if rope_type == "llama3":
-            inv_freq = _llama3_inv_freq(inv_freq, params)
-        elif rope_type == "linear":
-            inv_freq = inv_freq / params["factor"]
-        self.inv_freq_values = inv_freq.float().tolist()
-        self._inv_freq: torch.Tensor | None = None
+        if max_position_embeddings is None:
+            max_position_embeddings = params.get("original_max_position_embeddings") or 2048
+        self.freqs: RopeFrequencies = compute_frequencies(params, rotary_dim, max_position_embeddings)
+        self._inv_freq: torch.Tensor | None = None  # (rotary_dim / 2,)
+        self.cos_sin_cache: torch.Tensor | None = None
+        """(max_position, rotary_dim) fp32: cosines then sines per position; see ``share_cos_sin_caches``."""
+        self.use_triton = True
+        """Whether CUDA inputs with a cache take the in-place Triton kernel (off under torch.compile)."""
 
-    def _freqs(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """positions: (T,) -> cos, sin: (T, rotary_dim / 2), attention factor applied."""
         if self._inv_freq is None or self._inv_freq.device != positions.device:
-            self._inv_freq = torch.tensor(self.inv_freq_values, dtype=torch.float32, device=positions.device)
+            self._inv_freq = torch.tensor(self.freqs.inv_freq, dtype=torch.float32, device=positions.device)
         angles = positions.float().unsqueeze(-1) * self._inv_freq  # (T, rotary_dim / 2)
-        return angles.cos(), angles.sin()
+        cos, sin = angles.cos(), angles.sin()
+        if self.freqs.attention_factor != 1.0:
+            cos, sin = cos * self.freqs.attention_factor, sin * self.freqs.attention_factor
+        return cos, sin
+
+    def cache_key(self) -> tuple:
+        """Embeddings with equal keys compute equal cos/sin tables."""
+        return (type(self), self.rotary_dim, tuple(self.freqs.inv_freq), self.freqs.attention_factor)
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """q: (T, Hq, D), k: (T, Hk, D) -> rotated copies of the same shapes."""
-        cos, sin = self._freqs(positions)
+        """q: (T, Hq, D), k: (T, Hk, D) -> rotated tensors of the same shapes (on CUDA with a
+        cos/sin cache: ``q`` and ``k`` themselves, rotated in place)."""
+        cache = self.cos_sin_cache
+        if cache is None:
+            cos, sin = self.cos_sin(positions)
+        elif self.use_triton and q.is_cuda:
+            from minivllm.layers.ops.rotary_inplace import rotary_embedding_
+
+            rotary_embedding_(positions, q, k, cache, self.neox_style)
+            return q, k
+        else:
+            cos, sin = cache[positions].chunk(2, dim=-1)
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # (T, 1, rotary_dim / 2)
         return self._rotate(q, cos, sin), self._rotate(k, cos, sin)
 
@@ -80,11 +115,33 @@ class RotaryEmbedding(nn.Module):
         return torch.cat((rotated.to(x.dtype), rest), dim=-1)
 
 
-def get_rope(hf_config: Any, head_dim: int, rotary_dim: int | None = None, neox_style: bool = True) -> RotaryEmbedding:
+def share_cos_sin_caches(model: nn.Module, max_positions: int, device: torch.device) -> int:
+    """Give every rotary embedding of ``model`` its cos/sin table, computed once per
+    distinct embedding (usually once per model); returns how many tables were made."""
+    tables: dict[tuple, torch.Tensor] = {}
+    positions = torch.arange(max_positions, device=device)
+    for module in model.modules():
+        if isinstance(module, RotaryEmbedding):
+            key = module.cache_key()
+            if key not in tables:
+                cos, sin = module.cos_sin(positions)  # (max_positions, rotary_dim / 2) each
+                tables[key] = torch.cat((cos, sin), dim=-1).float().contiguous()
+            module.cos_sin_cache = tables[key]
+    return len(tables)
+
+
+def get_rope(
+    hf_config: Any,
+    head_dim: int,
+    rotary_dim: int | None = None,
+    neox_style: bool = True,
+    layer_type: str | None = None,
+) -> RotaryEmbedding:
     """``rotary_dim`` defaults to the config's ``partial_rotary_factor`` share of ``head_dim``
     (GPT-NeoX rotates a quarter of each head, Phi-3 all of it)."""
-    params = rope_parameters(hf_config)
+    params = rope_parameters(hf_config, layer_type)
     if rotary_dim is None:
-        factor = params.get("partial_rotary_factor", getattr(hf_config, "partial_rotary_factor", 1.0))
+        factor = params.get("partial_rotary_factor", getattr(hf_config, "partial_rotary_factor", None)) or 1.0
         rotary_dim = int(head_dim * factor)
-    return RotaryEmbedding(head_dim, rotary_dim, params, neox_style)
+    max_pos = getattr(hf_config, "max_position_embeddings", None)
+    return RotaryEmbedding(head_dim, rotary_dim, params, neox_style, max_pos)

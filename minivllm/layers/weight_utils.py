@@ -22,7 +22,7 @@ def narrow(loaded: Any, dim: int, start: int, size: int) -> torch.Tensor:
 
 
 def as_tensor(loaded: Any) -> torch.Tensor:
-    return loaded if isinstance(loaded, torch.Tensor) else loaded[:]
+    return loaded if isinstance(loaded, torch.Tensor) else loaded[...]  # [...] also reads 0-d tensors
 
 
 def copy_checked(param: torch.Tensor, value: torch.Tensor, name: str = "") -> None:
@@ -54,5 +54,6 @@ class Transposed:
     def __getitem__(self, index: Any) -> torch.Tensor:
         if not isinstance(index, tuple):
             index = (index,)
+        index = tuple(i for i in index if i is not Ellipsis)  # [...] reads the whole tensor
         rows, cols = (*index, slice(None), slice(None))[:2]
         return self.loaded[cols, rows].t()  # a tensor or a safetensors slice read

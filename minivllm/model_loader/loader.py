@@ -11,6 +11,7 @@ from minivllm.attention.backend import AttentionBackend
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.model_loader.weight_files import find_weight_files, iterate_weights
 from minivllm.models.registry import ModelRegistry
+from minivllm.quantization import process_weights_after_loading, quantize_model
 
 
 class DefaultModelLoader:
@@ -21,8 +22,11 @@ class DefaultModelLoader:
     def load_model(self, cfg: VllmConfig, backend: AttentionBackend, device: torch.device) -> nn.Module:
         model_cls = ModelRegistry.resolve(cfg.architecture)
         with torch.device("meta"):
-            model = model_cls(cfg.hf_config, backend)
-        model = model.to(dtype=cfg.dtype).to_empty(device=device)
+            model = model_cls(cfg.hf_config, backend, **_model_options(cfg))
+            model = model.to(dtype=cfg.dtype)
+            if cfg.quant_config is not None:  # after .to(dtype): quantized weights keep their dtypes
+                quantize_model(model, cfg.quant_config, cfg.dtype)
+        model = model.to_empty(device=device)
         for module in model.modules():  # materialising drops shared parameters; restore them
             if hasattr(module, "retie"):
                 module.retie()
@@ -30,6 +34,7 @@ class DefaultModelLoader:
             init_dummy_weights(model, seed=cfg.model.seed)
         else:
             model.load_weights(self._weights(cfg))
+        process_weights_after_loading(model)
         return model.eval()
 
     def _weights(self, cfg: VllmConfig) -> Iterator[tuple[str, Any]]:
@@ -37,6 +42,11 @@ class DefaultModelLoader:
         show = cfg.load.use_tqdm and len(files) > 1
         for path in tqdm(files, desc="Loading weights", unit="file", disable=not show or None):
             yield from iterate_weights(kind, [path])
+
+
+def _model_options(cfg: VllmConfig) -> dict[str, Any]:
+    """Keyword options for the model class beyond (hf_config, backend); only MoE models take any."""
+    return {"expert_parallel": True} if cfg.parallel.enable_expert_parallel else {}
 
 
 @torch.no_grad()

@@ -32,8 +32,13 @@ class LlamaAttention(nn.Module):
         qk_norm: bool = False,
         sliding_window: int | None = None,
         o_bias: bool | None = None,
+        scale: float | None = None,
+        logits_soft_cap: float | None = None,
+        rope_layer_type: str | None = None,
+        qk_norm_cls: type[RMSNorm] = RMSNorm,
     ) -> None:
-        """``o_bias`` defaults to ``qkv_bias`` (Llama's ``attention_bias`` covers both; Qwen2 biases q/k/v only)."""
+        """``o_bias`` defaults to ``qkv_bias`` (Llama's ``attention_bias`` covers both; Qwen2 biases q/k/v only).
+        ``scale`` defaults to ``head_dim ** -0.5``; ``rope_layer_type`` picks a per-layer-type RoPE base (Gemma 3)."""
         super().__init__()
         hidden = config.hidden_size
         num_heads = config.num_attention_heads
@@ -41,12 +46,13 @@ class LlamaAttention(nn.Module):
         head_dim = getattr(config, "head_dim", None) or hidden // num_heads
         self.qkv_proj = QKVParallelLinear(hidden, head_dim, num_heads, num_kv_heads, bias=qkv_bias)
         self.o_proj = RowParallelLinear(num_heads * head_dim, hidden, bias=qkv_bias if o_bias is None else o_bias)
-        self.rotary_emb = get_rope(config, head_dim)
+        self.rotary_emb = get_rope(config, head_dim, layer_type=rope_layer_type)
         self.head_dim = head_dim
-        self.q_norm = RMSNorm(head_dim, config.rms_norm_eps) if qk_norm else None
-        self.k_norm = RMSNorm(head_dim, config.rms_norm_eps) if qk_norm else None
+        self.q_norm = qk_norm_cls(head_dim, config.rms_norm_eps) if qk_norm else None
+        self.k_norm = qk_norm_cls(head_dim, config.rms_norm_eps) if qk_norm else None
         local_heads, local_kv = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
-        self.attn = Attention(backend, local_heads, head_dim, local_kv, head_dim**-0.5, sliding_window)
+        scale = head_dim**-0.5 if scale is None else scale
+        self.attn = Attention(backend, local_heads, head_dim, local_kv, scale, sliding_window, logits_soft_cap)
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         T = hidden.shape[0]
@@ -72,15 +78,25 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, config: PretrainedConfig, backend: AttentionBackend, layer_idx: int, **attn_opts: Any):
+    def __init__(
+        self,
+        config: PretrainedConfig,
+        backend: AttentionBackend,
+        layer_idx: int,
+        mlp: nn.Module | None = None,
+        **attn_opts: Any,
+    ):
+        """``mlp`` replaces the dense SwiGLU MLP (MoE families pass their sparse block)."""
         super().__init__()
         layer_types = getattr(config, "layer_types", None)  # Qwen2/3: sliding window only on some layers
         if layer_types is not None and layer_types[layer_idx] != "sliding_attention":
             attn_opts = {**attn_opts, "sliding_window": None}
         self.self_attn = LlamaAttention(config, backend, **attn_opts)
-        self.mlp = LlamaMLP(
-            config.hidden_size, config.intermediate_size, config.hidden_act, getattr(config, "mlp_bias", False)
-        )
+        if mlp is None:
+            mlp = LlamaMLP(
+                config.hidden_size, config.intermediate_size, config.hidden_act, getattr(config, "mlp_bias", False)
+            )
+        self.mlp = mlp
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -107,8 +123,12 @@ class LlamaModel(nn.Module):
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:  # (T,) -> (T, hidden)
+        """The token embeddings the first layer sees (Gemma and Granite scale them)."""
+        return self.embed_tokens(input_ids)
+
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        hidden, residual = self.embed_tokens(input_ids), None  # (T, hidden)
+        hidden, residual = self.embed(input_ids), None  # (T, hidden)
         for layer in self.layers:
             hidden, residual = layer(positions, hidden, residual, meta)
         hidden, _ = self.norm(hidden, residual)
@@ -125,10 +145,11 @@ class LlamaForCausalLM(nn.Module):
     }
     model_cls = LlamaModel
 
-    def __init__(self, config: PretrainedConfig, backend: AttentionBackend) -> None:
+    def __init__(self, config: PretrainedConfig, backend: AttentionBackend, **layer_opts: Any) -> None:
+        """``layer_opts`` go to every decoder layer besides the attention options (e.g. ``expert_parallel``)."""
         super().__init__()
         self.config = config
-        self.model = self.model_cls(config, backend, **self.attention_options(config))
+        self.model = self.model_cls(config, backend, **self.attention_options(config), **layer_opts)
         self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
         if getattr(config, "tie_word_embeddings", False):
             self.lm_head.tie_to(self.model.embed_tokens)
@@ -148,4 +169,8 @@ class LlamaForCausalLM(nn.Module):
         skip = ("rotary_emb.inv_freq",)
         if getattr(self.config, "tie_word_embeddings", False):
             skip += ("lm_head.weight",)
-        load_weights(self, weights, self.packed_modules_mapping, skip)
+        load_weights(self, weights, self.packed_modules_mapping, skip, resolve=self.resolve_weight)
+
+    def resolve_weight(self, name: str) -> tuple[str, Any] | None:
+        """(parameter, shard id) for checkpoint names ``packed_modules_mapping`` cannot express; None here."""
+        return None

@@ -16,7 +16,13 @@ _BUILTIN: dict[str, str] = {
     "Qwen2ForCausalLM": "minivllm.models.qwen2:Qwen2ForCausalLM",
     "Qwen3ForCausalLM": "minivllm.models.qwen3:Qwen3ForCausalLM",
     "MistralForCausalLM": "minivllm.models.mistral:MistralForCausalLM",
+    "MixtralForCausalLM": "minivllm.models.mixtral:MixtralForCausalLM",
+    "Qwen3MoeForCausalLM": "minivllm.models.qwen3_moe:Qwen3MoeForCausalLM",
     "Phi3ForCausalLM": "minivllm.models.phi3:Phi3ForCausalLM",
+    "Gemma2ForCausalLM": "minivllm.models.gemma2:Gemma2ForCausalLM",
+    "Gemma3ForCausalLM": "minivllm.models.gemma3:Gemma3ForCausalLM",
+    "Olmo2ForCausalLM": "minivllm.models.olmo2:Olmo2ForCausalLM",
+    "GraniteForCausalLM": "minivllm.models.granite:GraniteForCausalLM",
     "GPT2LMHeadModel": "minivllm.models.gpt2:GPT2LMHeadModel",
     "GPTNeoXForCausalLM": "minivllm.models.gpt_neox:GPTNeoXForCausalLM",
     # decoder-only base models (no LM head): model.runner=pooling only

@@ -1,7 +1,7 @@
 """Loading checkpoint tensors into a model by name."""
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from torch import nn
 
@@ -9,6 +9,8 @@ from minivllm.layers.weight_utils import default_weight_loader
 
 PackedMapping = dict[str, tuple[str, Any]]
 """checkpoint sub-name -> (fused parameter sub-name, shard id), e.g. "q_proj" -> ("qkv_proj", "q")."""
+Resolver = Callable[[str], "tuple[str, Any] | None"]
+"""checkpoint name -> (parameter name, shard id), or None to fall back on ``packed``."""
 
 
 def load_weights(
@@ -16,11 +18,13 @@ def load_weights(
     weights: Iterable[tuple[str, Any]],
     packed: PackedMapping | None = None,
     skip: tuple[str, ...] = (),
+    resolve: Resolver | None = None,
 ) -> set[str]:
     """Copy each checkpoint tensor into its parameter; return the parameter names loaded.
 
     Names containing any of ``skip`` are ignored (e.g. rotary caches, a tied
-    ``lm_head.weight``). Raises when a checkpoint name matches no parameter or
+    ``lm_head.weight``). ``resolve`` maps names ``packed`` cannot express (per-expert
+    tensors into stacked parameters) and is asked first. Raises when a checkpoint name matches no parameter or
     when a parameter received nothing.
     """
     params = dict(model.named_parameters())
@@ -28,7 +32,7 @@ def load_weights(
     for name, tensor in weights:
         if any(s in name for s in skip):
             continue
-        target, shard = _packed_target(name, packed or {})
+        target, shard = (resolve and resolve(name)) or _packed_target(name, packed or {})
         if target not in params:
             raise ValueError(f"checkpoint tensor {name!r} matches no parameter of {type(model).__name__}")
         param = params[target]

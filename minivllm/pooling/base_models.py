@@ -20,10 +20,11 @@ from minivllm.models.qwen2 import Qwen2ForCausalLM
 from minivllm.models.qwen3 import Qwen3ForCausalLM
 from minivllm.models.utils import load_weights
 
+
 def _base_model(causal_cls: type[LlamaForCausalLM], name: str) -> type[LlamaForCausalLM]:
     class BaseModel(causal_cls):
-        def __init__(self, config: PretrainedConfig, backend: AttentionBackend) -> None:
-            super().__init__(config, backend)
+        def __init__(self, config: PretrainedConfig, backend: AttentionBackend, **layer_opts: Any) -> None:
+            super().__init__(config, backend, **layer_opts)
             self.lm_head.tie_to(self.model.embed_tokens)
 
         def load_weights(self, weights: Iterable[tuple[str, Any]]) -> None:

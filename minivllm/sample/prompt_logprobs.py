@@ -16,7 +16,7 @@ import torch
 from minivllm.sample.sampler import gather_logprobs
 
 if TYPE_CHECKING:
-    from minivllm.worker.request_state import CachedRequestState
+    from minivllm.worker.request_state import PromptLogprobsState
 
 _ROWS_PER_PASS = 256
 """Positions whose (rows, vocab) logits are materialised at once."""
@@ -25,33 +25,29 @@ _ROWS_PER_PASS = 256
 def add_prompt_logprobs(
     compute_logits: Callable[[torch.Tensor], torch.Tensor],
     hidden: torch.Tensor,
-    query_start: list[int],
-    states: list[CachedRequestState],
-    computed: list[int],
-    query_lens: list[int],
+    chunks: list[tuple[PromptLogprobsState, int, int, int]],
 ) -> None:
-    """hidden: (T, H) of this step's flat batch; ``query_start[i]`` is request i's first row."""
+    """hidden: (T, H) of this step's flat batch; ``chunks``: per request that asked,
+    (its state, its first row in the flat batch, tokens computed before this step, new tokens)."""
     rows: list[int] = []
     targets: list[int] = []
-    spans: list[tuple[CachedRequestState, int, int]] = []  # (state, first prompt token, count)
-    for i, state in enumerate(states):
-        if state.prompt_logprobs is None:
-            continue
-        start, end = computed[i], min(computed[i] + query_lens[i], state.num_prompt_tokens - 1)
+    spans: list[tuple[PromptLogprobsState, int, int]] = []  # (state, first prompt token, count)
+    for state, first_row, computed, query_len in chunks:
+        start, end = computed, min(computed + query_len, state.num_prompt_tokens - 1)
         if end <= start:
             continue
-        rows.extend(range(query_start[i], query_start[i] + end - start))
-        targets.extend(state.token_ids[start + 1 : end + 1])
+        rows.extend(range(first_row, first_row + end - start))
+        targets.extend(state.prompt_token_ids[start + 1 : end + 1])
         spans.append((state, start + 1, end - start))
     if not rows:
         return
-    k = max(state.sampling_params.prompt_logprobs for state, _, _ in spans)
+    k = max(state.num_logprobs for state, _, _ in spans)
     entries = _entries(compute_logits, hidden, rows, targets, k)
     offset = 0
     for state, first, count in spans:
-        asked = 1 + state.sampling_params.prompt_logprobs
+        asked = 1 + state.num_logprobs
         chunk = entries[offset : offset + count]
-        state.add_prompt_logprobs(first, [dict(pairs[:asked]) for pairs in chunk])
+        state.add(first, [dict(pairs[:asked]) for pairs in chunk])
         offset += count
 
 

@@ -1,6 +1,7 @@
 """The sampler: logits in, one token per row out, batched on the device.
 
-Order per step (vLLM's): logprobs of the raw logits when asked for; then the
+Order per step (vLLM's): logprobs of the raw logits when asked for; the
+structured-output bitmask (disallowed tokens -inf); then the
 request-specific edits (allowed/bad tokens, min_tokens, logit_bias, penalties);
 greedy rows take the argmax of the edited logits; random rows apply temperature,
 min-p and top-k / top-p, then draw.
@@ -17,6 +18,7 @@ import torch
 from torch import nn
 
 from minivllm.sample.metadata import SamplingMetadata
+from minivllm.structured_output.bitmask import apply_grammar_bitmask
 
 
 @dataclass
@@ -38,6 +40,8 @@ class Sampler(nn.Module):
     def forward(self, logits: torch.Tensor, meta: SamplingMetadata) -> SamplerOutput:
         """logits: (N, V) fp32, as the model produced them (left unchanged)."""
         raw = logits
+        if meta.grammar_bitmask is not None:
+            logits = apply_grammar_bitmask(logits, meta.grammar_bitmask)
         if meta.edits is not None:
             logits = meta.edits.apply(logits)
         greedy = logits.argmax(dim=-1)

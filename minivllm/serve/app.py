@@ -4,6 +4,9 @@
 
 Every bad request is a 400 with an OpenAI-style body naming the field
 (``{"error": {"message", "type", "param", "code"}}``); the engine never sees it.
+An unknown model is a 404 (``NotFoundError``), a full queue a 503 with
+``Retry-After``; a client that hangs up gets its requests aborted and one log
+line. Only a server bug is a 500.
 With ``serve.api_key`` set, each /v1 route wants ``Authorization: Bearer <key>``.
 """
 from __future__ import annotations
@@ -24,6 +27,7 @@ from minivllm.engine.async_llm import AsyncLLM
 from minivllm.engine.request_stream import EngineDeadError
 from minivllm.serve.chat import create_chat_completion
 from minivllm.serve.completions import create_completion
+from minivllm.serve.errors import ClientDisconnected, ModelNotFound, Overloaded
 from minivllm.serve.metrics import CONTENT_TYPE
 from minivllm.serve.params import BadRequest, param_of
 from minivllm.serve.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
@@ -80,16 +84,31 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
         return Response(state.metrics.render(stats), media_type=CONTENT_TYPE)
 
 
-def _error(message: str, kind: str, code: int, param: str | None = None) -> JSONResponse:
+def _error(
+    message: str, kind: str, code: int, param: str | None = None, headers: dict[str, str] | None = None
+) -> JSONResponse:
     body = ServerState.error_body(message, kind, code, param)
-    return JSONResponse(body.model_dump(), status_code=code)
+    return JSONResponse(body.model_dump(), status_code=code, headers=headers)
 
 
 def _add_error_handlers(app: FastAPI, state: ServerState) -> None:
     @app.exception_handler(RequestValidationError)
-    async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
-        message, param = _describe_validation(exc.errors())
+    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        message, param = _wrong_content_type(request) or _describe_validation(exc.errors())
         return _error(message, "invalid_request_error", 400, param)
+
+    @app.exception_handler(ModelNotFound)
+    async def no_model(_: Request, exc: ModelNotFound) -> JSONResponse:
+        return _error(str(exc), "NotFoundError", 404, exc.param)
+
+    @app.exception_handler(Overloaded)
+    async def overloaded(_: Request, exc: Overloaded) -> JSONResponse:
+        return _error(str(exc), "ServiceUnavailableError", 503, headers={"Retry-After": str(exc.retry_after)})
+
+    @app.exception_handler(ClientDisconnected)
+    async def gone(request: Request, _: ClientDisconnected) -> Response:
+        logger.info("%s: the client disconnected before the answer; its requests were aborted", request.url.path)
+        return Response(status_code=ClientDisconnected.STATUS)
 
     @app.exception_handler(BadRequest)
     async def bad(_: Request, exc: BadRequest) -> JSONResponse:
@@ -112,6 +131,16 @@ def _add_error_handlers(app: FastAPI, state: ServerState) -> None:
     async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
         return _error(str(exc.detail), kind, exc.status_code)
+
+
+def _wrong_content_type(request: Request) -> tuple[str, None] | None:
+    """The complaint for a body FastAPI did not parse as JSON because of its Content-Type."""
+    given = request.headers.get("content-type")
+    media = (given or "").split(";")[0].strip().lower()
+    if media == "application/json" or media.endswith("+json"):
+        return None
+    sent = f"got {given!r}" if given else "none was sent"
+    return f"body: Content-Type must be application/json ({sent})", None
 
 
 def _describe_validation(errors: list[dict[str, Any]]) -> tuple[str, str | None]:

@@ -11,9 +11,12 @@ from minivllm.engine.outputs import CompletionOutput
 from minivllm.engine.request_stream import EngineDeadError, RequestStream
 from minivllm.entrypoints.chat_utils import render_chat
 from minivllm.sampling_params import RequestOutputKind
-from minivllm.serve.generation import SSE_DONE, Prompt, check_prompt, final_outputs, merged, sse, start_requests
-from minivllm.serve.generation import unless_disconnected, usage
+from minivllm.serve.chat_output import ChatOutputParser
 from minivllm.serve.completions import prompt_logprobs_json
+from minivllm.serve.generation import SSE_DONE, Prompt, check_prompt, continuous_usage, final_outputs, merged, sse
+from minivllm.serve.generation import start_requests
+from minivllm.serve.generation import unless_disconnected, usage
+from minivllm.serve.limits import admit
 from minivllm.serve.params import BadRequest, to_sampling_params
 from minivllm.serve.protocol import (
     ChatChoice,
@@ -28,7 +31,11 @@ from minivllm.serve.protocol import (
     TopLogProb,
     UsageInfo,
 )
+from minivllm.serve.reasoning import REASONING_PARSERS
 from minivllm.serve.state import ServerState
+from minivllm.serve.structured import structured_outputs_of
+from minivllm.serve.tools import ToolPlan, plan_tools
+from minivllm.structured_output import StructuredOutputsParams
 
 NO_TEMPLATE = (
     "messages: this model's tokenizer has no chat template; start the server with "
@@ -39,6 +46,7 @@ NO_TEMPLATE = (
 
 async def create_chat_completion(state: ServerState, body: ChatCompletionRequest, raw: Request) -> Any:
     state.check_model(body.model)
+    admit(state, body.n, 1)
     if body.stream_options is not None and not body.stream:
         raise BadRequest("stream_options", "stream_options: only allowed with stream=true")
     if body.top_logprobs is not None and not body.logprobs:
@@ -46,39 +54,41 @@ async def create_chat_completion(state: ServerState, body: ChatCompletionRequest
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     kind = RequestOutputKind.DELTA if body.stream else RequestOutputKind.FINAL_ONLY
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
+    tools = plan_tools(body, state.cfg.serve.tool_call_parser)
     params = to_sampling_params(
-        body, state.default_sampling_params, max_tokens=max_tokens, logprobs=logprobs, output_kind=kind
-    )
+        body, state.default_sampling_params, max_tokens=max_tokens, logprobs=logprobs, output_kind=kind,
+        structured_outputs=_constraint(body, tools),
+    )  # fmt: skip
     prompt = check_prompt(
-        state.engine, render(state, body), max_tokens, prompt_field="messages",
+        state.engine, render(state, body, tools), max_tokens, prompt_field="messages",
         truncate_prompt_tokens=params.truncate_prompt_tokens,
     )  # fmt: skip
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     streams = await start_requests(state.engine, request_id, [prompt], params, body.priority, "messages")
-    fmt = _Formatter(state, body, prompt)
+    reasoning = state.cfg.serve.reasoning_parser
+    fmt = _Formatter(state, body, prompt, ChatOutputParser(tools, REASONING_PARSERS[reasoning] if reasoning else None))
     if body.stream:
         return StreamingResponse(_stream(body, request_id, streams, fmt), media_type="text/event-stream")
     outs = await unless_disconnected(raw, final_outputs(streams))
-    if outs is None:
-        return None
-    choices = [
-        ChatChoice(
-            index=c.index,
-            message=ChatMessageOut(content=c.text),
-            logprobs=fmt.logprobs(c),
-            finish_reason=c.finish_reason,
-            stop_reason=c.stop_reason,
-        )
-        for c in outs[0].outputs
-    ]
+    choices = [fmt.choice(c) for c in outs[0].outputs]
     shown = prompt_logprobs_json(outs[0].prompt_logprobs) if body.prompt_logprobs is not None else None
     return ChatCompletionResponse(
         id=request_id, model=state.model_name, choices=choices, usage=usage([prompt], outs), prompt_logprobs=shown
     )
 
 
-def render(state: ServerState, body: ChatCompletionRequest) -> dict[str, Any]:
-    """The prompt text and ids the template makes of the messages."""
+def _constraint(body: ChatCompletionRequest, tools: ToolPlan | None) -> StructuredOutputsParams | None:
+    """response_format / guided_* / structured_outputs, or what tool_choice enforces (not both)."""
+    asked = structured_outputs_of(body)
+    enforced = tools.constraint if tools is not None else None
+    if asked is not None and enforced is not None:
+        raise BadRequest("tool_choice", f"tool_choice={body.tool_choice!r}: cannot be combined with response_format "
+                         "or another output constraint")  # fmt: skip
+    return enforced or asked
+
+
+def render(state: ServerState, body: ChatCompletionRequest, tools: ToolPlan | None = None) -> dict[str, Any]:
+    """The prompt text and ids the template makes of the messages (and tools)."""
     if not state.chat_template:
         raise BadRequest("messages", NO_TEMPLATE)
     messages = [m.model_dump(exclude_none=True) for m in body.messages]
@@ -89,19 +99,29 @@ def render(state: ServerState, body: ChatCompletionRequest) -> dict[str, Any]:
             chat_template=state.chat_template,
             add_generation_prompt=body.add_generation_prompt and not body.continue_final_message,
             continue_final_message=body.continue_final_message,
-            tools=getattr(body, "tools", None),
+            tools=tools.tools if tools is not None else None,
             chat_template_kwargs=body.chat_template_kwargs,
         )
     except ValueError as err:
         raise BadRequest("messages", str(err)) from None
     if body.add_special_tokens:
-        rendered["prompt_token_ids"] = state.engine.tokenizer.encode(rendered["prompt"], add_special_tokens=True)
+        rendered["prompt_token_ids"] = state.engine.tokenizer.encode(rendered["prompt"], add_special_tokens=True, verbose=False)
     return rendered
 
 
 class _Formatter:
-    def __init__(self, state: ServerState, body: ChatCompletionRequest, prompt: Prompt) -> None:
-        self.state, self.body, self.prompt = state, body, prompt
+    def __init__(self, state: ServerState, body: ChatCompletionRequest, prompt: Prompt, parser: ChatOutputParser) -> None:
+        self.state, self.body, self.prompt, self.parser = state, body, prompt, parser
+
+    def choice(self, c: CompletionOutput) -> ChatChoice:
+        parsed = self.parser.whole(c.text)
+        message = ChatMessageOut(
+            content=parsed.content, reasoning_content=parsed.reasoning_content, tool_calls=parsed.tool_calls
+        )
+        return ChatChoice(
+            index=c.index, message=message, logprobs=self.logprobs(c),
+            finish_reason=self.parser.finish_reason(c.finish_reason, bool(parsed.tool_calls)), stop_reason=c.stop_reason,
+        )  # fmt: skip
 
     def logprobs(self, c: CompletionOutput) -> ChatLogProbs | None:
         if not self.body.logprobs:
@@ -126,23 +146,29 @@ async def _stream(
     body: ChatCompletionRequest, request_id: str, streams: list[RequestStream], fmt: _Formatter
 ) -> AsyncIterator[str]:
     model = fmt.state.model_name
-
-    def chunk(choices: list[ChatStreamChoice], usage: UsageInfo | None = None) -> str:
-        return sse(ChatCompletionChunk(id=request_id, model=model, choices=choices, usage=usage))
-
+    every_chunk = continuous_usage(body)
     generated = 0
+
+    def chunk(choices: list[ChatStreamChoice], so_far: UsageInfo | None = None) -> str:
+        if so_far is None and every_chunk:
+            so_far = usage([fmt.prompt], generated=generated)
+        return sse(ChatCompletionChunk(id=request_id, model=model, choices=choices, usage=so_far))
+
+    parsers = [fmt.parser.stream() for _ in range(body.n)]
     try:
         yield chunk([ChatStreamChoice(index=i, delta=DeltaMessage(role="assistant", content="")) for i in range(body.n)])
         async for _, out in merged(streams):
             choices = []
             for c in out.outputs:
                 generated += len(c.token_ids)
-                if c.text or c.token_ids or c.finish_reason is not None:
-                    delta = DeltaMessage(content=c.text)
+                parser = parsers[c.index]
+                delta = parser.feed(c.text, final=c.finish_reason is not None)
+                if delta is not None or c.token_ids or c.finish_reason is not None:
+                    reason = fmt.parser.finish_reason(c.finish_reason, parser.has_calls)
                     choices.append(
                         ChatStreamChoice(
-                            index=c.index, delta=delta, logprobs=fmt.logprobs(c),
-                            finish_reason=c.finish_reason, stop_reason=c.stop_reason,
+                            index=c.index, delta=delta or DeltaMessage(), logprobs=fmt.logprobs(c),
+                            finish_reason=reason, stop_reason=c.stop_reason,
                         )  # fmt: skip
                     )
             if choices:

@@ -14,6 +14,7 @@ from minivllm.serve.generation import (
     SSE_DONE,
     Prompt,
     check_prompt,
+    continuous_usage,
     final_outputs,
     merged,
     sse,
@@ -21,24 +22,29 @@ from minivllm.serve.generation import (
     unless_disconnected,
     usage,
 )
+from minivllm.serve.limits import admit
 from minivllm.serve.params import BadRequest, to_sampling_params
 from minivllm.serve.protocol import CompletionChoice, CompletionLogProbs, CompletionRequest
 from minivllm.serve.state import ServerState
+from minivllm.serve.structured import structured_outputs_of
 
 
 async def create_completion(state: ServerState, body: CompletionRequest, raw: Request) -> Any:
     state.check_model(body.model)
     _check_unsupported(body)
+    raw_prompts = _prompt_list(body.prompt)
+    admit(state, body.n, len(raw_prompts))
     kind = RequestOutputKind.DELTA if body.stream else RequestOutputKind.FINAL_ONLY
     params = to_sampling_params(
-        body, state.default_sampling_params, max_tokens=body.max_tokens, logprobs=body.logprobs, output_kind=kind
-    )
+        body, state.default_sampling_params, max_tokens=body.max_tokens, logprobs=body.logprobs, output_kind=kind,
+        structured_outputs=structured_outputs_of(body),
+    )  # fmt: skip
     if body.echo and body.logprobs is not None:  # the echoed prompt's logprobs come from prompt logprobs
         params.prompt_logprobs = max(params.prompt_logprobs or 0, body.logprobs)
     prompts = [
         check_prompt(state.engine, _encoded(state, p, body), body.max_tokens,
                      truncate_prompt_tokens=params.truncate_prompt_tokens)
-        for p in _prompt_list(body.prompt)
+        for p in raw_prompts
     ]  # fmt: skip
     request_id = f"cmpl-{uuid.uuid4().hex}"
     streams = await start_requests(state.engine, request_id, prompts, params, body.priority)
@@ -46,8 +52,6 @@ async def create_completion(state: ServerState, body: CompletionRequest, raw: Re
     if body.stream:
         return StreamingResponse(_stream(state, body, request_id, streams, fmt), media_type="text/event-stream")
     outs = await unless_disconnected(raw, final_outputs(streams))
-    if outs is None:
-        return None  # the client is gone
     choices = [fmt.choice(i, c, out.prompt_logprobs) for i, out in enumerate(outs) for c in out.outputs]
     return state.completion_response(request_id, choices, usage(prompts, outs))
 
@@ -123,6 +127,7 @@ async def _stream(
     state: ServerState, body: CompletionRequest, request_id: str, streams: list[RequestStream], fmt: _Formatter
 ) -> AsyncIterator[str]:
     generated = 0
+    every_chunk = continuous_usage(body)
     try:
         async for i, out in merged(streams):
             choices = []
@@ -131,7 +136,8 @@ async def _stream(
                 if c.text or c.token_ids or c.finish_reason is not None:
                     choices.append(fmt.choice(i, c, out.prompt_logprobs))
             if choices:
-                yield sse(state.completion_response(request_id, choices, None))
+                so_far = usage(fmt.prompts, generated=generated) if every_chunk else None
+                yield sse(state.completion_response(request_id, choices, so_far))
         if body.stream_options is not None and body.stream_options.include_usage:
             yield sse(state.completion_response(request_id, [], usage(fmt.prompts, generated=generated)))
     except EngineDeadError as err:

@@ -18,6 +18,7 @@ from minivllm.engine.async_llm import AsyncLLM
 from minivllm.engine.outputs import RequestOutput
 from minivllm.engine.request_stream import RequestStream
 from minivllm.sampling_params import SamplingParams
+from minivllm.serve.errors import ClientDisconnected
 from minivllm.serve.params import BadRequest, bad_request
 from minivllm.serve.protocol import UsageInfo
 
@@ -59,7 +60,7 @@ async def start_requests(
     try:
         for i, p in enumerate(prompts):
             request = {"prompt": p.text, "prompt_token_ids": p.token_ids}
-            streams.append(await engine.add_request(f"{base_id}-{i}", request, params, priority))
+            streams.append(await engine.add_request(f"{base_id}-{i}", request, params, priority, group_id=base_id))
     except BaseException as err:
         for s in streams:
             s.abort()
@@ -123,8 +124,9 @@ async def merged(streams: list[RequestStream]) -> AsyncIterator[tuple[int, Reque
             s.abort()
 
 
-async def unless_disconnected(request: Request, work: Awaitable[T]) -> T | None:
-    """Run ``work``; cancel it (aborting its requests) if the client hangs up first."""
+async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
+    """Run ``work``; if the client hangs up first, cancel it (its ``finally`` aborts
+    its requests) and raise ClientDisconnected."""
     task = asyncio.ensure_future(work)
     watcher = asyncio.ensure_future(_disconnected(request))
     try:
@@ -133,7 +135,10 @@ async def unless_disconnected(request: Request, work: Awaitable[T]) -> T | None:
         watcher.cancel()
         if not task.done():
             task.cancel()
-    return task.result() if not task.cancelled() else None
+            await asyncio.wait({task})  # let its clean-up run; never raises
+    if task.cancelled():
+        raise ClientDisconnected()
+    return task.result()
 
 
 async def _disconnected(request: Request) -> None:
@@ -147,6 +152,11 @@ def usage(prompts: list[Prompt], outputs: list[RequestOutput] = (), generated: i
     if generated is None:
         generated = sum(len(c.token_ids) for out in outputs for c in out.outputs)
     return UsageInfo(prompt_tokens=n_prompt, completion_tokens=generated, total_tokens=n_prompt + generated)
+
+
+def continuous_usage(body: Any) -> bool:
+    """stream_options.continuous_usage_stats: the usage so far on every chunk."""
+    return body.stream_options is not None and body.stream_options.continuous_usage_stats
 
 
 def sse(payload: BaseModel | dict[str, Any]) -> str:

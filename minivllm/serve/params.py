@@ -4,12 +4,12 @@ Every request field whose name is a ``SamplingParams`` field is passed on
 (type-checked against the dataclass's annotation), so new sampling fields work
 over HTTP as soon as they exist. A declared OpenAI field the engine does not
 have yet is refused with a 400 when set to anything but its neutral value, never
-silently dropped.
+silently dropped. A field nobody declared that is not a ``SamplingParams`` field
+is a 400 naming it.
 """
 from __future__ import annotations
 
 import dataclasses
-import logging
 import re
 import typing
 from functools import lru_cache
@@ -19,20 +19,19 @@ from pydantic import TypeAdapter, ValidationError
 
 from minivllm.sampling_params import SamplingParams
 
-logger = logging.getLogger(__name__)
-
 # Request fields that are about the request, not about sampling.
 NOT_SAMPLING = frozenset(
     {
         "model", "prompt", "messages", "stream", "stream_options", "echo", "user", "priority", "suffix",
         "best_of", "max_completion_tokens", "top_logprobs", "add_generation_prompt", "continue_final_message",
-        "chat_template_kwargs", "max_tokens", "logprobs", "add_special_tokens",
+        "chat_template_kwargs", "max_tokens", "logprobs", "response_format", "guided_json", "guided_regex",
+        "guided_choice", "guided_grammar", "tools", "tool_choice", "parallel_tool_calls", "add_special_tokens",
     }
 )  # fmt: skip
 # Declared fields that mean "off" at these values (OpenAI's defaults).
 NEUTRAL = {"presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0, "logit_bias": {}}
 # Never settable over HTTP.
-SERVER_OWNED = frozenset({"output_kind", "logits_processors"})
+SERVER_OWNED = frozenset({"output_kind", "guided_decoding", "logits_processors"})
 
 
 class BadRequest(ValueError):
@@ -71,6 +70,10 @@ def _adapter(tp: Any) -> TypeAdapter:
 def to_sampling_params(request: Any, defaults: dict[str, Any] | None = None, **explicit: Any) -> SamplingParams:
     """SamplingParams from a parsed request; ``explicit`` values (already converted) win, except that
     ``defaults`` (the checkpoint's generation config) fill the fields the client did not send."""
+    options = getattr(request, "stream_options", None)
+    if options is not None and options.model_extra:
+        name = sorted(options.model_extra)[0]
+        raise BadRequest("stream_options", f"stream_options.{name}: not supported; the only option is include_usage")
     unset = _unset_defaults(request, defaults or {})
     fields = _sampling_fields()
     declared = set(type(request).model_fields)
@@ -85,7 +88,7 @@ def to_sampling_params(request: Any, defaults: dict[str, Any] | None = None, **e
         elif name in declared:
             raise BadRequest(name, f"{name}={value!r}: not supported by this engine yet")
         else:
-            logger.warning("ignoring unknown request field %r", name)
+            raise BadRequest(name, f"{name}: unknown or unsupported request field; this server does not implement it")
     kwargs.update(explicit)
     kwargs.update(unset)
     try:

@@ -4,14 +4,33 @@ Requests accept OpenAI's fields plus vLLM's extra sampling fields at the top
 level (``top_k``, ``min_p``, ``repetition_penalty``, ...). Fields nobody declared
 are kept (``extra="allow"``): ``params.py`` maps every field whose name is a
 ``SamplingParams`` field onto it, so a field added to ``SamplingParams`` works
-over HTTP without touching this file.
+over HTTP without touching this file. Any other field is a 400 naming it: the
+server never drops what a client asked for. Only the fields in ``NO_OP_FIELDS``
+are accepted and ignored (documented in docs/serving.md).
 """
 from __future__ import annotations
 
 import time
-from typing import Any, Literal, Optional, Union
+from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, model_validator
+
+
+def _no_bool(value: Any) -> Any:
+    if isinstance(value, bool):
+        raise ValueError("Input should be a valid number, not a boolean")
+    return value
+
+
+Int = Annotated[int, Strict()]
+"""An integer as JSON writes it: ``true``, ``1.0`` and ``"1"`` are refused (OpenAI does too)."""
+Float = Annotated[float, BeforeValidator(_no_bool)]
+"""A number (integers accepted), never a boolean."""
+ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
+NO_OP_FIELDS = ("user",)
+"""Accepted and documented as having no effect (OpenAI's end-user id)."""
 
 
 class OpenAIModel(BaseModel):
@@ -21,46 +40,59 @@ class OpenAIModel(BaseModel):
 class StreamOptions(OpenAIModel):
     include_usage: bool = False
     """Send a last chunk (with no choices) carrying the request's token usage."""
+    continuous_usage_stats: bool = False
+    """Also put the usage so far on every chunk."""
 
 
 class _SamplingRequest(OpenAIModel):
     """Fields shared by /v1/completions and /v1/chat/completions."""
 
     model: Optional[str] = None
-    n: int = 1
-    temperature: Optional[float] = None
-    top_p: Optional[float] = None
-    seed: Optional[int] = None
+    n: Int = 1
+    temperature: Optional[Float] = None
+    top_p: Optional[Float] = None
+    seed: Optional[Int] = None
     stop: Optional[Union[str, list[str]]] = None
     stream: bool = False
     stream_options: Optional[StreamOptions] = None
-    presence_penalty: Optional[float] = None
-    frequency_penalty: Optional[float] = None
-    logit_bias: Optional[dict[str, float]] = None
+    presence_penalty: Optional[Float] = None
+    frequency_penalty: Optional[Float] = None
+    logit_bias: Optional[dict[str, Float]] = None
     user: Optional[str] = None
     # vLLM's extra sampling fields, accepted at the top level
-    top_k: Optional[int] = None
-    min_p: Optional[float] = None
-    repetition_penalty: Optional[float] = None
-    min_tokens: Optional[int] = None
+    top_k: Optional[Int] = None
+    min_p: Optional[Float] = None
+    repetition_penalty: Optional[Float] = None
+    min_tokens: Optional[Int] = None
     ignore_eos: Optional[bool] = None
-    stop_token_ids: Optional[list[int]] = None
+    stop_token_ids: Optional[list[Int]] = None
     include_stop_str_in_output: Optional[bool] = None
     skip_special_tokens: Optional[bool] = None
     spaces_between_special_tokens: Optional[bool] = None
-    prompt_logprobs: Optional[int] = None
-    priority: int = 0
+    prompt_logprobs: Optional[Int] = None
+    truncate_prompt_tokens: Optional[Int] = None
+    """Keep only the last k prompt tokens."""
+    detokenize: Optional[bool] = None
+    """False: token ids (and logprobs) only, the text stays empty."""
+    # structured outputs (serve/structured.py): at most one of these
+    response_format: Optional[dict[str, Any]] = None
+    structured_outputs: Optional[dict[str, Any]] = None
+    guided_json: Optional[Union[str, dict[str, Any]]] = None
+    guided_regex: Optional[str] = None
+    guided_choice: Optional[list[str]] = None
+    guided_grammar: Optional[str] = None
+    priority: Int = 0
     """Scheduling priority (scheduler.policy=priority): lower runs first."""
 
 
 class CompletionRequest(_SamplingRequest):
     prompt: Union[str, list[str], list[int], list[list[int]]]
-    max_tokens: Optional[int] = 16
-    logprobs: Optional[int] = None
+    max_tokens: Optional[Int] = 16
+    logprobs: Optional[Int] = None
     echo: bool = False
     add_special_tokens: bool = True
     """Add the tokenizer's special tokens (BOS) to text prompts."""
-    best_of: Optional[int] = None
+    best_of: Optional[Int] = None
     suffix: Optional[str] = None
 
 
@@ -70,19 +102,32 @@ class ContentPart(OpenAIModel):
 
 
 class ChatMessage(OpenAIModel):
-    role: str
+    """One message; ``content`` is required except on an assistant message with ``tool_calls``."""
+
+    role: Literal[ROLES]
     content: Optional[Union[str, list[ContentPart]]] = None
+
+    @model_validator(mode="after")
+    def _content_required(self) -> "ChatMessage":
+        tool_calls = (self.model_extra or {}).get("tool_calls")
+        if self.content is None and not (self.role == "assistant" and tool_calls):
+            allowed = " (or tool_calls)" if self.role == "assistant" else ""
+            raise ValueError(f"a {self.role} message needs content{allowed}")
+        return self
 
 
 class ChatCompletionRequest(_SamplingRequest):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: Optional[int] = None
-    max_completion_tokens: Optional[int] = None
+    max_tokens: Optional[Int] = None
+    max_completion_tokens: Optional[Int] = None
     logprobs: bool = False
-    top_logprobs: Optional[int] = None
+    top_logprobs: Optional[Int] = None
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: Optional[dict[str, Any]] = None
+    tools: Optional[list[dict[str, Any]]] = None
+    tool_choice: Optional[Union[str, dict[str, Any]]] = None
+    parallel_tool_calls: Optional[bool] = None
     add_special_tokens: bool = False
     """Add the tokenizer's special tokens on top of the template's text (the template usually holds them)."""
 
@@ -145,9 +190,35 @@ class ChatLogProbs(BaseModel):
     content: Optional[list[ChatTokenLogProb]] = None
 
 
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str
+    """The arguments as JSON text."""
+
+
+class ToolCallOut(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class DeltaFunctionCall(BaseModel):
+    name: Optional[str] = None
+    arguments: Optional[str] = None
+
+
+class DeltaToolCall(BaseModel):
+    index: int
+    id: Optional[str] = None
+    type: Literal["function"] = "function"
+    function: DeltaFunctionCall
+
+
 class ChatMessageOut(BaseModel):
     role: str = "assistant"
     content: Optional[str] = None
+    reasoning_content: Optional[str] = None
+    tool_calls: list[ToolCallOut] = Field(default_factory=list)
 
 
 class ChatChoice(BaseModel):
@@ -171,6 +242,8 @@ class ChatCompletionResponse(BaseModel):
 class DeltaMessage(BaseModel):
     role: Optional[str] = None
     content: Optional[str] = None
+    reasoning_content: Optional[str] = None
+    tool_calls: Optional[list[DeltaToolCall]] = None
 
 
 class ChatStreamChoice(BaseModel):

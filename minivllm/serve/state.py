@@ -8,8 +8,8 @@ from typing import Any
 from minivllm.config.generation_defaults import generation_defaults
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.engine.async_llm import AsyncLLM
+from minivllm.serve.errors import ModelNotFound
 from minivllm.serve.metrics import ServerMetrics
-from minivllm.serve.params import BadRequest
 from minivllm.serve.protocol import CompletionChoice, CompletionResponse, ErrorInfo, ErrorResponse, UsageInfo
 
 
@@ -32,7 +32,7 @@ class ServerState:
 
     def check_model(self, model: str | None) -> None:
         if model is not None and model not in self.model_names:
-            raise BadRequest("model", f"model={model!r}: not served here; this server serves {self.model_name!r}")
+            raise ModelNotFound(model, self.model_name)
 
     def _token_text(self, token_id: int) -> str:
         return self.engine.tokenizer.decode([token_id])

@@ -1,9 +1,14 @@
 """The model runner: scheduler output in, sampled tokens out, on one device.
 
-Per step it (1) folds the scheduler's deltas into its request states, (2) lays
-out the flat batch (token ids, positions, slot mapping, block tables),
-(3) runs the model, and (4) samples for the requests whose known tokens are now
-all computed (a request mid-way through a chunked prefill samples nothing).
+Per step it (1) folds the scheduler's deltas into the persistent batch
+(``input_batch.py``: rows added, removed, compacted; block tables grown in
+place), (2) computes the flat step inputs with numpy and sends them to the
+device in one copy (``step_inputs.py``), (3) runs the model, and (4) samples
+for the requests whose known tokens are now all computed (a request mid-way
+through a chunked prefill samples nothing). The sampled ids come back to the
+host in the step's one synchronization (``pending_output.py``), which with
+async scheduling happens after the next step is already launched: the next
+step then reads those tokens from the device (its *placeholders*).
 """
 from __future__ import annotations
 
@@ -16,16 +21,24 @@ from torch import nn
 
 from minivllm.attention.backend import AttentionMetadata
 from minivllm.config.vllm_config import VllmConfig
-from minivllm.core.scheduler_output import ModelRunnerOutput, SchedulerOutput
+from minivllm.core.scheduler_output import ModelRunnerOutput, NewRequestData, SchedulerOutput
+from minivllm.distributed.parallel_state import broadcast_from_first
 from minivllm.engine.request import RequestId
 from minivllm.layers.compile import compile_small_ops
+from minivllm.layers.rotary import share_cos_sin_caches
 from minivllm.pooling.pooler import Pooler
-from minivllm.sample.metadata import SamplingMetadata
+from minivllm.sample.logits_processors import LogitsEdits
+from minivllm.sample.metadata import SamplingMetadata, from_batch, has_logits_edits
 from minivllm.sample.prompt_logprobs import add_prompt_logprobs
-from minivllm.sample.sampler import Sampler, SamplerOutput
+from minivllm.sample.sampler import Sampler
+from minivllm.sampling_params import SamplingParams
+from minivllm.structured_output.bitmask import bitmask_for_rows
 from minivllm.utils import build, cdiv
 from minivllm.worker.cuda_graphs import CUDAGraphRunner
-from minivllm.worker.request_state import CachedRequestState
+from minivllm.worker.input_batch import InputBatch
+from minivllm.worker.pending_output import DoneOutput, PendingOutput
+from minivllm.worker.request_state import PromptLogprobsState
+from minivllm.worker.step_inputs import StepInputBuilder, StepInputs
 
 logger = logging.getLogger(__name__)
 
@@ -37,16 +50,27 @@ class ModelRunner:
         self.block_size = cfg.cache.block_size
         self.model: nn.Module | None = None
         self.kv_caches: list[torch.Tensor] = []
-        self.requests: dict[RequestId, CachedRequestState] = {}
         self.cuda_graphs: CUDAGraphRunner | None = None
         self.sampler = Sampler(torch.Generator(device=device).manual_seed(cfg.model.seed))
         self.pooler = Pooler(cfg.model.pooler_config.pooling_type) if cfg.model.runner == "pooling" else None
+        max_reqs, max_blocks = cfg.scheduler.max_num_seqs, cdiv(cfg.max_model_len, self.block_size)
+        self.batch = InputBatch(max_reqs, cfg.max_model_len, max_blocks)
+        self.inputs = StepInputBuilder(cfg.scheduler.max_num_batched_tokens, max_reqs, max_blocks,
+                                       self.block_size, device)
+        self.prompt_logprobs: dict[RequestId, PromptLogprobsState] = {}
+        self._pending: PendingOutput | None = None
+        """The last step's sampled tokens while the batch has not received them (async scheduling)."""
+        self._sampling_key: tuple | None = None
+        self._sampling: tuple[SamplingMetadata, list[int], list[int]] | None = None
+        """For ``_sampling_key``: the metadata, the sampling rows that have logit edits, and those with seeds."""
+        self._all_rows = np.arange(max_reqs)
 
     # ---- set-up -------------------------------------------------------------------
     def load_model(self) -> None:
         self.attn_backend = build(self.cfg.attention.backend)
         loader = build(self.cfg.load.loader)
         self.model = loader.load_model(self.cfg, self.attn_backend, self.device)
+        share_cos_sin_caches(self.model, self.cfg.max_model_len, self.device)
         if self.cfg.compilation.torch_compile:
             compile_small_ops(self.model)
         self.attention_layers = [m for m in self.model.modules() if hasattr(m, "kv_cache") and hasattr(m, "backend")]
@@ -91,23 +115,23 @@ class ModelRunner:
 
     @torch.inference_mode()
     def profile_run(self) -> None:
-        """A forward pass at the full token budget on a throw-away cache, so the
-        caller can measure peak activation memory."""
+        """A forward pass at the full token budget on a throw-away cache and batch,
+        so the caller can measure peak activation memory."""
         start = time.perf_counter()
         budget = self.cfg.scheduler.max_num_batched_tokens
         num_seqs = max(1, min(self.cfg.scheduler.max_num_seqs, cdiv(budget, self.cfg.max_model_len)))
         lens = [budget // num_seqs + (1 if i < budget % num_seqs else 0) for i in range(num_seqs)]
         blocks_per_seq = [cdiv(n, self.block_size) for n in lens]
         self.init_kv_cache(sum(blocks_per_seq))
-        tables, next_block = [], 0
-        for nb in blocks_per_seq:
-            tables.append(list(range(next_block, next_block + nb)))
-            next_block += nb
-        ids = np.zeros(budget, dtype=np.int64)
-        positions = np.concatenate([np.arange(n) for n in lens])
-        meta = self._attention_metadata(lens, [0] * num_seqs, tables, positions)
-        hidden = self.model(torch.from_numpy(ids).to(self.device), torch.from_numpy(positions).to(self.device), meta)
-        self.model.compute_logits(hidden[-num_seqs:])
+        batch = InputBatch(num_seqs, self.cfg.max_model_len, cdiv(self.cfg.max_model_len, self.block_size))
+        first_block = np.cumsum([0, *blocks_per_seq])
+        for i, n in enumerate(lens):
+            blocks = list(range(first_block[i], first_block[i + 1]))
+            batch.add(NewRequestData(RequestId(str(i)), [0] * n, n, SamplingParams(), blocks, 0), self.device)
+        step = self.inputs.build(batch, np.arange(num_seqs), np.asarray(lens, dtype=np.int32))
+        step.meta.backend_data = self.attn_backend.prepare(step.meta, self.block_size)
+        hidden = self.model(step.input_ids, step.positions, step.meta)
+        self.model.compute_logits(hidden[step.logits_index])
         self.kv_caches = []
         for layer in self.attention_layers:
             layer.kv_cache = None
@@ -115,106 +139,166 @@ class ModelRunner:
             logger.info("Profile run with torch.compile of the small ops: %.1f s", time.perf_counter() - start)
 
     # ---- one step -----------------------------------------------------------------
-    @torch.inference_mode()
     def execute_model(self, sched: SchedulerOutput) -> ModelRunnerOutput:
+        return self.execute_model_async(sched).result()
+
+    @torch.inference_mode()
+    def execute_model_async(self, sched: SchedulerOutput) -> PendingOutput | DoneOutput:
+        """Launch the step; the result's ``result()`` waits for its sampled tokens."""
         self._update_states(sched)
         if sched.is_empty:
-            return ModelRunnerOutput()
-        req_ids = list(sched.num_scheduled_tokens)
-        states = [self.requests[r] for r in req_ids]
-        query_lens = [sched.num_scheduled_tokens[r] for r in req_ids]
-        computed = [s.num_computed_tokens for s in states]
-        input_ids, positions = self._flat_tokens(states, query_lens)
-        meta = self._attention_metadata(query_lens, computed, [s.block_ids for s in states], positions)
-        hidden = self._forward(input_ids, torch.from_numpy(positions).to(self.device), meta)  # (T, hidden)
-        if any(s.prompt_logprobs is not None for s in states):
-            starts = np.cumsum([0, *query_lens[:-1]]).tolist()
-            add_prompt_logprobs(self.model.compute_logits, hidden, starts, states, computed, query_lens)
-        sample_rows = [i for i, s in enumerate(states) if computed[i] + query_lens[i] == len(s.token_ids)]
-        for state, n in zip(states, query_lens):
-            state.num_computed_tokens += n
-        if self.pooler is not None:  # runner=pooling: pooled hidden states instead of tokens
-            return self.pooler(hidden, req_ids, computed, query_lens, sample_rows, sched.finished_req_ids)
-        if not sample_rows:
-            return ModelRunnerOutput()
-        last_token = meta.query_start_loc[1:].long() - 1
-        logits = self.model.compute_logits(hidden[last_token[sample_rows]])  # (N, vocab) fp32
-        sampled = self._sample(logits, [states[i] for i in sample_rows])
-        return self._to_output([req_ids[i] for i in sample_rows], sampled)
+            return DoneOutput(ModelRunnerOutput())
+        rows, query_lens = self._scheduled_rows(sched)
+        step = self._prepare_inputs(rows, query_lens)
+        hidden = self._forward(step.input_ids, step.positions, step.meta)  # (T, hidden)
+        if self.pooler is not None:  # runner=pooling: pooled hidden states instead of sampled tokens
+            return DoneOutput(self._pool(hidden, step, sched))
+        prompt_logprobs = self._gather_prompt_logprobs(hidden, step) if self.prompt_logprobs else {}
+        if not len(step.sample_idx):
+            return DoneOutput(ModelRunnerOutput())
+        pending = self._sample_and_collect(hidden, step, prompt_logprobs, sched)
+        self._pending = pending
+        return pending
+
+    def _pool(self, hidden: torch.Tensor, step: StepInputs, sched: SchedulerOutput) -> ModelRunnerOutput:
+        """The pooler's view of the step: per scheduled request its id, tokens computed before
+        the step and new tokens; the requests whose prompt is now complete; those to forget."""
+        req_ids = [self.batch.req_ids[r] for r in step.rows.tolist()]
+        computed = self.batch.num_computed_tokens[step.rows].tolist()
+        return self.pooler(
+            hidden, req_ids, computed, step.query_lens.tolist(), step.sample_idx.tolist(), sched.finished_req_ids
+        )
 
     def _update_states(self, sched: SchedulerOutput) -> None:
+        batch = self.batch
         for req_id in sched.finished_req_ids:
-            self.requests.pop(req_id, None)
+            batch.remove(req_id)
+            self.prompt_logprobs.pop(req_id, None)
         for new in sched.new_reqs:
-            self.requests[new.req_id] = CachedRequestState.from_new(new, self.device)
-        for delta in sched.cached_reqs:
-            state = self.requests[delta.req_id]
-            state.token_ids.extend(delta.new_token_ids)
-            state.block_ids.extend(delta.new_block_ids)
-            state.num_computed_tokens = delta.num_computed_tokens
+            batch.add(new, self.device)
+            self._track_prompt_logprobs(new)
+        cached = sched.cached_reqs
+        if len(cached):
+            rows = [batch.row_of[r] for r in cached.req_ids]
+            batch.num_computed_tokens[rows] = cached.num_computed_tokens
+            for row, blocks in zip(rows, cached.new_block_ids):
+                if blocks:
+                    batch.block_table.append_row(row, blocks)
+        batch.condense()
 
-    def _flat_tokens(self, states: list[CachedRequestState], query_lens: list[int]) -> tuple[torch.Tensor, np.ndarray]:
-        ids: list[int] = []
-        pos_parts = []
-        for state, n in zip(states, query_lens):
-            start = state.num_computed_tokens
-            ids.extend(state.token_ids[start : start + n])
-            pos_parts.append(np.arange(start, start + n))
-        input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)  # (T,)
-        return input_ids, np.concatenate(pos_parts)  # (T,)
+    def _track_prompt_logprobs(self, new: NewRequestData) -> None:
+        """Prompt logprobs are gathered during the first prefill only (after a
+        preemption they were already sent with the first output)."""
+        k = new.sampling_params.prompt_logprobs
+        if k is not None and len(new.token_ids) == new.num_prompt_tokens:
+            self.prompt_logprobs[new.req_id] = PromptLogprobsState(list(new.token_ids), k)
 
-    def _attention_metadata(
-        self, query_lens: list[int], computed: list[int], tables: list[list[int]], positions: np.ndarray
-    ) -> AttentionMetadata:
-        seq_lens = [c + n for c, n in zip(computed, query_lens)]
-        max_blocks = max(len(t) for t in tables)
-        table_arr = np.zeros((len(tables), max_blocks), dtype=np.int32)  # (B, max_blocks)
-        for i, t in enumerate(tables):
-            table_arr[i, : len(t)] = t
-        req_index = np.repeat(np.arange(len(tables)), query_lens)  # (T,) request of each token
-        slots = table_arr[req_index, positions // self.block_size].astype(np.int64) * self.block_size
-        slots += positions % self.block_size
-        query_start = np.zeros(len(query_lens) + 1, dtype=np.int32)
-        np.cumsum(query_lens, out=query_start[1:])
-        to_dev = lambda a: torch.from_numpy(a).to(self.device, non_blocking=True)  # noqa: E731
-        meta = AttentionMetadata(
-            slot_mapping=to_dev(slots),
-            query_start_loc=to_dev(query_start),
-            seq_lens=to_dev(np.asarray(seq_lens, dtype=np.int32)),
-            block_tables=to_dev(table_arr),
-            max_query_len=max(query_lens),
-            max_seq_len=max(seq_lens),
-            query_lens_cpu=list(query_lens),
-            seq_lens_cpu=seq_lens,
+    def _scheduled_rows(self, sched: SchedulerOutput) -> tuple[np.ndarray, np.ndarray]:
+        """(B,) batch rows with new tokens this step, in row order, and (B,) their counts."""
+        counts = sched.num_scheduled_tokens
+        ids = self.batch.req_ids[: self.batch.num_rows]
+        n = np.fromiter((counts.get(r, 0) for r in ids), dtype=np.int32, count=len(ids))
+        if n.all():
+            return self._all_rows[: len(ids)], n
+        rows = np.flatnonzero(n)
+        return rows, n[rows]
+
+    def _prepare_inputs(self, rows: np.ndarray, query_lens: np.ndarray) -> StepInputs:
+        pending = self._pending if self._pending is not None and not self._pending.resolved else None
+        index = None
+        if pending is not None:
+            index = lambda rs: np.fromiter(  # noqa: E731
+                (pending.index_of[self.batch.req_ids[r]] for r in rs.tolist()), dtype=np.int64, count=len(rs)
+            )
+        step = self.inputs.build(self.batch, rows, query_lens, index)
+        step.meta.backend_data = self.attn_backend.prepare(step.meta, self.block_size)
+        if step.placeholders is not None:
+            dst, src = step.placeholders
+            step.input_ids[dst] = pending.sampled_device[src]
+        return step
+
+    def _gather_prompt_logprobs(self, hidden: torch.Tensor, step: StepInputs) -> dict:
+        """Add this step's chunk to each asking request's prompt logprobs; returns the
+        complete lists of the requests that sample now (and forgets them)."""
+        chunks, done = [], {}
+        sampling = set(step.sample_idx.tolist())
+        for i, row in enumerate(step.rows.tolist()):
+            req_id = self.batch.req_ids[row]
+            state = self.prompt_logprobs.get(req_id)
+            if state is None:
+                continue
+            computed = int(self.batch.num_computed_tokens[row])
+            chunks.append((state, int(step.query_start[i]), computed, int(step.query_lens[i])))
+            if i in sampling:
+                done[req_id] = state
+        add_prompt_logprobs(self.model.compute_logits, hidden, chunks)
+        for req_id in done:
+            del self.prompt_logprobs[req_id]
+        return {req_id: state.entries for req_id, state in done.items()}
+
+    def _sample_and_collect(
+        self, hidden: torch.Tensor, step: StepInputs, prompt_logprobs: dict, sched: SchedulerOutput
+    ) -> PendingOutput:
+        rows = step.rows[step.sample_idx]
+        req_ids = [self.batch.req_ids[r] for r in rows.tolist()]
+        logits = self.model.compute_logits(hidden[step.logits_index])  # (S, vocab) fp32
+        seq_lens = step.query_lens[step.sample_idx] + self.batch.num_computed_tokens[rows]
+        meta = self._sampling_metadata(rows, seq_lens, logits.shape[-1])
+        meta.grammar_bitmask = None
+        if sched.grammar_bitmask is not None:
+            meta.grammar_bitmask = bitmask_for_rows(
+                sched.grammar_bitmask, sched.structured_output_request_ids, req_ids, self.device
+            )
+        sampled = self.sampler(logits, meta)
+        broadcast_from_first(sampled.token_ids)  # every rank keeps the same tokens
+        params = [self.batch.params[r] for r in rows.tolist()]
+        return PendingOutput(
+            req_ids=req_ids,
+            sampled=sampled,
+            num_logprobs=[p.logprobs for p in params],
+            prompt_logprobs=prompt_logprobs,
+            deliver=self._deliver,
         )
-        meta.backend_data = self.attn_backend.prepare(meta, self.block_size)
+
+    def _deliver(self, req_ids: list[RequestId], tokens: np.ndarray) -> None:
+        """Store sampled tokens in the rows of the requests still in the batch."""
+        row_of = self.batch.row_of
+        rows = [row_of.get(r, -1) for r in req_ids]
+        keep = np.flatnonzero(np.asarray(rows) >= 0)
+        self.batch.append_tokens(np.asarray(rows)[keep], tokens[keep])
+
+    def _sampling_metadata(self, rows: np.ndarray, seq_lens: np.ndarray, vocab_size: int) -> SamplingMetadata:
+        """Reused while the batch and its sampling rows stay the same; per step only
+        seeds (re-seeded per position) and logit edits (they read the token history)."""
+        key = (self.batch.version, rows.tobytes())
+        if key != self._sampling_key:
+            params = [self.batch.params[r] for r in rows.tolist()]
+            edited = [i for i, p in enumerate(params) if has_logits_edits(p)]
+            seeded = [i for i, p in enumerate(params) if p.seed is not None]
+            self._sampling_key = key
+            self._sampling = (from_batch(self.batch, rows, vocab_size, self.device), edited, seeded)
+        meta, edited, seeded = self._sampling
+        meta.generators = {i: self._seeded_generator(int(rows[i]), int(seq_lens[i])) for i in seeded}
+        meta.edits = self._logits_edits(rows, edited, vocab_size) if edited else None
         return meta
 
-    def _sample(self, logits: torch.Tensor, states: list[CachedRequestState]) -> SamplerOutput:
-        generators = {i: g for i, s in enumerate(states) if (g := s.seeded_generator()) is not None}
-        meta = SamplingMetadata.build(
-            [s.sampling_params for s in states],
-            generators,
-            logits.shape[-1],
-            self.device,
-            token_ids=[s.token_ids for s in states],
-            num_prompt_tokens=[s.num_prompt_tokens for s in states],
-        )
-        return self.sampler(logits, meta)
+    def _seeded_generator(self, row: int, seq_len: int) -> torch.Generator:
+        """The request's generator, re-seeded for the output position about to be
+        sampled: the noise depends only on (seed, position), so a seeded request
+        samples the same tokens whatever the batch and across preemptions."""
+        params: SamplingParams = self.batch.params[row]
+        position = seq_len - int(self.batch.num_prompt_tokens[row])
+        generator = self.batch.generators[self.batch.req_ids[row]]
+        return generator.manual_seed((params.seed * 1_000_003 + position) % (1 << 63))
 
-    def _to_output(self, req_ids: list[RequestId], sampled: SamplerOutput) -> ModelRunnerOutput:
-        tokens = sampled.token_ids.tolist()
-        out = ModelRunnerOutput(sampled_token_ids={r: [t] for r, t in zip(req_ids, tokens)})
-        for req_id in req_ids:
-            state = self.requests[req_id]
-            if state.prompt_logprobs is not None:  # complete now: the prompt is all computed
-                out.prompt_logprobs[req_id], state.prompt_logprobs = state.prompt_logprobs, None
-        if sampled.logprobs is None:
-            return out
-        values, ids = sampled.logprobs.tolist(), sampled.logprob_token_ids.tolist()
-        for row, req_id in enumerate(req_ids):
-            asked = self.requests[req_id].sampling_params.logprobs
-            if asked is not None:
-                pairs = zip(ids[row][: 1 + asked], values[row][: 1 + asked])
-                out.logprobs[req_id] = [dict(pairs)]
-        return out
+    def _logits_edits(self, rows: np.ndarray, edited: list[int], vocab_size: int) -> LogitsEdits | None:
+        """Edits need each row's token history, so a pending step's tokens are fetched first."""
+        if self._pending is not None:
+            self._pending.result()
+        token_ids: list[list[int]] = [[] for _ in range(len(rows))]
+        num_prompt = [0] * len(rows)
+        for i in edited:
+            token_ids[i] = self.batch.tokens_of(int(rows[i]))
+            num_prompt[i] = int(self.batch.num_prompt_tokens[rows[i]])
+        params = [self.batch.params[r] for r in rows.tolist()]
+        return LogitsEdits.build(params, token_ids, num_prompt, vocab_size, self.device)

@@ -4,15 +4,19 @@ from __future__ import annotations
 import pytest
 
 from minivllm import LLM, SamplingParams
-from tests.model_configs import mistral_config
+from tests.model_configs import gemma2_config, mistral_config
 
 PROMPTS = ["def fibonacci(n):", "import os\nimport sys\n", "x = [i * i for i in range(10)]"]
 
 
-@pytest.fixture(params=["llama-gqa", "mistral-window5-mqa"])
+CONFIGS = {"mistral-window5-mqa": mistral_config, "gemma2-softcaps-window6-alternating": gemma2_config}
+
+
+@pytest.fixture(params=["llama-gqa", *CONFIGS])
 def checkpoint(request, llama_dir, make_checkpoint):
-    """Llama with GQA, and Mistral whose 5-token sliding window is shorter than the prompts."""
-    return llama_dir if request.param == "llama-gqa" else make_checkpoint(request.param, mistral_config())
+    """Llama with GQA; Mistral whose 5-token sliding window is shorter than the prompts;
+    Gemma 2 with per-layer windows (window 6, global, window 6) and soft-capped scores."""
+    return llama_dir if request.param == "llama-gqa" else make_checkpoint(request.param, CONFIGS[request.param]())
 
 
 def test_triton_backend_matches_torch_backend_end_to_end(checkpoint):

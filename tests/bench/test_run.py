@@ -31,9 +31,15 @@ def _overrides(ckpt, *extra):
 
 
 def test_bench_presets_compose():
-    nano = build_config(["model=opt-125m", "load.format=dummy", "task=bench", "bench=nanovllm"]).bench
+    full = build_config(["model=qwen3-0.6b", "load.format=dummy", "task=bench", "bench=nanovllm"])
+    nano = full.bench
     assert (nano.num_prompts, nano.min_input_len, nano.max_input_len) == (256, 100, 1024)
     assert (nano.min_output_len, nano.max_output_len, nano.workload) == (100, 1024, "random")
+    # A global preset: the engine settings of nano-vllm's run come with the workload...
+    assert (full.scheduler.max_num_seqs, full.scheduler.max_num_batched_tokens) == (512, 16384)
+    assert (full.max_model_len, full.cache.block_size) == (4096, 256)
+    # ...and the command line still wins.
+    assert compose(["bench=nanovllm", "cache.block_size=32"]).cache.block_size == 32
     shared = compose(["bench=shared_prefix"]).bench
     assert shared.workload == "shared_prefix" and shared.num_prefixes == 4
     with pytest.raises(ValueError, match="bench.baseline='tgi'"):

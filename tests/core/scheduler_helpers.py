@@ -1,7 +1,7 @@
 """Factories for scheduler tests, and a fake model runner that checks KV contents.
 
 ``FakeRunner`` keeps the worker's side of the protocol (request states built
-from ``new_reqs``/``cached_reqs`` deltas) and a fake KV cache: a slot holds the
+from ``new_reqs``/``cached_reqs`` deltas, plus the tokens it samples itself) and a fake KV cache: a slot holds the
 identity of the whole prefix that ends at its position. Before a request's new
 tokens are "computed", every earlier position of its block table must hold
 exactly its own prefix; so a prefix-cache hit on the wrong block, a block
@@ -70,11 +70,11 @@ class FakeRunner:
             self.states[new.req_id] = {
                 "tokens": list(new.token_ids), "blocks": list(new.block_ids), "computed": new.num_computed_tokens,
             }
-        for delta in sched.cached_reqs:
-            state = self.states[delta.req_id]
-            state["tokens"].extend(delta.new_token_ids)
-            state["blocks"].extend(delta.new_block_ids)
-            state["computed"] = delta.num_computed_tokens
+        cached = sched.cached_reqs
+        for req_id, blocks, computed in zip(cached.req_ids, cached.new_block_ids, cached.num_computed_tokens):
+            state = self.states[req_id]
+            state["blocks"].extend(blocks or [])
+            state["computed"] = computed
         out = ModelRunnerOutput()
         for req_id, n in sched.num_scheduled_tokens.items():
             state = self.states[req_id]
@@ -86,6 +86,7 @@ class FakeRunner:
             state["computed"] = start + n
             if state["computed"] == len(tokens):
                 out.sampled_token_ids[req_id] = [next_token(tokens)]
+                tokens.append(out.sampled_token_ids[req_id][0])  # a runner keeps what it samples
         return out
 
     def _slot(self, state: dict, pos: int) -> int:

@@ -47,8 +47,9 @@ def test_prefill_then_decode_share_one_batch(base):
     sched.add_request(make_request("b", 5))
     out = sched.schedule()
     assert out.num_scheduled_tokens == {"a": 1, "b": 5}  # a's decode token, then b's prefill
-    assert out.cached_reqs[0].new_token_ids == [7]
-    assert out.cached_reqs[0].num_computed_tokens == 6
+    assert out.cached_reqs.req_ids == ["a"]
+    assert out.cached_reqs.num_computed_tokens == [6]
+    assert out.cached_reqs.new_block_ids == [None]  # 7 tokens fit a's two blocks of 4
     assert out.new_reqs[0].block_ids == [2, 3]
 
 
@@ -91,7 +92,7 @@ def test_preemption_takes_the_last_admitted_and_readmits_it_first(base):
     sched.add_request(make_request("c", 2))
     out = sched.schedule()
     assert out.num_scheduled_tokens == {"a": 1}
-    assert out.cached_reqs[0].new_block_ids == [3]  # b's blocks were freed tail first: 3 then 2
+    assert out.cached_reqs.new_block_ids == [[3]]  # b's blocks were freed tail first: 3 then 2
     assert sched.requests["b"].status == RequestStatus.PREEMPTED
     assert sched.requests["b"].num_computed_tokens == 0
     assert [r.request_id for r in sched.waiting] == ["b", "c"]  # b before the newer c

@@ -2,6 +2,8 @@
 engine serving the next call."""
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from minivllm import LLM, SamplingParams
@@ -31,6 +33,7 @@ def _still_serves(llm: LLM) -> None:
         ({"prompt_token_ids": [1, 99999]}, SamplingParams(max_tokens=4), "outside the vocabulary"),
         ({"prompt_token_ids": [5] * 60}, SamplingParams(max_tokens=27), "can never fit the KV cache"),
         (3.5, SamplingParams(max_tokens=4), "prompt: expected"),
+        ("def f():", SamplingParams(n=129, max_tokens=1), r"n=129: must be in \[1, 128\] \(serve.max_n=128\)"),
     ],
 )
 def test_bad_prompts_raise_and_the_engine_keeps_serving(llm, prompt, params, match):
@@ -83,3 +86,16 @@ def test_preset_without_weights_says_how_to_proceed(tmp_path, monkeypatch):
 def test_wrong_types_name_the_field(kwargs, field):
     with pytest.raises(ValueError, match=f"^{field}=.*must be a number"):
         SamplingParams(**kwargs)
+
+
+def test_an_over_long_prompt_gets_our_error_without_the_tokenizer_warning(llm, caplog):
+    tokenizer = llm.llm_engine.tokenizer
+    before, tokenizer.model_max_length = tokenizer.model_max_length, 16
+    tokenizer.deprecation_warnings.clear()
+    try:
+        with caplog.at_level(logging.WARNING), pytest.raises(ValueError, match="max_model_len=128"):
+            llm.generate("x = 1\n" * 200, SamplingParams(max_tokens=4), use_tqdm=False)
+    finally:
+        tokenizer.model_max_length = before
+    assert "Token indices sequence length" not in caplog.text
+    _still_serves(llm)

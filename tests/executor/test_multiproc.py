@@ -12,7 +12,7 @@ from minivllm import LLM
 from minivllm.distributed.utils import threads_per_rank
 from minivllm.executor.multiproc import MultiprocExecutor
 from tests.executor import tp_helpers as h
-from tests.model_configs import llama_config
+from tests.model_configs import llama_config, olmo2_config
 
 pytestmark = pytest.mark.slow
 
@@ -55,6 +55,17 @@ def test_opt_tp2_matches_tp1(opt_dir, opt_tp2):
 
 def test_llama_with_fewer_kv_heads_than_ranks_matches_tp1(llama_kv1_dir, llama_kv1_tp2):
     h.assert_same_outputs(h.reference(llama_kv1_dir), h.generate(llama_kv1_tp2))
+
+
+def test_olmo2_norms_over_all_heads_match_tp1(make_checkpoint):
+    """OLMo 2's q/k RMSNorms span every head, so each rank adds the other's squares;
+    with one KV head on two ranks, k's statistics come from a replicated shard."""
+    ckpt = make_checkpoint("olmo2-kv1", olmo2_config(num_key_value_heads=1))
+    llm = LLM(model=str(ckpt), tensor_parallel_size=2, **h.LLM_KWARGS)
+    try:
+        h.assert_same_outputs(h.reference(ckpt), h.generate(llm))
+    finally:
+        llm.shutdown()
 
 
 def test_each_rank_holds_only_its_shard_of_the_weights(opt_dir, opt_tp2):

@@ -11,14 +11,22 @@ from typing import Callable
 from transformers import PretrainedConfig
 
 from tests.model_configs import (
+    gemma2_config,
+    gemma3_config,
     gpt2_config,
     gpt_neox_config,
+    granite_config,
     llama_config,
     mistral_config,
+    olmo2_config,
+    mixtral_config,
     opt_config,
     phi3_config,
+    phi3_longrope_config,
     qwen2_config,
+    qwen2_yarn_config,
     qwen3_config,
+    qwen3_moe_config,
 )
 
 
@@ -40,7 +48,20 @@ PARITY_CASES = [
     ParityCase("qwen2-bias-window-on-layer1", "Qwen2ForCausalLM", qwen2_config),
     ParityCase("qwen3-qknorm-headdim24-tied", "Qwen3ForCausalLM", qwen3_config),
     ParityCase("mistral-window5-mqa", "MistralForCausalLM", mistral_config),
+    ParityCase("qwen3-moe-8x-top2-raw-weights-dense-layer1", "Qwen3MoeForCausalLM", qwen3_moe_config),
+    ParityCase(
+        "qwen3-moe-8x-top2-renormalized-sparse-step2",
+        "Qwen3MoeForCausalLM",
+        lambda: qwen3_moe_config(norm_topk_prob=True, mlp_only_layers=[], decoder_sparse_step=2),  # layer 0 dense
+    ),
+    ParityCase("mixtral-8x-top2-window6", "MixtralForCausalLM", mixtral_config),
     ParityCase("phi3-fused-partial-rope-window7", "Phi3ForCausalLM", phi3_config),
+    ParityCase("phi3-longrope-original8", "Phi3ForCausalLM", phi3_longrope_config),
+    ParityCase("qwen2-yarn-factor4-original8", "Qwen2ForCausalLM", qwen2_yarn_config),
+    ParityCase("gemma2-softcaps-window6-alternating", "Gemma2ForCausalLM", gemma2_config),
+    ParityCase("gemma3-local-global-rope-qknorm", "Gemma3ForCausalLM", gemma3_config),
+    ParityCase("olmo2-postnorm-full-qknorm", "Olmo2ForCausalLM", olmo2_config),
+    ParityCase("granite-multipliers-tied", "GraniteForCausalLM", granite_config),
     ParityCase("gpt2-conv1d-tied", "GPT2LMHeadModel", gpt2_config),
     ParityCase(
         "gpt2-untied-inverse-layer-scale",

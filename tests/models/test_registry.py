@@ -47,7 +47,7 @@ def test_every_registered_architecture_has_a_parity_test():
 def test_registry_lists_the_model_zoo():
     expected = {
         "OPTForCausalLM", "LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM",
-        "GPT2LMHeadModel", "GPTNeoXForCausalLM", "Phi3ForCausalLM",
+        "GPT2LMHeadModel", "GPTNeoXForCausalLM", "Phi3ForCausalLM", "Qwen3MoeForCausalLM", "MixtralForCausalLM",
     }  # fmt: skip
     assert expected <= set(ModelRegistry.get_supported_archs())
     for arch in expected:  # every entry's "module:Class" string imports

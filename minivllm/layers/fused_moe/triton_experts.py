@@ -1,0 +1,132 @@
+"""The fused-MoE Triton kernel: one grouped GEMM per projection over tokens sorted by expert.
+
+``align_by_expert`` lays the (token, slot) pairs out in blocks of BLOCK_M rows,
+each block belonging to one expert. A program computes one (BLOCK_M, BLOCK_N)
+tile of ``A[rows] @ W[expert]^T``, gathering its rows of A through the sorted
+indices and scattering the result to the pairs' own rows of C, so no permuted
+copy of the activations is ever materialised::
+
+    GEMM 1:  C1[t*k + s] = hidden[t] @ w13[e]^T                 (T*k, 2I)
+             silu(gate) * up                                    (T*k, I)
+    GEMM 2:  C2[t*k + s] = weight[t, s] * (act[t*k + s] @ w2[e]^T)   (T*k, H)
+    combine: out[t] = sum_s C2[t*k + s]                          (T, H)
+
+Rows of C2 whose expert lives on another rank are never written and stay zero.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from minivllm.attention.ops._validation import SUPPORTED_DTYPES, check_launchable, check_tensor, require
+from minivllm.layers.fused_moe.align import AlignedRouting, align_by_expert
+from minivllm.layers.fused_moe.torch_experts import silu_and_mul
+
+
+@triton.jit
+def _grouped_gemm_kernel(
+    a_ptr, w_ptr, c_ptr, weights_ptr, sorted_ids_ptr, block_experts_ptr, num_padded_ptr,
+    N, K, num_valid,
+    stride_am, stride_ak, stride_we, stride_wn, stride_wk, stride_cm, stride_cn,
+    A_ROWS_PER_ROW: tl.constexpr,  # k for GEMM 1 (row t*k+s reads hidden[t]); 1 for GEMM 2
+    MUL_WEIGHT: tl.constexpr,
+    FP32_DOT: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    num_n_blocks = tl.cdiv(N, BLOCK_N)
+    pid_m, pid_n = pid // num_n_blocks, pid % num_n_blocks
+    expert = tl.load(block_experts_ptr + pid_m)
+    if pid_m * BLOCK_M >= tl.load(num_padded_ptr) or expert < 0:
+        return
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rows = tl.load(sorted_ids_ptr + offs_m).to(tl.int64)  # (BLOCK_M,) flat pair index, num_valid = padding
+    row_ok = rows < num_valid
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + (rows // A_ROWS_PER_ROW)[:, None] * stride_am + offs_k[None, :] * stride_ak
+    w_ptrs = w_ptr + expert.to(tl.int64) * stride_we + offs_n[None, :] * stride_wn + offs_k[:, None] * stride_wk
+
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k_ok = offs_k < K - k0
+        a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)  # (BLOCK_M, BLOCK_K)
+        w = tl.load(w_ptrs, mask=k_ok[:, None] & (offs_n[None, :] < N), other=0.0)  # (BLOCK_K, BLOCK_N)
+        if FP32_DOT:
+            acc += tl.dot(a.to(tl.float32), w.to(tl.float32), input_precision="ieee")
+        else:
+            acc += tl.dot(a, w)
+        a_ptrs += BLOCK_K * stride_ak
+        w_ptrs += BLOCK_K * stride_wk
+    if MUL_WEIGHT:
+        acc *= tl.load(weights_ptr + rows, mask=row_ok, other=0.0)[:, None]
+    c_ptrs = c_ptr + rows[:, None] * stride_cm + offs_n[None, :] * stride_cn
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=row_ok[:, None] & (offs_n[None, :] < N))
+
+
+def _grouped_gemm(
+    a: torch.Tensor, w: torch.Tensor, out: torch.Tensor, routing: AlignedRouting,
+    weights: torch.Tensor, a_rows_per_row: int, mul_weight: bool, block: tuple[int, int, int],
+) -> None:
+    """out[rows] = a[rows // a_rows_per_row] @ w[expert]^T (times the routing weight when asked)."""
+    block_m, block_n, block_k = block
+    num_n = triton.cdiv(w.shape[1], block_n)
+    grid = (routing.block_experts.numel() * num_n,)
+    _grouped_gemm_kernel[grid](
+        a, w, out, weights, routing.sorted_ids, routing.block_experts, routing.num_padded,
+        w.shape[1], w.shape[2], out.shape[0],
+        a.stride(0), a.stride(1), w.stride(0), w.stride(1), w.stride(2), out.stride(0), out.stride(1),
+        A_ROWS_PER_ROW=a_rows_per_row, MUL_WEIGHT=mul_weight, FP32_DOT=a.dtype == torch.float32,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+    )
+
+
+def default_block(num_pairs: int, num_experts: int) -> tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_N, BLOCK_K): small row blocks when few pairs reach each expert (decode)."""
+    block_m = 16 if num_pairs <= 2 * num_experts * 16 else 64
+    return block_m, 64, 32
+
+
+def triton_fused_experts(
+    hidden: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    block: tuple[int, int, int] | None = None,
+) -> torch.Tensor:
+    """The Triton version of ``torch_fused_experts`` (same arguments, same result)."""
+    _check_inputs(hidden, w13, w2, topk_weights, topk_ids)
+    T, k = topk_ids.shape
+    E, two_i, H = w13.shape
+    block = block or default_block(T * k, E)
+    routing = align_by_expert(topk_ids, E, block[0])
+    weights = topk_weights.to(torch.float32).contiguous().flatten()  # (T*k,)
+    gate_up = torch.empty(T * k, two_i, dtype=hidden.dtype, device=hidden.device)
+    _grouped_gemm(hidden, w13, gate_up, routing, weights, k, False, block)
+    act = silu_and_mul(gate_up)  # (T*k, I)
+    down = torch.zeros(T * k, H, dtype=hidden.dtype, device=hidden.device)
+    _grouped_gemm(act, w2, down, routing, weights, 1, True, block)
+    return down.view(T, k, H).sum(dim=1)
+
+
+def _check_inputs(hidden, w13, w2, topk_weights, topk_ids) -> None:
+    device = hidden.device
+    check_launchable(device, _grouped_gemm_kernel)
+    require(hidden.dtype in SUPPORTED_DTYPES, f"hidden dtype {hidden.dtype} is not one of {SUPPORTED_DTYPES}")
+    check_tensor(hidden, "hidden", device, dims=2)
+    check_tensor(w13, "w13", device, dims=3)
+    check_tensor(w2, "w2", device, dims=3)
+    check_tensor(topk_weights, "topk_weights", device, dims=2)
+    check_tensor(topk_ids, "topk_ids", device, dims=2)
+    E, two_i, H = w13.shape
+    require(w13.dtype == hidden.dtype and w2.dtype == hidden.dtype,
+            f"w13/w2 dtypes {w13.dtype}/{w2.dtype} must equal hidden's {hidden.dtype}")
+    require(hidden.shape[1] == H, f"hidden has {hidden.shape[1]} features, w13 expects {H}")
+    require(two_i % 2 == 0 and tuple(w2.shape) == (E, H, two_i // 2),
+            f"w2 must be (E, H, I) = {(E, H, two_i // 2)} for w13 {tuple(w13.shape)}, got {tuple(w2.shape)}")
+    require(topk_ids.shape == topk_weights.shape and topk_ids.shape[0] == hidden.shape[0],
+            f"topk_ids {tuple(topk_ids.shape)} and topk_weights {tuple(topk_weights.shape)} must both be "
+            f"(tokens={hidden.shape[0]}, k)")
+    require(not topk_ids.is_floating_point(), f"topk_ids must be integer, got {topk_ids.dtype}")

@@ -1,0 +1,116 @@
+"""The quantization seam: a method object owns a linear layer's weights.
+
+A linear layer knows its shapes and how it is sharded; it does not know how
+its weights are stored. It asks its ``LinearMethod`` to
+
+1. ``create_weights``: register the parameters the checkpoint will fill, each
+   with a ``ParamSpec`` saying which dims are output / input features (so the
+   layer's weight loader can take this rank's slice, and the slice of each
+   fused member);
+2. ``process_weights_after_loading``: convert what was loaded into the form
+   ``apply`` wants (repack, merge scales);
+3. ``apply``: compute ``x @ W.T (+ bias)``.
+
+The unquantized layer is itself a method (``UnquantizedLinearMethod``), so the
+layers carry no ``if quantized:`` branches (vLLM's ``QuantizeMethodBase``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    """How one parameter of a linear layer lines up with the layer's features.
+
+    ``out_dim`` / ``in_dim``: the tensor dim holding output / input features
+    (None: that dim is not sharded along it). ``out_pack``: output features
+    per element along ``out_dim`` (8 when eight int4 values share an int32).
+    ``per_member``: one scalar per fused member (q, k, v / gate, up), e.g. a
+    per-tensor activation scale; the parameter has shape (num_members,).
+    ``broadcast``: a checkpoint scalar fills the whole slice it lands in (a
+    per-tensor weight scale stored per output channel).
+    """
+
+    out_dim: int | None = None
+    in_dim: int | None = None
+    out_pack: int = 1
+    per_member: bool = False
+    broadcast: bool = False
+
+
+@dataclass(frozen=True)
+class LinearShape:
+    """What a method needs to know about the layer it equips (this rank's view).
+
+    ``output_sizes``: local output features of each fused member (one entry for
+    a plain layer); ``input_size``: the layer's full input features.
+    """
+
+    input_size_per_partition: int
+    output_sizes: tuple[int, ...]
+    input_size: int
+
+    @property
+    def output_size_per_partition(self) -> int:
+        return sum(self.output_sizes)
+
+    @property
+    def input_is_sharded(self) -> bool:
+        return self.input_size_per_partition != self.input_size
+
+
+class LinearMethod:
+    """Creates, post-processes and applies one linear layer's weights."""
+
+    def create_weights(self, layer: nn.Module, shape: LinearShape, params_dtype: torch.dtype) -> None:
+        """Register the layer's weight parameters (``add_param``); ``params_dtype`` is the model dtype."""
+        raise NotImplementedError
+
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        """Called once after every checkpoint tensor is in place."""
+
+    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class QuantizationConfig:
+    """A checkpoint's ``quantization_config``, parsed; hands each linear layer its method."""
+
+    name: str = ""
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> "QuantizationConfig":
+        raise NotImplementedError
+
+    def get_linear_method(self, prefix: str, members: list[str]) -> LinearMethod | None:
+        """The method for the layer named ``prefix`` (checkpoint member names ``members``,
+        e.g. the q/k/v names of a fused qkv); None leaves it unquantized."""
+        raise NotImplementedError
+
+
+def add_param(layer: nn.Module, name: str, shape: tuple[int, ...], dtype: torch.dtype, spec: ParamSpec) -> None:
+    """Register an empty (frozen) parameter and its ``ParamSpec`` on ``layer``."""
+    layer.register_parameter(name, nn.Parameter(torch.empty(shape, dtype=dtype), requires_grad=False))
+    layer.param_specs[name] = spec
+
+
+def replace_param(layer: nn.Module, name: str, value: torch.Tensor) -> None:
+    """Swap a parameter for a processed tensor (new shape or dtype) after loading."""
+    layer.register_parameter(name, nn.Parameter(value, requires_grad=False))
+    layer.param_specs.pop(name, None)
+
+
+class UnquantizedLinearMethod(LinearMethod):
+    """A plain (out, in) weight in the model dtype."""
+
+    def create_weights(self, layer: nn.Module, shape: LinearShape, params_dtype: torch.dtype) -> None:
+        dims = (shape.output_size_per_partition, shape.input_size_per_partition)
+        add_param(layer, "weight", dims, params_dtype, ParamSpec(out_dim=0, in_dim=1))
+
+    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        return torch.nn.functional.linear(x, layer.weight, bias)

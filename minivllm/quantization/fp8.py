@@ -1,0 +1,135 @@
+"""fp8 (e4m3) weights with per-tensor or per-output-channel scales: vLLM's ``fp8`` format.
+
+A checkpoint stores ``weight`` as float8_e4m3fn (out, in), ``weight_scale`` (a
+scalar per checkpoint tensor, or one per output channel) and, with static
+activation scales, ``input_scale`` (a scalar). Real weight = fp8 value * scale.
+
+Per-tensor scales of fused members (q, k, v) differ, so ``weight_scale`` is kept
+per output channel: a member's scalar fills its rows. Static input scales of the
+members act on the same input, so after loading the largest one is kept.
+
+``model.quantization=fp8`` on an unquantized checkpoint quantizes each weight
+while loading (one scale per output channel), as vLLM does for ``quantization="fp8"``.
+
+On a GPU with fp8 tensor cores (compute capability 8.9+) the matmul is
+``torch._scaled_mm`` on fp8 activations (quantized per token, or with the static
+scale); elsewhere, the CPU included, the weight is dequantized to the activation
+dtype and multiplied there (the reference path).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from minivllm.quantization.base import LinearMethod, LinearShape, ParamSpec, QuantizationConfig, add_param, replace_param
+from minivllm.quantization.ignore import is_ignored
+
+FP8 = torch.float8_e4m3fn
+FP8_MAX = torch.finfo(FP8).max
+ACTIVATION_SCHEMES = ("static", "dynamic")
+
+
+class Fp8Config(QuantizationConfig):
+    """config.json: ``{"quant_method": "fp8", "activation_scheme": "static"|"dynamic", "ignored_layers": [...]}``."""
+
+    name = "fp8"
+
+    def __init__(self, activation_scheme: str, ignored_layers: list[str], serialized: bool = True) -> None:
+        self.activation_scheme = activation_scheme
+        self.ignored_layers = ignored_layers
+        self.serialized = serialized
+
+    @classmethod
+    def online(cls) -> "Fp8Config":
+        """``model.quantization=fp8`` on an unquantized checkpoint: quantize while loading."""
+        return cls("dynamic", [], serialized=False)
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> "Fp8Config":
+        scheme = config.get("activation_scheme", "dynamic")
+        if scheme not in ACTIVATION_SCHEMES:
+            raise ValueError(f"fp8 quantization_config.activation_scheme={scheme!r}: allowed {list(ACTIVATION_SCHEMES)}")
+        if config.get("weight_block_size") is not None:
+            raise ValueError("fp8 quantization_config.weight_block_size: block-wise fp8 scales are not supported")
+        return cls(scheme, list(config.get("ignored_layers") or []))
+
+    def get_linear_method(self, prefix: str, members: list[str]) -> LinearMethod | None:
+        if is_ignored(prefix, members, self.ignored_layers):
+            return None
+        if not self.serialized:
+            return Fp8OnlineMethod()
+        return Fp8LinearMethod(static_input=self.activation_scheme == "static")
+
+
+class ScaledWeightMethod(LinearMethod):
+    """A (out, in) weight of a narrow dtype times a per-output-channel float32 scale."""
+
+    weight_dtype: torch.dtype = FP8
+
+    def __init__(self, static_input: bool = False) -> None:
+        self.static_input = static_input
+
+    def create_weights(self, layer: nn.Module, shape: LinearShape, params_dtype: torch.dtype) -> None:
+        out, inp = shape.output_size_per_partition, shape.input_size_per_partition
+        add_param(layer, "weight", (out, inp), self.weight_dtype, ParamSpec(out_dim=0, in_dim=1))
+        add_param(layer, "weight_scale", (out,), torch.float32, ParamSpec(out_dim=0, broadcast=True))
+        if self.static_input:
+            add_param(layer, "input_scale", (len(shape.output_sizes),), torch.float32, ParamSpec(per_member=True))
+
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        if self.static_input:
+            replace_param(layer, "input_scale", layer.input_scale.max().reshape(1))
+
+    def dequantize(self, layer: nn.Module, dtype: torch.dtype) -> torch.Tensor:
+        """The real weight, (out, in) in ``dtype``."""
+        return (layer.weight.to(torch.float32) * layer.weight_scale[:, None]).to(dtype)
+
+    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        return F.linear(x, self.dequantize(layer, x.dtype), bias)
+
+
+class Fp8LinearMethod(ScaledWeightMethod):
+    """fp8 weights; ``torch._scaled_mm`` where the GPU has fp8 tensor cores."""
+
+    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        if _scaled_mm_usable(x, layer.weight):
+            return _fp8_matmul(x, layer, bias)
+        return F.linear(x, self.dequantize(layer, x.dtype), bias)
+
+
+class Fp8OnlineMethod(Fp8LinearMethod):
+    """Loads the model-dtype weight, then keeps it as fp8 with one scale per output row
+    (amax / 448); activations are scaled per token (dynamic)."""
+
+    def create_weights(self, layer: nn.Module, shape: LinearShape, params_dtype: torch.dtype) -> None:
+        out, inp = shape.output_size_per_partition, shape.input_size_per_partition
+        add_param(layer, "weight", (out, inp), params_dtype, ParamSpec(out_dim=0, in_dim=1))
+
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        weight = layer.weight.data.to(torch.float32)  # (out, in)
+        scale = (weight.abs().amax(dim=1, keepdim=True) / FP8_MAX).clamp(min=torch.finfo(torch.float32).tiny)
+        replace_param(layer, "weight", (weight / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8))
+        replace_param(layer, "weight_scale", scale.reshape(-1))
+
+
+def _scaled_mm_usable(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Row-wise scaled fp8 GEMM: sm89+, bf16 output, both matrix dims multiples of 16."""
+    if x.device.type != "cuda" or x.dtype != torch.bfloat16:
+        return False
+    out, inp = weight.shape
+    return torch.cuda.get_device_capability(x.device) >= (8, 9) and out % 16 == 0 and inp % 16 == 0
+
+
+def _fp8_matmul(x: torch.Tensor, layer: nn.Module, bias: torch.Tensor | None) -> torch.Tensor:
+    x2 = x.reshape(-1, x.shape[-1])  # (tokens, in)
+    if hasattr(layer, "input_scale"):  # static: one scale for every token
+        x_scale = layer.input_scale.expand(x2.shape[0], 1).contiguous()
+    else:  # dynamic: one scale per token
+        x_scale = (x2.abs().amax(dim=-1, keepdim=True).float() / FP8_MAX).clamp(min=1e-12)
+    x_fp8 = (x2.float() / x_scale).clamp(-FP8_MAX, FP8_MAX).to(FP8)
+    w_scale = layer.weight_scale.reshape(1, -1)  # (1, out)
+    y = torch._scaled_mm(x_fp8, layer.weight.t(), scale_a=x_scale, scale_b=w_scale, bias=bias, out_dtype=x.dtype)
+    return y.reshape(*x.shape[:-1], -1)

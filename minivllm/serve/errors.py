@@ -1,0 +1,34 @@
+"""The errors a client can cause besides a 400 (``params.BadRequest``), each with
+its OpenAI status code, and the client that went away.
+
+    raise ModelNotFound("gpt-4", served="demo-llama")       # 404, type NotFoundError
+    raise Overloaded("...", retry_after=1)                  # 503 with Retry-After
+    raise ClientDisconnected()                              # no answer: the abort is done
+
+Each is turned into a response by ``app.py``'s handlers; none is logged with a
+traceback, since none is a server bug.
+"""
+from __future__ import annotations
+
+
+class ModelNotFound(Exception):
+    """A request named a model this server does not serve (404, as OpenAI and vLLM answer)."""
+
+    def __init__(self, model: str, served: str) -> None:
+        super().__init__(f"The model `{model}` does not exist; this server serves `{served}`")
+        self.param = "model"
+
+
+class Overloaded(Exception):
+    """The server will not queue more work now (503 with ``Retry-After``)."""
+
+    def __init__(self, message: str, retry_after: int = 1) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class ClientDisconnected(Exception):
+    """The client hung up before its answer was ready; its requests are aborted."""
+
+    STATUS = 499
+    """What the access log and /metrics record (nginx's "client closed request")."""

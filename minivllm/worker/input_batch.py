@@ -1,0 +1,153 @@
+"""The persistent batch: the model runner's requests as rows of preallocated arrays.
+
+A request joins the batch when the scheduler first sends it (``add``), keeps its
+row while it runs, and leaves when the scheduler says to forget it (finished,
+aborted or preempted: ``remove``). Between steps only deltas arrive (new blocks,
+the computed-token count), and the runner appends the tokens it samples itself,
+so nothing is rebuilt per step and nothing loops over tokens in Python::
+
+    row  req_id  token_ids (max_num_reqs, max_model_len)   num_tokens  computed  temperature ...
+    0    "a"     [5 17 9 42 8 ...]                           5           4         0.0
+    1    "c"     [5 3 3 ...]                                 3           2         0.7
+    2    (free)
+
+Rows stay dense: ``condense`` moves the last rows into the holes that removals
+left, so rows ``0 .. num_reqs - 1`` are all occupied and a step over every
+running request reads plain slices. ``version`` changes whenever a row's
+request (and so its sampling parameters) changes, which lets the runner reuse
+a step's sampling metadata until the batch's membership changes.
+"""
+from __future__ import annotations
+
+import heapq
+
+import numpy as np
+import torch
+
+from minivllm.core.scheduler_output import NewRequestData
+from minivllm.engine.request import RequestId
+from minivllm.sampling_params import SamplingParams
+from minivllm.worker.block_table import BlockTable
+
+
+class InputBatch:
+    def __init__(self, max_num_reqs: int, max_model_len: int, max_blocks_per_req: int) -> None:
+        self.max_num_reqs = max_num_reqs
+        self.max_model_len = max_model_len
+        self.req_ids: list[RequestId | None] = [None] * max_num_reqs
+        self.row_of: dict[RequestId, int] = {}
+        self._free_rows: list[int] = []
+        """Holes below ``num_rows`` left by removals (a heap: the lowest is reused first)."""
+        self.num_rows = 0
+        """One past the highest occupied row."""
+        self.version = 0
+
+        self.token_ids = np.zeros((max_num_reqs, max_model_len), dtype=np.int32)
+        self.num_tokens = np.zeros(max_num_reqs, dtype=np.int32)
+        """Tokens known to this runner: the prompt, then every output it sampled or was sent."""
+        self.num_prompt_tokens = np.zeros(max_num_reqs, dtype=np.int32)
+        self.num_computed_tokens = np.zeros(max_num_reqs, dtype=np.int32)
+        self.block_table = BlockTable(max_num_reqs, max_blocks_per_req)
+
+        self.params: list[SamplingParams | None] = [None] * max_num_reqs
+        self.temperature = np.zeros(max_num_reqs, dtype=np.float32)
+        """0.0 for greedy rows."""
+        self.top_k = np.zeros(max_num_reqs, dtype=np.int64)
+        """0 where off."""
+        self.top_p = np.ones(max_num_reqs, dtype=np.float32)
+        self.min_p = np.zeros(max_num_reqs, dtype=np.float32)
+        self.generators: dict[RequestId, torch.Generator] = {}
+        """The request's own noise source, for requests with a seed."""
+
+    @property
+    def num_reqs(self) -> int:
+        return len(self.row_of)
+
+    # ---- membership -----------------------------------------------------------------
+    def add(self, new: NewRequestData, device: torch.device) -> int:
+        """Give a request a row: its known tokens, blocks and sampling parameters."""
+        if new.req_id in self.row_of:
+            raise ValueError(f"request {new.req_id} is already in the batch")
+        row = heapq.heappop(self._free_rows) if self._free_rows else self._grow()
+        n = len(new.token_ids)
+        if n > self.max_model_len:
+            raise ValueError(f"request {new.req_id}: {n} tokens exceed max_model_len={self.max_model_len}")
+        self.req_ids[row] = new.req_id
+        self.row_of[new.req_id] = row
+        self.token_ids[row, :n] = new.token_ids
+        self.num_tokens[row] = n
+        self.num_prompt_tokens[row] = new.num_prompt_tokens
+        self.num_computed_tokens[row] = new.num_computed_tokens
+        self.block_table.set_row(row, new.block_ids)
+        self._set_params(row, new.sampling_params)
+        if new.sampling_params.seed is not None:
+            self.generators[new.req_id] = torch.Generator(device=device)
+        self.version += 1
+        return row
+
+    def _grow(self) -> int:
+        if self.num_rows >= self.max_num_reqs:
+            raise RuntimeError(f"the batch is full ({self.max_num_reqs} rows): the scheduler exceeded max_num_seqs")
+        self.num_rows += 1
+        return self.num_rows - 1
+
+    def _set_params(self, row: int, p: SamplingParams) -> None:
+        self.params[row] = p
+        self.temperature[row] = 0.0 if p.greedy else p.temperature
+        self.top_k[row] = p.top_k if p.top_k > 0 else 0
+        self.top_p[row] = p.top_p
+        self.min_p[row] = p.min_p
+
+    def remove(self, req_id: RequestId) -> int | None:
+        """Free the request's row (None if it had none); ``condense`` fills the hole later."""
+        row = self.row_of.pop(req_id, None)
+        if row is None:
+            return None
+        self.req_ids[row] = None
+        self.params[row] = None
+        self.block_table.clear_row(row)
+        self.generators.pop(req_id, None)
+        heapq.heappush(self._free_rows, row)
+        self.version += 1
+        return row
+
+    def condense(self) -> None:
+        """Move the highest rows into the holes below them until rows ``0 .. num_reqs - 1`` are full."""
+        while self._free_rows:
+            hole = heapq.heappop(self._free_rows)
+            last = self._last_occupied()
+            if last < hole:  # this hole and every one after it lie above the occupied rows
+                self._free_rows = []
+                break
+            self._move(last, hole)
+        self.num_rows = self.num_reqs
+
+    def _last_occupied(self) -> int:
+        row = self.num_rows - 1
+        while row >= 0 and self.req_ids[row] is None:
+            row -= 1
+        return row
+
+    def _move(self, src: int, dst: int) -> None:
+        req_id = self.req_ids[src]
+        n = int(self.num_tokens[src])
+        self.token_ids[dst, :n] = self.token_ids[src, :n]
+        for arr in (self.num_tokens, self.num_prompt_tokens, self.num_computed_tokens,
+                    self.temperature, self.top_k, self.top_p, self.min_p):
+            arr[dst] = arr[src]
+        self.block_table.move_row(src, dst)
+        self.block_table.clear_row(src)
+        self.params[dst], self.params[src] = self.params[src], None
+        self.req_ids[dst], self.req_ids[src] = req_id, None
+        self.row_of[req_id] = dst
+        self.num_rows = src
+        self.version += 1
+
+    # ---- per-step updates -------------------------------------------------------------
+    def append_tokens(self, rows: np.ndarray, tokens: np.ndarray) -> None:
+        """One new token per given row (vectorized): the step's sampled tokens."""
+        self.token_ids[rows, self.num_tokens[rows]] = tokens
+        self.num_tokens[rows] += 1
+
+    def tokens_of(self, row: int) -> list[int]:
+        return self.token_ids[row, : self.num_tokens[row]].tolist()

@@ -1,0 +1,101 @@
+"""A step's sampled tokens on their way from the device to the host.
+
+``result()`` is the step's one synchronization: it waits for the copy of the
+sampled ids (and logprobs, when asked) and turns them into a
+``ModelRunnerOutput``. It also hands the tokens to the persistent batch, so the
+runner knows every token it sampled without the scheduler sending them back.
+With async scheduling the engine calls it only after launching the next step;
+a synchronous step calls it at once. It is idempotent.
+"""
+from __future__ import annotations
+
+from typing import Callable, Protocol
+
+import numpy as np
+import torch
+
+from minivllm.core.scheduler_output import ModelRunnerOutput
+from minivllm.engine.request import RequestId
+from minivllm.sample.sampler import SamplerOutput
+
+
+class PendingOutput:
+    def __init__(
+        self,
+        req_ids: list[RequestId],
+        sampled: SamplerOutput,
+        num_logprobs: list[int | None],
+        prompt_logprobs: dict[RequestId, list[dict[int, float] | None]],
+        deliver: Callable[[list[RequestId], np.ndarray], None],
+    ) -> None:
+        """``req_ids``: the sampling requests, row by row of ``sampled``; ``num_logprobs``:
+        each one's ``logprobs``; ``deliver(req_ids, tokens)`` stores the tokens in the batch."""
+        self.req_ids = req_ids
+        self.index_of = {r: i for i, r in enumerate(req_ids)}
+        self.sampled_device = sampled.token_ids  # (S,) int64, read by the next step's placeholders
+        self._num_logprobs = num_logprobs
+        self._prompt_logprobs = prompt_logprobs
+        self._deliver = deliver
+        self._host = [_to_host(t) for t in (sampled.token_ids, sampled.logprobs, sampled.logprob_token_ids)]
+        self._event = None
+        if sampled.token_ids.device.type == "cuda":
+            self._event = torch.cuda.Event()
+            self._event.record()
+        self._output: ModelRunnerOutput | None = None
+
+    @property
+    def resolved(self) -> bool:
+        return self._output is not None
+
+    def result(self) -> ModelRunnerOutput:
+        if self._output is None:
+            if self._event is not None:
+                self._event.synchronize()
+            self._output = self._collect()
+        return self._output
+
+    def _collect(self) -> ModelRunnerOutput:
+        token_host, values_host, ids_host = self._host
+        tokens = token_host.numpy()
+        self._deliver(self.req_ids, tokens)
+        out = ModelRunnerOutput(
+            sampled_token_ids={r: [t] for r, t in zip(self.req_ids, tokens.tolist())},
+            prompt_logprobs=self._prompt_logprobs,
+        )
+        if values_host is not None:
+            values, ids = values_host.tolist(), ids_host.tolist()
+            for row, (req_id, asked) in enumerate(zip(self.req_ids, self._num_logprobs)):
+                if asked is not None:
+                    out.logprobs[req_id] = [dict(zip(ids[row][: 1 + asked], values[row][: 1 + asked]))]
+        return out
+
+
+def _to_host(t: torch.Tensor | None) -> torch.Tensor | None:
+    if t is None:
+        return None
+    if t.device.type == "cpu":
+        return t
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    host.copy_(t, non_blocking=True)
+    return host
+
+
+class DoneOutput:
+    """A step with nothing to wait for (no request sampled)."""
+
+    resolved = True
+
+    def __init__(self, output: ModelRunnerOutput) -> None:
+        self._output = output
+
+    def result(self) -> ModelRunnerOutput:
+        return self._output
+
+
+class StepResult(Protocol):
+    """What launching a step returns: its output, once asked for."""
+
+    @property
+    def resolved(self) -> bool: ...
+
+    def result(self) -> ModelRunnerOutput: ...

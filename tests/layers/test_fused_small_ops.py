@@ -1,0 +1,114 @@
+"""The Triton RMSNorm (+ residual) and in-place rotary kernels against the torch
+layers they replace on CUDA, run through Triton's interpreter on the CPU."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from minivllm.layers.norm import RMSNorm
+from minivllm.layers.ops.fused_rms_norm import rms_norm_
+from minivllm.layers.ops.rotary_inplace import rotary_embedding_
+from minivllm.layers.rotary import RotaryEmbedding
+
+# The interpreter's bf16 arithmetic is not the GPU's: on the CPU, bf16 cases feed
+# bf16 values cast to fp32 ("bf16-values"); the gpu-marked test runs real bf16.
+DTYPES = ["fp32", "bf16-values"]
+
+
+def _values(shape: tuple[int, ...], dtype: str) -> torch.Tensor:
+    x = torch.randn(shape)
+    return x.bfloat16().float() if dtype == "bf16-values" else x
+
+
+def _norm(hidden: int, dtype: torch.dtype = torch.float32) -> RMSNorm:
+    norm = RMSNorm(hidden, eps=1e-5)
+    norm.weight.data = (torch.rand(hidden) + 0.5).to(dtype)
+    return norm
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("hidden", [33, 64, 100])
+def test_rms_norm_with_and_without_residual_equals_torch(hidden, dtype):
+    torch.manual_seed(hidden)
+    norm = _norm(hidden)
+    x, residual = _values((5, hidden), dtype), _values((5, hidden), dtype)
+    want_plain = norm._norm(x)
+    want_out, want_sum = norm._norm(x + residual), x + residual
+    got_plain = x.clone()
+    rms_norm_(got_plain, norm.weight, norm.eps)
+    got_out, got_sum = x.clone(), residual.clone()
+    rms_norm_(got_out, norm.weight, norm.eps, got_sum)
+    torch.testing.assert_close(got_plain, want_plain, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got_out, want_out, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got_sum, want_sum, atol=0, rtol=0)
+
+
+def test_rms_norm_reads_strided_rows():
+    norm = _norm(16)
+    big = torch.randn(4, 40)
+    x = big[:, 8:24]  # rows 40 apart, contiguous within a row
+    want = norm._norm(x.clone())
+    rms_norm_(x, norm.weight, norm.eps)
+    torch.testing.assert_close(big[:, 8:24], want)
+
+
+def test_rms_norm_rejects_mismatched_inputs():
+    with pytest.raises(ValueError, match="weight must be"):
+        rms_norm_(torch.randn(2, 8), torch.ones(7), 1e-6)
+    with pytest.raises(ValueError, match="residual must be"):
+        rms_norm_(torch.randn(2, 8), torch.ones(8), 1e-6, torch.randn(2, 8, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("neox", [True, False])
+@pytest.mark.parametrize("head_dim,rotary_dim", [(16, 16), (16, 8), (12, 4)])
+def test_rotary_in_place_equals_torch(head_dim, rotary_dim, neox, dtype):
+    torch.manual_seed(rotary_dim)
+    rope = RotaryEmbedding(head_dim, rotary_dim, {"rope_type": "default", "rope_theta": 10000.0}, neox_style=neox)
+    positions = torch.tensor([0, 3, 17, 5, 40])
+    q = _values((5, 4, head_dim), dtype)
+    k = _values((5, 2, head_dim), dtype)
+    want_q, want_k = rope(positions, q, k)  # the torch path, cos/sin computed from positions
+    cos, sin = rope.cos_sin(torch.arange(64))
+    cache = torch.cat((cos, sin), dim=-1)
+    qkv = torch.cat((q, k), dim=1)  # q and k as strided views of one buffer, as the models have them
+    got_q, got_k = qkv[:, :4], qkv[:, 4:]
+    rotary_embedding_(positions, got_q, got_k, cache, neox)
+    torch.testing.assert_close(got_q, want_q, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got_k, want_k, atol=1e-5, rtol=1e-5)
+    assert torch.equal(qkv[..., rotary_dim:], torch.cat((q, k), dim=1)[..., rotary_dim:])  # partial: rest untouched
+
+
+def test_rotary_cache_path_equals_computed_path():
+    """The per-model cos/sin table gives the same rotation as computing cos/sin per step."""
+    rope = RotaryEmbedding(8, 8, {"rope_type": "default", "rope_theta": 500.0})
+    positions = torch.tensor([1, 9, 2])
+    q, k = torch.randn(3, 2, 8), torch.randn(3, 1, 8)
+    want = rope(positions, q, k)
+    cos, sin = rope.cos_sin(torch.arange(16))
+    rope.cos_sin_cache = torch.cat((cos, sin), dim=-1)
+    got = rope(positions, q, k)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_fused_layers_on_cuda_equal_the_torch_path(dtype):
+    """Natively on a GPU: the layers' Triton paths against their torch paths, in half precision."""
+    torch.manual_seed(0)
+    cuda = torch.device("cuda")
+    norm = _norm(96, dtype).to(cuda)
+    x, residual = torch.randn(7, 96, dtype=dtype, device=cuda), torch.randn(7, 96, dtype=dtype, device=cuda)
+    want_out, want_sum = norm._norm(x + residual), x + residual
+    got_out, got_sum = norm(x.clone(), residual.clone())
+    torch.testing.assert_close(got_sum, want_sum, atol=0, rtol=0)
+    torch.testing.assert_close(got_out, want_out, atol=1e-2, rtol=1e-2)
+    rope = RotaryEmbedding(64, 32, {"rope_type": "default", "rope_theta": 10000.0})
+    positions = torch.arange(7, device=cuda) * 5
+    q, k = torch.randn(7, 4, 64, dtype=dtype, device=cuda), torch.randn(7, 2, 64, dtype=dtype, device=cuda)
+    want_q, want_k = rope(positions, q, k)
+    cos, sin = rope.cos_sin(torch.arange(64, device=cuda))
+    rope.cos_sin_cache = torch.cat((cos, sin), dim=-1)
+    got_q, got_k = rope(positions, q.clone(), k.clone())
+    torch.testing.assert_close(got_q, want_q, atol=1e-2, rtol=1e-2)
+    torch.testing.assert_close(got_k, want_k, atol=1e-2, rtol=1e-2)
