@@ -69,7 +69,7 @@ def _encoded(state: ServerState, prompt: Any, body: CompletionRequest) -> Any:
     """A text prompt tokenized here when ``add_special_tokens`` is false (the engine adds them)."""
     if body.add_special_tokens or not isinstance(prompt, str):
         return prompt
-    return {"prompt": prompt, "prompt_token_ids": state.engine.tokenizer.encode(prompt, add_special_tokens=False)}
+    return {"prompt": prompt, "prompt_token_ids": state.engine.tokenizer.encode(prompt, add_special_tokens=False, verbose=False)}
 
 
 def _prompt_list(prompt: Any) -> list[Any]:

@@ -20,21 +20,23 @@ from pydantic import BaseModel, Field
 
 from minivllm.pooling.params import PoolingParams
 from minivllm.serve.generation import unless_disconnected
-from minivllm.serve.params import BadRequest, bad_request
-from minivllm.serve.protocol import OpenAIModel, UsageInfo
+from minivllm.serve.limits import admit
+from minivllm.serve.params import BadRequest, bad_request, refuse_unknown_fields
+from minivllm.serve.protocol import Int, OpenAIModel, UsageInfo
 from minivllm.serve.state import ServerState
 
 
 class EmbeddingRequest(OpenAIModel):
     model: Optional[str] = None
-    input: Union[str, list[str], list[int], list[list[int]]]
+    input: Union[str, list[str], list[Int], list[list[Int]]]
     encoding_format: Literal["float", "base64"] = "float"
-    dimensions: Optional[int] = None
+    dimensions: Optional[Int] = None
     user: Optional[str] = None
-    truncate_prompt_tokens: Optional[int] = None
+    """OpenAI's end-user id: accepted, no effect."""
+    truncate_prompt_tokens: Optional[Int] = None
     add_special_tokens: bool = True
     normalize: Optional[bool] = None
-    priority: int = 0
+    priority: Int = 0
 
 
 class EmbeddingData(BaseModel):
@@ -54,19 +56,22 @@ class EmbeddingResponse(BaseModel):
 
 def add_embedding_routes(app: FastAPI, state: ServerState) -> None:
     @app.post("/v1/embeddings")
-    async def embeddings(body: EmbeddingRequest, raw: Request) -> EmbeddingResponse | None:
+    async def embeddings(body: EmbeddingRequest, raw: Request) -> EmbeddingResponse:
         return await create_embedding(state, body, raw)
 
 
-async def create_embedding(state: ServerState, body: EmbeddingRequest, raw: Request) -> EmbeddingResponse | None:
+async def create_embedding(state: ServerState, body: EmbeddingRequest, raw: Request) -> EmbeddingResponse:
     state.check_model(body.model)
+    refuse_unknown_fields(body)
     if state.cfg.model.runner != "pooling":
         raise BadRequest("model", "model: this server generates; start it with model.runner=pooling for embeddings")
+    raw_inputs = _input_list(body.input)
+    admit(state, 1, len(raw_inputs))
     try:
         params = PoolingParams(body.dimensions, body.normalize, body.truncate_prompt_tokens)
     except ValueError as err:
         raise bad_request(err) from None
-    inputs = [_prompt(state, x, body.add_special_tokens) for x in _input_list(body.input)]
+    inputs = [_prompt(state, x, body.add_special_tokens) for x in raw_inputs]
     try:  # every input is checked before any is queued
         params.check(state.cfg.hf_config, state.cfg.hf_config.hidden_size)
         for p in inputs:
@@ -75,14 +80,13 @@ async def create_embedding(state: ServerState, body: EmbeddingRequest, raw: Requ
         raise bad_request(err, {"prompt": "input", "prompt_token_ids": "input"}) from None
     request_id = f"embd-{uuid.uuid4().hex}"
     work = asyncio.gather(
-        *(state.engine.encode(p, params, f"{request_id}-{i}", body.priority) for i, p in enumerate(inputs))
-    )
-    try:
+        *(state.engine.encode(p, params, f"{request_id}-{i}", body.priority, group_id=request_id)
+          for i, p in enumerate(inputs))
+    )  # fmt: skip
+    try:  # a client that hangs up cancels the awaits, which aborts the requests
         outs = await unless_disconnected(raw, work)
     except ValueError as err:
         raise bad_request(err, {"prompt": "input", "prompt_token_ids": "input"}) from None
-    if outs is None:
-        return None  # the client is gone; the awaits were cancelled and the requests aborted
     data = [EmbeddingData(index=i, embedding=_encode(o.outputs.data, body.encoding_format)) for i, o in enumerate(outs)]
     num_prompt = sum(len(o.prompt_token_ids) for o in outs)
     usage = UsageInfo(prompt_tokens=num_prompt, total_tokens=num_prompt)
@@ -101,7 +105,7 @@ def _prompt(state: ServerState, value: object, add_special_tokens: bool) -> obje
     if isinstance(value, str):
         if not value:
             raise BadRequest("input", "input: an empty string cannot be embedded")
-        ids = state.engine.tokenizer.encode(value, add_special_tokens=add_special_tokens)
+        ids = state.engine.tokenizer.encode(value, add_special_tokens=add_special_tokens, verbose=False)
         return {"prompt": value, "prompt_token_ids": ids}
     return {"prompt_token_ids": value}
 

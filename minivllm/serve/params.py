@@ -42,6 +42,13 @@ class BadRequest(ValueError):
         self.param = param
 
 
+def refuse_unknown_fields(request: Any) -> None:
+    """A 400 naming the first field the route does not declare: nothing a client asked for is dropped."""
+    if request.model_extra:
+        name = sorted(request.model_extra)[0]
+        raise BadRequest(name, f"{name}: unknown or unsupported request field; this server does not implement it")
+
+
 def param_of(message: str) -> str | None:
     """The field a ValueError names: messages here start with ``field=value:`` or ``field:``."""
     m = re.match(r"^([A-Za-z_][A-Za-z_0-9.\[\]]*)\s*[=:]", message)

@@ -16,8 +16,8 @@ from pydantic import BaseModel
 
 import minivllm
 from minivllm.entrypoints.chat_utils import render_chat
-from minivllm.serve.params import BadRequest
-from minivllm.serve.protocol import OpenAIModel
+from minivllm.serve.params import BadRequest, refuse_unknown_fields
+from minivllm.serve.protocol import Int, OpenAIModel
 from minivllm.serve.state import ServerState
 
 
@@ -43,7 +43,7 @@ class TokenizeResponse(BaseModel):
 
 class DetokenizeRequest(OpenAIModel):
     model: Optional[str] = None
-    tokens: list[int]
+    tokens: list[Int]
 
 
 class DetokenizeResponse(BaseModel):
@@ -54,6 +54,7 @@ def add_tokenize_routes(app: FastAPI, state: ServerState) -> None:
     @app.post("/tokenize")
     async def tokenize(body: TokenizeRequest) -> TokenizeResponse:
         state.check_model(body.model)
+        refuse_unknown_fields(body)
         tokens = _token_ids(state, body)
         strs = state.engine.tokenizer.convert_ids_to_tokens(tokens) if body.return_token_strs else None
         max_len = state.cfg.max_model_len
@@ -62,6 +63,7 @@ def add_tokenize_routes(app: FastAPI, state: ServerState) -> None:
     @app.post("/detokenize")
     async def detokenize(body: DetokenizeRequest) -> DetokenizeResponse:
         state.check_model(body.model)
+        refuse_unknown_fields(body)
         vocab = len(state.engine.tokenizer)
         bad = [t for t in body.tokens if not 0 <= t < vocab]
         if bad:
@@ -84,7 +86,7 @@ def _token_ids(state: ServerState, body: TokenizeRequest) -> list[int]:
         raise BadRequest("prompt", "prompt: give exactly one of prompt or messages")
     if body.prompt is not None:
         add_special = True if body.add_special_tokens is None else body.add_special_tokens
-        return tokenizer.encode(body.prompt, add_special_tokens=add_special)
+        return tokenizer.encode(body.prompt, add_special_tokens=add_special, verbose=False)
     try:
         rendered = render_chat(
             tokenizer,
@@ -98,5 +100,5 @@ def _token_ids(state: ServerState, body: TokenizeRequest) -> list[int]:
     except ValueError as err:
         raise BadRequest("messages", str(err)) from None
     if body.add_special_tokens:
-        return tokenizer.encode(rendered["prompt"], add_special_tokens=True)
+        return tokenizer.encode(rendered["prompt"], add_special_tokens=True, verbose=False)
     return rendered["prompt_token_ids"]

@@ -63,5 +63,7 @@ def test_dimensions_token_ids_and_bad_input(client, server, offline):
     assert sum(x * x for x in res.data[0].embedding) == pytest.approx(1.0, abs=1e-5)
     bad = httpx.post(f"{server.base_url}/v1/embeddings", json={"input": [[10**7]]}, timeout=30)
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "input"
+    unknown = httpx.post(f"{server.base_url}/v1/embeddings", json={"input": "x", "frobnicate": 1}, timeout=30)
+    assert unknown.status_code == 400 and unknown.json()["error"]["param"] == "frobnicate"
     gen = httpx.post(f"{server.base_url}/v1/completions", json={"prompt": "x"}, timeout=30)
     assert gen.status_code == 400 and "pooling" in gen.json()["error"]["message"]

@@ -41,13 +41,17 @@ def test_tokenize_chat_messages_uses_the_chat_template(server):
     assert res["tokens"] == render_chat(tok, MESSAGES, chat_template=TEMPLATE)["prompt_token_ids"]
 
 
-def test_bad_tokenize_and_detokenize_requests_are_400s(server):
+def test_bad_tokenize_and_detokenize_requests_are_400s_or_404s(server):
     both = _post(server, "/tokenize", {"prompt": "x", "messages": MESSAGES})
     assert both.status_code == 400 and "exactly one" in both.json()["error"]["message"]
     bad = _post(server, "/detokenize", {"tokens": [10**7]})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "tokens"
     wrong_model = _post(server, "/tokenize", {"model": "other", "prompt": "x"})
-    assert wrong_model.status_code == 400 and wrong_model.json()["error"]["param"] == "model"
+    assert wrong_model.status_code == 404 and wrong_model.json()["error"]["param"] == "model"
+    unknown = _post(server, "/tokenize", {"prompt": "x", "frobnicate": 1})
+    assert unknown.status_code == 400 and unknown.json()["error"]["param"] == "frobnicate"
+    not_an_int = _post(server, "/detokenize", {"tokens": [1.5]})
+    assert not_an_int.status_code == 400
 
 
 def test_version_ping_and_model_names(server):
