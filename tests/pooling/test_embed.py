@@ -59,6 +59,18 @@ def test_embeddings_match_transformers(checkpoint, pooling, normalize):
         assert llm.cfg.cache.enable_prefix_caching is False
 
 
+@pytest.mark.parametrize("pooling", ["LAST", "MEAN"])
+def test_pooling_under_async_scheduling(llama_dir, pooling):
+    """Overlapped steps (the default on CUDA) pool the same vectors, chunked prompts included."""
+    llm = LLM(str(llama_dir), runner="pooling", max_num_batched_tokens=16, **ENGINE,
+              overrides=[f"model.pooler_config.pooling_type={pooling}", "scheduler.async_scheduling=true"])
+    assert llm.cfg.async_scheduling
+    ids = [llm.get_tokenizer().encode(t) for t in TEXTS]
+    outs = llm.embed(TEXTS, use_tqdm=False)
+    for out, ref in zip(outs, _reference(llama_dir, ids, pooling, normalize=True)):
+        torch.testing.assert_close(torch.tensor(out.outputs.embedding), ref, atol=1e-4, rtol=0)
+
+
 def test_per_request_normalize_and_matryoshka_dimensions(llama_dir):
     llm = LLM(str(llama_dir), task="embed", hf_overrides={"is_matryoshka": True}, **ENGINE)
     raw = llm.embed("def f(x):", PoolingParams(normalize=False), use_tqdm=False)[0].outputs.embedding
