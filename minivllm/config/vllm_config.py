@@ -8,6 +8,7 @@ config fails when it is built, before any work starts.
 from __future__ import annotations
 
 import functools
+import logging
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -15,7 +16,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from minivllm.config.bench import BenchConfig
-from minivllm.config.model_source import load_hf_config
+from minivllm.config.model_source import HubOptions, load_hf_config
 from minivllm.core.sliding_window import max_blocks_per_request, model_sliding_window
 from minivllm.distributed.pipeline import check_partition
 from minivllm.distributed.utils import check_expert_parallel, check_tensor_parallel
@@ -34,9 +35,10 @@ from minivllm.config.schema import (
     TaskConfig,
 )
 from minivllm.config.validation import check_range
-from minivllm.models.registry import ModelRegistry
+from minivllm.models.registry import POOLING_ONLY, ModelRegistry
 from minivllm.plugins import load_general_plugins
 
+logger = logging.getLogger(__name__)
 ATTENTION_TARGETS = {
     "torch": "minivllm.attention.torch_backend.TorchAttentionBackend",
     "triton": "minivllm.attention.triton_backend.TritonAttentionBackend",
@@ -72,7 +74,7 @@ class ServeConfig:
     api_key: Optional[str] = None
     """When set, every /v1 route needs ``Authorization: Bearer <api_key>``."""
     served_model_name: Optional[str] = None
-    """Model name reported by /v1/models; defaults to model.path."""
+    """Model name(s) the server answers to, comma-separated (the first is reported); defaults to model.path."""
     chat_template: Optional[str] = None
     """Jinja chat template (or a file holding one) for models whose tokenizer has none."""
     shutdown_timeout: float = 30.0
@@ -150,6 +152,7 @@ class VllmConfig:
         if self.model.architecture:
             self.hf_config.architectures = [self.model.architecture]
         self.architecture: str = _architecture(self.hf_config)
+        _refuse_encoder_only(self.hf_config, self.architecture)
         ModelRegistry.check_supported(self.architecture)
         check_rope_types(self.hf_config)
         self.quant_config: QuantizationConfig | None = get_quantization_config(
@@ -167,6 +170,7 @@ class VllmConfig:
         if not self.attention.backend:
             self.attention.backend = {"_target_": _attention_target(self.attention.name, self.device_type)}
         self._check_scheduler()
+        self._check_pooling()
         self.async_scheduling: bool = _resolve_async_scheduling(self.scheduler.async_scheduling, self)
 
     def _load_hf_config(self) -> tuple[Any, Any]:
@@ -175,7 +179,7 @@ class VllmConfig:
         if self.load.format != "gguf":
             return load_hf_config(
                 self.model.path, inline=self.model.hf_config, overrides=overrides,
-                allow_inline=self.load.format == "dummy",
+                allow_inline=self.load.format == "dummy", hub=self.hub_options(),
             )
         gguf_file = find_gguf_file(self.model.path)
         hf_config = gguf_hf_config(gguf_file)
@@ -183,10 +187,18 @@ class VllmConfig:
             setattr(hf_config, key, value)
         return hf_config, gguf_file.parent
 
+    def hub_options(self, tokenizer: bool = False) -> HubOptions:
+        """Where and how hub ids are found in the local HF cache (``tokenizer``: for the tokenizer)."""
+        model = self.model
+        revision = (model.tokenizer_revision or model.revision) if tokenizer else model.revision
+        return HubOptions(revision, self.load.download_dir, model.trust_remote_code, model.code_revision)
+
     @property
     def tokenizer_path(self) -> str:
         if self.model.tokenizer:
             return self.model.tokenizer
+        if self.model.tokenizer_revision and self.model.tokenizer_revision != self.model.revision:
+            return self.model.path  # the hub id, looked up at the tokenizer's own revision
         return str(self.checkpoint_dir) if self.checkpoint_dir is not None else self.model.path
 
     @property
@@ -199,6 +211,8 @@ class VllmConfig:
             return
         if not getattr(ModelRegistry.resolve(self.architecture), "supports_pp", False):
             raise ValueError(f"parallel.pp={pp}: {self.architecture} does not support pipeline parallelism; use 1")
+        if self.model.runner == "pooling":  # the last stage pools; the others wait for sampled ids
+            raise ValueError(f"parallel.pp={pp}: model.runner=pooling runs on one pipeline stage; use pp=1")
         if self.load.format == "sharded_state":  # its files are named by tp rank, which repeats on every stage
             raise ValueError(f"parallel.pp={pp}: load.format=sharded_state saves one shard per tp rank; use pp=1")
         text_config = getattr(self.hf_config, "text_config", None) or self.hf_config
@@ -227,6 +241,19 @@ class VllmConfig:
                 f"max_model_len={self.max_model_len} with chunked prefill off: a long prompt could never be "
                 f"scheduled; raise it, lower model.max_model_len, or set scheduler.enable_chunked_prefill=true"
             )
+
+    def _check_pooling(self) -> None:
+        """Base models (no LM head) only pool; MEAN pooling needs every prompt position computed,
+        so cached prefixes cannot be reused."""
+        if self.architecture in POOLING_ONLY and self.model.runner != "pooling":
+            raise ValueError(
+                f"model.runner={self.model.runner}: {self.architecture} has no LM head, so it can only embed; "
+                f"use model.runner=pooling (LLM(..., runner='pooling'))"
+            )
+        if self.model.runner == "pooling" and self.model.pooler_config.pooling_type == "MEAN":
+            if self.cache.enable_prefix_caching:
+                logger.warning("model.pooler_config.pooling_type=MEAN: turning prefix caching off (it skips tokens)")
+                self.cache.enable_prefix_caching = False
 
     @classmethod
     def from_dictconfig(cls, cfg: DictConfig | dict) -> "VllmConfig":
@@ -259,6 +286,19 @@ def _resolve_device(device_type: str) -> str:
     if device_type == "cuda" and not torch.cuda.is_available():
         raise ValueError("device.type=cuda: no CUDA device is visible; use device=cpu or device=auto")
     return device_type
+
+
+_ENCODER_ONLY = ("bert", "roberta", "xlm-roberta", "distilbert", "deberta", "deberta-v2", "electra", "modernbert",
+                 "mpnet", "nomic_bert", "camembert", "albert")
+
+
+def _refuse_encoder_only(hf_config: Any, architecture: str) -> None:
+    if getattr(hf_config, "model_type", None) in _ENCODER_ONLY:
+        raise ValueError(
+            f"architecture {architecture!r} (model_type {hf_config.model_type!r}) is an encoder-only (bidirectional) "
+            f"model: not supported; minivllm runs decoder-only models, for generation or for embeddings with "
+            f"model.runner=pooling (e.g. Qwen3-Embedding, gte-Qwen2)"
+        )
 
 
 def _architecture(hf_config: Any) -> str:

@@ -37,6 +37,9 @@ from minivllm.engine.outputs import RequestOutput
 from minivllm.engine.processor import Processor, PromptType
 from minivllm.engine.request_stream import EngineDeadError, RequestStream
 from minivllm.engine.tokenizer import get_tokenizer
+from minivllm.pooling.outputs import PoolingRequestOutput
+from minivllm.pooling.params import PoolingParams
+from minivllm.sample.custom_processors import check_picklable
 from minivllm.sampling_params import RequestOutputKind, SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -128,6 +131,8 @@ class AsyncLLM:
             self._resolve(token, value)
         for packed in msg.outputs:
             self._on_output(unpack_output(packed), now)
+        for pooled in msg.pooled:
+            self._resolve(("pooled", pooled.request_id), pooled)
         if msg.fatal is not None:
             self._on_dead(f"engine failed: {msg.fatal}")
 
@@ -190,8 +195,9 @@ class AsyncLLM:
         if self.errored is not None:
             raise EngineDeadError(self.errored)
         params = params or SamplingParams()
-        text, ids = self.processor.tokenize(prompt)
+        text, ids = self.processor.tokenize(prompt, params.truncate_prompt_tokens)
         self.processor.max_output_tokens(len(ids), params)
+        check_picklable(params)  # the engine runs in another process
         request_id = str(request_id)
         if request_id in self._streams:
             raise ValueError(f"request_id={request_id!r}: already in use by an unfinished request")
@@ -221,6 +227,31 @@ class AsyncLLM:
                 yield out
         finally:
             stream.abort()
+
+    async def encode(
+        self, prompt: PromptType, params: PoolingParams, request_id: str, priority: int = 0,
+        group_id: str | None = None,
+    ) -> PoolingRequestOutput:  # fmt: skip
+        """The pooled vector of one prompt (model.runner=pooling). Raises ValueError (nothing queued)
+        on bad input; cancelling the await aborts the request. ``group_id`` as for ``add_request``."""
+        self._bind_loop()
+        if self.errored is not None:
+            raise EngineDeadError(self.errored)
+        if self.cfg.model.runner != "pooling":
+            raise ValueError("input: this engine generates; embeddings need model.runner=pooling")
+        params.check(self.cfg.hf_config, self.cfg.hf_config.hidden_size)
+        text, ids = self.processor.tokenize(prompt, params.truncate_prompt_tokens)
+        accepted, pooled = self._loop.create_future(), self._loop.create_future()
+        self._pending[("add", request_id)], self._pending[("pooled", request_id)] = accepted, pooled
+        self._send(("add", request_id, {"prompt": text, "prompt_token_ids": ids}, params, priority, group_id))
+        try:
+            await accepted
+            return await pooled
+        except BaseException:
+            self._pending.pop(("pooled", request_id), None)
+            if self.errored is None:
+                self._send(("abort", [request_id]))
+            raise
 
     async def abort(self, request_ids: str | Sequence[str]) -> None:
         """Stop requests now: their KV blocks are free before the engine's next step, and
@@ -280,7 +311,8 @@ class AsyncLLM:
 
     def get_num_unfinished_sequences(self) -> int:
         """Sequences (``n`` per request) of the unfinished requests: what the engine may still queue."""
-        return sum(stream.params.n for stream in self._streams.values())
+        pooling = sum(1 for key in self._pending if isinstance(key, tuple) and key[0] == "pooled")
+        return sum(stream.params.n for stream in self._streams.values()) + pooling
 
     def shutdown(self, timeout: float = 10.0) -> None:
         """Stop the engine process; in-flight requests fail with EngineDeadError."""

@@ -21,7 +21,9 @@ def get_tokenizer(cfg: VllmConfig) -> PreTrainedTokenizerBase:
     if cfg.load.format == "gguf" and not cfg.model.tokenizer:
         gguf_file = find_gguf_file(cfg.model.path)
         return AutoTokenizer.from_pretrained(str(gguf_file.parent), gguf_file=gguf_file.name, local_files_only=True)
-    source = find_local_checkpoint(cfg.tokenizer_path) if not Path(cfg.tokenizer_path).is_dir() else Path(cfg.tokenizer_path)
+    hub = cfg.hub_options(tokenizer=True)
+    given = Path(cfg.tokenizer_path)
+    source = given if given.is_dir() else find_local_checkpoint(cfg.tokenizer_path, hub)
     if source is None and cfg.load.format == "dummy":
         logger.warning(
             "No local tokenizer for %r; using the bundled demo tokenizer with random weights.", cfg.tokenizer_path
@@ -29,4 +31,4 @@ def get_tokenizer(cfg: VllmConfig) -> PreTrainedTokenizerBase:
         source = DEMO_TOKENIZER
     if source is None:
         raise ValueError(f"model.tokenizer={cfg.tokenizer_path!r}: no local tokenizer files found")
-    return AutoTokenizer.from_pretrained(str(source), local_files_only=True)
+    return AutoTokenizer.from_pretrained(str(source), local_files_only=True, trust_remote_code=hub.trust_remote_code)

@@ -27,6 +27,7 @@ from minivllm.distributed.pipeline import IntermediateTensors, PipelineStage, pi
 from minivllm.engine.request import RequestId
 from minivllm.layers.compile import compile_small_ops
 from minivllm.layers.rotary import share_cos_sin_caches
+from minivllm.pooling.pooler import Pooler
 from minivllm.sample.logits_processors import LogitsEdits
 from minivllm.sample.metadata import SamplingMetadata, from_batch, has_logits_edits
 from minivllm.sample.prompt_logprobs import add_prompt_logprobs
@@ -52,6 +53,7 @@ class ModelRunner:
         self.kv_caches: list[torch.Tensor] = []
         self.cuda_graphs: CUDAGraphRunner | None = None
         self.sampler = Sampler(torch.Generator(device=device).manual_seed(cfg.model.seed))
+        self.pooler = Pooler(cfg.model.pooler_config.pooling_type) if cfg.model.runner == "pooling" else None
         max_reqs, max_blocks = cfg.scheduler.max_num_seqs, cdiv(cfg.max_model_len, self.block_size)
         self.batch = InputBatch(max_reqs, cfg.max_model_len, max_blocks)
         self.inputs = StepInputBuilder(cfg.scheduler.max_num_batched_tokens, max_reqs, max_blocks,
@@ -105,8 +107,8 @@ class ModelRunner:
         sizes = [s for s in self.cfg.compilation.cudagraph_capture_sizes if s <= self.cfg.scheduler.max_num_seqs]
         if not sizes:
             return
-        max_blocks = cdiv(self.cfg.max_model_len, self.block_size)
-        self.cuda_graphs = CUDAGraphRunner(self.model, sizes, max_blocks, self.cfg.max_model_len, self.device)
+        max_len = min(self.cfg.max_model_len, self.cfg.compilation.max_seq_len_to_capture)
+        self.cuda_graphs = CUDAGraphRunner(self.model, sizes, cdiv(max_len, self.block_size), max_len, self.device)
         self.cuda_graphs.capture()
 
     def _forward(
@@ -118,7 +120,7 @@ class ModelRunner:
     ) -> torch.Tensor | IntermediateTensors:
         """Replay a captured graph for decode-only steps that fit one; run eagerly otherwise."""
         graphs = self.cuda_graphs
-        if graphs is not None and meta.max_query_len == 1 and graphs.padded_size(meta.num_reqs) is not None:
+        if graphs is not None and meta.max_query_len == 1 and graphs.covers(meta):
             return graphs.run(input_ids, positions, meta)
         if intermediate is not None:  # a later pipeline stage
             return self.model(input_ids, positions, meta, intermediate)
@@ -168,6 +170,8 @@ class ModelRunner:
         if self.pipeline is not None and not self.pipeline.is_last:  # hand on to the next stage; it samples
             self.pipeline.send(hidden)
             return self._follow_last_stage(step)
+        if self.pooler is not None:  # runner=pooling: pooled hidden states instead of sampled tokens
+            return DoneOutput(self._pool(hidden, step, sched))
         prompt_logprobs = self._gather_prompt_logprobs(hidden, step) if self.prompt_logprobs else {}
         if not len(step.sample_idx):
             return DoneOutput(ModelRunnerOutput())
@@ -183,6 +187,15 @@ class ModelRunner:
             tokens = self.pipeline.recv_sampled(len(rows))  # (S,) int64
             self._deliver([self.batch.req_ids[r] for r in rows.tolist()], tokens.cpu().numpy())
         return DoneOutput(ModelRunnerOutput())
+
+    def _pool(self, hidden: torch.Tensor, step: StepInputs, sched: SchedulerOutput) -> ModelRunnerOutput:
+        """The pooler's view of the step: per scheduled request its id, tokens computed before
+        the step and new tokens; the requests whose prompt is now complete; those to forget."""
+        req_ids = [self.batch.req_ids[r] for r in step.rows.tolist()]
+        computed = self.batch.num_computed_tokens[step.rows].tolist()
+        return self.pooler(
+            hidden, req_ids, computed, step.query_lens.tolist(), step.sample_idx.tolist(), sched.finished_req_ids
+        )
 
     def _update_states(self, sched: SchedulerOutput) -> None:
         batch = self.batch
