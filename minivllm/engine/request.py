@@ -65,6 +65,8 @@ class Request:
     """Mixed into the prefix-cache hashes: only requests with the same salt share blocks."""
     lora_request: LoRARequest | None = None
     """The adapter the request runs under (None: the base model); also in its block hashes."""
+    num_cached_tokens: int | None = None
+    """Prompt tokens found in the prefix cache when first scheduled (None until then)."""
     group_id: str | None = None
     """The client request this sequence belongs to: its parent (one of ``n`` completions),
     or a server request that sent several prompts. The waiting queue takes turns between

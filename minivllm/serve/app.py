@@ -32,11 +32,15 @@ from minivllm.serve.lora_routes import add_lora_routes
 from minivllm.serve.metrics import CONTENT_TYPE
 from minivllm.serve.params import BadRequest, param_of
 from minivllm.serve.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
+from minivllm.serve.embeddings import add_embedding_routes
 from minivllm.serve.state import ServerState
+from minivllm.serve.tokenize import add_tokenize_routes
 
 logger = logging.getLogger(__name__)
-ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics",
-          "/v1/load_lora_adapter", "/v1/unload_lora_adapter")
+ROUTES = (
+    "/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics", "/tokenize", "/detokenize",
+    "/v1/embeddings", "/v1/load_lora_adapter", "/v1/unload_lora_adapter",
+)  # fmt: skip
 
 
 def build_app(engine: AsyncLLM, cfg: VllmConfig) -> FastAPI:
@@ -45,6 +49,8 @@ def build_app(engine: AsyncLLM, cfg: VllmConfig) -> FastAPI:
     app.state.server = state
     _add_error_handlers(app, state)
     _add_routes(app, state)
+    add_tokenize_routes(app, state)
+    add_embedding_routes(app, state)
     app.add_middleware(_Auth, api_key=state.api_key)
     app.add_middleware(_HttpMetrics, state=state)
     return app
@@ -61,12 +67,13 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
 
     @app.get("/v1/models")
     async def models() -> ModelList:
-        card = ModelCard(id=state.model_name, root=state.cfg.model.path, max_model_len=state.cfg.max_model_len)
+        root, max_len = state.cfg.model.path, state.cfg.max_model_len
+        cards = [ModelCard(id=name, root=root, max_model_len=max_len) for name in state.model_names]
         adapters = [
-            ModelCard(id=name, root=lora.lora_path, parent=state.model_name, max_model_len=state.cfg.max_model_len)
+            ModelCard(id=name, root=lora.lora_path, parent=state.model_name, max_model_len=max_len)
             for name, lora in state.adapters.by_name.items()
         ]
-        return ModelList(data=[card, *adapters])
+        return ModelList(data=[*cards, *adapters])
 
     if state.cfg.serve.enable_lora_runtime_updates:
         add_lora_routes(app, state)

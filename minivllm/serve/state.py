@@ -5,6 +5,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from minivllm.config.generation_defaults import generation_defaults
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.engine.async_llm import AsyncLLM
 from minivllm.lora.request import LoRARequest
@@ -18,8 +19,12 @@ class ServerState:
     def __init__(self, engine: AsyncLLM, cfg: VllmConfig) -> None:
         self.engine = engine
         self.cfg = cfg
-        self.model_name = cfg.serve.served_model_name or cfg.model.path
+        self.model_names = (cfg.serve.served_model_name or cfg.model.path).split(",")
+        """Every name the model answers to; the first is reported in responses."""
+        self.model_name = self.model_names[0]
         self.api_key = cfg.serve.api_key
+        self.default_sampling_params = generation_defaults(cfg)
+        """The checkpoint's generation config: defaults for the sampling fields a request leaves out."""
         self.chat_template = load_chat_template(cfg.serve.chat_template) or getattr(
             engine.tokenizer, "chat_template", None
         )
@@ -30,13 +35,17 @@ class ServerState:
         self.token_text = lru_cache(maxsize=65536)(self._token_text)
 
     def check_model(self, model: str | None) -> LoRARequest | None:
-        """The adapter ``model`` names (None: the base model); 404 for a name not served."""
-        if model is None or model == self.model_name:
+        """The adapter ``model`` names (None: the base model, under any served name); 404 for a name not served."""
+        if model is None or model in self.model_names:
             return None
         lora = self.adapters.by_name.get(model)
         if lora is None:
-            raise ModelNotFound(model, ", ".join([self.model_name, *self.adapters.by_name]))
+            raise ModelNotFound(model, ", ".join([*self.model_names, *self.adapters.by_name]))
         return lora
+
+    def shown_model(self, model: str | None) -> str:
+        """The name responses report: the adapter's when ``model`` chose one, else the first served name."""
+        return model if model is not None and model in self.adapters.by_name else self.model_name
 
     def _token_text(self, token_id: int) -> str:
         return self.engine.tokenizer.decode([token_id])
@@ -48,7 +57,7 @@ class ServerState:
         self, request_id: str, choices: list[CompletionChoice], usage: UsageInfo | None, model: str | None = None
     ) -> CompletionResponse:
         """``model``: the name the request chose (an adapter's); default the served model."""
-        return CompletionResponse(id=request_id, model=model or self.model_name, choices=choices, usage=usage)
+        return CompletionResponse(id=request_id, model=self.shown_model(model), choices=choices, usage=usage)
 
     @staticmethod
     def error_body(message: str, kind: str = "invalid_request_error", code: int = 400, param: Any = None) -> ErrorResponse:
