@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -119,4 +120,6 @@ def test_lora_request_fields():
     with pytest.raises(ValueError, match="lora_int_id=0: must be an int >= 1"):
         LoRARequest("a", 0, "/x")
     with pytest.raises(ValueError, match="one, or one per prompt"):
-        LLM.generate(object.__new__(LLM), ["a", "b"], PARAMS, lora_request=[None])
+        llm = object.__new__(LLM)
+        llm.cfg = SimpleNamespace(model=SimpleNamespace(runner="generate"))  # no engine: fails before it is needed
+        LLM.generate(llm, ["a", "b"], PARAMS, lora_request=[None])
