@@ -10,8 +10,10 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from minivllm import SamplingParams
+from minivllm.engine.llm_engine import LLMEngine
 from minivllm.entrypoints.llm import LLM
 from minivllm.lora import LoRARequest
+from minivllm.pooling.params import PoolingParams
 from tests.lora.adapters import make_adapter
 
 PARAMS = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)
@@ -123,3 +125,9 @@ def test_lora_request_fields():
         llm = object.__new__(LLM)
         llm.cfg = SimpleNamespace(model=SimpleNamespace(runner="generate"))  # no engine: fails before it is needed
         LLM.generate(llm, ["a", "b"], PARAMS, lora_request=[None])
+
+
+def test_pooling_request_refuses_an_adapter():
+    engine = object.__new__(LLMEngine)  # the check comes before anything the engine holds
+    with pytest.raises(ValueError, match="pooling runs the base model"):
+        engine.add_request(None, "a", pooling_params=PoolingParams(), lora_request=LoRARequest("a", 1, "/x"))
