@@ -53,6 +53,7 @@ from minivllm.core.scheduler_output import (
     CachedRequestData,
     ModelRunnerOutput,
     NewRequestData,
+    PositionLogprobs,
     SchedulerOutput,
 )
 from minivllm.core.stats import SchedulerStats
@@ -69,10 +70,10 @@ class EngineCoreOutput:
 
     req_id: RequestId
     new_token_ids: list[int]
-    new_logprobs: list[dict[int, float]] | None = None
+    new_logprobs: list[PositionLogprobs] | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
-    prompt_logprobs: list[dict[int, float] | None] | None = None
+    prompt_logprobs: list[PositionLogprobs | None] | None = None
     """With the first new token of a request that asked: one entry per prompt token (the first None)."""
     num_cached_tokens: int = 0
     """Prompt tokens the request found in the prefix cache when first scheduled."""

@@ -7,7 +7,7 @@ sequences grow. Workers keep per-request state between steps.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -15,6 +15,17 @@ from minivllm.core.block_pool import BlockId
 from minivllm.engine.request import RequestId
 from minivllm.lora.request import LoRARequest
 from minivllm.sampling_params import SamplingParams
+
+
+class PositionLogprobs(NamedTuple):
+    """One position's logprobs as a worker sends them (the front end wraps them in ``Logprob``)."""
+
+    token_logprobs: dict[int, float]
+    """The chosen (or prompt) token first, then the top-k asked for in descending
+    order; a token that is both appears once."""
+    rank: int
+    """The chosen token's 1-based rank in the whole vocabulary: one more than the
+    number of tokens strictly more likely."""
 
 
 @dataclass(slots=True)
@@ -77,11 +88,11 @@ class ModelRunnerOutput:
     sampled_token_ids: dict[RequestId, list[int]] = field(default_factory=dict)
     """Per request that finished its known tokens this step: the new token(s).
     Requests in the middle of a prefill chunk get no entry."""
-    logprobs: dict[RequestId, list[dict[int, float]]] = field(default_factory=dict)
-    """Per sampled token: {token_id: logprob} for the chosen token and the top-k asked for."""
-    prompt_logprobs: dict[RequestId, list[dict[int, float] | None]] = field(default_factory=dict)
+    logprobs: dict[RequestId, list[PositionLogprobs]] = field(default_factory=dict)
+    """Per sampled token: the chosen token's and the top-k's logprobs, and the chosen one's rank."""
+    prompt_logprobs: dict[RequestId, list[PositionLogprobs | None]] = field(default_factory=dict)
     """For requests that asked and sampled their first token this step: one
-    {token_id: logprob} per prompt token (the prompt token's own, then the top-k),
+    entry per prompt token (the prompt token's own logprob and rank, then the top-k),
     the first entry None. Workers gather them chunk by chunk during prefill."""
     pooler_output: dict[RequestId, Any] = field(default_factory=dict)
     """runner=pooling: per request whose prompt completed this step, its pooled (H,) fp32 CPU tensor."""

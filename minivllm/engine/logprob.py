@@ -2,13 +2,15 @@
 
 ``Logprob`` is a ``float`` subclass: ``lp[token].logprob`` reads as in vLLM, and
 code that treats the entry as a number (sums, comparisons, JSON) keeps working.
-``rank`` is the token's 1-based position in the vocabulary sorted by probability;
-it is None only for a sampled token that fell outside the requested top-k (its
-exact rank was not computed).
+``rank`` is the token's 1-based position in the vocabulary sorted by probability
+(ties share the better rank), also for a sampled or prompt token outside the
+requested top-k: the worker counts the tokens more likely than it.
 """
 from __future__ import annotations
 
 from transformers import PreTrainedTokenizerBase
+
+from minivllm.core.scheduler_output import PositionLogprobs
 
 
 class Logprob(float):
@@ -32,10 +34,11 @@ class Logprob(float):
 
 
 class LogprobBuilder:
-    """Turns the workers' ``{token_id: logprob}`` dicts into ``{token_id: Logprob}``.
+    """Turns the workers' ``PositionLogprobs`` into ``{token_id: Logprob}``.
 
     A worker's dict holds the chosen token first, then the top-k in descending
-    order; when the chosen token is one of the top-k it appears once.
+    order; when the chosen token is one of the top-k it appears once. The
+    chosen token's rank comes from the worker; the top-k's are their order.
     """
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
@@ -48,16 +51,15 @@ class LogprobBuilder:
             text = self._texts[token_id] = self.tokenizer.decode([token_id])
         return text
 
-    def entry(self, raw: dict[int, float], top_k: int, detokenize: bool) -> dict[int, Logprob]:
+    def entry(self, raw: PositionLogprobs, top_k: int, detokenize: bool) -> dict[int, Logprob]:
         """One position; ``top_k``: how many alternatives were asked for."""
-        items = list(raw.items())
+        items = list(raw.token_logprobs.items())
         top = items[1:] if len(items) > top_k else items  # the chosen token is outside the top-k
         ranks = {t: r for r, (t, _) in enumerate(sorted(top, key=lambda kv: -kv[1]), start=1)}
-        return {
-            t: Logprob(lp, ranks.get(t), self.token_text(t) if detokenize else None) for t, lp in items
-        }
+        ranks[items[0][0]] = raw.rank
+        return {t: Logprob(lp, ranks[t], self.token_text(t) if detokenize else None) for t, lp in items}
 
     def positions(
-        self, raw: list[dict[int, float] | None], top_k: int, detokenize: bool
+        self, raw: list[PositionLogprobs | None], top_k: int, detokenize: bool
     ) -> list[dict[int, Logprob] | None]:
         return [None if d is None else self.entry(d, top_k, detokenize) for d in raw]

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Callable
 
 import torch
 
+from minivllm.core.scheduler_output import PositionLogprobs
 from minivllm.sample.sampler import gather_logprobs
 
 if TYPE_CHECKING:
@@ -47,7 +48,7 @@ def add_prompt_logprobs(
     for state, first, count in spans:
         asked = 1 + state.num_logprobs
         chunk = entries[offset : offset + count]
-        state.add(first, [dict(pairs[:asked]) for pairs in chunk])
+        state.add(first, [PositionLogprobs(dict(pairs[:asked]), rank) for pairs, rank in chunk])
         offset += count
 
 
@@ -57,13 +58,14 @@ def _entries(
     rows: list[int],
     targets: list[int],
     k: int,
-) -> list[list[tuple[int, float]]]:
-    """Per row: (token id, logprob) of the target, then of the top ``k``."""
+) -> list[tuple[list[tuple[int, float]], int]]:
+    """Per row: the (token id, logprob) pairs of the target then of the top ``k``,
+    and the target's rank."""
     device = hidden.device
     out = []
     for lo in range(0, len(rows), _ROWS_PER_PASS):
         idx = torch.tensor(rows[lo : lo + _ROWS_PER_PASS], dtype=torch.long, device=device)
         tgt = torch.tensor(targets[lo : lo + _ROWS_PER_PASS], dtype=torch.long, device=device)
-        values, ids = gather_logprobs(compute_logits(hidden[idx]), tgt, k)  # (M, 1 + k) each
-        out.extend(list(zip(i, v)) for i, v in zip(ids.tolist(), values.tolist()))
+        values, ids, ranks = gather_logprobs(compute_logits(hidden[idx]), tgt, k)  # (M, 1 + k) x2, (M,)
+        out.extend((list(zip(i, v)), r) for i, v, r in zip(ids.tolist(), values.tolist(), ranks.tolist()))
     return out

@@ -29,6 +29,8 @@ class SamplerOutput:
     """(N, 1 + k) fp32: the chosen token's logprob, then the top-k; None when nobody asked."""
     logprob_token_ids: torch.Tensor | None
     """(N, 1 + k) int64: the ids matching ``logprobs``."""
+    logprob_ranks: torch.Tensor | None
+    """(N,) int64: each chosen token's 1-based rank in the vocabulary."""
 
 
 class Sampler(nn.Module):
@@ -51,7 +53,7 @@ class Sampler(nn.Module):
             sampled = self._sample(self._process(logits, meta), meta)
             token_ids = torch.where(meta.temperature == 0.0, greedy, sampled)
         if meta.max_num_logprobs is None:
-            return SamplerOutput(token_ids, None, None)
+            return SamplerOutput(token_ids, None, None, None)
         return SamplerOutput(token_ids, *gather_logprobs(raw, token_ids, meta.max_num_logprobs))
 
     def _process(self, logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
@@ -90,11 +92,16 @@ def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: t
     return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
 
 
-def gather_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Raw-model logprobs of the chosen tokens and of the top ``k``: two (N, 1 + k) tensors."""
-    logprobs = logits.log_softmax(dim=-1)
-    chosen = logprobs.gather(-1, token_ids.unsqueeze(1))
+def gather_logprobs(
+    logits: torch.Tensor, token_ids: torch.Tensor, k: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Raw-model logprobs of the chosen tokens and of the top ``k`` (two (N, 1 + k)
+    tensors), and each chosen token's rank: (N,), 1 + the count of strictly more
+    likely tokens, so ties share the better rank."""
+    logprobs = logits.log_softmax(dim=-1)  # (N, V)
+    chosen = logprobs.gather(-1, token_ids.unsqueeze(1))  # (N, 1)
+    ranks = (logprobs > chosen).sum(dim=-1) + 1
     if k == 0:
-        return chosen, token_ids.unsqueeze(1)
+        return chosen, token_ids.unsqueeze(1), ranks
     top_vals, top_ids = logprobs.topk(k, dim=-1)
-    return torch.cat((chosen, top_vals), dim=1), torch.cat((token_ids.unsqueeze(1), top_ids), dim=1)
+    return torch.cat((chosen, top_vals), dim=1), torch.cat((token_ids.unsqueeze(1), top_ids), dim=1), ranks

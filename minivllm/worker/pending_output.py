@@ -14,7 +14,7 @@ from typing import Callable, Protocol
 import numpy as np
 import torch
 
-from minivllm.core.scheduler_output import ModelRunnerOutput
+from minivllm.core.scheduler_output import ModelRunnerOutput, PositionLogprobs
 from minivllm.engine.request import RequestId
 from minivllm.sample.sampler import SamplerOutput
 
@@ -25,7 +25,7 @@ class PendingOutput:
         req_ids: list[RequestId],
         sampled: SamplerOutput,
         num_logprobs: list[int | None],
-        prompt_logprobs: dict[RequestId, list[dict[int, float] | None]],
+        prompt_logprobs: dict[RequestId, list[PositionLogprobs | None]],
         deliver: Callable[[list[RequestId], np.ndarray], None],
     ) -> None:
         """``req_ids``: the sampling requests, row by row of ``sampled``; ``num_logprobs``:
@@ -36,7 +36,10 @@ class PendingOutput:
         self._num_logprobs = num_logprobs
         self._prompt_logprobs = prompt_logprobs
         self._deliver = deliver
-        self._host = [_to_host(t) for t in (sampled.token_ids, sampled.logprobs, sampled.logprob_token_ids)]
+        self._host = [
+            _to_host(t)
+            for t in (sampled.token_ids, sampled.logprobs, sampled.logprob_token_ids, sampled.logprob_ranks)
+        ]
         self._event = None
         if sampled.token_ids.device.type == "cuda":
             self._event = torch.cuda.Event()
@@ -55,7 +58,7 @@ class PendingOutput:
         return self._output
 
     def _collect(self) -> ModelRunnerOutput:
-        token_host, values_host, ids_host = self._host
+        token_host, values_host, ids_host, ranks_host = self._host
         tokens = token_host.numpy()
         self._deliver(self.req_ids, tokens)
         out = ModelRunnerOutput(
@@ -63,10 +66,11 @@ class PendingOutput:
             prompt_logprobs=self._prompt_logprobs,
         )
         if values_host is not None:
-            values, ids = values_host.tolist(), ids_host.tolist()
+            values, ids, ranks = values_host.tolist(), ids_host.tolist(), ranks_host.tolist()
             for row, (req_id, asked) in enumerate(zip(self.req_ids, self._num_logprobs)):
                 if asked is not None:
-                    out.logprobs[req_id] = [dict(zip(ids[row][: 1 + asked], values[row][: 1 + asked]))]
+                    pairs = dict(zip(ids[row][: 1 + asked], values[row][: 1 + asked]))
+                    out.logprobs[req_id] = [PositionLogprobs(pairs, ranks[row])]
         return out
 
 

@@ -40,6 +40,27 @@ def test_logprob_objects_carry_rank_and_text(llm):
     )
 
 
+def test_rank_of_a_token_outside_the_requested_top_k(llm):
+    """Sampled and prompt tokens that miss the top-1 still carry their exact rank:
+    the oracle is the same seeded request asking for the whole vocabulary."""
+    prompt = "def f(x):\n    return"
+    params = dict(temperature=5.0, seed=11, max_tokens=8, ignore_eos=True)
+    small = llm.generate(prompt, SamplingParams(**params, logprobs=1, prompt_logprobs=1), use_tqdm=False)[0]
+    full = llm.generate(prompt, SamplingParams(**params, logprobs=-1, prompt_logprobs=-1), use_tqdm=False)[0]
+    assert small.outputs[0].token_ids == full.outputs[0].token_ids
+
+    def exact_rank(entry, token):
+        return 1 + sum(lp.logprob > entry[token].logprob for lp in entry.values())
+
+    pairs = list(zip(small.outputs[0].token_ids, small.outputs[0].logprobs, full.outputs[0].logprobs))
+    pairs += list(zip(small.prompt_token_ids[1:], small.prompt_logprobs[1:], full.prompt_logprobs[1:]))
+    outside = [(t, s, f) for t, s, f in pairs if exact_rank(f, t) > 1]
+    assert len(outside) >= 3  # temperature 5 and a random model: many picks miss the top-1
+    for token, entry, whole in pairs:
+        assert entry[token].rank == exact_rank(whole, token)
+        assert entry[token].logprob == pytest.approx(whole[token].logprob, abs=1e-5)
+
+
 def test_logprobs_minus_one_is_the_whole_vocabulary(llm, llama_dir):
     out = llm.generate("x = ", SamplingParams(**GREEDY, logprobs=-1), use_tqdm=False)[0]
     entry = out.outputs[0].logprobs[0]
