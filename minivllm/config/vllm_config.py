@@ -20,6 +20,7 @@ from minivllm.core.sliding_window import max_blocks_per_request, model_sliding_w
 from minivllm.distributed.utils import check_expert_parallel, check_tensor_parallel
 from minivllm.layers.rotary import check_rope_types
 from minivllm.quantization import QuantizationConfig, get_quantization_config
+from minivllm.spec_decode.config import SpeculativeConfig
 from minivllm.config.schema import (
     AttentionConfig,
     CacheConfig,
@@ -111,6 +112,8 @@ class VllmConfig:
     """Where the model runs."""
     task: TaskConfig = field(default_factory=TaskConfig)
     """What the CLI does."""
+    speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
+    """Speculative decoding (vLLM's speculative_config): proposer and draft length."""
     prompts: list[str] = field(
         default_factory=lambda: ["def fibonacci(n):", "class Stack:\n    def __init__(self):", "for line in open("]
     )
@@ -202,7 +205,16 @@ class VllmConfig:
 
 
 def _resolve_async_scheduling(requested: bool | None, cfg: "VllmConfig") -> bool:
-    """Overlap pays where the device runs apart from the host: CUDA, one worker in this process."""
+    """Overlap pays where the device runs apart from the host: CUDA, one worker in this process.
+    Speculative decoding needs each step's accepted tokens before it schedules the next, so it
+    runs synchronously."""
+    if cfg.speculative.enabled:
+        if requested:
+            raise ValueError(
+                f"scheduler.async_scheduling=true: not supported with speculative.method={cfg.speculative.method} "
+                "(speculation schedules each step after the previous one's accepted tokens); set it to false or null"
+            )
+        return False
     if requested is None:
         return cfg.device_type == "cuda" and cfg.world_size == 1
     return requested

@@ -57,6 +57,9 @@ class SchedulerOutput:
     request in ``structured_output_request_ids``; None when no sampling request has a grammar."""
     structured_output_request_ids: list[RequestId] = field(default_factory=list)
     """The request of each ``grammar_bitmask`` row."""
+    scheduled_spec_decode_tokens: dict[RequestId, list[int]] = field(default_factory=dict)
+    """Speculative decoding: the draft tokens of each request that has some; they are the
+    last ``len(drafts)`` of its ``num_scheduled_tokens`` (after its last known token)."""
 
     @property
     def total_num_scheduled_tokens(self) -> int:
@@ -72,7 +75,8 @@ class ModelRunnerOutput:
     """Sampled tokens of one step, from rank 0."""
 
     sampled_token_ids: dict[RequestId, list[int]] = field(default_factory=dict)
-    """Per request that finished its known tokens this step: the new token(s).
+    """Per request that finished its known tokens this step: the new token(s) (with
+    speculative decoding: the accepted drafts, then the target's own token).
     Requests in the middle of a prefill chunk get no entry."""
     logprobs: dict[RequestId, list[dict[int, float]]] = field(default_factory=dict)
     """Per sampled token: {token_id: logprob} for the chosen token and the top-k asked for."""

@@ -13,6 +13,7 @@ from minivllm.engine.llm_engine import LLMEngine
 from minivllm.engine.outputs import RequestOutput
 from minivllm.engine.processor import PromptType
 from minivllm.sampling_params import RequestOutputKind, SamplingParams
+from minivllm.spec_decode.config import speculative_node
 
 # vLLM keyword -> key in the config tree
 KWARG_KEYS = {
@@ -41,6 +42,7 @@ KWARG_KEYS = {
     "cuda_graph_sizes": "compilation.cudagraph_capture_sizes",
     "attention_backend": "attention.name",
     "device": "device.type",
+    "speculative_config": "speculative",
 }
 
 
@@ -63,7 +65,9 @@ def config_from_kwargs(model: str | None = None, overrides: Sequence[str] = (), 
     if unknown:
         raise ValueError(f"LLM(): unknown keyword(s) {', '.join(unknown)}; known: {', '.join(sorted(KWARG_KEYS))}")
     for name, value in kwargs.items():
-        if value is not None:
+        if name == "speculative_config" and value is not None:
+            OmegaConf.update(cfg, "speculative", speculative_node(value), merge=True)
+        elif value is not None:
             OmegaConf.update(cfg, KWARG_KEYS[name], value, merge=False)
     return cfg
 

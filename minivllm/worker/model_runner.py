@@ -31,6 +31,7 @@ from minivllm.sample.metadata import SamplingMetadata, from_batch, has_logits_ed
 from minivllm.sample.prompt_logprobs import add_prompt_logprobs
 from minivllm.sample.sampler import Sampler
 from minivllm.sampling_params import SamplingParams
+from minivllm.spec_decode.verifier import DraftVerifier
 from minivllm.structured_output.bitmask import bitmask_for_rows
 from minivllm.utils import build, cdiv
 from minivllm.worker.cuda_graphs import CUDAGraphRunner
@@ -62,6 +63,8 @@ class ModelRunner:
         self._sampling: tuple[SamplingMetadata, list[int], list[int]] | None = None
         """For ``_sampling_key``: the metadata, the sampling rows that have logit edits, and those with seeds."""
         self._all_rows = np.arange(max_reqs)
+        self.spec = DraftVerifier(self.sampler, self.block_size, device) if cfg.speculative.enabled else None
+        """Speculative decoding: drafts into the batch, verified tokens out; None when off."""
 
     # ---- set-up -------------------------------------------------------------------
     def load_model(self) -> None:
@@ -153,6 +156,10 @@ class ModelRunner:
         if not len(step.sample_idx):
             return DoneOutput(ModelRunnerOutput())
         pending = self._sample_and_collect(hidden, step, prompt_logprobs, sched)
+        if sched.scheduled_spec_decode_tokens:
+            out = self.spec.verify(self.batch, step, sched, self.model.compute_logits, hidden,
+                                   self._seeded_generator, pending.result())
+            return DoneOutput(out)
         self._pending = pending
         return pending
 
@@ -168,10 +175,14 @@ class ModelRunner:
         if len(cached):
             rows = [batch.row_of[r] for r in cached.req_ids]
             batch.num_computed_tokens[rows] = cached.num_computed_tokens
+            if self.spec is not None:
+                self.spec.roll_back_block_tables(batch, cached)
             for row, blocks in zip(rows, cached.new_block_ids):
                 if blocks:
                     batch.block_table.append_row(row, blocks)
         batch.condense()
+        if sched.scheduled_spec_decode_tokens:
+            self.spec.write_drafts(batch, sched)
 
     def _track_prompt_logprobs(self, new: NewRequestData) -> None:
         """Prompt logprobs are gathered during the first prefill only (after a

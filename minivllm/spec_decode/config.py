@@ -1,0 +1,63 @@
+"""The ``speculative`` config group (vLLM's ``speculative_config``).
+
+Off by default (``method: null``). With ``method=ngram`` the scheduler proposes up
+to ``num_speculative_tokens`` draft tokens per decoding request by prompt lookup
+(``ngram_proposer.py``), the target model verifies them all in one forward pass,
+and the rejection sampler keeps the longest prefix the target agrees with.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Optional
+
+from minivllm.config.validation import check_choice, check_range
+
+SPEC_METHODS = ("ngram", "draft_model", "eagle")
+IMPLEMENTED_METHODS = ("ngram",)
+
+
+@dataclass
+class SpeculativeConfig:
+    """Speculative decoding: a cheap proposer drafts tokens, the target model verifies them in one pass."""
+
+    method: Optional[str] = None
+    """Proposer: null (off) or ngram (prompt lookup); draft_model and eagle are not implemented yet."""
+    num_speculative_tokens: int = 3
+    """Most draft tokens proposed per request and step."""
+    prompt_lookup_min: int = 5
+    """ngram: the shortest suffix of the sequence that is looked up earlier in it."""
+    prompt_lookup_max: int = 5
+    """ngram: the longest suffix looked up (the longest match wins)."""
+
+    def __post_init__(self) -> None:
+        if self.method is None:
+            return
+        check_choice("speculative.method", self.method, SPEC_METHODS)
+        if self.method not in IMPLEMENTED_METHODS:
+            raise ValueError(
+                f"speculative.method={self.method}: not implemented yet; "
+                f"implemented: {', '.join(IMPLEMENTED_METHODS)} (or null for off)"
+            )
+        check_range("speculative.num_speculative_tokens", self.num_speculative_tokens, low=1)
+        check_range("speculative.prompt_lookup_min", self.prompt_lookup_min, low=1)
+        check_range("speculative.prompt_lookup_max", self.prompt_lookup_max, low=1)
+        if self.prompt_lookup_min > self.prompt_lookup_max:
+            raise ValueError(
+                f"speculative.prompt_lookup_min={self.prompt_lookup_min} exceeds "
+                f"speculative.prompt_lookup_max={self.prompt_lookup_max}"
+            )
+
+    @property
+    def enabled(self) -> bool:
+        return self.method is not None
+
+
+def speculative_node(value: dict) -> dict:
+    """``LLM(speculative_config={...})``: the dict checked for unknown keys, as the group's node."""
+    if not isinstance(value, dict):
+        raise ValueError(f"speculative_config={value!r}: must be a dict of speculative.* keys")
+    known = [f.name for f in fields(SpeculativeConfig)]
+    unknown = sorted(set(value) - set(known))
+    if unknown:
+        raise ValueError(f"speculative_config: unknown or unsupported key(s) {', '.join(unknown)}; known: {', '.join(known)}")
+    return dict(value)

@@ -1,0 +1,38 @@
+"""Prompt-lookup (n-gram) proposals: copy what followed the sequence's tail the last time it occurred.
+
+For a sequence ``... a b c x y z ... a b c`` whose last ``n`` tokens (``a b c``)
+occur earlier, the tokens after that earlier occurrence (``x y z``) are the
+drafts. The longest ``n`` in ``[prompt_lookup_min, prompt_lookup_max]`` with a
+match wins, and of its matches the most recent one. It needs only token ids,
+so it runs in the scheduler before each step, with no model and no device.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+
+class NgramProposer:
+    def __init__(self, min_n: int, max_n: int, max_num_drafts: int) -> None:
+        self.min_n = min_n
+        self.max_n = max_n
+        self.max_num_drafts = max_num_drafts
+
+    def propose(self, token_ids: list[int] | np.ndarray, max_num_drafts: int | None = None) -> list[int]:
+        """Up to ``max_num_drafts`` (default the configured number) draft tokens; [] without a match."""
+        k = self.max_num_drafts if max_num_drafts is None else min(max_num_drafts, self.max_num_drafts)
+        tokens = np.asarray(token_ids, dtype=np.int64)
+        if k <= 0 or len(tokens) <= self.min_n:
+            return []
+        for n in range(min(self.max_n, len(tokens) - 1), self.min_n - 1, -1):
+            start = _last_match(tokens, n)
+            if start is not None:
+                return tokens[start + n : start + n + k].tolist()
+        return []
+
+
+def _last_match(tokens: np.ndarray, n: int) -> int | None:
+    """Start of the latest earlier occurrence of the last ``n`` tokens that has a token after it."""
+    windows = sliding_window_view(tokens[:-1], n)  # (L - n, n): every window with a follower
+    hits = np.flatnonzero((windows == tokens[-n:]).all(axis=1))
+    return int(hits[-1]) if len(hits) else None
