@@ -148,6 +148,7 @@ class Scheduler:
             num_preempted=sum(1 for r in self.waiting if r.num_preemptions > 0),
             prefix_cache_queries=self.kv.prefix_cache_stats.queries,
             prefix_cache_hits=self.kv.prefix_cache_stats.hits,
+            **(self.spec.stats.as_scheduler_stats() if self.spec is not None else {}),
         )
 
     # ---- one step -----------------------------------------------------------------
@@ -192,6 +193,8 @@ class Scheduler:
                 continue
             num_new = min(num_new, plan.budget)
             drafts = self.spec.drafts_for(request, num_new, plan.budget) if self.spec is not None else []
+            if drafts and not self.kv.can_allocate(request, num_new + len(drafts)):
+                drafts = []  # never preempt anyone for draft slots
             new_blocks = self._allocate_or_preempt(request, num_new + len(drafts), plan)
             if new_blocks is None:
                 continue  # the request itself was preempted

@@ -18,6 +18,15 @@ class SpecDecodingStats:
         self.num_draft_tokens += num_draft_tokens
         self.num_accepted_tokens += num_accepted_tokens
 
+    def as_scheduler_stats(self) -> dict:
+        """The ``SchedulerStats`` fields these counters fill."""
+        return dict(
+            spec_decoding=True,
+            spec_num_drafts=self.num_drafts,
+            spec_num_draft_tokens=self.num_draft_tokens,
+            spec_num_accepted_tokens=self.num_accepted_tokens,
+        )
+
     @property
     def acceptance_rate(self) -> float:
         """Accepted / proposed draft tokens, in [0, 1]."""
