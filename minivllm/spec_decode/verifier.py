@@ -81,7 +81,7 @@ class DraftVerifier:
         logits = compute_logits(hidden[index])  # (N, V) fp32
         rows_np = np.asarray(rows, dtype=np.int64)
         meta = from_batch(batch, rows_np, logits.shape[-1], self.device)
-        probs = self.sampler._process(logits, meta).softmax(dim=-1)
+        probs = self.sampler.process(logits, meta).softmax(dim=-1)
         inputs = self._noise(batch, rows_np, seq_lens, draft_ids, meta.temperature == 0.0, probs.shape, seeded_generator)
         own, accepted = rejection_sample(logits, probs, inputs)
         accepted = broadcast_from_first(accepted.to(torch.int64))

@@ -26,7 +26,7 @@ def _chi_square(counts: torch.Tensor, probs: torch.Tensor) -> float:
 def _processed(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """The target distribution as the plain sampler draws from it."""
     meta = SamplingMetadata.build([params], {}, V, torch.device("cpu"))
-    return Sampler()._process(logits.unsqueeze(0), meta).softmax(dim=-1)[0]
+    return Sampler().process(logits.unsqueeze(0), meta).softmax(dim=-1)[0]
 
 
 @pytest.mark.parametrize("params", [
