@@ -3,7 +3,8 @@
 For a sequence ``... a b c x y z ... a b c`` whose last ``n`` tokens (``a b c``)
 occur earlier, the tokens after that earlier occurrence (``x y z``) are the
 drafts. The longest ``n`` in ``[prompt_lookup_min, prompt_lookup_max]`` with a
-match wins, and of its matches the most recent one. It needs only token ids,
+match wins, and of its matches the most recent one that is followed by all ``k``
+drafts (else the earliest, which has the most followers). It needs only token ids,
 so it runs in the scheduler before each step, with no model and no device.
 """
 from __future__ import annotations
@@ -25,14 +26,18 @@ class NgramProposer:
         if k <= 0 or len(tokens) <= self.min_n:
             return []
         for n in range(min(self.max_n, len(tokens) - 1), self.min_n - 1, -1):
-            start = _last_match(tokens, n)
+            start = _best_match(tokens, n, k)
             if start is not None:
                 return tokens[start + n : start + n + k].tolist()
         return []
 
 
-def _last_match(tokens: np.ndarray, n: int) -> int | None:
-    """Start of the latest earlier occurrence of the last ``n`` tokens that has a token after it."""
+def _best_match(tokens: np.ndarray, n: int, k: int) -> int | None:
+    """Start of an earlier occurrence of the last ``n`` tokens: the latest one with ``k``
+    tokens after it, else the earliest; None when there is none."""
     windows = sliding_window_view(tokens[:-1], n)  # (L - n, n): every window with a follower
     hits = np.flatnonzero((windows == tokens[-n:]).all(axis=1))
-    return int(hits[-1]) if len(hits) else None
+    if not len(hits):
+        return None
+    full = hits[hits + n + k <= len(tokens)]
+    return int(full[-1]) if len(full) else int(hits[0])

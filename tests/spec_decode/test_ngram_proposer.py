@@ -32,3 +32,9 @@ def test_no_match_no_drafts():
     assert proposer.propose([1, 2, 3, 4, 5]) == []
     assert proposer.propose([5, 5]) == []
     assert proposer.propose([1, 2, 1, 2], max_num_drafts=0) == []
+
+
+def test_a_match_with_all_k_followers_beats_a_later_one_with_fewer():
+    proposer = NgramProposer(min_n=2, max_n=2, max_num_drafts=3)
+    # "5 6" at 0 (followed by 7 8 9), at 5 (followed by 5 6 only), and as the suffix
+    assert proposer.propose([5, 6, 7, 8, 9, 5, 6, 5, 6]) == [7, 8, 9]
