@@ -141,3 +141,23 @@ def test_metrics_endpoint_exports_the_spec_counters():
     assert 'minivllm:spec_decode_num_draft_tokens_total{model_name="m"} 12.0' in text
     assert 'minivllm:spec_decode_num_accepted_tokens_total{model_name="m"} 7.0' in text
     assert 'minivllm:spec_decode_num_drafts_total{model_name="m"} 4.0' in text
+
+
+def test_a_grammar_request_beside_drafted_ones_matches_the_plain_engine():
+    """The grammar request decodes one token per step (no drafts) in the same batches as drafted ones."""
+    from minivllm import LLM
+    from minivllm.structured_output import StructuredOutputsParams
+
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    params = [SamplingParams(temperature=0, max_tokens=24,
+                             structured_outputs=StructuredOutputsParams(json=schema)),
+              SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)]
+    prompts = ["The answer is", REPEATING]
+    results = []
+    for spec in (None, {"method": "ngram", "prompt_lookup_min": 2, "prompt_lookup_max": 4}):
+        llm = LLM("demo", dtype="float32", speculative_config=spec)
+        results.append([o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)])
+        spec_stats = llm.llm_engine.get_stats().spec_decoding
+        llm.shutdown()
+    assert results[0] == results[1]
+    assert spec_stats.num_draft_tokens > 0
