@@ -335,7 +335,7 @@ class Scheduler:
                 appended.append(token)
                 if self._check_stop(request, token) or self._check_grammar_end(request):
                     break
-            drafts = sched.scheduled_spec_decode_tokens.get(req_id)
+            drafts = sched.scheduled_spec_decode_tokens.get(req_id) if self.spec is not None else None
             if drafts:
                 self.spec.after_step(self.kv, request, len(drafts), len(new_tokens))
             results.append(

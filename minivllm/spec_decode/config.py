@@ -59,5 +59,7 @@ def speculative_node(value: dict) -> dict:
     known = [f.name for f in fields(SpeculativeConfig)]
     unknown = sorted(set(value) - set(known))
     if unknown:
-        raise ValueError(f"speculative_config: unknown or unsupported key(s) {', '.join(unknown)}; known: {', '.join(known)}")
+        raise ValueError(
+            f"speculative_config: unknown or unsupported key(s) {', '.join(unknown)}; known: {', '.join(known)}"
+        )
     return dict(value)

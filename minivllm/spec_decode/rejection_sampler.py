@@ -36,7 +36,9 @@ class VerifyInputs:
     """(N, V) fp32 Exp(1) noise for the row's own token (the exponential race)."""
 
 
-def rejection_sample(raw_logits: torch.Tensor, probs: torch.Tensor, inputs: VerifyInputs) -> tuple[torch.Tensor, torch.Tensor]:
+def rejection_sample(
+    raw_logits: torch.Tensor, probs: torch.Tensor, inputs: VerifyInputs
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``raw_logits``: (N, V) target logits (greedy rows take their argmax); ``probs``: (N, V)
     processed target distribution. Returns (N,) int64 each row's own token and (N,) bool accepted."""
     drafts = inputs.draft_token_ids

@@ -69,22 +69,15 @@ class DraftVerifier:
         spec = sched.scheduled_spec_decode_tokens
         drafted = [(i, int(r)) for i, r in enumerate(step.rows.tolist()) if batch.req_ids[r] in spec]
         drafts = [spec[batch.req_ids[row]] for _, row in drafted]
-        flat, rows, draft_ids, seq_lens = [], [], [], []
-        for (i, row), ds in zip(drafted, drafts):
-            end, k = int(step.query_start[i + 1]), len(ds)
-            flat.extend(range(end - k - 1, end))
-            rows.extend([row] * (k + 1))
-            draft_ids.extend([*ds, -1])
-            computed = int(batch.num_computed_tokens[row])
-            seq_lens.extend(range(computed + 1, computed + k + 2))
+        flat, rows, draft_ids, seq_lens = _verified_positions(batch, step, drafted, drafts)
         index = torch.tensor(flat, dtype=torch.int64, device=self.device)
         logits = compute_logits(hidden[index])  # (N, V) fp32
-        rows_np = np.asarray(rows, dtype=np.int64)
-        meta = from_batch(batch, rows_np, logits.shape[-1], self.device)
-        probs = self.sampler.process(logits, meta).softmax(dim=-1)
-        inputs = self._noise(batch, rows_np, seq_lens, draft_ids, meta.temperature == 0.0, probs.shape, seeded_generator)
+        meta = from_batch(batch, rows, logits.shape[-1], self.device)
+        probs = self.sampler.process(logits, meta).softmax(dim=-1)  # (N, V)
+        greedy = meta.temperature == 0.0
+        inputs = self._noise(batch, rows, seq_lens, draft_ids, greedy, probs.shape, seeded_generator)
         own, accepted = rejection_sample(logits, probs, inputs)
-        accepted = broadcast_from_first(accepted.to(torch.int64))
+        accepted = broadcast_from_first(accepted.to(torch.int64))  # every rank keeps the same tokens
         own = broadcast_from_first(own)
         own_host, accepted_host = own.tolist(), accepted.tolist()
         at = 0
@@ -97,7 +90,16 @@ class DraftVerifier:
         self._drafted.update(spec)
         return out
 
-    def _noise(self, batch, rows, seq_lens, draft_ids, greedy, shape, seeded_generator) -> VerifyInputs:
+    def _noise(
+        self,
+        batch: InputBatch,
+        rows: np.ndarray,
+        seq_lens: list[int],
+        draft_ids: list[int],
+        greedy: torch.Tensor,
+        shape: torch.Size,
+        seeded_generator: Callable[[int, int], torch.Generator],
+    ) -> VerifyInputs:
         """Accept draws and exponential noise per row; seeded requests draw theirs from
         their own generator, re-seeded per output position (as the plain sampler does)."""
         uniform = torch.rand(shape[0], device=self.device, generator=self.sampler.generator)
@@ -116,3 +118,20 @@ class DraftVerifier:
         n = int(batch.num_tokens[row]) - 1
         batch.token_ids[row, n : n + len(tokens)] = tokens
         batch.num_tokens[row] = n + len(tokens)
+
+
+def _verified_positions(
+    batch: InputBatch, step: StepInputs, drafted: list[tuple[int, int]], drafts: list[list[int]]
+) -> tuple[list[int], np.ndarray, list[int], list[int]]:
+    """For the ``k + 1`` verified positions of each drafted (step index, batch row): their
+    flat-batch index, batch row, draft token (-1 on the bonus position) and the sequence
+    length at which that position's token is sampled."""
+    flat, rows, draft_ids, seq_lens = [], [], [], []
+    for (i, row), ds in zip(drafted, drafts):
+        end, k = int(step.query_start[i + 1]), len(ds)
+        flat.extend(range(end - k - 1, end))
+        rows.extend([row] * (k + 1))
+        draft_ids.extend([*ds, -1])
+        computed = int(batch.num_computed_tokens[row])
+        seq_lens.extend(range(computed + 1, computed + k + 2))
+    return flat, np.asarray(rows, dtype=np.int64), draft_ids, seq_lens
