@@ -44,7 +44,7 @@ def run(engine: LLMEngine, params: list[SamplingParams]) -> dict[str, list[int]]
     while engine.has_unfinished_requests():
         for out in engine.step():
             if out.finished:
-                finals[out.request_id] = [(c.token_ids, c.finish_reason) for c in out.outputs]
+                finals[out.request_id] = [(c.token_ids, c.text, c.finish_reason) for c in out.outputs]
     assert engine.core.scheduler.kv.num_free_blocks == engine.num_kv_blocks  # nothing leaked
     return finals
 
@@ -67,9 +67,11 @@ def check_block_tables_each_step(engine: LLMEngine) -> list[int]:
     return steps
 
 
-def greedy_params(stop_token: int | None = None) -> list[SamplingParams]:
+def greedy_params(stop_token: int | None = None, stop: str | None = None) -> list[SamplingParams]:
+    """Request 2 stops on ``stop_token``, request 1 on the string ``stop``."""
     return [SamplingParams(temperature=0, max_tokens=24 + 3 * i, ignore_eos=True,
-                           stop_token_ids=[stop_token] if stop_token is not None and i == 2 else [])
+                           stop_token_ids=[stop_token] if stop_token is not None and i == 2 else [],
+                           stop=[stop] if stop is not None and i == 1 else None)
             for i in range(len(PROMPTS))]
 
 
@@ -83,10 +85,13 @@ def test_greedy_equals_no_speculation_with_preemption_and_prefix_caching(models,
     plain_engine = make_engine(models[name], spec=False, num_blocks=24)
     plain = run(plain_engine, greedy_params())
     stop = plain["2"][0][0][7]  # a token that really occurs: request 2 stops on it
-    plain = run(make_engine(models[name], spec=False, num_blocks=24), greedy_params(stop))
+    text = plain["1"][0][1]
+    stop_text = text[len(text) // 2 : len(text) // 2 + 3]  # and request 1 on a string that occurs
+    plain = run(make_engine(models[name], spec=False, num_blocks=24), greedy_params(stop, stop_text))
+    assert plain["1"][0][2] == "stop" and plain["2"][0][2] == "stop"
     engine = make_engine(models[name], spec=True, num_blocks=24)
     steps = check_block_tables_each_step(engine)
-    spec = run(engine, greedy_params(stop))
+    spec = run(engine, greedy_params(stop, stop_text))
     assert steps
     assert spec == plain
     stats = engine.core.scheduler.stats()
