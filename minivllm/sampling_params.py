@@ -11,7 +11,7 @@ import math
 from copy import deepcopy
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from minivllm.config.validation import check_range
 from minivllm.structured_output.params import GuidedDecodingParams, StructuredOutputsParams
@@ -76,6 +76,12 @@ class SamplingParams:
     """Put spaces around special tokens in the text."""
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
     """What each streamed output holds."""
+    detokenize: bool = True
+    """Turn output tokens into text; False leaves ``text`` empty (token ids and logprobs still come)."""
+    truncate_prompt_tokens: Optional[int] = None
+    """Keep only the last k prompt tokens (k >= 1)."""
+    logits_processors: Optional[list[Callable[..., Any]]] = None
+    """Per-request callables ``(output_token_ids, logits) -> logits`` on the row's (vocab,) logits, run last."""
     structured_outputs: Optional[StructuredOutputsParams] = None
     """Constrain the output to a JSON schema, regex, choice list or grammar."""
     guided_decoding: Optional[GuidedDecodingParams] = None
@@ -115,7 +121,7 @@ class SamplingParams:
             )
 
     def _validate(self) -> None:
-        for name in ("n", "top_k", "min_tokens", "max_tokens", "logprobs", "prompt_logprobs", "seed"):
+        for name in _INTS:
             _check_int(name, getattr(self, name), optional=name in _OPTIONAL_INTS)
         for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty"):
             _check_number(name, getattr(self, name))
@@ -135,11 +141,26 @@ class SamplingParams:
             raise ValueError(f"min_tokens={self.min_tokens}: must be at most max_tokens={self.max_tokens}")
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
-            if value is not None:
-                check_range(name, value, low=0)
+            if value is not None and value != -1:
+                check_range(name, value, low=0)  # -1: the whole vocabulary
+        if self.truncate_prompt_tokens is not None:
+            check_range("truncate_prompt_tokens", self.truncate_prompt_tokens, low=1)
+        if not isinstance(self.detokenize, bool):
+            raise ValueError(f"detokenize={self.detokenize!r}: must be true or false")
+        if not self.detokenize and self.stop:
+            raise ValueError("stop: stop strings need detokenize=True (use stop_token_ids instead)")
+        self._check_logits_processors()
         if not isinstance(self.output_kind, RequestOutputKind):
             kinds = ", ".join(f"RequestOutputKind.{k.name}" for k in RequestOutputKind)
             raise ValueError(f"output_kind={self.output_kind!r}: must be one of {kinds}")
+
+    def _check_logits_processors(self) -> None:
+        procs = self.logits_processors
+        if procs is None:
+            return
+        if not isinstance(procs, (list, tuple)) or not all(callable(f) for f in procs):
+            raise ValueError("logits_processors: must be a list of callables (output_token_ids, logits) -> logits")
+        self.logits_processors = list(procs)
 
     @property
     def needs_penalties(self) -> bool:
@@ -150,8 +171,10 @@ class SamplingParams:
         return self.temperature < _GREEDY_EPS
 
     def clone(self) -> "SamplingParams":
-        """A deep copy (vLLM's name): the engine fills in per-request fields on copies."""
-        return deepcopy(self)
+        """A deep copy (vLLM's name): the engine fills in per-request fields on copies.
+        Logits processors are shared, not copied (they may hold state the caller reads)."""
+        memo = {id(f): f for f in self.logits_processors or []}
+        return deepcopy(self, memo)
 
 
 def _plain(value: Any) -> Any:
@@ -163,7 +186,8 @@ def _plain(value: Any) -> Any:
     return value
 
 
-_OPTIONAL_INTS = ("max_tokens", "logprobs", "prompt_logprobs", "seed")
+_INTS = ("n", "top_k", "min_tokens", "max_tokens", "logprobs", "prompt_logprobs", "seed", "truncate_prompt_tokens")
+_OPTIONAL_INTS = ("max_tokens", "logprobs", "prompt_logprobs", "seed", "truncate_prompt_tokens")
 _LOGIT_BIAS_LIMIT = 100.0
 
 
@@ -214,3 +238,30 @@ def _logit_bias(value: Any) -> dict[int, float]:
             raise ValueError(f"logit_bias[{key!r}]={bias!r}: must be a finite number (clamped to [-100, 100])")
         out[token] = max(-_LOGIT_BIAS_LIMIT, min(_LOGIT_BIAS_LIMIT, float(bias)))
     return out
+
+
+@dataclass
+class BeamSearchParams:
+    """Parameters of ``LLM.beam_search`` (vLLM's names)."""
+
+    beam_width: int
+    """Beams kept per prompt (and sequences returned)."""
+    max_tokens: int
+    """Most tokens to generate per beam."""
+    ignore_eos: bool = False
+    """Keep beams going past EOS instead of finishing them."""
+    temperature: float = 0.0
+    """Only 0 (deterministic beam search) is supported."""
+    length_penalty: float = 1.0
+    """Finished beams are ranked by sum of logprobs / (generated length ** length_penalty), as transformers does."""
+    include_stop_str_in_output: bool = False
+    """Accepted for vLLM compatibility; beams stop on EOS only, so there is no stop string to keep."""
+
+    def __post_init__(self) -> None:
+        for name in ("beam_width", "max_tokens"):
+            _check_int(name, getattr(self, name), optional=False)
+            check_range(name, getattr(self, name), low=1)
+        _check_number("length_penalty", self.length_penalty)
+        _check_number("temperature", self.temperature)
+        if self.temperature != 0.0:
+            raise ValueError(f"temperature={self.temperature}: beam search supports only 0 (no sampling)")

@@ -88,8 +88,14 @@ class AttentionBackend(ABC):
         scale: float,
         sliding_window: int | None = None,
         logits_soft_cap: float | None = None,
+        k_scale: float = 1.0,
+        v_scale: float = 1.0,
     ) -> torch.Tensor:  # (T, num_heads, head_dim)
         """Store ``key``/``value`` at ``meta.slot_mapping``, then attend.
+
+        An fp8 ``kv_cache`` (float8_e4m3fn) stores ``key / k_scale`` and ``value / v_scale``
+        and reads them back multiplied by the scale (``attention/kv_quant.py``); the layer
+        passes the scales only for such a cache.
 
         ``sliding_window=w`` lets a query at position p see positions
         ``p - w + 1 .. p`` (w tokens, itself included), as in Mistral/HF.

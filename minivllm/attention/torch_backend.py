@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from minivllm.attention.backend import AttentionBackend, AttentionMetadata
+from minivllm.attention.kv_quant import dequantize_fp8, is_fp8, quantize_fp8
 
 
 @dataclass
@@ -71,15 +72,19 @@ class TorchAttentionBackend(AttentionBackend):
         scale: float,
         sliding_window: int | None = None,
         logits_soft_cap: float | None = None,
+        k_scale: float = 1.0,
+        v_scale: float = 1.0,
     ) -> torch.Tensor:
         if meta.backend_data is None:  # a caller that skipped prepare()
             meta.backend_data = self.prepare(meta, kv_cache.shape[2])
-        write_kv(key, value, kv_cache, meta.slot_mapping)
+        write_kv(key, value, kv_cache, meta.slot_mapping, k_scale, v_scale)
         out = torch.empty_like(query)
         for group in meta.backend_data:
             B = group.block_ids.shape[0]
             q = query[group.token_idx].view(B, -1, *query.shape[1:]).transpose(1, 2)  # (B, H, Q, D)
             k, v = _gather_blocks(kv_cache, group.block_ids)  # (B, Hkv, L, D)
+            if is_fp8(kv_cache):
+                k, v = dequantize_fp8(k, k_scale, query.dtype), dequantize_fp8(v, v_scale, query.dtype)
             if group.single_decode_len is not None and sliding_window is None:
                 n = group.single_decode_len
                 k, v, mask = k[:, :, :n], v[:, :, :n], None
@@ -92,14 +97,25 @@ class TorchAttentionBackend(AttentionBackend):
         return out
 
 
-def write_kv(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-    """Store (T, Hkv, D) keys/values at their slots; negative slots (padding) are skipped."""
+def write_kv(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    kv_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
+) -> None:
+    """Store (T, Hkv, D) keys/values at their slots; negative slots (padding) are skipped.
+    An fp8 cache stores ``key / k_scale`` and ``value / v_scale``."""
     num_kv_heads, head_dim = kv_cache.shape[-2:]
-    k_flat = kv_cache[0].view(-1, num_kv_heads, head_dim)  # (num_blocks * block_size, Hkv, D)
-    v_flat = kv_cache[1].view(-1, num_kv_heads, head_dim)
     if bool((slot_mapping < 0).any()):
         keep = slot_mapping >= 0
         key, value, slot_mapping = key[keep], value[keep], slot_mapping[keep]
+    if is_fp8(kv_cache):  # CPU torch has no fp8 index_copy_: copy the bytes
+        kv_cache = kv_cache.view(torch.uint8)
+        key, value = quantize_fp8(key, k_scale).view(torch.uint8), quantize_fp8(value, v_scale).view(torch.uint8)
+    k_flat = kv_cache[0].view(-1, num_kv_heads, head_dim)  # (num_blocks * block_size, Hkv, D)
+    v_flat = kv_cache[1].view(-1, num_kv_heads, head_dim)
     k_flat.index_copy_(0, slot_mapping, key.to(kv_cache.dtype))
     v_flat.index_copy_(0, slot_mapping, value.to(kv_cache.dtype))
 

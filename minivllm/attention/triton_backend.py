@@ -29,10 +29,12 @@ class TritonAttentionBackend(AttentionBackend):
         scale: float,
         sliding_window: int | None = None,
         logits_soft_cap: float | None = None,
+        k_scale: float = 1.0,
+        v_scale: float = 1.0,
     ) -> torch.Tensor:  # (T, num_heads, head_dim)
-        write_kv(key, value, kv_cache, meta.slot_mapping)
+        write_kv(key, value, kv_cache, meta.slot_mapping, k_scale, v_scale)
         return paged_attention(
             query, kv_cache, meta.query_start_loc, meta.seq_lens, meta.block_tables,
             max_query_len=meta.max_query_len, max_seq_len=meta.max_seq_len, scale=scale,
-            sliding_window=sliding_window, logits_soft_cap=logits_soft_cap,
+            sliding_window=sliding_window, logits_soft_cap=logits_soft_cap, k_scale=k_scale, v_scale=v_scale,
         )

@@ -131,6 +131,11 @@ def _model_runner(llm: LLM) -> Any | None:
 
 
 def bench_minivllm(cfg: VllmConfig, requests: list[BenchRequest], single: BenchRequest | None) -> dict[str, Any]:
+    if cfg.parallel.dp > 1:
+        raise ValueError(
+            f"parallel.dp={cfg.parallel.dp}: task=bench times one engine's steps and does not support data "
+            "parallelism; use parallel.dp=1 (benchmarks/serving.py measures a served dp engine)"
+        )
     peak = PeakMemory(torch.device(cfg.device_type))
     llm = LLM.from_config(cfg)
     try:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,26 @@ class ModelNotFoundError(ValueError):
     """The checkpoint is neither a local directory nor in the local HF cache."""
 
 
-def find_local_checkpoint(path: str) -> Path | None:
+@dataclass(frozen=True)
+class HubOptions:
+    """How a hub id is looked up in the local HF cache and loaded by transformers."""
+
+    revision: str | None = None
+    """Branch, tag or commit; None is the cache's ``main``."""
+    cache_dir: str | None = None
+    """The HF cache to look in; None is the default cache."""
+    trust_remote_code: bool = False
+    code_revision: str | None = None
+
+    def config_kwargs(self) -> dict[str, Any]:
+        """Keywords for ``AutoConfig.from_pretrained`` on a local directory."""
+        kwargs: dict[str, Any] = {"trust_remote_code": self.trust_remote_code}
+        if self.code_revision is not None:
+            kwargs["code_revision"] = self.code_revision
+        return kwargs
+
+
+def find_local_checkpoint(path: str, hub: HubOptions = HubOptions()) -> Path | None:
     """A directory holding ``config.json`` for ``path``, or None. Never downloads."""
     local = Path(path).expanduser()
     if local.is_dir():
@@ -30,7 +50,9 @@ def find_local_checkpoint(path: str) -> Path | None:
     except ImportError:  # pragma: no cover - huggingface_hub ships with transformers
         return None
     try:
-        cached = try_to_load_from_cache(repo_id=path, filename="config.json")
+        cached = try_to_load_from_cache(
+            repo_id=path, filename="config.json", cache_dir=hub.cache_dir, revision=hub.revision
+        )
     except Exception:  # malformed repo ids land here; treat as "not cached"
         return None
     return Path(cached).parent if isinstance(cached, (str, os.PathLike)) else None
@@ -42,15 +64,16 @@ def load_hf_config(
     inline: dict[str, Any] | None,
     overrides: dict[str, Any],
     allow_inline: bool,
+    hub: HubOptions = HubOptions(),
 ) -> tuple[PretrainedConfig, Path | None]:
     """Return the model's config and the local checkpoint directory (None for inline)."""
-    local = find_local_checkpoint(path)
+    local = find_local_checkpoint(path, hub)
     if local is not None:
-        hf_config = AutoConfig.from_pretrained(local, local_files_only=True)
+        hf_config = AutoConfig.from_pretrained(local, local_files_only=True, **hub.config_kwargs())
     elif inline is not None and allow_inline:
         hf_config = config_from_dict(inline)
     else:
-        raise ModelNotFoundError(_not_found_message(path, has_inline=inline is not None))
+        raise ModelNotFoundError(_not_found_message(path, has_inline=inline is not None, hub=hub))
     apply_hf_overrides(hf_config, overrides)
     return hf_config, local
 
@@ -98,7 +121,7 @@ def _looks_local(path: str) -> bool:
     return path.startswith(("/", ".", "~")) or path.count("/") > 1 or Path(path).expanduser().exists()
 
 
-def _not_found_message(path: str, *, has_inline: bool) -> str:
+def _not_found_message(path: str, *, has_inline: bool, hub: HubOptions) -> str:
     if _looks_local(path):
         return f"model.path={path!r}: no such checkpoint directory (a folder holding config.json)"
     hint = (
@@ -107,4 +130,7 @@ def _not_found_message(path: str, *, has_inline: bool) -> str:
     )
     if has_inline:
         hint += ", or run on random weights of the same shape with load.format=dummy"
-    return f"model.path={path!r}: no local checkpoint (a directory with config.json) or HF cache entry; {hint}"
+    where = "".join(
+        f", {name}={value!r}" for name, value in (("revision", hub.revision), ("download_dir", hub.cache_dir)) if value
+    )
+    return f"model.path={path!r}{where}: no local checkpoint (a directory with config.json) or HF cache entry; {hint}"

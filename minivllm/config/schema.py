@@ -15,13 +15,31 @@ from minivllm.config.validation import check_choice, check_range
 from minivllm.quantization.registry import QUANTIZATION_METHODS
 
 MODEL_DTYPES = ("auto", "float32", "float16", "bfloat16")
-PARALLEL_BACKENDS = ("auto", "uni", "mp", "ray")
-CACHE_DTYPES = ("auto", "float32", "float16", "bfloat16")
-LOAD_FORMATS = ("auto", "safetensors", "pt", "dummy")
+DTYPE_ALIASES = {"half": "float16", "float": "float32"}
+"""vLLM's other names for the same dtypes."""
+RUNNERS = ("generate", "pooling")
+POOLING_TYPES = ("LAST", "MEAN")
+PARALLEL_BACKENDS = ("auto", "uni", "mp", "ray", "external_launcher")
+CACHE_DTYPES = ("auto", "float32", "float16", "bfloat16", "fp8", "fp8_e4m3")
+LOAD_FORMATS = ("auto", "safetensors", "pt", "dummy", "gguf", "tensorizer", "sharded_state")
 SCHEDULER_POLICIES = ("fcfs", "priority")
 ATTENTION_BACKENDS = ("auto", "torch", "triton")
 DEVICE_TYPES = ("auto", "cpu", "cuda")
 TASKS = ("generate", "bench", "serve")
+
+
+@dataclass
+class PoolerConfig:
+    """How model.runner=pooling turns a prompt's hidden states into one vector (vLLM's pooler_config)."""
+
+    pooling_type: str = "LAST"
+    """LAST (the last prompt token's hidden state) or MEAN (the mean over the prompt; turns prefix caching off)."""
+    normalize: bool = True
+    """L2-normalize embeddings unless a request says otherwise."""
+
+    def __post_init__(self) -> None:
+        self.pooling_type = str(self.pooling_type).upper()
+        check_choice("model.pooler_config.pooling_type", self.pooling_type, POOLING_TYPES)
 
 
 @dataclass
@@ -33,7 +51,7 @@ class ModelConfig:
     tokenizer: Optional[str] = None
     """Tokenizer directory or hub id; defaults to ``path``."""
     dtype: str = "auto"
-    """Weight and activation dtype: auto (checkpoint's; float32 on CPU), float32, float16, bfloat16."""
+    """Weight and activation dtype: auto (checkpoint's; float32 on CPU), float32 (float), float16 (half), bfloat16."""
     max_model_len: Optional[int] = None
     """Longest prompt + output in tokens; defaults to the checkpoint's max_position_embeddings."""
     seed: int = 0
@@ -45,17 +63,34 @@ class ModelConfig:
     architecture: Optional[str] = None
     """Override for config.json's ``architectures[0]`` (picks the model class)."""
     max_logprobs: int = 20
-    """Most logprobs a request may ask for per token."""
+    """Most logprobs a request may ask for per token; -1 puts no limit (logprobs=-1 then means the whole vocabulary)."""
     quantization: Optional[str] = None
     """Quantization method (fp8, compressed-tensors, awq, gptq); null: config.json's decides; fp8 on an unquantized checkpoint quantizes while loading."""
+    revision: Optional[str] = None
+    """Branch, tag or commit of a hub checkpoint looked up in the local HF cache."""
+    tokenizer_revision: Optional[str] = None
+    """Revision of the tokenizer's hub entry in the local HF cache; defaults to ``revision``."""
+    code_revision: Optional[str] = None
+    """Revision of a hub model's custom code (with trust_remote_code)."""
+    trust_remote_code: bool = False
+    """Let transformers run the checkpoint's own config and tokenizer code."""
+    generation_config: str = "auto"
+    """Default SamplingParams: auto (the checkpoint's generation_config.json), vllm (none), or a folder holding one."""
+    runner: str = "generate"
+    """generate (sample tokens) or pooling (return pooled hidden states: LLM.embed / LLM.encode)."""
+    pooler_config: PoolerConfig = field(default_factory=PoolerConfig)
+    """Pooling type and normalization for runner=pooling."""
 
     def __post_init__(self) -> None:
-        check_choice("model.dtype", self.dtype, MODEL_DTYPES)
+        self.dtype = DTYPE_ALIASES.get(self.dtype, self.dtype)
+        check_choice("model.dtype", self.dtype, MODEL_DTYPES + tuple(DTYPE_ALIASES))
         if self.quantization is not None:
             check_choice("model.quantization", self.quantization, tuple(sorted(QUANTIZATION_METHODS)))
         if self.max_model_len is not None:
             check_range("model.max_model_len", self.max_model_len, low=1)
-        check_range("model.max_logprobs", self.max_logprobs, low=0)
+        if self.max_logprobs != -1:
+            check_range("model.max_logprobs", self.max_logprobs, low=0)
+        check_choice("model.runner", self.runner, RUNNERS)
 
 
 @dataclass
@@ -65,11 +100,17 @@ class ParallelConfig:
     tp: int = 1
     """Tensor-parallel size (vLLM: tensor_parallel_size)."""
     pp: int = 1
-    """Pipeline-parallel size; only 1 is supported."""
+    """Pipeline-parallel size: stages of consecutive decoder layers (vLLM: pipeline_parallel_size)."""
+    pp_layer_partition: Optional[list[int]] = None
+    """Decoder layers per pipeline stage (e.g. [3, 2]); null splits them evenly, earlier stages taking the rest."""
+    dp: int = 1
+    """Data-parallel size: independent engine replicas, each of tp x pp ranks (vLLM: data_parallel_size)."""
+    dp_rank: int = 0
+    """This replica's index in [0, dp); set by the data-parallel front end (it picks the replica's devices)."""
     enable_expert_parallel: bool = False
     """MoE models: place whole experts on the tensor-parallel ranks instead of slicing every expert."""
     backend: str = "auto"
-    """Executor: auto (uni for tp=1, mp otherwise), uni, mp (one process per rank), ray."""
+    """Executor: auto (uni for tp=1, mp otherwise), uni, mp (one process per rank), ray, external_launcher (torchrun)."""
     executor: Any = None
     """``_target_`` node of the executor class; null follows ``backend``."""
     worker: Any = field(default_factory=lambda: {"_target_": "minivllm.worker.worker.Worker"})
@@ -79,13 +120,28 @@ class ParallelConfig:
 
     def __post_init__(self) -> None:
         check_range("parallel.tp", self.tp, low=1)
-        if self.pp != 1:
-            raise ValueError(f"parallel.pp={self.pp}: pipeline parallelism is not supported; use 1")
+        check_range("parallel.pp", self.pp, low=1)
+        if self.pp > 1 and self.backend in ("uni", "external_launcher"):
+            raise ValueError(f"parallel.pp={self.pp}: needs parallel.backend auto, mp or ray (not {self.backend})")
+        if self.pp_layer_partition is not None and self.pp == 1:
+            raise ValueError("parallel.pp_layer_partition: only applies with parallel.pp > 1; leave it null")
         check_choice("parallel.backend", self.backend, PARALLEL_BACKENDS)
+        check_range("parallel.dp", self.dp, low=1)
+        check_range("parallel.dp_rank", self.dp_rank, low=0, high=self.dp - 1)
+        if self.dp > 1 and self.backend == "external_launcher":
+            raise ValueError(
+                f"parallel.dp={self.dp}: not supported with parallel.backend=external_launcher "
+                "(launch one engine per replica yourself); use auto, uni, mp or ray"
+            )
 
     @property
     def world_size(self) -> int:
         return self.tp * self.pp
+
+    @property
+    def output_rank(self) -> int:
+        """The rank whose sampled tokens the engine takes: the first of the last pipeline stage."""
+        return (self.pp - 1) * self.tp
 
 
 @dataclass
@@ -97,7 +153,7 @@ class CacheConfig:
     gpu_memory_utilization: float = 0.9
     """Fraction of device memory the engine may use (weights, activations and KV cache)."""
     cache_dtype: str = "auto"
-    """KV-cache dtype; auto follows the model dtype."""
+    """KV-cache dtype; auto follows the model dtype; fp8 (= fp8_e4m3) stores float8_e4m3fn with per-layer scales."""
     enable_prefix_caching: bool = True
     """Reuse the KV blocks of identical prompt prefixes across requests."""
     num_gpu_blocks_override: Optional[int] = None
@@ -144,11 +200,13 @@ class LoadConfig:
     """How weights are read."""
 
     format: str = "auto"
-    """Weights: auto (safetensors, else .bin/.pt), safetensors, pt, dummy (random, no files)."""
-    loader: Any = field(default_factory=lambda: {"_target_": "minivllm.model_loader.loader.DefaultModelLoader"})
-    """``_target_`` node of the model loader."""
+    """Weights: auto (safetensors, else .bin/.pt), safetensors, pt, dummy (random), gguf, tensorizer, sharded_state."""
+    loader: Any = None
+    """``_target_`` node of the model loader; null follows ``format``."""
     use_tqdm: bool = True
     """Show a progress bar while loading weight files (only on a terminal)."""
+    download_dir: Optional[str] = None
+    """HF cache directory to find hub checkpoints in; defaults to the HF cache."""
 
     def __post_init__(self) -> None:
         check_choice("load.format", self.format, LOAD_FORMATS)
@@ -165,10 +223,13 @@ class CompilationConfig:
     torch_compile: bool = False
     """Compile the small elementwise ops with torch.compile instead of the Triton kernels (off: on CUDA the
     norms and rotary are already fused Triton kernels and graphs remove launch costs; compiling adds start-up)."""
+    max_seq_len_to_capture: int = 8192
+    """Decode steps with a sequence longer than this run eagerly instead of replaying a CUDA graph."""
 
     def __post_init__(self) -> None:
         for size in self.cudagraph_capture_sizes:
             check_range("compilation.cudagraph_capture_sizes[]", size, low=1)
+        check_range("compilation.max_seq_len_to_capture", self.max_seq_len_to_capture, low=1)
 
 
 @dataclass

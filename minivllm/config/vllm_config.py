@@ -8,6 +8,7 @@ config fails when it is built, before any work starts.
 from __future__ import annotations
 
 import functools
+import logging
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -15,10 +16,12 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from minivllm.config.bench import BenchConfig
-from minivllm.config.model_source import load_hf_config
+from minivllm.config.model_source import HubOptions, load_hf_config
 from minivllm.core.sliding_window import max_blocks_per_request, model_sliding_window
+from minivllm.distributed.pipeline import check_partition
 from minivllm.distributed.utils import check_expert_parallel, check_tensor_parallel
 from minivllm.layers.rotary import check_rope_types
+from minivllm.model_loader.gguf_config import find_gguf_file, gguf_hf_config
 from minivllm.quantization import QuantizationConfig, get_quantization_config
 from minivllm.spec_decode.config import SpeculativeConfig
 from minivllm.config.schema import (
@@ -33,8 +36,10 @@ from minivllm.config.schema import (
     TaskConfig,
 )
 from minivllm.config.validation import check_range
-from minivllm.models.registry import ModelRegistry
+from minivllm.models.registry import POOLING_ONLY, ModelRegistry
+from minivllm.plugins import load_general_plugins
 
+logger = logging.getLogger(__name__)
 ATTENTION_TARGETS = {
     "torch": "minivllm.attention.torch_backend.TorchAttentionBackend",
     "triton": "minivllm.attention.triton_backend.TritonAttentionBackend",
@@ -43,8 +48,16 @@ EXECUTOR_TARGETS = {
     "uni": "minivllm.executor.uniproc.UniProcExecutor",
     "mp": "minivllm.executor.multiproc.MultiprocExecutor",
     "ray": "minivllm.executor.ray_executor.RayDistributedExecutor",
+    "external_launcher": "minivllm.executor.external_launcher.ExecutorWithExternalLauncher",
 }
+LOADER_TARGETS = {
+    "gguf": "minivllm.model_loader.gguf_loader.GGUFModelLoader",
+    "tensorizer": "minivllm.model_loader.tensorizer_loader.TensorizerModelLoader",
+    "sharded_state": "minivllm.model_loader.sharded_state.ShardedStateLoader",
+}
+DEFAULT_LOADER = "minivllm.model_loader.loader.DefaultModelLoader"
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+_KV_DTYPES = {**_DTYPES, "fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn}
 
 
 TOOL_CALL_PARSERS = ("hermes", "llama3_json")
@@ -62,7 +75,7 @@ class ServeConfig:
     api_key: Optional[str] = None
     """When set, every /v1 route needs ``Authorization: Bearer <api_key>``."""
     served_model_name: Optional[str] = None
-    """Model name reported by /v1/models; defaults to model.path."""
+    """Model name(s) the server answers to, comma-separated (the first is reported); defaults to model.path."""
     chat_template: Optional[str] = None
     """Jinja chat template (or a file holding one) for models whose tokenizer has none."""
     shutdown_timeout: float = 30.0
@@ -126,20 +139,23 @@ class VllmConfig:
     """Workload and baseline of task=bench (options in conf/bench/)."""
     serve: ServeConfig = field(default_factory=ServeConfig)
     """HTTP server of task=serve."""
+    plugins: Optional[list[str]] = None
+    """Entry points of the group minivllm.general_plugins to call at start-up, by name; null: all installed."""
 
     def __post_init__(self) -> None:
         if self.model.path in ("", "???"):
             raise ValueError("model.path: is required; give a checkpoint directory or a preset (model=opt-125m)")
+        load_general_plugins(self.plugins)  # before the architecture check: a plugin may register it
         self.device_type: str = _resolve_device(self.device.type)
-        self.hf_config, self.checkpoint_dir = load_hf_config(
-            self.model.path,
-            inline=self.model.hf_config,
-            overrides=dict(self.model.hf_overrides),
-            allow_inline=self.load.format == "dummy",
-        )
+        if self.load.format == "auto" and self.model.path.endswith(".gguf"):
+            self.load.format = "gguf"
+        self.hf_config, self.checkpoint_dir = self._load_hf_config()
+        if not self.load.loader:
+            self.load.loader = {"_target_": LOADER_TARGETS.get(self.load.format, DEFAULT_LOADER)}
         if self.model.architecture:
             self.hf_config.architectures = [self.model.architecture]
         self.architecture: str = _architecture(self.hf_config)
+        _refuse_encoder_only(self.hf_config, self.architecture)
         ModelRegistry.check_supported(self.architecture)
         check_rope_types(self.hf_config)
         self.quant_config: QuantizationConfig | None = get_quantization_config(
@@ -147,26 +163,64 @@ class VllmConfig:
         )
         self.dtype: torch.dtype = _resolve_dtype(self.model.dtype, self.hf_config, self.device_type)
         self.kv_cache_dtype: torch.dtype = (
-            self.dtype if self.cache.cache_dtype == "auto" else _DTYPES[self.cache.cache_dtype]
+            self.dtype if self.cache.cache_dtype == "auto" else _KV_DTYPES[self.cache.cache_dtype]
         )
         self.max_model_len: int = _resolve_max_model_len(self.model.max_model_len, self.hf_config)
         self.parallel.executor = {"_target_": _executor_target(self.parallel)}
         check_tensor_parallel(self.parallel.tp, self.hf_config)
+        self._check_pipeline_parallel()
         check_expert_parallel(self.parallel.tp, self.parallel.enable_expert_parallel, self.hf_config)
         if not self.attention.backend:
             self.attention.backend = {"_target_": _attention_target(self.attention.name, self.device_type)}
         self._check_scheduler()
+        self._check_pooling()
+        self._check_speculative()
         self.async_scheduling: bool = _resolve_async_scheduling(self.scheduler.async_scheduling, self)
+
+    def _load_hf_config(self) -> tuple[Any, Any]:
+        """The checkpoint's config and directory; a GGUF file's config comes from its metadata."""
+        overrides = dict(self.model.hf_overrides)
+        if self.load.format != "gguf":
+            return load_hf_config(
+                self.model.path, inline=self.model.hf_config, overrides=overrides,
+                allow_inline=self.load.format == "dummy", hub=self.hub_options(),
+            )
+        gguf_file = find_gguf_file(self.model.path)
+        hf_config = gguf_hf_config(gguf_file)
+        for key, value in overrides.items():
+            setattr(hf_config, key, value)
+        return hf_config, gguf_file.parent
+
+    def hub_options(self, tokenizer: bool = False) -> HubOptions:
+        """Where and how hub ids are found in the local HF cache (``tokenizer``: for the tokenizer)."""
+        model = self.model
+        revision = (model.tokenizer_revision or model.revision) if tokenizer else model.revision
+        return HubOptions(revision, self.load.download_dir, model.trust_remote_code, model.code_revision)
 
     @property
     def tokenizer_path(self) -> str:
         if self.model.tokenizer:
             return self.model.tokenizer
+        if self.model.tokenizer_revision and self.model.tokenizer_revision != self.model.revision:
+            return self.model.path  # the hub id, looked up at the tokenizer's own revision
         return str(self.checkpoint_dir) if self.checkpoint_dir is not None else self.model.path
 
     @property
     def world_size(self) -> int:
         return self.parallel.world_size
+
+    def _check_pipeline_parallel(self) -> None:
+        pp = self.parallel.pp
+        if pp == 1:
+            return
+        if not getattr(ModelRegistry.resolve(self.architecture), "supports_pp", False):
+            raise ValueError(f"parallel.pp={pp}: {self.architecture} does not support pipeline parallelism; use 1")
+        if self.model.runner == "pooling":  # the last stage pools; the others wait for sampled ids
+            raise ValueError(f"parallel.pp={pp}: model.runner=pooling runs on one pipeline stage; use pp=1")
+        if self.load.format == "sharded_state":  # its files are named by tp rank, which repeats on every stage
+            raise ValueError(f"parallel.pp={pp}: load.format=sharded_state saves one shard per tp rank; use pp=1")
+        text_config = getattr(self.hf_config, "text_config", None) or self.hf_config
+        check_partition(text_config.num_hidden_layers, pp, self.parallel.pp_layer_partition)
 
     @functools.cached_property
     def kv_sliding_window(self) -> int | None:
@@ -192,6 +246,34 @@ class VllmConfig:
                 f"scheduled; raise it, lower model.max_model_len, or set scheduler.enable_chunked_prefill=true"
             )
 
+    def _check_pooling(self) -> None:
+        """Base models (no LM head) only pool; MEAN pooling needs every prompt position computed,
+        so cached prefixes cannot be reused."""
+        if self.architecture in POOLING_ONLY and self.model.runner != "pooling":
+            raise ValueError(
+                f"model.runner={self.model.runner}: {self.architecture} has no LM head, so it can only embed; "
+                f"use model.runner=pooling (LLM(..., runner='pooling'))"
+            )
+        if self.model.runner == "pooling" and self.model.pooler_config.pooling_type == "MEAN":
+            if self.cache.enable_prefix_caching:
+                logger.warning("model.pooler_config.pooling_type=MEAN: turning prefix caching off (it skips tokens)")
+                self.cache.enable_prefix_caching = False
+
+    def _check_speculative(self) -> None:
+        """The verifier runs on the last pipeline stage's sampled tokens of a generating runner."""
+        spec = self.speculative
+        if not spec.enabled:
+            return
+        if self.parallel.pp > 1:  # the other stages would need the accepted drafts too
+            raise ValueError(
+                f"speculative.method={spec.method}: not supported with parallel.pp={self.parallel.pp}; use pp=1"
+            )
+        if self.model.runner == "pooling":  # pooling samples nothing to draft after
+            raise ValueError(
+                f"speculative.method={spec.method}: model.runner=pooling samples no tokens to draft after; "
+                "use model.runner=generate or speculative.method=null"
+            )
+
     @classmethod
     def from_dictconfig(cls, cfg: DictConfig | dict) -> "VllmConfig":
         """Validate a composed config and compute the derived values."""
@@ -206,8 +288,13 @@ class VllmConfig:
 
 def _resolve_async_scheduling(requested: bool | None, cfg: "VllmConfig") -> bool:
     """Overlap pays where the device runs apart from the host: CUDA, one worker in this process.
-    Speculative decoding needs each step's accepted tokens before it schedules the next, so it
-    runs synchronously."""
+    Pipeline stages and data-parallel replicas step synchronously; so does speculative decoding,
+    which needs each step's accepted tokens before it schedules the next."""
+    par = cfg.parallel
+    if par.pp > 1 or par.dp > 1:
+        if requested:
+            raise ValueError("scheduler.async_scheduling=true: not supported with parallel.pp > 1 or parallel.dp > 1")
+        return False
     if cfg.speculative.enabled:
         if requested:
             raise ValueError(
@@ -226,6 +313,19 @@ def _resolve_device(device_type: str) -> str:
     if device_type == "cuda" and not torch.cuda.is_available():
         raise ValueError("device.type=cuda: no CUDA device is visible; use device=cpu or device=auto")
     return device_type
+
+
+_ENCODER_ONLY = ("bert", "roberta", "xlm-roberta", "distilbert", "deberta", "deberta-v2", "electra", "modernbert",
+                 "mpnet", "nomic_bert", "camembert", "albert")
+
+
+def _refuse_encoder_only(hf_config: Any, architecture: str) -> None:
+    if getattr(hf_config, "model_type", None) in _ENCODER_ONLY:
+        raise ValueError(
+            f"architecture {architecture!r} (model_type {hf_config.model_type!r}) is an encoder-only (bidirectional) "
+            f"model: not supported; minivllm runs decoder-only models, for generation or for embeddings with "
+            f"model.runner=pooling (e.g. Qwen3-Embedding, gte-Qwen2)"
+        )
 
 
 def _architecture(hf_config: Any) -> str:
@@ -271,7 +371,10 @@ def _executor_target(parallel: Any) -> str:
     if backend == "auto":
         backend = "uni" if parallel.world_size == 1 else "mp"
     if backend == "uni" and parallel.world_size > 1:
-        raise ValueError(f"parallel.backend=uni: runs one rank, but parallel.tp={parallel.tp}; use mp or ray")
+        raise ValueError(
+            f"parallel.backend=uni: runs one rank, but parallel.tp={parallel.tp} x parallel.pp={parallel.pp} "
+            f"= {parallel.world_size}; use mp or ray"
+        )
     return EXECUTOR_TARGETS[backend]
 
 

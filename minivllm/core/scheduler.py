@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from typing import Any
 
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.core.block_hash import model_identity, root_hash
@@ -79,6 +80,10 @@ class EngineCoreOutput:
     stop_reason: int | str | None = None
     prompt_logprobs: list[dict[int, float] | None] | None = None
     """With the first new token of a request that asked: one entry per prompt token (the first None)."""
+    num_cached_tokens: int = 0
+    """Prompt tokens the request found in the prefix cache when first scheduled."""
+    pooling_output: Any = None
+    """runner=pooling: the request's pooled (H,) tensor, with its one placeholder token."""
 
 
 @dataclass
@@ -262,6 +267,8 @@ class Scheduler:
             self.waiting.popleft()
             request.status = RequestStatus.RUNNING
             request.num_computed_tokens = num_cached
+            if request.num_cached_tokens is None:
+                request.num_cached_tokens = num_cached
             self.running.append(request)
             plan.scheduled[request.request_id] = num_new
             plan.newly_admitted.append(request)
@@ -323,6 +330,7 @@ class Scheduler:
     def update_from_output(self, sched: SchedulerOutput, output: ModelRunnerOutput) -> list[EngineCoreOutput]:
         results = []
         requests, logprobs, prompt_logprobs = self.requests, output.logprobs, output.prompt_logprobs
+        pooler_output = output.pooler_output
         for req_id, new_tokens in output.sampled_token_ids.items():
             request = requests.get(req_id)
             if request is None:
@@ -346,6 +354,8 @@ class Scheduler:
                     request.status.finish_reason,
                     request.stop_reason,
                     prompt_logprobs.get(req_id) if prompt_logprobs else None,
+                    request.num_cached_tokens or 0,
+                    pooler_output.get(req_id) if pooler_output else None,
                 )
             )
         return results

@@ -7,6 +7,7 @@ sequences grow. Workers keep per-request state between steps.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -84,3 +85,5 @@ class ModelRunnerOutput:
     """For requests that asked and sampled their first token this step: one
     {token_id: logprob} per prompt token (the prompt token's own, then the top-k),
     the first entry None. Workers gather them chunk by chunk during prefill."""
+    pooler_output: dict[RequestId, Any] = field(default_factory=dict)
+    """runner=pooling: per request whose prompt completed this step, its pooled (H,) fp32 CPU tensor."""

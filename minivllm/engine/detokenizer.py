@@ -41,7 +41,10 @@ class IncrementalDetokenizer:
         self.num_tokens = 0
         """Output tokens seen."""
         self.text = ""
-        self._prime(prompt_token_ids)
+        self._enabled = params.detokenize
+        """False for detokenize=False: only tokens are counted and the text stays empty."""
+        if self._enabled:
+            self._prime(prompt_token_ids)
 
     def _spaced_tokens(self, params: SamplingParams) -> dict[int, str]:
         """Added tokens that show in the text as their own space-separated segment."""
@@ -73,6 +76,9 @@ class IncrementalDetokenizer:
     def append(self, token_ids: list[int]) -> str | None:
         """Add new tokens; returns the matched stop string if one now appears.
         Stop strings count only from the token after the first ``min_tokens``."""
+        if not self._enabled:
+            self.num_tokens += len(token_ids)
+            return None
         for token in token_ids:
             before = len(self.text)
             self.text += self._step(token)

@@ -9,6 +9,7 @@ one-way pipes of pickled messages:
     ("add", id, prompt, params, priority, group_id) ──► LLMEngine.add_request
     ("abort", [ids])                                ──► LLMEngine.abort_request (blocks freed now)
     ("stats", token)                                ──► scheduler_stats()
+    ("rpc", token, call)                            ──► collective_rpc (call: cloudpickled method, args, kwargs)
     ("shutdown", None)                              ──► leave the loop
                                                     ◄── EngineMessage(added, add_errors, replies)
                                                     ◄── EngineMessage(outputs=[RequestOutput (DELTA)])
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import pickle
 import signal
 from operator import attrgetter
 import traceback
@@ -32,6 +34,8 @@ from typing import Any
 
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.engine.outputs import CompletionOutput, RequestOutput
+from minivllm.pooling.outputs import PoolingRequestOutput
+from minivllm.pooling.params import PoolingParams
 
 _COMPLETION_FIELDS = tuple(f.name for f in dataclasses.fields(CompletionOutput))
 _FRONT_END_FIELDS = ("prompt", "prompt_token_ids", "outputs", "metrics")
@@ -65,6 +69,8 @@ class EngineMessage:
 
     outputs: list[PackedOutput] = field(default_factory=list)
     """``pack_output`` of each output of one step."""
+    pooled: list[PoolingRequestOutput] = field(default_factory=list)
+    """runner=pooling: the requests whose pooled vector is ready."""
     added: list[str] = field(default_factory=list)
     """Requests accepted by ``LLMEngine.add_request``."""
     add_errors: dict[str, str] = field(default_factory=dict)
@@ -78,7 +84,9 @@ class EngineMessage:
     """The failure was a ValueError (a bad config), not a crash."""
 
     def __bool__(self) -> bool:
-        return bool(self.outputs or self.added or self.add_errors or self.replies or self.ready or self.fatal)
+        return bool(
+            self.outputs or self.pooled or self.added or self.add_errors or self.replies or self.ready or self.fatal
+        )
 
 
 def run_engine_proc(cfg: VllmConfig, commands: Connection, results: Connection, log_level: int) -> None:
@@ -127,8 +135,14 @@ def _loop(engine: Any, commands: Connection, results: Connection) -> None:
 
 
 def step_once(engine: Any) -> EngineMessage:
-    """One engine step, its outputs packed for the front end."""
-    return EngineMessage(outputs=[pack_output(out) for out in engine.step()])
+    """One engine step, its outputs packed for the front end (pooled vectors travel as they are)."""
+    msg = EngineMessage()
+    for out in engine.step():
+        if isinstance(out, RequestOutput):
+            msg.outputs.append(pack_output(out))
+        else:
+            msg.pooled.append(out)
+    return msg
 
 
 def _drain(engine: Any, commands: Connection, msg: EngineMessage) -> bool:
@@ -137,8 +151,9 @@ def _drain(engine: Any, commands: Connection, msg: EngineMessage) -> bool:
         kind, *args = commands.recv()
         if kind == "add":
             request_id, prompt, params, priority, group_id = args
+            kwargs = {"pooling_params": params} if isinstance(params, PoolingParams) else {"params": params}
             try:
-                engine.add_request(request_id, prompt, params, priority, group_id=group_id)
+                engine.add_request(request_id, prompt, priority=priority, group_id=group_id, **kwargs)
                 msg.added.append(request_id)
             except ValueError as err:
                 msg.add_errors[request_id] = str(err)
@@ -146,11 +161,23 @@ def _drain(engine: Any, commands: Connection, msg: EngineMessage) -> bool:
             engine.abort_request(args[0])
         elif kind == "stats":
             msg.replies[args[0]] = engine.scheduler_stats()
+        elif kind == "rpc":
+            token, call = args
+            msg.replies[token] = _run_rpc(engine, call)
         elif kind == "shutdown":
             return False
         else:
             raise ValueError(f"engine process: unknown command {kind!r}")
     return True
+
+
+def _run_rpc(engine: Any, call: bytes) -> Any:
+    """A user's ``collective_rpc``: its results, or the error it raised (as a value)."""
+    try:
+        method, args, kwargs = pickle.loads(call)
+        return engine.collective_rpc(method, args, kwargs)
+    except Exception as err:  # noqa: BLE001 - the caller raises it
+        return RuntimeError(str(err))
 
 
 def _describe(err: BaseException) -> str:

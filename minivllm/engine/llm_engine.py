@@ -1,20 +1,26 @@
 """LLMEngine: tokenize, add requests, step the core, detokenize, build outputs."""
 from __future__ import annotations
 
+import atexit
 import gc
 import itertools
 from dataclasses import dataclass
+from typing import Any, Callable
 
 from minivllm.config.vllm_config import VllmConfig
-from minivllm.core.scheduler import SchedulerStats
+from minivllm.core.scheduler import EngineCoreOutput, SchedulerStats
 from minivllm.engine.core import EngineCore
 from minivllm.engine.detokenizer import IncrementalDetokenizer
+from minivllm.engine.logprob import LogprobBuilder
 from minivllm.engine.outputs import RequestOutput
 from minivllm.engine.parent_request import CompletionState, ParentRequest
 from minivllm.engine.processor import Processor, PromptType
 from minivllm.engine.request import Request, RequestId
 from minivllm.engine.stats import EngineStats, StatLogger
 from minivllm.engine.tokenizer import get_tokenizer
+from minivllm.executor.user_calls import user_collective_rpc
+from minivllm.pooling.outputs import PoolingOutput, PoolingRequestOutput
+from minivllm.pooling.params import PoolingParams
 from minivllm.sampling_params import SamplingParams
 
 
@@ -37,12 +43,17 @@ class LLMEngine:
         self._states: dict[RequestId, CompletionState] = {}
         """Core request id -> its completion (a child of a parent request)."""
         self._parents: dict[RequestId, ParentRequest] = {}
+        self._pooling: dict[RequestId, tuple[PoolingParams, list[int]]] = {}
+        """runner=pooling: request id -> (its params, its prompt ids)."""
         self._ids = itertools.count()
         self.stat_logger = StatLogger(cfg.scheduler.log_stats_interval)
+        self.logprob_builder = LogprobBuilder(self.tokenizer)
         # The model, tokenizer and config are long-lived: move them out of the
         # collector's view so that per-step garbage collections stay short.
         gc.collect()
         gc.freeze()
+        atexit.unregister(gc.unfreeze)  # once per process, however many engines
+        atexit.register(gc.unfreeze)  # let the interpreter's last collection see them again
 
     @property
     def eos_token_id(self) -> int | None:
@@ -71,6 +82,7 @@ class LLMEngine:
         priority: int = 0,
         cache_salt: str | None = None,
         group_id: str | None = None,
+        pooling_params: PoolingParams | None = None,
     ) -> RequestId:
         """Validate and queue a request (``params.n`` core requests); raises ValueError
         (nothing queued) on bad input.
@@ -79,9 +91,13 @@ class LLMEngine:
         ``group_id``: the client request it is part of (a server's request with several
         prompts); the scheduler takes turns between groups. Default: its own id.
         """
+        if pooling_params is not None:
+            return self._add_pooling_request(request_id, prompt, pooling_params, priority, cache_salt, group_id)
+        if self.cfg.model.runner == "pooling":
+            raise ValueError("params: this engine pools (model.runner=pooling); generating needs runner=generate")
         params = params or SamplingParams()
         _check_priority_and_salt(priority, cache_salt, self.cfg.scheduler.policy)
-        text, ids = self.processor.tokenize(prompt)
+        text, ids = self.processor.tokenize(prompt, params.truncate_prompt_tokens)
         max_tokens = self.processor.max_output_tokens(len(ids), params)
         req_id = RequestId(str(next(self._ids)) if request_id is None else str(request_id))
         parent = ParentRequest(req_id, text, ids, self.processor.prepare_params(params, self.eos_token_id))
@@ -103,11 +119,43 @@ class LLMEngine:
             self.core.add_request(request)
         return req_id
 
+    def _add_pooling_request(
+        self, request_id: str | None, prompt: PromptType, params: PoolingParams, priority: int,
+        cache_salt: str | None, group_id: str | None,
+    ) -> RequestId:  # fmt: skip
+        """One core request that computes the prompt and returns its pooled vector (runner=pooling)."""
+        if self.cfg.model.runner != "pooling":
+            raise ValueError("pooling_params: this engine generates; pooling needs model.runner=pooling")
+        _check_priority_and_salt(priority, cache_salt, self.cfg.scheduler.policy)
+        params.check(self.cfg.hf_config, self.cfg.hf_config.hidden_size)
+        _, ids = self.processor.tokenize(prompt, params.truncate_prompt_tokens)
+        req_id = RequestId(str(next(self._ids)) if request_id is None else str(request_id))
+        if req_id in self._pooling or req_id in self._parents:
+            raise ValueError(f"request_id={req_id!r}: already in use by an unfinished request")
+        one_step = self.processor.prepare_params(SamplingParams(max_tokens=1, temperature=0.0, detokenize=False), None)
+        self._pooling[req_id] = (params, ids)
+        self.counters.num_prompt_tokens += len(ids)
+        self.core.add_request(
+            Request(
+                req_id, ids, one_step, None, max_tokens=1, priority=priority, cache_salt=cache_salt,
+                group_id=group_id or req_id,
+            )  # fmt: skip
+        )
+        return req_id
+
+    def _pooled_output(self, core_out: EngineCoreOutput) -> PoolingRequestOutput:
+        params, ids = self._pooling.pop(core_out.req_id)
+        data = params.finish(core_out.pooling_output, self.cfg.model.pooler_config.normalize)
+        return PoolingRequestOutput(core_out.req_id, PoolingOutput(data), ids, True, core_out.num_cached_tokens)
+
     def abort_request(self, request_ids: str | list[str]) -> None:
         """Abort requests by the ids add_request returned (all their completions)."""
         ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
         child_ids = []
         for r in map(RequestId, ids):
+            if self._pooling.pop(r, None) is not None:
+                child_ids.append(r)
+                continue
             parent = self._parents.pop(r, None)
             children = parent.children if parent is not None else [s for s in [self._states.get(r)] if s]
             child_ids.extend(c.request_id for c in children)
@@ -122,13 +170,19 @@ class LLMEngine:
         return self.core.scheduler.num_unfinished_requests
 
     # ---- stepping -------------------------------------------------------------------
-    def step(self) -> list[RequestOutput]:
+    def step(self) -> list[RequestOutput | PoolingRequestOutput]:
         """One engine step; returns one output per request that advanced (and, for
         requests asking for the final output only, once they finished)."""
         advanced: dict[RequestId, list[CompletionState]] = {}
         prompt_tokens = generation_tokens = 0
-        states = self._states
+        states, pooling = self._states, self._pooling
+        pooled = []
         for core_out in self.core.step():
+            if pooling and core_out.pooling_output is not None:
+                pooled.append(self._pooled_output(core_out))
+                self.counters.num_finished_requests += 1
+                prompt_tokens += len(pooled[-1].prompt_token_ids)
+                continue
             state = states.get(core_out.req_id)
             if state is None:
                 continue
@@ -136,6 +190,8 @@ class LLMEngine:
             if not state.token_ids:
                 prompt_tokens += len(parent.prompt_token_ids)
             generation_tokens += len(core_out.new_token_ids)
+            if core_out.new_logprobs is not None or core_out.prompt_logprobs is not None:
+                self._wrap_logprobs(core_out, parent.params)
             parent.absorb_prompt_logprobs(core_out)
             if state.absorb(core_out):  # a stop string: the core does not know yet
                 self.core.abort_requests([state.request_id])
@@ -157,7 +213,25 @@ class LLMEngine:
                 outputs.append(out)
         self.stat_logger.record_step(prompt_tokens, generation_tokens)
         self.stat_logger.maybe_log(self.scheduler_stats)
+        if pooled:
+            outputs.extend(pooled)
         return outputs
+
+    def collective_rpc(self, method: str | Callable, args: tuple = (), kwargs: dict | None = None) -> list[Any]:
+        """A user's call on every worker (see ``executor/user_calls.py``); one result per rank."""
+        return user_collective_rpc(self.core.executor, method, args, kwargs)
+
+    def _wrap_logprobs(self, core_out: EngineCoreOutput, params: SamplingParams) -> None:
+        """The workers' {token: float} dicts as {token: Logprob} (rank and text added)."""
+        build = self.logprob_builder.positions
+        if core_out.new_logprobs is not None:
+            core_out.new_logprobs = build(core_out.new_logprobs, params.logprobs, params.detokenize)
+        if core_out.prompt_logprobs is not None:
+            core_out.prompt_logprobs = build(core_out.prompt_logprobs, params.prompt_logprobs, params.detokenize)
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix block; False (nothing changed) while requests hold blocks."""
+        return self.core.scheduler.kv.pool.reset_prefix_cache()
 
     def shutdown(self) -> None:
         self.core.shutdown()

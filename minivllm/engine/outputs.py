@@ -3,8 +3,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-Logprobs = list[dict[int, float]]
-"""One {token_id: logprob} dict per position."""
+from minivllm.engine.logprob import Logprob
+
+Logprobs = list[dict[int, Logprob]]
+"""One {token_id: Logprob} dict per position."""
 
 
 @dataclass
@@ -32,6 +34,8 @@ class RequestOutput:
     prompt_token_ids: list[int]
     outputs: list[CompletionOutput]
     finished: bool
-    prompt_logprobs: list[dict[int, float] | None] | None = None
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None
     metrics: dict[str, float] = field(default_factory=dict)
     """Timestamps and counts: arrival_time, first_token_time, finished_time."""
+    num_cached_tokens: int = 0
+    """Prompt tokens whose KV came from the prefix cache when the request was first scheduled."""

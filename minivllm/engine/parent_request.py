@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from minivllm.core.scheduler import EngineCoreOutput
 from minivllm.engine.detokenizer import IncrementalDetokenizer
-from minivllm.engine.outputs import CompletionOutput, Logprobs, RequestOutput
+from minivllm.engine.outputs import CompletionOutput, Logprob, Logprobs, RequestOutput
 from minivllm.engine.request import RequestId
 from minivllm.sampling_params import RequestOutputKind, SamplingParams
 
@@ -87,8 +87,10 @@ class ParentRequest:
     params: SamplingParams
     arrival_time: float = field(default_factory=time.monotonic)
     children: list[CompletionState] = field(default_factory=list)
-    prompt_logprobs: list[dict[int, float] | None] | None = None
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None
     first_token_time: float | None = None
+    num_cached_tokens: int = 0
+    """From the first core output (child 0 or whichever came first)."""
     num_unfinished: int = 0
     """Children not finished yet (the engine counts them down)."""
     _prompt_logprobs_sent: bool = False
@@ -117,6 +119,7 @@ class ParentRequest:
     def absorb_prompt_logprobs(self, core_out: EngineCoreOutput) -> None:
         if self.first_token_time is None:
             self.first_token_time = time.monotonic()
+            self.num_cached_tokens = core_out.num_cached_tokens
         if core_out.prompt_logprobs is not None and self.prompt_logprobs is None:
             self.prompt_logprobs = core_out.prompt_logprobs
 
@@ -143,4 +146,5 @@ class ParentRequest:
             finished=finished,
             prompt_logprobs=list(prompt_logprobs) if prompt_logprobs is not None else None,
             metrics=metrics,
+            num_cached_tokens=self.num_cached_tokens,
         )

@@ -10,6 +10,7 @@ from typing import Any, Union
 from transformers import PreTrainedTokenizerBase
 
 from minivllm.config.vllm_config import VllmConfig
+from minivllm.sample.custom_processors import check_picklable
 from minivllm.sampling_params import SamplingParams
 from minivllm.structured_output.backend import check_grammar
 
@@ -26,7 +27,15 @@ class Processor:
         self.max_tokens_in_cache = max_tokens_in_cache
         self.vocab_size = cfg.hf_config.vocab_size
 
-    def tokenize(self, prompt: PromptType) -> tuple[str | None, list[int]]:
+    def tokenize(self, prompt: PromptType, truncate_prompt_tokens: int | None = None) -> tuple[str | None, list[int]]:
+        """(text, token ids); ``truncate_prompt_tokens`` keeps only the last k ids (before the checks)."""
+        text, ids = self._split(prompt)
+        if truncate_prompt_tokens is not None:
+            ids = ids[-truncate_prompt_tokens:]
+        self._check_ids(ids)
+        return text, ids
+
+    def _split(self, prompt: PromptType) -> tuple[str | None, list[int]]:
         if isinstance(prompt, dict) and (unknown := sorted(set(prompt) - set(PROMPT_KEYS))):
             raise ValueError(
                 f"prompt: key(s) {', '.join(map(repr, unknown))} not supported by this engine; "
@@ -37,7 +46,7 @@ class Processor:
         elif isinstance(prompt, dict) and "prompt_token_ids" in prompt:
             text, ids = prompt.get("prompt"), list(prompt["prompt_token_ids"])
         elif isinstance(prompt, dict) and "prompt" in prompt:
-            return self.tokenize(prompt["prompt"])
+            return self._split(prompt["prompt"])
         elif isinstance(prompt, (list, tuple)) and all(isinstance(t, int) for t in prompt):
             text, ids = None, list(prompt)
         else:
@@ -45,7 +54,6 @@ class Processor:
                 f"prompt: expected a string, a list of token ids, or a dict with 'prompt' or 'prompt_token_ids'; "
                 f"got {type(prompt).__name__}"
             )
-        self._check_ids(ids)
         return text, ids
 
     def _encode(self, text: str) -> list[int]:
@@ -85,8 +93,11 @@ class Processor:
         cap = self.cfg.model.max_logprobs
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(params, name)
-            if value is not None and value > cap:
-                raise ValueError(f"{name}={value}: must be in [0, {cap}] (model.max_logprobs={cap})")
+            if value is None or cap == -1:
+                continue
+            if value == -1 or value > cap:
+                hint = "; -1 (the whole vocabulary) needs model.max_logprobs=-1" if value == -1 else ""
+                raise ValueError(f"{name}={value}: must be in [0, {cap}] (model.max_logprobs={cap}){hint}")
         id_lists = {
             "stop_token_ids": params.stop_token_ids,
             "allowed_token_ids": params.allowed_token_ids or [],
@@ -97,12 +108,17 @@ class Processor:
             if bad:
                 raise ValueError(f"{name}: token ids {bad[:5]} outside the vocabulary [0, {self.vocab_size})")
         self._bad_words_token_ids(params.bad_words or [])
+        if self.cfg.world_size > 1:  # the workers are other processes
+            check_picklable(params)
         if params.structured_outputs is not None:
             check_grammar(params.structured_outputs)
 
     def prepare_params(self, params: SamplingParams, eos_token_id: int | None) -> SamplingParams:
         """A copy of ``params`` with the token ids the workers need filled in."""
         params = params.clone()
+        for name in ("logprobs", "prompt_logprobs"):
+            if getattr(params, name) == -1:
+                setattr(params, name, self.vocab_size)
         stop_ids = set(params.stop_token_ids)
         if eos_token_id is not None and not params.ignore_eos:
             stop_ids.add(eos_token_id)

@@ -62,6 +62,8 @@ class Request:
     """The stop token id or stop string that ended the request, if any."""
     cache_salt: str | None = None
     """Mixed into the prefix-cache hashes: only requests with the same salt share blocks."""
+    num_cached_tokens: int | None = None
+    """Prompt tokens found in the prefix cache when first scheduled (None until then)."""
     group_id: str | None = None
     """The client request this sequence belongs to: its parent (one of ``n`` completions),
     or a server request that sent several prompts. The waiting queue takes turns between

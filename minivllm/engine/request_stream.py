@@ -44,6 +44,8 @@ class RequestStream:
         self._so_far: dict[int, CompletionOutput] = {}
         self._indices: set[int] = set()
         self._done = False
+        self._prompt_logprobs = None
+        """Sent by the engine with the first delta only; kept for CUMULATIVE and FINAL_ONLY outputs."""
 
     # ---- producer side (the AsyncLLM's event loop) -------------------------------------
     def put(self, delta: RequestOutput) -> None:
@@ -56,12 +58,13 @@ class RequestStream:
         if kind == RequestOutputKind.DELTA:
             self._queue.put_nowait(delta)
             return
+        self._prompt_logprobs = delta.prompt_logprobs or self._prompt_logprobs
         for c in delta.outputs:
             self._merge(c)
         if kind == RequestOutputKind.FINAL_ONLY and not delta.finished:
             return
         outputs = [_copy(self._so_far[i]) for i in sorted(self._so_far)]
-        self._queue.put_nowait(dataclasses.replace(delta, outputs=outputs))
+        self._queue.put_nowait(dataclasses.replace(delta, outputs=outputs, prompt_logprobs=self._prompt_logprobs))
 
     def _merge(self, c: CompletionOutput) -> None:
         acc = self._so_far.get(c.index)

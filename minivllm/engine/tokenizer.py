@@ -8,6 +8,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from minivllm.config.model_source import find_local_checkpoint
 from minivllm.config.vllm_config import VllmConfig
+from minivllm.model_loader.gguf_config import find_gguf_file
 
 logger = logging.getLogger(__name__)
 DEMO_TOKENIZER = Path(__file__).resolve().parents[1] / "assets" / "demo-llama"
@@ -15,8 +16,14 @@ DEMO_TOKENIZER = Path(__file__).resolve().parents[1] / "assets" / "demo-llama"
 
 def get_tokenizer(cfg: VllmConfig) -> PreTrainedTokenizerBase:
     """The checkpoint's tokenizer; for a dummy-weights preset with no local files,
-    the bundled demo tokenizer stands in (its ids are valid in any larger vocab)."""
-    source = find_local_checkpoint(cfg.tokenizer_path) if not Path(cfg.tokenizer_path).is_dir() else Path(cfg.tokenizer_path)
+    the bundled demo tokenizer stands in (its ids are valid in any larger vocab). A GGUF
+    file carries its own vocabulary, which transformers turns into a tokenizer."""
+    if cfg.load.format == "gguf" and not cfg.model.tokenizer:
+        gguf_file = find_gguf_file(cfg.model.path)
+        return AutoTokenizer.from_pretrained(str(gguf_file.parent), gguf_file=gguf_file.name, local_files_only=True)
+    hub = cfg.hub_options(tokenizer=True)
+    given = Path(cfg.tokenizer_path)
+    source = given if given.is_dir() else find_local_checkpoint(cfg.tokenizer_path, hub)
     if source is None and cfg.load.format == "dummy":
         logger.warning(
             "No local tokenizer for %r; using the bundled demo tokenizer with random weights.", cfg.tokenizer_path
@@ -24,4 +31,4 @@ def get_tokenizer(cfg: VllmConfig) -> PreTrainedTokenizerBase:
         source = DEMO_TOKENIZER
     if source is None:
         raise ValueError(f"model.tokenizer={cfg.tokenizer_path!r}: no local tokenizer files found")
-    return AutoTokenizer.from_pretrained(str(source), local_files_only=True)
+    return AutoTokenizer.from_pretrained(str(source), local_files_only=True, trust_remote_code=hub.trust_remote_code)

@@ -2,17 +2,25 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from omegaconf import DictConfig, OmegaConf
+from torch import nn
 from tqdm.auto import tqdm
 
+from minivllm.beam_search import BeamSearchOutput, run_beam_search
+from minivllm.config.generation_defaults import generation_defaults
 from minivllm.config.store import compose
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.engine.llm_engine import LLMEngine
+from minivllm.engine.metrics_reader import Metric, engine_metrics
 from minivllm.engine.outputs import RequestOutput
 from minivllm.engine.processor import PromptType
-from minivllm.sampling_params import RequestOutputKind, SamplingParams
+from minivllm.executor.user_calls import apply_to_model
+from minivllm.pooling.outputs import EmbeddingRequestOutput, PoolingRequestOutput
+from minivllm.pooling.params import PoolingParams
+from minivllm.entrypoints.chat_utils import Conversation, is_single_conversation, render_chat
+from minivllm.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
 from minivllm.spec_decode.config import speculative_node
 
 # vLLM keyword -> key in the config tree
@@ -23,9 +31,18 @@ KWARG_KEYS = {
     "seed": "model.seed",
     "hf_overrides": "model.hf_overrides",
     "max_logprobs": "model.max_logprobs",
+    "revision": "model.revision",
+    "tokenizer_revision": "model.tokenizer_revision",
+    "code_revision": "model.code_revision",
+    "trust_remote_code": "model.trust_remote_code",
+    "generation_config": "model.generation_config",
+    "runner": "model.runner",
+    "download_dir": "load.download_dir",
+    "max_seq_len_to_capture": "compilation.max_seq_len_to_capture",
     "quantization": "model.quantization",
     "tensor_parallel_size": "parallel.tp",
     "pipeline_parallel_size": "parallel.pp",
+    "data_parallel_size": "parallel.dp",
     "distributed_executor_backend": "parallel.backend",
     "enable_expert_parallel": "parallel.enable_expert_parallel",
     "gpu_memory_utilization": "cache.gpu_memory_utilization",
@@ -46,6 +63,10 @@ KWARG_KEYS = {
 }
 
 
+SPECIAL_KWARGS = ("enforce_eager", "disable_log_stats", "task", "served_model_name")
+"""vLLM keywords with their own handling in ``_apply_special_kwargs``."""
+
+
 def _is_preset(name: str) -> bool:
     conf_dir = Path(__file__).resolve().parents[1] / "conf" / "model"
     return "/" not in name and (conf_dir / f"{name}.yaml").is_file()
@@ -58,18 +79,37 @@ def config_from_kwargs(model: str | None = None, overrides: Sequence[str] = (), 
     cfg = compose([*group_choice, *overrides])
     if model and not group_choice:
         OmegaConf.update(cfg, "model", {"path": model, "hf_config": None, "tokenizer": None}, merge=True)
-    enforce_eager = kwargs.pop("enforce_eager", None)
-    if enforce_eager is not None:
-        OmegaConf.update(cfg, "compilation.cudagraph", not enforce_eager)
+    _apply_special_kwargs(cfg, kwargs)
     unknown = sorted(set(kwargs) - set(KWARG_KEYS))
     if unknown:
-        raise ValueError(f"LLM(): unknown keyword(s) {', '.join(unknown)}; known: {', '.join(sorted(KWARG_KEYS))}")
+        known = ", ".join(sorted([*KWARG_KEYS, *SPECIAL_KWARGS]))
+        raise ValueError(f"LLM(): unknown or unimplemented keyword(s) {', '.join(unknown)}; known: {known}")
     for name, value in kwargs.items():
         if name == "speculative_config" and value is not None:
             OmegaConf.update(cfg, "speculative", speculative_node(value), merge=True)
         elif value is not None:
             OmegaConf.update(cfg, KWARG_KEYS[name], value, merge=False)
     return cfg
+
+
+def _apply_special_kwargs(cfg: DictConfig, kwargs: dict[str, Any]) -> None:
+    """vLLM keywords that do not map one-to-one onto a key (popped from ``kwargs``)."""
+    enforce_eager = kwargs.pop("enforce_eager", None)
+    if enforce_eager is not None:
+        OmegaConf.update(cfg, "compilation.cudagraph", not enforce_eager)
+    if kwargs.pop("disable_log_stats", None):
+        OmegaConf.update(cfg, "scheduler.log_stats_interval", 0.0)
+    task = kwargs.pop("task", None)
+    if task not in (None, "auto", "generate", "embed"):
+        raise ValueError(f"LLM(): task={task!r}: must be generate or embed (or use runner=generate/pooling)")
+    if task == "embed":
+        OmegaConf.update(cfg, "model.runner", "pooling")
+    names = kwargs.pop("served_model_name", None)
+    if names is not None:
+        names = [names] if isinstance(names, str) else list(names)
+        if not names or not all(isinstance(n, str) and n and "," not in n for n in names):
+            raise ValueError(f"LLM(): served_model_name={names!r}: must be a name or a list of names (no commas)")
+        OmegaConf.update(cfg, "serve.served_model_name", ",".join(names))
 
 
 class LLM:
@@ -90,10 +130,31 @@ class LLM:
 
     def _init(self, cfg: VllmConfig) -> None:
         self.cfg = cfg
-        self.llm_engine = LLMEngine(cfg)
+        self.default_sampling_params = generation_defaults(cfg)
+        if cfg.parallel.dp > 1:  # replicas in their own processes, behind one front end
+            from minivllm.data_parallel.engine import DataParallelEngine
+
+            self.llm_engine = DataParallelEngine(cfg)
+        else:
+            self.llm_engine = LLMEngine(cfg)
 
     def get_tokenizer(self):
         return self.llm_engine.tokenizer
+
+    def get_default_sampling_params(self) -> SamplingParams:
+        """What generate() uses when given no SamplingParams (the checkpoint's generation config, see
+        ``model.generation_config``)."""
+        return SamplingParams(**self.default_sampling_params)
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget the prefix cache; False (nothing changed) while requests are running."""
+        return self.llm_engine.reset_prefix_cache()
+
+    def get_metrics(self) -> list[Metric]:
+        """vLLM-named counters and gauges (``vllm:prompt_tokens``, ``vllm:kv_cache_usage_perc``, ...)."""
+        engine = self.llm_engine
+        name = self.cfg.serve.served_model_name or self.cfg.model.path
+        return engine_metrics(engine.get_stats(), engine.counters.num_finished_requests, name.split(",")[0])
 
     def generate(
         self,
@@ -107,11 +168,14 @@ class LLM:
         All requests are validated before the first is queued, so a bad one
         raises ValueError and leaves the engine as it was.
         """
+        self._needs_runner("generate", "generate")
         prompts = _as_list_of_prompts(prompts)
+        if sampling_params is None:
+            sampling_params = self.get_default_sampling_params()
         params = _params_per_prompt(sampling_params, len(prompts))
         engine = self.llm_engine
         for p, sp in zip(prompts, params):  # validate everything before queuing anything
-            _, ids = engine.processor.tokenize(p)
+            _, ids = engine.processor.tokenize(p, sp.truncate_prompt_tokens)
             engine.processor.max_output_tokens(len(ids), sp)
         req_ids = []
         try:
@@ -122,6 +186,88 @@ class LLM:
             engine.abort_request([r for r in req_ids])
             raise
 
+    def chat(
+        self,
+        messages: Conversation | Sequence[Conversation],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+        chat_template: str | None = None,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        tools: list[dict[str, Any]] | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
+    ) -> list[RequestOutput]:
+        """Generate replies to one conversation or a list of them, through the chat template
+        (the tokenizer's, or ``chat_template``); one output per conversation."""
+        conversations = [messages] if is_single_conversation(messages) else list(messages)
+        prompts = [
+            render_chat(
+                self.get_tokenizer(),
+                conversation,
+                chat_template=chat_template,
+                add_generation_prompt=add_generation_prompt,
+                continue_final_message=continue_final_message,
+                tools=tools,
+                chat_template_kwargs=chat_template_kwargs,
+            )
+            for conversation in conversations
+        ]
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+
+    def beam_search(
+        self, prompts: PromptType | Sequence[PromptType], params: BeamSearchParams, use_tqdm: bool = False
+    ) -> list[BeamSearchOutput]:
+        """Beam search per prompt (see ``minivllm.beam_search``); each round is one batch of ordinary
+        one-token requests, so beams share their prompt's KV blocks through the prefix cache."""
+        self._needs_runner("generate", "beam_search")
+        return run_beam_search(self, prompts, params, use_tqdm)
+
+    def encode(
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
+        use_tqdm: bool = True,
+        pooling_task: str = "embed",
+        truncate_prompt_tokens: int | None = None,
+    ) -> list[PoolingRequestOutput]:
+        """Pooled vectors of the prompts (``runner="pooling"``); outputs in prompt order."""
+        self._needs_runner("pooling", "encode")
+        if pooling_task != "embed":
+            raise ValueError(f"pooling_task={pooling_task!r}: only 'embed' is supported")
+        prompts = _as_list_of_prompts(prompts)
+        params = _pooling_params_per_prompt(pooling_params, len(prompts), truncate_prompt_tokens)
+        engine = self.llm_engine
+        for p, pp in zip(prompts, params):  # validate everything before queuing anything
+            pp.check(self.cfg.hf_config, self.cfg.hf_config.hidden_size)
+            engine.processor.tokenize(p, pp.truncate_prompt_tokens)
+        req_ids = []
+        try:
+            for p, pp in zip(prompts, params):
+                req_ids.append(engine.add_request(None, p, pooling_params=pp))
+            return self._run(req_ids, use_tqdm)
+        except BaseException:
+            engine.abort_request(req_ids)
+            raise
+
+    def embed(
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
+        use_tqdm: bool = True,
+        truncate_prompt_tokens: int | None = None,
+    ) -> list[EmbeddingRequestOutput]:
+        """One embedding per prompt (``runner="pooling"``): ``outs[i].outputs.embedding``."""
+        self._needs_runner("pooling", "embed")
+        outs = self.encode(prompts, pooling_params, use_tqdm, truncate_prompt_tokens=truncate_prompt_tokens)
+        return [EmbeddingRequestOutput.from_base(o) for o in outs]
+
+    def _needs_runner(self, runner: str, method: str) -> None:
+        if self.cfg.model.runner != runner:
+            raise ValueError(
+                f"{method}(): needs runner={runner!r}, but this LLM was built with runner={self.cfg.model.runner!r} "
+                f"(LLM(..., runner={runner!r}))"
+            )
+
     def _run(self, req_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
         finished: dict[str, RequestOutput] = {}
         bar = tqdm(total=len(req_ids), desc="Processed prompts", unit="req", disable=not use_tqdm or None)
@@ -131,10 +277,33 @@ class LLM:
                 for out in self.llm_engine.step():
                     if out.finished:
                         finished[out.request_id] = out
-                        generated += sum(len(c.token_ids) for c in out.outputs)
+                        if isinstance(out, RequestOutput):  # pooling outputs generate nothing
+                            generated += sum(len(c.token_ids) for c in out.outputs)
                         bar.update(1)
                         bar.set_postfix_str(f"output {generated / max(bar.format_dict['elapsed'], 1e-9):.1f} tok/s")
         return [finished[r] for r in req_ids]
+
+    def collective_rpc(
+        self,
+        method: str | Callable,
+        timeout: float | None = None,
+        args: tuple = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> list[Any]:
+        """Run ``method`` on every worker; one result per rank, in rank order.
+
+        ``method`` is a Worker method name, or a function called as
+        ``method(worker, *args, **kwargs)`` in each worker's process (lambdas
+        and closures work: they travel with cloudpickle). An exception on a
+        rank raises RuntimeError naming the rank; the engine keeps serving.
+        """
+        if timeout is not None:
+            raise ValueError(f"collective_rpc: timeout={timeout!r} is not supported; leave it None")
+        return self.llm_engine.collective_rpc(method, args, kwargs)
+
+    def apply_model(self, func: Callable[[nn.Module], Any]) -> list[Any]:
+        """``func(model)`` on every rank's model (its shard under tensor parallelism); results in rank order."""
+        return self.collective_rpc(apply_to_model, args=(func,))
 
     def shutdown(self) -> None:
         self.llm_engine.shutdown()
@@ -162,6 +331,17 @@ def _final_only(params: SamplingParams) -> SamplingParams:
         return params
     params = params.clone()
     params.output_kind = RequestOutputKind.FINAL_ONLY
+    return params
+
+
+def _pooling_params_per_prompt(params: Any, n: int, truncate: int | None) -> list[PoolingParams]:
+    if params is None or isinstance(params, PoolingParams):
+        params = [params or PoolingParams()] * n
+    params = list(params)
+    if len(params) != n:
+        raise ValueError(f"pooling_params: {len(params)} given for {n} prompts; give one, or one per prompt")
+    if truncate is not None:
+        params = [PoolingParams(p.dimensions, p.normalize, truncate) for p in params]
     return params
 
 

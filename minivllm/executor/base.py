@@ -1,7 +1,8 @@
 """The executor interface the engine core talks to.
 
-Every call fans out to all workers through ``collective_rpc``; only rank 0's
-``execute_model`` result is returned (the ranks agree on sampled tokens).
+Every call fans out to all workers through ``collective_rpc``; only the output
+rank's ``execute_model`` result is returned (rank 0 with one pipeline stage;
+the first rank of the last stage, which samples, with several).
 """
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ class Executor(ABC):
         self.collective_rpc("initialize_cache", (num_blocks,))
 
     def execute_model(self, sched: SchedulerOutput) -> ModelRunnerOutput:
-        return self.collective_rpc("execute_model", (sched,))[0]
+        return self.collective_rpc("execute_model", (sched,))[self.cfg.parallel.output_rank]
 
     def execute_model_async(self, sched: SchedulerOutput) -> StepResult:
         """Launch a step and return before its tokens are known, where the executor can

@@ -29,6 +29,8 @@ from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from typing import Any, Callable
 
+import cloudpickle
+
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.distributed.utils import LOCALHOST, get_open_port, retry_on_address_in_use, threads_per_rank
 from minivllm.executor.base import Executor, WorkerFailedError
@@ -98,7 +100,7 @@ class MultiprocExecutor(Executor):
         if not self._procs:
             raise RuntimeError(f"the executor is shut down; cannot run {what}")
         self._seq += 1
-        payload = pickle.dumps((self._seq, pickle.dumps((method, args, kwargs))))
+        payload = pickle.dumps((self._seq, cloudpickle.dumps((method, args, kwargs))))  # lambdas and closures too
         for rank, conn in enumerate(self._conns):
             try:
                 conn.send_bytes(payload)

@@ -1,8 +1,9 @@
 """The loop a spawned worker process runs, and the messages it exchanges with the driver.
 
 One duplex pipe per rank. The driver sends the same bytes to every rank: a
-pickled ``(seq, call)``, where ``call`` is the pickled ``(method, args, kwargs)``
-(pickled apart, so that a call the worker cannot unpickle still gets a reply).
+pickled ``(seq, call)``, where ``call`` is the cloudpickled ``(method, args, kwargs)``
+(so a user's lambda travels too; pickled apart, so that a call the worker
+cannot unpickle still gets a reply).
 The worker runs it and answers with a ``Reply`` carrying the same ``seq``, so
 the driver can drop replies to a call it stopped waiting for (Ctrl-C). The
 first reply (``seq`` 0), sent before any request, says whether the Worker could

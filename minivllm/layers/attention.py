@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from minivllm.attention.backend import AttentionBackend, AttentionMetadata
+from minivllm.attention.kv_quant import is_fp8
 
 
 class Attention(nn.Module):
@@ -32,11 +33,13 @@ class Attention(nn.Module):
         self.sliding_window = sliding_window
         self.logits_soft_cap = logits_soft_cap
         self.kv_cache: torch.Tensor | None = None  # (2, num_blocks, block_size, num_kv_heads, head_dim)
+        self.k_scale, self.v_scale = 1.0, 1.0  # fp8 KV cache: stored = k / k_scale (attention/kv_quant.py)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         if self.kv_cache is None:
             raise RuntimeError("the KV cache is not allocated: the model runner binds it in init_kv_cache()")
         T = q.shape[0]
+        scales = {"k_scale": self.k_scale, "v_scale": self.v_scale} if is_fp8(self.kv_cache) else {}
         out = self.backend.forward(
             q.view(T, self.num_heads, self.head_dim),
             k.view(T, self.num_kv_heads, self.head_dim),
@@ -46,5 +49,6 @@ class Attention(nn.Module):
             scale=self.scale,
             sliding_window=self.sliding_window,
             logits_soft_cap=self.logits_soft_cap,
+            **scales,
         )
         return out.reshape(T, self.num_heads * self.head_dim)

@@ -20,16 +20,7 @@ class DefaultModelLoader:
     (or draws random ones for ``load.format=dummy``)."""
 
     def load_model(self, cfg: VllmConfig, backend: AttentionBackend, device: torch.device) -> nn.Module:
-        model_cls = ModelRegistry.resolve(cfg.architecture)
-        with torch.device("meta"):
-            model = model_cls(cfg.hf_config, backend, **_model_options(cfg))
-            model = model.to(dtype=cfg.dtype)
-            if cfg.quant_config is not None:  # after .to(dtype): quantized weights keep their dtypes
-                quantize_model(model, cfg.quant_config, cfg.dtype)
-        model = model.to_empty(device=device)
-        for module in model.modules():  # materialising drops shared parameters; restore them
-            if hasattr(module, "retie"):
-                module.retie()
+        model = build_empty_model(cfg, backend, device)
         if cfg.load.format == "dummy":
             init_dummy_weights(model, seed=cfg.model.seed)
         else:
@@ -47,6 +38,21 @@ class DefaultModelLoader:
 def _model_options(cfg: VllmConfig) -> dict[str, Any]:
     """Keyword options for the model class beyond (hf_config, backend); only MoE models take any."""
     return {"expert_parallel": True} if cfg.parallel.enable_expert_parallel else {}
+
+
+def build_empty_model(cfg: VllmConfig, backend: AttentionBackend, device: torch.device) -> nn.Module:
+    """The model class for ``cfg``, built on the meta device and materialised (uninitialised) on ``device``."""
+    model_cls = ModelRegistry.resolve(cfg.architecture)
+    with torch.device("meta"):
+        model = model_cls(cfg.hf_config, backend, **_model_options(cfg))
+        model = model.to(dtype=cfg.dtype)
+        if cfg.quant_config is not None:  # after .to(dtype): quantized weights keep their dtypes
+            quantize_model(model, cfg.quant_config, cfg.dtype)
+    model = model.to_empty(device=device)
+    for module in model.modules():  # materialising drops shared parameters; restore them
+        if hasattr(module, "retie"):
+            module.retie()
+    return model
 
 
 @torch.no_grad()

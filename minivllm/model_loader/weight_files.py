@@ -51,3 +51,15 @@ def iterate_weights(kind: str, files: list[Path]) -> Iterator[tuple[str, Any]]:
         else:
             state = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
             yield from state.items()
+
+
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".tensors", ".gguf")
+
+
+def copy_model_files(checkpoint: Path, out: Path) -> None:
+    """Copy everything but the weights (config.json, tokenizer files, generation config) from
+    ``checkpoint`` to ``out``, so a re-serialized checkpoint is a complete model directory."""
+    out.mkdir(parents=True, exist_ok=True)
+    for path in checkpoint.iterdir():
+        if path.is_file() and not path.name.endswith(WEIGHT_SUFFIXES) and not path.name.endswith(".index.json"):
+            (out / path.name).write_bytes(path.read_bytes())

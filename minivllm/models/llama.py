@@ -13,6 +13,7 @@ from torch import nn
 from transformers import PretrainedConfig
 
 from minivllm.attention.backend import AttentionBackend, AttentionMetadata
+from minivllm.distributed.pipeline import IntermediateTensors, build_stage_layers, missing_layer_names
 from minivllm.layers.activation import ActAndMul
 from minivllm.layers.attention import Attention
 from minivllm.layers.embedding import ParallelLMHead, VocabParallelEmbedding
@@ -118,19 +119,31 @@ class LlamaModel(nn.Module):
     def __init__(self, config: PretrainedConfig, backend: AttentionBackend, **attn_opts: Any) -> None:
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(
-            self.layer_cls(config, backend, i, **attn_opts) for i in range(config.num_hidden_layers)
-        )
+        self.layers, self.start, self.end = build_stage_layers(
+            config.num_hidden_layers, lambda i: self.layer_cls(config, backend, i, **attn_opts)
+        )  # this pipeline stage's layers; all of them when pp=1
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:  # (T,) -> (T, hidden)
         """The token embeddings the first layer sees (Gemma and Granite scale them)."""
         return self.embed_tokens(input_ids)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        hidden, residual = self.embed(input_ids), None  # (T, hidden)
-        for layer in self.layers:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        intermediate: IntermediateTensors | None = None,
+    ) -> torch.Tensor | IntermediateTensors:
+        """Hidden states (T, hidden); a non-last pipeline stage returns its intermediate tensors instead."""
+        if intermediate is None:
+            hidden, residual = self.embed(input_ids), None  # (T, hidden)
+        else:  # from the previous pipeline stage
+            hidden, residual = intermediate["hidden"], intermediate["residual"]
+        for layer in self.layers[self.start : self.end]:
             hidden, residual = layer(positions, hidden, residual, meta)
+        if self.end < len(self.layers):
+            return {"hidden": hidden, "residual": residual}
         hidden, _ = self.norm(hidden, residual)
         return hidden
 
@@ -144,6 +157,8 @@ class LlamaForCausalLM(nn.Module):
         "up_proj": ("gate_up_proj", 1),
     }
     model_cls = LlamaModel
+    supports_pp = True
+    pp_intermediate_keys = ("hidden", "residual")
 
     def __init__(self, config: PretrainedConfig, backend: AttentionBackend, **layer_opts: Any) -> None:
         """``layer_opts`` go to every decoder layer besides the attention options (e.g. ``expert_parallel``)."""
@@ -159,14 +174,20 @@ class LlamaForCausalLM(nn.Module):
         """Keyword options of every LlamaAttention; subclasses add theirs."""
         return {"qkv_bias": getattr(config, "attention_bias", False)}
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        return self.model(input_ids, positions, meta)
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        intermediate: IntermediateTensors | None = None,
+    ) -> torch.Tensor | IntermediateTensors:
+        return self.model(input_ids, positions, meta, intermediate)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # (N, hidden) -> (N, vocab) fp32
         return self.lm_head.compute_logits(hidden)
 
     def load_weights(self, weights: Iterable[tuple[str, Any]]) -> None:
-        skip = ("rotary_emb.inv_freq",)
+        skip = ("rotary_emb.inv_freq", *missing_layer_names(self.model.layers))
         if getattr(self.config, "tie_word_embeddings", False):
             skip += ("lm_head.weight",)
         load_weights(self, weights, self.packed_modules_mapping, skip, resolve=self.resolve_weight)

@@ -9,6 +9,7 @@ from torch import nn
 from transformers import PretrainedConfig
 
 from minivllm.attention.backend import AttentionBackend, AttentionMetadata
+from minivllm.distributed.pipeline import IntermediateTensors, build_stage_layers, missing_layer_names
 from minivllm.layers.activation import get_act_fn
 from minivllm.layers.attention import Attention
 from minivllm.layers.embedding import ParallelLMHead, VocabParallelEmbedding
@@ -71,15 +72,29 @@ class OPTDecoder(nn.Module):
         has_final_norm = config.do_layer_norm_before and not getattr(config, "_remove_final_layer_norm", False)
         affine = getattr(config, "layer_norm_elementwise_affine", True)
         self.final_layer_norm = LayerNorm(hidden, affine=affine, bias=affine) if has_final_norm else None
-        self.layers = nn.ModuleList(OPTDecoderLayer(config, backend) for _ in range(config.num_hidden_layers))
+        self.layers, self.start, self.end = build_stage_layers(
+            config.num_hidden_layers, lambda i: OPTDecoderLayer(config, backend)
+        )  # this pipeline stage's layers; all of them when pp=1
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        hidden = self.embed_tokens(input_ids)  # (T, word_embed_proj_dim)
-        if self.project_in is not None:
-            hidden = self.project_in(hidden)
-        hidden = hidden + self.embed_positions(positions + POSITION_OFFSET)  # (T, hidden)
-        for layer in self.layers:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        intermediate: IntermediateTensors | None = None,
+    ) -> torch.Tensor | IntermediateTensors:
+        """Hidden states (T, word_embed_proj_dim); a non-last pipeline stage returns its intermediate tensors."""
+        if intermediate is None:
+            hidden = self.embed_tokens(input_ids)  # (T, word_embed_proj_dim)
+            if self.project_in is not None:
+                hidden = self.project_in(hidden)
+            hidden = hidden + self.embed_positions(positions + POSITION_OFFSET)  # (T, hidden)
+        else:  # from the previous pipeline stage
+            hidden = intermediate["hidden"]
+        for layer in self.layers[self.start : self.end]:
             hidden = layer(hidden, meta)
+        if self.end < len(self.layers):
+            return {"hidden": hidden}
         if self.final_layer_norm is not None:
             hidden = self.final_layer_norm(hidden)
         if self.project_out is not None:
@@ -95,6 +110,8 @@ class OPTModel(nn.Module):
 
 class OPTForCausalLM(nn.Module):
     packed_modules_mapping = {"q_proj": ("qkv_proj", "q"), "k_proj": ("qkv_proj", "k"), "v_proj": ("qkv_proj", "v")}
+    supports_pp = True
+    pp_intermediate_keys = ("hidden",)
 
     def __init__(self, config: PretrainedConfig, backend: AttentionBackend) -> None:
         super().__init__()
@@ -103,12 +120,19 @@ class OPTForCausalLM(nn.Module):
         self.lm_head = ParallelLMHead(config.vocab_size, config.word_embed_proj_dim)
         self.lm_head.tie_to(self.model.decoder.embed_tokens)  # OPT always ties
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        return self.model.decoder(input_ids, positions, meta)
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        intermediate: IntermediateTensors | None = None,
+    ) -> torch.Tensor | IntermediateTensors:
+        return self.model.decoder(input_ids, positions, meta, intermediate)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head.compute_logits(hidden)
 
     def load_weights(self, weights: Iterable[tuple[str, Any]]) -> None:
         renamed = ((n if n.startswith(("model.", "lm_head")) else f"model.{n}", w) for n, w in weights)
-        load_weights(self, renamed, self.packed_modules_mapping, skip=("lm_head.weight",))
+        skip = ("lm_head.weight", *missing_layer_names(self.model.decoder.layers))
+        load_weights(self, renamed, self.packed_modules_mapping, skip=skip)

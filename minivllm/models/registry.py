@@ -25,7 +25,14 @@ _BUILTIN: dict[str, str] = {
     "GraniteForCausalLM": "minivllm.models.granite:GraniteForCausalLM",
     "GPT2LMHeadModel": "minivllm.models.gpt2:GPT2LMHeadModel",
     "GPTNeoXForCausalLM": "minivllm.models.gpt_neox:GPTNeoXForCausalLM",
+    # decoder-only base models (no LM head): model.runner=pooling only
+    "LlamaModel": "minivllm.pooling.base_models:LlamaBaseModel",
+    "Qwen2Model": "minivllm.pooling.base_models:Qwen2BaseModel",
+    "Qwen3Model": "minivllm.pooling.base_models:Qwen3BaseModel",
+    "MistralModel": "minivllm.pooling.base_models:MistralBaseModel",
 }
+POOLING_ONLY = frozenset({"LlamaModel", "Qwen2Model", "Qwen3Model", "MistralModel"})
+"""Architectures without an LM head: they can only embed."""
 
 
 class _Registry:

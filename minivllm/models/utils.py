@@ -5,6 +5,7 @@ from typing import Any, Callable, Iterable
 
 from torch import nn
 
+from minivllm.attention.kv_quant import load_kv_scale
 from minivllm.layers.weight_utils import default_weight_loader
 
 PackedMapping = dict[str, tuple[str, Any]]
@@ -30,7 +31,7 @@ def load_weights(
     params = dict(model.named_parameters())
     loaded_names: set[str] = set()
     for name, tensor in weights:
-        if any(s in name for s in skip):
+        if any(s in name for s in skip) or load_kv_scale(model, name, tensor):
             continue
         target, shard = (resolve and resolve(name)) or _packed_target(name, packed or {})
         if target not in params:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from minivllm.sample.custom_processors import CustomProcessors
 from minivllm.sample.penalties import PenaltyTensors, apply_penalties
 from minivllm.sampling_params import SamplingParams
 
@@ -28,6 +29,8 @@ class LogitsEdits:
     bias: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None
     """(rows, token ids, fp32 values) added to the logits."""
     penalties: PenaltyTensors | None
+    custom: CustomProcessors | None = None
+    """User callables of the requests that set ``logits_processors`` (row by row, last)."""
 
     @classmethod
     def build(
@@ -45,8 +48,10 @@ class LogitsEdits:
             disallowed=_disallowed(params, vocab_size, device),
             bias=_bias(params, device),
             penalties=PenaltyTensors.build(params, token_ids, num_prompt_tokens, vocab_size, device),
+            custom=CustomProcessors.build(params, token_ids, num_prompt_tokens),
         )
-        if edits.banned is None and edits.disallowed is None and edits.bias is None and edits.penalties is None:
+        parts = (edits.banned, edits.disallowed, edits.bias, edits.penalties, edits.custom)
+        if all(part is None for part in parts):
             return None
         return edits
 
@@ -62,6 +67,8 @@ class LogitsEdits:
             logits.index_put_((rows, cols), values, accumulate=True)
         if self.penalties is not None:
             logits = apply_penalties(logits, self.penalties)
+        if self.custom is not None:
+            logits = self.custom.apply(logits)
         return logits
 
 

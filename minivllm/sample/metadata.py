@@ -80,6 +80,7 @@ def has_logits_edits(p: SamplingParams) -> bool:
         or p.allowed_token_ids is not None
         or p._bad_words_token_ids
         or (p.min_tokens > 0 and p._all_stop_token_ids)
+        or p.logits_processors  # per-request callables: the row-by-row slow path
     )
 
 

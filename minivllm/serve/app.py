@@ -31,10 +31,15 @@ from minivllm.serve.errors import ClientDisconnected, ModelNotFound, Overloaded
 from minivllm.serve.metrics import CONTENT_TYPE
 from minivllm.serve.params import BadRequest, param_of
 from minivllm.serve.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
+from minivllm.serve.embeddings import add_embedding_routes
 from minivllm.serve.state import ServerState
+from minivllm.serve.tokenize import add_tokenize_routes
 
 logger = logging.getLogger(__name__)
-ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics")
+ROUTES = (
+    "/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics", "/tokenize", "/detokenize",
+    "/v1/embeddings",
+)  # fmt: skip
 
 
 def build_app(engine: AsyncLLM, cfg: VllmConfig) -> FastAPI:
@@ -43,6 +48,8 @@ def build_app(engine: AsyncLLM, cfg: VllmConfig) -> FastAPI:
     app.state.server = state
     _add_error_handlers(app, state)
     _add_routes(app, state)
+    add_tokenize_routes(app, state)
+    add_embedding_routes(app, state)
     app.add_middleware(_Auth, api_key=state.api_key)
     app.add_middleware(_HttpMetrics, state=state)
     return app
@@ -59,8 +66,8 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
 
     @app.get("/v1/models")
     async def models() -> ModelList:
-        card = ModelCard(id=state.model_name, root=state.cfg.model.path, max_model_len=state.cfg.max_model_len)
-        return ModelList(data=[card])
+        root, max_len = state.cfg.model.path, state.cfg.max_model_len
+        return ModelList(data=[ModelCard(id=name, root=root, max_model_len=max_len) for name in state.model_names])
 
     @app.get("/health")
     async def health() -> Response:

@@ -9,8 +9,10 @@ from fastapi.responses import StreamingResponse
 
 from minivllm.engine.outputs import CompletionOutput
 from minivllm.engine.request_stream import EngineDeadError, RequestStream
+from minivllm.entrypoints.chat_utils import render_chat
 from minivllm.sampling_params import RequestOutputKind
 from minivllm.serve.chat_output import ChatOutputParser
+from minivllm.serve.completions import prompt_logprobs_json
 from minivllm.serve.generation import SSE_DONE, Prompt, check_prompt, continuous_usage, final_outputs, merged, sse
 from minivllm.serve.generation import start_requests
 from minivllm.serve.generation import unless_disconnected, usage
@@ -54,9 +56,13 @@ async def create_chat_completion(state: ServerState, body: ChatCompletionRequest
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     tools = plan_tools(body, state.cfg.serve.tool_call_parser)
     params = to_sampling_params(
-        body, max_tokens=max_tokens, logprobs=logprobs, output_kind=kind, structured_outputs=_constraint(body, tools)
-    )
-    prompt = check_prompt(state.engine, render(state, body, tools), max_tokens, prompt_field="messages")
+        body, state.default_sampling_params, max_tokens=max_tokens, logprobs=logprobs, output_kind=kind,
+        structured_outputs=_constraint(body, tools),
+    )  # fmt: skip
+    prompt = check_prompt(
+        state.engine, render(state, body, tools), max_tokens, prompt_field="messages",
+        truncate_prompt_tokens=params.truncate_prompt_tokens,
+    )  # fmt: skip
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     streams = await start_requests(state.engine, request_id, [prompt], params, body.priority, "messages")
     reasoning = state.cfg.serve.reasoning_parser
@@ -65,7 +71,10 @@ async def create_chat_completion(state: ServerState, body: ChatCompletionRequest
         return StreamingResponse(_stream(body, request_id, streams, fmt), media_type="text/event-stream")
     outs = await unless_disconnected(raw, final_outputs(streams))
     choices = [fmt.choice(c) for c in outs[0].outputs]
-    return ChatCompletionResponse(id=request_id, model=state.model_name, choices=choices, usage=usage([prompt], outs))
+    shown = prompt_logprobs_json(outs[0].prompt_logprobs) if body.prompt_logprobs is not None else None
+    return ChatCompletionResponse(
+        id=request_id, model=state.model_name, choices=choices, usage=usage([prompt], outs), prompt_logprobs=shown
+    )
 
 
 def _constraint(body: ChatCompletionRequest, tools: ToolPlan | None) -> StructuredOutputsParams | None:
@@ -82,34 +91,22 @@ def render(state: ServerState, body: ChatCompletionRequest, tools: ToolPlan | No
     """The prompt text and ids the template makes of the messages (and tools)."""
     if not state.chat_template:
         raise BadRequest("messages", NO_TEMPLATE)
-    messages = [_message_dict(i, m) for i, m in enumerate(body.messages)]
+    messages = [m.model_dump(exclude_none=True) for m in body.messages]
     try:
-        text = state.engine.tokenizer.apply_chat_template(
+        rendered = render_chat(
+            state.engine.tokenizer,
             messages,
             chat_template=state.chat_template,
             add_generation_prompt=body.add_generation_prompt and not body.continue_final_message,
             continue_final_message=body.continue_final_message,
-            tokenize=False,
             tools=tools.tools if tools is not None else None,
-            **(body.chat_template_kwargs or {}),
+            chat_template_kwargs=body.chat_template_kwargs,
         )
-    except Exception as err:  # noqa: BLE001 - a template error is the request's problem
-        raise BadRequest("messages", f"messages: the chat template failed: {err}") from None
-    # The template already holds any BOS it wants; add no special tokens on top.
-    ids = state.engine.tokenizer.encode(text, add_special_tokens=False, verbose=False)  # too long: our error
-    return {"prompt": text, "prompt_token_ids": ids}
-
-
-def _message_dict(i: int, message: Any) -> dict[str, Any]:
-    out = message.model_dump(exclude_none=True)
-    if isinstance(message.content, list):
-        parts = []
-        for part in message.content:
-            if part.type != "text" or part.text is None:
-                raise BadRequest("messages", f"messages[{i}].content: only text parts are supported, got {part.type!r}")
-            parts.append(part.text)
-        out["content"] = "\n".join(parts)
-    return out
+    except ValueError as err:
+        raise BadRequest("messages", str(err)) from None
+    if body.add_special_tokens:
+        rendered["prompt_token_ids"] = state.engine.tokenizer.encode(rendered["prompt"], add_special_tokens=True, verbose=False)
+    return rendered
 
 
 class _Formatter:

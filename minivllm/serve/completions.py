@@ -36,17 +36,23 @@ async def create_completion(state: ServerState, body: CompletionRequest, raw: Re
     admit(state, body.n, len(raw_prompts))
     kind = RequestOutputKind.DELTA if body.stream else RequestOutputKind.FINAL_ONLY
     params = to_sampling_params(
-        body, max_tokens=body.max_tokens, logprobs=body.logprobs, output_kind=kind,
+        body, state.default_sampling_params, max_tokens=body.max_tokens, logprobs=body.logprobs, output_kind=kind,
         structured_outputs=structured_outputs_of(body),
     )  # fmt: skip
-    prompts = [check_prompt(state.engine, p, body.max_tokens) for p in raw_prompts]
+    if body.echo and body.logprobs is not None:  # the echoed prompt's logprobs come from prompt logprobs
+        params.prompt_logprobs = max(params.prompt_logprobs or 0, body.logprobs)
+    prompts = [
+        check_prompt(state.engine, _encoded(state, p, body), body.max_tokens,
+                     truncate_prompt_tokens=params.truncate_prompt_tokens)
+        for p in raw_prompts
+    ]  # fmt: skip
     request_id = f"cmpl-{uuid.uuid4().hex}"
     streams = await start_requests(state.engine, request_id, prompts, params, body.priority)
     fmt = _Formatter(state, body, prompts)
     if body.stream:
         return StreamingResponse(_stream(state, body, request_id, streams, fmt), media_type="text/event-stream")
     outs = await unless_disconnected(raw, final_outputs(streams))
-    choices = [fmt.choice(i, c) for i, out in enumerate(outs) for c in out.outputs]
+    choices = [fmt.choice(i, c, out.prompt_logprobs) for i, out in enumerate(outs) for c in out.outputs]
     return state.completion_response(request_id, choices, usage(prompts, outs))
 
 
@@ -55,10 +61,15 @@ def _check_unsupported(body: CompletionRequest) -> None:
         raise BadRequest("suffix", "suffix: not supported")
     if body.best_of is not None and body.best_of != body.n:
         raise BadRequest("best_of", f"best_of={body.best_of}: only best_of == n is supported")
-    if body.echo and body.logprobs is not None:
-        raise BadRequest("echo", "echo: not supported together with logprobs (it needs prompt logprobs)")
     if body.stream_options is not None and not body.stream:
         raise BadRequest("stream_options", "stream_options: only allowed with stream=true")
+
+
+def _encoded(state: ServerState, prompt: Any, body: CompletionRequest) -> Any:
+    """A text prompt tokenized here when ``add_special_tokens`` is false (the engine adds them)."""
+    if body.add_special_tokens or not isinstance(prompt, str):
+        return prompt
+    return {"prompt": prompt, "prompt_token_ids": state.engine.tokenizer.encode(prompt, add_special_tokens=False, verbose=False)}
 
 
 def _prompt_list(prompt: Any) -> list[Any]:
@@ -77,28 +88,35 @@ class _Formatter:
         self._offsets: dict[int, int] = {}
         self._echoed: set[int] = set()
 
-    def choice(self, prompt_index: int, c: CompletionOutput) -> CompletionChoice:
+    def choice(self, prompt_index: int, c: CompletionOutput, prompt_logprobs: Any = None) -> CompletionChoice:
         index = prompt_index * self.body.n + c.index
-        text = c.text
+        text, echoed = c.text, None
         if self.body.echo and index not in self._echoed:
             self._echoed.add(index)
             prompt = self.prompts[prompt_index]
             echo = prompt.text if prompt.text is not None else self.state.detokenize(prompt.token_ids)
             text = echo + text
-        logprobs = self._logprobs(index, c) if self.body.logprobs is not None else None
+            if prompt_logprobs is not None:
+                echoed = (prompt.token_ids, prompt_logprobs)
+        logprobs = self._logprobs(index, c, echoed) if self.body.logprobs is not None else None
+        shown = prompt_logprobs if self.body.prompt_logprobs is not None else None
         return CompletionChoice(
-            index=index, text=text, logprobs=logprobs, finish_reason=c.finish_reason, stop_reason=c.stop_reason
-        )
+            index=index, text=text, logprobs=logprobs, finish_reason=c.finish_reason, stop_reason=c.stop_reason,
+            prompt_logprobs=prompt_logprobs_json(shown),
+        )  # fmt: skip
 
-    def _logprobs(self, index: int, c: CompletionOutput) -> CompletionLogProbs:
+    def _logprobs(self, index: int, c: CompletionOutput, echoed: Any = None) -> CompletionLogProbs:
+        """Per token: its text, logprob and alternatives; an echoed prompt's tokens come first
+        (the very first has no logprob)."""
         out = CompletionLogProbs()
         offset = self._offsets.get(index, 0)
-        for token_id, top in zip(c.token_ids, c.logprobs or []):
+        pairs = list(zip(*echoed)) if echoed is not None else []
+        for token_id, top in pairs + list(zip(c.token_ids, c.logprobs or [])):
             token = self.state.token_text(token_id)
             out.tokens.append(token)
-            out.token_logprobs.append(top.get(token_id))
-            ranked = sorted(top.items(), key=lambda kv: -kv[1])
-            out.top_logprobs.append({self.state.token_text(t): lp for t, lp in ranked})
+            out.token_logprobs.append(top.get(token_id) if top is not None else None)
+            ranked = sorted(top.items(), key=lambda kv: -kv[1]) if top is not None else None
+            out.top_logprobs.append({self.state.token_text(t): lp for t, lp in ranked} if ranked else None)
             out.text_offset.append(offset)
             offset += len(token)
         self._offsets[index] = offset
@@ -116,7 +134,7 @@ async def _stream(
             for c in out.outputs:
                 generated += len(c.token_ids)
                 if c.text or c.token_ids or c.finish_reason is not None:
-                    choices.append(fmt.choice(i, c))
+                    choices.append(fmt.choice(i, c, out.prompt_logprobs))
             if choices:
                 so_far = usage(fmt.prompts, generated=generated) if every_chunk else None
                 yield sse(state.completion_response(request_id, choices, so_far))
@@ -125,3 +143,15 @@ async def _stream(
     except EngineDeadError as err:
         yield sse(state.error_body(str(err), "engine_error", 503))
     yield SSE_DONE
+
+
+def prompt_logprobs_json(prompt_logprobs: Any) -> Any:
+    """vLLM's JSON shape: per prompt token, None or {token id: {logprob, rank, decoded_token}}."""
+    if prompt_logprobs is None:
+        return None
+    return [
+        None if entry is None else {
+            t: {"logprob": float(lp), "rank": lp.rank, "decoded_token": lp.decoded_token} for t, lp in entry.items()
+        }
+        for entry in prompt_logprobs
+    ]

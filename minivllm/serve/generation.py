@@ -32,11 +32,13 @@ class Prompt:
 
 
 def check_prompt(
-    engine: AsyncLLM, prompt: Any, max_tokens: int | None, *, prompt_field: str = "prompt"
-) -> Prompt:
-    """Tokenize with the engine's rules; refuse a max_tokens that cannot fit the context."""
+    engine: AsyncLLM, prompt: Any, max_tokens: int | None, *, prompt_field: str = "prompt",
+    truncate_prompt_tokens: int | None = None,
+) -> Prompt:  # fmt: skip
+    """Tokenize with the engine's rules (keeping the last ``truncate_prompt_tokens``); refuse a
+    max_tokens that cannot fit the context."""
     try:
-        text, ids = engine.processor.tokenize(prompt)
+        text, ids = engine.processor.tokenize(prompt, truncate_prompt_tokens)
     except ValueError as err:
         raise bad_request(err, {"prompt": prompt_field, "prompt_token_ids": prompt_field}) from None
     max_len = engine.cfg.max_model_len

@@ -25,13 +25,13 @@ NOT_SAMPLING = frozenset(
         "model", "prompt", "messages", "stream", "stream_options", "echo", "user", "priority", "suffix",
         "best_of", "max_completion_tokens", "top_logprobs", "add_generation_prompt", "continue_final_message",
         "chat_template_kwargs", "max_tokens", "logprobs", "response_format", "guided_json", "guided_regex",
-        "guided_choice", "guided_grammar", "tools", "tool_choice", "parallel_tool_calls",
+        "guided_choice", "guided_grammar", "tools", "tool_choice", "parallel_tool_calls", "add_special_tokens",
     }
 )  # fmt: skip
 # Declared fields that mean "off" at these values (OpenAI's defaults).
 NEUTRAL = {"presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0, "logit_bias": {}}
 # Never settable over HTTP.
-SERVER_OWNED = frozenset({"output_kind", "guided_decoding"})
+SERVER_OWNED = frozenset({"output_kind", "guided_decoding", "logits_processors"})
 
 
 class BadRequest(ValueError):
@@ -40,6 +40,13 @@ class BadRequest(ValueError):
     def __init__(self, param: str | None, message: str) -> None:
         super().__init__(message)
         self.param = param
+
+
+def refuse_unknown_fields(request: Any) -> None:
+    """A 400 naming the first field the route does not declare: nothing a client asked for is dropped."""
+    if request.model_extra:
+        name = sorted(request.model_extra)[0]
+        raise BadRequest(name, f"{name}: unknown or unsupported request field; this server does not implement it")
 
 
 def param_of(message: str) -> str | None:
@@ -67,12 +74,14 @@ def _adapter(tp: Any) -> TypeAdapter:
     return TypeAdapter(tp)
 
 
-def to_sampling_params(request: Any, **explicit: Any) -> SamplingParams:
-    """SamplingParams from a parsed request; ``explicit`` values (already converted) win."""
+def to_sampling_params(request: Any, defaults: dict[str, Any] | None = None, **explicit: Any) -> SamplingParams:
+    """SamplingParams from a parsed request; ``explicit`` values (already converted) win, except that
+    ``defaults`` (the checkpoint's generation config) fill the fields the client did not send."""
     options = getattr(request, "stream_options", None)
     if options is not None and options.model_extra:
         name = sorted(options.model_extra)[0]
         raise BadRequest("stream_options", f"stream_options.{name}: not supported; the only option is include_usage")
+    unset = _unset_defaults(request, defaults or {})
     fields = _sampling_fields()
     declared = set(type(request).model_fields)
     kwargs: dict[str, Any] = {}
@@ -88,10 +97,18 @@ def to_sampling_params(request: Any, **explicit: Any) -> SamplingParams:
         else:
             raise BadRequest(name, f"{name}: unknown or unsupported request field; this server does not implement it")
     kwargs.update(explicit)
+    kwargs.update(unset)
     try:
         return SamplingParams(**kwargs)
     except (ValueError, TypeError) as err:
         raise bad_request(ValueError(str(err))) from None
+
+
+def _unset_defaults(request: Any, defaults: dict[str, Any]) -> dict[str, Any]:
+    sent = request.model_fields_set
+    if "max_completion_tokens" in sent:
+        sent = sent | {"max_tokens"}
+    return {name: value for name, value in defaults.items() if name not in sent}
 
 
 def _check_type(name: str, value: Any, annotation: Any) -> Any:

@@ -70,6 +70,10 @@ class _SamplingRequest(OpenAIModel):
     skip_special_tokens: Optional[bool] = None
     spaces_between_special_tokens: Optional[bool] = None
     prompt_logprobs: Optional[Int] = None
+    truncate_prompt_tokens: Optional[Int] = None
+    """Keep only the last k prompt tokens."""
+    detokenize: Optional[bool] = None
+    """False: token ids (and logprobs) only, the text stays empty."""
     # structured outputs (serve/structured.py): at most one of these
     response_format: Optional[dict[str, Any]] = None
     structured_outputs: Optional[dict[str, Any]] = None
@@ -86,6 +90,8 @@ class CompletionRequest(_SamplingRequest):
     max_tokens: Optional[Int] = 16
     logprobs: Optional[Int] = None
     echo: bool = False
+    add_special_tokens: bool = True
+    """Add the tokenizer's special tokens (BOS) to text prompts."""
     best_of: Optional[Int] = None
     suffix: Optional[str] = None
 
@@ -122,6 +128,8 @@ class ChatCompletionRequest(_SamplingRequest):
     tools: Optional[list[dict[str, Any]]] = None
     tool_choice: Optional[Union[str, dict[str, Any]]] = None
     parallel_tool_calls: Optional[bool] = None
+    add_special_tokens: bool = False
+    """Add the tokenizer's special tokens on top of the template's text (the template usually holds them)."""
 
 
 # ---- responses ---------------------------------------------------------------------
@@ -138,12 +146,25 @@ class CompletionLogProbs(BaseModel):
     top_logprobs: list[Optional[dict[str, float]]] = Field(default_factory=list)
 
 
+class PromptLogprob(BaseModel):
+    """vLLM's JSON form of one ``Logprob``."""
+
+    logprob: float
+    rank: Optional[int] = None
+    decoded_token: Optional[str] = None
+
+
+PromptLogprobs = list[Optional[dict[int, PromptLogprob]]]
+"""One entry per prompt token (the first None): token id -> its logprob."""
+
+
 class CompletionChoice(BaseModel):
     index: int
     text: str
     logprobs: Optional[CompletionLogProbs] = None
     finish_reason: Optional[str] = None
     stop_reason: Optional[Union[int, str]] = None
+    prompt_logprobs: Optional[PromptLogprobs] = None
 
 
 class CompletionResponse(BaseModel):
@@ -215,6 +236,7 @@ class ChatCompletionResponse(BaseModel):
     model: str
     choices: list[ChatChoice]
     usage: Optional[UsageInfo] = None
+    prompt_logprobs: Optional[PromptLogprobs] = None
 
 
 class DeltaMessage(BaseModel):

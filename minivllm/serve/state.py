@@ -5,6 +5,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from minivllm.config.generation_defaults import generation_defaults
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.engine.async_llm import AsyncLLM
 from minivllm.serve.errors import ModelNotFound
@@ -16,8 +17,12 @@ class ServerState:
     def __init__(self, engine: AsyncLLM, cfg: VllmConfig) -> None:
         self.engine = engine
         self.cfg = cfg
-        self.model_name = cfg.serve.served_model_name or cfg.model.path
+        self.model_names = (cfg.serve.served_model_name or cfg.model.path).split(",")
+        """Every name the model answers to; the first is reported in responses."""
+        self.model_name = self.model_names[0]
         self.api_key = cfg.serve.api_key
+        self.default_sampling_params = generation_defaults(cfg)
+        """The checkpoint's generation config: defaults for the sampling fields a request leaves out."""
         self.chat_template = load_chat_template(cfg.serve.chat_template) or getattr(
             engine.tokenizer, "chat_template", None
         )
@@ -26,7 +31,7 @@ class ServerState:
         self.token_text = lru_cache(maxsize=65536)(self._token_text)
 
     def check_model(self, model: str | None) -> None:
-        if model is not None and model != self.model_name:
+        if model is not None and model not in self.model_names:
             raise ModelNotFound(model, self.model_name)
 
     def _token_text(self, token_id: int) -> str:

@@ -43,6 +43,12 @@ class CUDAGraphRunner:
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
 
+    def covers(self, meta: AttentionMetadata) -> bool:
+        """A decode step fits a captured graph: a captured batch size and no sequence longer than
+        the graphs' block tables (``compilation.max_seq_len_to_capture``; a step's block-table
+        width follows its longest sequence)."""
+        return meta.max_seq_len <= self.max_model_len and self.padded_size(meta.num_reqs) is not None
+
     def _meta(self, n: int) -> AttentionMetadata:
         """Metadata over the first ``n`` rows of the static buffers. ``max_seq_len`` is
         the model's limit so the kernel's launch grid is the same at every replay."""

@@ -23,9 +23,11 @@ from minivllm.attention.backend import AttentionMetadata
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.core.scheduler_output import ModelRunnerOutput, NewRequestData, SchedulerOutput
 from minivllm.distributed.parallel_state import broadcast_from_first
+from minivllm.distributed.pipeline import IntermediateTensors, PipelineStage, pipeline_stage
 from minivllm.engine.request import RequestId
 from minivllm.layers.compile import compile_small_ops
 from minivllm.layers.rotary import share_cos_sin_caches
+from minivllm.pooling.pooler import Pooler
 from minivllm.sample.logits_processors import LogitsEdits
 from minivllm.sample.metadata import SamplingMetadata, from_batch, has_logits_edits
 from minivllm.sample.prompt_logprobs import add_prompt_logprobs
@@ -52,6 +54,7 @@ class ModelRunner:
         self.kv_caches: list[torch.Tensor] = []
         self.cuda_graphs: CUDAGraphRunner | None = None
         self.sampler = Sampler(torch.Generator(device=device).manual_seed(cfg.model.seed))
+        self.pooler = Pooler(cfg.model.pooler_config.pooling_type) if cfg.model.runner == "pooling" else None
         max_reqs, max_blocks = cfg.scheduler.max_num_seqs, cdiv(cfg.max_model_len, self.block_size)
         self.batch = InputBatch(max_reqs, cfg.max_model_len, max_blocks)
         self.inputs = StepInputBuilder(cfg.scheduler.max_num_batched_tokens, max_reqs, max_blocks,
@@ -65,6 +68,8 @@ class ModelRunner:
         self._all_rows = np.arange(max_reqs)
         self.spec = DraftVerifier(self.sampler, self.block_size, device) if cfg.speculative.enabled else None
         """Speculative decoding: drafts into the batch, verified tokens out; None when off."""
+        self.pipeline: PipelineStage | None = None
+        """This rank's link to its neighbouring stages (set in ``load_model`` when parallel.pp > 1)."""
 
     # ---- set-up -------------------------------------------------------------------
     def load_model(self) -> None:
@@ -75,6 +80,7 @@ class ModelRunner:
         if self.cfg.compilation.torch_compile:
             compile_small_ops(self.model)
         self.attention_layers = [m for m in self.model.modules() if hasattr(m, "kv_cache") and hasattr(m, "backend")]
+        self.pipeline = pipeline_stage(self.cfg, self.model, self.device)  # None unless parallel.pp > 1
 
     def kv_cache_shape(self, num_blocks: int) -> tuple[int, ...]:
         layer = self.attention_layers[0]
@@ -94,7 +100,8 @@ class ModelRunner:
     @property
     def cuda_graphs_enabled(self) -> bool:
         """Graphs need CUDA and a backend with no host work per step (Triton); never on the CPU."""
-        return self.cfg.compilation.cudagraph and self.device.type == "cuda" and self.attn_backend.name == "triton"
+        graphs = self.cfg.compilation.cudagraph and self.cfg.parallel.pp == 1
+        return graphs and self.device.type == "cuda" and self.attn_backend.name == "triton"
 
     def capture_cuda_graphs(self) -> None:
         """Capture decode steps after the KV cache exists (no-op where graphs are off)."""
@@ -103,15 +110,23 @@ class ModelRunner:
         sizes = [s for s in self.cfg.compilation.cudagraph_capture_sizes if s <= self.cfg.scheduler.max_num_seqs]
         if not sizes:
             return
-        max_blocks = cdiv(self.cfg.max_model_len, self.block_size)
-        self.cuda_graphs = CUDAGraphRunner(self.model, sizes, max_blocks, self.cfg.max_model_len, self.device)
+        max_len = min(self.cfg.max_model_len, self.cfg.compilation.max_seq_len_to_capture)
+        self.cuda_graphs = CUDAGraphRunner(self.model, sizes, cdiv(max_len, self.block_size), max_len, self.device)
         self.cuda_graphs.capture()
 
-    def _forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+    def _forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        intermediate: IntermediateTensors | None = None,
+    ) -> torch.Tensor | IntermediateTensors:
         """Replay a captured graph for decode-only steps that fit one; run eagerly otherwise."""
         graphs = self.cuda_graphs
-        if graphs is not None and meta.max_query_len == 1 and graphs.padded_size(meta.num_reqs) is not None:
+        if graphs is not None and meta.max_query_len == 1 and graphs.covers(meta):
             return graphs.run(input_ids, positions, meta)
+        if intermediate is not None:  # a later pipeline stage
+            return self.model(input_ids, positions, meta, intermediate)
         return self.model(input_ids, positions, meta)
 
     @torch.inference_mode()
@@ -131,8 +146,10 @@ class ModelRunner:
             batch.add(NewRequestData(RequestId(str(i)), [0] * n, n, SamplingParams(), blocks, 0), self.device)
         step = self.inputs.build(batch, np.arange(num_seqs), np.asarray(lens, dtype=np.int32))
         step.meta.backend_data = self.attn_backend.prepare(step.meta, self.block_size)
-        hidden = self.model(step.input_ids, step.positions, step.meta)
-        self.model.compute_logits(hidden[step.logits_index])
+        intermediate = self.pipeline.empty(budget) if self.pipeline and not self.pipeline.is_first else None
+        hidden = self._forward(step.input_ids, step.positions, step.meta, intermediate)
+        if self.pipeline is None or self.pipeline.is_last:
+            self.model.compute_logits(hidden[step.logits_index])
         self.kv_caches = []
         for layer in self.attention_layers:
             layer.kv_cache = None
@@ -151,7 +168,13 @@ class ModelRunner:
             return DoneOutput(ModelRunnerOutput())
         rows, query_lens = self._scheduled_rows(sched)
         step = self._prepare_inputs(rows, query_lens)
-        hidden = self._forward(step.input_ids, step.positions, step.meta)  # (T, hidden)
+        intermediate = self.pipeline.recv(len(step.input_ids)) if self.pipeline is not None else None
+        hidden = self._forward(step.input_ids, step.positions, step.meta, intermediate)  # (T, hidden)
+        if self.pipeline is not None and not self.pipeline.is_last:  # hand on to the next stage; it samples
+            self.pipeline.send(hidden)
+            return self._follow_last_stage(step)
+        if self.pooler is not None:  # runner=pooling: pooled hidden states instead of sampled tokens
+            return DoneOutput(self._pool(hidden, step, sched))
         prompt_logprobs = self._gather_prompt_logprobs(hidden, step) if self.prompt_logprobs else {}
         if not len(step.sample_idx):
             return DoneOutput(ModelRunnerOutput())
@@ -162,6 +185,24 @@ class ModelRunner:
             return DoneOutput(out)
         self._pending = pending
         return pending
+
+    def _follow_last_stage(self, step: StepInputs) -> DoneOutput:
+        """A non-last pipeline stage samples nothing, yet its batch must hold the same
+        tokens as the last stage's: it receives the ids the last stage sampled."""
+        if len(step.sample_idx):
+            rows = step.rows[step.sample_idx]
+            tokens = self.pipeline.recv_sampled(len(rows))  # (S,) int64
+            self._deliver([self.batch.req_ids[r] for r in rows.tolist()], tokens.cpu().numpy())
+        return DoneOutput(ModelRunnerOutput())
+
+    def _pool(self, hidden: torch.Tensor, step: StepInputs, sched: SchedulerOutput) -> ModelRunnerOutput:
+        """The pooler's view of the step: per scheduled request its id, tokens computed before
+        the step and new tokens; the requests whose prompt is now complete; those to forget."""
+        req_ids = [self.batch.req_ids[r] for r in step.rows.tolist()]
+        computed = self.batch.num_computed_tokens[step.rows].tolist()
+        return self.pooler(
+            hidden, req_ids, computed, step.query_lens.tolist(), step.sample_idx.tolist(), sched.finished_req_ids
+        )
 
     def _update_states(self, sched: SchedulerOutput) -> None:
         batch = self.batch
@@ -188,6 +229,8 @@ class ModelRunner:
         """Prompt logprobs are gathered during the first prefill only (after a
         preemption they were already sent with the first output)."""
         k = new.sampling_params.prompt_logprobs
+        if self.pipeline is not None and not self.pipeline.is_last:
+            return  # the last stage computes them
         if k is not None and len(new.token_ids) == new.num_prompt_tokens:
             self.prompt_logprobs[new.req_id] = PromptLogprobsState(list(new.token_ids), k)
 
@@ -248,7 +291,10 @@ class ModelRunner:
                 sched.grammar_bitmask, sched.structured_output_request_ids, req_ids, self.device
             )
         sampled = self.sampler(logits, meta)
-        broadcast_from_first(sampled.token_ids)  # every rank keeps the same tokens
+        if self.pipeline is None:
+            broadcast_from_first(sampled.token_ids)  # every rank keeps the same tokens
+        else:
+            self.pipeline.share_sampled(sampled.token_ids)  # with every rank of every stage
         params = [self.batch.params[r] for r in rows.tolist()]
         return PendingOutput(
             req_ids=req_ids,

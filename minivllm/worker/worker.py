@@ -10,6 +10,8 @@ import torch.distributed as dist
 
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.core.scheduler_output import ModelRunnerOutput, SchedulerOutput
+from minivllm.distributed.parallel_state import destroy_model_parallel, init_model_parallel
+from minivllm.plugins import load_general_plugins
 from minivllm.utils import build
 
 logger = logging.getLogger(__name__)
@@ -20,6 +22,7 @@ class Worker:
     def __init__(
         self, cfg: VllmConfig, rank: int = 0, distributed_init_method: str | None = None, num_threads: int | None = None
     ) -> None:
+        load_general_plugins(cfg.plugins)  # in a worker process, this is their first chance to run
         self.cfg = cfg
         self.rank = rank
         self.distributed_init_method = distributed_init_method
@@ -29,7 +32,8 @@ class Worker:
 
     def init_device(self) -> None:
         if self.cfg.device_type == "cuda":
-            self.device = torch.device("cuda", self.rank % torch.cuda.device_count())
+            first = self.cfg.parallel.dp_rank * self.cfg.world_size  # data-parallel replicas take disjoint GPUs
+            self.device = torch.device("cuda", (first + self.rank) % torch.cuda.device_count())
             torch.cuda.set_device(self.device)
         if self.num_threads:
             torch.set_num_threads(self.num_threads)
@@ -38,11 +42,16 @@ class Worker:
             dist.init_process_group(
                 backend, init_method=self.distributed_init_method, rank=self.rank, world_size=self.cfg.world_size
             )
+            init_model_parallel(self.cfg.parallel.tp, self.cfg.parallel.pp, self.cfg.parallel.pp_layer_partition)
         torch.manual_seed(self.cfg.model.seed)
 
     def load_model(self) -> None:
         self.model_runner = build(self.cfg.parallel.model_runner, cfg=self.cfg, device=self.device)
         self.model_runner.load_model()
+
+    def get_model(self) -> torch.nn.Module:
+        """This rank's model (its shard of the weights under tensor parallelism)."""
+        return self.model_runner.model
 
     def determine_num_available_blocks(self) -> int:
         """KV blocks that fit: (device memory x utilization - peak usage) / bytes per block.
@@ -87,10 +96,11 @@ class Worker:
 
     def execute_model(self, sched: SchedulerOutput) -> ModelRunnerOutput | None:
         output = self.model_runner.execute_model(sched)
-        return output if self.rank == 0 else None
+        return output if self.rank == self.cfg.parallel.output_rank else None
 
     def shutdown(self) -> None:
         if dist.is_available() and dist.is_initialized():
+            destroy_model_parallel()
             dist.destroy_process_group()
 
 

@@ -1,4 +1,6 @@
-"""MultiprocExecutor: tp=2 in worker processes gives tp=1's tokens, each rank holding its shard."""
+"""MultiprocExecutor: tp=2 in worker processes gives tp=1's tokens, each rank holding its
+shard; a user's lambda (LLM.collective_rpc, LLM.apply_model) reaches every rank, and an
+error on a rank comes back naming it while the engine keeps serving."""
 from __future__ import annotations
 
 import os
@@ -36,6 +38,18 @@ def llama_kv1_tp2(llama_kv1_dir):
     llm = LLM(model=str(llama_kv1_dir), tensor_parallel_size=2, **h.LLM_KWARGS)
     yield llm
     llm.shutdown()
+
+
+FC1 = "model.decoder.layers.0.fc1.weight"
+
+
+def _fc1(model: torch.nn.Module) -> torch.Tensor:
+    return model.model.decoder.layers[0].fc1.weight
+
+
+def _checkpoint_tensor(ckpt, name: str) -> torch.Tensor:
+    with safe_open(str(ckpt / "model.safetensors"), framework="pt") as f:
+        return f.get_tensor(name)
 
 
 def _executor(llm: LLM) -> MultiprocExecutor:
@@ -107,3 +121,31 @@ def test_kv_heads_are_replicated_when_tp_exceeds_them(llama_kv1_tp2):
 
 def test_ranks_share_the_cores(opt_tp2):
     assert _executor(opt_tp2).collective_rpc(h.num_threads) == [threads_per_rank(2)] * 2
+
+
+
+def test_mp_lambda_returns_one_result_per_rank(opt_tp2):
+    offset = 100
+    results = opt_tp2.collective_rpc(lambda worker, scale: (worker.rank * scale + offset, os.getpid()), args=(10,))
+    assert [r[0] for r in results] == [100, 110]
+    assert [r[1] for r in results] == opt_tp2.llm_engine.core.executor.worker_pids  # ran in the workers
+
+
+def test_mp_apply_model_reads_each_ranks_shard(opt_dir, opt_tp2):
+    shards = opt_tp2.apply_model(lambda model: _fc1(model).detach().clone())
+    full = _checkpoint_tensor(opt_dir, FC1)  # (ffn_dim=128, hidden=64), split by output rows
+    assert [tuple(s.shape) for s in shards] == [(64, 64), (64, 64)]
+    torch.testing.assert_close(torch.cat(shards), full, rtol=0, atol=0)
+
+
+def test_mp_error_names_the_rank_and_the_engine_keeps_serving(opt_dir, opt_tp2):
+    def fails_on_rank_1(worker):
+        if worker.rank == 1:
+            raise KeyError("no such thing")
+        return worker.rank
+
+    with pytest.raises(RuntimeError, match=r"collective_rpc\(.*fails_on_rank_1\): worker rank 1 raised KeyError"):
+        opt_tp2.collective_rpc(fails_on_rank_1)
+    with pytest.raises(RuntimeError, match=r"worker rank 0 raised AttributeError.*\(ranks that raised: 0, 1\)"):
+        opt_tp2.collective_rpc("no_such_method")
+    h.assert_same_outputs(h.reference(opt_dir), h.generate(opt_tp2))

@@ -1,5 +1,5 @@
-"""RayDistributedExecutor on a local Ray instance: tp=2 actors give tp=1's tokens,
-and a dead actor fails the engine fast. Skipped only where Ray is not installed."""
+"""RayDistributedExecutor on a local Ray instance: tp=2 and pp=2 actors give one rank's
+tokens, and a dead actor fails the engine fast. Skipped only where Ray is not installed."""
 from __future__ import annotations
 
 import gc
@@ -52,16 +52,25 @@ def test_llama_tp2_on_ray_matches_tp1(llama_dir):
         h.assert_same_outputs(h.reference(llama_dir), h.generate(llm))
         caches = llm.llm_engine.core.executor.collective_rpc(h.kv_cache_shape)
         assert [c[3] for c in caches] == [1, 1]  # the 2 KV heads split over the ranks
+        offset = 7  # a user's closure reaches the actors (LLM.collective_rpc, LLM.apply_model)
+        results = llm.collective_rpc(lambda worker: (worker.rank + offset, os.getpid()))
+        pids = llm.llm_engine.core.executor.worker_pids
+        assert results == [(7, pids[0]), (8, pids[1])]
+        up = llm.apply_model(lambda model: tuple(model.model.layers[0].mlp.gate_up_proj.weight.shape))
+        assert up == [(128, 64), (128, 64)]  # gate and up, 64 of 128 rows each per rank
     finally:
         llm.shutdown()
 
 
-@pytest.mark.timeout(180)
-def test_killed_actor_fails_fast_naming_the_rank(opt_dir):
-    llm = _ray_llm(opt_dir)
+@pytest.mark.timeout(240)
+def test_opt_pp2_on_ray_matches_pp1_and_a_killed_actor_fails_fast(opt_dir):
+    """One engine for both (each costs a set of actors): the kill comes after the outputs."""
+    llm = LLM(model=str(opt_dir), pipeline_parallel_size=2, distributed_executor_backend="ray", **h.LLM_KWARGS)
     try:
+        h.assert_same_outputs(h.reference(opt_dir), h.generate(llm))
+        assert llm.collective_rpc(lambda worker: len(worker.model_runner.kv_caches)) == [1, 1]  # a layer per stage
         pids = llm.llm_engine.core.executor.worker_pids
-        os.kill(pids[1], signal.SIGKILL)
+        os.kill(pids[1], signal.SIGKILL)  # the last stage
         start = time.monotonic()
         with pytest.raises(RuntimeError, match=r"worker rank 1 died"):
             h.generate(llm)

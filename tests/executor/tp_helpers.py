@@ -6,9 +6,11 @@ The functions taking a ``worker`` first run inside the worker processes
 from __future__ import annotations
 
 import os
+import signal
 import time
 from pathlib import Path
 
+import pytest
 import torch
 
 from minivllm import LLM, SamplingParams
@@ -40,6 +42,20 @@ def assert_same_outputs(expected: list, actual: list, atol: float = 1e-4) -> Non
             assert set(la) == set(le), (exp.prompt, pos)
             for token, value in le.items():
                 assert abs(la[token] - value) <= atol, (exp.prompt, pos, token, la[token], value)
+
+
+def assert_fails_fast_when_rank_1_is_killed(llm: LLM) -> None:
+    """SIGKILL rank 1: the next step fails naming it, within seconds, with no rank left
+    running, and the engine says it has failed from then on."""
+    pids = llm.llm_engine.core.executor.worker_pids
+    os.kill(pids[1], signal.SIGKILL)
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"worker rank 1 died: killed by SIGKILL"):
+        generate(llm)
+    assert time.monotonic() - start < 15  # noticed from the process sentinel, not a timeout
+    assert wait_until(lambda: not any(alive(p) for p in pids), timeout=5)  # the other ranks stopped too
+    with pytest.raises(RuntimeError, match="has failed"):
+        generate(llm)
 
 
 # ---- run inside workers --------------------------------------------------------------

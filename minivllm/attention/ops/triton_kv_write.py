@@ -5,8 +5,27 @@ import torch
 import triton
 import triton.language as tl
 
+from minivllm.attention.kv_quant import FP8_KV_DTYPE
 from minivllm.attention.ops._validation import (SUPPORTED_DTYPES, check_cache, check_launchable, check_tensor,
-                                                require)
+                                                is_interpreted, require)
+
+FP8_MAX = tl.constexpr(448.0)  # largest float8_e4m3fn value
+
+
+@triton.jit
+def _round_to_e4m3(x):
+    """fp32 ``x`` (within +-448) rounded to the nearest-even float8_e4m3fn value, kept in fp32.
+
+    The Triton interpreter's fp8 cast truncates and drops the carry into the
+    exponent (126.9 becomes 64, not 128); casting an already representable
+    value is exact there. Normal e4m3 values keep 3 mantissa bits (20 of fp32's
+    23 are cut); below 2**-6 they are multiples of 2**-9, which adding and
+    subtracting 1.5 * 2**14 rounds to (on the magnitude, so -0.0 keeps its sign)."""
+    bits = x.to(tl.uint32, bitcast=True)
+    normal = ((bits + 0x7FFFF + ((bits >> 20) & 1)) & 0xFFF00000).to(tl.float32, bitcast=True)
+    magnitude = (tl.abs(x) + 24576.0) - 24576.0
+    subnormal = tl.where(x < 0, -magnitude, magnitude)
+    return tl.where(tl.abs(x) < 0.015625, subnormal, normal)
 
 
 @triton.jit
@@ -14,12 +33,15 @@ def _write_kv_kernel(
     key_ptr, value_ptr,  # (T, Hkv, D)
     kv_ptr,  # (2, num_blocks, block_size, Hkv, D)
     slot_mapping_ptr,  # (T,)
+    k_scale, v_scale,
     stride_kt, stride_kh, stride_vt, stride_vh,
     stride_kv, stride_cb, stride_cs, stride_ch,
     NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_SIZE: tl.constexpr, FP8: tl.constexpr,
+    ROUND_FP8: tl.constexpr,
 ):
-    """One program per token: copy all of its KV heads into its slot."""
+    """One program per token: copy all of its KV heads into its slot (an fp8 cache
+    stores them divided by their scale, clamped to e4m3's range)."""
     t = tl.program_id(0)
     slot = tl.load(slot_mapping_ptr + t).to(tl.int64)
     if slot < 0:  # padding token
@@ -29,6 +51,14 @@ def _write_kv_kernel(
     mask = (h < NUM_KV_HEADS) & (d < HEAD_DIM)
     k = tl.load(key_ptr + t * stride_kt + h * stride_kh + d, mask=mask)
     v = tl.load(value_ptr + t * stride_vt + h * stride_vh + d, mask=mask)
+    if FP8:
+        k = tl.clamp(k.to(tl.float32) / k_scale, -FP8_MAX, FP8_MAX)
+        v = tl.clamp(v.to(tl.float32) / v_scale, -FP8_MAX, FP8_MAX)
+        if ROUND_FP8:
+            k = _round_to_e4m3(k)
+            v = _round_to_e4m3(v)
+    k = k.to(kv_ptr.dtype.element_ty)
+    v = v.to(kv_ptr.dtype.element_ty)
     dst = kv_ptr + (slot // BLOCK_SIZE) * stride_cb + (slot % BLOCK_SIZE) * stride_cs + h * stride_ch + d
     tl.store(dst, k, mask=mask)
     tl.store(dst + stride_kv, v, mask=mask)
@@ -39,8 +69,13 @@ def write_kv(
     value: torch.Tensor,  # (T, Hkv, D)
     kv_cache: torch.Tensor,  # (2, num_blocks, block_size, Hkv, D)
     slot_mapping: torch.Tensor,  # (T,) int64; < 0 means padding, not written
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> None:
     """Store each token's key and value at its slot ``block_id * block_size + offset``.
+
+    A float8_e4m3fn cache stores ``key / k_scale`` and ``value / v_scale`` (see
+    ``attention/kv_quant.py``); other caches must have the inputs' dtype.
 
     ``key``/``value`` may be strided views (e.g. slices of a fused qkv output)
     as long as their last dim is contiguous.
@@ -55,15 +90,17 @@ def write_kv(
     require(key.dtype in SUPPORTED_DTYPES and value.dtype == key.dtype,
             f"key/value dtypes must match and be one of {SUPPORTED_DTYPES}, got {key.dtype}/{value.dtype}")
     check_cache(kv_cache, device, key.dtype, num_kv_heads, head_dim)
+    require(k_scale > 0 and v_scale > 0, f"k_scale/v_scale must be > 0, got {k_scale}/{v_scale}")
     require(slot_mapping.shape[0] == num_tokens and slot_mapping.dtype in (torch.int32, torch.int64),
             f"slot_mapping must be ({num_tokens},) int64, got {tuple(slot_mapping.shape)} {slot_mapping.dtype}")
     if num_tokens == 0:
         return
     _write_kv_kernel[(num_tokens,)](
-        key, value, kv_cache, slot_mapping,
+        key, value, kv_cache, slot_mapping, float(k_scale), float(v_scale),
         key.stride(0), key.stride(1), value.stride(0), value.stride(1),
         *kv_cache.stride()[:4],
         NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim,
         BLOCK_H=triton.next_power_of_2(num_kv_heads), BLOCK_D=triton.next_power_of_2(head_dim),
-        BLOCK_SIZE=kv_cache.shape[2],
+        BLOCK_SIZE=kv_cache.shape[2], FP8=kv_cache.dtype == FP8_KV_DTYPE,
+        ROUND_FP8=is_interpreted(_write_kv_kernel),
     )

@@ -65,13 +65,13 @@ def _paged_attention_kernel(
     block_tables_ptr,  # (B, max_blocks)
     seq_lens_ptr,  # (B,)
     query_start_loc_ptr,  # (B + 1,)
-    scale, soft_cap, window, split_len, num_tokens, num_heads,
+    scale, soft_cap, window, split_len, num_tokens, num_heads, k_scale, v_scale,
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_kv, stride_cb, stride_cs, stride_ch, stride_bt,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
-    USE_WINDOW: tl.constexpr, USE_SOFT_CAP: tl.constexpr, FP32_DOT: tl.constexpr,
+    USE_WINDOW: tl.constexpr, USE_SOFT_CAP: tl.constexpr, FP32_DOT: tl.constexpr, FP8_KV: tl.constexpr,
 ):
     req = tl.program_id(0)
     tile_start = (tl.program_id(1) // NUM_SPLITS) * BLOCK_Q
@@ -119,6 +119,9 @@ def _paged_attention_kernel(
                       mask=d_ok[:, None] & k_ok[None, :], other=0.0)  # (BLOCK_D, BLOCK_N)
         v = tl.load(kv_ptr + stride_kv + slot_off[:, None] + d[None, :],
                     mask=k_ok[:, None] & d_ok[None, :], other=0.0)  # (BLOCK_N, BLOCK_D)
+        if FP8_KV:  # stored / scale: scale back up in the queries' dtype
+            k_t = (k_t.to(tl.float32) * k_scale).to(q.dtype)
+            v = (v.to(tl.float32) * v_scale).to(q.dtype)
 
         s = _dot(q, k_t, FP32_DOT) * scale  # (BLOCK_M, BLOCK_N)
         if USE_SOFT_CAP:
@@ -251,6 +254,8 @@ def paged_attention(
     logits_soft_cap: float | None = None,
     out: torch.Tensor | None = None,  # (T, H, D)
     num_splits: int | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:  # (T, H, D)
     """Causal attention of each request's new queries over its cached tokens.
 
@@ -260,7 +265,8 @@ def paged_attention(
     must bound the per-request lengths (upper bounds are fine). Rows from
     ``query_start_loc[B]`` on (padding) are left untouched in ``out``.
     ``num_splits`` (a power of two) cuts each request's keys into that many
-    ranges; None picks it from the batch. Metadata values are not validated
+    ranges; None picks it from the batch. A float8_e4m3fn ``kv_cache`` holds keys and
+    values divided by ``k_scale``/``v_scale``, which are multiplied back on load. Metadata values are not validated
     (that would synchronize with the device); only shapes, dtypes and devices are.
     """
     _check_args(query, kv_cache, out, max_query_len, max_seq_len, sliding_window, logits_soft_cap, num_splits)
@@ -285,13 +291,13 @@ def paged_attention(
     _paged_attention_kernel[(num_reqs, num_q_tiles * num_splits, num_kv_heads)](
         out, *partials, query, kv_cache, block_tables, seq_lens, query_start_loc,
         scale, logits_soft_cap or 0.0, sliding_window or 0, split_len, num_tokens, num_heads,
-        query.stride(0), query.stride(1), out.stride(0), out.stride(1),
+        float(k_scale), float(v_scale), query.stride(0), query.stride(1), out.stride(0), out.stride(1),
         *kv_cache.stride()[:4], block_tables.stride(0),
         HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_SIZE=kv_cache.shape[2],
         GROUP=group, GROUP_PAD=triton.next_power_of_2(group), BLOCK_Q=block_q, BLOCK_N=block_n,
         NUM_SPLITS=num_splits, USE_WINDOW=sliding_window is not None, USE_SOFT_CAP=logits_soft_cap is not None,
         FP32_DOT=query.device.type != "cuda" or query.dtype == torch.float32,
-        num_warps=num_warps,
+        FP8_KV=kv_cache.dtype == torch.float8_e4m3fn, num_warps=num_warps,
     )
     if num_splits > 1:
         _combine_splits_kernel[(num_tokens, num_heads)](

@@ -1,0 +1,121 @@
+"""Pipeline parallelism: which decoder layers a stage holds, and moving activations between stages.
+
+Stage ``s`` builds only its range of decoder layers; the others are
+``MissingLayer`` placeholders (no weights, no KV cache), and the loader skips
+their checkpoint tensors. A non-first stage receives the previous stage's
+intermediate tensors (the hidden states, and the residual stream for Llama)
+instead of embedding tokens; a non-last stage sends them on instead of
+normalising. Every tp rank of stage s sends to the same tp rank of stage s+1
+(they all hold the same activations after their all-reduce)::
+
+    stage 0 (ranks 0..tp-1)   embed, layers [0, a)  ──send──> rank + tp
+    stage 1 (ranks tp..2tp-1) layers [a, b), norm, lm_head, sampling
+
+The receiver knows the shapes: (tokens in the step, hidden size) each, in
+the model's dtype; tokens in the step are the same on every stage.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from minivllm.distributed.parallel_state import PipelineLayout, pipeline_layout
+
+IntermediateTensors = dict[str, torch.Tensor]
+"""Named (tokens, hidden) tensors handed from one stage to the next."""
+
+
+def even_partition(num_layers: int, num_stages: int) -> list[int]:
+    """Layers per stage, as even as possible; the earlier stages take the remainder."""
+    base, extra = divmod(num_layers, num_stages)
+    return [base + (1 if s < extra else 0) for s in range(num_stages)]
+
+
+def check_partition(num_layers: int, num_stages: int, partition: list[int] | None) -> list[int]:
+    """The partition to use; ValueError (naming the keys) when it cannot be."""
+    if num_layers < num_stages:
+        raise ValueError(f"parallel.pp={num_stages}: the model has only {num_layers} decoder layers; use at most that")
+    if partition is None:
+        return even_partition(num_layers, num_stages)
+    parts = list(partition)
+    if len(parts) != num_stages or any(p < 1 for p in parts) or sum(parts) != num_layers:
+        raise ValueError(
+            f"parallel.pp_layer_partition={parts}: needs {num_stages} entries (parallel.pp), each at least 1, "
+            f"summing to the model's {num_layers} decoder layers"
+        )
+    return parts
+
+
+def layer_range(num_layers: int, layout: PipelineLayout | None = None) -> tuple[int, int]:
+    """``[start, end)`` of the decoder layers this process's stage holds."""
+    layout = layout or pipeline_layout()
+    parts = check_partition(num_layers, layout.num_stages, list(layout.layer_partition or []) or None)
+    start = sum(parts[: layout.stage])
+    return start, start + parts[layout.stage]
+
+
+class MissingLayer(nn.Module):
+    """Stands in for a decoder layer another pipeline stage holds."""
+
+    def forward(self, *args, **kwargs):
+        raise RuntimeError("this decoder layer lives on another pipeline stage")
+
+
+def build_stage_layers(num_layers: int, make_layer) -> tuple[nn.ModuleList, int, int]:
+    """``make_layer(i)`` for this stage's layers, ``MissingLayer`` for the rest; with the range."""
+    start, end = layer_range(num_layers)
+    layers = nn.ModuleList(make_layer(i) if start <= i < end else MissingLayer() for i in range(num_layers))
+    return layers, start, end
+
+
+def missing_layer_names(layers: nn.ModuleList) -> tuple[str, ...]:
+    """Name fragments of the checkpoint tensors of the layers this stage does not hold."""
+    return tuple(f"layers.{i}." for i, layer in enumerate(layers) if isinstance(layer, MissingLayer))
+
+
+class PipelineStage:
+    """A runner's link to its neighbouring stages (only built when pp > 1)."""
+
+    def __init__(self, keys: tuple[str, ...], hidden_size: int, dtype: torch.dtype, device: torch.device) -> None:
+        layout = pipeline_layout()
+        self.keys, self.hidden_size, self.dtype, self.device = keys, hidden_size, dtype, device
+        self.is_first = layout.stage == 0
+        self.is_last = layout.stage == layout.num_stages - 1
+        rank = dist.get_rank()
+        self.prev_rank, self.next_rank = rank - layout.tp, rank + layout.tp
+        self.output_rank = (layout.num_stages - 1) * layout.tp  # samples; the engine reads its output
+
+    def empty(self, num_tokens: int) -> IntermediateTensors:
+        return {k: torch.zeros(num_tokens, self.hidden_size, dtype=self.dtype, device=self.device) for k in self.keys}
+
+    def recv(self, num_tokens: int) -> IntermediateTensors | None:
+        """The previous stage's tensors for this step (None on the first stage)."""
+        if self.is_first:
+            return None
+        tensors = {k: torch.empty(num_tokens, self.hidden_size, dtype=self.dtype, device=self.device) for k in self.keys}
+        for key in self.keys:
+            dist.recv(tensors[key], src=self.prev_rank)
+        return tensors
+
+    def send(self, tensors: IntermediateTensors) -> None:
+        for key in self.keys:
+            dist.send(tensors[key].contiguous(), dst=self.next_rank)
+
+    def share_sampled(self, token_ids: torch.Tensor) -> None:
+        """Last stage: give every rank of every stage the output rank's sampled ids, in place."""
+        dist.broadcast(token_ids, src=self.output_rank)
+
+    def recv_sampled(self, num_tokens: int) -> torch.Tensor:
+        """Earlier stages: the ids the last stage sampled this step (``share_sampled``'s other end)."""
+        token_ids = torch.empty(num_tokens, dtype=torch.int64, device=self.device)
+        dist.broadcast(token_ids, src=self.output_rank)
+        return token_ids
+
+
+def pipeline_stage(cfg, model: nn.Module, device: torch.device) -> PipelineStage | None:
+    """The runner's ``PipelineStage`` for ``cfg`` (a VllmConfig); None when pp=1 (nothing to do)."""
+    if cfg.parallel.pp == 1:
+        return None
+    text_config = getattr(cfg.hf_config, "text_config", None) or cfg.hf_config
+    return PipelineStage(model.pp_intermediate_keys, text_config.hidden_size, cfg.dtype, device)

@@ -1,0 +1,104 @@
+"""vLLM's utility routes: POST /tokenize, POST /detokenize, GET /version, GET|POST /ping.
+
+``/tokenize`` takes a ``prompt`` (``add_special_tokens`` defaults to true) or chat
+``messages`` (rendered by the same chat template code as ``LLM.chat`` and
+/v1/chat/completions; ``add_special_tokens`` defaults to false) and answers
+``{"count", "max_model_len", "tokens", "token_strs"}``; ``/detokenize`` takes
+``{"tokens": [...]}`` and answers ``{"prompt": text}``.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from fastapi import FastAPI
+from fastapi.responses import Response
+from pydantic import BaseModel
+
+import minivllm
+from minivllm.entrypoints.chat_utils import render_chat
+from minivllm.serve.params import BadRequest, refuse_unknown_fields
+from minivllm.serve.protocol import Int, OpenAIModel
+from minivllm.serve.state import ServerState
+
+
+class TokenizeRequest(OpenAIModel):
+    model: Optional[str] = None
+    prompt: Optional[str] = None
+    messages: Optional[list[dict[str, Any]]] = None
+    add_special_tokens: Optional[bool] = None
+    """Default: true for ``prompt``, false for ``messages`` (the template holds them)."""
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template_kwargs: Optional[dict[str, Any]] = None
+    tools: Optional[list[dict[str, Any]]] = None
+    return_token_strs: bool = False
+
+
+class TokenizeResponse(BaseModel):
+    count: int
+    max_model_len: int
+    tokens: list[int]
+    token_strs: Optional[list[str]] = None
+
+
+class DetokenizeRequest(OpenAIModel):
+    model: Optional[str] = None
+    tokens: list[Int]
+
+
+class DetokenizeResponse(BaseModel):
+    prompt: str
+
+
+def add_tokenize_routes(app: FastAPI, state: ServerState) -> None:
+    @app.post("/tokenize")
+    async def tokenize(body: TokenizeRequest) -> TokenizeResponse:
+        state.check_model(body.model)
+        refuse_unknown_fields(body)
+        tokens = _token_ids(state, body)
+        strs = state.engine.tokenizer.convert_ids_to_tokens(tokens) if body.return_token_strs else None
+        max_len = state.cfg.max_model_len
+        return TokenizeResponse(count=len(tokens), max_model_len=max_len, tokens=tokens, token_strs=strs)
+
+    @app.post("/detokenize")
+    async def detokenize(body: DetokenizeRequest) -> DetokenizeResponse:
+        state.check_model(body.model)
+        refuse_unknown_fields(body)
+        vocab = len(state.engine.tokenizer)
+        bad = [t for t in body.tokens if not 0 <= t < vocab]
+        if bad:
+            raise BadRequest("tokens", f"tokens: {bad[:5]} outside the tokenizer's vocabulary [0, {vocab})")
+        return DetokenizeResponse(prompt=state.detokenize(body.tokens))
+
+    @app.get("/version")
+    async def version() -> dict[str, str]:
+        return {"version": minivllm.__version__}
+
+    @app.api_route("/ping", methods=["GET", "POST"])
+    async def ping() -> Response:
+        code = 200 if state.engine.is_running else 503
+        return Response(status_code=code)
+
+
+def _token_ids(state: ServerState, body: TokenizeRequest) -> list[int]:
+    tokenizer = state.engine.tokenizer
+    if (body.prompt is None) == (body.messages is None):
+        raise BadRequest("prompt", "prompt: give exactly one of prompt or messages")
+    if body.prompt is not None:
+        add_special = True if body.add_special_tokens is None else body.add_special_tokens
+        return tokenizer.encode(body.prompt, add_special_tokens=add_special, verbose=False)
+    try:
+        rendered = render_chat(
+            tokenizer,
+            body.messages,
+            chat_template=state.chat_template,
+            add_generation_prompt=body.add_generation_prompt and not body.continue_final_message,
+            continue_final_message=body.continue_final_message,
+            tools=body.tools,
+            chat_template_kwargs=body.chat_template_kwargs,
+        )
+    except ValueError as err:
+        raise BadRequest("messages", str(err)) from None
+    if body.add_special_tokens:
+        return tokenizer.encode(rendered["prompt"], add_special_tokens=True, verbose=False)
+    return rendered["prompt_token_ids"]

@@ -1,0 +1,83 @@
+"""parallel.dp=2: two engine replicas behind LLM.generate and behind AsyncLLM give
+dp=1's outputs for the same seeds, and both replicas receive requests."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from minivllm import LLM, SamplingParams
+from minivllm.engine.async_llm import AsyncLLM
+from minivllm.entrypoints.llm import config_from_kwargs
+from minivllm.config.vllm_config import VllmConfig
+from minivllm.sampling_params import RequestOutputKind
+from tests.serve.harness import one_intra_op_thread
+
+pytestmark = pytest.mark.slow
+KWARGS = dict(dtype="float32", block_size=8, num_gpu_blocks_override=64, max_model_len=128)
+PROMPTS = ["def fibonacci(n):", "import os\nimport", "class Stack:\n    def push(self", "for i in range(10):"]
+PARAMS = [  # greedy, and seeded sampling: neither depends on which replica runs the request
+    SamplingParams(temperature=0, max_tokens=10, logprobs=2),
+    SamplingParams(temperature=0.9, seed=11, max_tokens=10),
+] * 2
+
+
+@pytest.fixture(scope="module")
+def reference(llama_dir):
+    llm = LLM(model=str(llama_dir), **KWARGS)
+    yield llm.generate(PROMPTS, PARAMS, use_tqdm=False)
+    llm.shutdown()
+
+
+def _same(expected, actual) -> None:
+    for want, got in zip(expected, actual, strict=True):
+        assert got.prompt == want.prompt and got.prompt_token_ids == want.prompt_token_ids
+        assert got.outputs[0].token_ids == want.outputs[0].token_ids, want.prompt
+        assert got.outputs[0].text == want.outputs[0].text
+
+
+@pytest.mark.timeout(240)
+def test_llm_dp2_equals_dp1_and_uses_both_replicas(llama_dir, reference):
+    with one_intra_op_thread():
+        llm = LLM(model=str(llama_dir), data_parallel_size=2, **KWARGS)
+    try:
+        _same(reference, llm.generate(PROMPTS, PARAMS, use_tqdm=False))
+        engine = llm.llm_engine
+        assert engine.balancer.routed == [2, 2]
+        per_replica = engine.replica_stats()  # the replicas' own counts
+        assert all(s.prefix_cache_queries > 0 for s in per_replica), per_replica
+        assert engine.scheduler_stats().prefix_cache_queries == sum(s.prefix_cache_queries for s in per_replica)
+        assert llm.collective_rpc(lambda worker: worker.cfg.parallel.dp_rank) == [0, 1]  # one rank per replica
+    finally:
+        llm.shutdown()
+    assert not any(c.is_alive() for c in engine.replicas)
+
+
+@pytest.mark.timeout(240)
+def test_async_llm_dp2_serves_through_one_front_end(llama_dir, reference):
+    cfg = VllmConfig.from_dictconfig(config_from_kwargs(str(llama_dir), data_parallel_size=2, **KWARGS))
+    with one_intra_op_thread():
+        engine = AsyncLLM(cfg)
+
+    async def one(i: int):
+        params = PARAMS[i].clone()
+        params.output_kind = RequestOutputKind.FINAL_ONLY
+        return [o async for o in engine.generate(PROMPTS[i], params, f"r{i}")][-1]
+
+    async def run():
+        outs = await asyncio.gather(*(one(i) for i in range(len(PROMPTS))))
+        return outs, await engine.replica_stats()
+
+    try:
+        outputs, per_replica = asyncio.run(run())
+        _same(reference, outputs)
+        assert engine.balancer.routed == [2, 2] and engine.balancer.load == [0, 0]
+        assert all(s.prefix_cache_queries > 0 for s in per_replica), per_replica
+        assert len(set(engine.engine_pids)) == 2
+    finally:
+        engine.shutdown()
+
+
+def test_dp_with_the_external_launcher_is_refused(llama_dir):
+    with pytest.raises(ValueError, match=r"parallel.dp=2: not supported with parallel.backend=external_launcher"):
+        LLM(model=str(llama_dir), data_parallel_size=2, distributed_executor_backend="external_launcher", **KWARGS)

@@ -1,0 +1,113 @@
+"""vLLM's constructor keywords are accepted and honoured; generation_config.json defaults."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from minivllm import LLM, SamplingParams
+from minivllm.config.generation_defaults import generation_defaults
+from minivllm.config.schema import ModelConfig
+from minivllm.entrypoints.llm import config_from_kwargs
+from minivllm.config.vllm_config import VllmConfig
+from minivllm.worker.cuda_graphs import CUDAGraphRunner
+from minivllm.attention.backend import AttentionMetadata
+
+
+@pytest.fixture(scope="module")
+def with_generation_config(llama_dir, tmp_path_factory):
+    """The Llama checkpoint with a generation_config.json asking for top_k=1 and 3 new tokens."""
+    out = tmp_path_factory.mktemp("llama-gencfg") / "ckpt"
+    shutil.copytree(llama_dir, out)
+    gen = json.loads((out / "generation_config.json").read_text())
+    gen.update(top_k=1, temperature=0.9, max_new_tokens=3, do_sample=True)
+    (out / "generation_config.json").write_text(json.dumps(gen))
+    return out
+
+
+def test_generation_config_defaults_apply_without_sampling_params(with_generation_config):
+    torch.set_num_threads(1)
+    llm = LLM(str(with_generation_config), dtype="float32", disable_log_stats=True, num_gpu_blocks_override=128)
+    defaults = llm.get_default_sampling_params()
+    assert (defaults.top_k, defaults.temperature, defaults.max_tokens) == (1, 0.9, 3)
+    prompts = ["def f(x):", "import os"]
+    sampled = llm.generate(prompts, use_tqdm=False)  # top_k=1: sampling is greedy
+    greedy = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=3), use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in sampled] == [o.outputs[0].token_ids for o in greedy]
+    off = VllmConfig.from_dictconfig(config_from_kwargs(str(with_generation_config), generation_config="vllm"))
+    assert generation_defaults(off) == {}
+
+
+def test_dtype_aliases():
+    assert ModelConfig(dtype="half").dtype == "float16"
+    assert ModelConfig(dtype="float").dtype == "float32"
+    for name in ("float16", "bfloat16", "float32"):
+        assert ModelConfig(dtype=name).dtype == name
+    with pytest.raises(ValueError, match="model.dtype.*half"):
+        ModelConfig(dtype="float8")
+
+
+def _fake_hf_cache(root, repo: str, revision: str, checkpoint) -> None:
+    """The HF hub cache layout: models--org--name/{refs/<rev>, snapshots/<commit>/...}."""
+    repo_dir = root / f"models--{repo.replace('/', '--')}"
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    shutil.copytree(checkpoint, repo_dir / "snapshots" / commit)
+    (repo_dir / "refs").mkdir()
+    (repo_dir / "refs" / revision).write_text(commit)
+
+
+def test_revision_and_download_dir_find_the_hf_cache_entry(llama_dir, tmp_path):
+    _fake_hf_cache(tmp_path, "org/tiny-llama", "v1", llama_dir)
+    cfg = VllmConfig.from_dictconfig(
+        config_from_kwargs("org/tiny-llama", download_dir=str(tmp_path), revision="v1", tokenizer_revision="v1")
+    )
+    assert cfg.checkpoint_dir is not None and cfg.checkpoint_dir.parent.name == "snapshots"
+    with pytest.raises(ValueError, match="revision='v2'"):
+        VllmConfig.from_dictconfig(config_from_kwargs("org/tiny-llama", download_dir=str(tmp_path), revision="v2"))
+    with pytest.raises(ValueError, match="no local checkpoint"):
+        VllmConfig.from_dictconfig(config_from_kwargs("org/tiny-llama", revision="v1"))
+
+
+def test_trust_remote_code_and_code_revision_reach_transformers(llama_dir, monkeypatch):
+    from transformers import AutoConfig
+
+    seen = {}
+    real = AutoConfig.from_pretrained
+
+    def spy(path, **kwargs):
+        seen.update(kwargs)
+        return real(path, **{k: v for k, v in kwargs.items() if k != "code_revision"})
+
+    monkeypatch.setattr(AutoConfig, "from_pretrained", spy)
+    VllmConfig.from_dictconfig(config_from_kwargs(str(llama_dir), trust_remote_code=True, code_revision="abc"))
+    assert seen["trust_remote_code"] is True and seen["code_revision"] == "abc"
+
+
+def test_other_keywords_land_on_their_keys(llama_dir):
+    cfg = config_from_kwargs(
+        str(llama_dir), served_model_name=["tiny", "alias"], disable_log_stats=True, max_seq_len_to_capture=64,
+        task="embed",
+    )  # fmt: skip
+    assert cfg.serve.served_model_name == "tiny,alias"
+    assert cfg.scheduler.log_stats_interval == 0.0
+    assert cfg.compilation.max_seq_len_to_capture == 64
+    assert cfg.model.runner == "pooling"
+    with pytest.raises(ValueError, match="unimplemented keyword.*swap_space"):
+        config_from_kwargs(str(llama_dir), swap_space=4)
+
+
+def test_graphs_do_not_cover_sequences_longer_than_max_seq_len_to_capture():
+    graphs = CUDAGraphRunner(None, [1, 2], max_blocks_per_seq=4, max_model_len=64, device=torch.device("cpu"))
+
+    def decode_meta(num_reqs: int, max_seq_len: int) -> AttentionMetadata:
+        seq_lens = [max_seq_len] * num_reqs
+        return AttentionMetadata(
+            slot_mapping=None, query_start_loc=None, seq_lens=None, block_tables=None, max_query_len=1,
+            max_seq_len=max_seq_len, query_lens_cpu=[1] * num_reqs, seq_lens_cpu=seq_lens,
+        )  # fmt: skip
+
+    assert graphs.covers(decode_meta(2, 64))
+    assert not graphs.covers(decode_meta(2, 65))
+    assert not graphs.covers(decode_meta(3, 10))

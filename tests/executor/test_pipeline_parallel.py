@@ -1,0 +1,87 @@
+"""Pipeline parallelism: pp=2 (and tp=2 x pp=2) gives pp=1's tokens; each stage holds
+only its layers' weights and KV cache; a killed stage fails the engine fast; bad
+partitions fail when the config is built."""
+from __future__ import annotations
+
+import pytest
+
+from minivllm import LLM
+from minivllm.distributed.pipeline import check_partition, even_partition
+from tests.executor import tp_helpers as h
+from tests.model_configs import llama_config
+
+def layer_types(model) -> list[str]:
+    """Runs in each worker (apply_model): the class of each decoder layer slot."""
+    stack = getattr(model.model, "decoder", None) or model.model
+    return [type(layer).__name__ for layer in stack.layers]
+
+
+def kv_layers(worker) -> int:
+    return len(worker.model_runner.kv_caches)
+
+
+@pytest.fixture(scope="module")
+def llama3_dir(make_checkpoint):
+    """An odd number of layers (GQA: 4 query heads over 2 KV heads)."""
+    return make_checkpoint("llama-3-layers", llama_config(num_hidden_layers=3))
+
+
+def test_even_partition_gives_the_remainder_to_the_first_stages():
+    assert even_partition(3, 2) == [2, 1]
+    assert even_partition(7, 3) == [3, 2, 2]
+    assert check_partition(3, 2, [1, 2]) == [1, 2]
+
+
+@pytest.mark.parametrize(
+    "partition, pp, match",
+    [([2, 2], 2, r"summing to the model's 3 decoder layers"), ([3], 2, r"needs 2 entries"), ([3, 0], 2, "at least 1")],
+)
+def test_a_bad_partition_is_refused(partition, pp, match):
+    with pytest.raises(ValueError, match=r"parallel.pp_layer_partition=.*" + match):
+        check_partition(3, pp, partition)
+
+
+def test_bad_pipeline_configs_fail_when_built(llama3_dir, make_checkpoint):
+    from tests.model_configs import gpt2_config
+
+    with pytest.raises(ValueError, match=r"parallel.pp=4: the model has only 3 decoder layers"):
+        LLM(model=str(llama3_dir), pipeline_parallel_size=4, **h.LLM_KWARGS)
+    with pytest.raises(ValueError, match=r"parallel.pp_layer_partition=\[1, 1\]"):
+        LLM(model=str(llama3_dir), pipeline_parallel_size=2, overrides=["parallel.pp_layer_partition=[1,1]"],
+            **h.LLM_KWARGS)  # fmt: skip
+    with pytest.raises(ValueError, match=r"parallel.pp=2: needs parallel.backend auto, mp or ray \(not uni\)"):
+        LLM(model=str(llama3_dir), pipeline_parallel_size=2, distributed_executor_backend="uni", **h.LLM_KWARGS)
+    gpt2 = make_checkpoint("gpt2", gpt2_config())
+    with pytest.raises(ValueError, match=r"parallel.pp=2: GPT2LMHeadModel does not support pipeline parallelism"):
+        LLM(model=str(gpt2), pipeline_parallel_size=2, **h.LLM_KWARGS)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_opt_pp2_matches_pp1_each_stage_holding_its_layers_and_a_killed_stage_fails_fast(opt_dir):
+    llm = LLM(model=str(opt_dir), pipeline_parallel_size=2, **h.LLM_KWARGS)
+    try:
+        h.assert_same_outputs(h.reference(opt_dir), h.generate(llm))
+        assert llm.apply_model(layer_types) == [["OPTDecoderLayer", "MissingLayer"], ["MissingLayer", "OPTDecoderLayer"]]
+        assert llm.collective_rpc(kv_layers) == [1, 1]  # each stage caches only its own layer
+        names = llm.collective_rpc(lambda worker: {n for n, _ in worker.get_model().named_parameters()})
+        assert not any(".layers.1." in n for n in names[0]) and not any(".layers.0." in n for n in names[1])
+        h.assert_fails_fast_when_rank_1_is_killed(llm)  # the last stage: the first one waits on it
+    finally:
+        llm.shutdown()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_llama_tp2_x_pp2_odd_layers_explicit_partition_matches_tp1(llama3_dir):
+    """4 processes: stage 0 holds layer 0, stage 1 layers 1 and 2, each split over 2 tp ranks."""
+    llm = LLM(model=str(llama3_dir), tensor_parallel_size=2, pipeline_parallel_size=2,
+              overrides=["parallel.pp_layer_partition=[1,2]"], **h.LLM_KWARGS)  # fmt: skip
+    try:
+        h.assert_same_outputs(h.reference(llama3_dir), h.generate(llm))
+        assert llm.collective_rpc(kv_layers) == [1, 1, 2, 2]
+        shapes = llm.apply_model(lambda model: [tuple(layer.mlp.gate_up_proj.weight.shape)
+                                                for layer in model.model.layers if hasattr(layer, "mlp")])  # fmt: skip
+        assert shapes == [[(128, 64)]] * 2 + [[(128, 64)] * 2] * 2  # half of gate and up per tp rank
+    finally:
+        llm.shutdown()

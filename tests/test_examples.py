@@ -1,0 +1,53 @@
+"""The scripts in examples/ (written as vLLM's examples are, apart from the import name) run
+against the test checkpoints and print what they promise."""
+from __future__ import annotations
+
+import runpy
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoTokenizer
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "offline_inference"
+TEMPLATE = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}{{ '\\n' }}{% endfor %}assistant:"
+
+
+@pytest.fixture(scope="module")
+def chat_llama(llama_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("example-chat") / "ckpt"
+    shutil.copytree(llama_dir, out)
+    tok = AutoTokenizer.from_pretrained(out)
+    tok.chat_template = TEMPLATE
+    tok.save_pretrained(out)
+    return out
+
+
+def _run(script: str, *args: str, monkeypatch) -> None:
+    torch.set_num_threads(1)
+    monkeypatch.setattr(sys, "argv", [script, *args, "--num-gpu-blocks-override", "64"])
+    runpy.run_path(str(EXAMPLES / script), run_name="__main__")
+
+
+def test_chat_example(chat_llama, tmp_path, monkeypatch, capsys):
+    template = tmp_path / "template.jinja"
+    template.write_text(TEMPLATE.replace("assistant:", "bot:"))
+    _run("chat.py", "--model", str(chat_llama), "--max-tokens", "4", "--chat-template-path", str(template),
+         monkeypatch=monkeypatch)  # fmt: skip
+    out = capsys.readouterr().out
+    assert out.count("Generated text:") == 5
+    assert "user: Hello\\n" in out and "bot:'" in out
+
+
+def test_embed_example(llama_dir, monkeypatch, capsys):
+    _run("embed.py", "--model", str(llama_dir), monkeypatch=monkeypatch)
+    out = capsys.readouterr().out
+    assert out.count("Embeddings: [") == 4 and "(size=64)" in out
+
+
+def test_beam_search_example(opt_dir, monkeypatch, capsys):
+    _run("beam_search.py", "--model", str(opt_dir), "--beam-width", "2", "--max-tokens", "4", monkeypatch=monkeypatch)
+    out = capsys.readouterr().out
+    assert out.count("beam 0:") == 2 and out.count("beam 1:") == 2
