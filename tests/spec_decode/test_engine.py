@@ -137,6 +137,13 @@ def test_async_scheduling_with_speculation_is_a_clear_error(models):
         build_config([*models["demo"], *SPEC, "scheduler.async_scheduling=true"])
 
 
+def test_pipeline_parallelism_and_pooling_with_speculation_are_clear_errors(models):
+    with pytest.raises(ValueError, match=r"speculative.method=ngram: not supported with parallel.pp=2"):
+        build_config([*models["parity-llama"], *SPEC, "parallel.pp=2"])
+    with pytest.raises(ValueError, match=r"speculative.method=ngram: model.runner=pooling"):
+        build_config([*models["parity-llama"], *SPEC, "model.runner=pooling"])
+
+
 def test_metrics_endpoint_exports_the_spec_counters():
     from minivllm.core.stats import SchedulerStats
     from minivllm.serve.metrics import ServerMetrics
@@ -166,3 +173,16 @@ def test_a_grammar_request_beside_drafted_ones_matches_the_plain_engine():
         llm.shutdown()
     assert results[0] == results[1]
     assert spec_stats.num_draft_tokens > 0
+
+
+def test_data_parallel_stats_add_up_the_spec_counters():
+    from minivllm.core.stats import SchedulerStats
+    from minivllm.data_parallel.replicas import merge_stats
+
+    one = SchedulerStats(num_blocks=8, spec_decoding=True, spec_num_drafts=2, spec_num_draft_tokens=6,
+                         spec_num_accepted_tokens=4)
+    two = SchedulerStats(num_blocks=8, spec_decoding=True, spec_num_drafts=1, spec_num_draft_tokens=3,
+                         spec_num_accepted_tokens=1)
+    total = merge_stats([one, two])
+    assert total.spec_decoding
+    assert (total.spec_num_drafts, total.spec_num_draft_tokens, total.spec_num_accepted_tokens) == (3, 9, 5)
