@@ -21,6 +21,8 @@ from minivllm.core.sliding_window import max_blocks_per_request, model_sliding_w
 from minivllm.distributed.pipeline import check_partition
 from minivllm.distributed.utils import check_expert_parallel, check_tensor_parallel
 from minivllm.layers.rotary import check_rope_types
+from minivllm.lora.config import LoRAConfig
+from minivllm.lora.serving import parse_lora_modules
 from minivllm.model_loader.gguf_config import find_gguf_file, gguf_hf_config
 from minivllm.quantization import QuantizationConfig, get_quantization_config
 from minivllm.spec_decode.config import SpeculativeConfig
@@ -90,11 +92,16 @@ class ServeConfig:
     """How tool calls are read from chat output for tool_choice=auto: hermes or llama3_json."""
     reasoning_parser: Optional[str] = None
     """Split <think>...</think> into reasoning_content: deepseek_r1 or qwen3."""
+    lora_modules: list[str] = field(default_factory=list)
+    """LoRA adapters served from the start, as name=path; a request picks one by its ``model`` field."""
+    enable_lora_runtime_updates: bool = False
+    """Offer /v1/load_lora_adapter and /v1/unload_lora_adapter."""
 
     def __post_init__(self) -> None:
         check_range("serve.port", self.port, low=0, high=65535)
         check_range("serve.shutdown_timeout", self.shutdown_timeout, low=0.0)
         check_range("serve.max_n", self.max_n, low=1)
+        parse_lora_modules(list(self.lora_modules))
         check_range("serve.max_seqs_per_request", self.max_seqs_per_request, low=1)
         check_range("serve.max_waiting", self.max_waiting, low=0)
         for key, allowed in (("tool_call_parser", TOOL_CALL_PARSERS), ("reasoning_parser", REASONING_PARSERS)):
@@ -139,6 +146,8 @@ class VllmConfig:
     """Workload and baseline of task=bench (options in conf/bench/)."""
     serve: ServeConfig = field(default_factory=ServeConfig)
     """HTTP server of task=serve."""
+    lora: LoRAConfig = field(default_factory=LoRAConfig)
+    """Multi-LoRA serving: adapter slots and ranks."""
     plugins: Optional[list[str]] = None
     """Entry points of the group minivllm.general_plugins to call at start-up, by name; null: all installed."""
 
@@ -173,6 +182,7 @@ class VllmConfig:
         if not self.attention.backend:
             self.attention.backend = {"_target_": _attention_target(self.attention.name, self.device_type)}
         self._check_scheduler()
+        self._check_lora()
         self._check_pooling()
         self._check_speculative()
         self.async_scheduling: bool = _resolve_async_scheduling(self.scheduler.async_scheduling, self)
@@ -245,6 +255,13 @@ class VllmConfig:
                 f"max_model_len={self.max_model_len} with chunked prefill off: a long prompt could never be "
                 f"scheduled; raise it, lower model.max_model_len, or set scheduler.enable_chunked_prefill=true"
             )
+
+    def _check_lora(self) -> None:
+        uses_lora = self.serve.lora_modules or self.serve.enable_lora_runtime_updates
+        if uses_lora and not self.lora.enable_lora:
+            raise ValueError("serve.lora_modules / serve.enable_lora_runtime_updates: need lora.enable_lora=true")
+        if self.lora.enable_lora and self.parallel.pp > 1:
+            raise ValueError(f"lora.enable_lora=true with parallel.pp={self.parallel.pp}: LoRA needs parallel.pp=1")
 
     def _check_pooling(self) -> None:
         """Base models (no LM head) only pool; MEAN pooling needs every prompt position computed,

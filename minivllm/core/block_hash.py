@@ -8,8 +8,7 @@ A block's hash covers everything its keys and values depend on::
 Chaining through the parent makes a hash name the whole prefix up to and
 including its block, so two blocks with the same tokens after different
 prefixes never match. The extra keys carry what else changes the KV of the
-same tokens: a request's ``cache_salt`` (and an adapter id, should LoRA be
-added), so requests that must not share, never do.
+same tokens: a request's ``cache_salt`` and its LoRA adapter id, so requests that must not share, never do.
 
 sha256 over a pickle of plain tuples is deterministic across processes and
 runs (Python's own ``hash`` is seeded per process), so hashes could be
@@ -53,9 +52,10 @@ def model_identity(cfg: Any) -> dict[str, Any]:
     }
 
 
-def request_extra_keys(cache_salt: str | None) -> ExtraKeys:
+def request_extra_keys(cache_salt: str | None, lora_int_id: int | None = None) -> ExtraKeys:
     """Per-request keys mixed into every block hash of that request."""
-    return () if cache_salt is None else (("cache_salt", cache_salt),)
+    keys = () if cache_salt is None else (("cache_salt", cache_salt),)
+    return keys if lora_int_id is None else (*keys, ("lora", lora_int_id))
 
 
 def extend_block_hashes(

@@ -114,7 +114,7 @@ class KVCacheManager:
 
     def _block_hashes(self, request: Request, token_ids: list[int]) -> list[BlockHash]:
         return extend_block_hashes(
-            request.block_hashes, token_ids, self.block_size, self.hash_root, request_extra_keys(request.cache_salt)
+            request.block_hashes, token_ids, self.block_size, self.hash_root, request_extra_keys(request.cache_salt, request.lora_int_id)
         )
 
     # ---- allocation -----------------------------------------------------------------

@@ -105,6 +105,8 @@ class Scheduler:
         self.chunked_prefill = cfg.scheduler.enable_chunked_prefill
         self.policy = cfg.scheduler.policy
         self.async_scheduling = cfg.async_scheduling
+        self.max_loras = cfg.lora.max_loras if cfg.lora.enable_lora else 0
+        """Most distinct LoRA adapters among the running requests (one step's slots)."""
         self.kv = KVCacheManager(
             num_blocks,
             cfg.cache.block_size,
@@ -248,14 +250,19 @@ class Scheduler:
         return self.kv.can_allocate(request, num_new, cached)
 
     def _schedule_waiting(self, plan: _StepPlan) -> None:
-        waiting_for_grammar: list[Request] = []
+        set_aside: list[Request] = []
+        adapters = {r.lora_int_id for r in self.running} - {None}
         while self.waiting and plan.budget > 0 and len(self.running) < self.max_num_seqs:
             request = self.waiting[0]
             if request.num_output_placeholders:
                 break  # preempted with a token in flight: readmit it once the token is known
             if self.structured.active and not self.structured.is_ready(request):
-                waiting_for_grammar.append(self.waiting.popleft())  # let the others by
+                set_aside.append(self.waiting.popleft())  # let the others by
                 continue
+            if request.lora_int_id is not None and request.lora_int_id not in adapters:
+                if len(adapters) >= self.max_loras:
+                    set_aside.append(self.waiting.popleft())  # its adapter waits for a free slot
+                    continue
             cached = self.kv.get_computed_blocks(request)
             num_cached = len(cached) * self.kv.block_size
             num_new = request.num_tokens - num_cached
@@ -265,6 +272,8 @@ class Scheduler:
             if self.kv.allocate_slots(request, num_new, cached) is None:
                 break
             self.waiting.popleft()
+            if request.lora_int_id is not None:
+                adapters.add(request.lora_int_id)
             request.status = RequestStatus.RUNNING
             request.num_computed_tokens = num_cached
             if request.num_cached_tokens is None:
@@ -273,7 +282,7 @@ class Scheduler:
             plan.scheduled[request.request_id] = num_new
             plan.newly_admitted.append(request)
             plan.budget -= num_new
-        for request in reversed(waiting_for_grammar):
+        for request in reversed(set_aside):
             self.waiting.appendleft(request)
 
     def _preempt(self, request: Request) -> None:
@@ -324,6 +333,7 @@ class Scheduler:
             sampling_params=request.sampling_params,
             block_ids=self.kv.block_ids(request.request_id),
             num_computed_tokens=request.num_computed_tokens,
+            lora_request=request.lora_request,
         )
 
     # ---- after the step -------------------------------------------------------------

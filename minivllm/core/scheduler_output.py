@@ -13,6 +13,7 @@ import numpy as np
 
 from minivllm.core.block_pool import BlockId
 from minivllm.engine.request import RequestId
+from minivllm.lora.request import LoRARequest
 from minivllm.sampling_params import SamplingParams
 
 
@@ -25,6 +26,7 @@ class NewRequestData:
     sampling_params: SamplingParams
     block_ids: list[BlockId]
     num_computed_tokens: int
+    lora_request: LoRARequest | None = None
 
 
 @dataclass(slots=True)

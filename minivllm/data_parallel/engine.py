@@ -27,6 +27,7 @@ from minivllm.engine.engine_proc import EngineMessage, unpack_output
 from minivllm.engine.outputs import RequestOutput
 from minivllm.engine.processor import Processor, PromptType
 from minivllm.engine.tokenizer import get_tokenizer
+from minivllm.lora.request import LoRARequest
 from minivllm.sampling_params import SamplingParams
 
 
@@ -71,13 +72,16 @@ class DataParallelEngine:
         priority: int = 0,
         cache_salt: str | None = None,
         group_id: str | None = None,
+        lora_request: LoRARequest | None = None,
     ) -> str:
         """Validate, pick a replica and queue the request there; raises ValueError (nothing queued) on bad input.
-        ``group_id``: the client request it is part of (that replica's scheduler takes turns between them)."""
+        ``group_id``: the client request it is part of (that replica's scheduler takes turns between them).
+        ``lora_request``: the adapter to run under (every replica loads it on first use)."""
         self._check_alive()
         if cache_salt is not None:
             raise ValueError("cache_salt: not supported with parallel.dp > 1; leave it None")
         params = params or SamplingParams()
+        self.processor.lora.check(lora_request)
         text, ids = self.processor.tokenize(prompt)
         self.processor.max_output_tokens(len(ids), params)
         request_id = str(next(self._ids)) if request_id is None else str(request_id)
@@ -86,7 +90,7 @@ class DataParallelEngine:
         replica = self.balancer.pick(ids)
         self._requests[request_id] = _Routed(replica, text, ids)
         prompt_ids = {"prompt": text, "prompt_token_ids": ids}
-        self.replicas[replica].send(("add", request_id, prompt_ids, params, priority, group_id))
+        self.replicas[replica].send(("add", request_id, prompt_ids, params, priority, group_id, lora_request))
         return request_id
 
     def abort_request(self, request_ids: str | list[str]) -> None:

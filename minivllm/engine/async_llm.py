@@ -37,6 +37,7 @@ from minivllm.engine.outputs import RequestOutput
 from minivllm.engine.processor import Processor, PromptType
 from minivllm.engine.request_stream import EngineDeadError, RequestStream
 from minivllm.engine.tokenizer import get_tokenizer
+from minivllm.lora.request import LoRARequest
 from minivllm.pooling.outputs import PoolingRequestOutput
 from minivllm.pooling.params import PoolingParams
 from minivllm.sample.custom_processors import check_picklable
@@ -185,9 +186,11 @@ class AsyncLLM:
         params: SamplingParams | None = None,
         priority: int = 0,
         group_id: str | None = None,
+        lora_request: LoRARequest | None = None,
     ) -> RequestStream:
         """Validate and queue a request; returns once the engine has accepted it.
         ``group_id``: the client request it is part of (the scheduler takes turns between them).
+        ``lora_request``: the adapter to run under (needs ``lora.enable_lora``).
 
         Raises ValueError (nothing queued) on bad input, EngineDeadError if the engine is gone.
         """
@@ -195,6 +198,7 @@ class AsyncLLM:
         if self.errored is not None:
             raise EngineDeadError(self.errored)
         params = params or SamplingParams()
+        self.processor.lora.check(lora_request)
         text, ids = self.processor.tokenize(prompt, params.truncate_prompt_tokens)
         self.processor.max_output_tokens(len(ids), params)
         check_picklable(params)  # the engine runs in another process
@@ -208,7 +212,8 @@ class AsyncLLM:
         self._streams[request_id] = stream
         self._pending[("add", request_id)] = accepted
         replica = self._replica_of[request_id] = self.balancer.pick(ids)
-        command = ("add", request_id, {"prompt": text, "prompt_token_ids": ids}, engine_params, priority, group_id)
+        prompt_ids = {"prompt": text, "prompt_token_ids": ids}
+        command = ("add", request_id, prompt_ids, engine_params, priority, group_id, lora_request)
         self._send(command, replica)
         try:
             await accepted
@@ -243,7 +248,7 @@ class AsyncLLM:
         text, ids = self.processor.tokenize(prompt, params.truncate_prompt_tokens)
         accepted, pooled = self._loop.create_future(), self._loop.create_future()
         self._pending[("add", request_id)], self._pending[("pooled", request_id)] = accepted, pooled
-        self._send(("add", request_id, {"prompt": text, "prompt_token_ids": ids}, params, priority, group_id))
+        self._send(("add", request_id, {"prompt": text, "prompt_token_ids": ids}, params, priority, group_id, None))
         try:
             await accepted
             return await pooled

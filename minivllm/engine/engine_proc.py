@@ -6,7 +6,7 @@ one-way pipes of pickled messages:
 
     front end                                           engine process
     ---------                                           --------------
-    ("add", id, prompt, params, priority, group_id) ──► LLMEngine.add_request
+    ("add", id, prompt, params, priority, group_id, lora) ► LLMEngine.add_request
     ("abort", [ids])                                ──► LLMEngine.abort_request (blocks freed now)
     ("stats", token)                                ──► scheduler_stats()
     ("rpc", token, call)                            ──► collective_rpc (call: cloudpickled method, args, kwargs)
@@ -150,10 +150,10 @@ def _drain(engine: Any, commands: Connection, msg: EngineMessage) -> bool:
     while commands.poll(0):
         kind, *args = commands.recv()
         if kind == "add":
-            request_id, prompt, params, priority, group_id = args
+            request_id, prompt, params, priority, group_id, lora = args
             kwargs = {"pooling_params": params} if isinstance(params, PoolingParams) else {"params": params}
             try:
-                engine.add_request(request_id, prompt, priority=priority, group_id=group_id, **kwargs)
+                engine.add_request(request_id, prompt, priority=priority, group_id=group_id, lora_request=lora, **kwargs)
                 msg.added.append(request_id)
             except ValueError as err:
                 msg.add_errors[request_id] = str(err)

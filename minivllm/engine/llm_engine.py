@@ -19,6 +19,7 @@ from minivllm.engine.request import Request, RequestId
 from minivllm.engine.stats import EngineStats, StatLogger
 from minivllm.engine.tokenizer import get_tokenizer
 from minivllm.executor.user_calls import user_collective_rpc
+from minivllm.lora.request import LoRARequest
 from minivllm.pooling.outputs import PoolingOutput, PoolingRequestOutput
 from minivllm.pooling.params import PoolingParams
 from minivllm.sampling_params import SamplingParams
@@ -83,6 +84,7 @@ class LLMEngine:
         cache_salt: str | None = None,
         group_id: str | None = None,
         pooling_params: PoolingParams | None = None,
+        lora_request: LoRARequest | None = None,
     ) -> RequestId:
         """Validate and queue a request (``params.n`` core requests); raises ValueError
         (nothing queued) on bad input.
@@ -90,13 +92,17 @@ class LLMEngine:
         ``cache_salt``: only requests with the same salt share prefix-cache blocks.
         ``group_id``: the client request it is part of (a server's request with several
         prompts); the scheduler takes turns between groups. Default: its own id.
+        ``lora_request``: the adapter to run under (needs ``lora.enable_lora``).
         """
         if pooling_params is not None:
+            if lora_request is not None:
+                raise ValueError("lora_request: pooling runs the base model; leave it None with pooling_params")
             return self._add_pooling_request(request_id, prompt, pooling_params, priority, cache_salt, group_id)
         if self.cfg.model.runner == "pooling":
             raise ValueError("params: this engine pools (model.runner=pooling); generating needs runner=generate")
         params = params or SamplingParams()
         _check_priority_and_salt(priority, cache_salt, self.cfg.scheduler.policy)
+        self.processor.lora.check(lora_request)
         text, ids = self.processor.tokenize(prompt, params.truncate_prompt_tokens)
         max_tokens = self.processor.max_output_tokens(len(ids), params)
         req_id = RequestId(str(next(self._ids)) if request_id is None else str(request_id))
@@ -109,7 +115,7 @@ class LLMEngine:
             child_params = parent.child_params(index)
             request = Request(
                 child_id, ids, child_params, self.eos_token_id, max_tokens, priority=priority, cache_salt=cache_salt,
-                group_id=group_id or req_id,
+                group_id=group_id or req_id, lora_request=lora_request,
             )  # fmt: skip
             detok = IncrementalDetokenizer(self.tokenizer, child_params, ids)
             state = CompletionState(child_id, index, parent, detok)

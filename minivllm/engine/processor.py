@@ -10,6 +10,7 @@ from typing import Any, Union
 from transformers import PreTrainedTokenizerBase
 
 from minivllm.config.vllm_config import VllmConfig
+from minivllm.lora.checker import LoRAChecker
 from minivllm.sample.custom_processors import check_picklable
 from minivllm.sampling_params import SamplingParams
 from minivllm.structured_output.backend import check_grammar
@@ -26,6 +27,8 @@ class Processor:
         self.tokenizer = tokenizer
         self.max_tokens_in_cache = max_tokens_in_cache
         self.vocab_size = cfg.hf_config.vocab_size
+        self.lora = LoRAChecker(cfg.lora, cfg.hf_config)
+        """``self.lora.check(lora_request)`` validates a request's adapter."""
 
     def tokenize(self, prompt: PromptType, truncate_prompt_tokens: int | None = None) -> tuple[str | None, list[int]]:
         """(text, token ids); ``truncate_prompt_tokens`` keeps only the last k ids (before the checks)."""

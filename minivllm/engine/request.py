@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import NewType
 
 from minivllm.core.block_hash import BlockHash
+from minivllm.lora.request import LoRARequest
 from minivllm.sampling_params import SamplingParams
 
 RequestId = NewType("RequestId", str)
@@ -62,6 +63,8 @@ class Request:
     """The stop token id or stop string that ended the request, if any."""
     cache_salt: str | None = None
     """Mixed into the prefix-cache hashes: only requests with the same salt share blocks."""
+    lora_request: LoRARequest | None = None
+    """The adapter the request runs under (None: the base model); also in its block hashes."""
     num_cached_tokens: int | None = None
     """Prompt tokens found in the prefix cache when first scheduled (None until then)."""
     group_id: str | None = None
@@ -74,6 +77,10 @@ class Request:
     """With async scheduling: tokens that scheduled steps sample but whose values are not
     known yet (at most one per step in flight). The scheduler already counts them as the
     request's next inputs; see ``Scheduler``."""
+
+    @property
+    def lora_int_id(self) -> int | None:
+        return None if self.lora_request is None else self.lora_request.lora_int_id
 
     @property
     def all_token_ids(self) -> list[int]:

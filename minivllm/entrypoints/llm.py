@@ -17,6 +17,7 @@ from minivllm.engine.metrics_reader import Metric, engine_metrics
 from minivllm.engine.outputs import RequestOutput
 from minivllm.engine.processor import PromptType
 from minivllm.executor.user_calls import apply_to_model
+from minivllm.lora.request import LoRARequest
 from minivllm.pooling.outputs import EmbeddingRequestOutput, PoolingRequestOutput
 from minivllm.pooling.params import PoolingParams
 from minivllm.entrypoints.chat_utils import Conversation, is_single_conversation, render_chat
@@ -60,6 +61,10 @@ KWARG_KEYS = {
     "attention_backend": "attention.name",
     "device": "device.type",
     "speculative_config": "speculative",
+    "enable_lora": "lora.enable_lora",
+    "max_loras": "lora.max_loras",
+    "max_lora_rank": "lora.max_lora_rank",
+    "max_cpu_loras": "lora.max_cpu_loras",
 }
 
 
@@ -162,25 +167,30 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
         priority: Sequence[int] | None = None,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
         """Generate for every prompt; outputs come back in prompt order.
 
         All requests are validated before the first is queued, so a bad one
-        raises ValueError and leaves the engine as it was.
+        raises ValueError and leaves the engine as it was. ``lora_request``: one adapter
+        for every prompt or one (or None) per prompt.
         """
         self._needs_runner("generate", "generate")
         prompts = _as_list_of_prompts(prompts)
         if sampling_params is None:
             sampling_params = self.get_default_sampling_params()
         params = _params_per_prompt(sampling_params, len(prompts))
+        loras = _loras_per_prompt(lora_request, len(prompts))
         engine = self.llm_engine
-        for p, sp in zip(prompts, params):  # validate everything before queuing anything
+        for p, sp, lora in zip(prompts, params, loras):  # validate everything before queuing anything
+            engine.processor.lora.check(lora)
             _, ids = engine.processor.tokenize(p, sp.truncate_prompt_tokens)
             engine.processor.max_output_tokens(len(ids), sp)
         req_ids = []
         try:
             for i, (p, sp) in enumerate(zip(prompts, params)):
-                req_ids.append(engine.add_request(None, p, _final_only(sp), priority[i] if priority else 0))
+                prio = priority[i] if priority else 0
+                req_ids.append(engine.add_request(None, p, _final_only(sp), prio, lora_request=loras[i]))
             return self._run(req_ids, use_tqdm)
         except BaseException:
             engine.abort_request([r for r in req_ids])
@@ -196,9 +206,10 @@ class LLM:
         continue_final_message: bool = False,
         tools: list[dict[str, Any]] | None = None,
         chat_template_kwargs: dict[str, Any] | None = None,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
         """Generate replies to one conversation or a list of them, through the chat template
-        (the tokenizer's, or ``chat_template``); one output per conversation."""
+        (the tokenizer's, or ``chat_template``); one output per conversation; ``lora_request`` as in generate."""
         conversations = [messages] if is_single_conversation(messages) else list(messages)
         prompts = [
             render_chat(
@@ -212,7 +223,7 @@ class LLM:
             )
             for conversation in conversations
         ]
-        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm, lora_request=lora_request)
 
     def beam_search(
         self, prompts: PromptType | Sequence[PromptType], params: BeamSearchParams, use_tqdm: bool = False
@@ -354,3 +365,12 @@ def _params_per_prompt(params: Any, n: int) -> list[SamplingParams]:
     if len(params) != n:
         raise ValueError(f"sampling_params: {len(params)} given for {n} prompts; give one, or one per prompt")
     return params
+
+
+def _loras_per_prompt(lora: Any, n: int) -> list[LoRARequest | None]:
+    if lora is None or isinstance(lora, LoRARequest):
+        return [lora] * n
+    loras = list(lora)
+    if len(loras) != n:
+        raise ValueError(f"lora_request: {len(loras)} given for {n} prompts; give one, or one per prompt")
+    return loras

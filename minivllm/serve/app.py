@@ -28,6 +28,7 @@ from minivllm.engine.request_stream import EngineDeadError
 from minivllm.serve.chat import create_chat_completion
 from minivllm.serve.completions import create_completion
 from minivllm.serve.errors import ClientDisconnected, ModelNotFound, Overloaded
+from minivllm.serve.lora_routes import add_lora_routes
 from minivllm.serve.metrics import CONTENT_TYPE
 from minivllm.serve.params import BadRequest, param_of
 from minivllm.serve.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
@@ -38,7 +39,7 @@ from minivllm.serve.tokenize import add_tokenize_routes
 logger = logging.getLogger(__name__)
 ROUTES = (
     "/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics", "/tokenize", "/detokenize",
-    "/v1/embeddings",
+    "/v1/embeddings", "/v1/load_lora_adapter", "/v1/unload_lora_adapter",
 )  # fmt: skip
 
 
@@ -67,7 +68,15 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
     @app.get("/v1/models")
     async def models() -> ModelList:
         root, max_len = state.cfg.model.path, state.cfg.max_model_len
-        return ModelList(data=[ModelCard(id=name, root=root, max_model_len=max_len) for name in state.model_names])
+        cards = [ModelCard(id=name, root=root, max_model_len=max_len) for name in state.model_names]
+        adapters = [
+            ModelCard(id=name, root=lora.lora_path, parent=state.model_name, max_model_len=max_len)
+            for name, lora in state.adapters.by_name.items()
+        ]
+        return ModelList(data=[*cards, *adapters])
+
+    if state.cfg.serve.enable_lora_runtime_updates:
+        add_lora_routes(app, state)
 
     @app.get("/health")
     async def health() -> Response:

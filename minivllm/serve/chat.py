@@ -45,7 +45,7 @@ NO_TEMPLATE = (
 
 
 async def create_chat_completion(state: ServerState, body: ChatCompletionRequest, raw: Request) -> Any:
-    state.check_model(body.model)
+    lora = state.check_model(body.model)
     admit(state, body.n, 1)
     if body.stream_options is not None and not body.stream:
         raise BadRequest("stream_options", "stream_options: only allowed with stream=true")
@@ -64,16 +64,17 @@ async def create_chat_completion(state: ServerState, body: ChatCompletionRequest
         truncate_prompt_tokens=params.truncate_prompt_tokens,
     )  # fmt: skip
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
-    streams = await start_requests(state.engine, request_id, [prompt], params, body.priority, "messages")
+    streams = await start_requests(state.engine, request_id, [prompt], params, body.priority, "messages", lora)
     reasoning = state.cfg.serve.reasoning_parser
     fmt = _Formatter(state, body, prompt, ChatOutputParser(tools, REASONING_PARSERS[reasoning] if reasoning else None))
     if body.stream:
         return StreamingResponse(_stream(body, request_id, streams, fmt), media_type="text/event-stream")
     outs = await unless_disconnected(raw, final_outputs(streams))
     choices = [fmt.choice(c) for c in outs[0].outputs]
+    model = state.shown_model(body.model)
     shown = prompt_logprobs_json(outs[0].prompt_logprobs) if body.prompt_logprobs is not None else None
     return ChatCompletionResponse(
-        id=request_id, model=state.model_name, choices=choices, usage=usage([prompt], outs), prompt_logprobs=shown
+        id=request_id, model=model, choices=choices, usage=usage([prompt], outs), prompt_logprobs=shown
     )
 
 
@@ -145,7 +146,7 @@ class _Formatter:
 async def _stream(
     body: ChatCompletionRequest, request_id: str, streams: list[RequestStream], fmt: _Formatter
 ) -> AsyncIterator[str]:
-    model = fmt.state.model_name
+    model = fmt.state.shown_model(body.model)
     every_chunk = continuous_usage(body)
     generated = 0
 

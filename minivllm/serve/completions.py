@@ -30,7 +30,7 @@ from minivllm.serve.structured import structured_outputs_of
 
 
 async def create_completion(state: ServerState, body: CompletionRequest, raw: Request) -> Any:
-    state.check_model(body.model)
+    lora = state.check_model(body.model)
     _check_unsupported(body)
     raw_prompts = _prompt_list(body.prompt)
     admit(state, body.n, len(raw_prompts))
@@ -47,13 +47,13 @@ async def create_completion(state: ServerState, body: CompletionRequest, raw: Re
         for p in raw_prompts
     ]  # fmt: skip
     request_id = f"cmpl-{uuid.uuid4().hex}"
-    streams = await start_requests(state.engine, request_id, prompts, params, body.priority)
+    streams = await start_requests(state.engine, request_id, prompts, params, body.priority, lora_request=lora)
     fmt = _Formatter(state, body, prompts)
     if body.stream:
         return StreamingResponse(_stream(state, body, request_id, streams, fmt), media_type="text/event-stream")
     outs = await unless_disconnected(raw, final_outputs(streams))
     choices = [fmt.choice(i, c, out.prompt_logprobs) for i, out in enumerate(outs) for c in out.outputs]
-    return state.completion_response(request_id, choices, usage(prompts, outs))
+    return state.completion_response(request_id, choices, usage(prompts, outs), body.model)
 
 
 def _check_unsupported(body: CompletionRequest) -> None:
@@ -137,9 +137,9 @@ async def _stream(
                     choices.append(fmt.choice(i, c, out.prompt_logprobs))
             if choices:
                 so_far = usage(fmt.prompts, generated=generated) if every_chunk else None
-                yield sse(state.completion_response(request_id, choices, so_far))
+                yield sse(state.completion_response(request_id, choices, so_far, body.model))
         if body.stream_options is not None and body.stream_options.include_usage:
-            yield sse(state.completion_response(request_id, [], usage(fmt.prompts, generated=generated)))
+            yield sse(state.completion_response(request_id, [], usage(fmt.prompts, generated=generated), body.model))
     except EngineDeadError as err:
         yield sse(state.error_body(str(err), "engine_error", 503))
     yield SSE_DONE

@@ -17,6 +17,7 @@ from pydantic import BaseModel
 from minivllm.engine.async_llm import AsyncLLM
 from minivllm.engine.outputs import RequestOutput
 from minivllm.engine.request_stream import RequestStream
+from minivllm.lora.request import LoRARequest
 from minivllm.sampling_params import SamplingParams
 from minivllm.serve.errors import ClientDisconnected
 from minivllm.serve.params import BadRequest, bad_request
@@ -53,14 +54,15 @@ def check_prompt(
 
 async def start_requests(
     engine: AsyncLLM, base_id: str, prompts: list[Prompt], params: SamplingParams, priority: int,
-    prompt_field: str = "prompt",
+    prompt_field: str = "prompt", lora_request: LoRARequest | None = None,
 ) -> list[RequestStream]:  # fmt: skip
     """Add one request per prompt; all of them, or none (a 400)."""
     streams: list[RequestStream] = []
     try:
         for i, p in enumerate(prompts):
             request = {"prompt": p.text, "prompt_token_ids": p.token_ids}
-            streams.append(await engine.add_request(f"{base_id}-{i}", request, params, priority, group_id=base_id))
+            streams.append(await engine.add_request(f"{base_id}-{i}", request, params, priority, group_id=base_id,
+                                                  lora_request=lora_request))
     except BaseException as err:
         for s in streams:
             s.abort()

@@ -269,6 +269,8 @@ class ModelCard(BaseModel):
     created: int = Field(default_factory=lambda: int(time.time()))
     owned_by: str = "minivllm"
     root: Optional[str] = None
+    parent: Optional[str] = None
+    """For a LoRA adapter: the base model it runs on."""
     max_model_len: Optional[int] = None
 
 

@@ -8,6 +8,8 @@ from typing import Any
 from minivllm.config.generation_defaults import generation_defaults
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.engine.async_llm import AsyncLLM
+from minivllm.lora.request import LoRARequest
+from minivllm.lora.serving import ServedAdapters
 from minivllm.serve.errors import ModelNotFound
 from minivllm.serve.metrics import ServerMetrics
 from minivllm.serve.protocol import CompletionChoice, CompletionResponse, ErrorInfo, ErrorResponse, UsageInfo
@@ -26,13 +28,24 @@ class ServerState:
         self.chat_template = load_chat_template(cfg.serve.chat_template) or getattr(
             engine.tokenizer, "chat_template", None
         )
+        self.adapters = ServedAdapters(list(cfg.serve.lora_modules), self.model_name, engine.processor.lora.check)
+        """LoRA adapters the ``model`` field may name besides the base model."""
         self.metrics = ServerMetrics(self.model_name)
         engine.stat_loggers.append(self.metrics)
         self.token_text = lru_cache(maxsize=65536)(self._token_text)
 
-    def check_model(self, model: str | None) -> None:
-        if model is not None and model not in self.model_names:
-            raise ModelNotFound(model, self.model_name)
+    def check_model(self, model: str | None) -> LoRARequest | None:
+        """The adapter ``model`` names (None: the base model, under any served name); 404 for a name not served."""
+        if model is None or model in self.model_names:
+            return None
+        lora = self.adapters.by_name.get(model)
+        if lora is None:
+            raise ModelNotFound(model, ", ".join([*self.model_names, *self.adapters.by_name]))
+        return lora
+
+    def shown_model(self, model: str | None) -> str:
+        """The name responses report: the adapter's when ``model`` chose one, else the first served name."""
+        return model if model is not None and model in self.adapters.by_name else self.model_name
 
     def _token_text(self, token_id: int) -> str:
         return self.engine.tokenizer.decode([token_id])
@@ -41,9 +54,10 @@ class ServerState:
         return self.engine.tokenizer.decode(token_ids)
 
     def completion_response(
-        self, request_id: str, choices: list[CompletionChoice], usage: UsageInfo | None
+        self, request_id: str, choices: list[CompletionChoice], usage: UsageInfo | None, model: str | None = None
     ) -> CompletionResponse:
-        return CompletionResponse(id=request_id, model=self.model_name, choices=choices, usage=usage)
+        """``model``: the name the request chose (an adapter's); default the served model."""
+        return CompletionResponse(id=request_id, model=self.shown_model(model), choices=choices, usage=usage)
 
     @staticmethod
     def error_body(message: str, kind: str = "invalid_request_error", code: int = 400, param: Any = None) -> ErrorResponse:

@@ -27,6 +27,7 @@ from minivllm.distributed.pipeline import IntermediateTensors, PipelineStage, pi
 from minivllm.engine.request import RequestId
 from minivllm.layers.compile import compile_small_ops
 from minivllm.layers.rotary import share_cos_sin_caches
+from minivllm.lora.manager import LoRAModelManager
 from minivllm.pooling.pooler import Pooler
 from minivllm.sample.logits_processors import LogitsEdits
 from minivllm.sample.metadata import SamplingMetadata, from_batch, has_logits_edits
@@ -70,6 +71,8 @@ class ModelRunner:
         """Speculative decoding: drafts into the batch, verified tokens out; None when off."""
         self.pipeline: PipelineStage | None = None
         """This rank's link to its neighbouring stages (set in ``load_model`` when parallel.pp > 1)."""
+        self.lora: LoRAModelManager | None = None
+        """Adapter slots and per-token slot indices (set in ``load_model`` when lora.enable_lora; then pp == 1)."""
 
     # ---- set-up -------------------------------------------------------------------
     def load_model(self) -> None:
@@ -81,6 +84,8 @@ class ModelRunner:
             compile_small_ops(self.model)
         self.attention_layers = [m for m in self.model.modules() if hasattr(m, "kv_cache") and hasattr(m, "backend")]
         self.pipeline = pipeline_stage(self.cfg, self.model, self.device)  # None unless parallel.pp > 1
+        if self.cfg.lora.enable_lora:
+            self.lora = LoRAModelManager(self.model, self.cfg.lora, self.cfg.hf_config, self.cfg.dtype, self.device)
 
     def kv_cache_shape(self, num_blocks: int) -> tuple[int, ...]:
         layer = self.attention_layers[0]
@@ -99,8 +104,9 @@ class ModelRunner:
 
     @property
     def cuda_graphs_enabled(self) -> bool:
-        """Graphs need CUDA and a backend with no host work per step (Triton); never on the CPU."""
-        graphs = self.cfg.compilation.cudagraph and self.cfg.parallel.pp == 1
+        """Graphs need CUDA and a backend with no host work per step (Triton); never on the CPU,
+        nor with pipeline stages or LoRA (its token groups change per step)."""
+        graphs = self.cfg.compilation.cudagraph and self.cfg.parallel.pp == 1 and not self.cfg.lora.enable_lora
         return graphs and self.device.type == "cuda" and self.attn_backend.name == "triton"
 
     def capture_cuda_graphs(self) -> None:
@@ -209,9 +215,13 @@ class ModelRunner:
         for req_id in sched.finished_req_ids:
             batch.remove(req_id)
             self.prompt_logprobs.pop(req_id, None)
+            if self.lora is not None:
+                self.lora.remove_request(req_id)
         for new in sched.new_reqs:
             batch.add(new, self.device)
             self._track_prompt_logprobs(new)
+            if self.lora is not None:
+                self.lora.add_request(new.req_id, new.lora_request)
         cached = sched.cached_reqs
         if len(cached):
             rows = [batch.row_of[r] for r in cached.req_ids]
@@ -252,6 +262,8 @@ class ModelRunner:
                 (pending.index_of[self.batch.req_ids[r]] for r in rs.tolist()), dtype=np.int64, count=len(rs)
             )
         step = self.inputs.build(self.batch, rows, query_lens, index)
+        if self.lora is not None:
+            self.lora.prepare_step([self.batch.req_ids[r] for r in rows.tolist()], query_lens)
         step.meta.backend_data = self.attn_backend.prepare(step.meta, self.block_size)
         if step.placeholders is not None:
             dst, src = step.placeholders
