@@ -61,6 +61,40 @@ def test_first_and_second_tokens_follow_the_target_distribution(params, rank):
     assert _chi_square(torch.bincount(second, minlength=V).float(), p[1]) < CHI2_CRIT_DF7_P0001
 
 
+@pytest.mark.parametrize("params", [SamplingParams(temperature=1.0), SamplingParams(temperature=0.8, top_k=5)])
+@pytest.mark.parametrize("sharpness", [0.5, 3.0])
+def test_a_sampling_draft_model_keeps_the_target_distribution(params, sharpness):
+    """Drafts drawn from a non-degenerate q (a draft model's distribution, with a zero entry)
+    are accepted with min(1, p/q) and resampled from max(p - q, 0): the output follows p, and
+    the acceptance rate is the optimal sum(min(p, q)) (treating d as one-hot would keep p too,
+    but accept only sum(p * q))."""
+    gen = torch.Generator().manual_seed(99 + int(sharpness))
+    logits = torch.randn(2, V, generator=gen) * 1.5
+    p = torch.stack([_processed(logits[0], params), _processed(logits[1], params)])
+    q = (torch.randn(V, generator=gen) * sharpness).softmax(dim=-1)
+    q[3] = 0.0  # a token the draft never proposes
+    q /= q.sum()
+    drafts = torch.multinomial(q, DRAWS, replacement=True, generator=gen)  # (DRAWS,)
+    draft_ids = torch.stack([drafts, torch.full_like(drafts, -1)], dim=1).view(-1)
+    draft_probs = torch.stack([q, torch.zeros(V)]).repeat(DRAWS, 1)  # bonus rows have no q
+    inputs = VerifyInputs(
+        draft_token_ids=draft_ids,
+        greedy=torch.zeros(2 * DRAWS, dtype=torch.bool),
+        uniform=torch.rand(2 * DRAWS, generator=gen),
+        exponential=torch.empty(2 * DRAWS, V).exponential_(generator=gen),
+        draft_probs=draft_probs,
+    )
+    own, accepted = rejection_sample(logits.repeat(DRAWS, 1), p.repeat(DRAWS, 1), inputs)
+    own, accepted = own.view(DRAWS, 2), accepted.view(DRAWS, 2)
+    first = torch.where(accepted[:, 0], drafts, own[:, 0])
+    assert _chi_square(torch.bincount(first, minlength=V).float(), p[0]) < CHI2_CRIT_DF7_P0001
+    second = own[accepted[:, 0], 1]
+    assert _chi_square(torch.bincount(second, minlength=V).float(), p[1]) < CHI2_CRIT_DF7_P0001
+    rate, optimal, one_hot = accepted[:, 0].float().mean(), torch.minimum(p[0], q).sum(), (p[0] * q).sum()
+    assert abs(rate - optimal) < 4 * (optimal * (1 - optimal) / DRAWS) ** 0.5
+    assert optimal - one_hot > 0.05
+
+
 def test_the_same_noise_gives_the_same_tokens():
     gen = torch.Generator().manual_seed(0)
     logits = torch.randn(4, V, generator=gen)
