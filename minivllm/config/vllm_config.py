@@ -26,6 +26,7 @@ from minivllm.lora.serving import parse_lora_modules
 from minivllm.model_loader.gguf_config import find_gguf_file, gguf_hf_config
 from minivllm.quantization import QuantizationConfig, get_quantization_config
 from minivllm.spec_decode.config import SpeculativeConfig
+from minivllm.spec_decode.draft_config import draft_model_config
 from minivllm.config.schema import (
     AttentionConfig,
     CacheConfig,
@@ -277,8 +278,10 @@ class VllmConfig:
                 self.cache.enable_prefix_caching = False
 
     def _check_speculative(self) -> None:
-        """The verifier runs on the last pipeline stage's sampled tokens of a generating runner."""
+        """The verifier runs on the last pipeline stage's sampled tokens of a generating runner;
+        a draft model gets its own derived config (``draft_config``, None without one)."""
         spec = self.speculative
+        self.draft_config: VllmConfig | None = None
         if not spec.enabled:
             return
         if self.parallel.pp > 1:  # the other stages would need the accepted drafts too
@@ -290,6 +293,8 @@ class VllmConfig:
                 f"speculative.method={spec.method}: model.runner=pooling samples no tokens to draft after; "
                 "use model.runner=generate or speculative.method=null"
             )
+        if spec.uses_model:
+            self.draft_config = draft_model_config(self)
 
     @classmethod
     def from_dictconfig(cls, cfg: DictConfig | dict) -> "VllmConfig":

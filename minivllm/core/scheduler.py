@@ -40,8 +40,9 @@ pending. Prefix-cache hashes cover known tokens only.
 
 Speculative decoding (``speculative.method``, ``spec_decode/scheduling.py``):
 a decoding request may be scheduled for ``1 + k`` tokens, its last known token
-and ``k`` drafts (``SchedulerOutput.scheduled_spec_decode_tokens``); after the
-step the rejected drafts are rolled back. It runs without async scheduling.
+and ``k`` drafts (``SchedulerOutput.scheduled_spec_decode_tokens``, from the
+n-gram lookup or from the worker's draft model); after the step the rejected
+drafts are rolled back. It runs without async scheduling.
 """
 from __future__ import annotations
 
@@ -199,10 +200,8 @@ class Scheduler:
             if request.num_output_placeholders and not self._may_continue(request):
                 continue
             num_new = min(num_new, plan.budget)
-            drafts = self.spec.drafts_for(request, num_new, plan.budget) if self.spec is not None else []
-            if drafts and not self.kv.can_allocate(request, num_new + len(drafts)):
-                drafts = []  # never preempt anyone for draft slots
-            new_blocks = self._allocate_or_preempt(request, num_new + len(drafts), plan)
+            drafts, lookahead = self.spec.plan(self.kv, request, num_new, plan.budget) if self.spec else ([], 0)
+            new_blocks = self._allocate_or_preempt(request, num_new + len(drafts) + lookahead, plan)
             if new_blocks is None:
                 continue  # the request itself was preempted
             if drafts:
@@ -341,6 +340,8 @@ class Scheduler:
         results = []
         requests, logprobs, prompt_logprobs = self.requests, output.logprobs, output.prompt_logprobs
         pooler_output = output.pooler_output
+        if self.spec is not None:
+            self.spec.receive(output.spec_token_ids)
         for req_id, new_tokens in output.sampled_token_ids.items():
             request = requests.get(req_id)
             if request is None:

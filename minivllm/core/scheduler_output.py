@@ -89,3 +89,6 @@ class ModelRunnerOutput:
     the first entry None. Workers gather them chunk by chunk during prefill."""
     pooler_output: dict[RequestId, Any] = field(default_factory=dict)
     """runner=pooling: per request whose prompt completed this step, its pooled (H,) fp32 CPU tensor."""
+    spec_token_ids: dict[RequestId, list[int]] = field(default_factory=dict)
+    """Speculative decoding with a draft model: per request that sampled, the drafts it
+    proposes to follow this step's tokens (the scheduler schedules them next step)."""

@@ -2,8 +2,10 @@
 
 Off by default (``method: null``). With ``method=ngram`` the scheduler proposes up
 to ``num_speculative_tokens`` draft tokens per decoding request by prompt lookup
-(``ngram_proposer.py``), the target model verifies them all in one forward pass,
-and the rejection sampler keeps the longest prefix the target agrees with.
+(``ngram_proposer.py``); with ``method=draft_model`` a smaller model of the same
+tokenizer (``model``) proposes them in the worker (``draft_model.py``). Either
+way the target model verifies them all in one forward pass, and the rejection
+sampler keeps the longest prefix the target agrees with.
 """
 from __future__ import annotations
 
@@ -13,7 +15,9 @@ from typing import Optional
 from minivllm.config.validation import check_choice, check_range
 
 SPEC_METHODS = ("ngram", "draft_model", "eagle")
-IMPLEMENTED_METHODS = ("ngram",)
+IMPLEMENTED_METHODS = ("ngram", "draft_model")
+MODEL_METHODS = ("draft_model", "eagle")
+"""Methods whose proposals come from a model run in the worker."""
 
 
 @dataclass
@@ -21,7 +25,11 @@ class SpeculativeConfig:
     """Speculative decoding: a cheap proposer drafts tokens, the target model verifies them in one pass."""
 
     method: Optional[str] = None
-    """Proposer: null (off) or ngram (prompt lookup); draft_model and eagle are not implemented yet."""
+    """Proposer: null (off), ngram (prompt lookup) or draft_model (a small model); eagle is not implemented yet."""
+    model: Optional[str] = None
+    """draft_model: checkpoint directory of the draft (same tokenizer); with method null it implies draft_model."""
+    draft_tensor_parallel_size: Optional[int] = None
+    """draft_model: tensor parallelism of the draft; only 1 (null means 1)."""
     num_speculative_tokens: int = 3
     """Most draft tokens proposed per request and step."""
     prompt_lookup_min: int = 5
@@ -30,6 +38,8 @@ class SpeculativeConfig:
     """ngram: the longest suffix looked up (the longest match wins)."""
 
     def __post_init__(self) -> None:
+        if self.method is None and self.model is not None:
+            self.method = "draft_model"  # as vLLM: a draft model given without a method
         if self.method is None:
             return
         check_choice("speculative.method", self.method, SPEC_METHODS)
@@ -46,10 +56,29 @@ class SpeculativeConfig:
                 f"speculative.prompt_lookup_min={self.prompt_lookup_min} exceeds "
                 f"speculative.prompt_lookup_max={self.prompt_lookup_max}"
             )
+        self._check_draft_keys()
+
+    def _check_draft_keys(self) -> None:
+        if self.method in MODEL_METHODS and not self.model:
+            raise ValueError(f"speculative.model: is required with speculative.method={self.method} (a checkpoint)")
+        if self.method not in MODEL_METHODS and self.model is not None:
+            raise ValueError(
+                f"speculative.model={self.model!r}: only used by speculative.method=draft_model or eagle, "
+                f"not {self.method}; remove it"
+            )
+        if self.draft_tensor_parallel_size not in (None, 1):
+            raise ValueError(
+                f"speculative.draft_tensor_parallel_size={self.draft_tensor_parallel_size}: only 1 is supported"
+            )
 
     @property
     def enabled(self) -> bool:
         return self.method is not None
+
+    @property
+    def uses_model(self) -> bool:
+        """Whether a draft model (or head) runs in the worker and sends its drafts back."""
+        return self.method in MODEL_METHODS
 
 
 def speculative_node(value: dict) -> dict:

@@ -12,6 +12,8 @@ from __future__ import annotations
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
+from minivllm.engine.request import Request
+
 
 class NgramProposer:
     def __init__(self, min_n: int, max_n: int, max_num_drafts: int) -> None:
@@ -30,6 +32,10 @@ class NgramProposer:
             if start is not None:
                 return tokens[start + n : start + n + k].tolist()
         return []
+
+    def drafts(self, request: Request, max_num_drafts: int) -> list[int]:
+        """The ``DraftSource`` view: drafts from the request's own known tokens."""
+        return self.propose(request.all_token_ids, max_num_drafts)
 
 
 def _best_match(tokens: np.ndarray, n: int, k: int) -> int | None:

@@ -64,8 +64,11 @@ class DraftVerifier:
         hidden: torch.Tensor,
         seeded_generator: Callable[[int, int], torch.Generator],
         out: ModelRunnerOutput,
+        draft_probs: dict[RequestId, torch.Tensor] | None = None,
     ) -> ModelRunnerOutput:
-        """Replace the plain samples of drafted requests by their verified tokens."""
+        """Replace the plain samples of drafted requests by their verified tokens.
+        ``draft_probs``: the (k, V) distributions sampled drafts were drawn from (a draft
+        model's); drafts without one are deterministic (one-hot)."""
         spec = sched.scheduled_spec_decode_tokens
         drafted = [(i, int(r)) for i, r in enumerate(step.rows.tolist()) if batch.req_ids[r] in spec]
         drafts = [spec[batch.req_ids[row]] for _, row in drafted]
@@ -76,6 +79,9 @@ class DraftVerifier:
         probs = self.sampler.process(logits, meta).softmax(dim=-1)  # (N, V)
         greedy = meta.temperature == 0.0
         inputs = self._noise(batch, rows, seq_lens, draft_ids, greedy, probs.shape, seeded_generator)
+        if draft_probs:
+            req_ids = [batch.req_ids[row] for _, row in drafted]
+            inputs.draft_probs = _draft_prob_rows(req_ids, drafts, draft_probs, probs.shape, self.device)
         own, accepted = rejection_sample(logits, probs, inputs)
         accepted = broadcast_from_first(accepted.to(torch.int64))  # every rank keeps the same tokens
         own = broadcast_from_first(own)
@@ -135,3 +141,25 @@ def _verified_positions(
         computed = int(batch.num_computed_tokens[row])
         seq_lens.extend(range(computed + 1, computed + k + 2))
     return flat, np.asarray(rows, dtype=np.int64), draft_ids, seq_lens
+
+
+def _draft_prob_rows(
+    req_ids: list[RequestId],
+    drafts: list[list[int]],
+    draft_probs: dict[RequestId, torch.Tensor],
+    shape: torch.Size,
+    device: torch.device,
+) -> torch.Tensor:
+    """(N, V) q per verified position: the request's draft distribution where it has one,
+    one-hot at the draft otherwise, zeros on bonus rows."""
+    q = torch.zeros(shape, device=device)
+    at = 0
+    for req_id, ds in zip(req_ids, drafts):
+        k = len(ds)
+        sampled = draft_probs.get(req_id)
+        if sampled is not None:
+            q[at : at + k] = sampled[:k]
+        else:
+            q[torch.arange(at, at + k, device=device), torch.tensor(ds, device=device)] = 1.0
+        at += k + 1
+    return q
