@@ -2,25 +2,28 @@
 
 It lives in the target's model runner and runs after the target's step, as in
 vLLM v1 (the drafts travel back in ``ModelRunnerOutput.spec_token_ids`` and the
-scheduler schedules them next step):
+scheduler schedules them next step). Per step, once the target's tokens are
+verified and appended to the persistent batch:
 
-1. ``catch_up``: a forward pass over exactly the target's step inputs (same
-   tokens, positions, slots), so the draft's KV cache holds every token the
-   target's holds. Rejected drafts' KV is overwritten later, as the target's.
-2. ``propose``: for each request that sampled, ``k`` single-token passes: the
-   request's newest token at position ``P`` (its first token without KV), then
-   each draft after the previous one, sampled from the draft's distribution with
-   the request's temperature / top-k / top-p (greedy requests: argmax).
+1. the catch-up pass: the step's rows again, each from its first new position
+   to its newest known token (accepted drafts and the target's new token in,
+   rejected drafts out). It writes the draft's KV wherever the target's step
+   wrote the target's (plus the new token), and its last position's logits give
+   each sampling request its first draft;
+2. ``k - 1`` single-token passes, each draft after the previous one. Drafts are
+   sampled from the draft's distribution with the request's temperature / min-p /
+   top-k / top-p (greedy requests: argmax).
 
 **One paged cache, two sets of tensors.** The draft has its own KV tensors, one
 per draft layer, but shares the target's block tables and block ids: block ``b``
 holds positions of the same request in both. So allocation, prefix caching,
 preemption and rollback stay one mechanism (a cached block's draft KV was
-written by the ``catch_up`` that wrote its target KV), and the memory profiling
-counts the draft's bytes per block beside the target's. Proposal passes write
-positions ``P .. P + k - 1`` into slots the scheduler reserved as *lookahead*
-(``spec_decode/scheduling.py``); a request with fewer reserved slots gets fewer
-drafts. Those slots hold no known token's KV yet, so nothing shared is touched.
+written by the catch-up after the step that wrote its target KV), and the memory
+profiling counts the draft's weights and bytes per block beside the target's. The
+newest token ``P`` and the drafts at ``P + 1 .. P + k - 1`` go into slots the
+scheduler reserved as *lookahead* (``spec_decode/scheduling.py``); a request with
+fewer reserved slots gets fewer drafts. Those slots hold no known token's KV of a
+full block, so nothing shared is touched.
 
 Sampled drafts keep their distributions (``draft_probs``) for the rejection
 sampler, which accepts with ``min(1, p / q)``; greedy drafts are one-hot.
@@ -38,9 +41,9 @@ from minivllm.layers.rotary import share_cos_sin_caches
 from minivllm.sample.metadata import from_batch
 from minivllm.sample.sampler import Sampler
 from minivllm.spec_decode.scheduling import may_speculate
-from minivllm.utils import build
+from minivllm.utils import build, cdiv
 from minivllm.worker.input_batch import InputBatch
-from minivllm.worker.step_inputs import StepInputs
+from minivllm.worker.step_inputs import StepInputBuilder, StepInputs
 
 _DRAFT_SEED_OFFSET = 1 << 62
 """Seeded requests draw draft noise from (seed, position + offset): never the verifier's stream."""
@@ -56,6 +59,11 @@ class DraftModelProposer:
         self.model: nn.Module | None = None
         self.layers: list[nn.Module] = []
         self.backend: AttentionBackend | None = None
+        self.inputs = StepInputBuilder(
+            cfg.scheduler.max_num_batched_tokens + cfg.scheduler.max_num_seqs,  # + each row's new token
+            cfg.scheduler.max_num_seqs, cdiv(cfg.max_model_len, self.block_size), self.block_size, device,
+        )
+        """The catch-up pass's inputs (its own staging: the target's step inputs stay intact)."""
         self.draft_probs: dict[RequestId, torch.Tensor] = {}
         """(n, V) fp32 distribution of each of a sampling request's latest n drafts (greedy: absent)."""
 
@@ -87,52 +95,76 @@ class DraftModelProposer:
     # ---- one step -----------------------------------------------------------------
     @torch.inference_mode()
     def catch_up(self, step: StepInputs) -> None:
-        """Write the draft's KV for every token of the target's step."""
+        """A draft pass over exactly the target's step inputs (the memory profile's)."""
         self.model(step.input_ids, step.positions, step.meta)
 
     @torch.inference_mode()
-    def propose(self, batch: InputBatch, req_ids: list[RequestId]) -> dict[RequestId, list[int]]:
-        """Drafts for the requests in ``req_ids`` (those that sampled this step) that may speculate."""
+    def propose(self, batch: InputBatch, step: StepInputs, target_hidden: torch.Tensor) -> dict[RequestId, list[int]]:
+        """After the target's step (its tokens verified and appended to ``batch``): the draft's
+        catch-up pass, then drafts for the requests that sampled and may speculate."""
         self.draft_probs = {}
-        rows = np.asarray([batch.row_of[r] for r in req_ids if may_speculate(batch.params[batch.row_of[r]])],
-                          dtype=np.int64)  # fmt: skip
-        if not len(rows):
+        inputs = self._catch_up_inputs(batch, step)
+        if inputs is None:
             return {}
-        start = batch.num_tokens[rows].astype(np.int64) - 1  # (B,) the newest token, no KV yet
-        room = np.minimum(
-            batch.block_table.num_blocks[rows].astype(np.int64) * self.block_size,  # reserved slots
-            self.cfg.max_model_len,
-        ) - start
-        n = np.minimum(np.minimum(room, self._outputs_left(batch, rows)), self.k)  # (B,) drafts per request
-        rows, start, n = rows[n > 0], start[n > 0], n[n > 0]
-        if not len(rows):
+        hidden = self._catch_up_pass(inputs, step, target_hidden)  # (T', hidden)
+        rows = inputs.rows[inputs.sample_idx]
+        start = batch.num_tokens[rows].astype(np.int64) - 1  # (B,) the newest token: its KV is now in
+        room = np.minimum(batch.block_table.num_blocks[rows].astype(np.int64) * self.block_size,
+                          self.cfg.max_model_len) - start  # fmt: skip
+        speculating = np.fromiter((may_speculate(batch.params[r]) for r in rows.tolist()), bool, len(rows))
+        n = np.where(speculating, np.minimum(np.minimum(room, self._outputs_left(batch, rows)), self.k), 0)
+        chosen = np.flatnonzero(n > 0)
+        if not len(chosen):
             return {}
-        tokens = torch.from_numpy(batch.token_ids[rows, start].astype(np.int64)).to(self.device)  # (B,)
-        live = np.arange(len(rows))  # requests still drafting, ascending; ``tokens`` is theirs
-        drafts, probs = [], []
-        for j in range(int(n.max())):
+        rows, start, n = rows[chosen], start[chosen], n[chosen]
+        last = hidden[inputs.logits_index[torch.from_numpy(chosen).to(self.device)]]  # (B, hidden)
+        tokens, q = self._sample(self._logits(last), batch, rows, start + 1)
+        drafts, probs, live = [(np.arange(len(rows)), tokens)], [(np.arange(len(rows)), q)], np.arange(len(rows))
+        for j in range(1, int(n.max())):
             keep = np.flatnonzero(n[live] > j)
             if len(keep) < len(live):
-                live, tokens = live[keep], tokens[torch.from_numpy(keep).to(self.device)]
-            tokens, q = self._draft_one(batch, rows[live], start[live] + j, tokens)
+                index = torch.from_numpy(keep).to(self.device)
+                live, tokens, last = live[keep], tokens[index], last[index]
+            last = self._decode_pass(batch, rows[live], start[live] + j, tokens, last)
+            tokens, q = self._sample(self._logits(last), batch, rows[live], start[live] + j + 1)
             drafts.append((live, tokens))
             probs.append((live, q))
         return self._collect(batch, rows, n, drafts, probs)
 
-    @staticmethod
-    def _outputs_left(batch: InputBatch, rows: np.ndarray) -> np.ndarray:
-        """(B,) drafts the scheduler could still use: the last output token needs none after it."""
-        made = batch.num_tokens[rows].astype(np.int64) - batch.num_prompt_tokens[rows]
-        limit = [batch.params[r].max_tokens for r in rows.tolist()]
-        return np.asarray([(m if m is not None else 1 << 30) for m in limit], dtype=np.int64) - made - 1
+    def _catch_up_inputs(self, batch: InputBatch, step: StepInputs) -> StepInputs | None:
+        """The step's rows again, each from its first new position up to its last known token
+        (accepted drafts and the new token included, rejected drafts not), where it has a slot."""
+        computed = batch.num_computed_tokens[step.rows]  # (B,) before the step
+        ends = computed + step.query_lens
+        sampled = step.rows[step.sample_idx]
+        reserved = batch.block_table.num_blocks[sampled].astype(np.int64) * self.block_size
+        ends[step.sample_idx] = np.minimum(batch.num_tokens[sampled], reserved)
+        lens = (ends - computed).astype(np.int32)
+        keep = np.flatnonzero(lens > 0)
+        if not len(keep):
+            return None
+        inputs = self.inputs.build(batch, step.rows[keep], lens[keep])
+        inputs.meta.backend_data = self.backend.prepare(inputs.meta, self.block_size)
+        return inputs
 
-    def _draft_one(
-        self, batch: InputBatch, rows: np.ndarray, positions: np.ndarray, tokens: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """One pass: (B,) tokens at (B,) positions in, (B,) next drafts and their (B, V) q (None if all greedy) out."""
+    def _catch_up_pass(self, inputs: StepInputs, step: StepInputs, target_hidden: torch.Tensor) -> torch.Tensor:
+        return self.model(inputs.input_ids, inputs.positions, inputs.meta)
+
+    def _decode_pass(
+        self, batch: InputBatch, rows: np.ndarray, positions: np.ndarray, tokens: torch.Tensor, last: torch.Tensor
+    ) -> torch.Tensor:
+        """One token per row at ``positions``: (B,) tokens in, (B, hidden) out (``last``: the
+        previous pass's hidden states, which an EAGLE head reads)."""
         meta = self._decode_metadata(batch, rows, positions)
-        hidden = self.model(tokens, torch.from_numpy(positions).to(self.device), meta)  # (B, hidden)
-        logits = self.model.compute_logits(hidden)  # (B, V) fp32
+        return self.model(tokens, torch.from_numpy(positions).to(self.device), meta)
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.model.compute_logits(hidden)  # (B, V) fp32
+
+    def _sample(
+        self, logits: torch.Tensor, batch: InputBatch, rows: np.ndarray, positions: np.ndarray
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(B,) drafts for ``positions`` and their (B, V) distributions (None when all greedy)."""
         sampling = from_batch(batch, rows, logits.shape[-1], self.device)
         if sampling.all_greedy:
             return logits.argmax(dim=-1), None
@@ -141,11 +173,18 @@ class DraftModelProposer:
         for i, row in enumerate(rows.tolist()):
             seed = batch.params[row].seed
             if seed is not None:
-                position = int(positions[i]) + 1 - int(batch.num_prompt_tokens[row]) + _DRAFT_SEED_OFFSET
+                position = int(positions[i]) - int(batch.num_prompt_tokens[row]) + _DRAFT_SEED_OFFSET
                 gen = batch.generators[batch.req_ids[row]].manual_seed((seed * 1_000_003 + position) % (1 << 63))
                 noise[i].exponential_(generator=gen)
         drawn = torch.where(sampling.temperature == 0.0, logits.argmax(dim=-1), q.div(noise).argmax(dim=-1))
         return drawn, q
+
+    @staticmethod
+    def _outputs_left(batch: InputBatch, rows: np.ndarray) -> np.ndarray:
+        """(B,) drafts the scheduler could still use: the last output token needs none after it."""
+        made = batch.num_tokens[rows].astype(np.int64) - batch.num_prompt_tokens[rows]
+        limit = [batch.params[r].max_tokens for r in rows.tolist()]
+        return np.asarray([(m if m is not None else 1 << 30) for m in limit], dtype=np.int64) - made - 1
 
     def _decode_metadata(self, batch: InputBatch, rows: np.ndarray, positions: np.ndarray) -> AttentionMetadata:
         """Attention inputs of one token per row at ``positions``, in the rows' own blocks."""

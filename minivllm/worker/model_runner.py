@@ -192,10 +192,10 @@ class ModelRunner:
             return self._follow_last_stage(step)
         if self.pooler is not None:  # runner=pooling: pooled hidden states instead of sampled tokens
             return DoneOutput(self._pool(hidden, step, sched))
-        if self.drafter is not None:
-            self.drafter.catch_up(step)  # the draft's KV for every token of the step
         prompt_logprobs = self._gather_prompt_logprobs(hidden, step) if self.prompt_logprobs else {}
         if not len(step.sample_idx):
+            if self.drafter is not None:  # a prefill chunk: the draft's KV catches up
+                self.drafter.propose(self.batch, step, hidden)
             return DoneOutput(ModelRunnerOutput())
         pending = self._sample_and_collect(hidden, step, prompt_logprobs, sched)
         if self.spec is not None:
@@ -212,7 +212,7 @@ class ModelRunner:
             out = self.spec.verify(self.batch, step, sched, self.model.compute_logits, hidden,
                                    self._seeded_generator, out, drafter.draft_probs if drafter else None)
         if drafter is not None:
-            out.spec_token_ids = drafter.propose(self.batch, list(out.sampled_token_ids))
+            out.spec_token_ids = drafter.propose(self.batch, step, hidden)
         return out
 
     def _follow_last_stage(self, step: StepInputs) -> DoneOutput:
