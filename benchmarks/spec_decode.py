@@ -3,11 +3,13 @@
 One request at a time, greedy, on the same engine settings; the only
 difference is ``speculative_config``. Two prompts: code whose lines repeat
 (prompt lookup finds its drafts) and a prompt with no repetition. Per method
-(``--methods``: ngram, draft_model) it reports output tokens per second, the
-speed-up, the acceptance rate and the mean accepted length (tokens per
+(``--methods``: ngram, draft_model, eagle) it reports output tokens per second,
+the speed-up, the acceptance rate and the mean accepted length (tokens per
 verification step, the target's own included), and checks that the outputs
 are identical. The draft model defaults to the demo model's first two layers
-(``tools/cut_draft_model.py``, written to a temporary directory).
+(``tools/cut_draft_model.py``), the EAGLE head to a random one
+(``tools/make_eagle_head.py``: it shows the method's cost, not its acceptance),
+both written to a temporary directory.
 
     OMP_NUM_THREADS=1 python benchmarks/spec_decode.py --model demo --max-tokens 128 --repeat 3
 """
@@ -22,6 +24,7 @@ from pathlib import Path
 from minivllm import LLM, SamplingParams
 from minivllm.config.store import ASSETS_DIR
 from tools.cut_draft_model import cut_layers
+from tools.make_eagle_head import make_eagle_head
 
 PROMPTS = {
     "repetitive code": (
@@ -44,8 +47,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--num-speculative-tokens", type=int, default=3)
     parser.add_argument("--prompt-lookup-min", type=int, default=2)
     parser.add_argument("--prompt-lookup-max", type=int, default=5)
-    parser.add_argument("--methods", default="ngram,draft_model", help="comma-separated")
+    parser.add_argument("--methods", default="ngram,draft_model,eagle", help="comma-separated")
     parser.add_argument("--draft", default=None, help="draft checkpoint (default: the demo model cut to 2 layers)")
+    parser.add_argument("--eagle-head", default=None, help="EAGLE head (default: a random one for the demo model)")
     return parser.parse_args()
 
 
@@ -53,6 +57,8 @@ def spec_config(method: str, args: argparse.Namespace, tmp: Path) -> dict:
     config = {"method": method, "num_speculative_tokens": args.num_speculative_tokens}
     if method == "ngram":
         return {**config, "prompt_lookup_min": args.prompt_lookup_min, "prompt_lookup_max": args.prompt_lookup_max}
+    if method == "eagle":
+        return {**config, "model": args.eagle_head or str(make_eagle_head(ASSETS_DIR / "demo-llama", tmp / "eagle"))}
     draft = args.draft or str(cut_layers(ASSETS_DIR / "demo-llama", tmp / "demo-draft", 2))
     return {**config, "model": draft}
 

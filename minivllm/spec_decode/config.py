@@ -3,7 +3,8 @@
 Off by default (``method: null``). With ``method=ngram`` the scheduler proposes up
 to ``num_speculative_tokens`` draft tokens per decoding request by prompt lookup
 (``ngram_proposer.py``); with ``method=draft_model`` a smaller model of the same
-tokenizer (``model``) proposes them in the worker (``draft_model.py``). Either
+tokenizer (``model``) proposes them in the worker (``draft_model.py``), with
+``method=eagle`` a head reading the target's hidden states (``eagle.py``). Either
 way the target model verifies them all in one forward pass, and the rejection
 sampler keeps the longest prefix the target agrees with.
 """
@@ -15,7 +16,6 @@ from typing import Optional
 from minivllm.config.validation import check_choice, check_range
 
 SPEC_METHODS = ("ngram", "draft_model", "eagle")
-IMPLEMENTED_METHODS = ("ngram", "draft_model")
 MODEL_METHODS = ("draft_model", "eagle")
 """Methods whose proposals come from a model run in the worker."""
 
@@ -25,11 +25,11 @@ class SpeculativeConfig:
     """Speculative decoding: a cheap proposer drafts tokens, the target model verifies them in one pass."""
 
     method: Optional[str] = None
-    """Proposer: null (off), ngram (prompt lookup) or draft_model (a small model); eagle is not implemented yet."""
+    """Proposer: null (off), ngram (prompt lookup), draft_model (a small model) or eagle (a head on the target)."""
     model: Optional[str] = None
-    """draft_model: checkpoint directory of the draft (same tokenizer); with method null it implies draft_model."""
+    """draft_model / eagle: checkpoint directory of the draft or head; with method null it implies draft_model."""
     draft_tensor_parallel_size: Optional[int] = None
-    """draft_model: tensor parallelism of the draft; only 1 (null means 1)."""
+    """draft_model / eagle: tensor parallelism of the draft; only 1 (null means 1)."""
     num_speculative_tokens: int = 3
     """Most draft tokens proposed per request and step."""
     prompt_lookup_min: int = 5
@@ -43,11 +43,6 @@ class SpeculativeConfig:
         if self.method is None:
             return
         check_choice("speculative.method", self.method, SPEC_METHODS)
-        if self.method not in IMPLEMENTED_METHODS:
-            raise ValueError(
-                f"speculative.method={self.method}: not implemented yet; "
-                f"implemented: {', '.join(IMPLEMENTED_METHODS)} (or null for off)"
-            )
         check_range("speculative.num_speculative_tokens", self.num_speculative_tokens, low=1)
         check_range("speculative.prompt_lookup_min", self.prompt_lookup_min, low=1)
         check_range("speculative.prompt_lookup_max", self.prompt_lookup_max, low=1)

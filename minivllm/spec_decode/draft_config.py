@@ -1,4 +1,4 @@
-"""The draft model's own config, derived from the target's (``speculative.model``).
+"""The draft model's (or EAGLE head's) own config, derived from the target's (``speculative.model``).
 
 The draft runs in the target's worker, beside it: same device, dtype, KV-cache
 block size and cache dtype, same context length, the target's token budget,
@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+from safetensors import safe_open
 
 if TYPE_CHECKING:
     from minivllm.config.vllm_config import VllmConfig
@@ -30,9 +31,15 @@ def draft_model_config(target: "VllmConfig") -> "VllmConfig":
             f"speculative.method={spec.method}: the draft runs unsharded beside the target, "
             f"so parallel.tp={target.parallel.tp} is not supported; use parallel.tp=1"
         )
+    eagle = spec.method == "eagle"
+    if eagle and target.architecture != "LlamaForCausalLM":
+        raise ValueError(
+            f"speculative.method=eagle: EAGLE heads are supported for LlamaForCausalLM targets, "
+            f"not {target.architecture}; use speculative.method=draft_model or ngram"
+        )
     node = {
         "model": {"path": spec.model, "dtype": _DTYPE_NAMES[target.dtype], "max_model_len": target.max_model_len,
-                  "seed": target.model.seed},
+                  "seed": target.model.seed, "architecture": "LlamaForCausalLM" if eagle else None},
         "device": {"type": target.device_type},
         "attention": {"name": target.attention.name},
         "cache": {"block_size": target.cache.block_size, "cache_dtype": target.cache.cache_dtype},
@@ -46,7 +53,24 @@ def draft_model_config(target: "VllmConfig") -> "VllmConfig":
     except ValueError as e:
         raise ValueError(f"speculative.model={spec.model!r}: {e}") from e
     _check_same_vocab(spec.model, target, draft)
+    if eagle:
+        _check_eagle_head(spec.model, target, draft)
     return draft
+
+
+def _check_eagle_head(name: str, target: "VllmConfig", head: "VllmConfig") -> None:
+    """The head reads the target's hidden states and embeddings: same width; no HASS norms."""
+    want, got = target.hf_config.hidden_size, head.hf_config.hidden_size
+    if want != got:
+        raise ValueError(f"speculative.model={name!r}: hidden_size {got} differs from the target's {want}")
+    if getattr(head.hf_config, "add_para_norm", False):
+        raise ValueError(f"speculative.model={name!r}: EAGLE heads with add_para_norm (HASS) are not supported")
+    names = set()
+    for file in Path(head.checkpoint_dir).glob("*.safetensors"):
+        with safe_open(file, "pt") as f:
+            names.update(f.keys())
+    if not {"fc.weight", "model.fc.weight"} & names:
+        raise ValueError(f"speculative.model={name!r}: no fc.weight in its safetensors files: not an EAGLE head")
 
 
 def _check_same_vocab(name: str, target: "VllmConfig", draft: "VllmConfig") -> None:

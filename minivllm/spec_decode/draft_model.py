@@ -50,6 +50,10 @@ _DRAFT_SEED_OFFSET = 1 << 62
 
 
 class DraftModelProposer:
+    shift = 0
+    """How far past the KV slot it fills an input token sits: 0 for a draft model; 1 for an
+    EAGLE head, whose entry at position p reads token p + 1 beside the target's hidden state at p."""
+
     def __init__(self, cfg: VllmConfig, sampler: Sampler, device: torch.device) -> None:
         self.cfg = cfg.draft_config
         self.k = cfg.speculative.num_speculative_tokens
@@ -68,7 +72,8 @@ class DraftModelProposer:
         """(n, V) fp32 distribution of each of a sampling request's latest n drafts (greedy: absent)."""
 
     # ---- set-up -------------------------------------------------------------------
-    def load_model(self, backend: AttentionBackend) -> None:
+    def load_model(self, backend: AttentionBackend, target: nn.Module) -> None:
+        """Load the draft (``target``: the target model, which an EAGLE head shares weights with)."""
         self.backend = backend
         self.model = build(self.cfg.load.loader).load_model(self.cfg, backend, self.device)
         share_cos_sin_caches(self.model, self.cfg.max_model_len, self.device)
@@ -101,23 +106,24 @@ class DraftModelProposer:
     @torch.inference_mode()
     def propose(self, batch: InputBatch, step: StepInputs, target_hidden: torch.Tensor) -> dict[RequestId, list[int]]:
         """After the target's step (its tokens verified and appended to ``batch``): the draft's
-        catch-up pass, then drafts for the requests that sampled and may speculate."""
+        catch-up pass, then drafts for the requests that reached their newest token and may speculate."""
         self.draft_probs = {}
         inputs = self._catch_up_inputs(batch, step)
         if inputs is None:
             return {}
         hidden = self._catch_up_pass(inputs, step, target_hidden)  # (T', hidden)
-        rows = inputs.rows[inputs.sample_idx]
-        start = batch.num_tokens[rows].astype(np.int64) - 1  # (B,) the newest token: its KV is now in
+        rows = inputs.rows
+        start = batch.num_tokens[rows].astype(np.int64) - 1  # (B,) the newest token's position
+        reached = batch.num_computed_tokens[rows] + inputs.query_lens == start + 1 - self.shift
         room = np.minimum(batch.block_table.num_blocks[rows].astype(np.int64) * self.block_size,
-                          self.cfg.max_model_len) - start  # fmt: skip
+                          self.cfg.max_model_len) - start + self.shift  # fmt: skip
         speculating = np.fromiter((may_speculate(batch.params[r]) for r in rows.tolist()), bool, len(rows))
-        n = np.where(speculating, np.minimum(np.minimum(room, self._outputs_left(batch, rows)), self.k), 0)
-        chosen = np.flatnonzero(n > 0)
+        n = np.minimum(np.minimum(room, self._outputs_left(batch, rows)), self.k)
+        chosen = np.flatnonzero(reached & speculating & (n > 0))
         if not len(chosen):
             return {}
         rows, start, n = rows[chosen], start[chosen], n[chosen]
-        last = hidden[inputs.logits_index[torch.from_numpy(chosen).to(self.device)]]  # (B, hidden)
+        last = hidden[torch.from_numpy(inputs.query_start[1:][chosen] - 1).to(self.device)]  # (B, hidden)
         tokens, q = self._sample(self._logits(last), batch, rows, start + 1)
         drafts, probs, live = [(np.arange(len(rows)), tokens)], [(np.arange(len(rows)), q)], np.arange(len(rows))
         for j in range(1, int(n.max())):
@@ -125,7 +131,7 @@ class DraftModelProposer:
             if len(keep) < len(live):
                 index = torch.from_numpy(keep).to(self.device)
                 live, tokens, last = live[keep], tokens[index], last[index]
-            last = self._decode_pass(batch, rows[live], start[live] + j, tokens, last)
+            last = self._decode_pass(batch, rows[live], start[live] + j - self.shift, tokens, last)
             tokens, q = self._sample(self._logits(last), batch, rows[live], start[live] + j + 1)
             drafts.append((live, tokens))
             probs.append((live, q))
@@ -133,17 +139,21 @@ class DraftModelProposer:
 
     def _catch_up_inputs(self, batch: InputBatch, step: StepInputs) -> StepInputs | None:
         """The step's rows again, each from its first new position up to its last known token
-        (accepted drafts and the new token included, rejected drafts not), where it has a slot."""
+        (accepted drafts and the new token included, rejected drafts not) less ``shift``,
+        where it has a slot; input tokens are read ``shift`` positions on."""
         computed = batch.num_computed_tokens[step.rows]  # (B,) before the step
         ends = computed + step.query_lens
         sampled = step.rows[step.sample_idx]
         reserved = batch.block_table.num_blocks[sampled].astype(np.int64) * self.block_size
-        ends[step.sample_idx] = np.minimum(batch.num_tokens[sampled], reserved)
+        ends[step.sample_idx] = np.minimum(batch.num_tokens[sampled] - self.shift, reserved)
         lens = (ends - computed).astype(np.int32)
         keep = np.flatnonzero(lens > 0)
         if not len(keep):
             return None
         inputs = self.inputs.build(batch, step.rows[keep], lens[keep])
+        if self.shift:
+            shifted = batch.token_ids[inputs.token_rows, inputs.token_positions + self.shift].astype(np.int64)
+            inputs.input_ids = torch.from_numpy(shifted).to(self.device)
         inputs.meta.backend_data = self.backend.prepare(inputs.meta, self.block_size)
         return inputs
 
@@ -191,7 +201,8 @@ class DraftModelProposer:
         table = batch.block_table.table
         seq_lens = positions + 1  # (B,)
         width = int(-(-seq_lens.max() // self.block_size))
-        slots = table[rows, positions // self.block_size].astype(np.int64) * self.block_size + positions % self.block_size
+        blocks = table[rows, positions // self.block_size].astype(np.int64)
+        slots = blocks * self.block_size + positions % self.block_size
         B = len(rows)
         meta = AttentionMetadata(
             slot_mapping=torch.from_numpy(slots).to(self.device),

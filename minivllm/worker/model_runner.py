@@ -34,7 +34,7 @@ from minivllm.sample.metadata import SamplingMetadata, from_batch, has_logits_ed
 from minivllm.sample.prompt_logprobs import add_prompt_logprobs
 from minivllm.sample.sampler import Sampler
 from minivllm.sampling_params import SamplingParams
-from minivllm.spec_decode.draft_model import DraftModelProposer
+from minivllm.spec_decode.eagle import model_proposer
 from minivllm.spec_decode.verifier import DraftVerifier
 from minivllm.structured_output.bitmask import bitmask_for_rows
 from minivllm.utils import build, cdiv
@@ -70,8 +70,8 @@ class ModelRunner:
         self._all_rows = np.arange(max_reqs)
         self.spec = DraftVerifier(self.sampler, self.block_size, device) if cfg.speculative.enabled else None
         """Speculative decoding: drafts into the batch, verified tokens out; None when off."""
-        self.drafter = DraftModelProposer(cfg, self.sampler, device) if cfg.speculative.uses_model else None
-        """speculative.method=draft_model: the draft model, run after each step; None otherwise."""
+        self.drafter = model_proposer(cfg, self.sampler, device) if cfg.speculative.uses_model else None
+        """speculative.method=draft_model or eagle: the draft model or head, run after each step; None otherwise."""
         self.pipeline: PipelineStage | None = None
         """This rank's link to its neighbouring stages (set in ``load_model`` when parallel.pp > 1)."""
         self.lora: LoRAModelManager | None = None
@@ -90,7 +90,7 @@ class ModelRunner:
         if self.cfg.lora.enable_lora:
             self.lora = LoRAModelManager(self.model, self.cfg.lora, self.cfg.hf_config, self.cfg.dtype, self.device)
         if self.drafter is not None:
-            self.drafter.load_model(self.attn_backend)
+            self.drafter.load_model(self.attn_backend, self.model)
 
     def kv_cache_shape(self, num_blocks: int) -> tuple[int, ...]:
         layer = self.attention_layers[0]
