@@ -63,29 +63,39 @@ def spec_config(method: str, args: argparse.Namespace, tmp: Path) -> dict:
     return {**config, "model": draft}
 
 
-def measure(llm: LLM, prompt: str, max_tokens: int, repeat: int) -> tuple[float, list[int]]:
+def timed(llm: LLM, prompt: str, max_tokens: int) -> tuple[float, list[int]]:
+    """Seconds for one greedy request, and its tokens."""
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
-    llm.generate([prompt], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)  # warm-up
-    best, tokens = float("inf"), []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        out = llm.generate([prompt], params, use_tqdm=False)[0].outputs[0]
-        best = min(best, time.perf_counter() - start)
-        tokens = out.token_ids
-    return len(tokens) / best, tokens
+    start = time.perf_counter()
+    out = llm.generate([prompt], params, use_tqdm=False)[0].outputs[0]
+    return time.perf_counter() - start, list(out.token_ids)
 
 
 def main() -> None:
+    """Every engine is built first; then each repeat runs every (prompt, engine) once, so
+    load from other jobs on the machine falls on all settings alike. Best of the repeats."""
     args = parse_args()
-    plain_llm = LLM(args.model, dtype=args.dtype)
-    plain = {name: measure(plain_llm, prompt, args.max_tokens, args.repeat) for name, prompt in PROMPTS.items()}
-    rows = []
     with tempfile.TemporaryDirectory() as tmp:
+        engines = {"plain": LLM(args.model, dtype=args.dtype)}
         for method in args.methods.split(","):
-            spec_llm = LLM(args.model, dtype=args.dtype, speculative_config=spec_config(method, args, Path(tmp)))
-            for name, prompt in PROMPTS.items():
-                rows.append(measure_spec(spec_llm, method, name, prompt, plain[name], args))
-            spec_llm.shutdown()
+            engines[method] = LLM(args.model, dtype=args.dtype, speculative_config=spec_config(method, args, Path(tmp)))
+    for llm in engines.values():
+        llm.generate(["warm up"], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)
+    best = {(name, e): (float("inf"), []) for name in PROMPTS for e in engines}
+    counts = {(name, e): [0, 0, 0] for name in PROMPTS for e in engines}  # drafts, proposed, accepted
+    for _ in range(args.repeat):
+        for name, prompt in PROMPTS.items():
+            for e, llm in engines.items():
+                before = llm.llm_engine.get_stats().spec_decoding
+                seconds, tokens = timed(llm, prompt, args.max_tokens)
+                best[name, e] = min(best[name, e], (seconds, tokens), key=lambda t: t[0])
+                after = llm.llm_engine.get_stats().spec_decoding
+                if after is not None:
+                    counts[name, e][0] += after.num_drafts - before.num_drafts
+                    counts[name, e][1] += after.num_draft_tokens - before.num_draft_tokens
+                    counts[name, e][2] += after.num_accepted_tokens - before.num_accepted_tokens
+    methods = [e for e in engines if e != "plain"]
+    rows = [row(e, name, best[name, "plain"], best[name, e], counts[name, e]) for e in methods for name in PROMPTS]
     print("| method | prompt | plain tok/s | spec tok/s | speed-up | acceptance rate | mean accepted length "
           "| same output |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
@@ -95,14 +105,9 @@ def main() -> None:
     print(json.dumps(rows))
 
 
-def measure_spec(llm: LLM, method: str, name: str, prompt: str, plain: tuple, args: argparse.Namespace) -> dict:
-    plain_tps, plain_tokens = plain
-    before = llm.llm_engine.get_stats().spec_decoding
-    spec_tps, spec_tokens = measure(llm, prompt, args.max_tokens, args.repeat)
-    after = llm.llm_engine.get_stats().spec_decoding
-    drafts = after.num_drafts - before.num_drafts
-    proposed = after.num_draft_tokens - before.num_draft_tokens
-    accepted = after.num_accepted_tokens - before.num_accepted_tokens
+def row(method: str, name: str, plain: tuple, spec: tuple, counts: list[int]) -> dict:
+    drafts, proposed, accepted = counts
+    plain_tps, spec_tps = len(plain[1]) / plain[0], len(spec[1]) / spec[0]
     return {
         "method": method,
         "prompt": name,
@@ -111,7 +116,7 @@ def measure_spec(llm: LLM, method: str, name: str, prompt: str, plain: tuple, ar
         "speedup": round(spec_tps / plain_tps, 2),
         "acceptance_rate": round(accepted / proposed, 3) if proposed else 0.0,
         "mean_accepted_length": round(1 + accepted / drafts, 2) if drafts else 0.0,
-        "identical_output": plain_tokens == spec_tokens,
+        "identical_output": plain[1] == spec[1],
     }
 
 

@@ -200,7 +200,9 @@ class Scheduler:
             if request.num_output_placeholders and not self._may_continue(request):
                 continue
             num_new = min(num_new, plan.budget)
-            drafts, lookahead = self.spec.plan(self.kv, request, num_new, plan.budget) if self.spec else ([], 0)
+            drafts, lookahead = [], 0
+            if self.spec is not None:
+                drafts, lookahead = self.spec.plan(self.kv, request, num_new, plan.budget)
             new_blocks = self._allocate_or_preempt(request, num_new + len(drafts) + lookahead, plan)
             if new_blocks is None:
                 continue  # the request itself was preempted

@@ -88,7 +88,7 @@ class DraftModelProposer:
         return per_layer * len(self.layers) * self.cfg.kv_cache_dtype.itemsize
 
     def init_kv_cache(self, num_blocks: int) -> None:
-        """The draft's tensors for the target's ``num_blocks`` blocks (None: release them)."""
+        """The draft's tensors for the target's ``num_blocks`` blocks (the same block ids)."""
         for layer in self.layers:
             shape = (2, num_blocks, self.block_size, layer.num_kv_heads, layer.head_dim)
             layer.kv_cache = torch.zeros(shape, dtype=self.cfg.kv_cache_dtype, device=self.device)
@@ -123,7 +123,8 @@ class DraftModelProposer:
         if not len(chosen):
             return {}
         rows, start, n = rows[chosen], start[chosen], n[chosen]
-        last = hidden[torch.from_numpy(inputs.query_start[1:][chosen] - 1).to(self.device)]  # (B, hidden)
+        ends = inputs.query_start[1:][chosen].astype(np.int64) - 1  # each chosen row's last catch-up token
+        last = hidden[torch.from_numpy(ends).to(self.device)]  # (B, hidden)
         tokens, q = self._sample(self._logits(last), batch, rows, start + 1)
         drafts, probs, live = [(np.arange(len(rows)), tokens)], [(np.arange(len(rows)), q)], np.arange(len(rows))
         for j in range(1, int(n.max())):

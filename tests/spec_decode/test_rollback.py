@@ -9,6 +9,8 @@ from minivllm.core.scheduler import Scheduler
 from minivllm.core.scheduler_output import ModelRunnerOutput
 from minivllm.engine.request import Request, RequestId
 from minivllm.sampling_params import SamplingParams
+from minivllm.spec_decode.config import SpeculativeConfig
+from minivllm.spec_decode.scheduling import SpecDecodeScheduling
 
 PROMPT = [5, 6, 7, 8, 5, 6, 7]  # after a sampled 8, the suffix "6 7 8" occurred before, followed by "5 6 7"
 
@@ -99,3 +101,40 @@ def test_a_finished_request_frees_everything(cfg):
     assert request.output_token_ids == [8, 5, 6]
     assert scheduler.kv.num_free_blocks == 8
     assert scheduler.spec.stats.num_accepted_tokens == 2
+
+
+def _with_model_drafts(cfg, num_blocks: int) -> tuple[Scheduler, Request]:
+    """A scheduler whose drafts come from the worker (a draft model), k = 3."""
+    scheduler = Scheduler(cfg, num_blocks=num_blocks)
+    spec = SpeculativeConfig(method="draft_model", model="draft", num_speculative_tokens=3)
+    scheduler.spec = SpecDecodeScheduling(spec, max_model_len=64)
+    request = _request()
+    scheduler.add_request(request)
+    return scheduler, request
+
+
+def test_a_draft_model_gets_lookahead_slots_and_its_drafts_back(cfg):
+    scheduler, request = _with_model_drafts(cfg, num_blocks=8)
+    out = scheduler.schedule()
+    assert out.num_scheduled_tokens == {"a": 7}
+    assert scheduler.kv.block_ids("a") == [0, 1]  # an admitted prompt gets no lookahead
+    scheduler.update_from_output(out, ModelRunnerOutput(sampled_token_ids={"a": [8]}, spec_token_ids={"a": [5, 6, 7]}))
+    out = scheduler.schedule()
+    assert out.scheduled_spec_decode_tokens == {"a": [5, 6, 7]}  # the worker's proposals
+    assert out.num_scheduled_tokens == {"a": 4}
+    assert out.cached_reqs.new_block_ids == [[2, 3]]  # positions 7..10 scheduled, 11..13 lookahead
+    scheduler.update_from_output(out, ModelRunnerOutput(sampled_token_ids={"a": [5, 9]}, spec_token_ids={}))
+    assert request.num_computed_tokens == 9
+    assert scheduler.kv.block_ids("a") == [0, 1, 2]
+    assert scheduler.kv.num_free_blocks == 5
+    assert not scheduler.schedule().scheduled_spec_decode_tokens  # the last output proposed nothing
+
+
+def test_lookahead_slots_go_before_drafts_and_never_preempt(cfg):
+    scheduler, request = _with_model_drafts(cfg, num_blocks=3)
+    out = scheduler.schedule()
+    scheduler.update_from_output(out, ModelRunnerOutput(sampled_token_ids={"a": [8]}, spec_token_ids={"a": [5, 6, 7]}))
+    out = scheduler.schedule()
+    assert out.scheduled_spec_decode_tokens == {"a": [5, 6, 7]}  # positions 7..10 fit in three blocks
+    assert scheduler.kv.block_ids("a") == [0, 1, 2]  # the lookahead (11..13) would need a fourth
+    assert scheduler.num_preemptions == 0
