@@ -39,16 +39,22 @@ def test_greedy_equals_no_speculation_on_the_demo_model_with_preemption(demo_dra
     assert f"Mean accepted length: {spec.mean_accepted_length:.2f}" in stats.format()
 
 
-def test_the_target_as_its_own_draft_has_every_draft_accepted(llama_dir):
+@pytest.mark.parametrize("name", ["llama_dir", "opt_dir"])
+def test_the_target_as_its_own_draft_has_every_draft_accepted(name, request):
     """The draft's KV lives in the target's blocks (prefix-cache hits, preemptions, rollbacks):
-    if any of it were stale, the draft would disagree with the target somewhere."""
-    plain = run(make_engine([f"model.path={llama_dir}"], spec=False, num_blocks=24), greedy_params())
-    engine = make_engine([f"model.path={llama_dir}"], spec=False, num_blocks=24, **draft_keys(llama_dir))
+    if any of it were stale, the draft would disagree with the target somewhere. Its bytes
+    per block are counted beside the target's."""
+    path = request.getfixturevalue(name)
+    plain_engine = make_engine([f"model.path={path}"], spec=False, num_blocks=24)
+    plain = run(plain_engine, greedy_params())
+    engine = make_engine([f"model.path={path}"], spec=False, num_blocks=24, **draft_keys(path))
     assert run(engine, greedy_params()) == plain
     stats = engine.core.scheduler.stats()
     assert stats.num_preemptions > 0 and stats.prefix_cache_hits > 0
     assert stats.spec_num_draft_tokens > 50
     assert stats.spec_num_accepted_tokens == stats.spec_num_draft_tokens
+    runner, plain_runner = (e.core.executor.worker.model_runner for e in (engine, plain_engine))
+    assert runner.kv_cache_bytes_per_block() == 2 * plain_runner.kv_cache_bytes_per_block()
 
 
 def test_seeded_sampling_with_a_draft_model_is_reproducible(llama_dir):
