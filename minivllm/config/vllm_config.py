@@ -25,6 +25,8 @@ from minivllm.lora.config import LoRAConfig
 from minivllm.lora.serving import parse_lora_modules
 from minivllm.model_loader.gguf_config import find_gguf_file, gguf_hf_config
 from minivllm.quantization import QuantizationConfig, get_quantization_config
+from minivllm.spec_decode.config import SpeculativeConfig
+from minivllm.spec_decode.draft_config import draft_model_config
 from minivllm.config.schema import (
     AttentionConfig,
     CacheConfig,
@@ -131,6 +133,8 @@ class VllmConfig:
     """Where the model runs."""
     task: TaskConfig = field(default_factory=TaskConfig)
     """What the CLI does."""
+    speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
+    """Speculative decoding (vLLM's speculative_config): proposer and draft length."""
     prompts: list[str] = field(
         default_factory=lambda: ["def fibonacci(n):", "class Stack:\n    def __init__(self):", "for line in open("]
     )
@@ -181,6 +185,7 @@ class VllmConfig:
         self._check_scheduler()
         self._check_lora()
         self._check_pooling()
+        self._check_speculative()
         self.async_scheduling: bool = _resolve_async_scheduling(self.scheduler.async_scheduling, self)
 
     def _load_hf_config(self) -> tuple[Any, Any]:
@@ -272,6 +277,25 @@ class VllmConfig:
                 logger.warning("model.pooler_config.pooling_type=MEAN: turning prefix caching off (it skips tokens)")
                 self.cache.enable_prefix_caching = False
 
+    def _check_speculative(self) -> None:
+        """The verifier runs on the last pipeline stage's sampled tokens of a generating runner;
+        a draft model gets its own derived config (``draft_config``, None without one)."""
+        spec = self.speculative
+        self.draft_config: VllmConfig | None = None
+        if not spec.enabled:
+            return
+        if self.parallel.pp > 1:  # the other stages would need the accepted drafts too
+            raise ValueError(
+                f"speculative.method={spec.method}: not supported with parallel.pp={self.parallel.pp}; use pp=1"
+            )
+        if self.model.runner == "pooling":  # pooling samples nothing to draft after
+            raise ValueError(
+                f"speculative.method={spec.method}: model.runner=pooling samples no tokens to draft after; "
+                "use model.runner=generate or speculative.method=null"
+            )
+        if spec.uses_model:
+            self.draft_config = draft_model_config(self)
+
     @classmethod
     def from_dictconfig(cls, cfg: DictConfig | dict) -> "VllmConfig":
         """Validate a composed config and compute the derived values."""
@@ -286,11 +310,19 @@ class VllmConfig:
 
 def _resolve_async_scheduling(requested: bool | None, cfg: "VllmConfig") -> bool:
     """Overlap pays where the device runs apart from the host: CUDA, one worker in this process.
-    Pipeline stages and data-parallel replicas step synchronously."""
+    Pipeline stages and data-parallel replicas step synchronously; so does speculative decoding,
+    which needs each step's accepted tokens before it schedules the next."""
     par = cfg.parallel
     if par.pp > 1 or par.dp > 1:
         if requested:
             raise ValueError("scheduler.async_scheduling=true: not supported with parallel.pp > 1 or parallel.dp > 1")
+        return False
+    if cfg.speculative.enabled:
+        if requested:
+            raise ValueError(
+                f"scheduler.async_scheduling=true: not supported with speculative.method={cfg.speculative.method} "
+                "(speculation schedules each step after the previous one's accepted tokens); set it to false or null"
+            )
         return False
     if requested is None:
         return cfg.device_type == "cuda" and cfg.world_size == 1

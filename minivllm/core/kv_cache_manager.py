@@ -182,6 +182,19 @@ class KVCacheManager:
             self.pool.free(table[done:cut])
             self._num_out_of_window[request.request_id] = cut
 
+    def truncate(self, request: Request, num_tokens: int) -> None:
+        """Keep only the blocks that hold the first ``num_tokens`` tokens; the rest
+        (rejected speculative tokens' slots) return to the pool, last first."""
+        table = self._tables.get(request.request_id)
+        if table is None:
+            return
+        keep = self.blocks_needed(num_tokens)
+        if self._num_hashed.get(request.request_id, 0) > keep:
+            raise RuntimeError(f"request {request.request_id}: truncating hashed blocks")
+        extra = table[keep:]
+        del table[keep:]
+        self.pool.free(list(reversed(extra)))
+
     def free(self, request: Request) -> None:
         """Return the request's blocks, last block first, so the tail of a
         sequence is evicted before its head (its head is likelier to be shared)."""

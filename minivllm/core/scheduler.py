@@ -37,6 +37,12 @@ whose known plus pending outputs already reach ``max_tokens`` is not scheduled
 again (it cannot need another step). A preempted request keeps its pending
 token (it was sampled from complete KV) and is not readmitted while one is
 pending. Prefix-cache hashes cover known tokens only.
+
+Speculative decoding (``speculative.method``, ``spec_decode/scheduling.py``):
+a decoding request may be scheduled for ``1 + k`` tokens, its last known token
+and ``k`` drafts (``SchedulerOutput.scheduled_spec_decode_tokens``, from the
+n-gram lookup or from the worker's draft model); after the step the rejected
+drafts are rolled back. It runs without async scheduling.
 """
 from __future__ import annotations
 
@@ -58,6 +64,7 @@ from minivllm.core.scheduler_output import (
 )
 from minivllm.core.stats import SchedulerStats
 from minivllm.engine.request import Request, RequestId, RequestStatus
+from minivllm.spec_decode.scheduling import SpecDecodeScheduling
 from minivllm.structured_output.backend import backend_for
 from minivllm.structured_output.manager import StructuredOutputManager
 
@@ -88,6 +95,7 @@ class _StepPlan:
     budget: int
     scheduled: dict[RequestId, int] = field(default_factory=dict)
     new_blocks: dict[RequestId, list[BlockId]] = field(default_factory=dict)
+    spec_tokens: dict[RequestId, list[int]] = field(default_factory=dict)
     newly_admitted: list[Request] = field(default_factory=list)
     preempted: bool = False
 
@@ -116,6 +124,8 @@ class Scheduler:
         """Requests the workers should drop at the next step."""
         self.structured = StructuredOutputManager(lambda: backend_for(cfg))
         """Grammar matchers of requests with structured outputs."""
+        self.spec = SpecDecodeScheduling(cfg.speculative, cfg.max_model_len) if cfg.speculative.enabled else None
+        """Draft proposals and rollback; None when speculative decoding is off."""
 
     # ---- requests in and out --------------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -147,6 +157,7 @@ class Scheduler:
             num_preempted=sum(1 for r in self.waiting if r.num_preemptions > 0),
             prefix_cache_queries=self.kv.prefix_cache_stats.queries,
             prefix_cache_hits=self.kv.prefix_cache_stats.hits,
+            **(self.spec.stats.as_scheduler_stats() if self.spec is not None else {}),
         )
 
     # ---- one step -----------------------------------------------------------------
@@ -190,9 +201,15 @@ class Scheduler:
             if request.num_output_placeholders and not self._may_continue(request):
                 continue
             num_new = min(num_new, plan.budget)
-            new_blocks = self._allocate_or_preempt(request, num_new, plan)
+            drafts, lookahead = [], 0
+            if self.spec is not None:
+                drafts, lookahead = self.spec.plan(self.kv, request, num_new, plan.budget)
+            new_blocks = self._allocate_or_preempt(request, num_new + len(drafts) + lookahead, plan)
             if new_blocks is None:
                 continue  # the request itself was preempted
+            if drafts:
+                plan.spec_tokens[request.request_id] = drafts
+                num_new += len(drafts)
             plan.scheduled[request.request_id] = num_new
             plan.new_blocks[request.request_id] = new_blocks
             plan.budget -= num_new
@@ -288,7 +305,11 @@ class Scheduler:
         self.waiting.appendleft(request)
 
     def _make_output(self, plan: _StepPlan) -> SchedulerOutput:
-        out = SchedulerOutput(num_scheduled_tokens=plan.scheduled, finished_req_ids=self._forget)
+        out = SchedulerOutput(
+            num_scheduled_tokens=plan.scheduled,
+            finished_req_ids=self._forget,
+            scheduled_spec_decode_tokens=plan.spec_tokens,
+        )
         self._forget = set()
         admitted = {r.request_id for r in plan.newly_admitted}
         cached = out.cached_reqs
@@ -322,6 +343,8 @@ class Scheduler:
         results = []
         requests, logprobs, prompt_logprobs = self.requests, output.logprobs, output.prompt_logprobs
         pooler_output = output.pooler_output
+        if self.spec is not None:
+            self.spec.receive(output.spec_token_ids)
         for req_id, new_tokens in output.sampled_token_ids.items():
             request = requests.get(req_id)
             if request is None:
@@ -334,6 +357,9 @@ class Scheduler:
                 appended.append(token)
                 if self._check_stop(request, token) or self._check_grammar_end(request):
                     break
+            drafts = sched.scheduled_spec_decode_tokens.get(req_id) if self.spec is not None else None
+            if drafts:
+                self.spec.after_step(self.kv, request, len(drafts), len(new_tokens))
             results.append(
                 EngineCoreOutput(
                     req_id,

@@ -71,6 +71,9 @@ class SchedulerOutput:
     request in ``structured_output_request_ids``; None when no sampling request has a grammar."""
     structured_output_request_ids: list[RequestId] = field(default_factory=list)
     """The request of each ``grammar_bitmask`` row."""
+    scheduled_spec_decode_tokens: dict[RequestId, list[int]] = field(default_factory=dict)
+    """Speculative decoding: the draft tokens of each request that has some; they are the
+    last ``len(drafts)`` of its ``num_scheduled_tokens`` (after its last known token)."""
 
     @property
     def total_num_scheduled_tokens(self) -> int:
@@ -86,7 +89,8 @@ class ModelRunnerOutput:
     """Sampled tokens of one step, from rank 0."""
 
     sampled_token_ids: dict[RequestId, list[int]] = field(default_factory=dict)
-    """Per request that finished its known tokens this step: the new token(s).
+    """Per request that finished its known tokens this step: the new token(s) (with
+    speculative decoding: the accepted drafts, then the target's own token).
     Requests in the middle of a prefill chunk get no entry."""
     logprobs: dict[RequestId, list[PositionLogprobs]] = field(default_factory=dict)
     """Per sampled token: the chosen token's and the top-k's logprobs, and the chosen one's rank."""
@@ -96,3 +100,6 @@ class ModelRunnerOutput:
     the first entry None. Workers gather them chunk by chunk during prefill."""
     pooler_output: dict[RequestId, Any] = field(default_factory=dict)
     """runner=pooling: per request whose prompt completed this step, its pooled (H,) fp32 CPU tensor."""
+    spec_token_ids: dict[RequestId, list[int]] = field(default_factory=dict)
+    """Speculative decoding with a draft model: per request that sampled, the drafts it
+    proposes to follow this step's tokens (the scheduler schedules them next step)."""

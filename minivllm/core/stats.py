@@ -39,6 +39,14 @@ class SchedulerStats:
     """Tokens looked up in the prefix cache since the engine started."""
     prefix_cache_hits: int = 0
     """Of those, tokens found."""
+    spec_decoding: bool = False
+    """Whether speculative decoding is on (the spec_* counters below are then live)."""
+    spec_num_drafts: int = 0
+    """Verification steps of requests with drafts since the start."""
+    spec_num_draft_tokens: int = 0
+    """Draft tokens proposed since the start."""
+    spec_num_accepted_tokens: int = 0
+    """Of those, tokens the target model accepted."""
 
     @property
     def prefix_cache_hit_rate(self) -> float:

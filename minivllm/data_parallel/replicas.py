@@ -62,6 +62,7 @@ def merge_stats(stats: list[SchedulerStats]) -> SchedulerStats:
     )
     used = sum(s.num_blocks - s.num_free_blocks for s in stats)
     total.kv_cache_usage = used / total.num_blocks if total.num_blocks else 0.0
+    total.spec_decoding = any(s.spec_decoding for s in stats)
     return total
 
 
@@ -74,4 +75,7 @@ _COUNTS = (
     "num_preempted",
     "prefix_cache_queries",
     "prefix_cache_hits",
+    "spec_num_drafts",
+    "spec_num_draft_tokens",
+    "spec_num_accepted_tokens",
 )

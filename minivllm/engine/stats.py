@@ -6,6 +6,10 @@ one line in the spirit of vLLM's::
     Avg prompt throughput: 812.4 tokens/s, Avg generation throughput: 95.1 tokens/s, Running: 12 reqs,
     Waiting: 40 reqs, Preempted: 2 reqs, KV cache usage: 87.5%, Prefix cache hit rate: 61.3%
 
+With speculative decoding on, the line ends with its acceptance rate, mean
+accepted length (tokens per verification step, the target's own included) and
+drafts per second over the window.
+
 Throughputs are averaged over the window since the previous line. Prompt
 tokens count when a request gets its first output token (its whole prompt,
 cached part included, as vLLM counts them). ``LLMEngine.get_stats()`` returns
@@ -19,6 +23,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from minivllm.core.stats import SchedulerStats
+from minivllm.spec_decode.metrics import SpecDecodingStats
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +52,10 @@ class EngineStats:
     """Generated tokens since the start."""
     window_s: float
     """Length of the window the throughputs average over."""
+    spec_decoding: SpecDecodingStats | None = None
+    """Speculative decoding counters since the start; None when it is off."""
+    spec_drafts_per_s: float = 0.0
+    """Verification steps with drafts per second over the current window."""
 
     def format(self) -> str:
         return (
@@ -55,6 +64,14 @@ class EngineStats:
             f"Running: {self.num_running} reqs, Waiting: {self.num_waiting} reqs, "
             f"Preempted: {self.num_preempted} reqs, KV cache usage: {100 * self.kv_cache_usage:.1f}%, "
             f"Prefix cache hit rate: {100 * self.prefix_cache_hit_rate:.1f}%"
+            + (self._spec_part() if self.spec_decoding is not None else "")
+        )
+
+    def _spec_part(self) -> str:
+        spec = self.spec_decoding
+        return (
+            f", Spec decode acceptance rate: {100 * spec.acceptance_rate:.1f}%, "
+            f"Mean accepted length: {spec.mean_accepted_length:.2f}, Drafts: {self.spec_drafts_per_s:.1f}/s"
         )
 
 
@@ -69,6 +86,7 @@ class StatLogger:
         self._window_start = clock()
         self._window_prompt = 0
         self._window_generation = 0
+        self._window_drafts_start = 0
 
     def record_step(self, num_prompt_tokens: int, num_generation_tokens: int) -> None:
         self.num_prompt_tokens += num_prompt_tokens
@@ -92,6 +110,8 @@ class StatLogger:
             num_prompt_tokens=self.num_prompt_tokens,
             num_generation_tokens=self.num_generation_tokens,
             window_s=window,
+            spec_decoding=_spec_stats(sched),
+            spec_drafts_per_s=(sched.spec_num_drafts - self._window_drafts_start) / window,
         )
 
     def maybe_log(self, sched_stats: Callable[[], SchedulerStats]) -> EngineStats | None:
@@ -102,4 +122,11 @@ class StatLogger:
         logger.info("%s", stats.format())
         self._window_start = self._clock()
         self._window_prompt = self._window_generation = 0
+        self._window_drafts_start = stats.spec_decoding.num_drafts if stats.spec_decoding is not None else 0
         return stats
+
+
+def _spec_stats(sched: SchedulerStats) -> SpecDecodingStats | None:
+    if not sched.spec_decoding:
+        return None
+    return SpecDecodingStats(sched.spec_num_drafts, sched.spec_num_draft_tokens, sched.spec_num_accepted_tokens)

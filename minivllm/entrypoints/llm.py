@@ -22,6 +22,7 @@ from minivllm.pooling.outputs import EmbeddingRequestOutput, PoolingRequestOutpu
 from minivllm.pooling.params import PoolingParams
 from minivllm.entrypoints.chat_utils import Conversation, is_single_conversation, render_chat
 from minivllm.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
+from minivllm.spec_decode.config import speculative_node
 
 # vLLM keyword -> key in the config tree
 KWARG_KEYS = {
@@ -59,6 +60,7 @@ KWARG_KEYS = {
     "cuda_graph_sizes": "compilation.cudagraph_capture_sizes",
     "attention_backend": "attention.name",
     "device": "device.type",
+    "speculative_config": "speculative",
     "enable_lora": "lora.enable_lora",
     "max_loras": "lora.max_loras",
     "max_lora_rank": "lora.max_lora_rank",
@@ -88,7 +90,9 @@ def config_from_kwargs(model: str | None = None, overrides: Sequence[str] = (), 
         known = ", ".join(sorted([*KWARG_KEYS, *SPECIAL_KWARGS]))
         raise ValueError(f"LLM(): unknown or unimplemented keyword(s) {', '.join(unknown)}; known: {known}")
     for name, value in kwargs.items():
-        if value is not None:
+        if name == "speculative_config" and value is not None:
+            OmegaConf.update(cfg, "speculative", speculative_node(value), merge=True)
+        elif value is not None:
             OmegaConf.update(cfg, KWARG_KEYS[name], value, merge=False)
     return cfg
 

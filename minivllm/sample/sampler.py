@@ -50,13 +50,13 @@ class Sampler(nn.Module):
         if meta.all_greedy:
             token_ids = greedy
         else:
-            sampled = self._sample(self._process(logits, meta), meta)
+            sampled = self._sample(self.process(logits, meta), meta)
             token_ids = torch.where(meta.temperature == 0.0, greedy, sampled)
         if meta.max_num_logprobs is None:
             return SamplerOutput(token_ids, None, None, None)
         return SamplerOutput(token_ids, *gather_logprobs(raw, token_ids, meta.max_num_logprobs))
 
-    def _process(self, logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
+    def process(self, logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
         """Temperature, then the min-p and top-k / top-p masks (masked entries become -inf)."""
         temp = torch.where(meta.temperature == 0.0, 1.0, meta.temperature)
         logits = logits / temp.unsqueeze(1)

@@ -103,9 +103,16 @@ class _EngineCollector(Collector):
             g = GaugeMetricFamily(metric, doc, labels=["model_name"])
             g.add_metric([name], float(value))
             yield g
-        c = CounterMetricFamily("minivllm:num_preemptions", "Preemptions since start.", labels=["model_name"])
-        c.add_metric([name], float(s.num_preemptions))
-        yield c
+        counters = {
+            "minivllm:num_preemptions": ("Preemptions since start.", s.num_preemptions),
+            "minivllm:spec_decode_num_drafts": ("Speculative verification steps with drafts.", s.spec_num_drafts),
+            "minivllm:spec_decode_num_draft_tokens": ("Draft tokens proposed.", s.spec_num_draft_tokens),
+            "minivllm:spec_decode_num_accepted_tokens": ("Draft tokens accepted.", s.spec_num_accepted_tokens),
+        }
+        for metric, (doc, value) in counters.items():
+            c = CounterMetricFamily(metric, doc, labels=["model_name"])
+            c.add_metric([name], float(value))
+            yield c
 
 
 def prefix_hit_rate(stats: SchedulerStats) -> float:

@@ -34,6 +34,8 @@ from minivllm.sample.metadata import SamplingMetadata, from_batch, has_logits_ed
 from minivllm.sample.prompt_logprobs import add_prompt_logprobs
 from minivllm.sample.sampler import Sampler
 from minivllm.sampling_params import SamplingParams
+from minivllm.spec_decode.eagle import model_proposer
+from minivllm.spec_decode.verifier import DraftVerifier
 from minivllm.structured_output.bitmask import bitmask_for_rows
 from minivllm.utils import build, cdiv
 from minivllm.worker.cuda_graphs import CUDAGraphRunner
@@ -66,6 +68,10 @@ class ModelRunner:
         self._sampling: tuple[SamplingMetadata, list[int], list[int]] | None = None
         """For ``_sampling_key``: the metadata, the sampling rows that have logit edits, and those with seeds."""
         self._all_rows = np.arange(max_reqs)
+        self.spec = DraftVerifier(self.sampler, self.block_size, device) if cfg.speculative.enabled else None
+        """Speculative decoding: drafts into the batch, verified tokens out; None when off."""
+        self.drafter = model_proposer(cfg, self.sampler, device) if cfg.speculative.uses_model else None
+        """speculative.method=draft_model or eagle: the draft model or head, run after each step; None otherwise."""
         self.pipeline: PipelineStage | None = None
         """This rank's link to its neighbouring stages (set in ``load_model`` when parallel.pp > 1)."""
         self.lora: LoRAModelManager | None = None
@@ -83,6 +89,8 @@ class ModelRunner:
         self.pipeline = pipeline_stage(self.cfg, self.model, self.device)  # None unless parallel.pp > 1
         if self.cfg.lora.enable_lora:
             self.lora = LoRAModelManager(self.model, self.cfg.lora, self.cfg.hf_config, self.cfg.dtype, self.device)
+        if self.drafter is not None:
+            self.drafter.load_model(self.attn_backend, self.model)
 
     def kv_cache_shape(self, num_blocks: int) -> tuple[int, ...]:
         layer = self.attention_layers[0]
@@ -90,7 +98,8 @@ class ModelRunner:
 
     def kv_cache_bytes_per_block(self) -> int:
         per_layer = int(np.prod(self.kv_cache_shape(1)))
-        return per_layer * len(self.attention_layers) * self.cfg.kv_cache_dtype.itemsize
+        draft = self.drafter.kv_cache_bytes_per_block() if self.drafter is not None else 0
+        return per_layer * len(self.attention_layers) * self.cfg.kv_cache_dtype.itemsize + draft
 
     def init_kv_cache(self, num_blocks: int) -> None:
         """Allocate one (2, num_blocks, block_size, kv_heads, head_dim) tensor per layer and bind it."""
@@ -98,6 +107,8 @@ class ModelRunner:
         self.kv_caches = [torch.zeros(shape, dtype=self.cfg.kv_cache_dtype, device=self.device) for _ in self.attention_layers]
         for layer, cache in zip(self.attention_layers, self.kv_caches):
             layer.kv_cache = cache
+        if self.drafter is not None:  # its own tensors over the same block ids
+            self.drafter.init_kv_cache(num_blocks)
 
     @property
     def cuda_graphs_enabled(self) -> bool:
@@ -153,6 +164,9 @@ class ModelRunner:
         hidden = self._forward(step.input_ids, step.positions, step.meta, intermediate)
         if self.pipeline is None or self.pipeline.is_last:
             self.model.compute_logits(hidden[step.logits_index])
+        if self.drafter is not None:
+            self.drafter.catch_up(step)
+            self.drafter.release_kv_cache()
         self.kv_caches = []
         for layer in self.attention_layers:
             layer.kv_cache = None
@@ -180,10 +194,26 @@ class ModelRunner:
             return DoneOutput(self._pool(hidden, step, sched))
         prompt_logprobs = self._gather_prompt_logprobs(hidden, step) if self.prompt_logprobs else {}
         if not len(step.sample_idx):
+            if self.drafter is not None:  # a prefill chunk: the draft's KV catches up
+                self.drafter.propose(self.batch, step, hidden)
             return DoneOutput(ModelRunnerOutput())
         pending = self._sample_and_collect(hidden, step, prompt_logprobs, sched)
+        if self.spec is not None:
+            return DoneOutput(self._speculate(hidden, step, sched, pending.result()))
         self._pending = pending
         return pending
+
+    def _speculate(
+        self, hidden: torch.Tensor, step: StepInputs, sched: SchedulerOutput, out: ModelRunnerOutput
+    ) -> ModelRunnerOutput:
+        """Verify this step's drafts; then a draft model proposes the next ones."""
+        drafter = self.drafter
+        if sched.scheduled_spec_decode_tokens:
+            out = self.spec.verify(self.batch, step, sched, self.model.compute_logits, hidden,
+                                   self._seeded_generator, out, drafter.draft_probs if drafter else None)
+        if drafter is not None:
+            out.spec_token_ids = drafter.propose(self.batch, step, hidden)
+        return out
 
     def _follow_last_stage(self, step: StepInputs) -> DoneOutput:
         """A non-last pipeline stage samples nothing, yet its batch must hold the same
@@ -219,10 +249,14 @@ class ModelRunner:
         if len(cached):
             rows = [batch.row_of[r] for r in cached.req_ids]
             batch.num_computed_tokens[rows] = cached.num_computed_tokens
+            if self.spec is not None:
+                self.spec.roll_back_block_tables(batch, cached)
             for row, blocks in zip(rows, cached.new_block_ids):
                 if blocks:
                     batch.block_table.append_row(row, blocks)
         batch.condense()
+        if sched.scheduled_spec_decode_tokens:
+            self.spec.write_drafts(batch, sched)
 
     def _track_prompt_logprobs(self, new: NewRequestData) -> None:
         """Prompt logprobs are gathered during the first prefill only (after a

@@ -84,6 +84,9 @@ class Worker:
             _, total = torch.cuda.mem_get_info(self.device)
             return float(total), float(torch.cuda.max_memory_allocated(self.device))
         weights = sum(p.numel() * p.element_size() for p in self.model_runner.model.parameters())
+        drafter = getattr(self.model_runner, "drafter", None)  # speculative.method=draft_model
+        if drafter is not None:
+            weights += drafter.weight_bytes()
         _reset_peak_rss()
         before = _rss_bytes()
         self.model_runner.profile_run()
