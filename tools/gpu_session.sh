@@ -79,7 +79,7 @@ install_wheels() {
     return 1
   fi
   local site=${GPU_SESSION_SITE:-/tmp/site}
-  "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --target "$site" "$ROOT"/.whl/*.whl || return 1
+  "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$site" "$ROOT"/.whl/*.whl || return 1
   export PYTHONPATH="$site:$PYTHONPATH"
   echo "wheels: installed $(ls "$ROOT"/.whl/*.whl | wc -l) into $site"
 }
@@ -185,7 +185,12 @@ stage_d4() {
   local args=(--dtype bf16 --num-heads 16 --num-kv-heads 8 --head-dim 128 --json "$STAGE_DIR/metrics.json")
   if ((CPU_TRY)); then args=(--cpu-smoke --json "$STAGE_DIR/metrics.json"); fi
   if ((QUICK && !CPU_TRY)); then args+=(--batches 1 256 --contexts 4096 --small-batch 0); fi
-  "$PYTHON" benchmarks/attention.py "${args[@]}"
+  "$PYTHON" benchmarks/attention.py "${args[@]}" || return
+  if ((!CPU_TRY && !QUICK)); then  # the engine's bench=nanovllm runs use 256-token blocks
+    echo "== 256-token blocks"
+    "$PYTHON" benchmarks/attention.py --batches 256 --contexts 1024 4096 --small-batch 0 --block-size 256 \
+      --num-heads 16 --num-kv-heads 8 --head-dim 128 --json "$STAGE_DIR/block256.json" || true
+  fi
 }
 
 stage_d5() {

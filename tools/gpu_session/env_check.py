@@ -85,7 +85,7 @@ def triton_smoke(cpu_try: bool) -> dict[str, Any]:
         want = (x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype)
         rms_norm_(x, w, 1e-6)
         err = (x.float() - want.float()).abs().max().item()
-        return {"ok": err < 0.05, "max_abs_err": err}
+        return {"ok": torch.allclose(x.float(), want.float(), rtol=2e-2, atol=1e-2), "max_abs_err": err}
     except Exception as e:  # noqa: BLE001 - the report names whatever broke
         return {"ok": False, "error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
 
@@ -107,7 +107,14 @@ def conf_link() -> dict[str, Any]:
 
 def optional_packages() -> dict[str, bool]:
     """Which optional packages are installed (found, not imported: importing them all is slow)."""
-    return {name: importlib.util.find_spec(name) is not None for name in OPTIONAL}
+    return {name: _installed(name) for name in OPTIONAL}
+
+
+def _installed(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):  # a broken install counts as missing
+        return False
 
 
 def main(argv: list[str] | None = None) -> int:
