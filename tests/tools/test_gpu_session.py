@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tools.gpu_session.results_md import load_stages, render
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "tools" / "gpu_session.sh"
 
@@ -45,6 +47,23 @@ def test_cpu_try_records_a_failed_stage_and_goes_on(tmp_path):
     assert {"work/a/log.txt", "work/c/log.txt", "work/d4/metrics.json"} <= names
     table = proc.stdout.splitlines()
     assert table[-5].startswith("stage") and table[-3].split()[:2] == ["c", "demo:"]
+    draft = render(load_stages([out / "summary.json"]), "2026-11-23")
+    assert "| decode 2x64 |" in draft and "| prefill 2x16@48 |" in draft
+
+
+def test_results_draft_has_one_row_per_configuration(tmp_path):
+    row = dict(status="ok", output_tokens_per_s=18000.0, roofline_percent=71.5, num_preemptions=0, num_kv_blocks=1200,
+               single_decode_tokens_per_s=400.0, speedup_vs_hf=None, hf_output_tokens_per_s=None)
+    d1 = {"runs": [dict(row, run="graphs"), {"run": "eager", "status": "no metrics"}]}
+    d3 = {"runs": [dict(row, run="hf_vs_minivllm", speedup_vs_hf=16.0, hf_output_tokens_per_s=1125.0)]}
+    summary = tmp_path / "summary.json"
+    summary.write_text(json.dumps({"stages": [{"stage": "d1", "metrics": d1}, {"stage": "d3", "metrics": d3}]}))
+    lines = render(load_stages([summary]), "2026-11-24").splitlines()
+    assert lines[0] == "## GPU session: GPU (name not recorded), 2026-11-24"
+    rows = [line for line in lines if line.startswith("| `")]
+    assert rows[0] == "| `(defaults: CUDA graphs, async scheduling)` | 18000 | 71.5 | 0 | 1200 | 400 |  |"
+    assert rows[1].startswith("| `compilation.cudagraph=false` | no metrics |")
+    assert rows[2].endswith("| 16.0x (transformers 1125 tok/s) |")
 
 
 def test_an_unknown_stage_is_refused_before_any_work(tmp_path):
