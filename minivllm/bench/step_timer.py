@@ -64,6 +64,7 @@ class StepTimer:
     def steps(self) -> list[StepRecord]:
         """The records so far (reading the model times of CUDA events waits for them)."""
         for index, events in self._unread:
+            events[-1][1].synchronize()  # elapsed_time refuses events the device has not reached
             self._steps[index].model_s = sum(start.elapsed_time(end) for start, end in events) / 1e3
         self._unread = []
         return self._steps
