@@ -32,6 +32,8 @@ from minivllm.entrypoints.llm import LLM
 from minivllm.sampling_params import RequestOutputKind, SamplingParams
 
 ENGINE = ["bench=nanovllm", "model=qwen3-0.6b", "load.format=dummy"]
+FULL = dict(batch=256, context=512, steps=10, warmup_steps=3)
+TINY = dict(batch=4, context=16, steps=3, warmup_steps=1)
 TINY_SHAPE = [f"+model.hf_overrides.{k}={v}" for k, v in dict(
     num_hidden_layers=2, hidden_size=64, intermediate_size=128, vocab_size=512, num_attention_heads=4,
     num_key_value_heads=2, head_dim=16).items()]
@@ -39,19 +41,21 @@ TINY_SHAPE = [f"+model.hf_overrides.{k}={v}" for k, v in dict(
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--batch", type=int, default=256, help="requests decoding together")
-    p.add_argument("--context", type=int, default=512, help="prompt tokens of each request")
-    p.add_argument("--steps", type=int, default=10, help="decode steps timed, then profiled")
-    p.add_argument("--warmup-steps", type=int, default=3, help="full-batch decode steps before timing")
+    p.add_argument("--batch", type=int, help="requests decoding together (256; --tiny: 4)")
+    p.add_argument("--context", type=int, help="prompt tokens of each request (512; --tiny: 16)")
+    p.add_argument("--steps", type=int, help="decode steps timed, then profiled (10; --tiny: 3)")
+    p.add_argument("--warmup-steps", type=int, help="full-batch decode steps before timing (3; --tiny: 1)")
     p.add_argument("--temperature", type=float, default=0.6, help="sampling temperature (nano-vllm's bench: 0.6)")
     p.add_argument("--eager", action="store_true", help="compilation.cudagraph=false")
     p.add_argument("--top", type=int, default=15, help="kernels listed")
-    p.add_argument("--tiny", action="store_true", help="CPU: a 2-layer shape of the model, 4 requests, 3 steps")
+    p.add_argument("--tiny", action="store_true", help="CPU: a 2-layer shape of the model, smaller defaults")
     p.add_argument("--json", metavar="PATH", help="also write the summary here")
     p.add_argument("overrides", nargs="*", help="Hydra overrides added to the engine's config (after --)")
     args = p.parse_args(argv)
+    for key, value in (TINY if args.tiny else FULL).items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
     if args.tiny:
-        args.batch, args.context, args.steps, args.warmup_steps = 4, 16, 3, 1
         args.overrides = ["device=cpu", *TINY_SHAPE, *args.overrides]
     if args.eager:
         args.overrides.append("compilation.cudagraph=false")
