@@ -93,7 +93,8 @@ def fill_batch(llm: LLM, args: argparse.Namespace) -> int:
                 break
     finally:
         timer.detach()
-    raise RuntimeError(f"the {args.batch} requests never decoded in one step: raise scheduler.max_num_seqs or the KV cache")
+    raise RuntimeError(f"the {args.batch} requests never decoded in one step: "
+                       "raise scheduler.max_num_seqs or the KV cache")
 
 
 def _sync(device: torch.device) -> None:

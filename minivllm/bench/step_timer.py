@@ -145,7 +145,7 @@ class StepTimer:
     def summary(self, decode_only: bool = False) -> dict[str, float | int | None]:
         steps = [s for s in self.steps if s.decode_only] if decode_only else self.steps
         wall = sum(s.wall_s for s in steps)
-        prefill = [s for s in steps if s.num_tokens and not s.decode_only]  # not async's last, empty step
+        prefill = [s for s in steps if s.num_tokens and not s.decode_only]  # not async's empty last step
         out: dict[str, float | int | None] = {
             "num_steps": len(steps),
             "step_time_s": wall,

@@ -34,7 +34,8 @@ def _device(name: str, us: float, annotation: bool = False) -> _Event:
 
 
 @pytest.mark.parametrize("name, group", [
-    ("_paged_attention_kernel", "attention"), ("_combine_splits_kernel", "attention"), ("_write_kv_kernel", "attention"),
+    ("_paged_attention_kernel", "attention"), ("_combine_splits_kernel", "attention"),
+    ("_write_kv_kernel", "attention"),
     ("nvjet_hsh_256x128_64x4_1x2_h_bz_coopA_NTN", "gemm"), ("sm90_xmma_gemm_bf16bf16_bf16f32", "gemm"),
     ("aten::addmm", "gemm"), ("_rms_norm_kernel", "small ops"), ("_rotary_kernel", "small ops"),
     ("Memcpy HtoD (Pinned -> Device)", "copies"), ("void at::native::vectorized_elementwise_kernel<4>", "small ops"),
@@ -45,7 +46,8 @@ def test_kernels_are_grouped_by_name(name, group):
 
 def test_device_kernels_split_sampler_and_count_graph_replays_once():
     sampler = _Event(SAMPLER_RANGE)
-    softmax = _Event("aten::softmax", kernels=[_kernel("softmax_warp_forward", 5.0)], cpu_parent=_Event("aten::x", cpu_parent=sampler))
+    softmax = _Event("aten::softmax", kernels=[_kernel("softmax_warp_forward", 5.0)],
+                     cpu_parent=_Event("aten::x", cpu_parent=sampler))
     mm = _Event("aten::mm", kernels=[_kernel("nvjet_hsh_128x256", 20.0)])
     events = [sampler, softmax, mm,
               _device("softmax_warp_forward", 5.0), _device("nvjet_hsh_128x256", 20.0),

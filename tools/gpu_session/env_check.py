@@ -93,7 +93,8 @@ def triton_smoke(cpu_try: bool) -> dict[str, Any]:
 def conf_link() -> dict[str, Any]:
     """``minivllm/conf`` must lead to the YAML tree (a link to ../conf in the source tree)."""
     link = ROOT / "minivllm" / "conf"
-    out: dict[str, Any] = {"path": str(link), "is_link": link.is_symlink(), "has_config": (link / "config.yaml").is_file()}
+    out: dict[str, Any] = {"path": str(link), "is_link": link.is_symlink(),
+                           "has_config": (link / "config.yaml").is_file()}
     try:
         from minivllm.config.store import build_config
 

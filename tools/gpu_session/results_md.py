@@ -38,8 +38,8 @@ def load_stages(paths: list[Path]) -> dict[str, dict[str, Any]]:
 
 
 def _bench_table(stages: dict[str, dict[str, Any]]) -> list[str]:
-    lines = ["| configuration | output tok/s | % of roofline floor | preemptions | KV blocks | single-request decode tok/s | vs transformers |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
+    lines = ["| configuration | output tok/s | % of roofline floor | preemptions | KV blocks "
+             "| single-request decode tok/s | vs transformers |", "| --- | --- | --- | --- | --- | --- | --- |"]
     for stage in ("d1", "d2", "d3"):
         for r in stages.get(stage, {}).get("runs", []):
             config = f"`{CONFIGS.get(r['run'], r['run'])}`"
@@ -49,13 +49,15 @@ def _bench_table(stages: dict[str, dict[str, Any]]) -> list[str]:
             versus = "" if r.get("speedup_vs_hf") is None else (
                 f"{_f(r['speedup_vs_hf'], '.1f')}x (transformers {_f(r['hf_output_tokens_per_s'])} tok/s)")
             lines.append(f"| {config} | {_f(r['output_tokens_per_s'])} | {_f(r['roofline_percent'], '.1f')} | "
-                         f"{r['num_preemptions']} | {r['num_kv_blocks']} | {_f(r['single_decode_tokens_per_s'])} | {versus} |")
+                         f"{r['num_preemptions']} | {r['num_kv_blocks']} | "
+                         f"{_f(r['single_decode_tokens_per_s'])} | {versus} |")
     return lines
 
 
 def _attention_table(m: dict[str, Any]) -> list[str]:
     lines = [f"Copy bandwidth {_f(m.get('copy_bandwidth_gb_s'))} GB/s; {m.get('dtype')}, "
-             f"{m.get('num_heads')}/{m.get('num_kv_heads')} heads, head_dim {m.get('head_dim')}, block_size {m.get('block_size')}.",
+             f"{m.get('num_heads')}/{m.get('num_kv_heads')} heads, head_dim {m.get('head_dim')}, "
+             f"block_size {m.get('block_size')}.",
              "", "| case | ms | KV GB/s | % of copy | TFLOP/s |", "| --- | --- | --- | --- | --- |"]
     lines += [f"| {r['case']} | {_f(r['triton ms'], '.3f')} | {_f(r['KV GB/s'])} | {_f(r['% copy bw'], '.1f')} | "
               f"{_f(r['TFLOP/s'], '.1f')} |" for r in m.get("rows", [])]
@@ -67,7 +69,8 @@ def _profile_table(m: dict[str, Any], top: int = 10) -> list[str]:
              f"{_f(m.get('step_ms'), '.2f')} ms unprofiled ({_f(m.get('decode_tokens_per_s'))} tok/s), kernels "
              f"{_f(m.get('kernel_ms_per_step'), '.2f')} ms/step.", "",
              "| group | ms/step | % |", "| --- | --- | --- |"]
-    lines += [f"| {g} | {_f(v['ms_per_step'], '.3f')} | {_f(v['percent'], '.1f')} |" for g, v in m.get("groups", {}).items()]
+    lines += [f"| {g} | {_f(v['ms_per_step'], '.3f')} | {_f(v['percent'], '.1f')} |"
+              for g, v in m.get("groups", {}).items()]
     lines += ["", "| kernel | group | ms/step | % |", "| --- | --- | --- | --- |"]
     lines += [f"| `{k['name'][:90]}` | {k['group']} | {_f(k['ms_per_step'], '.3f')} | {_f(k['percent'], '.1f')} |"
               for k in m.get("top", [])[:top]]
@@ -75,11 +78,12 @@ def _profile_table(m: dict[str, Any], top: int = 10) -> list[str]:
 
 
 def render(stages: dict[str, dict[str, Any]], date: str) -> str:
-    gpu = (stages.get("a", {}).get("gpu") or {}).get("gpu") or stages.get("d5", {}).get("device") or "GPU (name not recorded)"
+    gpu = (stages.get("a", {}).get("gpu") or {}).get("gpu") or stages.get("d5", {}).get("device")
     versions = stages.get("a", {}).get("versions") or {}
-    out = [f"## GPU session: {gpu}, {date}", "",
-           f"`bash tools/gpu_session.sh` (docs/gpu.md); torch {versions.get('torch')}, triton {versions.get('triton')}, "
-           f"transformers {versions.get('transformers')}. Throughput: `{BENCH}` plus the overrides in the first column.", ""]
+    out = [f"## GPU session: {gpu or 'GPU (name not recorded)'}, {date}", "",
+           f"`bash tools/gpu_session.sh` (docs/gpu.md); torch {versions.get('torch')}, "
+           f"triton {versions.get('triton')}, transformers {versions.get('transformers')}. "
+           f"Throughput: `{BENCH}` plus the overrides in the first column.", ""]
     out += _bench_table(stages)
     if "d4" in stages:
         out += ["", "Paged attention (`benchmarks/attention.py`):", ""] + _attention_table(stages["d4"])

@@ -59,7 +59,8 @@ def demo_metrics(stage: Path, first: str, second: str) -> dict[str, Any]:
         if x["token_ids"] != y["token_ids"]:
             at = next((j for j, (s, t) in enumerate(zip(x["token_ids"], y["token_ids"])) if s != t),
                       min(len(x["token_ids"]), len(y["token_ids"])))
-            mismatches.append({"prompt": i, "first_different_token": at, first: x["text"][:200], second: y["text"][:200]})
+            mismatches.append({"prompt": i, "first_different_token": at,
+                               first: x["text"][:200], second: y["text"][:200]})
     out["same_text"] = bool(a) and len(a) == len(b) and not mismatches
     out["mismatches"] = mismatches
     for name in (first, second):

@@ -65,7 +65,8 @@ def _env(m: dict[str, Any]) -> str:
     v = m.get("versions") or {}
     name = gpu.get("gpu") or gpu.get("skipped") or "no GPU"
     failed = ", ".join(m.get("failed_checks") or []) or "none"
-    return f"{name}; torch {v.get('torch')}, triton {v.get('triton')}, transformers {v.get('transformers')}; failed checks: {failed}"
+    return (f"{name}; torch {v.get('torch')}, triton {v.get('triton')}, transformers {v.get('transformers')}; "
+            f"failed checks: {failed}")
 
 
 def _pytest(m: dict[str, Any]) -> str:
@@ -137,7 +138,8 @@ def write(work: Path, out: Path, stages: list[str]) -> str:
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.json").write_text(json.dumps({"stages": rows}, indent=2))
     lines = [f"{'stage':6}{'what':36}{'status':9}{'s':>7}  key numbers"]
-    lines += [f"{r['stage']:6}{r['what']:36}{r['status']:9}{_num(r['seconds'], '.0f'):>7}  {r['key_numbers']}" for r in rows]
+    lines += [f"{r['stage']:6}{r['what']:36}{r['status']:9}{_num(r['seconds'], '.0f'):>7}  {r['key_numbers']}"
+              for r in rows]
     table = "\n".join(lines)
     (out / "summary.txt").write_text(table + "\n")
     return table
