@@ -139,7 +139,8 @@ bench_run() {  # NAME SECONDS OVERRIDES...: one task=bench run into $STAGE_DIR/N
   local name=$1 limit=$2 BENCH SHRINK; shift 2
   engine_args
   echo "== bench run $name (limit ${limit}s): $*"
-  timeout --kill-after=10 "$limit" "$PYTHON" -m minivllm "${BENCH[@]}" "$@" "${SHRINK[@]}" \
+  # --foreground: stay in the stage's process group, so the stage's own timeout reaches this run too
+  timeout --foreground --kill-after=10 "$limit" "$PYTHON" -m minivllm "${BENCH[@]}" "$@" "${SHRINK[@]}" \
     hydra.run.dir="$STAGE_DIR/$name"
   echo "== bench run $name: exit $?"
 }
@@ -205,9 +206,9 @@ stage_d5() {
   if ((QUICK)); then steps=(--steps 5 --batch 64); fi
   # eager first: the kernels a graph replays are the same, and eager shows them even where
   # the profiler cannot see inside a graph; the graphs run's summary is the stage's metrics
-  timeout 120 "$PYTHON" benchmarks/profile_decode.py "${steps[@]}" --eager --json "$STAGE_DIR/eager.json" \
+  timeout --foreground 120 "$PYTHON" benchmarks/profile_decode.py "${steps[@]}" --eager --json "$STAGE_DIR/eager.json" \
     >"$STAGE_DIR/eager.txt" 2>&1 || echo "eager profile failed: see eager.txt"
-  timeout 120 "$PYTHON" benchmarks/profile_decode.py "${steps[@]}" --json "$STAGE_DIR/metrics.json"
+  timeout --foreground 120 "$PYTHON" benchmarks/profile_decode.py "${steps[@]}" --json "$STAGE_DIR/metrics.json"
 }
 export -f engine_args bench_run warm_triton stage_a stage_b stage_c stage_d1 stage_d2 stage_d3 stage_d4 stage_d5
 

@@ -66,6 +66,13 @@ def test_results_draft_has_one_row_per_configuration(tmp_path):
     assert rows[2].endswith("| 16.0x (transformers 1125 tok/s) |")
 
 
+def test_a_stage_past_its_limit_is_recorded_as_a_timeout(tmp_path):
+    proc = _session(tmp_path, "--stages", "d4", GPU_SESSION_TIMEOUT_D4="2")
+    assert proc.returncode == 0, proc.stderr
+    (stage,) = json.loads((tmp_path / "out" / "summary.json").read_text())["stages"]
+    assert stage["status"] == "timeout" and stage["metrics"]["rc"] == 124 and stage["seconds"] < 20
+
+
 def test_an_unknown_stage_is_refused_before_any_work(tmp_path):
     proc = _session(tmp_path, "--stages", "a,e")
     assert proc.returncode == 2
