@@ -52,7 +52,8 @@ def test_cpu_try_records_a_failed_stage_and_goes_on(tmp_path):
 
 
 def test_results_draft_has_one_row_per_configuration(tmp_path):
-    row = dict(status="ok", output_tokens_per_s=18000.0, roofline_percent=71.5, num_preemptions=0, num_kv_blocks=1200,
+    row = dict(status="ok", output_tokens_per_s=18000.0, roofline_percent=71.5, decode_roofline_percent=80.0,
+               num_preemptions=0, num_kv_blocks=1200,
                single_decode_tokens_per_s=400.0, speedup_vs_hf=None, hf_output_tokens_per_s=None)
     d1 = {"runs": [dict(row, run="graphs"), {"run": "eager", "status": "no metrics"}]}
     d3 = {"runs": [dict(row, run="hf_vs_minivllm", speedup_vs_hf=16.0, hf_output_tokens_per_s=1125.0)]}
@@ -61,7 +62,7 @@ def test_results_draft_has_one_row_per_configuration(tmp_path):
     lines = render(load_stages([summary]), "2026-11-24").splitlines()
     assert lines[0] == "## GPU session: GPU (name not recorded), 2026-11-24"
     rows = [line for line in lines if line.startswith("| `")]
-    assert rows[0] == "| `(defaults: CUDA graphs, async scheduling)` | 18000 | 71.5 | 0 | 1200 | 400 |  |"
+    assert rows[0] == "| `(defaults: CUDA graphs, async scheduling)` | 18000 | 71.5 (80.0) | 0 | 1200 | 400 |  |"
     assert rows[1].startswith("| `compilation.cudagraph=false` | no metrics |")
     assert rows[2].endswith("| 16.0x (transformers 1125 tok/s) |")
 

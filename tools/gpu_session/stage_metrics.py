@@ -83,7 +83,7 @@ def bench_row(run: Path) -> dict[str, Any]:
     if m.get("status") != "ok":
         return {"run": run.name, "status": m.get("status", "no metrics"), "error": m.get("error")}
     roof, single, base = m.get("roofline") or {}, m.get("single_request") or {}, m.get("baseline") or {}
-    pct = roof.get("achieved_fraction")
+    pct, decode_pct = roof.get("achieved_fraction"), roof.get("decode_achieved_fraction")
     return {
         "run": run.name,
         "status": "ok",
@@ -91,6 +91,7 @@ def bench_row(run: Path) -> dict[str, Any]:
         "num_requests": m.get("num_requests"),
         "output_tokens_per_s": m.get("output_tokens_per_s"),
         "roofline_percent": None if pct is None else 100 * pct,
+        "decode_roofline_percent": None if decode_pct is None else 100 * decode_pct,
         "roofline_floor_s": roof.get("floor_s"),
         "copy_bandwidth_gb_s": roof.get("copy_bandwidth_gb_s"),
         "total_time_s": m.get("total_time_s"),
