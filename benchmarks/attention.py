@@ -2,6 +2,10 @@
 
     PYTHONPATH=. python benchmarks/attention.py                # CUDA: the full table
     PYTHONPATH=. python benchmarks/attention.py --cpu-smoke    # tiny shapes, Triton interpreter
+    PYTHONPATH=. python benchmarks/attention.py --batches 256 --contexts 4096 --json out.json
+
+The defaults are Qwen3-0.6B's attention (16 query / 8 KV heads, head_dim 128, bf16):
+decode batches of 1, 64 and 256 requests at contexts 512-4096, and a prefill chunk.
 
 Bandwidth counts the bytes of K and V the kernel must read (each request's
 context once per KV head) and is compared with this GPU's device-to-device copy
@@ -15,6 +19,7 @@ the kernel's own split-KV choice and with one split, to show what splitting buys
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import statistics
@@ -40,23 +45,24 @@ class Scenario:
     """KV splits forced on the kernel (None: its own choice)."""
 
 
-def parse_args() -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--batch", type=int, default=64, help="decode requests per step")
-    p.add_argument("--contexts", type=int, nargs="+", default=[1024, 2048, 4096], help="decode context lengths")
+    p.add_argument("--batches", type=int, nargs="+", default=[1, 64, 256], help="decode requests per step")
+    p.add_argument("--contexts", type=int, nargs="+", default=[512, 1024, 2048, 4096], help="decode context lengths")
     p.add_argument("--small-batch", type=int, default=4,
                    help="requests of a decode case at the longest context, with and without split-KV (0: skip)")
     p.add_argument("--prefill", type=int, nargs=3, default=[4, 512, 2048], metavar=("REQS", "CHUNK", "CONTEXT"),
                    help="prefill-chunk case: requests, new tokens each, context after the chunk")
-    p.add_argument("--num-heads", type=int, default=32)
+    p.add_argument("--num-heads", type=int, default=16)
     p.add_argument("--num-kv-heads", type=int, default=8)
     p.add_argument("--head-dim", type=int, default=128)
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--dtype", choices=DTYPES, default="bf16")
     p.add_argument("--cpu-smoke", action="store_true", help="tiny shapes on the CPU through Triton's interpreter")
-    args = p.parse_args()
+    p.add_argument("--json", metavar="PATH", help="also write the device, copy bandwidth and rows here")
+    args = p.parse_args(argv)
     if args.cpu_smoke:
-        args.batch, args.contexts, args.prefill, args.small_batch = 2, [33, 64], [2, 16, 48], 1
+        args.batches, args.contexts, args.prefill, args.small_batch = [2], [33, 64], [2, 16, 48], 1
         args.num_heads, args.num_kv_heads, args.head_dim = 4, 2, 64
     return args
 
@@ -170,7 +176,7 @@ def main() -> int:
     timer = make_timer(device)
     copy_bw = copy_bandwidth(device, timer, nbytes=(1 << 30) if device.type == "cuda" else (64 << 20))
     reqs, chunk, context = args.prefill
-    scenarios = [Scenario(f"decode {args.batch}x{c}", args.batch, c, 1) for c in args.contexts]
+    scenarios = [Scenario(f"decode {b}x{c}", b, c, 1) for b in args.batches for c in args.contexts]
     if args.small_batch:
         small = f"decode {args.small_batch}x{max(args.contexts)}"
         scenarios += [Scenario(small, args.small_batch, max(args.contexts), 1),
@@ -179,8 +185,22 @@ def main() -> int:
     name = torch.cuda.get_device_name() if device.type == "cuda" else "CPU (Triton interpreter: timings meaningless)"
     print(f"{name}; {args.dtype}, heads {args.num_heads}/{args.num_kv_heads} (q/kv), head_dim {args.head_dim}, "
           f"block_size {args.block_size}; copy bandwidth {copy_bw / 1e9:.1f} GB/s")
-    print_table([run_scenario(sc, args, device, timer, copy_bw) for sc in scenarios])
+    rows = [run_scenario(sc, args, device, timer, copy_bw) for sc in scenarios]
+    print_table(rows)
+    if args.json:
+        write_json(args.json, name, copy_bw, args, scenarios, rows)
     return 0
+
+
+def write_json(path: str, device_name: str, copy_bw: float, args: argparse.Namespace, scenarios: list[Scenario],
+               rows: list[dict]) -> None:
+    """The table as JSON (each row with its scenario's numbers), the copy bandwidth and the shape."""
+    shape = {k: getattr(args, k) for k in ("dtype", "num_heads", "num_kv_heads", "head_dim", "block_size")}
+    rows = [{"num_reqs": sc.num_reqs, "context_len": sc.context_len, "query_len": sc.query_len,
+             "num_splits": sc.num_splits, **row} for sc, row in zip(scenarios, rows)]
+    record = {"device": device_name, "copy_bandwidth_gb_s": copy_bw / 1e9, **shape, "rows": rows}
+    with open(path, "w") as f:
+        json.dump(record, f, indent=2)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ with ``bench.baseline=hf``, transformers' numbers and the ratio.
 """
 from __future__ import annotations
 
+import gc
 import json
 import statistics
 import tempfile
@@ -199,6 +200,9 @@ def bench_transformers(
     cfg: VllmConfig, requests: list[BenchRequest], single: BenchRequest | None, metrics: dict[str, Any]
 ) -> None:
     device = torch.device(cfg.device_type)
+    gc.collect()  # the engine's KV cache may still be held by reference cycles: free it before the hf model loads
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
     model = hf_baseline.load_hf_model(cfg, device)
     try:
         if cfg.bench.warmup:

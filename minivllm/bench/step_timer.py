@@ -11,6 +11,15 @@ output processing, detokenizing) is the engine's overhead::
 
 With the model out of reach (workers in other processes), only wall times and
 shapes are recorded.
+
+Nothing here waits for the device: with async scheduling a step launches the
+next batch before it collects the last one, and a synchronization per step
+would undo that overlap. On a GPU the model is timed with CUDA events, read
+when ``steps`` is first looked at after the run; a step's wall time is the
+host time of its ``step()`` call (which waits for the tokens it returns).
+Under async scheduling a step's record holds the shape (and model time) of
+the batch it launched, while its wall time mostly waits for the one before:
+sums over a run are exact, single steps are off by one.
 """
 from __future__ import annotations
 
@@ -37,9 +46,13 @@ class StepTimer:
     executor: Any
     model_runner: Any | None
     device: torch.device
-    steps: list[StepRecord] = field(default_factory=list)
+    _steps: list[StepRecord] = field(default_factory=list)
     _model_s: float = 0.0
     _started: float | None = None
+    _events: list[tuple[Any, Any]] = field(default_factory=list)
+    """CUDA: (start, end) events of the model's calls in the current step."""
+    _unread: list[tuple[int, list[tuple[Any, Any]]]] = field(default_factory=list)
+    """CUDA: (step index, its events) not yet read into the step's model_s."""
     _shape: tuple[int, int, int, bool] | None = None
     _undo: list[Callable[[], None]] = field(default_factory=list)
 
@@ -47,18 +60,32 @@ class StepTimer:
     def sees_model(self) -> bool:
         return self.model_runner is not None and getattr(self.model_runner, "model", None) is not None
 
+    @property
+    def steps(self) -> list[StepRecord]:
+        """The records so far (reading the model times of CUDA events waits for them)."""
+        for index, events in self._unread:
+            events[-1][1].synchronize()  # elapsed_time refuses events the device has not reached
+            self._steps[index].model_s = sum(start.elapsed_time(end) for start, end in events) / 1e3
+        self._unread = []
+        return self._steps
+
     def attach(self) -> "StepTimer":
-        execute = self.executor.execute_model
+        for name in ("execute_model", "execute_model_async"):  # sync / async scheduling
+            if hasattr(self.executor, name):
+                self._undo.append(self._observe(name))
+        if self.sees_model:
+            self._time_model(self.model_runner)
+        return self
+
+    def _observe(self, name: str) -> Callable[[], None]:
+        execute = getattr(self.executor, name)
 
         def observed_execute(sched: Any) -> Any:
             self._shape = _shape(sched)
             return execute(sched)
 
-        self.executor.execute_model = observed_execute
-        self._undo = [lambda: delattr(self.executor, "execute_model")]
-        if self.sees_model:
-            self._time_model(self.model_runner)
-        return self
+        setattr(self.executor, name, observed_execute)
+        return lambda: delattr(self.executor, name)
 
     def _time_model(self, runner: Any) -> None:
         for owner, name in ((runner, "_forward"), (runner.model, "compute_logits")):
@@ -82,38 +109,43 @@ class StepTimer:
             undo()
         self._undo = []
 
-    def _sync(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-
     def _start(self) -> None:
-        self._sync()
-        self._started = time.perf_counter()
+        if self.device.type == "cuda":
+            self._started = torch.cuda.Event(enable_timing=True)
+            self._started.record()
+        else:
+            self._started = time.perf_counter()
 
     def _stop(self) -> None:
-        self._sync()
-        if self._started is not None:
+        if self._started is None:
+            return
+        if self.device.type == "cuda":
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            self._events.append((self._started, end))
+        else:
             self._model_s += time.perf_counter() - self._started
-            self._started = None
+        self._started = None
 
     def run_step(self, step: Callable[[], list]) -> list:
         """Run one engine step and record its timings."""
-        self._model_s, self._shape = 0.0, None
+        self._model_s, self._shape, self._events = 0.0, None, []
         start = time.perf_counter()
         outputs = step()
-        self._sync()
         wall = time.perf_counter() - start
         shape = self._shape or (0, 0, 0, False)
-        self.steps.append(StepRecord(wall, self._model_s, *shape))
+        if self._events:
+            self._unread.append((len(self._steps), self._events))
+        self._steps.append(StepRecord(wall, self._model_s, *shape))
         return outputs
 
     def reset(self) -> None:
-        self.steps = []
+        self._steps, self._unread = [], []
 
     def summary(self, decode_only: bool = False) -> dict[str, float | int | None]:
         steps = [s for s in self.steps if s.decode_only] if decode_only else self.steps
         wall = sum(s.wall_s for s in steps)
-        prefill = [s for s in steps if not s.decode_only]
+        prefill = [s for s in steps if s.num_tokens and not s.decode_only]  # not async's empty last step
         out: dict[str, float | int | None] = {
             "num_steps": len(steps),
             "step_time_s": wall,

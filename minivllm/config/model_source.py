@@ -103,6 +103,24 @@ def apply_hf_overrides(hf_config: PretrainedConfig, overrides: dict[str, Any]) -
         setattr(hf_config, key, value)
         if key == "rope_parameters" and hasattr(hf_config, "standardize_rope_params"):
             hf_config.standardize_rope_params()
+    if "num_hidden_layers" in overrides:
+        _resize_layer_types(hf_config, overrides)
+
+
+_PER_LAYER_KEYS = ("layer_types", "mlp_layer_types")
+
+
+def _resize_layer_types(hf_config: PretrainedConfig, overrides: dict[str, Any]) -> None:
+    """transformers fills per-layer lists (``layer_types``) for the checkpoint's layer count
+    when the config is built, and refuses to save a config whose list has another length.
+    A ``num_hidden_layers`` override keeps layer i's type: the list is cut, or repeated
+    cyclically (as the periodic sliding/full patterns are) when layers are added."""
+    n = hf_config.num_hidden_layers
+    for key in _PER_LAYER_KEYS:
+        types = getattr(hf_config, key, None)
+        if key in overrides or not isinstance(types, list) or not types or len(types) == n:
+            continue
+        setattr(hf_config, key, [types[i % len(types)] for i in range(n)])
 
 
 def config_from_dict(inline: dict[str, Any]) -> PretrainedConfig:

@@ -74,3 +74,16 @@ def test_preset_generates_offline_on_dummy_weights(name, tokenizer_dir):
     assert len(out.token_ids) == 4 and all(0 <= t < vocab for t in out.token_ids)
     for token, logprobs in zip(out.token_ids, out.logprobs):
         assert logprobs[token] == pytest.approx(-math.log(vocab), abs=0.05)
+
+
+def test_fewer_layers_keep_the_per_layer_types_transformers_checks(tmp_path):
+    """A num_hidden_layers override cuts layer_types to match: transformers refuses to save
+    (so the hf baseline cannot share the weights of) a config whose list is longer."""
+    from minivllm.config.store import build_config
+
+    cfg = build_config(["model=qwen3-0.6b", "load.format=dummy", "device=cpu", "+model.hf_overrides.num_hidden_layers=2"])
+    assert cfg.hf_config.num_hidden_layers == 2
+    assert cfg.hf_config.layer_types == ["full_attention", "full_attention"]
+    cfg.hf_config.save_pretrained(tmp_path)  # validates the per-layer lists
+    gemma = build_config(["model=gemma-3-1b", "load.format=dummy", "device=cpu", "+model.hf_overrides.num_hidden_layers=8"])
+    assert gemma.hf_config.layer_types == 5 * ["sliding_attention"] + ["full_attention"] + 2 * ["sliding_attention"]

@@ -1,0 +1,95 @@
+"""tools/gpu_session.sh tried on the CPU: a fake nvidia-smi, GPU_SESSION_CPU_TRY=1, a temp $OUT."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from tools.gpu_session.results_md import load_stages, render
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "tools" / "gpu_session.sh"
+
+
+def _session(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
+    fake = tmp_path / "bin"
+    fake.mkdir(exist_ok=True)
+    smi = fake / "nvidia-smi"
+    smi.write_text('#!/bin/sh\necho "NVIDIA H100 80GB HBM3, 81559 MiB, 580.159.04"\n')
+    smi.chmod(0o755)
+    full_env = {
+        **os.environ, "PATH": f"{fake}:{os.environ['PATH']}", "PYTHON": sys.executable, "OUT": str(tmp_path / "out"),
+        "GPU_SESSION_WORK": str(tmp_path / "work"), "GPU_SESSION_CPU_TRY": "1", "OMP_NUM_THREADS": "1", **env,
+    }
+    return subprocess.run(["bash", str(SCRIPT), *args], env=full_env, capture_output=True, text=True, timeout=240)
+
+
+def test_cpu_try_records_a_failed_stage_and_goes_on(tmp_path):
+    proc = _session(tmp_path, "--stages", "a,c,d4", GPU_SESSION_FAIL_STAGES="c")
+    assert proc.returncode == 0, proc.stderr
+    out = tmp_path / "out"
+    assert sorted(p.name for p in out.iterdir()) == ["session.tar.gz", "summary.json", "summary.txt"]
+    stages = json.loads((out / "summary.json").read_text())["stages"]
+    assert [(s["stage"], s["status"]) for s in stages] == [("a", "ok"), ("c", "failed"), ("d4", "ok")]
+    env, failed, attention = (s["metrics"] for s in stages)
+    assert env["gpu"]["nvidia_smi"].startswith("NVIDIA H100") and env["gpu"]["skipped"].startswith("CPU try")
+    assert env["conf"]["composes"] and env["launcher_toolchain"]["python_h"].endswith("Python.h")
+    assert failed["rc"] == 3 and "no metrics" in stages[1]["key_numbers"]
+    assert attention["rows"] and all(r["max |diff|"] < 0.05 for r in attention["rows"])
+    assert {r["num_reqs"] for r in attention["rows"] if r["query_len"] == 1} == {1, 2}
+    with tarfile.open(out / "session.tar.gz") as tar:
+        names = set(tar.getnames())
+    assert {"work/a/log.txt", "work/c/log.txt", "work/d4/metrics.json"} <= names
+    table = proc.stdout.splitlines()
+    assert table[-5].startswith("stage") and table[-3].split()[:2] == ["c", "demo:"]
+    draft = render(load_stages([out / "summary.json"]), "2026-11-23")
+    assert "| decode 2x64 |" in draft and "| prefill 2x16@48 |" in draft
+
+
+def test_results_draft_has_one_row_per_configuration(tmp_path):
+    row = dict(status="ok", output_tokens_per_s=18000.0, roofline_percent=71.5, decode_roofline_percent=80.0,
+               num_preemptions=0, num_kv_blocks=1200,
+               single_decode_tokens_per_s=400.0, speedup_vs_hf=None, hf_output_tokens_per_s=None)
+    d1 = {"runs": [dict(row, run="graphs"), {"run": "eager", "status": "no metrics"}]}
+    d3 = {"runs": [dict(row, run="hf_vs_minivllm", speedup_vs_hf=16.0, hf_output_tokens_per_s=1125.0)]}
+    summary = tmp_path / "summary.json"
+    summary.write_text(json.dumps({"stages": [{"stage": "d1", "metrics": d1}, {"stage": "d3", "metrics": d3}]}))
+    lines = render(load_stages([summary]), "2026-11-24").splitlines()
+    assert lines[0] == "## GPU session: GPU (name not recorded), 2026-11-24"
+    rows = [line for line in lines if line.startswith("| `")]
+    assert rows[0] == "| `(defaults: CUDA graphs, async scheduling)` | 18000 | 71.5 (80.0) | 0 | 1200 | 400 |  |"
+    assert rows[1].startswith("| `compilation.cudagraph=false` | no metrics |")
+    assert rows[2].endswith("| 16.0x (transformers 1125 tok/s) |")
+
+
+def test_a_stage_past_its_limit_is_recorded_as_a_timeout(tmp_path):
+    proc = _session(tmp_path, "--stages", "d4", GPU_SESSION_TIMEOUT_D4="2")
+    assert proc.returncode == 0, proc.stderr
+    (stage,) = json.loads((tmp_path / "out" / "summary.json").read_text())["stages"]
+    assert stage["status"] == "timeout" and stage["metrics"]["rc"] == 124 and stage["seconds"] < 20
+
+
+def test_an_unknown_stage_is_refused_before_any_work(tmp_path):
+    proc = _session(tmp_path, "--stages", "a,e")
+    assert proc.returncode == 2
+    assert "unknown stage 'e'" in proc.stderr and not (tmp_path / "work").exists()
+
+
+def test_a_missing_package_skips_its_tests_and_a_missing_project_module_still_fails(tmp_path, capsys):
+    (tmp_path / "test_needs_pkg.py").write_text("import surely_not_installed_pkg\n\ndef test_x():\n    pass\n")
+    (tmp_path / "test_inside.py").write_text(
+        "def test_pkg():\n    import surely_not_installed_pkg.sub\n\n"
+        "def test_project():\n    import minivllm.surely_not_a_module\n\n"
+        "def test_fine():\n    assert 1 + 1 == 2\n")
+    code = pytest.main(["-q", "-rfs", "-p", "tools.gpu_session.skip_missing", "-p", "no:cacheprovider",
+                        "--rootdir", str(tmp_path), str(tmp_path)])
+    out = capsys.readouterr().out
+    assert code == pytest.ExitCode.TESTS_FAILED
+    assert "1 failed, 1 passed, 2 skipped" in out, out
+    assert "needs surely_not_installed_pkg, which is not installed" in out
+    assert "E       ModuleNotFoundError: No module named 'minivllm.surely_not_a_module'" in out

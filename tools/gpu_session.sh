@@ -1,0 +1,248 @@
+#!/usr/bin/env bash
+# The whole GPU session in one script: prove the CUDA paths, then measure.
+#
+#   bash tools/gpu_session.sh [--quick] [--stages a,b,c,d1,d2,d3,d4,d5]
+#
+# Stages (docs/gpu.md says what each writes and how to read it):
+#   a   environment: GPU, versions, Triton's launcher toolchain, the conf link, disk
+#   b   python3 -m pytest -m gpu -q (tests needing a package this machine lacks are skipped)
+#   c   the demo model through python3 -m minivllm with CUDA graphs and eager: same text?
+#   d1  bench=nanovllm with CUDA graphs (the default) and eager
+#   d2  bench=nanovllm with compilation.torch_compile on, and with async scheduling off
+#   d3  transformers generate vs minivllm on a scaled-down nanovllm workload
+#   d4  benchmarks/attention.py: decode bandwidth at batch 1/64/256, contexts 512-4096, a prefill
+#   d5  benchmarks/profile_decode.py: 10 full-batch decode steps, kernels by group
+#   (d = d1..d5; --quick: a,b,c,d1,d4 at smaller sizes, under 5 minutes)
+#
+# Each stage runs under `timeout` into $GPU_SESSION_WORK/<stage>/ (log.txt, metrics.json,
+# one folder per Hydra run); a broken stage never stops the later ones. After every
+# stage, $OUT gets summary.json, summary.txt and session.tar.gz (all stage folders):
+# three files, since a device call brings back at most eight. Carried wheels in .whl/
+# are installed into /tmp/site (on PYTHONPATH) when hydra does not import.
+#
+# Environment: OUT (default outputs/gpu_session), PYTHON (python3), GPU_SESSION_WORK
+# (/tmp/gpu_session), GPU_SESSION_CPU_TRY=1 (no GPU: tiny shapes, CUDA-only parts skipped
+# and reported so), GPU_SESSION_FAIL_STAGES="b d4" (those stages fail on purpose: tests
+# of this script), GPU_SESSION_TIMEOUT_<STAGE>=seconds (a stage's limit, e.g. _D1).
+set -uo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT" || exit 2
+export ROOT
+export PYTHON=${PYTHON:-python3}
+export OUT=${OUT:-$ROOT/outputs/gpu_session}
+export WORK=${GPU_SESSION_WORK:-/tmp/gpu_session}
+export CPU_TRY=${GPU_SESSION_CPU_TRY:-0}
+export QUICK=0
+FAIL_STAGES=" ${GPU_SESSION_FAIL_STAGES:-} "
+ALL_STAGES=(a b c d1 d2 d3 d4 d5)
+QUICK_STAGES=(a b c d1 d4)
+declare -A LIMIT=([a]=90 [b]=330 [c]=150 [d1]=440 [d2]=400 [d3]=360 [d4]=150 [d5]=380)
+declare -A QUICK_LIMIT=([a]=40 [b]=90 [c]=60 [d1]=70 [d2]=120 [d3]=90 [d4]=40 [d5]=60)
+
+usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; }
+
+STAGES=()
+while (($#)); do
+  case "$1" in
+    --quick) QUICK=1 ;;
+    --stages) shift; IFS=, read -r -a STAGES <<<"${1:-}" ;;
+    --stages=*) IFS=, read -r -a STAGES <<<"${1#--stages=}" ;;
+    -h|--help) usage; exit 0 ;;
+    *) echo "gpu_session.sh: unknown argument '$1' (--quick, --stages a,b,c,d1,d2,d3,d4,d5)" >&2; exit 2 ;;
+  esac
+  shift
+done
+if ((${#STAGES[@]} == 0)); then
+  if ((QUICK)); then STAGES=("${QUICK_STAGES[@]}"); else STAGES=("${ALL_STAGES[@]}"); fi
+fi
+expanded=()
+for s in "${STAGES[@]}"; do
+  if [[ $s == d ]]; then expanded+=(d1 d2 d3 d4 d5); continue; fi
+  if [[ -z ${LIMIT[$s]+x} ]]; then
+    echo "gpu_session.sh: unknown stage '$s' (stages: ${ALL_STAGES[*]}, or d for d1-d5)" >&2; exit 2
+  fi
+  expanded+=("$s")
+done
+STAGES=("${expanded[@]}")
+
+# ---- environment -------------------------------------------------------------------------
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
+export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+install_wheels() {
+  # The machine's image lacks hydra-core, omegaconf and antlr4: carried as .whl/*.whl.
+  if "$PYTHON" -c "import hydra, omegaconf" 2>/dev/null; then
+    echo "wheels: hydra and omegaconf import already; nothing installed"; return 0
+  fi
+  if ! compgen -G "$ROOT/.whl/*.whl" >/dev/null; then
+    echo "wheels: hydra is missing and no .whl/*.whl was carried (shared/gpu/fetch-wheels.sh builds them)" >&2
+    return 1
+  fi
+  local site=${GPU_SESSION_SITE:-/tmp/site}
+  "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$site" "$ROOT"/.whl/*.whl || return 1
+  export PYTHONPATH="$site:$PYTHONPATH"
+  echo "wheels: installed $(ls "$ROOT"/.whl/*.whl | wc -l) into $site"
+}
+install_wheels
+mkdir -p "$WORK" "$OUT"
+for s in "${STAGES[@]}"; do rm -rf "${WORK:?}/$s"; done  # earlier stages' folders stay (and travel in the tarball)
+if ((CPU_TRY)); then echo "CPU try: tiny shapes, CUDA-only parts skipped"; fi
+
+# Engine shapes: the real ones, or a 2-layer version of the same model on the CPU.
+engine_args() {  # sets the arrays BENCH and SHRINK in the calling shell
+  BENCH=(task=bench bench=nanovllm model=qwen3-0.6b load.format=dummy bench.progress=false)
+  SHRINK=()
+  if ((CPU_TRY)); then
+    SHRINK=(device=cpu +model.hf_overrides.num_hidden_layers=2 +model.hf_overrides.hidden_size=64
+      +model.hf_overrides.intermediate_size=128 +model.hf_overrides.vocab_size=512
+      +model.hf_overrides.num_attention_heads=4 +model.hf_overrides.num_key_value_heads=2
+      +model.hf_overrides.head_dim=16 bench.num_prompts=4 bench.min_input_len=8 bench.max_input_len=16
+      bench.min_output_len=4 bench.max_output_len=8 bench.single_input_len=8 bench.single_output_len=4)
+  fi
+}
+
+# ---- stages (each runs in its own bash under `timeout`, in $STAGE_DIR, output to log.txt) ----
+stage_a() {
+  nvidia-smi || echo "nvidia-smi: not found or failed"
+  "$PYTHON" -m tools.gpu_session.env_check "$STAGE_DIR" $( ((CPU_TRY)) && echo --cpu-try)
+}
+
+stage_b() {
+  local targets=(tests) expect=(--expect-passes)
+  if ((QUICK)); then
+    targets=(tests/attention/test_triton_paged_attention.py tests/worker/test_cuda_graphs.py
+      tests/layers/test_fused_small_ops.py)
+  fi
+  if ((CPU_TRY)); then expect=(); fi
+  # a hanging test fails alone (pytest-timeout) instead of taking the stage's junit.xml with it
+  if "$PYTHON" -c "import pytest_timeout" 2>/dev/null; then targets+=(--timeout=150); fi
+  "$PYTHON" -m pytest -m gpu -q -p tools.gpu_session.skip_missing -p no:cacheprovider \
+    --junitxml="$STAGE_DIR/junit.xml" "${targets[@]}"
+  local rc=$?
+  "$PYTHON" -m tools.gpu_session.stage_metrics pytest "$STAGE_DIR" "${expect[@]}" || rc=1
+  return $rc
+}
+
+stage_c() {
+  printf '%s\n' "def fibonacci(n):" "class Stack:" "import os" "for line in open(" "def main():" \
+    >"$STAGE_DIR/prompts.txt"
+  local run common=(prompts_file="$STAGE_DIR/prompts.txt" sampling.max_tokens=64 +sampling.ignore_eos=true)
+  for run in graphs eager; do
+    echo "== $run"
+    "$PYTHON" -m minivllm "${common[@]}" compilation.cudagraph=$([[ $run == graphs ]] && echo true || echo false) \
+      hydra.run.dir="$STAGE_DIR/$run"
+  done
+  "$PYTHON" -m tools.gpu_session.stage_metrics demo "$STAGE_DIR" graphs eager
+}
+
+bench_run() {  # NAME SECONDS OVERRIDES...: one task=bench run into $STAGE_DIR/NAME
+  local name=$1 limit=$2 BENCH SHRINK; shift 2
+  engine_args
+  echo "== bench run $name (limit ${limit}s): $*"
+  # --foreground: stay in the stage's process group, so the stage's own timeout reaches this run too
+  timeout --foreground --kill-after=10 "$limit" "$PYTHON" -m minivllm "${BENCH[@]}" "$@" "${SHRINK[@]}" \
+    hydra.run.dir="$STAGE_DIR/$name"
+  echo "== bench run $name: exit $?"
+}
+
+warm_triton() {
+  # Triton compiles each kernel variant once per machine (its cache outlives the process):
+  # a short eager run of the same shapes compiles prefill, mixed and decode variants at many
+  # batch sizes, so no timed run pays for a compile. The mark lives in Triton's cache.
+  local mark="${TRITON_CACHE_DIR:-$HOME/.triton/cache}/.minivllm_bench_warm"
+  if ((CPU_TRY || QUICK)) || [[ -e $mark ]]; then return 0; fi
+  bench_run warmup 120 compilation.cudagraph=false bench.num_prompts=64 bench.min_output_len=16 \
+    bench.max_output_len=48 bench.single_request=false
+  mkdir -p "$(dirname "$mark")" && touch "$mark"  # once, even if it failed: the timed runs will say why
+}
+
+stage_d1() {
+  warm_triton
+  local runs=(graphs eager)
+  if ((QUICK)); then
+    runs=(graphs)
+    bench_run graphs 60 bench.num_prompts=64
+  else
+    bench_run graphs 120
+    bench_run eager 180 compilation.cudagraph=false
+  fi
+  "$PYTHON" -m tools.gpu_session.stage_metrics bench "$STAGE_DIR" "${runs[@]}"
+}
+
+stage_d2() {
+  warm_triton
+  bench_run compile 150 compilation.torch_compile=true
+  bench_run sync 120 scheduler.async_scheduling=false
+  "$PYTHON" -m tools.gpu_session.stage_metrics bench "$STAGE_DIR" compile sync
+}
+
+stage_d3() {
+  # The full workload through generate takes far too long: 32 requests, outputs up to 512.
+  warm_triton
+  local n=(bench.num_prompts=32 bench.max_output_len=512 bench.hf_batch_size=8)
+  if ((QUICK)); then n=(bench.num_prompts=8 bench.max_output_len=128 bench.hf_batch_size=8); fi
+  bench_run hf_vs_minivllm 230 bench.baseline=hf "${n[@]}"
+  "$PYTHON" -m tools.gpu_session.stage_metrics bench "$STAGE_DIR" hf_vs_minivllm
+}
+
+stage_d4() {
+  local args=(--dtype bf16 --num-heads 16 --num-kv-heads 8 --head-dim 128 --json "$STAGE_DIR/metrics.json")
+  if ((CPU_TRY)); then args=(--cpu-smoke --json "$STAGE_DIR/metrics.json"); fi
+  if ((QUICK && !CPU_TRY)); then args+=(--batches 1 256 --contexts 4096 --small-batch 0); fi
+  "$PYTHON" benchmarks/attention.py "${args[@]}" || return
+  if ((!CPU_TRY && !QUICK)); then  # the engine's bench=nanovllm runs use 256-token blocks
+    echo "== 256-token blocks"
+    "$PYTHON" benchmarks/attention.py --batches 256 --contexts 1024 4096 --small-batch 0 --block-size 256 \
+      --num-heads 16 --num-kv-heads 8 --head-dim 128 --json "$STAGE_DIR/block256.json" || true
+  fi
+}
+
+stage_d5() {
+  warm_triton
+  if ((CPU_TRY)); then
+    "$PYTHON" benchmarks/profile_decode.py --tiny --json "$STAGE_DIR/metrics.json"; return
+  fi
+  local steps=(--steps 10)
+  if ((QUICK)); then steps=(--steps 5 --batch 64); fi
+  # eager first: the kernels a graph replays are the same, and eager shows them even where
+  # the profiler cannot see inside a graph; the graphs run's summary is the stage's metrics
+  timeout --foreground 120 "$PYTHON" benchmarks/profile_decode.py "${steps[@]}" --eager --json "$STAGE_DIR/eager.json" \
+    >"$STAGE_DIR/eager.txt" 2>&1 || echo "eager profile failed: see eager.txt"
+  timeout --foreground 120 "$PYTHON" benchmarks/profile_decode.py "${steps[@]}" --json "$STAGE_DIR/metrics.json"
+}
+export -f engine_args bench_run warm_triton stage_a stage_b stage_c stage_d1 stage_d2 stage_d3 stage_d4 stage_d5
+
+# ---- the runner ----------------------------------------------------------------------------
+refresh_out() {
+  "$PYTHON" -m tools.gpu_session.summary write "$WORK" "$OUT" "${STAGES[@]}" >"$WORK/summary.txt" 2>&1
+  tar -czf "$OUT/session.tar.gz" -C "$(dirname "$WORK")" "$(basename "$WORK")" 2>/dev/null
+}
+
+run_stage() {
+  local stage=$1 dir="$WORK/$1" limit
+  limit=${LIMIT[$stage]}
+  if ((QUICK)); then limit=${QUICK_LIMIT[$stage]}; fi
+  local var="GPU_SESSION_TIMEOUT_${stage^^}"
+  limit=${!var:-$limit}
+  mkdir -p "$dir"
+  echo "== stage $stage: limit ${limit}s, log in $dir/log.txt"
+  local start=$SECONDS cmd="stage_$stage"
+  if [[ $FAIL_STAGES == *" $stage "* ]]; then cmd="echo 'failing on purpose: GPU_SESSION_FAIL_STAGES'; exit 3"; fi
+  STAGE_DIR="$dir" timeout --kill-after=15 "$limit" bash -c "$cmd" >"$dir/log.txt" 2>&1
+  local rc=$?
+  "$PYTHON" -m tools.gpu_session.summary finish "$dir" "$stage" "$rc" "$((SECONDS - start))"
+  if ((rc != 0)); then
+    echo "== stage $stage: exit $rc after $((SECONDS - start)) s; the log ends:"
+    tail -n 15 "$dir/log.txt" | cut -c1-300
+  else
+    echo "== stage $stage: ok in $((SECONDS - start)) s"
+  fi
+  refresh_out
+}
+
+for stage in "${STAGES[@]}"; do
+  run_stage "$stage"
+done
+echo
+cat "$WORK/summary.txt"
+echo "(summary.json, summary.txt and session.tar.gz in $OUT)"

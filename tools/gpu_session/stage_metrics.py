@@ -1,0 +1,135 @@
+"""The metrics.json of a stage of tools/gpu_session.sh, from what its runs left behind.
+
+    python3 -m tools.gpu_session.stage_metrics pytest STAGE_DIR [--expect-passes]  # junit.xml -> counts
+    python3 -m tools.gpu_session.stage_metrics demo STAGE_DIR A B    # runs A and B generated the same text?
+    python3 -m tools.gpu_session.stage_metrics bench STAGE_DIR RUN...  # one row per task=bench run folder
+
+Each writes STAGE_DIR/metrics.json and exits 1 when the stage's own verdict is a
+failure (a failed test, different texts, a bench run without metrics).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import xml.etree.ElementTree as ET
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+
+def pytest_metrics(stage: Path, expect_passes: bool) -> dict[str, Any]:
+    """Counts from pytest's junit.xml, the failed tests' ids and the skip reasons;
+    not ok with a failure, or with no test passed where some should (on a GPU)."""
+    path = stage / "junit.xml"
+    if not path.is_file():
+        return {"ok": False, "error": "pytest wrote no junit.xml"}
+    failed, skipped, passed = [], Counter(), 0
+    for case in ET.parse(path).getroot().iter("testcase"):
+        test_id = f"{case.get('classname')}::{case.get('name')}"
+        bad = case.find("failure") if case.find("failure") is not None else case.find("error")
+        skip = case.find("skipped")
+        if bad is not None:
+            failed.append({"test": test_id, "message": (bad.get("message") or "")[:300]})
+        elif skip is not None:
+            skipped[(skip.get("message") or "").strip()[:200]] += 1
+        else:
+            passed += 1
+    return {
+        "ok": not failed and (passed > 0 or not expect_passes),
+        "passed": passed,
+        "failed": len(failed),
+        "skipped": sum(skipped.values()),
+        "failures": failed[:30],
+        "skip_reasons": dict(skipped.most_common()),
+    }
+
+
+def _outputs(run: Path) -> list[dict[str, Any]]:
+    path = run / "outputs.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+
+
+def demo_metrics(stage: Path, first: str, second: str) -> dict[str, Any]:
+    """Do two ``task=generate`` runs hold the same completions? Where do they part first?"""
+    a, b = _outputs(stage / first), _outputs(stage / second)
+    out: dict[str, Any] = {"runs": [first, second], "num_prompts": [len(a), len(b)]}
+    mismatches = []
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x["token_ids"] != y["token_ids"]:
+            at = next((j for j, (s, t) in enumerate(zip(x["token_ids"], y["token_ids"])) if s != t),
+                      min(len(x["token_ids"]), len(y["token_ids"])))
+            mismatches.append({"prompt": i, "first_different_token": at,
+                               first: x["text"][:200], second: y["text"][:200]})
+    out["same_text"] = bool(a) and len(a) == len(b) and not mismatches
+    out["mismatches"] = mismatches
+    for name in (first, second):
+        metrics = _read(stage / name / "metrics.json")
+        out[f"{name}_output_tokens_per_s"] = metrics.get("output_tokens_per_s")
+    out["ok"] = out["same_text"]
+    return out
+
+
+def _read(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def bench_row(run: Path) -> dict[str, Any]:
+    """The numbers of one ``task=bench`` run that the results table needs."""
+    m = _read(run / "metrics.json")
+    if m.get("status") != "ok":
+        return {"run": run.name, "status": m.get("status", "no metrics"), "error": m.get("error")}
+    roof, single, base = m.get("roofline") or {}, m.get("single_request") or {}, m.get("baseline") or {}
+    pct, decode_pct = roof.get("achieved_fraction"), roof.get("decode_achieved_fraction")
+    return {
+        "run": run.name,
+        "status": "ok",
+        "device": m.get("device"),
+        "num_requests": m.get("num_requests"),
+        "output_tokens_per_s": m.get("output_tokens_per_s"),
+        "roofline_percent": None if pct is None else 100 * pct,
+        "decode_roofline_percent": None if decode_pct is None else 100 * decode_pct,
+        "roofline_floor_s": roof.get("floor_s"),
+        "copy_bandwidth_gb_s": roof.get("copy_bandwidth_gb_s"),
+        "total_time_s": m.get("total_time_s"),
+        "num_preemptions": m.get("num_preemptions"),
+        "num_kv_blocks": m.get("num_kv_blocks"),
+        "block_size": m.get("block_size"),
+        "peak_memory_gib": m.get("peak_memory_gib"),
+        "single_decode_tokens_per_s": single.get("decode_tokens_per_s"),
+        "overhead_per_step_ms": (m.get("engine") or {}).get("overhead_per_step_ms"),
+        "hf_output_tokens_per_s": base.get("output_tokens_per_s"),
+        "speedup_vs_hf": m.get("speedup_output_tokens_per_s"),
+    }
+
+
+def bench_metrics(stage: Path, runs: list[str]) -> dict[str, Any]:
+    rows = [bench_row(stage / name) for name in runs]
+    return {"ok": bool(rows) and all(r["status"] == "ok" for r in rows), "runs": rows}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("kind", choices=("pytest", "demo", "bench"))
+    p.add_argument("stage_dir", type=Path)
+    p.add_argument("runs", nargs="*", help="demo: two run folders; bench: the run folders, in table order")
+    p.add_argument("--expect-passes", action="store_true", help="pytest: no passed test is a failure")
+    args = p.parse_args(argv)
+    if args.kind == "pytest":
+        metrics = pytest_metrics(args.stage_dir, args.expect_passes)
+    elif args.kind == "demo":
+        if len(args.runs) != 2:
+            p.error("demo compares exactly two run folders")
+        metrics = demo_metrics(args.stage_dir, *args.runs)
+    else:
+        metrics = bench_metrics(args.stage_dir, args.runs)
+    (args.stage_dir / "metrics.json").write_text(json.dumps(metrics, indent=2))
+    print(json.dumps({k: v for k, v in metrics.items() if k not in ("failures", "skip_reasons", "mismatches")}))
+    return 0 if metrics["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
