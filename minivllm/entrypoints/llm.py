@@ -1,16 +1,14 @@
 """``LLM``: offline batched generation with vLLM's constructor keywords."""
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from torch import nn
 from tqdm.auto import tqdm
 
 from minivllm.beam_search import BeamSearchOutput, run_beam_search
 from minivllm.config.generation_defaults import generation_defaults
-from minivllm.config.store import compose
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.engine.llm_engine import LLMEngine
 from minivllm.engine.metrics_reader import Metric, engine_metrics
@@ -21,101 +19,15 @@ from minivllm.lora.request import LoRARequest
 from minivllm.pooling.outputs import EmbeddingRequestOutput, PoolingRequestOutput
 from minivllm.pooling.params import PoolingParams
 from minivllm.entrypoints.chat_utils import Conversation, is_single_conversation, render_chat
-from minivllm.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
-from minivllm.spec_decode.config import speculative_node
-
-# vLLM keyword -> key in the config tree
-KWARG_KEYS = {
-    "tokenizer": "model.tokenizer",
-    "dtype": "model.dtype",
-    "max_model_len": "model.max_model_len",
-    "seed": "model.seed",
-    "hf_overrides": "model.hf_overrides",
-    "max_logprobs": "model.max_logprobs",
-    "revision": "model.revision",
-    "tokenizer_revision": "model.tokenizer_revision",
-    "code_revision": "model.code_revision",
-    "trust_remote_code": "model.trust_remote_code",
-    "generation_config": "model.generation_config",
-    "runner": "model.runner",
-    "download_dir": "load.download_dir",
-    "max_seq_len_to_capture": "compilation.max_seq_len_to_capture",
-    "quantization": "model.quantization",
-    "tensor_parallel_size": "parallel.tp",
-    "pipeline_parallel_size": "parallel.pp",
-    "data_parallel_size": "parallel.dp",
-    "distributed_executor_backend": "parallel.backend",
-    "enable_expert_parallel": "parallel.enable_expert_parallel",
-    "gpu_memory_utilization": "cache.gpu_memory_utilization",
-    "block_size": "cache.block_size",
-    "kv_cache_dtype": "cache.cache_dtype",
-    "enable_prefix_caching": "cache.enable_prefix_caching",
-    "num_gpu_blocks_override": "cache.num_gpu_blocks_override",
-    "cpu_memory_gb": "cache.cpu_memory_gb",
-    "max_num_seqs": "scheduler.max_num_seqs",
-    "max_num_batched_tokens": "scheduler.max_num_batched_tokens",
-    "enable_chunked_prefill": "scheduler.enable_chunked_prefill",
-    "scheduling_policy": "scheduler.policy",
-    "load_format": "load.format",
-    "cuda_graph_sizes": "compilation.cudagraph_capture_sizes",
-    "attention_backend": "attention.name",
-    "device": "device.type",
-    "speculative_config": "speculative",
-    "enable_lora": "lora.enable_lora",
-    "max_loras": "lora.max_loras",
-    "max_lora_rank": "lora.max_lora_rank",
-    "max_cpu_loras": "lora.max_cpu_loras",
-}
-
-
-SPECIAL_KWARGS = ("enforce_eager", "disable_log_stats", "task", "served_model_name")
-"""vLLM keywords with their own handling in ``_apply_special_kwargs``."""
-
-
-def _is_preset(name: str) -> bool:
-    conf_dir = Path(__file__).resolve().parents[1] / "conf" / "model"
-    return "/" not in name and (conf_dir / f"{name}.yaml").is_file()
-
-
-def config_from_kwargs(model: str | None = None, overrides: Sequence[str] = (), **kwargs: Any) -> DictConfig:
-    """The config tree for ``LLM(model, **kwargs)``: a preset name or a path, vLLM's keywords
-    mapped onto their keys, then any Hydra ``overrides``."""
-    group_choice = [f"model={model}"] if model and _is_preset(model) else []
-    cfg = compose([*group_choice, *overrides])
-    if model and not group_choice:
-        OmegaConf.update(cfg, "model", {"path": model, "hf_config": None, "tokenizer": None}, merge=True)
-    _apply_special_kwargs(cfg, kwargs)
-    unknown = sorted(set(kwargs) - set(KWARG_KEYS))
-    if unknown:
-        known = ", ".join(sorted([*KWARG_KEYS, *SPECIAL_KWARGS]))
-        raise ValueError(f"LLM(): unknown or unimplemented keyword(s) {', '.join(unknown)}; known: {known}")
-    for name, value in kwargs.items():
-        if name == "speculative_config" and value is not None:
-            OmegaConf.update(cfg, "speculative", speculative_node(value), merge=True)
-        elif value is not None:
-            OmegaConf.update(cfg, KWARG_KEYS[name], value, merge=False)
-    return cfg
-
-
-def _apply_special_kwargs(cfg: DictConfig, kwargs: dict[str, Any]) -> None:
-    """vLLM keywords that do not map one-to-one onto a key (popped from ``kwargs``)."""
-    enforce_eager = kwargs.pop("enforce_eager", None)
-    if enforce_eager is not None:
-        OmegaConf.update(cfg, "compilation.cudagraph", not enforce_eager)
-    if kwargs.pop("disable_log_stats", None):
-        OmegaConf.update(cfg, "scheduler.log_stats_interval", 0.0)
-    task = kwargs.pop("task", None)
-    if task not in (None, "auto", "generate", "embed"):
-        raise ValueError(f"LLM(): task={task!r}: must be generate or embed (or use runner=generate/pooling)")
-    if task == "embed":
-        OmegaConf.update(cfg, "model.runner", "pooling")
-    names = kwargs.pop("served_model_name", None)
-    if names is not None:
-        names = [names] if isinstance(names, str) else list(names)
-        if not names or not all(isinstance(n, str) and n and "," not in n for n in names):
-            raise ValueError(f"LLM(): served_model_name={names!r}: must be a name or a list of names (no commas)")
-        OmegaConf.update(cfg, "serve.served_model_name", ",".join(names))
-
+from minivllm.entrypoints.llm_args import (
+    as_list_of_prompts,
+    final_only,
+    loras_per_prompt,
+    params_per_prompt,
+    pooling_params_per_prompt,
+)
+from minivllm.entrypoints.llm_kwargs import config_from_kwargs
+from minivllm.sampling_params import BeamSearchParams, SamplingParams
 
 class LLM:
     """Offline generation::
@@ -176,11 +88,11 @@ class LLM:
         for every prompt or one (or None) per prompt.
         """
         self._needs_runner("generate", "generate")
-        prompts = _as_list_of_prompts(prompts)
+        prompts = as_list_of_prompts(prompts)
         if sampling_params is None:
             sampling_params = self.get_default_sampling_params()
-        params = _params_per_prompt(sampling_params, len(prompts))
-        loras = _loras_per_prompt(lora_request, len(prompts))
+        params = params_per_prompt(sampling_params, len(prompts))
+        loras = loras_per_prompt(lora_request, len(prompts))
         engine = self.llm_engine
         for p, sp, lora in zip(prompts, params, loras):  # validate everything before queuing anything
             engine.processor.lora.check(lora)
@@ -190,7 +102,7 @@ class LLM:
         try:
             for i, (p, sp) in enumerate(zip(prompts, params)):
                 prio = priority[i] if priority else 0
-                req_ids.append(engine.add_request(None, p, _final_only(sp), prio, lora_request=loras[i]))
+                req_ids.append(engine.add_request(None, p, final_only(sp), prio, lora_request=loras[i]))
             return self._run(req_ids, use_tqdm)
         except BaseException:
             engine.abort_request([r for r in req_ids])
@@ -245,8 +157,8 @@ class LLM:
         self._needs_runner("pooling", "encode")
         if pooling_task != "embed":
             raise ValueError(f"pooling_task={pooling_task!r}: only 'embed' is supported")
-        prompts = _as_list_of_prompts(prompts)
-        params = _pooling_params_per_prompt(pooling_params, len(prompts), truncate_prompt_tokens)
+        prompts = as_list_of_prompts(prompts)
+        params = pooling_params_per_prompt(pooling_params, len(prompts), truncate_prompt_tokens)
         engine = self.llm_engine
         for p, pp in zip(prompts, params):  # validate everything before queuing anything
             pp.check(self.cfg.hf_config, self.cfg.hf_config.hidden_size)
@@ -323,54 +235,3 @@ class LLM:
         engine = getattr(self, "llm_engine", None)
         if engine is not None:
             engine.shutdown()
-
-
-def _as_list_of_prompts(prompts: Any) -> list[PromptType]:
-    if isinstance(prompts, (str, dict)):
-        return [prompts]
-    if isinstance(prompts, (list, tuple)) and prompts and all(isinstance(t, int) for t in prompts):
-        return [list(prompts)]
-    prompts = list(prompts)
-    if not prompts:
-        raise ValueError("prompts: is empty; give at least one prompt")
-    return prompts
-
-
-def _final_only(params: SamplingParams) -> SamplingParams:
-    """generate() returns finished outputs only, so it asks for nothing else (as vLLM's LLM does)."""
-    if params.output_kind == RequestOutputKind.FINAL_ONLY:
-        return params
-    params = params.clone()
-    params.output_kind = RequestOutputKind.FINAL_ONLY
-    return params
-
-
-def _pooling_params_per_prompt(params: Any, n: int, truncate: int | None) -> list[PoolingParams]:
-    if params is None or isinstance(params, PoolingParams):
-        params = [params or PoolingParams()] * n
-    params = list(params)
-    if len(params) != n:
-        raise ValueError(f"pooling_params: {len(params)} given for {n} prompts; give one, or one per prompt")
-    if truncate is not None:
-        params = [PoolingParams(p.dimensions, p.normalize, truncate) for p in params]
-    return params
-
-
-def _params_per_prompt(params: Any, n: int) -> list[SamplingParams]:
-    if params is None:
-        return [SamplingParams()] * n
-    if isinstance(params, SamplingParams):
-        return [params] * n
-    params = list(params)
-    if len(params) != n:
-        raise ValueError(f"sampling_params: {len(params)} given for {n} prompts; give one, or one per prompt")
-    return params
-
-
-def _loras_per_prompt(lora: Any, n: int) -> list[LoRARequest | None]:
-    if lora is None or isinstance(lora, LoRARequest):
-        return [lora] * n
-    loras = list(lora)
-    if len(loras) != n:
-        raise ValueError(f"lora_request: {len(loras)} given for {n} prompts; give one, or one per prompt")
-    return loras

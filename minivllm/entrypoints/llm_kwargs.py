@@ -1,0 +1,108 @@
+"""vLLM's ``LLM(...)`` keywords mapped onto the config tree.
+
+Most keywords name one key (``KWARG_KEYS``); a few need their own handling
+(``SPECIAL_KWARGS``). A keyword we do not implement is an error that lists the
+known ones, so a vLLM script fails on its first line rather than running with
+a setting silently dropped.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Sequence
+
+from omegaconf import DictConfig, OmegaConf
+
+from minivllm.config.store import compose
+from minivllm.spec_decode.config import speculative_node
+
+# vLLM keyword -> key in the config tree
+KWARG_KEYS = {
+    "tokenizer": "model.tokenizer",
+    "dtype": "model.dtype",
+    "max_model_len": "model.max_model_len",
+    "seed": "model.seed",
+    "hf_overrides": "model.hf_overrides",
+    "max_logprobs": "model.max_logprobs",
+    "revision": "model.revision",
+    "tokenizer_revision": "model.tokenizer_revision",
+    "code_revision": "model.code_revision",
+    "trust_remote_code": "model.trust_remote_code",
+    "generation_config": "model.generation_config",
+    "runner": "model.runner",
+    "download_dir": "load.download_dir",
+    "max_seq_len_to_capture": "compilation.max_seq_len_to_capture",
+    "quantization": "model.quantization",
+    "tensor_parallel_size": "parallel.tp",
+    "pipeline_parallel_size": "parallel.pp",
+    "data_parallel_size": "parallel.dp",
+    "distributed_executor_backend": "parallel.backend",
+    "enable_expert_parallel": "parallel.enable_expert_parallel",
+    "gpu_memory_utilization": "cache.gpu_memory_utilization",
+    "block_size": "cache.block_size",
+    "kv_cache_dtype": "cache.cache_dtype",
+    "enable_prefix_caching": "cache.enable_prefix_caching",
+    "num_gpu_blocks_override": "cache.num_gpu_blocks_override",
+    "cpu_memory_gb": "cache.cpu_memory_gb",
+    "max_num_seqs": "scheduler.max_num_seqs",
+    "max_num_batched_tokens": "scheduler.max_num_batched_tokens",
+    "enable_chunked_prefill": "scheduler.enable_chunked_prefill",
+    "scheduling_policy": "scheduler.policy",
+    "load_format": "load.format",
+    "cuda_graph_sizes": "compilation.cudagraph_capture_sizes",
+    "attention_backend": "attention.name",
+    "device": "device.type",
+    "speculative_config": "speculative",
+    "enable_lora": "lora.enable_lora",
+    "max_loras": "lora.max_loras",
+    "max_lora_rank": "lora.max_lora_rank",
+    "max_cpu_loras": "lora.max_cpu_loras",
+}
+
+
+SPECIAL_KWARGS = ("enforce_eager", "disable_log_stats", "task", "served_model_name")
+"""vLLM keywords with their own handling in ``_apply_special_kwargs``."""
+
+
+def _is_preset(name: str) -> bool:
+    conf_dir = Path(__file__).resolve().parents[1] / "conf" / "model"
+    return "/" not in name and (conf_dir / f"{name}.yaml").is_file()
+
+
+def config_from_kwargs(model: str | None = None, overrides: Sequence[str] = (), **kwargs: Any) -> DictConfig:
+    """The config tree for ``LLM(model, **kwargs)``: a preset name or a path, vLLM's keywords
+    mapped onto their keys, then any Hydra ``overrides``."""
+    group_choice = [f"model={model}"] if model and _is_preset(model) else []
+    cfg = compose([*group_choice, *overrides])
+    if model and not group_choice:
+        OmegaConf.update(cfg, "model", {"path": model, "hf_config": None, "tokenizer": None}, merge=True)
+    _apply_special_kwargs(cfg, kwargs)
+    unknown = sorted(set(kwargs) - set(KWARG_KEYS))
+    if unknown:
+        known = ", ".join(sorted([*KWARG_KEYS, *SPECIAL_KWARGS]))
+        raise ValueError(f"LLM(): unknown or unimplemented keyword(s) {', '.join(unknown)}; known: {known}")
+    for name, value in kwargs.items():
+        if name == "speculative_config" and value is not None:
+            OmegaConf.update(cfg, "speculative", speculative_node(value), merge=True)
+        elif value is not None:
+            OmegaConf.update(cfg, KWARG_KEYS[name], value, merge=False)
+    return cfg
+
+
+def _apply_special_kwargs(cfg: DictConfig, kwargs: dict[str, Any]) -> None:
+    """vLLM keywords that do not map one-to-one onto a key (popped from ``kwargs``)."""
+    enforce_eager = kwargs.pop("enforce_eager", None)
+    if enforce_eager is not None:
+        OmegaConf.update(cfg, "compilation.cudagraph", not enforce_eager)
+    if kwargs.pop("disable_log_stats", None):
+        OmegaConf.update(cfg, "scheduler.log_stats_interval", 0.0)
+    task = kwargs.pop("task", None)
+    if task not in (None, "auto", "generate", "embed"):
+        raise ValueError(f"LLM(): task={task!r}: must be generate or embed (or use runner=generate/pooling)")
+    if task == "embed":
+        OmegaConf.update(cfg, "model.runner", "pooling")
+    names = kwargs.pop("served_model_name", None)
+    if names is not None:
+        names = [names] if isinstance(names, str) else list(names)
+        if not names or not all(isinstance(n, str) and n and "," not in n for n in names):
+            raise ValueError(f"LLM(): served_model_name={names!r}: must be a name or a list of names (no commas)")
+        OmegaConf.update(cfg, "serve.served_model_name", ",".join(names))
