@@ -22,7 +22,6 @@ from minivllm.distributed.pipeline import check_partition
 from minivllm.distributed.utils import check_expert_parallel, check_tensor_parallel
 from minivllm.layers.rotary import check_rope_types
 from minivllm.lora.config import LoRAConfig
-from minivllm.lora.serving import parse_lora_modules
 from minivllm.model_loader.gguf_config import find_gguf_file, gguf_hf_config
 from minivllm.quantization import QuantizationConfig, get_quantization_config
 from minivllm.spec_decode.config import SpeculativeConfig
@@ -38,77 +37,24 @@ from minivllm.config.schema import (
     SchedulerConfig,
     TaskConfig,
 )
-from minivllm.config.validation import check_range
+from minivllm.config.resolve import (
+    DEFAULT_LOADER,
+    KV_DTYPES,
+    LOADER_TARGETS,
+    architecture_of,
+    attention_target,
+    executor_target,
+    refuse_encoder_only,
+    resolve_async_scheduling,
+    resolve_device,
+    resolve_dtype,
+    resolve_max_model_len,
+)
+from minivllm.config.serve_config import ServeConfig
 from minivllm.models.registry import POOLING_ONLY, ModelRegistry
 from minivllm.plugins import load_general_plugins
 
 logger = logging.getLogger(__name__)
-ATTENTION_TARGETS = {
-    "torch": "minivllm.attention.torch_backend.TorchAttentionBackend",
-    "triton": "minivllm.attention.triton_backend.TritonAttentionBackend",
-}
-EXECUTOR_TARGETS = {
-    "uni": "minivllm.executor.uniproc.UniProcExecutor",
-    "mp": "minivllm.executor.multiproc.MultiprocExecutor",
-    "ray": "minivllm.executor.ray_executor.RayDistributedExecutor",
-    "external_launcher": "minivllm.executor.external_launcher.ExecutorWithExternalLauncher",
-}
-LOADER_TARGETS = {
-    "gguf": "minivllm.model_loader.gguf_loader.GGUFModelLoader",
-    "tensorizer": "minivllm.model_loader.tensorizer_loader.TensorizerModelLoader",
-    "sharded_state": "minivllm.model_loader.sharded_state.ShardedStateLoader",
-}
-DEFAULT_LOADER = "minivllm.model_loader.loader.DefaultModelLoader"
-_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-_KV_DTYPES = {**_DTYPES, "fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn}
-
-
-TOOL_CALL_PARSERS = ("hermes", "llama3_json")
-REASONING_PARSERS = ("deepseek_r1", "qwen3")
-
-
-@dataclass
-class ServeConfig:
-    """The HTTP server of task=serve."""
-
-    host: str = "127.0.0.1"
-    """Address the HTTP server binds."""
-    port: int = 8000
-    """Port the HTTP server binds."""
-    api_key: Optional[str] = None
-    """When set, every /v1 route needs ``Authorization: Bearer <api_key>``."""
-    served_model_name: Optional[str] = None
-    """Model name(s) the server answers to, comma-separated (the first is reported); defaults to model.path."""
-    chat_template: Optional[str] = None
-    """Jinja chat template (or a file holding one) for models whose tokenizer has none."""
-    shutdown_timeout: float = 30.0
-    """Seconds in-flight requests get to finish after SIGTERM before they are cancelled."""
-    max_n: int = 128
-    """Most completions one prompt may ask for (``n``); more is a 400. ``LLM`` checks it too."""
-    max_seqs_per_request: int = 1024
-    """Most sequences (prompts x n) one HTTP request may queue; more is a 400."""
-    max_waiting: int = 2048
-    """Sequences allowed to wait beyond scheduler.max_num_seqs; a request that would go past it gets 503."""
-    tool_call_parser: Optional[str] = None
-    """How tool calls are read from chat output for tool_choice=auto: hermes or llama3_json."""
-    reasoning_parser: Optional[str] = None
-    """Split <think>...</think> into reasoning_content: deepseek_r1 or qwen3."""
-    lora_modules: list[str] = field(default_factory=list)
-    """LoRA adapters served from the start, as name=path; a request picks one by its ``model`` field."""
-    enable_lora_runtime_updates: bool = False
-    """Offer /v1/load_lora_adapter and /v1/unload_lora_adapter."""
-
-    def __post_init__(self) -> None:
-        check_range("serve.port", self.port, low=0, high=65535)
-        check_range("serve.shutdown_timeout", self.shutdown_timeout, low=0.0)
-        check_range("serve.max_n", self.max_n, low=1)
-        parse_lora_modules(list(self.lora_modules))
-        check_range("serve.max_seqs_per_request", self.max_seqs_per_request, low=1)
-        check_range("serve.max_waiting", self.max_waiting, low=0)
-        for key, allowed in (("tool_call_parser", TOOL_CALL_PARSERS), ("reasoning_parser", REASONING_PARSERS)):
-            value = getattr(self, key)
-            if value is not None and value not in allowed:
-                raise ValueError(f"serve.{key}={value!r}: must be one of {', '.join(allowed)} (or null)")
 
 
 @dataclass
@@ -156,7 +102,7 @@ class VllmConfig:
         if self.model.path in ("", "???"):
             raise ValueError("model.path: is required; give a checkpoint directory or a preset (model=opt-125m)")
         load_general_plugins(self.plugins)  # before the architecture check: a plugin may register it
-        self.device_type: str = _resolve_device(self.device.type)
+        self.device_type: str = resolve_device(self.device.type)
         if self.load.format == "auto" and self.model.path.endswith(".gguf"):
             self.load.format = "gguf"
         self.hf_config, self.checkpoint_dir = self._load_hf_config()
@@ -164,29 +110,29 @@ class VllmConfig:
             self.load.loader = {"_target_": LOADER_TARGETS.get(self.load.format, DEFAULT_LOADER)}
         if self.model.architecture:
             self.hf_config.architectures = [self.model.architecture]
-        self.architecture: str = _architecture(self.hf_config)
-        _refuse_encoder_only(self.hf_config, self.architecture)
+        self.architecture: str = architecture_of(self.hf_config)
+        refuse_encoder_only(self.hf_config, self.architecture)
         ModelRegistry.check_supported(self.architecture)
         check_rope_types(self.hf_config)
         self.quant_config: QuantizationConfig | None = get_quantization_config(
             self.model.quantization, self.hf_config, self.architecture
         )
-        self.dtype: torch.dtype = _resolve_dtype(self.model.dtype, self.hf_config, self.device_type)
+        self.dtype: torch.dtype = resolve_dtype(self.model.dtype, self.hf_config, self.device_type)
         self.kv_cache_dtype: torch.dtype = (
-            self.dtype if self.cache.cache_dtype == "auto" else _KV_DTYPES[self.cache.cache_dtype]
+            self.dtype if self.cache.cache_dtype == "auto" else KV_DTYPES[self.cache.cache_dtype]
         )
-        self.max_model_len: int = _resolve_max_model_len(self.model.max_model_len, self.hf_config)
-        self.parallel.executor = {"_target_": _executor_target(self.parallel)}
+        self.max_model_len: int = resolve_max_model_len(self.model.max_model_len, self.hf_config)
+        self.parallel.executor = {"_target_": executor_target(self.parallel)}
         check_tensor_parallel(self.parallel.tp, self.hf_config)
         self._check_pipeline_parallel()
         check_expert_parallel(self.parallel.tp, self.parallel.enable_expert_parallel, self.hf_config)
         if not self.attention.backend:
-            self.attention.backend = {"_target_": _attention_target(self.attention.name, self.device_type)}
+            self.attention.backend = {"_target_": attention_target(self.attention.name, self.device_type)}
         self._check_scheduler()
         self._check_lora()
         self._check_pooling()
         self._check_speculative()
-        self.async_scheduling: bool = _resolve_async_scheduling(self.scheduler.async_scheduling, self)
+        self.async_scheduling: bool = resolve_async_scheduling(self.scheduler.async_scheduling, self)
 
     def _load_hf_config(self) -> tuple[Any, Any]:
         """The checkpoint's config and directory; a GGUF file's config comes from its metadata."""
@@ -306,101 +252,3 @@ class VllmConfig:
 
     def to_dictconfig(self) -> DictConfig:
         return OmegaConf.structured(self)
-
-
-def _resolve_async_scheduling(requested: bool | None, cfg: "VllmConfig") -> bool:
-    """Overlap pays where the device runs apart from the host: CUDA, one worker in this process.
-    Pipeline stages and data-parallel replicas step synchronously; so does speculative decoding,
-    which needs each step's accepted tokens before it schedules the next."""
-    par = cfg.parallel
-    if par.pp > 1 or par.dp > 1:
-        if requested:
-            raise ValueError("scheduler.async_scheduling=true: not supported with parallel.pp > 1 or parallel.dp > 1")
-        return False
-    if cfg.speculative.enabled:
-        if requested:
-            raise ValueError(
-                f"scheduler.async_scheduling=true: not supported with speculative.method={cfg.speculative.method} "
-                "(speculation schedules each step after the previous one's accepted tokens); set it to false or null"
-            )
-        return False
-    if requested is None:
-        return cfg.device_type == "cuda" and cfg.world_size == 1
-    return requested
-
-
-def _resolve_device(device_type: str) -> str:
-    if device_type == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device_type == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device.type=cuda: no CUDA device is visible; use device=cpu or device=auto")
-    return device_type
-
-
-_ENCODER_ONLY = ("bert", "roberta", "xlm-roberta", "distilbert", "deberta", "deberta-v2", "electra", "modernbert",
-                 "mpnet", "nomic_bert", "camembert", "albert")
-
-
-def _refuse_encoder_only(hf_config: Any, architecture: str) -> None:
-    if getattr(hf_config, "model_type", None) in _ENCODER_ONLY:
-        raise ValueError(
-            f"architecture {architecture!r} (model_type {hf_config.model_type!r}) is an encoder-only (bidirectional) "
-            f"model: not supported; minivllm runs decoder-only models, for generation or for embeddings with "
-            f"model.runner=pooling (e.g. Qwen3-Embedding, gte-Qwen2)"
-        )
-
-
-def _architecture(hf_config: Any) -> str:
-    archs = getattr(hf_config, "architectures", None) or []
-    if not archs:
-        raise ValueError("config.json has no 'architectures' entry; set model.architecture (e.g. LlamaForCausalLM)")
-    return archs[0]
-
-
-def _resolve_dtype(name: str, hf_config: Any, device_type: str) -> torch.dtype:
-    if name != "auto":
-        return _DTYPES[name]
-    if device_type == "cpu":
-        return torch.float32
-    ckpt = getattr(hf_config, "torch_dtype", None) or getattr(hf_config, "dtype", None)
-    if isinstance(ckpt, str):
-        ckpt = _DTYPES.get(ckpt)
-    if ckpt in (None, torch.float32):
-        return torch.bfloat16
-    return ckpt
-
-
-def _resolve_max_model_len(requested: int | None, hf_config: Any) -> int:
-    limit = getattr(hf_config, "max_position_embeddings", None) or getattr(hf_config, "n_positions", None)
-    if requested is None:
-        if limit is None:
-            raise ValueError("model.max_model_len: the checkpoint names no max_position_embeddings; set it")
-        return int(limit)
-    if limit is not None and requested > limit:
-        raise ValueError(
-            f"model.max_model_len={requested}: larger than the model's max_position_embeddings={limit}"
-        )
-    return requested
-
-
-def _executor_target(parallel: Any) -> str:
-    if parallel.executor is not None:
-        target = parallel.executor.get("_target_") if hasattr(parallel.executor, "get") else None
-        if not target:
-            raise ValueError("parallel.executor: needs a _target_ (a class path)")
-        return target
-    backend = parallel.backend
-    if backend == "auto":
-        backend = "uni" if parallel.world_size == 1 else "mp"
-    if backend == "uni" and parallel.world_size > 1:
-        raise ValueError(
-            f"parallel.backend=uni: runs one rank, but parallel.tp={parallel.tp} x parallel.pp={parallel.pp} "
-            f"= {parallel.world_size}; use mp or ray"
-        )
-    return EXECUTOR_TARGETS[backend]
-
-
-def _attention_target(name: str, device_type: str) -> str:
-    if name == "auto":
-        name = "triton" if device_type == "cuda" else "torch"
-    return ATTENTION_TARGETS[name]

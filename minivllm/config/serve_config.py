@@ -1,0 +1,55 @@
+"""The ``serve`` group: the HTTP server of task=serve."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from minivllm.config.validation import check_range
+from minivllm.lora.serving import parse_lora_modules
+
+TOOL_CALL_PARSERS = ("hermes", "llama3_json")
+REASONING_PARSERS = ("deepseek_r1", "qwen3")
+
+
+@dataclass
+class ServeConfig:
+    """The HTTP server of task=serve."""
+
+    host: str = "127.0.0.1"
+    """Address the HTTP server binds."""
+    port: int = 8000
+    """Port the HTTP server binds."""
+    api_key: Optional[str] = None
+    """When set, every /v1 route needs ``Authorization: Bearer <api_key>``."""
+    served_model_name: Optional[str] = None
+    """Model name(s) the server answers to, comma-separated (the first is reported); defaults to model.path."""
+    chat_template: Optional[str] = None
+    """Jinja chat template (or a file holding one) for models whose tokenizer has none."""
+    shutdown_timeout: float = 30.0
+    """Seconds in-flight requests get to finish after SIGTERM before they are cancelled."""
+    max_n: int = 128
+    """Most completions one prompt may ask for (``n``); more is a 400. ``LLM`` checks it too."""
+    max_seqs_per_request: int = 1024
+    """Most sequences (prompts x n) one HTTP request may queue; more is a 400."""
+    max_waiting: int = 2048
+    """Sequences allowed to wait beyond scheduler.max_num_seqs; a request that would go past it gets 503."""
+    tool_call_parser: Optional[str] = None
+    """How tool calls are read from chat output for tool_choice=auto: hermes or llama3_json."""
+    reasoning_parser: Optional[str] = None
+    """Split <think>...</think> into reasoning_content: deepseek_r1 or qwen3."""
+    lora_modules: list[str] = field(default_factory=list)
+    """LoRA adapters served from the start, as name=path; a request picks one by its ``model`` field."""
+    enable_lora_runtime_updates: bool = False
+    """Offer /v1/load_lora_adapter and /v1/unload_lora_adapter."""
+
+    def __post_init__(self) -> None:
+        check_range("serve.port", self.port, low=0, high=65535)
+        check_range("serve.shutdown_timeout", self.shutdown_timeout, low=0.0)
+        check_range("serve.max_n", self.max_n, low=1)
+        parse_lora_modules(list(self.lora_modules))
+        check_range("serve.max_seqs_per_request", self.max_seqs_per_request, low=1)
+        check_range("serve.max_waiting", self.max_waiting, low=0)
+        for key, allowed in (("tool_call_parser", TOOL_CALL_PARSERS), ("reasoning_parser", REASONING_PARSERS)):
+            value = getattr(self, key)
+            if value is not None and value not in allowed:
+                raise ValueError(f"serve.{key}={value!r}: must be one of {', '.join(allowed)} (or null)")
