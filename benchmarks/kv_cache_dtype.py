@@ -55,7 +55,7 @@ def measure(args: argparse.Namespace, cache_dtype: str) -> dict[str, float]:
 
 def main() -> None:
     args = parse_args()
-    print(f"| cache.cache_dtype | stored as | KV bytes / token | blocks | tokens | KV allocated (GiB) | out tok/s |")
+    print("| cache.cache_dtype | stored as | KV bytes / token | blocks | tokens | KV allocated (GiB) | out tok/s |")
     print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
     for cache_dtype in args.cache_dtypes.split(","):
         r = measure(args, cache_dtype)

@@ -25,7 +25,6 @@ import math
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from minivllm.distributed.parallel_state import all_reduce, tp_rank, tp_size
