@@ -12,7 +12,10 @@ normalising. Every tp rank of stage s sends to the same tp rank of stage s+1
     stage 1 (ranks tp..2tp-1) layers [a, b), norm, lm_head, sampling
 
 The receiver knows the shapes: (tokens in the step, hidden size) each, in
-the model's dtype; tokens in the step are the same on every stage.
+the model's dtype; tokens in the step are the same on every stage. Nothing
+flows back: the earlier stages learn the last stage's sampled tokens from the
+scheduler, with the request's next step (``CachedRequestData.new_token_ids``),
+so a stage never waits for a later one and can start the next micro-batch.
 """
 from __future__ import annotations
 
@@ -84,7 +87,6 @@ class PipelineStage:
         self.is_last = layout.stage == layout.num_stages - 1
         rank = dist.get_rank()
         self.prev_rank, self.next_rank = rank - layout.tp, rank + layout.tp
-        self.output_rank = (layout.num_stages - 1) * layout.tp  # samples; the engine reads its output
 
     def empty(self, num_tokens: int) -> IntermediateTensors:
         return {k: torch.zeros(num_tokens, self.hidden_size, dtype=self.dtype, device=self.device) for k in self.keys}
@@ -101,16 +103,6 @@ class PipelineStage:
     def send(self, tensors: IntermediateTensors) -> None:
         for key in self.keys:
             dist.send(tensors[key].contiguous(), dst=self.next_rank)
-
-    def share_sampled(self, token_ids: torch.Tensor) -> None:
-        """Last stage: give every rank of every stage the output rank's sampled ids, in place."""
-        dist.broadcast(token_ids, src=self.output_rank)
-
-    def recv_sampled(self, num_tokens: int) -> torch.Tensor:
-        """Earlier stages: the ids the last stage sampled this step (``share_sampled``'s other end)."""
-        token_ids = torch.empty(num_tokens, dtype=torch.int64, device=self.device)
-        dist.broadcast(token_ids, src=self.output_rank)
-        return token_ids
 
 
 def pipeline_stage(cfg, model: nn.Module, device: torch.device) -> PipelineStage | None:
