@@ -1,7 +1,10 @@
 """Offline throughput with pipeline micro-batching: the same requests through
 LLM.generate with parallel.pp=2 and parallel.pp_microbatches=1 (one batch in the
 pipeline at a time) and 2 (stage 0 runs one batch while stage 1 runs the other),
-with pp=1 in the engine's process for reference (engine start-up not timed).
+with pp=1 for reference. Every run uses the mp executor (pp=1: one worker
+process), so only the pipeline differs; engine start-up is not timed. With
+load.format=dummy the random weights depend on the stage layout, so tokens are
+compared between runs of the same pp only.
 
     python benchmarks/pp_microbatches.py --model opt-125m -- load.format=dummy \\
         '+model.hf_overrides={num_hidden_layers: 4}'
@@ -20,9 +23,10 @@ def measure(model: str, pp: int, microbatches: int, prompts: list[list[int]], ou
     extra = [f"parallel.pp_microbatches={microbatches}"] if pp > 1 else []
     if pp > 1 and partition:
         extra.append(f"parallel.pp_layer_partition=[{partition}]")
-    llm = LLM(model=model, pipeline_parallel_size=pp, overrides=[*overrides, *extra])
+    llm = LLM(model=model, pipeline_parallel_size=pp, distributed_executor_backend="mp",
+              overrides=[*overrides, *extra])  # fmt: skip
     try:
-        params = SamplingParams(temperature=0, max_tokens=output_len, ignore_eos=True)
+        params = SamplingParams(temperature=0, max_tokens=output_len, ignore_eos=True, detokenize=False)
         llm.generate([{"prompt_token_ids": p} for p in prompts[:4]], params, use_tqdm=False)  # warm-up
         start = time.perf_counter()
         outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
@@ -46,13 +50,13 @@ def main() -> None:
     args = parser.parse_args()
     rng = random.Random(0)
     prompts = [[rng.randrange(10, 500) for _ in range(args.input_len)] for _ in range(args.num_prompts)]
-    first = None
+    first: dict[int, list] = {}
     for run in args.runs.split(","):
         pp, microbatches = map(int, run.split(":"))
         row = measure(args.model, pp, microbatches, prompts, args.output_len, args.overrides, args.partition)
         tokens = row.pop("token_ids")
-        first = tokens if first is None else first
-        print({**row, "same_tokens_as_first_run": tokens == first}, flush=True)
+        first.setdefault(pp, tokens)
+        print({**row, "same_tokens_as_first_run_of_this_pp": tokens == first[pp]}, flush=True)
 
 
 if __name__ == "__main__":
