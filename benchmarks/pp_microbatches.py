@@ -1,13 +1,13 @@
 """Offline throughput with pipeline micro-batching: the same requests through
 LLM.generate with parallel.pp=2 and parallel.pp_microbatches=1 (one batch in the
 pipeline at a time) and 2 (stage 0 runs one batch while stage 1 runs the other),
-with pp=1 for reference. Every run uses the mp executor (pp=1: one worker
-process), so only the pipeline differs; engine start-up is not timed. With
-load.format=dummy the random weights depend on the stage layout, so tokens are
-compared between runs of the same pp only.
+with pp=1 (in the engine's process) for reference; engine start-up is not timed.
+With load.format=dummy the random weights depend on the stage layout, so tokens
+are compared between runs of the same pp only.
 
-    python benchmarks/pp_microbatches.py --model opt-125m -- load.format=dummy \\
-        '+model.hf_overrides={num_hidden_layers: 4}'
+    python benchmarks/pp_microbatches.py --model opt-125m --num-prompts 48 --runs 1:1,2:1,2:2,2:1,2:2 -- \
+        load.format=dummy '+model.hf_overrides={num_hidden_layers: 4, hidden_size: 512, ffn_dim: 2048,
+        num_attention_heads: 8, word_embed_proj_dim: 512, vocab_size: 2048}'
 """
 from __future__ import annotations
 
@@ -23,8 +23,7 @@ def measure(model: str, pp: int, microbatches: int, prompts: list[list[int]], ou
     extra = [f"parallel.pp_microbatches={microbatches}"] if pp > 1 else []
     if pp > 1 and partition:
         extra.append(f"parallel.pp_layer_partition=[{partition}]")
-    llm = LLM(model=model, pipeline_parallel_size=pp, distributed_executor_backend="mp",
-              overrides=[*overrides, *extra])  # fmt: skip
+    llm = LLM(model=model, pipeline_parallel_size=pp, overrides=[*overrides, *extra])
     try:
         params = SamplingParams(temperature=0, max_tokens=output_len, ignore_eos=True, detokenize=False)
         llm.generate([{"prompt_token_ids": p} for p in prompts[:4]], params, use_tqdm=False)  # warm-up

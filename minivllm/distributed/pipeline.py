@@ -91,15 +91,19 @@ def tie_where_held(head: nn.Module, embedding: nn.Module) -> None:
 
 
 def tied_head_weights(
-    weights: Iterable[tuple[str, Any]], embedding_name: str, head: nn.Module, embedding: nn.Module
+    weights: Iterable[tuple[str, Any]],
+    embedding_name: str,
+    head: nn.Module,
+    embedding: nn.Module,
+    head_name: str = "lm_head.weight",
 ) -> Iterator[tuple[str, Any]]:
-    """Checkpoint tensors of a model with tied embeddings: a stored ``lm_head.weight`` is
+    """Checkpoint tensors of a model with tied embeddings: a stored head weight is
     dropped, and a last stage without the embedding loads its tensor into the LM head."""
     head_loads_it = holds(head) and not holds(embedding)
     for name, tensor in weights:
-        if name == "lm_head.weight":
+        if name == head_name:
             continue
-        yield ("lm_head.weight" if head_loads_it and name == embedding_name else name), tensor
+        yield (head_name if head_loads_it and name == embedding_name else name), tensor
 
 
 def build_stage_layers(num_layers: int, make_layer) -> tuple[nn.ModuleList, int, int]:

@@ -12,7 +12,7 @@ from safetensors import safe_open
 from minivllm import LLM
 from minivllm.distributed.pipeline import check_partition, even_partition
 from tests.executor import tp_helpers as h
-from tests.model_configs import llama_config
+from tests.model_configs import gpt2_config, gpt_neox_config, llama_config
 
 def layer_types(model) -> list[str]:
     """Runs in each worker (apply_model): the class of each decoder layer slot."""
@@ -54,9 +54,7 @@ def test_a_bad_partition_is_refused(partition, pp, match):
         check_partition(3, pp, partition)
 
 
-def test_bad_pipeline_configs_fail_when_built(llama3_dir, make_checkpoint):
-    from tests.model_configs import gpt2_config
-
+def test_bad_pipeline_configs_fail_when_built(llama3_dir):
     with pytest.raises(ValueError, match=r"parallel.pp=4: the model has only 3 decoder layers"):
         LLM(model=str(llama3_dir), pipeline_parallel_size=4, **h.LLM_KWARGS)
     with pytest.raises(ValueError, match=r"parallel.pp_layer_partition=\[1, 1\]"):
@@ -64,9 +62,6 @@ def test_bad_pipeline_configs_fail_when_built(llama3_dir, make_checkpoint):
             **h.LLM_KWARGS)  # fmt: skip
     with pytest.raises(ValueError, match=r"parallel.pp=2: needs parallel.backend auto, mp or ray \(not uni\)"):
         LLM(model=str(llama3_dir), pipeline_parallel_size=2, distributed_executor_backend="uni", **h.LLM_KWARGS)
-    gpt2 = make_checkpoint("gpt2", gpt2_config())
-    with pytest.raises(ValueError, match=r"parallel.pp=2: GPT2LMHeadModel does not support pipeline parallelism"):
-        LLM(model=str(gpt2), pipeline_parallel_size=2, **h.LLM_KWARGS)
 
 
 @pytest.mark.slow
@@ -109,5 +104,26 @@ def test_llama_tp2_x_pp2_odd_layers_explicit_partition_matches_tp1(llama3_dir):
             first_stage = rank < 2
             assert ("model.embed_tokens.weight" in held) == first_stage, rank
             assert ("lm_head.weight" in held) == ("model.norm.weight" in held) == (not first_stage), rank
+    finally:
+        llm.shutdown()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize(
+    "name, config, head",
+    [
+        ("gpt2", gpt2_config(), "lm_head.weight"),  # tied: the last stage loads wte into its head
+        ("gpt-neox-tied-3-layers", gpt_neox_config(num_hidden_layers=3, tie_word_embeddings=True), "embed_out.weight"),
+    ],
+)
+def test_gpt2_and_gpt_neox_pp2_match_pp1(make_checkpoint, name, config, head):
+    ckpt = make_checkpoint(name, config)
+    llm = LLM(model=str(ckpt), pipeline_parallel_size=2, **h.LLM_KWARGS)
+    try:
+        h.assert_same_outputs(h.reference(ckpt), h.generate(llm))
+        first, last = llm.apply_model(param_numels)
+        assert head not in first and head in last
+        assert not any("embed_in" in n or "wte" in n for n in last)
     finally:
         llm.shutdown()
