@@ -265,7 +265,7 @@ class Scheduler:
                 break
             request = self.waiting[0]
             if request.num_output_placeholders or (self.in_flight and request.request_id in self.in_flight):
-                break  # preempted with a token in flight: readmit it once the token is known
+                break  # preempted with a token (or its batch) in flight: readmit it once that is back
             if self.structured.active and not self.structured.is_ready(request):
                 set_aside.append(self.waiting.popleft())  # let the others by
                 continue
