@@ -45,10 +45,11 @@ def test_micro_batch_count_defaults_to_one_per_stage():
 
 class BatchWatch:
     """Wraps the executor's submit: records the most batches in flight, and checks
-    that a batch shares no request with those already in flight."""
+    that a batch shares no request with those already in flight. Once, with a batch
+    in flight, it calls every rank: the call's replies come after the batch's."""
 
     def __init__(self, core) -> None:
-        self.core, self.most = core, 0
+        self.core, self.most, self.ranks = core, 0, None
         self._submit = core.executor.execute_model_async
         core.executor.execute_model_async = self.submit
 
@@ -56,6 +57,8 @@ class BatchWatch:
         for other, _ in self.core._batches:
             assert not set(other.num_scheduled_tokens) & set(sched.num_scheduled_tokens)
         self.most = max(self.most, len(self.core._batches) + 1)
+        if self.core._batches and self.ranks is None:
+            self.ranks = self.core.executor.collective_rpc(lambda worker: worker.rank)
         return self._submit(sched)
 
 
@@ -73,7 +76,7 @@ def test_two_micro_batches_through_pp2_equal_the_pp1_loop(llama_dir):
     try:
         watch = BatchWatch(engine.core)
         finals, aborted = run(engine, workload(probe), abort_id="3")
-        assert watch.most == 2
+        assert watch.most == 2 and watch.ranks == [0, 1]
         assert engine.core.scheduler.num_preemptions > 0  # 14 blocks are too few for the whole batch
     finally:
         engine.shutdown()
