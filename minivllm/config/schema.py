@@ -103,6 +103,8 @@ class ParallelConfig:
     """Pipeline-parallel size: stages of consecutive decoder layers (vLLM: pipeline_parallel_size)."""
     pp_layer_partition: Optional[list[int]] = None
     """Decoder layers per pipeline stage (e.g. [3, 2]); null splits them evenly, earlier stages taking the rest."""
+    pp_microbatches: Optional[int] = None
+    """Scheduled batches in flight at once through the pipeline stages (vLLM's virtual engines); null: parallel.pp."""
     dp: int = 1
     """Data-parallel size: independent engine replicas, each of tp x pp ranks (vLLM: data_parallel_size)."""
     dp_rank: int = 0
@@ -125,6 +127,13 @@ class ParallelConfig:
             raise ValueError(f"parallel.pp={self.pp}: needs parallel.backend auto, mp or ray (not {self.backend})")
         if self.pp_layer_partition is not None and self.pp == 1:
             raise ValueError("parallel.pp_layer_partition: only applies with parallel.pp > 1; leave it null")
+        if self.pp_microbatches is not None:
+            check_range("parallel.pp_microbatches", self.pp_microbatches, low=1)
+            if self.pp == 1 and self.pp_microbatches > 1:
+                raise ValueError(
+                    f"parallel.pp_microbatches={self.pp_microbatches}: only applies with parallel.pp > 1; "
+                    "leave it null or 1"
+                )
         check_choice("parallel.backend", self.backend, PARALLEL_BACKENDS)
         check_range("parallel.dp", self.dp, low=1)
         check_range("parallel.dp_rank", self.dp_rank, low=0, high=self.dp - 1)
@@ -137,6 +146,11 @@ class ParallelConfig:
     @property
     def world_size(self) -> int:
         return self.tp * self.pp
+
+    @property
+    def num_microbatches(self) -> int:
+        """Batches the engine keeps in flight: ``pp_microbatches``, by default one per stage."""
+        return self.pp if self.pp_microbatches is None else self.pp_microbatches
 
     @property
     def output_rank(self) -> int:

@@ -172,7 +172,7 @@ class VllmConfig:
             return
         if not getattr(ModelRegistry.resolve(self.architecture), "supports_pp", False):
             raise ValueError(f"parallel.pp={pp}: {self.architecture} does not support pipeline parallelism; use 1")
-        if self.model.runner == "pooling":  # the last stage pools; the others wait for sampled ids
+        if self.model.runner == "pooling":  # the pooling runner has no pipeline stages
             raise ValueError(f"parallel.pp={pp}: model.runner=pooling runs on one pipeline stage; use pp=1")
         if self.load.format == "sharded_state":  # its files are named by tp rank, which repeats on every stage
             raise ValueError(f"parallel.pp={pp}: load.format=sharded_state saves one shard per tp rank; use pp=1")

@@ -43,6 +43,15 @@ a decoding request may be scheduled for ``1 + k`` tokens, its last known token
 and ``k`` drafts (``SchedulerOutput.scheduled_spec_decode_tokens``, from the
 n-gram lookup or from the worker's draft model); after the step the rejected
 drafts are rolled back. It runs without async scheduling.
+Pipeline micro-batching (``parallel.pp_microbatches > 1``): the engine core keeps
+several scheduled batches in flight, one per pipeline slot. A request in a batch
+that has not come back is *in flight* and is left out of later batches (running
+or waiting), so the batches in flight hold disjoint requests and every batch sees
+its requests' tokens complete. An in-flight request may still be preempted or
+aborted: its blocks go to a later batch, which every stage runs after the one in
+flight, and a token it sampled is kept (a preempted one) or dropped (an aborted one).
+Each batch takes at most its share of the unfinished requests (``ceil(n / slots)``),
+so that the batches in flight stay of a size and every stage has work.
 """
 from __future__ import annotations
 
@@ -56,7 +65,6 @@ from minivllm.core.block_pool import BlockId
 from minivllm.core.kv_cache_manager import KVCacheManager
 from minivllm.core.request_queue import make_waiting_queue
 from minivllm.core.scheduler_output import (
-    CachedRequestData,
     ModelRunnerOutput,
     NewRequestData,
     PositionLogprobs,
@@ -93,6 +101,8 @@ class _StepPlan:
     """Decisions of one ``schedule()`` call, turned into a SchedulerOutput at the end."""
 
     budget: int
+    max_reqs: int
+    """Most requests in this batch (micro-batching: one slot's share; else max_num_seqs)."""
     scheduled: dict[RequestId, int] = field(default_factory=dict)
     new_blocks: dict[RequestId, list[BlockId]] = field(default_factory=dict)
     spec_tokens: dict[RequestId, list[int]] = field(default_factory=dict)
@@ -126,6 +136,11 @@ class Scheduler:
         """Grammar matchers of requests with structured outputs."""
         self.spec = SpecDecodeScheduling(cfg.speculative, cfg.max_model_len) if cfg.speculative.enabled else None
         """Draft proposals and rollback; None when speculative decoding is off."""
+        self.num_microbatches = cfg.parallel.num_microbatches
+        self.in_flight: set[RequestId] | None = set() if self.num_microbatches > 1 else None
+        """Micro-batching: requests in a batch whose output has not come back (None when off)."""
+        self.send_token_ids = cfg.parallel.pp > 1
+        """Pipeline stages other than the last learn sampled tokens from the scheduler."""
 
     # ---- requests in and out --------------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -162,7 +177,7 @@ class Scheduler:
 
     # ---- one step -----------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
-        plan = _StepPlan(budget=self.max_num_batched_tokens)
+        plan = _StepPlan(budget=self.max_num_batched_tokens, max_reqs=self._batch_seats())
         if self.policy == "priority":
             self._preempt_for_waiting_priority()
         self._schedule_running(plan)
@@ -172,6 +187,11 @@ class Scheduler:
         if self.structured.active:
             self._attach_grammar_bitmask(out)
         return out
+
+    def _batch_seats(self) -> int:
+        if self.in_flight is None:
+            return self.max_num_seqs
+        return max(1, -(-self.num_unfinished_requests // self.num_microbatches))
 
     def _attach_grammar_bitmask(self, out: SchedulerOutput) -> None:
         """Bitmask rows for the requests that sample in this step (all their tokens computed)."""
@@ -193,10 +213,12 @@ class Scheduler:
         """Running requests first: their decodes and unfinished prefill chunks go
         before any new prompt."""
         for request in self._running_order():
-            if plan.budget <= 0:
+            if plan.budget <= 0 or len(plan.scheduled) >= plan.max_reqs:
                 break
             if request.status is not RequestStatus.RUNNING:
                 continue  # preempted earlier in this step
+            if self.in_flight and request.request_id in self.in_flight:
+                continue  # its batch has not come back
             num_new = request.num_tokens + request.num_output_placeholders - request.num_computed_tokens
             if request.num_output_placeholders and not self._may_continue(request):
                 continue
@@ -255,9 +277,11 @@ class Scheduler:
         set_aside: list[Request] = []
         adapters = {r.lora_int_id for r in self.running} - {None}
         while self.waiting and plan.budget > 0 and len(self.running) < self.max_num_seqs:
+            if len(plan.scheduled) >= plan.max_reqs:
+                break
             request = self.waiting[0]
-            if request.num_output_placeholders:
-                break  # preempted with a token in flight: readmit it once the token is known
+            if request.num_output_placeholders or (self.in_flight and request.request_id in self.in_flight):
+                break  # preempted with a token (or its batch) in flight: readmit it once that is back
             if self.structured.active and not self.structured.is_ready(request):
                 set_aside.append(self.waiting.popleft())  # let the others by
                 continue
@@ -321,10 +345,14 @@ class Scheduler:
                 cached.req_ids.append(req_id)
                 cached.new_block_ids.append(plan.new_blocks[req_id] or None)
                 cached.num_computed_tokens.append(request.num_computed_tokens)
+                if self.send_token_ids:
+                    cached.new_token_ids.append(_output_tokens_in(request, num_new))
             request.num_computed_tokens += num_new
             samples = request.num_computed_tokens == request.num_tokens + request.num_output_placeholders
             if self.async_scheduling and samples:
                 request.num_output_placeholders += 1  # it samples in this step
+        if self.in_flight is not None:
+            self.in_flight.update(plan.scheduled)
         return out
 
     def _new_request_data(self, request: Request) -> NewRequestData:
@@ -345,6 +373,8 @@ class Scheduler:
         pooler_output = output.pooler_output
         if self.spec is not None:
             self.spec.receive(output.spec_token_ids)
+        if self.in_flight is not None:
+            self.in_flight.difference_update(sched.num_scheduled_tokens)
         for req_id, new_tokens in output.sampled_token_ids.items():
             request = requests.get(req_id)
             if request is None:
@@ -408,3 +438,9 @@ class Scheduler:
         self._forget.add(request.request_id)
         self.structured.remove(request.request_id)
         del self.requests[request.request_id]
+
+
+def _output_tokens_in(request: Request, num_new: int) -> list[int]:
+    """The output tokens among a request's next ``num_new`` inputs (from ``num_computed_tokens``)."""
+    start = request.num_computed_tokens - request.num_prompt_tokens
+    return request.output_token_ids[max(start, 0) : start + num_new] if start + num_new > 0 else []

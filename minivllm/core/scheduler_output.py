@@ -53,6 +53,10 @@ class CachedRequestData:
     """Blocks allocated since the request was last scheduled (None: none)."""
     num_computed_tokens: list[int] = field(default_factory=list)
     """Tokens with KV in the cache before this step."""
+    new_token_ids: list[list[int]] = field(default_factory=list)
+    """Pipeline parallelism only (else empty): the output tokens among this step's inputs
+    (positions ``max(num_computed_tokens, prompt length)`` on). Only the last stage samples;
+    the other stages learn its tokens here, when the request is next scheduled."""
 
     def __len__(self) -> int:
         return len(self.req_ids)

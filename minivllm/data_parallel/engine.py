@@ -28,6 +28,8 @@ from minivllm.engine.outputs import RequestOutput
 from minivllm.engine.processor import Processor, PromptType
 from minivllm.engine.tokenizer import get_tokenizer
 from minivllm.lora.request import LoRARequest
+from minivllm.pooling.outputs import PoolingRequestOutput
+from minivllm.pooling.params import PoolingParams
 from minivllm.sampling_params import SamplingParams
 
 
@@ -73,17 +75,25 @@ class DataParallelEngine:
         cache_salt: str | None = None,
         group_id: str | None = None,
         lora_request: LoRARequest | None = None,
+        pooling_params: PoolingParams | None = None,
     ) -> str:
         """Validate, pick a replica and queue the request there; raises ValueError (nothing queued) on bad input.
         ``group_id``: the client request it is part of (that replica's scheduler takes turns between them).
-        ``lora_request``: the adapter to run under (every replica loads it on first use)."""
+        ``lora_request``: the adapter to run under (every replica loads it on first use).
+        ``pooling_params``: a pooling request (model.runner=pooling), balanced like the others."""
         self._check_alive()
         if cache_salt is not None:
             raise ValueError("cache_salt: not supported with parallel.dp > 1; leave it None")
-        params = params or SamplingParams()
-        self.processor.lora.check(lora_request)
-        text, ids = self.processor.tokenize(prompt)
-        self.processor.max_output_tokens(len(ids), params)
+        if pooling_params is not None:
+            if lora_request is not None:
+                raise ValueError("lora_request: pooling runs the base model; leave it None with pooling_params")
+            params = pooling_params
+            text, ids = self.processor.tokenize(prompt, pooling_params.truncate_prompt_tokens)
+        else:
+            params = params or SamplingParams()
+            self.processor.lora.check(lora_request)
+            text, ids = self.processor.tokenize(prompt)
+            self.processor.max_output_tokens(len(ids), params)
         request_id = str(next(self._ids)) if request_id is None else str(request_id)
         if request_id in self._requests:
             raise ValueError(f"request_id={request_id!r}: already in use by an unfinished request")
@@ -112,7 +122,7 @@ class DataParallelEngine:
         return len(self._requests)
 
     # ---- stepping -------------------------------------------------------------------------
-    def step(self) -> list[RequestOutput]:
+    def step(self) -> list[RequestOutput | PoolingRequestOutput]:
         """Outputs that have arrived from any replica, waiting for the first one."""
         if not self._ready:
             self._absorb(*self._inbox.get())
@@ -137,10 +147,18 @@ class DataParallelEngine:
                 del self._requests[out.request_id]
                 self.balancer.finished(replica)
             self._ready.append(out)
+        for pooled in msg.pooled:
+            self._absorb_pooled(replica, pooled)
         if msg.add_errors:
             request_id, reason = next(iter(msg.add_errors.items()))
             self.abort_request(list(msg.add_errors))
             raise ValueError(f"request {request_id!r}: {reason}")
+
+    def _absorb_pooled(self, replica: int, pooled: PoolingRequestOutput) -> None:
+        if self._requests.pop(pooled.request_id, None) is None:
+            return  # aborted meanwhile
+        self.balancer.finished(replica)
+        self._ready.append(pooled)
 
     def _check_alive(self) -> None:
         if self._failure is not None:

@@ -133,6 +133,7 @@ class AsyncLLM:
         for packed in msg.outputs:
             self._on_output(unpack_output(packed), now)
         for pooled in msg.pooled:
+            self._done_on_replica(pooled.request_id)
             self._resolve(("pooled", pooled.request_id), pooled)
         if msg.fatal is not None:
             self._on_dead(f"engine failed: {msg.fatal}")
@@ -248,14 +249,17 @@ class AsyncLLM:
         text, ids = self.processor.tokenize(prompt, params.truncate_prompt_tokens)
         accepted, pooled = self._loop.create_future(), self._loop.create_future()
         self._pending[("add", request_id)], self._pending[("pooled", request_id)] = accepted, pooled
-        self._send(("add", request_id, {"prompt": text, "prompt_token_ids": ids}, params, priority, group_id, None))
+        replica = self._replica_of[request_id] = self.balancer.pick(ids)
+        self._send(("add", request_id, {"prompt": text, "prompt_token_ids": ids}, params, priority, group_id, None),
+                   replica)  # fmt: skip
         try:
             await accepted
             return await pooled
         except BaseException:
             self._pending.pop(("pooled", request_id), None)
+            self._done_on_replica(request_id)
             if self.errored is None:
-                self._send(("abort", [request_id]))
+                self._send(("abort", [request_id]), replica)
             raise
 
     async def abort(self, request_ids: str | Sequence[str]) -> None:

@@ -7,10 +7,20 @@ them, so the host's scheduling and input preparation overlap the device's work
 
     sync:   schedule k | run k | wait k | update k | schedule k+1 | run k+1 ...
     async:  schedule k+1 | launch k+1 | wait k | update k | schedule k+2 | launch k+2 | wait k+1 ...
+
+With pipeline micro-batching (``parallel.pp_microbatches > 1``, vLLM's batch
+queue) up to that many batches are in flight, each over requests that no other
+batch in flight holds (``Scheduler.in_flight``), so stage 0 runs batch k+1
+while stage 1 runs batch k. A step schedules and submits a batch without
+waiting; it waits for the oldest batch only when the queue is full or nothing
+new could be scheduled::
+
+    pp=2, 2 micro-batches:  submit A | submit B, wait A, update A | submit C, wait B, update B ...
 """
 from __future__ import annotations
 
 import logging
+from collections import deque
 
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.core.scheduler import EngineCoreOutput, Scheduler
@@ -37,6 +47,9 @@ class EngineCore:
         self.scheduler = Scheduler(cfg, self.num_blocks)
         self._in_flight: tuple[SchedulerOutput, StepResult] | None = None
         """Async scheduling: the launched step whose tokens are not processed yet."""
+        self.max_batches = cfg.parallel.num_microbatches
+        self._batches: deque[tuple[SchedulerOutput, StepResult]] = deque()
+        """Micro-batching: submitted batches whose outputs are not processed yet, oldest first."""
 
     def _log_capacity(self) -> None:
         block_size = self.cfg.cache.block_size
@@ -61,12 +74,28 @@ class EngineCore:
         self.scheduler.abort_requests(request_ids)
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished_requests() or self._in_flight is not None
+        return self.scheduler.has_unfinished_requests() or self._in_flight is not None or bool(self._batches)
 
     def step(self) -> list[EngineCoreOutput]:
         if self.cfg.async_scheduling:
             return self._step_overlapped()
+        if self.max_batches > 1:
+            return self._step_with_batch_queue()
         return self._step_sync()
+
+    def _step_with_batch_queue(self) -> list[EngineCoreOutput]:
+        """Submit a new batch if a slot is free; process the oldest batch's output when
+        the queue is full or there was nothing new to submit."""
+        submitted = False
+        if len(self._batches) < self.max_batches:
+            sched = self.scheduler.schedule()
+            if not sched.is_empty or sched.finished_req_ids:  # an empty one lets workers drop state
+                self._batches.append((sched, self.executor.execute_model_async(sched)))
+                submitted = not sched.is_empty
+        if not self._batches or (submitted and len(self._batches) < self.max_batches):
+            return []
+        sched, launched = self._batches.popleft()
+        return self.scheduler.update_from_output(sched, launched.result())
 
     def _step_overlapped(self) -> list[EngineCoreOutput]:
         results = []

@@ -12,6 +12,11 @@ rank that dies (or raises) is noticed at once even while the others are
 blocked in a collective that will never complete; the executor then stops all
 ranks and raises ``WorkerFailedError`` naming the rank and the cause.
 
+Calls may overlap: ``execute_model_async`` sends a step and returns a future
+at once (pipeline micro-batching keeps several in flight). Each rank runs its
+calls in the order sent and answers in that order, so replies are collected
+oldest first; waiting for one call collects every earlier one on the way.
+
 Workers are stopped when the executor is shut down, garbage-collected, or the
 interpreter exits (``weakref.finalize``), and exit on their own if the driver
 is killed outright.
@@ -25,6 +30,7 @@ import pickle
 import signal
 import time
 import weakref
+from collections import deque
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from typing import Any, Callable
@@ -32,6 +38,7 @@ from typing import Any, Callable
 import cloudpickle
 
 from minivllm.config.vllm_config import VllmConfig
+from minivllm.core.scheduler_output import ModelRunnerOutput, SchedulerOutput
 from minivllm.distributed.utils import LOCALHOST, get_open_port, retry_on_address_in_use, threads_per_rank
 from minivllm.executor.base import Executor, WorkerFailedError
 from minivllm.executor.worker_proc import SHUTDOWN, Reply, worker_main
@@ -58,6 +65,10 @@ class MultiprocExecutor(Executor):
         self._conns: list[Connection] = []
         self._failure: str | None = None
         self._seq = 0
+        self._sent: deque[tuple[int, str]] = deque()
+        """Calls sent whose replies are not collected yet, oldest first: (seq, what)."""
+        self._replies: dict[int, list[Any]] = {}
+        """Collected replies of calls nobody has asked for yet, by seq."""
         self._finalizer = weakref.finalize(self, _stop_workers, self._procs, self._conns, 0.0)
         try:
             retry_on_address_in_use(self._start_workers, self._kill_workers, "MultiprocExecutor")
@@ -73,6 +84,8 @@ class MultiprocExecutor(Executor):
     # ---- start ------------------------------------------------------------------------
     def _start_workers(self) -> None:
         self._failure, self._seq = None, 0
+        self._sent.clear()
+        self._replies.clear()
         init_method = f"tcp://{LOCALHOST}:{get_open_port()}"
         ctx = mp.get_context("spawn")
         for rank in range(self.world_size):
@@ -89,11 +102,20 @@ class MultiprocExecutor(Executor):
             self._conns.append(parent_end)
         logger.info("started %d worker processes (%d threads each), rendezvous %s", self.world_size,
                     self.num_threads, init_method)
-        self._gather(START_UP)
+        self._gather(START_UP, 0)
         self.collective_rpc("init_device")
 
     # ---- calls ------------------------------------------------------------------------
     def collective_rpc(self, method: str | Callable, args: tuple = (), kwargs: dict | None = None) -> list[Any]:
+        return self._wait(self._send(method, args, kwargs))
+
+    def execute_model_async(self, sched: SchedulerOutput) -> "PendingCall":
+        """Send the step to every rank and return at once; the future's ``result()``
+        is the output rank's ``ModelRunnerOutput``."""
+        return PendingCall(self, self._send("execute_model", (sched,), None), self.cfg.parallel.output_rank)
+
+    def _send(self, method: str | Callable, args: tuple, kwargs: dict | None) -> int:
+        """Send one call to every rank; its seq."""
         what = method if isinstance(method, str) else getattr(method, "__name__", repr(method))
         if self._failure is not None:
             raise RuntimeError(f"the executor has failed and cannot run {what}: {self._failure}")
@@ -106,9 +128,19 @@ class MultiprocExecutor(Executor):
                 conn.send_bytes(payload)
             except OSError:
                 self._fail(rank, self._death_cause(rank, what), what)
-        return self._gather(what)
+        self._sent.append((self._seq, what))
+        return self._seq
 
-    def _gather(self, what: str) -> list[Any]:
+    def _wait(self, seq: int) -> list[Any]:
+        """The replies to call ``seq``, collecting those of earlier calls first."""
+        while seq not in self._replies:
+            if self._failure is not None:
+                raise RuntimeError(f"the executor has failed: {self._failure}")
+            oldest, what = self._sent.popleft()
+            self._replies[oldest] = self._gather(what, oldest)
+        return self._replies.pop(seq)
+
+    def _gather(self, what: str, seq: int) -> list[Any]:
         """Each rank's reply, in rank order; a rank's failure raises.
 
         A rank that raised is blamed only after ``failure_grace_s`` without
@@ -130,7 +162,7 @@ class MultiprocExecutor(Executor):
                     reply: Reply = conn.recv()
                 except (EOFError, OSError):
                     self._fail(rank, self._death_cause(rank, what), what)
-                if reply.seq != self._seq:  # answer to a call abandoned by Ctrl-C
+                if reply.seq < seq:  # answer to a call abandoned by Ctrl-C
                     pending[conn] = rank
                 elif not reply.ok:
                     logger.error("worker rank %d failed in %s:\n%s", rank, what, reply.traceback)
@@ -168,6 +200,23 @@ class MultiprocExecutor(Executor):
 
     def shutdown(self) -> None:
         _stop_workers(self._procs, self._conns, self.shutdown_grace_s)
+
+
+class PendingCall:
+    """A step sent to the workers: its output, once asked for (collected at most once)."""
+
+    def __init__(self, executor: MultiprocExecutor, seq: int, output_rank: int) -> None:
+        self._executor, self._seq, self._rank = executor, seq, output_rank
+        self._output: ModelRunnerOutput | None = None
+
+    @property
+    def resolved(self) -> bool:
+        return self._output is not None
+
+    def result(self) -> ModelRunnerOutput:
+        if self._output is None:
+            self._output = self._executor._wait(self._seq)[self._rank]
+        return self._output
 
 
 def _stop_workers(procs: list[BaseProcess], conns: list[Connection], grace_s: float) -> None:

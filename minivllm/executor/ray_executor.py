@@ -5,7 +5,9 @@ the Ray instance already running in the process, else the cluster named by
 ``RAY_ADDRESS``, else starts a local one. It reserves one bundle per rank in a
 placement group (``{"GPU": 1}`` on CUDA, ``{"CPU": 1}`` on the CPU; packed onto
 as few nodes as possible), builds one ``Worker`` per actor, and rendezvous at
-rank 0's node. A call reaches all actors at once; as in ``MultiprocExecutor``,
+rank 0's node. A call reaches all actors at once (``execute_model_async``
+returns before the step's output is there: each actor runs its calls in the
+order sent, so several steps may be in flight); as in ``MultiprocExecutor``,
 the first rank to die or raise stops every actor and raises
 ``WorkerFailedError`` naming it.
 """
@@ -20,6 +22,7 @@ from collections import Counter
 from typing import Any, Callable
 
 from minivllm.config.vllm_config import VllmConfig
+from minivllm.core.scheduler_output import ModelRunnerOutput, SchedulerOutput
 from minivllm.distributed.utils import get_open_port, retry_on_address_in_use, threads_per_rank
 from minivllm.executor.base import Executor, WorkerFailedError, run_method
 from minivllm.utils import build
@@ -121,12 +124,20 @@ class RayDistributedExecutor(Executor):
 
     def collective_rpc(self, method: str | Callable, args: tuple = (), kwargs: dict | None = None) -> list[Any]:
         what = method if isinstance(method, str) else getattr(method, "__name__", repr(method))
+        return self._call_each(self._send(method, args, kwargs, what), what)
+
+    def execute_model_async(self, sched: SchedulerOutput) -> "RayPendingStep":
+        """Send the step to every actor and return at once."""
+        return RayPendingStep(self, self._send("execute_model", (sched,), None, "execute_model"))
+
+    def _send(self, method: str | Callable, args: tuple, kwargs: dict | None, what: str) -> list[Any]:
+        """One call to every actor; the result refs in rank order."""
         if self._failure is not None:
             raise RuntimeError(f"the executor has failed and cannot run {what}: {self._failure}")
         if not self._actors:
             raise RuntimeError(f"the executor is shut down; cannot run {what}")
         call = self.ray.put((method, args, kwargs))
-        return self._call_each([a.execute_method.remote(call) for a in self._actors], what)
+        return [a.execute_method.remote(call) for a in self._actors]
 
     def _call_each(self, refs: list[Any], what: str) -> list[Any]:
         """Results in rank order (``refs[i]`` is rank i's); a rank's failure raises.
@@ -169,6 +180,24 @@ class RayDistributedExecutor(Executor):
 
     def shutdown(self) -> None:
         self._finalizer()  # runs once
+
+
+class RayPendingStep:
+    """A step sent to the actors: the output rank's result, once asked for."""
+
+    def __init__(self, executor: RayDistributedExecutor, refs: list[Any]) -> None:
+        self._executor, self._refs = executor, refs
+        self._output: ModelRunnerOutput | None = None
+
+    @property
+    def resolved(self) -> bool:
+        return self._output is not None
+
+    def result(self) -> ModelRunnerOutput:
+        if self._output is None:
+            outputs = self._executor._call_each(self._refs, "execute_model")
+            self._output = outputs[self._executor.cfg.parallel.output_rank]
+        return self._output
 
 
 def _reserve(ray: Any, world_size: int, cuda: bool) -> Any:

@@ -17,6 +17,7 @@ import torch
 from transformers import PretrainedConfig
 
 from minivllm.attention.backend import AttentionBackend, AttentionMetadata
+from minivllm.distributed.pipeline import on_last_stage
 from minivllm.layers.norm import GemmaRMSNorm
 from minivllm.models.llama import LlamaAttention, LlamaForCausalLM, LlamaMLP, LlamaModel
 
@@ -56,7 +57,7 @@ class Gemma2Model(LlamaModel):
 
     def __init__(self, config: PretrainedConfig, backend: AttentionBackend, **attn_opts: Any) -> None:
         super().__init__(config, backend, **attn_opts)
-        self.norm = GemmaRMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.norm = on_last_stage(lambda: GemmaRMSNorm(config.hidden_size, config.rms_norm_eps))
         self.normalizer = config.hidden_size**0.5
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:

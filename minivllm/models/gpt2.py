@@ -15,6 +15,15 @@ from torch import nn
 from transformers import PretrainedConfig
 
 from minivllm.attention.backend import AttentionBackend, AttentionMetadata
+from minivllm.distributed.pipeline import (
+    IntermediateTensors,
+    build_stage_layers,
+    missing_module_names,
+    on_first_stage,
+    on_last_stage,
+    tie_where_held,
+    tied_head_weights,
+)
 from minivllm.layers.activation import get_act_fn
 from minivllm.layers.attention import Attention
 from minivllm.layers.embedding import ParallelLMHead, VocabParallelEmbedding
@@ -75,39 +84,64 @@ class GPT2Block(nn.Module):
 class GPT2Model(nn.Module):
     def __init__(self, config: PretrainedConfig, backend: AttentionBackend) -> None:
         super().__init__()
-        self.wte = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
-        self.wpe = VocabParallelEmbedding(config.max_position_embeddings, config.hidden_size)
-        self.h = nn.ModuleList(GPT2Block(config, backend, i) for i in range(config.num_hidden_layers))
-        self.ln_f = LayerNorm(config.hidden_size, eps=config.layer_norm_epsilon)
+        hidden, num_positions = config.hidden_size, config.max_position_embeddings
+        self.wte = on_first_stage(lambda: VocabParallelEmbedding(config.vocab_size, hidden))
+        self.wpe = on_first_stage(lambda: VocabParallelEmbedding(num_positions, hidden))
+        self.h, self.start, self.end = build_stage_layers(
+            config.num_hidden_layers, lambda i: GPT2Block(config, backend, i)
+        )  # this pipeline stage's blocks; all of them when pp=1
+        self.ln_f = on_last_stage(lambda: LayerNorm(hidden, eps=config.layer_norm_epsilon))
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        hidden = self.wte(input_ids) + self.wpe(positions)  # (T, hidden)
-        for block in self.h:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        intermediate: IntermediateTensors | None = None,
+    ) -> torch.Tensor | IntermediateTensors:
+        """Hidden states (T, hidden); a non-last pipeline stage returns its intermediate tensors instead."""
+        if intermediate is None:
+            hidden = self.wte(input_ids) + self.wpe(positions)  # (T, hidden)
+        else:  # from the previous pipeline stage
+            hidden = intermediate["hidden"]
+        for block in self.h[self.start : self.end]:
             hidden = block(hidden, meta)
+        if self.end < len(self.h):
+            return {"hidden": hidden}
         return self.ln_f(hidden)
 
 
 class GPT2LMHeadModel(nn.Module):
+    supports_pp = True
+    pp_intermediate_keys = ("hidden",)
+
     def __init__(self, config: PretrainedConfig, backend: AttentionBackend) -> None:
         super().__init__()
         self.config = config
         self.transformer = GPT2Model(config, backend)
-        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
+        self.lm_head = on_last_stage(lambda: ParallelLMHead(config.vocab_size, config.hidden_size))
         if getattr(config, "tie_word_embeddings", True):
-            self.lm_head.tie_to(self.transformer.wte)
+            tie_where_held(self.lm_head, self.transformer.wte)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        return self.transformer(input_ids, positions, meta)
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        intermediate: IntermediateTensors | None = None,
+    ) -> torch.Tensor | IntermediateTensors:
+        return self.transformer(input_ids, positions, meta, intermediate)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # (N, hidden) -> (N, vocab) fp32
         return self.lm_head.compute_logits(hidden)
 
     def load_weights(self, weights: Iterable[tuple[str, Any]]) -> None:
         # ".attn.bias"/".attn.masked_bias" are causal-mask buffers saved by older checkpoints.
-        skip = (".attn.bias", ".attn.masked_bias")
+        skip = (".attn.bias", ".attn.masked_bias", *missing_module_names(self))
+        renamed = (_rename(n, w) for n, w in weights)
         if getattr(self.config, "tie_word_embeddings", True):
-            skip += ("lm_head.weight",)
-        load_weights(self, (_rename(n, w) for n, w in weights), skip=skip)
+            renamed = tied_head_weights(renamed, "transformer.wte.weight", self.lm_head, self.transformer.wte)
+        load_weights(self, renamed, skip=skip)
 
 
 def _rename(name: str, weight: Any) -> tuple[str, Any]:

@@ -16,6 +16,15 @@ from torch import nn
 from transformers import PretrainedConfig
 
 from minivllm.attention.backend import AttentionBackend, AttentionMetadata
+from minivllm.distributed.pipeline import (
+    IntermediateTensors,
+    build_stage_layers,
+    missing_module_names,
+    on_first_stage,
+    on_last_stage,
+    tie_where_held,
+    tied_head_weights,
+)
 from minivllm.layers.activation import get_act_fn
 from minivllm.layers.attention import Attention
 from minivllm.layers.embedding import ParallelLMHead, VocabParallelEmbedding
@@ -77,39 +86,61 @@ class GPTNeoXLayer(nn.Module):
 class GPTNeoXModel(nn.Module):
     def __init__(self, config: PretrainedConfig, backend: AttentionBackend) -> None:
         super().__init__()
-        self.embed_in = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(GPTNeoXLayer(config, backend) for _ in range(config.num_hidden_layers))
-        self.final_layer_norm = LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.embed_in = on_first_stage(lambda: VocabParallelEmbedding(config.vocab_size, config.hidden_size))
+        self.layers, self.start, self.end = build_stage_layers(
+            config.num_hidden_layers, lambda i: GPTNeoXLayer(config, backend)
+        )  # this pipeline stage's layers; all of them when pp=1
+        self.final_layer_norm = on_last_stage(lambda: LayerNorm(config.hidden_size, eps=config.layer_norm_eps))
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        hidden = self.embed_in(input_ids)  # (T, hidden)
-        for layer in self.layers:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        intermediate: IntermediateTensors | None = None,
+    ) -> torch.Tensor | IntermediateTensors:
+        """Hidden states (T, hidden); a non-last pipeline stage returns its intermediate tensors instead."""
+        hidden = self.embed_in(input_ids) if intermediate is None else intermediate["hidden"]  # (T, hidden)
+        for layer in self.layers[self.start : self.end]:
             hidden = layer(positions, hidden, meta)
+        if self.end < len(self.layers):
+            return {"hidden": hidden}
         return self.final_layer_norm(hidden)
 
 
 class GPTNeoXForCausalLM(nn.Module):
+    supports_pp = True
+    pp_intermediate_keys = ("hidden",)
+
     def __init__(self, config: PretrainedConfig, backend: AttentionBackend) -> None:
         super().__init__()
         self.config = config
         self.gpt_neox = GPTNeoXModel(config, backend)
-        self.embed_out = ParallelLMHead(config.vocab_size, config.hidden_size)
+        self.embed_out = on_last_stage(lambda: ParallelLMHead(config.vocab_size, config.hidden_size))
         if getattr(config, "tie_word_embeddings", False):
-            self.embed_out.tie_to(self.gpt_neox.embed_in)
+            tie_where_held(self.embed_out, self.gpt_neox.embed_in)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        return self.gpt_neox(input_ids, positions, meta)
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        intermediate: IntermediateTensors | None = None,
+    ) -> torch.Tensor | IntermediateTensors:
+        return self.gpt_neox(input_ids, positions, meta, intermediate)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # (N, hidden) -> (N, vocab) fp32
         return self.embed_out.compute_logits(hidden)
 
     def load_weights(self, weights: Iterable[tuple[str, Any]]) -> None:
         # Older checkpoints also hold causal-mask and rotary buffers.
-        skip = (".attention.bias", ".attention.masked_bias", "rotary_emb.inv_freq")
-        if getattr(self.config, "tie_word_embeddings", False):
-            skip += ("embed_out.weight",)
+        skip = (".attention.bias", ".attention.masked_bias", "rotary_emb.inv_freq", *missing_module_names(self))
         heads = self.config.num_attention_heads
-        load_weights(self, ((n, _regroup_qkv(n, w, heads)) for n, w in weights), skip=skip)
+        regrouped = ((n, _regroup_qkv(n, w, heads)) for n, w in weights)
+        if getattr(self.config, "tie_word_embeddings", False):
+            regrouped = tied_head_weights(regrouped, "gpt_neox.embed_in.weight", self.embed_out,
+                                          self.gpt_neox.embed_in, head_name="embed_out.weight")  # fmt: skip
+        load_weights(self, regrouped, skip=skip)
 
 
 def _regroup_qkv(name: str, weight: Any, num_heads: int) -> Any:

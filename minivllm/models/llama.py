@@ -13,7 +13,15 @@ from torch import nn
 from transformers import PretrainedConfig
 
 from minivllm.attention.backend import AttentionBackend, AttentionMetadata
-from minivllm.distributed.pipeline import IntermediateTensors, build_stage_layers, missing_layer_names
+from minivllm.distributed.pipeline import (
+    IntermediateTensors,
+    build_stage_layers,
+    missing_module_names,
+    on_first_stage,
+    on_last_stage,
+    tie_where_held,
+    tied_head_weights,
+)
 from minivllm.layers.activation import ActAndMul
 from minivllm.layers.attention import Attention
 from minivllm.layers.embedding import ParallelLMHead, VocabParallelEmbedding
@@ -118,11 +126,11 @@ class LlamaModel(nn.Module):
 
     def __init__(self, config: PretrainedConfig, backend: AttentionBackend, **attn_opts: Any) -> None:
         super().__init__()
-        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = on_first_stage(lambda: VocabParallelEmbedding(config.vocab_size, config.hidden_size))
         self.layers, self.start, self.end = build_stage_layers(
             config.num_hidden_layers, lambda i: self.layer_cls(config, backend, i, **attn_opts)
         )  # this pipeline stage's layers; all of them when pp=1
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.norm = on_last_stage(lambda: RMSNorm(config.hidden_size, config.rms_norm_eps))
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:  # (T,) -> (T, hidden)
         """The token embeddings the first layer sees (Gemma and Granite scale them)."""
@@ -165,9 +173,9 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.config = config
         self.model = self.model_cls(config, backend, **self.attention_options(config), **layer_opts)
-        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
+        self.lm_head = on_last_stage(lambda: ParallelLMHead(config.vocab_size, config.hidden_size))
         if getattr(config, "tie_word_embeddings", False):
-            self.lm_head.tie_to(self.model.embed_tokens)
+            tie_where_held(self.lm_head, self.model.embed_tokens)
 
     @classmethod
     def attention_options(cls, config: PretrainedConfig) -> dict[str, Any]:
@@ -187,9 +195,9 @@ class LlamaForCausalLM(nn.Module):
         return self.lm_head.compute_logits(hidden)
 
     def load_weights(self, weights: Iterable[tuple[str, Any]]) -> None:
-        skip = ("rotary_emb.inv_freq", *missing_layer_names(self.model.layers))
+        skip = ("rotary_emb.inv_freq", *missing_module_names(self))
         if getattr(self.config, "tie_word_embeddings", False):
-            skip += ("lm_head.weight",)
+            weights = tied_head_weights(weights, "model.embed_tokens.weight", self.lm_head, self.model.embed_tokens)
         load_weights(self, weights, self.packed_modules_mapping, skip, resolve=self.resolve_weight)
 
     def resolve_weight(self, name: str) -> tuple[str, Any] | None:

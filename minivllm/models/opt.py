@@ -9,7 +9,15 @@ from torch import nn
 from transformers import PretrainedConfig
 
 from minivllm.attention.backend import AttentionBackend, AttentionMetadata
-from minivllm.distributed.pipeline import IntermediateTensors, build_stage_layers, missing_layer_names
+from minivllm.distributed.pipeline import (
+    IntermediateTensors,
+    build_stage_layers,
+    missing_module_names,
+    on_first_stage,
+    on_last_stage,
+    tie_where_held,
+    tied_head_weights,
+)
 from minivllm.layers.activation import get_act_fn
 from minivllm.layers.attention import Attention
 from minivllm.layers.embedding import ParallelLMHead, VocabParallelEmbedding
@@ -65,13 +73,16 @@ class OPTDecoder(nn.Module):
     def __init__(self, config: PretrainedConfig, backend: AttentionBackend) -> None:
         super().__init__()
         hidden, proj = config.hidden_size, config.word_embed_proj_dim
-        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, proj)
-        self.embed_positions = VocabParallelEmbedding(config.max_position_embeddings + POSITION_OFFSET, hidden)
-        self.project_in = ReplicatedLinear(proj, hidden, bias=False) if proj != hidden else None
-        self.project_out = ReplicatedLinear(hidden, proj, bias=False) if proj != hidden else None
+        num_positions = config.max_position_embeddings + POSITION_OFFSET
+        self.embed_tokens = on_first_stage(lambda: VocabParallelEmbedding(config.vocab_size, proj))
+        self.embed_positions = on_first_stage(lambda: VocabParallelEmbedding(num_positions, hidden))
+        self.project_in = on_first_stage(lambda: ReplicatedLinear(proj, hidden, bias=False)) if proj != hidden else None
+        self.project_out = on_last_stage(lambda: ReplicatedLinear(hidden, proj, bias=False)) if proj != hidden else None
         has_final_norm = config.do_layer_norm_before and not getattr(config, "_remove_final_layer_norm", False)
         affine = getattr(config, "layer_norm_elementwise_affine", True)
-        self.final_layer_norm = LayerNorm(hidden, affine=affine, bias=affine) if has_final_norm else None
+        self.final_layer_norm = (
+            on_last_stage(lambda: LayerNorm(hidden, affine=affine, bias=affine)) if has_final_norm else None
+        )
         self.layers, self.start, self.end = build_stage_layers(
             config.num_hidden_layers, lambda i: OPTDecoderLayer(config, backend)
         )  # this pipeline stage's layers; all of them when pp=1
@@ -117,8 +128,8 @@ class OPTForCausalLM(nn.Module):
         super().__init__()
         self.config = config
         self.model = OPTModel(config, backend)
-        self.lm_head = ParallelLMHead(config.vocab_size, config.word_embed_proj_dim)
-        self.lm_head.tie_to(self.model.decoder.embed_tokens)  # OPT always ties
+        self.lm_head = on_last_stage(lambda: ParallelLMHead(config.vocab_size, config.word_embed_proj_dim))
+        tie_where_held(self.lm_head, self.model.decoder.embed_tokens)  # OPT always ties
 
     def forward(
         self,
@@ -134,5 +145,6 @@ class OPTForCausalLM(nn.Module):
 
     def load_weights(self, weights: Iterable[tuple[str, Any]]) -> None:
         renamed = ((n if n.startswith(("model.", "lm_head")) else f"model.{n}", w) for n, w in weights)
-        skip = ("lm_head.weight", *missing_layer_names(self.model.decoder.layers))
-        load_weights(self, renamed, self.packed_modules_mapping, skip=skip)
+        embedding = "model.decoder.embed_tokens.weight"
+        tied = tied_head_weights(renamed, embedding, self.lm_head, self.model.decoder.embed_tokens)
+        load_weights(self, tied, self.packed_modules_mapping, skip=missing_module_names(self))

@@ -149,5 +149,12 @@ class InputBatch:
         self.token_ids[rows, self.num_tokens[rows]] = tokens
         self.num_tokens[rows] += 1
 
+    def write_output_tokens(self, row: int, position: int, tokens: list[int]) -> None:
+        """Output tokens another rank sampled, at ``max(position, prompt length)`` on (pipeline stages)."""
+        start = max(position, int(self.num_prompt_tokens[row]))
+        end = start + len(tokens)
+        self.token_ids[row, start:end] = tokens
+        self.num_tokens[row] = max(int(self.num_tokens[row]), end)
+
     def tokens_of(self, row: int) -> list[int]:
         return self.token_ids[row, : self.num_tokens[row]].tolist()

@@ -188,8 +188,8 @@ class ModelRunner:
         intermediate = self.pipeline.recv(len(step.input_ids)) if self.pipeline is not None else None
         hidden = self._forward(step.input_ids, step.positions, step.meta, intermediate)  # (T, hidden)
         if self.pipeline is not None and not self.pipeline.is_last:  # hand on to the next stage; it samples
-            self.pipeline.send(hidden)
-            return self._follow_last_stage(step)
+            self.pipeline.send(hidden)  # and the scheduler sends its tokens back with the next step
+            return DoneOutput(ModelRunnerOutput())
         if self.pooler is not None:  # runner=pooling: pooled hidden states instead of sampled tokens
             return DoneOutput(self._pool(hidden, step, sched))
         prompt_logprobs = self._gather_prompt_logprobs(hidden, step) if self.prompt_logprobs else {}
@@ -214,15 +214,6 @@ class ModelRunner:
         if drafter is not None:
             out.spec_token_ids = drafter.propose(self.batch, step, hidden)
         return out
-
-    def _follow_last_stage(self, step: StepInputs) -> DoneOutput:
-        """A non-last pipeline stage samples nothing, yet its batch must hold the same
-        tokens as the last stage's: it receives the ids the last stage sampled."""
-        if len(step.sample_idx):
-            rows = step.rows[step.sample_idx]
-            tokens = self.pipeline.recv_sampled(len(rows))  # (S,) int64
-            self._deliver([self.batch.req_ids[r] for r in rows.tolist()], tokens.cpu().numpy())
-        return DoneOutput(ModelRunnerOutput())
 
     def _pool(self, hidden: torch.Tensor, step: StepInputs, sched: SchedulerOutput) -> ModelRunnerOutput:
         """The pooler's view of the step: per scheduled request its id, tokens computed before
@@ -254,6 +245,10 @@ class ModelRunner:
             for row, blocks in zip(rows, cached.new_block_ids):
                 if blocks:
                     batch.block_table.append_row(row, blocks)
+            if cached.new_token_ids and not self.pipeline.is_last:  # tokens the last stage sampled
+                for row, computed, tokens in zip(rows, cached.num_computed_tokens, cached.new_token_ids):
+                    if tokens:
+                        batch.write_output_tokens(row, computed, tokens)
         batch.condense()
         if sched.scheduled_spec_decode_tokens:
             self.spec.write_drafts(batch, sched)
@@ -326,10 +321,7 @@ class ModelRunner:
                 sched.grammar_bitmask, sched.structured_output_request_ids, req_ids, self.device
             )
         sampled = self.sampler(logits, meta)
-        if self.pipeline is None:
-            broadcast_from_first(sampled.token_ids)  # every rank keeps the same tokens
-        else:
-            self.pipeline.share_sampled(sampled.token_ids)  # with every rank of every stage
+        broadcast_from_first(sampled.token_ids)  # every tp rank (of the last stage) keeps the same tokens
         params = [self.batch.params[r] for r in rows.tolist()]
         return PendingOutput(
             req_ids=req_ids,

@@ -81,3 +81,42 @@ def test_async_llm_dp2_serves_through_one_front_end(llama_dir, reference):
 def test_dp_with_the_external_launcher_is_refused(llama_dir):
     with pytest.raises(ValueError, match=r"parallel.dp=2: not supported with parallel.backend=external_launcher"):
         LLM(model=str(llama_dir), data_parallel_size=2, distributed_executor_backend="external_launcher", **KWARGS)
+
+
+POOLING = dict(KWARGS, runner="pooling", disable_log_stats=True)
+
+
+@pytest.mark.timeout(240)
+def test_embed_requests_are_balanced_over_both_replicas_and_equal_dp1(llama_dir):
+    """LLM.embed and AsyncLLM.encode: the balancer spreads pooling requests like the others."""
+    from minivllm.pooling import PoolingParams
+
+    single = LLM(model=str(llama_dir), **POOLING)
+    try:
+        want = [o.outputs.embedding for o in single.embed(PROMPTS, use_tqdm=False)]
+    finally:
+        single.shutdown()
+    with one_intra_op_thread():
+        llm = LLM(model=str(llama_dir), data_parallel_size=2, **POOLING)
+    try:
+        got = [o.outputs.embedding for o in llm.embed(PROMPTS, use_tqdm=False)]
+        assert llm.llm_engine.balancer.routed == [2, 2] and llm.llm_engine.balancer.load == [0, 0]
+    finally:
+        llm.shutdown()
+    for w, g in zip(want, got, strict=True):
+        assert g == pytest.approx(w, abs=1e-5)
+
+    cfg = VllmConfig.from_dictconfig(config_from_kwargs(str(llama_dir), data_parallel_size=2, **POOLING))
+    with one_intra_op_thread():
+        engine = AsyncLLM(cfg)
+
+    async def run():
+        return await asyncio.gather(*(engine.encode(p, PoolingParams(), f"e{i}") for i, p in enumerate(PROMPTS)))
+
+    try:
+        outs = asyncio.run(run())
+        assert engine.balancer.routed == [2, 2] and engine.balancer.load == [0, 0]
+    finally:
+        engine.shutdown()
+    for w, out in zip(want, outs, strict=True):
+        assert out.outputs.data.tolist() == pytest.approx(w, abs=1e-5)
