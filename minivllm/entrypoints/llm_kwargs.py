@@ -47,6 +47,7 @@ KWARG_KEYS = {
     "max_num_batched_tokens": "scheduler.max_num_batched_tokens",
     "enable_chunked_prefill": "scheduler.enable_chunked_prefill",
     "scheduling_policy": "scheduler.policy",
+    "async_scheduling": "scheduler.async_scheduling",
     "load_format": "load.format",
     "cuda_graph_sizes": "compilation.cudagraph_capture_sizes",
     "attention_backend": "attention.name",

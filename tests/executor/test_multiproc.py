@@ -67,6 +67,17 @@ def test_opt_tp2_matches_tp1(opt_dir, opt_tp2):
     h.assert_same_outputs(h.reference(opt_dir), h.generate(opt_tp2))
 
 
+def test_tp2_with_async_scheduling_matches_tp1(opt_dir):
+    """The mp executor's execute_model_async returns before the ranks finish, so the engine
+    schedules step k+1 while they run step k; the tokens must not change."""
+    llm = LLM(model=str(opt_dir), tensor_parallel_size=2, async_scheduling=True, **h.LLM_KWARGS)
+    try:
+        assert llm.cfg.async_scheduling and llm.cfg.world_size == 2
+        h.assert_same_outputs(h.reference(opt_dir), h.generate(llm))
+    finally:
+        llm.shutdown()
+
+
 def test_llama_with_fewer_kv_heads_than_ranks_matches_tp1(llama_kv1_dir, llama_kv1_tp2):
     h.assert_same_outputs(h.reference(llama_kv1_dir), h.generate(llama_kv1_tp2))
 
