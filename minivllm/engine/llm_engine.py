@@ -11,6 +11,7 @@ from minivllm.config.vllm_config import VllmConfig
 from minivllm.core.scheduler import EngineCoreOutput, SchedulerStats
 from minivllm.engine.core import EngineCore
 from minivllm.engine.detokenizer import IncrementalDetokenizer
+from minivllm.engine.final_detokenizer import FinalDetokenizer, FinalTextDecoder, wants_final_text_only
 from minivllm.engine.logprob import LogprobBuilder
 from minivllm.engine.outputs import RequestOutput
 from minivllm.engine.parent_request import CompletionState, ParentRequest
@@ -38,6 +39,8 @@ class LLMEngine:
     def __init__(self, cfg: VllmConfig) -> None:
         self.cfg = cfg
         self.tokenizer = get_tokenizer(cfg)
+        self.final_text = FinalTextDecoder(self.tokenizer)
+        """Decodes in one call the text of requests that show only their final output."""
         self.core = EngineCore(cfg)
         self.processor = Processor(cfg, self.tokenizer, self.core.max_tokens_in_cache)
         self.counters = EngineCounters()
@@ -117,7 +120,10 @@ class LLMEngine:
                 child_id, ids, child_params, self.eos_token_id, max_tokens, priority=priority, cache_salt=cache_salt,
                 group_id=group_id or req_id, lora_request=lora_request,
             )  # fmt: skip
-            detok = IncrementalDetokenizer(self.tokenizer, child_params, ids)
+            if wants_final_text_only(child_params):
+                detok = FinalDetokenizer(self.final_text, child_params, ids)
+            else:
+                detok = IncrementalDetokenizer(self.tokenizer, child_params, ids)
             state = CompletionState(child_id, index, parent, detok)
             parent.children.append(state)
             self._states[child_id] = state
