@@ -86,7 +86,8 @@ class _StepPlan:
 
     budget: int
     scheduled: dict[RequestId, int] = field(default_factory=dict)
-    new_blocks: dict[RequestId, list[BlockId]] = field(default_factory=dict)
+    new_blocks: dict[RequestId, list[BlockId] | None] = field(default_factory=dict)
+    """Running requests' blocks allocated in this step (None: none)."""
     newly_admitted: list[Request] = field(default_factory=list)
     preempted: bool = False
 
@@ -179,21 +180,26 @@ class Scheduler:
 
     def _schedule_running(self, plan: _StepPlan) -> None:
         """Running requests first: their decodes and unfinished prefill chunks go
-        before any new prompt."""
+        before any new prompt. This loop runs once per running request per step, so
+        it reads the request's fields directly and asks the KV-cache manager for
+        blocks only when its table cannot hold the new tokens."""
+        has_room, scheduled, new_blocks_of = self.kv.has_room, plan.scheduled, plan.new_blocks
         for request in self._running_order():
             if plan.budget <= 0:
                 break
             if request.status is not RequestStatus.RUNNING:
                 continue  # preempted earlier in this step
-            num_new = request.num_tokens + request.num_output_placeholders - request.num_computed_tokens
-            if request.num_output_placeholders and not self._may_continue(request):
+            pending = request.num_output_placeholders
+            if pending and not self._may_continue(request):
                 continue
-            num_new = min(num_new, plan.budget)
-            new_blocks = self._allocate_or_preempt(request, num_new, plan)
-            if new_blocks is None:
+            num_known = len(request.prompt_token_ids) + len(request.output_token_ids)
+            num_new = min(num_known + pending - request.num_computed_tokens, plan.budget)
+            if has_room(request, num_new):
+                new_blocks = None
+            elif (new_blocks := self._allocate_or_preempt(request, num_new, plan)) is None:
                 continue  # the request itself was preempted
-            plan.scheduled[request.request_id] = num_new
-            plan.new_blocks[request.request_id] = new_blocks
+            scheduled[request.request_id] = num_new
+            new_blocks_of[request.request_id] = new_blocks or None
             plan.budget -= num_new
 
     @staticmethod
@@ -290,19 +296,21 @@ class Scheduler:
         out = SchedulerOutput(num_scheduled_tokens=plan.scheduled, finished_req_ids=self._forget)
         self._forget = set()
         admitted = {r.request_id for r in plan.newly_admitted}
-        cached = out.cached_reqs
+        cached, requests, new_blocks = out.cached_reqs, self.requests, plan.new_blocks
+        placeholder = 1 if self.async_scheduling else 0
         for req_id, num_new in plan.scheduled.items():
-            request = self.requests[req_id]
+            request = requests[req_id]
+            computed = request.num_computed_tokens
             if req_id in admitted:
                 out.new_reqs.append(self._new_request_data(request))
             else:
                 cached.req_ids.append(req_id)
-                cached.new_block_ids.append(plan.new_blocks[req_id] or None)
-                cached.num_computed_tokens.append(request.num_computed_tokens)
-            request.num_computed_tokens += num_new
-            samples = request.num_computed_tokens == request.num_tokens + request.num_output_placeholders
-            if self.async_scheduling and samples:
-                request.num_output_placeholders += 1  # it samples in this step
+                cached.new_block_ids.append(new_blocks[req_id])
+                cached.num_computed_tokens.append(computed)
+            request.num_computed_tokens = computed = computed + num_new
+            pending = request.num_output_placeholders
+            if placeholder and computed == len(request.prompt_token_ids) + len(request.output_token_ids) + pending:
+                request.num_output_placeholders = pending + 1  # it samples in this step
         return out
 
     def _new_request_data(self, request: Request) -> NewRequestData:
@@ -321,18 +329,14 @@ class Scheduler:
         results = []
         requests, logprobs, prompt_logprobs = self.requests, output.logprobs, output.prompt_logprobs
         pooler_output = output.pooler_output
+        placeholder = 1 if self.async_scheduling else 0
+        grammar = self.structured.active
         for req_id, new_tokens in output.sampled_token_ids.items():
             request = requests.get(req_id)
             if request is None:
                 continue  # finished or aborted meanwhile
-            if self.async_scheduling:
-                request.num_output_placeholders -= 1
-            appended = []
-            for token in new_tokens:
-                request.output_token_ids.append(token)
-                appended.append(token)
-                if self._check_stop(request, token) or self._check_grammar_end(request):
-                    break
+            request.num_output_placeholders -= placeholder
+            appended = self._append_output(request, new_tokens, grammar)
             results.append(
                 EngineCoreOutput(
                     req_id,
@@ -346,6 +350,21 @@ class Scheduler:
                 )
             )
         return results
+
+    def _append_output(self, request: Request, new_tokens: list[int], grammar: bool) -> list[int]:
+        """Append sampled tokens up to the first that finishes the request; returns those appended."""
+        if len(new_tokens) == 1:  # a decode step: one token, appended whether or not it stops
+            request.output_token_ids.append(new_tokens[0])
+            if not self._check_stop(request, new_tokens[0]) and grammar:
+                self._check_grammar_end(request)
+            return new_tokens
+        appended = []
+        for token in new_tokens:
+            request.output_token_ids.append(token)
+            appended.append(token)
+            if self._check_stop(request, token) or (grammar and self._check_grammar_end(request)):
+                break
+        return appended
 
     def _check_stop(self, request: Request, token: int) -> bool:
         params = request.sampling_params
