@@ -13,7 +13,9 @@ tested against.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -36,25 +38,29 @@ class _Group:
     single_decode_len: int | None = None
     """For a group of one decode request: its length. Its keys are then cut to
     that length and attend unmasked, which lets SDPA take its fastest path."""
-    causal: torch.Tensor | None = None
-    """(B, 1, Q, L) True where a key is at or before its query (which also drops
-    the gathered positions past the request's end); built once per step."""
 
-    def __post_init__(self) -> None:
-        self.causal = (self.k_pos <= self.q_pos).unsqueeze(1)
+    @cached_property
+    def causal(self) -> torch.Tensor:
+        """(B, 1, Q, L) True where a key is at or before its query (which also drops
+        the gathered positions past the request's end); built once per step, when
+        the first layer needs it (a single decode request without a window never does)."""
+        return (self.k_pos <= self.q_pos).unsqueeze(1)
 
 
 class TorchAttentionBackend(AttentionBackend):
     name = "torch"
 
     def prepare(self, meta: AttentionMetadata, block_size: int) -> list[_Group]:
-        by_blocks: dict[int, list[int]] = {}
-        for i, n in enumerate(meta.query_lens_cpu):
-            if n == 1:
-                num_blocks = -(-meta.seq_lens_cpu[i] // block_size)
-                by_blocks.setdefault((num_blocks - 1).bit_length(), []).append(i)
-        groups = [_decode_group(meta, rows, block_size) for rows in by_blocks.values()]
-        if len(meta.query_lens_cpu) > sum(map(len, by_blocks.values())):
+        query_lens = np.asarray(meta.query_lens_cpu)  # (B,)
+        seq_lens = np.asarray(meta.seq_lens_cpu)  # (B,)
+        decode = np.flatnonzero(query_lens == 1)
+        groups = []
+        if len(decode):
+            num_blocks = -(-seq_lens[decode] // block_size)
+            _, size_class = np.frexp(num_blocks - 1)  # (num_blocks - 1).bit_length(), vectorized
+            for c in np.unique(size_class):
+                groups.append(_decode_group(meta, decode[size_class == c], seq_lens, block_size))
+        if len(decode) < len(query_lens):
             starts = meta.query_start_loc.tolist()
             groups += [
                 _prefill_group(meta, i, starts[i], n, block_size) for i, n in enumerate(meta.query_lens_cpu) if n > 1
@@ -120,15 +126,17 @@ def write_kv(
     v_flat.index_copy_(0, slot_mapping, value.to(kv_cache.dtype))
 
 
-def _decode_group(meta: AttentionMetadata, rows: list[int], block_size: int) -> _Group:
-    rows_t = torch.tensor(rows, device=meta.seq_lens.device)
-    num_blocks = -(-max(meta.seq_lens_cpu[i] for i in rows) // block_size)
+def _decode_group(meta: AttentionMetadata, rows: np.ndarray, seq_lens: np.ndarray, block_size: int) -> _Group:
+    """Decode requests ``rows`` (indices into the step's requests); ``seq_lens``: (B,) host copy."""
+    device = meta.seq_lens.device
+    rows_t = torch.from_numpy(rows).to(device)
+    num_blocks = -(-int(seq_lens[rows].max()) // block_size)
     return _Group(
         token_idx=meta.query_start_loc[rows_t].long(),  # each request's single token
         block_ids=meta.block_tables[rows_t, :num_blocks].long(),
         q_pos=(meta.seq_lens[rows_t].long() - 1).view(-1, 1, 1),
-        k_pos=torch.arange(num_blocks * block_size, device=rows_t.device).view(1, 1, -1),
-        single_decode_len=meta.seq_lens_cpu[rows[0]] if len(rows) == 1 else None,
+        k_pos=torch.arange(num_blocks * block_size, device=device).view(1, 1, -1),
+        single_decode_len=int(seq_lens[rows[0]]) if len(rows) == 1 else None,
     )
 
 
