@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
+from functools import partial
 
 import numpy as np
 import torch
@@ -63,8 +64,9 @@ class ModelRunner:
         self._pending: PendingOutput | None = None
         """The last step's sampled tokens while the batch has not received them (async scheduling)."""
         self._sampling_key: tuple | None = None
-        self._sampling: tuple[SamplingMetadata, list[int], list[int]] | None = None
-        """For ``_sampling_key``: the metadata, the sampling rows that have logit edits, and those with seeds."""
+        self._sampling: tuple[SamplingMetadata, list[int], list[int], list[int | None]] | None = None
+        """For ``_sampling_key``: the metadata, the sampling rows that have logit edits, those with
+        seeds, and each row's ``logprobs``."""
         self._all_rows = np.arange(max_reqs)
         self.pipeline: PipelineStage | None = None
         """This rank's link to its neighbouring stages (set in ``load_model`` when parallel.pp > 1)."""
@@ -296,17 +298,22 @@ class ModelRunner:
             broadcast_from_first(sampled.token_ids)  # every rank keeps the same tokens
         else:
             self.pipeline.share_sampled(sampled.token_ids)  # with every rank of every stage
-        params = [self.batch.params[r] for r in rows.tolist()]
         return PendingOutput(
             req_ids=req_ids,
             sampled=sampled,
-            num_logprobs=[p.logprobs for p in params],
+            num_logprobs=self._sampling[3],
             prompt_logprobs=prompt_logprobs,
-            deliver=self._deliver,
+            deliver=partial(self._deliver, rows=rows, version=self.batch.version),
         )
 
-    def _deliver(self, req_ids: list[RequestId], tokens: np.ndarray) -> None:
-        """Store sampled tokens in the rows of the requests still in the batch."""
+    def _deliver(
+        self, req_ids: list[RequestId], tokens: np.ndarray, rows: np.ndarray | None = None, version: int | None = None
+    ) -> None:
+        """Store sampled tokens in the rows of the requests still in the batch. ``rows``
+        are theirs while the batch's ``version`` is unchanged (always so without async scheduling)."""
+        if rows is not None and version == self.batch.version:
+            self.batch.append_tokens(rows, tokens)
+            return
         row_of = self.batch.row_of
         rows = [row_of.get(r, -1) for r in req_ids]
         keep = np.flatnonzero(np.asarray(rows) >= 0)
@@ -321,8 +328,9 @@ class ModelRunner:
             edited = [i for i, p in enumerate(params) if has_logits_edits(p)]
             seeded = [i for i, p in enumerate(params) if p.seed is not None]
             self._sampling_key = key
-            self._sampling = (from_batch(self.batch, rows, vocab_size, self.device), edited, seeded)
-        meta, edited, seeded = self._sampling
+            num_logprobs = [p.logprobs for p in params]
+            self._sampling = (from_batch(self.batch, rows, vocab_size, self.device), edited, seeded, num_logprobs)
+        meta, edited, seeded, _ = self._sampling
         meta.generators = {i: self._seeded_generator(int(rows[i]), int(seq_lens[i])) for i in seeded}
         meta.edits = self._logits_edits(rows, edited, vocab_size) if edited else None
         return meta
