@@ -56,10 +56,13 @@ class TorchAttentionBackend(AttentionBackend):
         decode = np.flatnonzero(query_lens == 1)
         groups = []
         if len(decode):
+            host = _HostIndex(meta, seq_lens)
             num_blocks = -(-seq_lens[decode] // block_size)
             _, size_class = np.frexp(num_blocks - 1)  # (num_blocks - 1).bit_length(), vectorized
-            for c in np.unique(size_class):
-                groups.append(_decode_group(meta, decode[size_class == c], seq_lens, block_size))
+            classes = np.unique(size_class)
+            for c in classes:
+                rows = decode if len(classes) == 1 else decode[size_class == c]
+                groups.append(_decode_group(host, rows, block_size, meta.seq_lens.device))
         if len(decode) < len(query_lens):
             starts = meta.query_start_loc.tolist()
             groups += [
@@ -126,17 +129,34 @@ def write_kv(
     v_flat.index_copy_(0, slot_mapping, value.to(kv_cache.dtype))
 
 
-def _decode_group(meta: AttentionMetadata, rows: np.ndarray, seq_lens: np.ndarray, block_size: int) -> _Group:
-    """Decode requests ``rows`` (indices into the step's requests); ``seq_lens``: (B,) host copy."""
-    device = meta.seq_lens.device
-    rows_t = torch.from_numpy(rows).to(device)
-    num_blocks = -(-int(seq_lens[rows].max()) // block_size)
+class _HostIndex:
+    """A step's per-request arrays on the host, where indexing a few rows costs a
+    microsecond (advanced indexing of a tensor costs tens)."""
+
+    def __init__(self, meta: AttentionMetadata, seq_lens: np.ndarray) -> None:
+        self.seq_lens = seq_lens  # (B,)
+        self.query_start = meta.query_start_loc_cpu  # (B + 1,)
+        if self.query_start is None:  # metadata built without host copies
+            self.query_start = meta.query_start_loc.cpu().numpy()
+        self.block_tables = meta.block_tables_cpu  # (B, W)
+        if self.block_tables is None:
+            self.block_tables = meta.block_tables.cpu().numpy()
+
+
+def _decode_group(host: _HostIndex, rows: np.ndarray, block_size: int, device: torch.device) -> _Group:
+    """Decode requests ``rows`` (indices into the step's requests, ascending)."""
+    seq_lens = host.seq_lens[rows]
+    num_blocks = -(-int(seq_lens.max()) // block_size)
+    tokens = host.query_start[rows]
+    token_idx: torch.Tensor | slice = slice(int(tokens[0]), int(tokens[-1]) + 1)
+    if tokens[-1] - tokens[0] != len(rows) - 1:  # not one run of the flat batch
+        token_idx = torch.from_numpy(tokens.astype(np.int64)).to(device)
     return _Group(
-        token_idx=meta.query_start_loc[rows_t].long(),  # each request's single token
-        block_ids=meta.block_tables[rows_t, :num_blocks].long(),
-        q_pos=(meta.seq_lens[rows_t].long() - 1).view(-1, 1, 1),
+        token_idx=token_idx,  # each request's single token
+        block_ids=torch.from_numpy(host.block_tables[rows, :num_blocks].astype(np.int64)).to(device),
+        q_pos=torch.from_numpy((seq_lens - 1).astype(np.int64)).to(device).view(-1, 1, 1),
         k_pos=torch.arange(num_blocks * block_size, device=device).view(1, 1, -1),
-        single_decode_len=int(seq_lens[rows[0]]) if len(rows) == 1 else None,
+        single_decode_len=int(seq_lens[0]) if len(rows) == 1 else None,
     )
 
 

@@ -104,7 +104,8 @@ class StepInputBuilder:
         host[slice(*parts["slots"])] = blocks * self.block_size + positions % self.block_size
         host[slice(*parts["qsl"])] = query_start
         host[slice(*parts["seq"])] = seq_lens
-        host[slice(*parts["tables"])].reshape(B, width)[:] = batch.block_table.table[rows, :width]
+        tables = batch.block_table.table[rows, :width]  # (B, width)
+        host[slice(*parts["tables"])].reshape(B, width)[:] = tables
         host[slice(*parts["logits"])] = query_start[1:][sample_idx] - 1
         if len(unknown):
             host[slice(*parts["ph_dst"])] = unknown
@@ -120,6 +121,8 @@ class StepInputBuilder:
             max_seq_len=int(seq_lens.max()),
             query_lens_cpu=query_lens.tolist(),
             seq_lens_cpu=seq_lens.tolist(),
+            query_start_loc_cpu=query_start,
+            block_tables_cpu=tables,
         )
         return StepInputs(
             input_ids=view("ids").long(),
