@@ -86,8 +86,8 @@ class _StepPlan:
 
     budget: int
     scheduled: dict[RequestId, int] = field(default_factory=dict)
-    new_blocks: dict[RequestId, list[BlockId] | None] = field(default_factory=dict)
-    """Running requests' blocks allocated in this step (None: none)."""
+    new_blocks: dict[RequestId, list[BlockId]] = field(default_factory=dict)
+    """Running requests' blocks allocated in this step (absent: none)."""
     newly_admitted: list[Request] = field(default_factory=list)
     preempted: bool = False
 
@@ -184,22 +184,24 @@ class Scheduler:
         it reads the request's fields directly and asks the KV-cache manager for
         blocks only when its table cannot hold the new tokens."""
         has_room, scheduled, new_blocks_of = self.kv.has_room, plan.scheduled, plan.new_blocks
+        running = RequestStatus.RUNNING
         for request in self._running_order():
             if plan.budget <= 0:
                 break
-            if request.status is not RequestStatus.RUNNING:
+            if request.status is not running:
                 continue  # preempted earlier in this step
             pending = request.num_output_placeholders
             if pending and not self._may_continue(request):
                 continue
             num_known = len(request.prompt_token_ids) + len(request.output_token_ids)
             num_new = min(num_known + pending - request.num_computed_tokens, plan.budget)
-            if has_room(request, num_new):
-                new_blocks = None
-            elif (new_blocks := self._allocate_or_preempt(request, num_new, plan)) is None:
-                continue  # the request itself was preempted
+            if not has_room(request, num_new):
+                new_blocks = self._allocate_or_preempt(request, num_new, plan)
+                if new_blocks is None:
+                    continue  # the request itself was preempted
+                if new_blocks:
+                    new_blocks_of[request.request_id] = new_blocks
             scheduled[request.request_id] = num_new
-            new_blocks_of[request.request_id] = new_blocks or None
             plan.budget -= num_new
 
     @staticmethod
@@ -305,7 +307,7 @@ class Scheduler:
                 out.new_reqs.append(self._new_request_data(request))
             else:
                 cached.req_ids.append(req_id)
-                cached.new_block_ids.append(new_blocks[req_id])
+                cached.new_block_ids.append(new_blocks.get(req_id))
                 cached.num_computed_tokens.append(computed)
             request.num_computed_tokens = computed = computed + num_new
             pending = request.num_output_placeholders

@@ -204,7 +204,8 @@ class LLMEngine:
             generation_tokens += len(core_out.new_token_ids)
             if core_out.new_logprobs is not None or core_out.prompt_logprobs is not None:
                 self._wrap_logprobs(core_out, parent.params)
-            parent.absorb_prompt_logprobs(core_out)
+            if parent.first_token_time is None or core_out.prompt_logprobs is not None:
+                parent.absorb_prompt_logprobs(core_out)
             if state.absorb(core_out):  # a stop string: the core does not know yet
                 self.core.abort_requests([state.request_id])
             if state.finished:

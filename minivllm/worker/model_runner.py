@@ -283,9 +283,15 @@ class ModelRunner:
     def _sample_and_collect(
         self, hidden: torch.Tensor, step: StepInputs, prompt_logprobs: dict, sched: SchedulerOutput
     ) -> PendingOutput:
-        rows = step.rows[step.sample_idx]
-        req_ids = [self.batch.req_ids[r] for r in rows.tolist()]
-        logits = self.model.compute_logits(hidden[step.logits_index])  # (S, vocab) fp32
+        rows = step.rows[step.sample_idx]  # ascending
+        if rows[-1] == len(rows) - 1:  # rows 0 .. S-1, the common decode step
+            req_ids = self.batch.req_ids[: len(rows)]
+        else:
+            req_ids = [self.batch.req_ids[r] for r in rows.tolist()]
+        if len(rows) < len(step.input_ids):
+            hidden = hidden[step.logits_index]
+        # else every token is a request's last (decode only) and samples: hidden is in order
+        logits = self.model.compute_logits(hidden)  # (S, vocab) fp32
         seq_lens = step.query_lens[step.sample_idx] + self.batch.num_computed_tokens[rows]
         meta = self._sampling_metadata(rows, seq_lens, logits.shape[-1])
         meta.grammar_bitmask = None
