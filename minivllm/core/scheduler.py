@@ -112,6 +112,8 @@ class Scheduler:
         self.waiting = make_waiting_queue(self.policy)
         self.running: list[Request] = []
         self.num_preemptions = 0
+        self.num_generated_tokens = 0
+        """Output tokens sampled since the engine started (reported or not yet)."""
         self._forget: set[RequestId] = set()
         """Requests the workers should drop at the next step."""
         self.structured = StructuredOutputManager(lambda: backend_for(cfg))
@@ -339,6 +341,12 @@ class Scheduler:
                 continue  # finished or aborted meanwhile
             request.num_output_placeholders -= placeholder
             appended = self._append_output(request, new_tokens, grammar)
+            self.num_generated_tokens += len(appended)
+            if request.final_output_only:
+                if request.num_reported_tokens and not request.status.finished:
+                    continue  # nobody reads it before the end
+                appended = request.output_token_ids[request.num_reported_tokens :]
+            request.num_reported_tokens += len(appended)
             results.append(
                 EngineCoreOutput(
                     req_id,

@@ -23,7 +23,7 @@ from minivllm.executor.user_calls import user_collective_rpc
 from minivllm.lora.request import LoRARequest
 from minivllm.pooling.outputs import PoolingOutput, PoolingRequestOutput
 from minivllm.pooling.params import PoolingParams
-from minivllm.sampling_params import SamplingParams
+from minivllm.sampling_params import RequestOutputKind, SamplingParams
 
 
 @dataclass
@@ -119,6 +119,7 @@ class LLMEngine:
             request = Request(
                 child_id, ids, child_params, self.eos_token_id, max_tokens, priority=priority, cache_salt=cache_salt,
                 group_id=group_id or req_id, lora_request=lora_request,
+                final_output_only=_reads_only_final_output(child_params),
             )  # fmt: skip
             if wants_final_text_only(child_params):
                 detok = FinalDetokenizer(self.final_text, child_params, ids)
@@ -186,9 +187,10 @@ class LLMEngine:
         """One engine step; returns one output per request that advanced (and, for
         requests asking for the final output only, once they finished)."""
         advanced: dict[RequestId, list[CompletionState]] = {}
-        prompt_tokens = generation_tokens = 0
+        prompt_tokens = 0
         states, pooling = self._states, self._pooling
         pooled = []
+        generated_before = self.core.scheduler.num_generated_tokens
         for core_out in self.core.step():
             if pooling and core_out.pooling_output is not None:
                 pooled.append(self._pooled_output(core_out))
@@ -201,7 +203,6 @@ class LLMEngine:
             parent = state.parent
             if not state.token_ids:
                 prompt_tokens += len(parent.prompt_token_ids)
-            generation_tokens += len(core_out.new_token_ids)
             if core_out.new_logprobs is not None or core_out.prompt_logprobs is not None:
                 self._wrap_logprobs(core_out, parent.params)
             if parent.first_token_time is None or core_out.prompt_logprobs is not None:
@@ -214,6 +215,9 @@ class LLMEngine:
             elif parent.final_only:
                 continue  # nothing to show before the end
             advanced.setdefault(parent.request_id, []).append(state)
+        # Counted by the scheduler: final-only requests report their tokens only at the end.
+        # A pooling request's one token is a placeholder, not generated text.
+        generation_tokens = self.core.scheduler.num_generated_tokens - generated_before - len(pooled)
         self.counters.num_generation_tokens += generation_tokens
         outputs = []
         for parent_id, children in advanced.items():
@@ -248,6 +252,18 @@ class LLMEngine:
 
     def shutdown(self) -> None:
         self.core.shutdown()
+
+
+def _reads_only_final_output(params: SamplingParams) -> bool:
+    """Whether this front end needs a request's tokens only with its first output (time to
+    first token, prompt tokens counted) and its last: nothing streams, no stop string is
+    searched in the text, no logprobs arrive per step."""
+    return (
+        params.output_kind == RequestOutputKind.FINAL_ONLY
+        and not params.stop
+        and params.logprobs is None
+        and params.prompt_logprobs is None
+    )
 
 
 def _check_priority_and_salt(priority: int, cache_salt: str | None, policy: str) -> None:
