@@ -378,7 +378,8 @@ class Scheduler:
 
     def _check_stop(self, request: Request, token: int) -> bool:
         params = request.sampling_params
-        if request.num_output_tokens >= params.min_tokens:
+        num_output_tokens = len(request.output_token_ids)
+        if num_output_tokens >= params.min_tokens:
             if token == request.eos_token_id and not params.ignore_eos:
                 self._finish(request, RequestStatus.FINISHED_STOPPED)
                 return True
@@ -386,7 +387,7 @@ class Scheduler:
                 request.stop_reason = token
                 self._finish(request, RequestStatus.FINISHED_STOPPED)
                 return True
-        if request.num_output_tokens >= request.max_tokens:
+        if num_output_tokens >= request.max_tokens:
             self._finish(request, RequestStatus.FINISHED_LENGTH)
             return True
         return False

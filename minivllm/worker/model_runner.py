@@ -221,9 +221,10 @@ class ModelRunner:
         if len(cached):
             rows = [batch.row_of[r] for r in cached.req_ids]
             batch.num_computed_tokens[rows] = cached.num_computed_tokens
-            for row, blocks in zip(rows, cached.new_block_ids):
-                if blocks:
-                    batch.block_table.append_row(row, blocks)
+            if any(cached.new_block_ids):
+                for row, blocks in zip(rows, cached.new_block_ids):
+                    if blocks:
+                        batch.block_table.append_row(row, blocks)
         batch.condense()
 
     def _track_prompt_logprobs(self, new: NewRequestData) -> None:
@@ -238,6 +239,9 @@ class ModelRunner:
     def _scheduled_rows(self, sched: SchedulerOutput) -> tuple[np.ndarray, np.ndarray]:
         """(B,) batch rows with new tokens this step, in row order, and (B,) their counts."""
         counts = sched.num_scheduled_tokens
+        if len(counts) == self.batch.num_rows == sched.total_num_scheduled_tokens:
+            # Every request in the batch (scheduled ones all are) decodes one token.
+            return self._all_rows[: len(counts)], np.ones(len(counts), dtype=np.int32)
         ids = self.batch.req_ids[: self.batch.num_rows]
         n = np.fromiter((counts.get(r, 0) for r in ids), dtype=np.int32, count=len(ids))
         if n.all():

@@ -77,12 +77,8 @@ class StepInputBuilder:
         B = len(rows)
         start = batch.num_computed_tokens[rows]  # (B,)
         seq_lens = start + query_lens
-        query_start = np.zeros(B + 1, dtype=np.int32)
-        np.cumsum(query_lens, out=query_start[1:])
-        T = int(query_start[-1])
-        req_of_token = np.repeat(np.arange(B), query_lens)  # (T,)
-        positions = start[req_of_token] + (np.arange(T, dtype=np.int32) - query_start[req_of_token])
-        token_rows = rows[req_of_token]
+        positions, token_rows, query_start = self._token_layout(rows, query_lens, start)
+        T = len(positions)
         num_blocks = batch.block_table.num_blocks[rows]
         width = int(num_blocks.max())
         blocks = batch.block_table.table[token_rows, positions // self.block_size]
@@ -137,6 +133,20 @@ class StepInputBuilder:
             query_start=query_start,
             placeholders=(view("ph_dst").long(), view("ph_src").long()) if len(unknown) else None,
         )
+
+    @staticmethod
+    def _token_layout(
+        rows: np.ndarray, query_lens: np.ndarray, start: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(T,) position and batch row of each new token, and the (B + 1,) query starts."""
+        B = len(rows)
+        if int(query_lens.sum()) == B:  # a decode step: token i is row i's next position
+            return start, rows, np.arange(B + 1, dtype=np.int32)
+        query_start = np.zeros(B + 1, dtype=np.int32)
+        np.cumsum(query_lens, out=query_start[1:])
+        req_of_token = np.repeat(np.arange(B), query_lens)  # (T,)
+        offsets = np.arange(int(query_start[-1]), dtype=np.int32) - query_start[req_of_token]  # within the query
+        return start[req_of_token] + offsets, rows[req_of_token], query_start
 
     def _next_staging(self) -> torch.Tensor:
         self._turn = (self._turn + 1) % len(self._staging)
