@@ -340,10 +340,10 @@ class Scheduler:
             if request is None:
                 continue  # finished or aborted meanwhile
             request.num_output_placeholders -= placeholder
-            appended = self._append_output(request, new_tokens, grammar)
+            appended, finished = self._append_output(request, new_tokens, grammar)
             self.num_generated_tokens += len(appended)
             if request.final_output_only:
-                if request.num_reported_tokens and not request.status.finished:
+                if request.num_reported_tokens and not finished:
                     continue  # nobody reads it before the end
                 appended = request.output_token_ids[request.num_reported_tokens :]
             request.num_reported_tokens += len(appended)
@@ -361,20 +361,20 @@ class Scheduler:
             )
         return results
 
-    def _append_output(self, request: Request, new_tokens: list[int], grammar: bool) -> list[int]:
-        """Append sampled tokens up to the first that finishes the request; returns those appended."""
+    def _append_output(self, request: Request, new_tokens: list[int], grammar: bool) -> tuple[list[int], bool]:
+        """Append sampled tokens up to the first that finishes the request; returns those
+        appended and whether the request finished."""
         if len(new_tokens) == 1:  # a decode step: one token, appended whether or not it stops
             request.output_token_ids.append(new_tokens[0])
-            if not self._check_stop(request, new_tokens[0]) and grammar:
-                self._check_grammar_end(request)
-            return new_tokens
+            finished = self._check_stop(request, new_tokens[0]) or (grammar and self._check_grammar_end(request))
+            return new_tokens, finished
         appended = []
         for token in new_tokens:
             request.output_token_ids.append(token)
             appended.append(token)
             if self._check_stop(request, token) or (grammar and self._check_grammar_end(request)):
-                break
-        return appended
+                return appended, True
+        return appended, False
 
     def _check_stop(self, request: Request, token: int) -> bool:
         params = request.sampling_params
