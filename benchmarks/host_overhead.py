@@ -121,9 +121,8 @@ def instrument(engine: LLMEngine, clock: PhaseClock) -> None:
 
     def observed_schedule() -> Any:
         sched = schedule()
-        clock.decode_only = bool(sched.num_scheduled_tokens) and all(
-            n == 1 for n in sched.num_scheduled_tokens.values()
-        )
+        counts = sched.num_scheduled_tokens  # one token each iff the total equals the count (a C-speed sum)
+        clock.decode_only = bool(counts) and sched.total_num_scheduled_tokens == len(counts)
         return sched
 
     core.scheduler.schedule = observed_schedule

@@ -25,6 +25,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 
@@ -49,6 +50,11 @@ class AttentionMetadata:
     """The new-token counts as a Python list (host copy, for backends that loop)."""
     seq_lens_cpu: list[int]
     """``seq_lens`` as a Python list (host copy)."""
+    query_start_loc_cpu: np.ndarray | None = None
+    """(B + 1,) host copy of ``query_start_loc`` when the runner has one (backends that
+    index on the host use it instead of reading the device)."""
+    block_tables_cpu: np.ndarray | None = None
+    """(B, max_blocks_per_seq) host copy of ``block_tables``, likewise."""
     backend_data: Any = None
     """What ``AttentionBackend.prepare`` derived for this step (shared by all layers)."""
 

@@ -13,7 +13,9 @@ tested against.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -36,25 +38,32 @@ class _Group:
     single_decode_len: int | None = None
     """For a group of one decode request: its length. Its keys are then cut to
     that length and attend unmasked, which lets SDPA take its fastest path."""
-    causal: torch.Tensor | None = None
-    """(B, 1, Q, L) True where a key is at or before its query (which also drops
-    the gathered positions past the request's end); built once per step."""
 
-    def __post_init__(self) -> None:
-        self.causal = (self.k_pos <= self.q_pos).unsqueeze(1)
+    @cached_property
+    def causal(self) -> torch.Tensor:
+        """(B, 1, Q, L) True where a key is at or before its query (which also drops
+        the gathered positions past the request's end); built once per step, when
+        the first layer needs it (a single decode request without a window never does)."""
+        return (self.k_pos <= self.q_pos).unsqueeze(1)
 
 
 class TorchAttentionBackend(AttentionBackend):
     name = "torch"
 
     def prepare(self, meta: AttentionMetadata, block_size: int) -> list[_Group]:
-        by_blocks: dict[int, list[int]] = {}
-        for i, n in enumerate(meta.query_lens_cpu):
-            if n == 1:
-                num_blocks = -(-meta.seq_lens_cpu[i] // block_size)
-                by_blocks.setdefault((num_blocks - 1).bit_length(), []).append(i)
-        groups = [_decode_group(meta, rows, block_size) for rows in by_blocks.values()]
-        if len(meta.query_lens_cpu) > sum(map(len, by_blocks.values())):
+        query_lens = np.asarray(meta.query_lens_cpu)  # (B,)
+        seq_lens = np.asarray(meta.seq_lens_cpu)  # (B,)
+        decode = np.flatnonzero(query_lens == 1)
+        groups = []
+        if len(decode):
+            host = _HostIndex(meta, seq_lens)
+            num_blocks = -(-seq_lens[decode] // block_size)
+            _, size_class = np.frexp(num_blocks - 1)  # (num_blocks - 1).bit_length(), vectorized
+            classes = np.unique(size_class)
+            for c in classes:
+                rows = decode if len(classes) == 1 else decode[size_class == c]
+                groups.append(_decode_group(host, rows, block_size, meta.seq_lens.device))
+        if len(decode) < len(query_lens):
             starts = meta.query_start_loc.tolist()
             groups += [
                 _prefill_group(meta, i, starts[i], n, block_size) for i, n in enumerate(meta.query_lens_cpu) if n > 1
@@ -120,15 +129,34 @@ def write_kv(
     v_flat.index_copy_(0, slot_mapping, value.to(kv_cache.dtype))
 
 
-def _decode_group(meta: AttentionMetadata, rows: list[int], block_size: int) -> _Group:
-    rows_t = torch.tensor(rows, device=meta.seq_lens.device)
-    num_blocks = -(-max(meta.seq_lens_cpu[i] for i in rows) // block_size)
+class _HostIndex:
+    """A step's per-request arrays on the host, where indexing a few rows costs a
+    microsecond (advanced indexing of a tensor costs tens)."""
+
+    def __init__(self, meta: AttentionMetadata, seq_lens: np.ndarray) -> None:
+        self.seq_lens = seq_lens  # (B,)
+        self.query_start = meta.query_start_loc_cpu  # (B + 1,)
+        if self.query_start is None:  # metadata built without host copies
+            self.query_start = meta.query_start_loc.cpu().numpy()
+        self.block_tables = meta.block_tables_cpu  # (B, W)
+        if self.block_tables is None:
+            self.block_tables = meta.block_tables.cpu().numpy()
+
+
+def _decode_group(host: _HostIndex, rows: np.ndarray, block_size: int, device: torch.device) -> _Group:
+    """Decode requests ``rows`` (indices into the step's requests, ascending)."""
+    seq_lens = host.seq_lens[rows]
+    num_blocks = -(-int(seq_lens.max()) // block_size)
+    tokens = host.query_start[rows]
+    token_idx: torch.Tensor | slice = slice(int(tokens[0]), int(tokens[-1]) + 1)
+    if tokens[-1] - tokens[0] != len(rows) - 1:  # not one run of the flat batch
+        token_idx = torch.from_numpy(tokens.astype(np.int64)).to(device)
     return _Group(
-        token_idx=meta.query_start_loc[rows_t].long(),  # each request's single token
-        block_ids=meta.block_tables[rows_t, :num_blocks].long(),
-        q_pos=(meta.seq_lens[rows_t].long() - 1).view(-1, 1, 1),
-        k_pos=torch.arange(num_blocks * block_size, device=rows_t.device).view(1, 1, -1),
-        single_decode_len=meta.seq_lens_cpu[rows[0]] if len(rows) == 1 else None,
+        token_idx=token_idx,  # each request's single token
+        block_ids=torch.from_numpy(host.block_tables[rows, :num_blocks].astype(np.int64)).to(device),
+        q_pos=torch.from_numpy((seq_lens - 1).astype(np.int64)).to(device).view(-1, 1, 1),
+        k_pos=torch.arange(num_blocks * block_size, device=device).view(1, 1, -1),
+        single_decode_len=int(seq_lens[0]) if len(rows) == 1 else None,
     )
 
 

@@ -105,6 +105,7 @@ class _StepPlan:
     """Most requests in this batch (micro-batching: one slot's share; else max_num_seqs)."""
     scheduled: dict[RequestId, int] = field(default_factory=dict)
     new_blocks: dict[RequestId, list[BlockId]] = field(default_factory=dict)
+    """Running requests' blocks allocated in this step (absent: none)."""
     spec_tokens: dict[RequestId, list[int]] = field(default_factory=dict)
     newly_admitted: list[Request] = field(default_factory=list)
     preempted: bool = False
@@ -130,6 +131,8 @@ class Scheduler:
         self.waiting = make_waiting_queue(self.policy)
         self.running: list[Request] = []
         self.num_preemptions = 0
+        self.num_generated_tokens = 0
+        """Output tokens sampled since the engine started (reported or not yet)."""
         self._forget: set[RequestId] = set()
         """Requests the workers should drop at the next step."""
         self.structured = StructuredOutputManager(lambda: backend_for(cfg))
@@ -211,29 +214,37 @@ class Scheduler:
 
     def _schedule_running(self, plan: _StepPlan) -> None:
         """Running requests first: their decodes and unfinished prefill chunks go
-        before any new prompt."""
+        before any new prompt. This loop runs once per running request per step, so
+        it reads the request's fields directly and asks the KV-cache manager for
+        blocks only when its table cannot hold the new tokens."""
+        has_room, scheduled, new_blocks_of = self.kv.has_room, plan.scheduled, plan.new_blocks
+        running, in_flight, spec = RequestStatus.RUNNING, self.in_flight, self.spec
         for request in self._running_order():
-            if plan.budget <= 0 or len(plan.scheduled) >= plan.max_reqs:
+            if plan.budget <= 0 or len(scheduled) >= plan.max_reqs:
                 break
-            if request.status is not RequestStatus.RUNNING:
+            if request.status is not running:
                 continue  # preempted earlier in this step
-            if self.in_flight and request.request_id in self.in_flight:
+            if in_flight and request.request_id in in_flight:
                 continue  # its batch has not come back
-            num_new = request.num_tokens + request.num_output_placeholders - request.num_computed_tokens
-            if request.num_output_placeholders and not self._may_continue(request):
+            pending = request.num_output_placeholders
+            if pending and not self._may_continue(request):
                 continue
-            num_new = min(num_new, plan.budget)
+            num_known = len(request.prompt_token_ids) + len(request.output_token_ids)
+            num_new = min(num_known + pending - request.num_computed_tokens, plan.budget)
             drafts, lookahead = [], 0
-            if self.spec is not None:
-                drafts, lookahead = self.spec.plan(self.kv, request, num_new, plan.budget)
-            new_blocks = self._allocate_or_preempt(request, num_new + len(drafts) + lookahead, plan)
-            if new_blocks is None:
-                continue  # the request itself was preempted
+            if spec is not None:
+                drafts, lookahead = spec.plan(self.kv, request, num_new, plan.budget)
+            num_slots = num_new + len(drafts) + lookahead
+            if not has_room(request, num_slots):
+                new_blocks = self._allocate_or_preempt(request, num_slots, plan)
+                if new_blocks is None:
+                    continue  # the request itself was preempted
+                if new_blocks:
+                    new_blocks_of[request.request_id] = new_blocks
             if drafts:
                 plan.spec_tokens[request.request_id] = drafts
                 num_new += len(drafts)
-            plan.scheduled[request.request_id] = num_new
-            plan.new_blocks[request.request_id] = new_blocks
+            scheduled[request.request_id] = num_new
             plan.budget -= num_new
 
     @staticmethod
@@ -336,21 +347,23 @@ class Scheduler:
         )
         self._forget = set()
         admitted = {r.request_id for r in plan.newly_admitted}
-        cached = out.cached_reqs
+        cached, requests, new_blocks = out.cached_reqs, self.requests, plan.new_blocks
+        placeholder = 1 if self.async_scheduling else 0
         for req_id, num_new in plan.scheduled.items():
-            request = self.requests[req_id]
+            request = requests[req_id]
+            computed = request.num_computed_tokens
             if req_id in admitted:
                 out.new_reqs.append(self._new_request_data(request))
             else:
                 cached.req_ids.append(req_id)
-                cached.new_block_ids.append(plan.new_blocks[req_id] or None)
-                cached.num_computed_tokens.append(request.num_computed_tokens)
+                cached.new_block_ids.append(new_blocks.get(req_id))
+                cached.num_computed_tokens.append(computed)
                 if self.send_token_ids:
                     cached.new_token_ids.append(_output_tokens_in(request, num_new))
-            request.num_computed_tokens += num_new
-            samples = request.num_computed_tokens == request.num_tokens + request.num_output_placeholders
-            if self.async_scheduling and samples:
-                request.num_output_placeholders += 1  # it samples in this step
+            request.num_computed_tokens = computed = computed + num_new
+            pending = request.num_output_placeholders
+            if placeholder and computed == len(request.prompt_token_ids) + len(request.output_token_ids) + pending:
+                request.num_output_placeholders = pending + 1  # it samples in this step
         if self.in_flight is not None:
             self.in_flight.update(plan.scheduled)
         return out
@@ -371,25 +384,28 @@ class Scheduler:
         results = []
         requests, logprobs, prompt_logprobs = self.requests, output.logprobs, output.prompt_logprobs
         pooler_output = output.pooler_output
-        if self.spec is not None:
-            self.spec.receive(output.spec_token_ids)
+        placeholder = 1 if self.async_scheduling else 0
+        grammar, spec = self.structured.active, self.spec
+        if spec is not None:
+            spec.receive(output.spec_token_ids)
         if self.in_flight is not None:
             self.in_flight.difference_update(sched.num_scheduled_tokens)
         for req_id, new_tokens in output.sampled_token_ids.items():
             request = requests.get(req_id)
             if request is None:
                 continue  # finished or aborted meanwhile
-            if self.async_scheduling:
-                request.num_output_placeholders -= 1
-            appended = []
-            for token in new_tokens:
-                request.output_token_ids.append(token)
-                appended.append(token)
-                if self._check_stop(request, token) or self._check_grammar_end(request):
-                    break
-            drafts = sched.scheduled_spec_decode_tokens.get(req_id) if self.spec is not None else None
-            if drafts:
-                self.spec.after_step(self.kv, request, len(drafts), len(new_tokens))
+            request.num_output_placeholders -= placeholder
+            appended, finished = self._append_output(request, new_tokens, grammar)
+            self.num_generated_tokens += len(appended)
+            if spec is not None:
+                drafts = sched.scheduled_spec_decode_tokens.get(req_id)
+                if drafts:
+                    spec.after_step(self.kv, request, len(drafts), len(new_tokens))
+            if request.final_output_only:
+                if request.num_reported_tokens and not finished:
+                    continue  # nobody reads it before the end
+                appended = request.output_token_ids[request.num_reported_tokens :]
+            request.num_reported_tokens += len(appended)
             results.append(
                 EngineCoreOutput(
                     req_id,
@@ -404,9 +420,25 @@ class Scheduler:
             )
         return results
 
+    def _append_output(self, request: Request, new_tokens: list[int], grammar: bool) -> tuple[list[int], bool]:
+        """Append sampled tokens up to the first that finishes the request; returns those
+        appended and whether the request finished."""
+        if len(new_tokens) == 1:  # a decode step: one token, appended whether or not it stops
+            request.output_token_ids.append(new_tokens[0])
+            finished = self._check_stop(request, new_tokens[0]) or (grammar and self._check_grammar_end(request))
+            return new_tokens, finished
+        appended = []
+        for token in new_tokens:
+            request.output_token_ids.append(token)
+            appended.append(token)
+            if self._check_stop(request, token) or (grammar and self._check_grammar_end(request)):
+                return appended, True
+        return appended, False
+
     def _check_stop(self, request: Request, token: int) -> bool:
         params = request.sampling_params
-        if request.num_output_tokens >= params.min_tokens:
+        num_output_tokens = len(request.output_token_ids)
+        if num_output_tokens >= params.min_tokens:
             if token == request.eos_token_id and not params.ignore_eos:
                 self._finish(request, RequestStatus.FINISHED_STOPPED)
                 return True
@@ -414,7 +446,7 @@ class Scheduler:
                 request.stop_reason = token
                 self._finish(request, RequestStatus.FINISHED_STOPPED)
                 return True
-        if request.num_output_tokens >= request.max_tokens:
+        if num_output_tokens >= request.max_tokens:
             self._finish(request, RequestStatus.FINISHED_LENGTH)
             return True
         return False

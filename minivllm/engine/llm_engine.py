@@ -11,6 +11,7 @@ from minivllm.config.vllm_config import VllmConfig
 from minivllm.core.scheduler import EngineCoreOutput, SchedulerStats
 from minivllm.engine.core import EngineCore
 from minivllm.engine.detokenizer import IncrementalDetokenizer
+from minivllm.engine.final_detokenizer import FinalDetokenizer, FinalTextDecoder, wants_final_text_only
 from minivllm.engine.logprob import LogprobBuilder
 from minivllm.engine.outputs import RequestOutput
 from minivllm.engine.parent_request import CompletionState, ParentRequest
@@ -22,7 +23,7 @@ from minivllm.executor.user_calls import user_collective_rpc
 from minivllm.lora.request import LoRARequest
 from minivllm.pooling.outputs import PoolingOutput, PoolingRequestOutput
 from minivllm.pooling.params import PoolingParams
-from minivllm.sampling_params import SamplingParams
+from minivllm.sampling_params import RequestOutputKind, SamplingParams
 
 
 @dataclass
@@ -38,6 +39,8 @@ class LLMEngine:
     def __init__(self, cfg: VllmConfig) -> None:
         self.cfg = cfg
         self.tokenizer = get_tokenizer(cfg)
+        self.final_text = FinalTextDecoder(self.tokenizer)
+        """Decodes in one call the text of requests that show only their final output."""
         self.core = EngineCore(cfg)
         self.processor = Processor(cfg, self.tokenizer, self.core.max_tokens_in_cache)
         self.counters = EngineCounters()
@@ -116,8 +119,12 @@ class LLMEngine:
             request = Request(
                 child_id, ids, child_params, self.eos_token_id, max_tokens, priority=priority, cache_salt=cache_salt,
                 group_id=group_id or req_id, lora_request=lora_request,
+                final_output_only=_reads_only_final_output(child_params),
             )  # fmt: skip
-            detok = IncrementalDetokenizer(self.tokenizer, child_params, ids)
+            if wants_final_text_only(child_params):
+                detok = FinalDetokenizer(self.final_text, child_params, ids)
+            else:
+                detok = IncrementalDetokenizer(self.tokenizer, child_params, ids)
             state = CompletionState(child_id, index, parent, detok)
             parent.children.append(state)
             self._states[child_id] = state
@@ -180,9 +187,10 @@ class LLMEngine:
         """One engine step; returns one output per request that advanced (and, for
         requests asking for the final output only, once they finished)."""
         advanced: dict[RequestId, list[CompletionState]] = {}
-        prompt_tokens = generation_tokens = 0
+        prompt_tokens = 0
         states, pooling = self._states, self._pooling
         pooled = []
+        generated_before = self.core.scheduler.num_generated_tokens
         for core_out in self.core.step():
             if pooling and core_out.pooling_output is not None:
                 pooled.append(self._pooled_output(core_out))
@@ -195,10 +203,10 @@ class LLMEngine:
             parent = state.parent
             if not state.token_ids:
                 prompt_tokens += len(parent.prompt_token_ids)
-            generation_tokens += len(core_out.new_token_ids)
             if core_out.new_logprobs is not None or core_out.prompt_logprobs is not None:
                 self._wrap_logprobs(core_out, parent.params)
-            parent.absorb_prompt_logprobs(core_out)
+            if parent.first_token_time is None or core_out.prompt_logprobs is not None:
+                parent.absorb_prompt_logprobs(core_out)
             if state.absorb(core_out):  # a stop string: the core does not know yet
                 self.core.abort_requests([state.request_id])
             if state.finished:
@@ -207,6 +215,9 @@ class LLMEngine:
             elif parent.final_only:
                 continue  # nothing to show before the end
             advanced.setdefault(parent.request_id, []).append(state)
+        # Counted by the scheduler: final-only requests report their tokens only at the end.
+        # A pooling request's one token is a placeholder, not generated text.
+        generation_tokens = self.core.scheduler.num_generated_tokens - generated_before - len(pooled)
         self.counters.num_generation_tokens += generation_tokens
         outputs = []
         for parent_id, children in advanced.items():
@@ -241,6 +252,18 @@ class LLMEngine:
 
     def shutdown(self) -> None:
         self.core.shutdown()
+
+
+def _reads_only_final_output(params: SamplingParams) -> bool:
+    """Whether this front end needs a request's tokens only with its first output (time to
+    first token, prompt tokens counted) and its last: nothing streams, no stop string is
+    searched in the text, no logprobs arrive per step."""
+    return (
+        params.output_kind == RequestOutputKind.FINAL_ONLY
+        and not params.stop
+        and params.logprobs is None
+        and params.prompt_logprobs is None
+    )
 
 
 def _check_priority_and_salt(priority: int, cache_salt: str | None, policy: str) -> None:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from minivllm.core.scheduler import EngineCoreOutput
 from minivllm.engine.detokenizer import IncrementalDetokenizer
+from minivllm.engine.final_detokenizer import FinalDetokenizer
 from minivllm.engine.outputs import CompletionOutput, Logprob, Logprobs, RequestOutput
 from minivllm.engine.request import RequestId
 from minivllm.sampling_params import RequestOutputKind, SamplingParams
@@ -33,7 +34,7 @@ class CompletionState:
     request_id: RequestId
     index: int
     parent: "ParentRequest"
-    detokenizer: IncrementalDetokenizer
+    detokenizer: IncrementalDetokenizer | FinalDetokenizer
     token_ids: list[int] = field(default_factory=list)
     logprobs: Logprobs | None = None
     cumulative_logprob: float | None = None

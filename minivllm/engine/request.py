@@ -73,6 +73,12 @@ class Request:
     groups. None: the request is a group of its own."""
     block_hashes: list[BlockHash] = field(default_factory=list)
     """Prefix-cache hashes of the request's full blocks so far (filled by the KV-cache manager)."""
+    final_output_only: bool = False
+    """The front end reads this request's tokens only with its first output and once it
+    finished (a final-only request without stop strings or logprobs): the scheduler
+    skips the outputs in between and sends the tokens they held with the last one."""
+    num_reported_tokens: int = 0
+    """Output tokens already sent to the front end."""
     num_output_placeholders: int = 0
     """With async scheduling: tokens that scheduled steps sample but whose values are not
     known yet (at most one per step in flight). The scheduler already counts them as the

@@ -105,14 +105,18 @@ class RotaryEmbedding(nn.Module):
         return self._rotate(q, cos, sin), self._rotate(k, cos, sin)
 
     def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        if self.rotary_dim == x.shape[-1] and x.dtype == torch.float32:
+            return self._rotate_pairs(x, cos, sin)  # the whole head in fp32: nothing to split off or cast
         rot, rest = x[..., : self.rotary_dim].float(), x[..., self.rotary_dim :]
+        return torch.cat((self._rotate_pairs(rot, cos, sin).to(x.dtype), rest), dim=-1)
+
+    def _rotate_pairs(self, rot: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """rot: (T, H, rotary_dim) fp32 -> rotated, same shape."""
         if self.neox_style:
             x1, x2 = rot.chunk(2, dim=-1)
-            rotated = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
-        else:
-            x1, x2 = rot[..., 0::2], rot[..., 1::2]
-            rotated = torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
-        return torch.cat((rotated.to(x.dtype), rest), dim=-1)
+            return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+        x1, x2 = rot[..., 0::2], rot[..., 1::2]
+        return torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
 
 
 def share_cos_sin_caches(model: nn.Module, max_positions: int, device: torch.device) -> int:

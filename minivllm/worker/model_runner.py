@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
+from functools import partial
 
 import numpy as np
 import torch
@@ -65,8 +66,9 @@ class ModelRunner:
         self._pending: PendingOutput | None = None
         """The last step's sampled tokens while the batch has not received them (async scheduling)."""
         self._sampling_key: tuple | None = None
-        self._sampling: tuple[SamplingMetadata, list[int], list[int]] | None = None
-        """For ``_sampling_key``: the metadata, the sampling rows that have logit edits, and those with seeds."""
+        self._sampling: tuple[SamplingMetadata, list[int], list[int], list[int | None]] | None = None
+        """For ``_sampling_key``: the metadata, the sampling rows that have logit edits, those with
+        seeds, and each row's ``logprobs``."""
         self._all_rows = np.arange(max_reqs)
         self.spec = DraftVerifier(self.sampler, self.block_size, device) if cfg.speculative.enabled else None
         """Speculative decoding: drafts into the batch, verified tokens out; None when off."""
@@ -242,9 +244,10 @@ class ModelRunner:
             batch.num_computed_tokens[rows] = cached.num_computed_tokens
             if self.spec is not None:
                 self.spec.roll_back_block_tables(batch, cached)
-            for row, blocks in zip(rows, cached.new_block_ids):
-                if blocks:
-                    batch.block_table.append_row(row, blocks)
+            if any(cached.new_block_ids):
+                for row, blocks in zip(rows, cached.new_block_ids):
+                    if blocks:
+                        batch.block_table.append_row(row, blocks)
             if cached.new_token_ids and not self.pipeline.is_last:  # tokens the last stage sampled
                 for row, computed, tokens in zip(rows, cached.num_computed_tokens, cached.new_token_ids):
                     if tokens:
@@ -265,6 +268,9 @@ class ModelRunner:
     def _scheduled_rows(self, sched: SchedulerOutput) -> tuple[np.ndarray, np.ndarray]:
         """(B,) batch rows with new tokens this step, in row order, and (B,) their counts."""
         counts = sched.num_scheduled_tokens
+        if len(counts) == self.batch.num_rows == sched.total_num_scheduled_tokens:
+            # Every request in the batch (scheduled ones all are) decodes one token.
+            return self._all_rows[: len(counts)], np.ones(len(counts), dtype=np.int32)
         ids = self.batch.req_ids[: self.batch.num_rows]
         n = np.fromiter((counts.get(r, 0) for r in ids), dtype=np.int32, count=len(ids))
         if n.all():
@@ -310,9 +316,15 @@ class ModelRunner:
     def _sample_and_collect(
         self, hidden: torch.Tensor, step: StepInputs, prompt_logprobs: dict, sched: SchedulerOutput
     ) -> PendingOutput:
-        rows = step.rows[step.sample_idx]
-        req_ids = [self.batch.req_ids[r] for r in rows.tolist()]
-        logits = self.model.compute_logits(hidden[step.logits_index])  # (S, vocab) fp32
+        rows = step.rows[step.sample_idx]  # ascending
+        if rows[-1] == len(rows) - 1:  # rows 0 .. S-1, the common decode step
+            req_ids = self.batch.req_ids[: len(rows)]
+        else:
+            req_ids = [self.batch.req_ids[r] for r in rows.tolist()]
+        if len(rows) < len(step.input_ids):
+            hidden = hidden[step.logits_index]
+        # else every token is a request's last (decode only) and samples: hidden is in order
+        logits = self.model.compute_logits(hidden)  # (S, vocab) fp32
         seq_lens = step.query_lens[step.sample_idx] + self.batch.num_computed_tokens[rows]
         meta = self._sampling_metadata(rows, seq_lens, logits.shape[-1])
         meta.grammar_bitmask = None
@@ -322,17 +334,22 @@ class ModelRunner:
             )
         sampled = self.sampler(logits, meta)
         broadcast_from_first(sampled.token_ids)  # every tp rank (of the last stage) keeps the same tokens
-        params = [self.batch.params[r] for r in rows.tolist()]
         return PendingOutput(
             req_ids=req_ids,
             sampled=sampled,
-            num_logprobs=[p.logprobs for p in params],
+            num_logprobs=self._sampling[3],
             prompt_logprobs=prompt_logprobs,
-            deliver=self._deliver,
+            deliver=partial(self._deliver, rows=rows, version=self.batch.version),
         )
 
-    def _deliver(self, req_ids: list[RequestId], tokens: np.ndarray) -> None:
-        """Store sampled tokens in the rows of the requests still in the batch."""
+    def _deliver(
+        self, req_ids: list[RequestId], tokens: np.ndarray, rows: np.ndarray | None = None, version: int | None = None
+    ) -> None:
+        """Store sampled tokens in the rows of the requests still in the batch. ``rows``
+        are theirs while the batch's ``version`` is unchanged (always so without async scheduling)."""
+        if rows is not None and version == self.batch.version:
+            self.batch.append_tokens(rows, tokens)
+            return
         row_of = self.batch.row_of
         rows = [row_of.get(r, -1) for r in req_ids]
         keep = np.flatnonzero(np.asarray(rows) >= 0)
@@ -347,8 +364,9 @@ class ModelRunner:
             edited = [i for i, p in enumerate(params) if has_logits_edits(p)]
             seeded = [i for i, p in enumerate(params) if p.seed is not None]
             self._sampling_key = key
-            self._sampling = (from_batch(self.batch, rows, vocab_size, self.device), edited, seeded)
-        meta, edited, seeded = self._sampling
+            num_logprobs = [p.logprobs for p in params]
+            self._sampling = (from_batch(self.batch, rows, vocab_size, self.device), edited, seeded, num_logprobs)
+        meta, edited, seeded, _ = self._sampling
         meta.generators = {i: self._seeded_generator(int(rows[i]), int(seq_lens[i])) for i in seeded}
         meta.edits = self._logits_edits(rows, edited, vocab_size) if edited else None
         return meta

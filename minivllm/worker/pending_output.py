@@ -9,6 +9,7 @@ a synchronous step calls it at once. It is idempotent.
 """
 from __future__ import annotations
 
+from functools import cached_property
 from typing import Callable, Protocol
 
 import numpy as np
@@ -31,7 +32,6 @@ class PendingOutput:
         """``req_ids``: the sampling requests, row by row of ``sampled``; ``num_logprobs``:
         each one's ``logprobs``; ``deliver(req_ids, tokens)`` stores the tokens in the batch."""
         self.req_ids = req_ids
-        self.index_of = {r: i for i, r in enumerate(req_ids)}
         self.sampled_device = sampled.token_ids  # (S,) int64, read by the next step's placeholders
         self._num_logprobs = num_logprobs
         self._prompt_logprobs = prompt_logprobs
@@ -45,6 +45,11 @@ class PendingOutput:
             self._event = torch.cuda.Event()
             self._event.record()
         self._output: ModelRunnerOutput | None = None
+
+    @cached_property
+    def index_of(self) -> dict[RequestId, int]:
+        """Request id -> its row in the sampled tokens (async scheduling's placeholders read it)."""
+        return {r: i for i, r in enumerate(self.req_ids)}
 
     @property
     def resolved(self) -> bool:
@@ -98,6 +103,11 @@ class DoneOutput:
 
 class StepResult(Protocol):
     """What launching a step returns: its output, once asked for."""
+
+    @cached_property
+    def index_of(self) -> dict[RequestId, int]:
+        """Request id -> its row in the sampled tokens (async scheduling's placeholders read it)."""
+        return {r: i for i, r in enumerate(self.req_ids)}
 
     @property
     def resolved(self) -> bool: ...

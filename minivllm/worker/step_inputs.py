@@ -77,12 +77,8 @@ class StepInputBuilder:
         B = len(rows)
         start = batch.num_computed_tokens[rows]  # (B,)
         seq_lens = start + query_lens
-        query_start = np.zeros(B + 1, dtype=np.int32)
-        np.cumsum(query_lens, out=query_start[1:])
-        T = int(query_start[-1])
-        req_of_token = np.repeat(np.arange(B), query_lens)  # (T,)
-        positions = start[req_of_token] + (np.arange(T, dtype=np.int32) - query_start[req_of_token])
-        token_rows = rows[req_of_token]
+        positions, token_rows, query_start = self._token_layout(rows, query_lens, start)
+        T = len(positions)
         num_blocks = batch.block_table.num_blocks[rows]
         width = int(num_blocks.max())
         blocks = batch.block_table.table[token_rows, positions // self.block_size]
@@ -104,7 +100,8 @@ class StepInputBuilder:
         host[slice(*parts["slots"])] = blocks * self.block_size + positions % self.block_size
         host[slice(*parts["qsl"])] = query_start
         host[slice(*parts["seq"])] = seq_lens
-        host[slice(*parts["tables"])].reshape(B, width)[:] = batch.block_table.table[rows, :width]
+        tables = batch.block_table.table[rows, :width]  # (B, width)
+        host[slice(*parts["tables"])].reshape(B, width)[:] = tables
         host[slice(*parts["logits"])] = query_start[1:][sample_idx] - 1
         if len(unknown):
             host[slice(*parts["ph_dst"])] = unknown
@@ -120,6 +117,8 @@ class StepInputBuilder:
             max_seq_len=int(seq_lens.max()),
             query_lens_cpu=query_lens.tolist(),
             seq_lens_cpu=seq_lens.tolist(),
+            query_start_loc_cpu=query_start,
+            block_tables_cpu=tables,
         )
         return StepInputs(
             input_ids=view("ids").long(),
@@ -134,6 +133,20 @@ class StepInputBuilder:
             query_start=query_start,
             placeholders=(view("ph_dst").long(), view("ph_src").long()) if len(unknown) else None,
         )
+
+    @staticmethod
+    def _token_layout(
+        rows: np.ndarray, query_lens: np.ndarray, start: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(T,) position and batch row of each new token, and the (B + 1,) query starts."""
+        B = len(rows)
+        if int(query_lens.sum()) == B:  # a decode step: token i is row i's next position
+            return start, rows, np.arange(B + 1, dtype=np.int32)
+        query_start = np.zeros(B + 1, dtype=np.int32)
+        np.cumsum(query_lens, out=query_start[1:])
+        req_of_token = np.repeat(np.arange(B), query_lens)  # (T,)
+        offsets = np.arange(int(query_start[-1]), dtype=np.int32) - query_start[req_of_token]  # within the query
+        return start[req_of_token] + offsets, rows[req_of_token], query_start
 
     def _next_staging(self) -> torch.Tensor:
         self._turn = (self._turn + 1) % len(self._staging)
