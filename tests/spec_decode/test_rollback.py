@@ -60,6 +60,18 @@ def test_all_drafts_rejected_gives_back_the_draft_block(cfg):
     assert scheduler.spec.stats.num_draft_tokens == 3 and scheduler.spec.stats.num_accepted_tokens == 0
 
 
+def test_the_next_step_after_a_rollback_gets_a_block_again(cfg):
+    """The scheduler skips the KV-cache manager when a request's table already holds
+    its next tokens; a rollback shrinks the table, so that shortcut must see it."""
+    scheduler, request = _prefilled(cfg)
+    _verify_step(scheduler, emitted=[9])  # table back to 2 blocks = 8 slots, all computed
+    assert not scheduler.kv.has_room(request, 1)
+    out = scheduler.schedule()
+    needed = request.num_computed_tokens  # after schedule(): computed + scheduled
+    assert len(scheduler.kv.block_ids("a")) * 4 >= needed
+    assert out.cached_reqs.new_block_ids[0]  # the 9's slot is in a new block
+
+
 def test_partial_acceptance_keeps_exactly_the_accepted_tokens(cfg):
     scheduler, request = _prefilled(cfg)
     _verify_step(scheduler, emitted=[5, 6, 9])  # two drafts accepted, then the target's 9
