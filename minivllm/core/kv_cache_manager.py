@@ -60,9 +60,6 @@ class KVCacheManager:
         """Leading blocks of each table already registered in the prefix cache."""
         self._num_out_of_window: dict[RequestId, int] = {}
         """Leading blocks of each table already returned to the pool (sliding window)."""
-        self._room: dict[RequestId, int] = {}
-        """Tokens a request may reach with ``allocate_slots`` changing nothing: its table's
-        slots, less the slot that would fill its next unhashed block (see ``has_room``)."""
 
     @property
     def num_free_blocks(self) -> int:
@@ -114,7 +111,6 @@ class KVCacheManager:
         for i in range(start, num_full):
             self.pool.cache_block(table[i], hashes[i])
         self._num_hashed[request.request_id] = num_full
-        self._update_room(request.request_id)
 
     def _block_hashes(self, request: Request, token_ids: list[int]) -> list[BlockHash]:
         return extend_block_hashes(
@@ -124,19 +120,16 @@ class KVCacheManager:
     # ---- allocation -----------------------------------------------------------------
     def has_room(self, request: Request, num_new_tokens: int) -> bool:
         """Whether ``allocate_slots(request, num_new_tokens)`` would change nothing: the
-        table holds the tokens and no block fills up (the common decode step). One
-        lookup, so the scheduler asks this first, once per running request per step."""
-        return request.num_computed_tokens + num_new_tokens <= self._room.get(request.request_id, -1)
-
-    def _update_room(self, request_id: RequestId) -> None:
-        table = self._tables.get(request_id)
+        table holds the tokens and no block fills up (the common decode step). The
+        scheduler asks this first, once per running request per step."""
+        table = self._tables.get(request.request_id)
         if table is None or self.sliding_window is not None:  # a window frees blocks as it slides
-            self._room.pop(request_id, None)
-            return
-        room = len(table) * self.block_size
-        if self.enable_caching:  # the token that fills the next unhashed block needs cache_blocks
-            room = min(room, (self._num_hashed.get(request_id, 0) + 1) * self.block_size - 1)
-        self._room[request_id] = room
+            return False
+        total = request.num_computed_tokens + num_new_tokens
+        if total > len(table) * self.block_size:
+            return False
+        # A token that fills a block not yet hashed needs cache_blocks.
+        return not self.enable_caching or total // self.block_size <= self._num_hashed.get(request.request_id, 0)
 
     def allocate_slots(
         self, request: Request, num_new_tokens: int, new_computed_blocks: list[KVCacheBlock] | None = None
@@ -172,7 +165,6 @@ class KVCacheManager:
         new_blocks = self.pool.allocate(needed)
         table.extend(new_blocks)
         self.cache_blocks(request, request.num_computed_tokens + len(computed) * self.block_size + num_new_tokens)
-        self._update_room(request.request_id)
         return [b.block_id for b in new_blocks]
 
     def can_allocate(
@@ -218,14 +210,12 @@ class KVCacheManager:
         extra = table[keep:]
         del table[keep:]
         self.pool.free(list(reversed(extra)))
-        self._update_room(request.request_id)
 
     def free(self, request: Request) -> None:
         """Return the request's blocks, last block first, so the tail of a
         sequence is evicted before its head (its head is likelier to be shared)."""
         table = self._tables.pop(request.request_id, [])
         self._num_hashed.pop(request.request_id, None)
-        self._room.pop(request.request_id, None)
         done = self._num_out_of_window.pop(request.request_id, 0)
         self.pool.free(list(reversed(table[done:])))
 

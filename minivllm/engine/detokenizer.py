@@ -21,6 +21,9 @@ from transformers import PreTrainedTokenizerBase
 
 from minivllm.sampling_params import SamplingParams
 
+PRIME_TOKENS = 4
+"""Prompt tokens decoded before the first output token, for its context."""
+
 
 class IncrementalDetokenizer:
     def __init__(self, tokenizer: PreTrainedTokenizerBase, params: SamplingParams, prompt_token_ids: list[int]):
@@ -56,7 +59,7 @@ class IncrementalDetokenizer:
     def _prime(self, prompt_token_ids: list[int]) -> None:
         """Feed the prompt's tail so the first output token is decoded in context
         (a leading space or a multi-byte character may begin in the prompt)."""
-        for token in prompt_token_ids[-4:]:
+        for token in prompt_token_ids[-PRIME_TOKENS:]:
             self._step(token)
 
     def _step(self, token: int) -> str:

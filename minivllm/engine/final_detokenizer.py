@@ -24,13 +24,11 @@ import json
 from tokenizers import Tokenizer
 from transformers import PreTrainedTokenizerBase
 
-from minivllm.engine.detokenizer import IncrementalDetokenizer
+from minivllm.engine.detokenizer import PRIME_TOKENS, IncrementalDetokenizer
 from minivllm.sampling_params import RequestOutputKind, SamplingParams
 
 _CONCATENATING = frozenset({"ByteLevel", "Metaspace", "ByteFallback", "Fuse", "Strip", "Replace"})
 """Decoder steps under which decoding a sequence equals joining the decoded pieces."""
-_PRIME = 4
-"""Prompt tokens decoded before the output, as ``IncrementalDetokenizer._prime`` feeds."""
 
 
 def wants_final_text_only(params: SamplingParams) -> bool:
@@ -77,7 +75,7 @@ class FinalDetokenizer:
 
     def __init__(self, decoder: FinalTextDecoder, params: SamplingParams, prompt_token_ids: list[int]):
         self._decoder, self._params = decoder, params
-        self._prompt_tail = list(prompt_token_ids[-_PRIME:])
+        self._prompt_tail = list(prompt_token_ids[-PRIME_TOKENS:])
         self._token_ids: list[int] = []
         self._text: str | None = None
 
