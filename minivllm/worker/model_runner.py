@@ -30,8 +30,6 @@ from minivllm.layers.compile import compile_small_ops
 from minivllm.layers.rotary import share_cos_sin_caches
 from minivllm.lora.manager import LoRAModelManager
 from minivllm.pooling.pooler import Pooler
-from minivllm.sample.logits_processors import LogitsEdits
-from minivllm.sample.metadata import SamplingMetadata, from_batch, has_logits_edits
 from minivllm.sample.prompt_logprobs import add_prompt_logprobs
 from minivllm.sample.sampler import Sampler
 from minivllm.sampling_params import SamplingParams
@@ -40,6 +38,7 @@ from minivllm.spec_decode.verifier import DraftVerifier
 from minivllm.structured_output.bitmask import bitmask_for_rows
 from minivllm.utils import build, cdiv
 from minivllm.worker.cuda_graphs import CUDAGraphRunner
+from minivllm.worker.batch_sampling import BatchSampling
 from minivllm.worker.input_batch import InputBatch
 from minivllm.worker.pending_output import DoneOutput, PendingOutput
 from minivllm.worker.request_state import PromptLogprobsState
@@ -65,10 +64,8 @@ class ModelRunner:
         self.prompt_logprobs: dict[RequestId, PromptLogprobsState] = {}
         self._pending: PendingOutput | None = None
         """The last step's sampled tokens while the batch has not received them (async scheduling)."""
-        self._sampling_key: tuple | None = None
-        self._sampling: tuple[SamplingMetadata, list[int], list[int], list[int | None]] | None = None
-        """For ``_sampling_key``: the metadata, the sampling rows that have logit edits, those with
-        seeds, and each row's ``logprobs``."""
+        self.sampling = BatchSampling(self.batch, device, self._sync_pending)
+        """The sampler's metadata for a step's rows, cached while the batch is unchanged."""
         self._all_rows = np.arange(max_reqs)
         self.spec = DraftVerifier(self.sampler, self.block_size, device) if cfg.speculative.enabled else None
         """Speculative decoding: drafts into the batch, verified tokens out; None when off."""
@@ -212,7 +209,7 @@ class ModelRunner:
         drafter = self.drafter
         if sched.scheduled_spec_decode_tokens:
             out = self.spec.verify(self.batch, step, sched, self.model.compute_logits, hidden,
-                                   self._seeded_generator, out, drafter.draft_probs if drafter else None)
+                                   self.sampling.seeded_generator, out, drafter.draft_probs if drafter else None)
         if drafter is not None:
             out.spec_token_ids = drafter.propose(self.batch, step, hidden)
         return out
@@ -326,7 +323,7 @@ class ModelRunner:
         # else every token is a request's last (decode only) and samples: hidden is in order
         logits = self.model.compute_logits(hidden)  # (S, vocab) fp32
         seq_lens = step.query_lens[step.sample_idx] + self.batch.num_computed_tokens[rows]
-        meta = self._sampling_metadata(rows, seq_lens, logits.shape[-1])
+        meta = self.sampling.metadata(rows, seq_lens, logits.shape[-1])
         meta.grammar_bitmask = None
         if sched.grammar_bitmask is not None:
             meta.grammar_bitmask = bitmask_for_rows(
@@ -337,7 +334,7 @@ class ModelRunner:
         return PendingOutput(
             req_ids=req_ids,
             sampled=sampled,
-            num_logprobs=self._sampling[3],
+            num_logprobs=self.sampling.num_logprobs,
             prompt_logprobs=prompt_logprobs,
             deliver=partial(self._deliver, rows=rows, version=self.batch.version),
         )
@@ -355,39 +352,7 @@ class ModelRunner:
         keep = np.flatnonzero(np.asarray(rows) >= 0)
         self.batch.append_tokens(np.asarray(rows)[keep], tokens[keep])
 
-    def _sampling_metadata(self, rows: np.ndarray, seq_lens: np.ndarray, vocab_size: int) -> SamplingMetadata:
-        """Reused while the batch and its sampling rows stay the same; per step only
-        seeds (re-seeded per position) and logit edits (they read the token history)."""
-        key = (self.batch.version, rows.tobytes())
-        if key != self._sampling_key:
-            params = [self.batch.params[r] for r in rows.tolist()]
-            edited = [i for i, p in enumerate(params) if has_logits_edits(p)]
-            seeded = [i for i, p in enumerate(params) if p.seed is not None]
-            self._sampling_key = key
-            num_logprobs = [p.logprobs for p in params]
-            self._sampling = (from_batch(self.batch, rows, vocab_size, self.device), edited, seeded, num_logprobs)
-        meta, edited, seeded, _ = self._sampling
-        meta.generators = {i: self._seeded_generator(int(rows[i]), int(seq_lens[i])) for i in seeded}
-        meta.edits = self._logits_edits(rows, edited, vocab_size) if edited else None
-        return meta
-
-    def _seeded_generator(self, row: int, seq_len: int) -> torch.Generator:
-        """The request's generator, re-seeded for the output position about to be
-        sampled: the noise depends only on (seed, position), so a seeded request
-        samples the same tokens whatever the batch and across preemptions."""
-        params: SamplingParams = self.batch.params[row]
-        position = seq_len - int(self.batch.num_prompt_tokens[row])
-        generator = self.batch.generators[self.batch.req_ids[row]]
-        return generator.manual_seed((params.seed * 1_000_003 + position) % (1 << 63))
-
-    def _logits_edits(self, rows: np.ndarray, edited: list[int], vocab_size: int) -> LogitsEdits | None:
-        """Edits need each row's token history, so a pending step's tokens are fetched first."""
+    def _sync_pending(self) -> None:
+        """The step in flight (async scheduling) hands its sampled tokens to the batch."""
         if self._pending is not None:
             self._pending.result()
-        token_ids: list[list[int]] = [[] for _ in range(len(rows))]
-        num_prompt = [0] * len(rows)
-        for i in edited:
-            token_ids[i] = self.batch.tokens_of(int(rows[i]))
-            num_prompt[i] = int(self.batch.num_prompt_tokens[rows[i]])
-        params = [self.batch.params[r] for r in rows.tolist()]
-        return LogitsEdits.build(params, token_ids, num_prompt, vocab_size, self.device)
