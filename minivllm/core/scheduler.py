@@ -57,7 +57,6 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any
 
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.core.block_hash import model_identity, root_hash
@@ -65,9 +64,9 @@ from minivllm.core.block_pool import BlockId
 from minivllm.core.kv_cache_manager import KVCacheManager
 from minivllm.core.request_queue import make_waiting_queue
 from minivllm.core.scheduler_output import (
+    EngineCoreOutput,
     ModelRunnerOutput,
     NewRequestData,
-    PositionLogprobs,
     SchedulerOutput,
 )
 from minivllm.core.stats import SchedulerStats
@@ -77,23 +76,6 @@ from minivllm.structured_output.backend import backend_for
 from minivllm.structured_output.manager import StructuredOutputManager
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(slots=True)
-class EngineCoreOutput:
-    """New tokens of one request after one step."""
-
-    req_id: RequestId
-    new_token_ids: list[int]
-    new_logprobs: list[PositionLogprobs] | None = None
-    finish_reason: str | None = None
-    stop_reason: int | str | None = None
-    prompt_logprobs: list[PositionLogprobs | None] | None = None
-    """With the first new token of a request that asked: one entry per prompt token (the first None)."""
-    num_cached_tokens: int = 0
-    """Prompt tokens the request found in the prefix cache when first scheduled."""
-    pooling_output: Any = None
-    """runner=pooling: the request's pooled (H,) tensor, with its one placeholder token."""
 
 
 @dataclass

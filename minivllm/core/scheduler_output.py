@@ -3,6 +3,10 @@
 New requests travel in full; requests the workers have already seen travel as
 deltas (new tokens and new blocks), so a step's message stays small as
 sequences grow. Workers keep per-request state between steps.
+
+What comes back: the workers' ``ModelRunnerOutput`` (sampled tokens, logprobs,
+drafts, pooled vectors), and per request the ``EngineCoreOutput`` the scheduler
+hands the engine after its stop checks.
 """
 from __future__ import annotations
 
@@ -107,3 +111,20 @@ class ModelRunnerOutput:
     spec_token_ids: dict[RequestId, list[int]] = field(default_factory=dict)
     """Speculative decoding with a draft model: per request that sampled, the drafts it
     proposes to follow this step's tokens (the scheduler schedules them next step)."""
+
+
+@dataclass(slots=True)
+class EngineCoreOutput:
+    """New tokens of one request after one step."""
+
+    req_id: RequestId
+    new_token_ids: list[int]
+    new_logprobs: list[PositionLogprobs] | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    prompt_logprobs: list[PositionLogprobs | None] | None = None
+    """With the first new token of a request that asked: one entry per prompt token (the first None)."""
+    num_cached_tokens: int = 0
+    """Prompt tokens the request found in the prefix cache when first scheduled."""
+    pooling_output: Any = None
+    """runner=pooling: the request's pooled (H,) tensor, with its one placeholder token."""

@@ -23,7 +23,8 @@ import logging
 from collections import deque
 
 from minivllm.config.vllm_config import VllmConfig
-from minivllm.core.scheduler import EngineCoreOutput, Scheduler
+from minivllm.core.scheduler import Scheduler
+from minivllm.core.scheduler_output import EngineCoreOutput
 from minivllm.core.scheduler_output import SchedulerOutput
 from minivllm.engine.request import Request, RequestId
 from minivllm.executor.base import Executor

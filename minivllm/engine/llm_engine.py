@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from minivllm.config.vllm_config import VllmConfig
-from minivllm.core.scheduler import EngineCoreOutput, SchedulerStats
+from minivllm.core.scheduler import SchedulerStats
+from minivllm.core.scheduler_output import EngineCoreOutput
 from minivllm.engine.core import EngineCore
 from minivllm.engine.detokenizer import IncrementalDetokenizer
 from minivllm.engine.final_detokenizer import FinalDetokenizer, FinalTextDecoder, wants_final_text_only

@@ -19,7 +19,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from minivllm.core.scheduler import EngineCoreOutput
+from minivllm.core.scheduler_output import EngineCoreOutput
 from minivllm.engine.detokenizer import IncrementalDetokenizer
 from minivllm.engine.final_detokenizer import FinalDetokenizer
 from minivllm.engine.outputs import CompletionOutput, Logprob, Logprobs, RequestOutput
