@@ -32,7 +32,10 @@ token replaces the placeholder and the stop checks run as usual. A request that
 finished in step k (EOS, a stop token, a stop string, max_tokens reached,
 aborted) may thus also be in step k+1: it is finished and forgotten as soon as
 step k's output is processed, and its step-k+1 token, arriving later, finds no
-request and is dropped, so the output is exactly the synchronous one. A request
+request and is dropped, so the output is exactly the synchronous one. A new
+request that reuses the id meanwhile was added after step k+1 was scheduled
+(``Request.added_after_step`` against ``SchedulerOutput.step_id``), so the stale
+token is dropped for it too (the same holds for micro-batches in flight). A request
 whose known plus pending outputs already reach ``max_tokens`` is not scheduled
 again (it cannot need another step). A preempted request keeps its pending
 token (it was sampled from complete KV) and is not readmitted while one is
@@ -117,6 +120,8 @@ class Scheduler:
         """Output tokens sampled since the engine started (reported or not yet)."""
         self._forget: set[RequestId] = set()
         """Requests the workers should drop at the next step."""
+        self._num_steps = 0
+        """``schedule()`` calls so far: the last ``SchedulerOutput.step_id``."""
         self.structured = StructuredOutputManager(lambda: backend_for(cfg))
         """Grammar matchers of requests with structured outputs."""
         self.spec = SpecDecodeScheduling(cfg.speculative, cfg.max_model_len) if cfg.speculative.enabled else None
@@ -129,6 +134,7 @@ class Scheduler:
 
     # ---- requests in and out --------------------------------------------------------
     def add_request(self, request: Request) -> None:
+        request.added_after_step = self._num_steps
         self.requests[request.request_id] = request
         self.structured.add_request(request)
         self.waiting.append(request)
@@ -169,6 +175,7 @@ class Scheduler:
         if not plan.preempted:
             self._schedule_waiting(plan)
         out = self._make_output(plan)
+        self._num_steps = out.step_id = self._num_steps + 1
         if self.structured.active:
             self._attach_grammar_bitmask(out)
         return out
@@ -372,10 +379,11 @@ class Scheduler:
             spec.receive(output.spec_token_ids)
         if self.in_flight is not None:
             self.in_flight.difference_update(sched.num_scheduled_tokens)
+        step_id = sched.step_id if sched.step_id is not None else self._num_steps + 1
         for req_id, new_tokens in output.sampled_token_ids.items():
             request = requests.get(req_id)
-            if request is None:
-                continue  # finished or aborted meanwhile
+            if request is None or request.added_after_step >= step_id:
+                continue  # finished or aborted meanwhile (its id may be a newer request's now)
             request.num_output_placeholders -= placeholder
             appended, finished = self._append_output(request, new_tokens, grammar)
             self.num_generated_tokens += len(appended)

@@ -82,6 +82,9 @@ class SchedulerOutput:
     scheduled_spec_decode_tokens: dict[RequestId, list[int]] = field(default_factory=dict)
     """Speculative decoding: the draft tokens of each request that has some; they are the
     last ``len(drafts)`` of its ``num_scheduled_tokens`` (after its last known token)."""
+    step_id: int | None = None
+    """The scheduler's count of ``schedule()`` calls when it built this step (None: built
+    elsewhere). Its tokens go only to requests added before it."""
 
     @property
     def total_num_scheduled_tokens(self) -> int:

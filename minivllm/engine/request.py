@@ -79,6 +79,9 @@ class Request:
     skips the outputs in between and sends the tokens they held with the last one."""
     num_reported_tokens: int = 0
     """Output tokens already sent to the front end."""
+    added_after_step: int = 0
+    """The scheduler's step count when the request was added: outputs of steps scheduled
+    before it belong to an earlier request with the same id (aborted while in flight)."""
     num_output_placeholders: int = 0
     """With async scheduling: tokens that scheduled steps sample but whose values are not
     known yet (at most one per step in flight). The scheduler already counts them as the

@@ -131,3 +131,19 @@ def test_abort_frees_blocks_and_tells_workers(base):
     sched.abort_requests(["a"])
     assert sched.kv.num_free_blocks == 8
     assert "a" in sched.schedule().finished_req_ids
+
+
+def test_a_late_token_of_an_aborted_request_skips_a_new_request_with_its_id(base):
+    """Under async scheduling or micro-batching a step may come back after its request
+    was aborted and a new one took the same id: the old step's token is not the new one's."""
+    sched = make_scheduler(base, 8)
+    sched.add_request(make_request("a", 5))
+    in_flight = sched.schedule()
+    sched.abort_requests(["a"])
+    newer = make_request("a", 3)
+    sched.add_request(newer)
+    outputs = sched.update_from_output(in_flight, ModelRunnerOutput(sampled_token_ids={"a": [7]}))
+    assert outputs == [] and newer.output_token_ids == [] and sched.num_generated_tokens == 0
+    out = sched.schedule()  # the new request runs normally
+    assert out.num_scheduled_tokens == {"a": 3}
+    assert [o.new_token_ids for o in _sample(sched, out, token=9)] == [[9]]
