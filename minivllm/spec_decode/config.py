@@ -32,10 +32,10 @@ class SpeculativeConfig:
     """draft_model / eagle: tensor parallelism of the draft; only 1 (null means 1)."""
     num_speculative_tokens: int = 3
     """Most draft tokens proposed per request and step."""
-    prompt_lookup_min: int = 5
-    """ngram: the shortest suffix of the sequence that is looked up earlier in it."""
-    prompt_lookup_max: int = 5
-    """ngram: the longest suffix looked up (the longest match wins)."""
+    prompt_lookup_min: Optional[int] = None
+    """ngram: the shortest suffix of the sequence that is looked up earlier in it (null: as max, or 5)."""
+    prompt_lookup_max: Optional[int] = None
+    """ngram: the longest suffix looked up, the longest match winning (null: as min, or 5)."""
 
     def __post_init__(self) -> None:
         if self.method is None and self.model is not None:
@@ -44,14 +44,19 @@ class SpeculativeConfig:
             return
         check_choice("speculative.method", self.method, SPEC_METHODS)
         check_range("speculative.num_speculative_tokens", self.num_speculative_tokens, low=1)
-        check_range("speculative.prompt_lookup_min", self.prompt_lookup_min, low=1)
-        check_range("speculative.prompt_lookup_max", self.prompt_lookup_max, low=1)
-        if self.prompt_lookup_min > self.prompt_lookup_max:
-            raise ValueError(
-                f"speculative.prompt_lookup_min={self.prompt_lookup_min} exceeds "
-                f"speculative.prompt_lookup_max={self.prompt_lookup_max}"
-            )
+        if self.method == "ngram":
+            self._resolve_lookup_range()
         self._check_draft_keys()
+
+    def _resolve_lookup_range(self) -> None:
+        """vLLM's defaults: one bound given stands for both; none given is 5..5."""
+        lo, hi = self.prompt_lookup_min, self.prompt_lookup_max
+        self.prompt_lookup_min = lo = lo if lo is not None else (hi if hi is not None else 5)
+        self.prompt_lookup_max = hi = hi if hi is not None else lo
+        check_range("speculative.prompt_lookup_min", lo, low=1)
+        check_range("speculative.prompt_lookup_max", hi, low=1)
+        if lo > hi:
+            raise ValueError(f"speculative.prompt_lookup_min={lo} exceeds speculative.prompt_lookup_max={hi}")
 
     def _check_draft_keys(self) -> None:
         if self.method in MODEL_METHODS and not self.model:
@@ -61,6 +66,9 @@ class SpeculativeConfig:
                 f"speculative.model={self.model!r}: only used by speculative.method=draft_model or eagle, "
                 f"not {self.method}; remove it"
             )
+        for key in ("prompt_lookup_min", "prompt_lookup_max"):
+            if self.method != "ngram" and getattr(self, key) is not None:
+                raise ValueError(f"speculative.{key}: only used by speculative.method=ngram, not {self.method}; remove it")
         if self.draft_tensor_parallel_size not in (None, 1):
             raise ValueError(
                 f"speculative.draft_tensor_parallel_size={self.draft_tensor_parallel_size}: only 1 is supported"

@@ -1,6 +1,8 @@
 """Prompt lookup: the longest suffix match wins, then the most recent occurrence."""
 from __future__ import annotations
 
+import pytest
+
 from minivllm.spec_decode.ngram_proposer import NgramProposer
 
 
@@ -38,3 +40,18 @@ def test_a_match_with_all_k_followers_beats_a_later_one_with_fewer():
     proposer = NgramProposer(min_n=2, max_n=2, max_num_drafts=3)
     # "5 6" at 0 (followed by 7 8 9), at 5 (followed by 5 6 only), and as the suffix
     assert proposer.propose([5, 6, 7, 8, 9, 5, 6, 5, 6]) == [7, 8, 9]
+
+
+def test_lookup_bounds_follow_vllm_defaults_and_belong_to_ngram_only():
+    from minivllm.spec_decode.config import SpeculativeConfig
+
+    both = SpeculativeConfig(method="ngram")
+    assert (both.prompt_lookup_min, both.prompt_lookup_max) == (5, 5)
+    only_max = SpeculativeConfig(method="ngram", prompt_lookup_max=3)
+    assert (only_max.prompt_lookup_min, only_max.prompt_lookup_max) == (3, 3)
+    only_min = SpeculativeConfig(method="ngram", prompt_lookup_min=2)
+    assert (only_min.prompt_lookup_min, only_min.prompt_lookup_max) == (2, 2)
+    with pytest.raises(ValueError, match="prompt_lookup_min=4 exceeds speculative.prompt_lookup_max=3"):
+        SpeculativeConfig(method="ngram", prompt_lookup_min=4, prompt_lookup_max=3)
+    with pytest.raises(ValueError, match="speculative.prompt_lookup_max: only used by speculative.method=ngram"):
+        SpeculativeConfig(method="draft_model", model="draft", prompt_lookup_max=3)
