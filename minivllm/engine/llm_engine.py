@@ -54,7 +54,10 @@ class LLMEngine:
         self.stat_logger = StatLogger(cfg.scheduler.log_stats_interval)
         self.logprob_builder = LogprobBuilder(self.tokenizer)
         # The model, tokenizer and config are long-lived: move them out of the
-        # collector's view so that per-step garbage collections stay short.
+        # collector's view so that per-step garbage collections stay short. What an
+        # earlier engine froze is unfrozen first, so an engine dropped since then
+        # (a cycle the collector must break) is freed rather than kept for good.
+        gc.unfreeze()
         gc.collect()
         gc.freeze()
         atexit.unregister(gc.unfreeze)  # once per process, however many engines
