@@ -23,6 +23,8 @@ from minivllm.sampling_params import SamplingParams
 
 PRIME_TOKENS = 4
 """Prompt tokens decoded before the first output token, for its context."""
+INVALID_PREFIX = "Invalid prefix encountered"
+"""How ``DecodeStream.step`` reports that its window's text no longer starts as before."""
 
 
 class IncrementalDetokenizer:
@@ -70,11 +72,24 @@ class IncrementalDetokenizer:
             piece = (" " if self._any_text else "") + self._segment_tokens[token]
             self._new_segment = self._any_text = True
             return piece
-        piece = self._stream.step(self._backend, token) or ""
+        piece = self._stream_step(token)
         if piece and self._new_segment:
             piece, self._new_segment = " " + piece, False
         self._any_text = self._any_text or bool(piece)
         return piece
+
+    def _stream_step(self, token: int) -> str:
+        """One token through the streaming decoder. ``DecodeStream`` fails with "Invalid
+        prefix" when the text of its window shrinks as a token arrives (byte-fallback
+        pieces that are not valid UTF-8 can do that); the stream then starts afresh
+        at this token, so the text already shown stays and the request goes on."""
+        try:
+            return self._stream.step(self._backend, token) or ""
+        except Exception as err:  # tokenizers raises a plain Exception
+            if not str(err).startswith(INVALID_PREFIX):
+                raise
+        self._stream = DecodeStream(skip_special_tokens=self._skip_special)
+        return self._stream.step(self._backend, token) or ""
 
     def append(self, token_ids: list[int]) -> str | None:
         """Add new tokens; returns the matched stop string if one now appears.

@@ -15,7 +15,10 @@ when the tokenizer's decoder only concatenates what each token spells
 fallback) and no token is an added token shown as its own segment. In every
 other case (another decoder, an added token, an id past the vocabulary, text
 ending in an unfinished character) the tokens are replayed through
-``IncrementalDetokenizer``, so the text is always what streaming would show.
+``IncrementalDetokenizer``, so the text is what streaming would show. The one
+exception: where byte pieces that are not valid UTF-8 made the streaming decoder
+restart (``IncrementalDetokenizer._stream_step``), the one call gives the
+tokenizer's own decoding of the tokens.
 """
 from __future__ import annotations
 

@@ -67,7 +67,8 @@ def test_random_token_sequences_give_the_incremental_text(tokenizers, name):
             out = tok.encode(text, add_special_tokens=False)[: int(rng.integers(1, 20))]
         else:  # any ids, special and added ones and ids past the vocabulary included
             out = rng.integers(0, vocab + 3, size=int(rng.integers(1, 24))).tolist()
-            if name == "metaspace":  # random byte pieces make DecodeStream itself fail (invalid prefix)
+            if name == "metaspace":  # random byte pieces can make the stream restart (the
+                # last test), and then one call gives the tokenizer's own text instead
                 out = [t for t in out if t not in BYTE_PIECES]
         for params in PARAMS:
             assert _final(tok, params, prompt, out) == _incremental(tok, params, prompt, out), (trial, out)
@@ -79,3 +80,29 @@ def test_only_final_only_requests_without_stop_strings_skip_streaming():
     assert not wants_final_text_only(SamplingParams(output_kind=final, stop=["\n"]))
     assert not wants_final_text_only(SamplingParams(output_kind=final, detokenize=False))
     assert not wants_final_text_only(SamplingParams(output_kind=RequestOutputKind.DELTA))
+
+
+def test_invalid_utf8_from_byte_pieces_restarts_the_stream_and_keeps_the_text(tokenizers):
+    """Random byte-fallback pieces can make ``DecodeStream`` fail ("Invalid prefix"); the
+    detokenizer starts a fresh stream at that token instead of failing the request: the
+    text it had stays, and what follows is a fresh stream's text from that token on."""
+    tok = tokenizers["metaspace"]
+    # Streams that keep special text fail; no segments, so the restart is the only reset.
+    params = SamplingParams(skip_special_tokens=False, spaces_between_special_tokens=False)
+    rng = np.random.default_rng(0)
+    restarted = 0
+    for trial in range(100):
+        prompt = tok.encode("def f(" if trial % 2 else "é", add_special_tokens=False)
+        out = rng.integers(len(SPECIAL), len(tok), size=20).tolist()  # no added tokens (their own segments)
+        detok = IncrementalDetokenizer(tok, params, prompt)
+        for i, t in enumerate(out):
+            stream, before = detok._stream, detok.text
+            detok.append([t])
+            if detok._stream is not stream:  # the stream failed at out[i] and restarted there
+                restarted += 1
+                fresh = IncrementalDetokenizer(tok, params, [])
+                fresh.append(out[i:])
+                detok.append(out[i + 1 :])
+                assert detok.text == before + fresh.text, (trial, out)
+                break
+    assert restarted > 0  # the seeded sequences do hit the failure
