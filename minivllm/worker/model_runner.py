@@ -282,11 +282,7 @@ class ModelRunner:
 
     def _prepare_inputs(self, rows: np.ndarray, query_lens: np.ndarray, num_tokens: int) -> StepInputs:
         pending = self._pending if self._pending is not None and not self._pending.resolved else None
-        index = None
-        if pending is not None:
-            index = lambda rs: np.fromiter(  # noqa: E731
-                (pending.index_of[self.batch.req_ids[r]] for r in rs.tolist()), dtype=np.int64, count=len(rs)
-            )
+        index = partial(pending.indices_of, self.batch) if pending is not None else None
         step = self.inputs.build(self.batch, rows, query_lens, index, num_tokens)
         if self.lora is not None:
             self.lora.prepare_step([self.batch.req_ids[r] for r in rows.tolist()], query_lens)
@@ -341,15 +337,15 @@ class ModelRunner:
             sampled=sampled,
             num_logprobs=self.sampling.num_logprobs,
             prompt_logprobs=prompt_logprobs,
-            deliver=partial(self._deliver, rows=rows, version=self.batch.version),
+            deliver=self._deliver,
+            rows=rows,
+            version=self.batch.version,
         )
 
-    def _deliver(
-        self, req_ids: list[RequestId], tokens: np.ndarray, rows: np.ndarray | None = None, version: int | None = None
-    ) -> None:
+    def _deliver(self, req_ids: list[RequestId], tokens: np.ndarray, rows: np.ndarray, version: int) -> None:
         """Store sampled tokens in the rows of the requests still in the batch. ``rows``
         are theirs while the batch's ``version`` is unchanged (always so without async scheduling)."""
-        if rows is not None and version == self.batch.version:
+        if version == self.batch.version:
             self.batch.append_tokens(rows, tokens)
             return
         row_of = self.batch.row_of
