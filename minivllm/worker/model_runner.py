@@ -67,6 +67,9 @@ class ModelRunner:
         self.sampling = BatchSampling(self.batch, device, self._sync_pending)
         """The sampler's metadata for a step's rows, cached while the batch is unchanged."""
         self._all_rows = np.arange(max_reqs)
+        self._ones = np.ones(max_reqs, dtype=np.int32)
+        for shared in (self._all_rows, self._ones):  # slices of them are handed out as a step's rows and counts
+            shared.flags.writeable = False
         self.spec = DraftVerifier(self.sampler, self.block_size, device) if cfg.speculative.enabled else None
         """Speculative decoding: drafts into the batch, verified tokens out; None when off."""
         self.drafter = model_proposer(cfg, self.sampler, device) if cfg.speculative.uses_model else None
@@ -182,8 +185,9 @@ class ModelRunner:
         self._update_states(sched)
         if sched.is_empty:
             return DoneOutput(ModelRunnerOutput())
-        rows, query_lens = self._scheduled_rows(sched)
-        step = self._prepare_inputs(rows, query_lens)
+        num_tokens = sched.total_num_scheduled_tokens
+        rows, query_lens = self._scheduled_rows(sched, num_tokens)
+        step = self._prepare_inputs(rows, query_lens, num_tokens)
         intermediate = self.pipeline.recv(len(step.input_ids)) if self.pipeline is not None else None
         hidden = self._forward(step.input_ids, step.positions, step.meta, intermediate)  # (T, hidden)
         if self.pipeline is not None and not self.pipeline.is_last:  # hand on to the next stage; it samples
@@ -237,8 +241,8 @@ class ModelRunner:
                 self.lora.add_request(new.req_id, new.lora_request)
         cached = sched.cached_reqs
         if len(cached):
-            rows = [batch.row_of[r] for r in cached.req_ids]
-            batch.num_computed_tokens[rows] = cached.num_computed_tokens
+            rows = batch.rows_of(cached.req_ids)
+            batch.num_computed_tokens[np.asarray(rows)] = cached.num_computed_tokens
             if self.spec is not None:
                 self.spec.roll_back_block_tables(batch, cached)
             if any(cached.new_block_ids):
@@ -262,12 +266,13 @@ class ModelRunner:
         if k is not None and len(new.token_ids) == new.num_prompt_tokens:
             self.prompt_logprobs[new.req_id] = PromptLogprobsState(list(new.token_ids), k)
 
-    def _scheduled_rows(self, sched: SchedulerOutput) -> tuple[np.ndarray, np.ndarray]:
-        """(B,) batch rows with new tokens this step, in row order, and (B,) their counts."""
+    def _scheduled_rows(self, sched: SchedulerOutput, num_tokens: int) -> tuple[np.ndarray, np.ndarray]:
+        """(B,) batch rows with new tokens this step, in row order, and (B,) their counts
+        (``num_tokens`` in all)."""
         counts = sched.num_scheduled_tokens
-        if len(counts) == self.batch.num_rows == sched.total_num_scheduled_tokens:
+        if len(counts) == self.batch.num_rows == num_tokens:
             # Every request in the batch (scheduled ones all are) decodes one token.
-            return self._all_rows[: len(counts)], np.ones(len(counts), dtype=np.int32)
+            return self._all_rows[: num_tokens], self._ones[: num_tokens]
         ids = self.batch.req_ids[: self.batch.num_rows]
         n = np.fromiter((counts.get(r, 0) for r in ids), dtype=np.int32, count=len(ids))
         if n.all():
@@ -275,14 +280,10 @@ class ModelRunner:
         rows = np.flatnonzero(n)
         return rows, n[rows]
 
-    def _prepare_inputs(self, rows: np.ndarray, query_lens: np.ndarray) -> StepInputs:
+    def _prepare_inputs(self, rows: np.ndarray, query_lens: np.ndarray, num_tokens: int) -> StepInputs:
         pending = self._pending if self._pending is not None and not self._pending.resolved else None
-        index = None
-        if pending is not None:
-            index = lambda rs: np.fromiter(  # noqa: E731
-                (pending.index_of[self.batch.req_ids[r]] for r in rs.tolist()), dtype=np.int64, count=len(rs)
-            )
-        step = self.inputs.build(self.batch, rows, query_lens, index)
+        index = partial(pending.indices_of, self.batch) if pending is not None else None
+        step = self.inputs.build(self.batch, rows, query_lens, index, num_tokens)
         if self.lora is not None:
             self.lora.prepare_step([self.batch.req_ids[r] for r in rows.tolist()], query_lens)
         step.meta.backend_data = self.attn_backend.prepare(step.meta, self.block_size)
@@ -336,15 +337,15 @@ class ModelRunner:
             sampled=sampled,
             num_logprobs=self.sampling.num_logprobs,
             prompt_logprobs=prompt_logprobs,
-            deliver=partial(self._deliver, rows=rows, version=self.batch.version),
+            deliver=self._deliver,
+            rows=rows,
+            version=self.batch.version,
         )
 
-    def _deliver(
-        self, req_ids: list[RequestId], tokens: np.ndarray, rows: np.ndarray | None = None, version: int | None = None
-    ) -> None:
+    def _deliver(self, req_ids: list[RequestId], tokens: np.ndarray, rows: np.ndarray, version: int) -> None:
         """Store sampled tokens in the rows of the requests still in the batch. ``rows``
         are theirs while the batch's ``version`` is unchanged (always so without async scheduling)."""
-        if rows is not None and version == self.batch.version:
+        if version == self.batch.version:
             self.batch.append_tokens(rows, tokens)
             return
         row_of = self.batch.row_of

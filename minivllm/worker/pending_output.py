@@ -18,6 +18,7 @@ import torch
 from minivllm.core.scheduler_output import ModelRunnerOutput, PositionLogprobs
 from minivllm.engine.request import RequestId
 from minivllm.sample.sampler import SamplerOutput
+from minivllm.worker.input_batch import InputBatch
 
 
 class PendingOutput:
@@ -27,11 +28,16 @@ class PendingOutput:
         sampled: SamplerOutput,
         num_logprobs: list[int | None],
         prompt_logprobs: dict[RequestId, list[PositionLogprobs | None]],
-        deliver: Callable[[list[RequestId], np.ndarray], None],
+        deliver: Callable[[list[RequestId], np.ndarray, np.ndarray, int], None],
+        rows: np.ndarray,
+        version: int,
     ) -> None:
         """``req_ids``: the sampling requests, row by row of ``sampled``; ``num_logprobs``:
-        each one's ``logprobs``; ``deliver(req_ids, tokens)`` stores the tokens in the batch."""
+        each one's ``logprobs``; ``deliver(req_ids, tokens, rows, version)`` stores the tokens in the batch;
+        ``rows``: (S,) the requests' batch rows, ascending, while the batch is at ``version``."""
         self.req_ids = req_ids
+        self.rows = rows
+        self.version = version
         self.sampled_device = sampled.token_ids  # (S,) int64, read by the next step's placeholders
         self._num_logprobs = num_logprobs
         self._prompt_logprobs = prompt_logprobs
@@ -48,8 +54,18 @@ class PendingOutput:
 
     @cached_property
     def index_of(self) -> dict[RequestId, int]:
-        """Request id -> its row in the sampled tokens (async scheduling's placeholders read it)."""
+        """Request id -> its row in the sampled tokens."""
         return {r: i for i, r in enumerate(self.req_ids)}
+
+    def indices_of(self, batch: InputBatch, rows: np.ndarray) -> np.ndarray:
+        """(P,) int64: where in the sampled tokens the requests in batch ``rows`` find
+        theirs (async scheduling's placeholders); each of them sampled in this step.
+        While the batch is at this step's version its rows still hold the same
+        requests, so a search in the ascending sampled rows tells; otherwise by id."""
+        if batch.version == self.version:
+            return np.searchsorted(self.rows, rows)
+        index_of = self.index_of
+        return np.fromiter((index_of[batch.req_ids[r]] for r in rows.tolist()), dtype=np.int64, count=len(rows))
 
     @property
     def resolved(self) -> bool:
@@ -65,7 +81,7 @@ class PendingOutput:
     def _collect(self) -> ModelRunnerOutput:
         token_host, values_host, ids_host, ranks_host = self._host
         tokens = token_host.numpy()
-        self._deliver(self.req_ids, tokens)
+        self._deliver(self.req_ids, tokens, self.rows, self.version)
         out = ModelRunnerOutput(
             sampled_token_ids={r: [t] for r, t in zip(self.req_ids, tokens.tolist())},
             prompt_logprobs=self._prompt_logprobs,
@@ -106,8 +122,18 @@ class StepResult(Protocol):
 
     @cached_property
     def index_of(self) -> dict[RequestId, int]:
-        """Request id -> its row in the sampled tokens (async scheduling's placeholders read it)."""
+        """Request id -> its row in the sampled tokens."""
         return {r: i for i, r in enumerate(self.req_ids)}
+
+    def indices_of(self, batch: InputBatch, rows: np.ndarray) -> np.ndarray:
+        """(P,) int64: where in the sampled tokens the requests in batch ``rows`` find
+        theirs (async scheduling's placeholders); each of them sampled in this step.
+        While the batch is at this step's version its rows still hold the same
+        requests, so a search in the ascending sampled rows tells; otherwise by id."""
+        if batch.version == self.version:
+            return np.searchsorted(self.rows, rows)
+        index_of = self.index_of
+        return np.fromiter((index_of[batch.req_ids[r]] for r in rows.tolist()), dtype=np.int64, count=len(rows))
 
     @property
     def resolved(self) -> bool: ...

@@ -4,8 +4,11 @@ to the device in a single copy.
 Every integer array a step needs is written into one int32 staging buffer
 (pinned host memory on CUDA) and copied to the device at once::
 
-    staging: [ input_ids T | positions T | slots T | query_start B+1 | seq_lens B | block_tables B*W
-               | logits_idx S | placeholder dst P | placeholder src P ]
+    staging: [ input_ids T | positions T | slots T | logits_idx S | placeholder dst P | placeholder src P
+               | query_start B+1 | seq_lens B | block_tables B*W ]
+
+The first six parts are read as int64 on the device: they are converted in one
+op and handed out as views of it.
 
 On CUDA two staging buffers alternate, and a buffer is written again only after
 its last copy finished (an event), so preparing step k+1 never overwrites what
@@ -60,6 +63,9 @@ class StepInputBuilder:
         size = 3 * max_num_tokens + 5 * max_num_reqs + 1 + max_num_reqs * max_blocks_per_req
         cuda = device.type == "cuda"
         self._staging = [torch.zeros(size, dtype=torch.int32, pin_memory=cuda) for _ in range(2 if cuda else 1)]
+        self._host = [buffer.numpy() for buffer in self._staging]
+        self._arange = np.arange(max_num_reqs + 1, dtype=np.int32)
+        self._arange.flags.writeable = False  # handed out as a decode step's query starts
         self._copied = [torch.cuda.Event() if cuda else None for _ in self._staging]
         self._turn = 0
 
@@ -69,91 +75,103 @@ class StepInputBuilder:
         rows: np.ndarray,
         query_lens: np.ndarray,
         pending_index: Callable[[np.ndarray], np.ndarray] | None = None,
+        num_tokens: int | None = None,
     ) -> StepInputs:
-        """``rows``: (B,) batch rows scheduled this step; ``query_lens``: (B,) their new-token counts.
+        """``rows``: (B,) batch rows scheduled this step, ascending; ``query_lens``: (B,) their
+        new-token counts, ``num_tokens`` their sum when the caller knows it.
 
         ``pending_index`` (async scheduling) maps batch rows to their index in the
         previous step's sampled tokens, for input tokens past a row's known ones."""
         B = len(rows)
-        start = batch.num_computed_tokens[rows]  # (B,)
+        # rows 0 .. B-1 (every running request) read plain slices instead of gathers
+        rows_at = slice(0, B) if rows[-1] == B - 1 else rows
+        start = batch.num_computed_tokens[rows_at]  # (B,)
+        if rows_at is not rows:
+            start = start.copy()  # a slice is a view of the batch; the step keeps its own
         seq_lens = start + query_lens
-        positions, token_rows, query_start = self._token_layout(rows, query_lens, start)
+        positions, token_rows, query_start = self._token_layout(rows, query_lens, start, num_tokens)
         T = len(positions)
-        num_blocks = batch.block_table.num_blocks[rows]
-        width = int(num_blocks.max())
-        blocks = batch.block_table.table[token_rows, positions // self.block_size]
-        sample_idx = np.flatnonzero(seq_lens >= batch.num_tokens[rows])
+        seq_lens_cpu = seq_lens.tolist()
+        width = int(batch.block_table.num_blocks[rows_at].max())
+        sample_idx = np.flatnonzero(seq_lens >= batch.num_tokens[rows_at])
         unknown = _EMPTY
         if pending_index is not None:
             unknown = np.flatnonzero(positions >= batch.num_tokens[token_rows])
+        S, P = len(sample_idx), len(unknown)
+        tables = batch.block_table.table[rows_at, :width]  # (B, width)
+        if rows_at is not rows:
+            tables = tables.copy()
 
-        staging, parts = self._next_staging(), {}
-        at = 0
-        for name, n in (("ids", T), ("pos", T), ("slots", T), ("qsl", B + 1), ("seq", B),
-                        ("tables", B * width), ("logits", len(sample_idx)),
-                        ("ph_dst", len(unknown)), ("ph_src", len(unknown))):
-            parts[name] = (at, at + n)
-            at += n
-        host = staging.numpy()
-        host[slice(*parts["ids"])] = batch.token_ids[token_rows, positions]
-        host[slice(*parts["pos"])] = positions
-        host[slice(*parts["slots"])] = blocks * self.block_size + positions % self.block_size
-        host[slice(*parts["qsl"])] = query_start
-        host[slice(*parts["seq"])] = seq_lens
-        tables = batch.block_table.table[rows, :width]  # (B, width)
-        host[slice(*parts["tables"])].reshape(B, width)[:] = tables
-        host[slice(*parts["logits"])] = query_start[1:][sample_idx] - 1
-        if len(unknown):
-            host[slice(*parts["ph_dst"])] = unknown
-            host[slice(*parts["ph_src"])] = pending_index(token_rows[unknown])
-        dev = self._to_device(staging[:at])
-        view = lambda name: dev[slice(*parts[name])]  # noqa: E731
+        staging, host = self._next_staging()
+        # int64 on the device: ids T | positions T | slots T | logits S | ph_dst P | ph_src P
+        host[:T] = batch.token_ids[token_rows, positions]
+        host[T : 2 * T] = positions
+        slots = host[2 * T : 3 * T]
+        np.multiply(batch.block_table.table[token_rows, positions // self.block_size], self.block_size, out=slots)
+        slots += positions % self.block_size
+        at = 3 * T + S
+        # a decode step's query starts are 0 .. B, so its token i is row i's last
+        host[3 * T : at] = sample_idx if T == B else query_start[1:][sample_idx] - 1
+        if P:
+            host[at : at + P] = unknown
+            host[at + P : at + 2 * P] = pending_index(token_rows[unknown])
+        num_wide = at + 2 * P
+        # int32 on the device: query_start B+1 | seq_lens B | block_tables B*width
+        host[num_wide : num_wide + B + 1] = query_start
+        host[num_wide + B + 1 : num_wide + 2 * B + 1] = seq_lens
+        end = num_wide + 2 * B + 1 + B * width
+        host[num_wide + 2 * B + 1 : end].reshape(B, width)[:] = tables
+
+        dev = self._to_device(staging[:end])
+        wide = dev[:num_wide].long()  # one conversion for every int64 part
         meta = AttentionMetadata(
-            slot_mapping=view("slots").long(),
-            query_start_loc=view("qsl"),
-            seq_lens=view("seq"),
-            block_tables=view("tables").view(B, width),
-            max_query_len=int(query_lens.max()),
-            max_seq_len=int(seq_lens.max()),
-            query_lens_cpu=query_lens.tolist(),
-            seq_lens_cpu=seq_lens.tolist(),
+            slot_mapping=wide[2 * T : 3 * T],
+            query_start_loc=dev[num_wide : num_wide + B + 1],
+            seq_lens=dev[num_wide + B + 1 : num_wide + 2 * B + 1],
+            block_tables=dev[num_wide + 2 * B + 1 : end].view(B, width),
+            max_query_len=1 if T == B else int(query_lens.max()),
+            max_seq_len=max(seq_lens_cpu),
+            query_lens_cpu=[1] * B if T == B else query_lens.tolist(),
+            seq_lens_cpu=seq_lens_cpu,
             query_start_loc_cpu=query_start,
             block_tables_cpu=tables,
         )
         return StepInputs(
-            input_ids=view("ids").long(),
-            positions=view("pos").long(),
+            input_ids=wide[:T],
+            positions=wide[T : 2 * T],
             meta=meta,
             rows=rows,
             query_lens=query_lens,
             sample_idx=sample_idx,
-            logits_index=view("logits").long(),
+            logits_index=wide[3 * T : 3 * T + S],
             token_positions=positions,
             token_rows=token_rows,
             query_start=query_start,
-            placeholders=(view("ph_dst").long(), view("ph_src").long()) if len(unknown) else None,
+            placeholders=(wide[3 * T + S : at + P], wide[at + P : num_wide]) if P else None,
         )
 
-    @staticmethod
     def _token_layout(
-        rows: np.ndarray, query_lens: np.ndarray, start: np.ndarray
+        self, rows: np.ndarray, query_lens: np.ndarray, start: np.ndarray, num_tokens: int | None
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(T,) position and batch row of each new token, and the (B + 1,) query starts."""
         B = len(rows)
-        if int(query_lens.sum()) == B:  # a decode step: token i is row i's next position
-            return start, rows, np.arange(B + 1, dtype=np.int32)
+        if num_tokens is None:
+            num_tokens = int(query_lens.sum())
+        if num_tokens == B:  # a decode step: token i is row i's next position
+            return start, rows, self._arange[: B + 1]
         query_start = np.zeros(B + 1, dtype=np.int32)
         np.cumsum(query_lens, out=query_start[1:])
         req_of_token = np.repeat(np.arange(B), query_lens)  # (T,)
         offsets = np.arange(int(query_start[-1]), dtype=np.int32) - query_start[req_of_token]  # within the query
         return start[req_of_token] + offsets, rows[req_of_token], query_start
 
-    def _next_staging(self) -> torch.Tensor:
+    def _next_staging(self) -> tuple[torch.Tensor, np.ndarray]:
+        """The next staging buffer and its numpy view, once its last copy finished."""
         self._turn = (self._turn + 1) % len(self._staging)
         event = self._copied[self._turn]
         if event is not None:
             event.synchronize()  # the copy that last read this buffer is done
-        return self._staging[self._turn]
+        return self._staging[self._turn], self._host[self._turn]
 
     def _to_device(self, host: torch.Tensor) -> torch.Tensor:
         if self.device.type == "cpu":

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from minivllm.sample.metadata import SamplingMetadata
-from minivllm.sample.sampler import Sampler
+from minivllm.sample.sampler import Sampler, greedy_tokens
 from minivllm.sampling_params import SamplingParams
 
 V = 24
@@ -122,3 +122,19 @@ def test_seeded_row_ignores_batch_composition_and_position():
     assert len(set(reference)) > 3  # the seeds matter
     for others, position in batches:
         assert [_seeded_token(s, others, position) for s in seeds] == reference
+
+
+def test_greedy_tokens_on_the_cpu_pick_torch_argmax_index_with_ties_nan_and_inf():
+    """The CPU fast path (numpy) against torch's own argmax, on rows where the first
+    largest entry matters: ties, NaN (counts as largest), +-inf, all -inf."""
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randint(0, 4, (64, 50), generator=g).float()  # many ties
+    logits[torch.rand(64, 50, generator=g) < 0.05] = float("nan")
+    logits[torch.rand(64, 50, generator=g) < 0.1] = float("-inf")
+    logits[torch.rand(64, 50, generator=g) < 0.02] = float("inf")
+    logits[3] = float("-inf")
+    got = greedy_tokens(logits)
+    assert got.dtype == torch.int64
+    assert torch.equal(got, logits.argmax(dim=-1))
+    view = logits[:, ::2]  # not contiguous
+    assert torch.equal(greedy_tokens(view), view.argmax(dim=-1))

@@ -58,3 +58,59 @@ def test_tokens_past_the_known_ones_are_placeholders_from_the_last_sample():
     dst, src = step.placeholders
     assert dst.tolist() == [0] and src.tolist() == [2]  # row 0 -> index 2 of the last step's samples
     assert step.positions.tolist() == [6] and step.sample_idx.tolist() == [0]
+
+
+def _reference_decode(batch: InputBatch, rows: list[int]) -> dict:
+    """A one-token-per-row step computed row by row, the plain way."""
+    pos = [int(batch.num_computed_tokens[r]) for r in rows]
+    tables = [batch.block_table.table[r, : batch.block_table.num_blocks[r]].tolist() for r in rows]
+    width = max(len(t) for t in tables)
+    sample = [i for i, r in enumerate(rows) if pos[i] + 1 >= batch.num_tokens[r]]
+    return {
+        "ids": [int(batch.token_ids[r, p]) for r, p in zip(rows, pos)],
+        "pos": pos,
+        "slots": [tables[i][p // BLOCK] * BLOCK + p % BLOCK for i, p in enumerate(pos)],
+        "qsl": list(range(len(rows) + 1)),
+        "seq": [p + 1 for p in pos],
+        "tables": [t + [0] * (width - len(t)) for t in tables],
+        "sample": sample,
+        "logits": sample,
+        "max": (1, max(pos) + 1),
+    }
+
+
+def _decode_step(step) -> dict:
+    meta = step.meta
+    return {
+        "ids": step.input_ids.tolist(),
+        "pos": step.positions.tolist(),
+        "slots": meta.slot_mapping.tolist(),
+        "qsl": meta.query_start_loc.tolist(),
+        "seq": meta.seq_lens.tolist(),
+        "tables": meta.block_tables.tolist(),
+        "sample": step.sample_idx.tolist(),
+        "logits": step.logits_index.tolist(),
+        "max": (meta.max_query_len, meta.max_seq_len),
+    }
+
+
+def test_decode_steps_over_all_rows_and_over_a_subset_equal_the_row_by_row_reference():
+    """Rows 0 .. B-1 read slices of the batch, other rows gather; both against the
+    plain computation, with a one-token prefill chunk that must not sample."""
+    batch = make_batch()
+    batch.num_computed_tokens[1] = 3  # b: a 1-token chunk of its 7-token prompt
+    batch.add(NewRequestData(RequestId("c"), [31, 32, 33, 34, 35], 5, SamplingParams(), [3, 6], 4), CPU)
+    for rows in ([0, 1, 2], [0, 2], [1, 2]):
+        for num_tokens in (None, len(rows)):
+            builder = StepInputBuilder(16, 4, 4, BLOCK, CPU)
+            ones = np.ones(len(rows), dtype=np.int32)
+            step = builder.build(batch, np.asarray(rows), ones, num_tokens=num_tokens)
+            assert _decode_step(step) == _reference_decode(batch, rows), (rows, num_tokens)
+            assert step.meta.query_lens_cpu == [1] * len(rows)
+            assert step.meta.seq_lens_cpu == _reference_decode(batch, rows)["seq"]
+    # the step keeps its own host arrays: later batch updates do not reach them
+    step = StepInputBuilder(16, 4, 4, BLOCK, CPU).build(batch, np.arange(3), np.ones(3, dtype=np.int32))
+    batch.num_computed_tokens[:3] += 1
+    batch.block_table.append_row(0, [9])
+    assert step.token_positions.tolist() == [5, 3, 4]
+    assert step.meta.block_tables_cpu.tolist() == [[7, 2], [5, 1], [3, 6]]
