@@ -92,6 +92,8 @@ class _StepPlan:
     new_blocks: dict[RequestId, list[BlockId]] = field(default_factory=dict)
     """Running requests' blocks allocated in this step (absent: none)."""
     spec_tokens: dict[RequestId, list[int]] = field(default_factory=dict)
+    continuing: list[Request] = field(default_factory=list)
+    """Running requests scheduled in this step, in ``scheduled`` order."""
     newly_admitted: list[Request] = field(default_factory=list)
     preempted: bool = False
 
@@ -207,9 +209,10 @@ class Scheduler:
         it reads the request's fields directly and asks the KV-cache manager for
         blocks only when its table cannot hold the new tokens."""
         has_room, scheduled, new_blocks_of = self.kv.has_room, plan.scheduled, plan.new_blocks
-        running, in_flight, spec = RequestStatus.RUNNING, self.in_flight, self.spec
+        running, in_flight, spec, continuing = RequestStatus.RUNNING, self.in_flight, self.spec, plan.continuing
+        max_reqs = plan.max_reqs
         for request in self._running_order():
-            if plan.budget <= 0 or len(scheduled) >= plan.max_reqs:
+            if plan.budget <= 0 or len(scheduled) >= max_reqs:
                 break
             if request.status is not running:
                 continue  # preempted earlier in this step
@@ -234,6 +237,7 @@ class Scheduler:
                 plan.spec_tokens[request.request_id] = drafts
                 num_new += len(drafts)
             scheduled[request.request_id] = num_new
+            continuing.append(request)
             plan.budget -= num_new
 
     @staticmethod
@@ -274,8 +278,10 @@ class Scheduler:
         return self.kv.can_allocate(request, num_new, cached)
 
     def _schedule_waiting(self, plan: _StepPlan) -> None:
+        if not self.waiting:
+            return
         set_aside: list[Request] = []
-        adapters = {r.lora_int_id for r in self.running} - {None}
+        adapters = {r.lora_int_id for r in self.running} - {None} if self.max_loras else set()
         while self.waiting and plan.budget > 0 and len(self.running) < self.max_num_seqs:
             if len(plan.scheduled) >= plan.max_reqs:
                 break
@@ -335,27 +341,31 @@ class Scheduler:
             scheduled_spec_decode_tokens=plan.spec_tokens,
         )
         self._forget = set()
-        admitted = {r.request_id for r in plan.newly_admitted}
-        cached, requests, new_blocks = out.cached_reqs, self.requests, plan.new_blocks
-        placeholder = 1 if self.async_scheduling else 0
-        for req_id, num_new in plan.scheduled.items():
-            request = requests[req_id]
-            computed = request.num_computed_tokens
-            if req_id in admitted:
-                out.new_reqs.append(self._new_request_data(request))
-            else:
-                cached.req_ids.append(req_id)
-                cached.new_block_ids.append(new_blocks.get(req_id))
-                cached.num_computed_tokens.append(computed)
-                if self.send_token_ids:
-                    cached.new_token_ids.append(_output_tokens_in(request, num_new))
-            request.num_computed_tokens = computed = computed + num_new
-            pending = request.num_output_placeholders
-            if placeholder and computed == len(request.prompt_token_ids) + len(request.output_token_ids) + pending:
-                request.num_output_placeholders = pending + 1  # it samples in this step
+        cached, scheduled, new_blocks = out.cached_reqs, plan.scheduled, plan.new_blocks
+        for request in plan.continuing:
+            req_id = request.request_id
+            cached.req_ids.append(req_id)
+            cached.new_block_ids.append(new_blocks.get(req_id))
+            cached.num_computed_tokens.append(request.num_computed_tokens)
+            if self.send_token_ids:
+                cached.new_token_ids.append(_output_tokens_in(request, scheduled[req_id]))
+        out.new_reqs.extend(self._new_request_data(r) for r in plan.newly_admitted)
+        self._advance(plan.continuing, scheduled)
+        self._advance(plan.newly_admitted, scheduled)
         if self.in_flight is not None:
             self.in_flight.update(plan.scheduled)
         return out
+
+    def _advance(self, requests: list[Request], scheduled: dict[RequestId, int]) -> None:
+        """Count the scheduled tokens as computed; with async scheduling a request
+        whose step samples gets a placeholder for that token."""
+        placeholder = self.async_scheduling
+        for request in requests:
+            computed = request.num_computed_tokens = request.num_computed_tokens + scheduled[request.request_id]
+            if placeholder:
+                pending = request.num_output_placeholders
+                if computed == len(request.prompt_token_ids) + len(request.output_token_ids) + pending:
+                    request.num_output_placeholders = pending + 1  # it samples in this step
 
     def _new_request_data(self, request: Request) -> NewRequestData:
         return NewRequestData(
@@ -371,6 +381,7 @@ class Scheduler:
     # ---- after the step -------------------------------------------------------------
     def update_from_output(self, sched: SchedulerOutput, output: ModelRunnerOutput) -> list[EngineCoreOutput]:
         results = []
+        num_generated = 0
         requests, logprobs, prompt_logprobs = self.requests, output.logprobs, output.prompt_logprobs
         pooler_output = output.pooler_output
         placeholder = 1 if self.async_scheduling else 0
@@ -385,8 +396,13 @@ class Scheduler:
             if request is None or request.added_after_step >= step_id:
                 continue  # finished or aborted meanwhile (its id may be a newer request's now)
             request.num_output_placeholders -= placeholder
-            appended, finished = self._append_output(request, new_tokens, grammar)
-            self.num_generated_tokens += len(appended)
+            if len(new_tokens) == 1:  # a decode step: one token, appended whether or not it stops
+                appended = new_tokens
+                request.output_token_ids.append(new_tokens[0])
+                finished = self._check_stop(request, new_tokens[0]) or (grammar and self._check_grammar_end(request))
+            else:
+                appended, finished = self._append_output(request, new_tokens, grammar)
+            num_generated += len(appended)
             if spec is not None:
                 drafts = sched.scheduled_spec_decode_tokens.get(req_id)
                 if drafts:
@@ -408,15 +424,12 @@ class Scheduler:
                     pooler_output.get(req_id) if pooler_output else None,
                 )
             )
+        self.num_generated_tokens += num_generated
         return results
 
     def _append_output(self, request: Request, new_tokens: list[int], grammar: bool) -> tuple[list[int], bool]:
         """Append sampled tokens up to the first that finishes the request; returns those
         appended and whether the request finished."""
-        if len(new_tokens) == 1:  # a decode step: one token, appended whether or not it stops
-            request.output_token_ids.append(new_tokens[0])
-            finished = self._check_stop(request, new_tokens[0]) or (grammar and self._check_grammar_end(request))
-            return new_tokens, finished
         appended = []
         for token in new_tokens:
             request.output_token_ids.append(token)
@@ -428,6 +441,8 @@ class Scheduler:
     def _check_stop(self, request: Request, token: int) -> bool:
         params = request.sampling_params
         num_output_tokens = len(request.output_token_ids)
+        if num_output_tokens < request.max_tokens and token != request.eos_token_id and not params.stop_token_ids:
+            return False  # the common case, decided without the checks below
         if num_output_tokens >= params.min_tokens:
             if token == request.eos_token_id and not params.ignore_eos:
                 self._finish(request, RequestStatus.FINISHED_STOPPED)
