@@ -67,6 +67,7 @@ from minivllm.core.block_pool import BlockId
 from minivllm.core.kv_cache_manager import KVCacheManager
 from minivllm.core.request_queue import make_waiting_queue
 from minivllm.core.scheduler_output import (
+    CachedRequestData,
     EngineCoreOutput,
     ModelRunnerOutput,
     NewRequestData,
@@ -210,9 +211,9 @@ class Scheduler:
         blocks only when its table cannot hold the new tokens."""
         has_room, scheduled, new_blocks_of = self.kv.has_room, plan.scheduled, plan.new_blocks
         running, in_flight, spec, continuing = RequestStatus.RUNNING, self.in_flight, self.spec, plan.continuing
-        max_reqs = plan.max_reqs
+        budget, seats = plan.budget, plan.max_reqs - len(scheduled)
         for request in self._running_order():
-            if plan.budget <= 0 or len(scheduled) >= max_reqs:
+            if budget <= 0 or seats <= 0:
                 break
             if request.status is not running:
                 continue  # preempted earlier in this step
@@ -221,12 +222,13 @@ class Scheduler:
             pending = request.num_output_placeholders
             if pending and not self._may_continue(request):
                 continue
-            num_known = len(request.prompt_token_ids) + len(request.output_token_ids)
-            num_new = min(num_known + pending - request.num_computed_tokens, plan.budget)
-            drafts, lookahead = [], 0
+            num_new = len(request.prompt_token_ids) + len(request.output_token_ids) + pending - request.num_computed_tokens
+            if num_new > budget:
+                num_new = budget
+            drafts, num_slots = None, num_new
             if spec is not None:
-                drafts, lookahead = spec.plan(self.kv, request, num_new, plan.budget)
-            num_slots = num_new + len(drafts) + lookahead
+                drafts, lookahead = spec.plan(self.kv, request, num_new, budget)
+                num_slots += len(drafts) + lookahead
             if not has_room(request, num_slots):
                 new_blocks = self._allocate_or_preempt(request, num_slots, plan)
                 if new_blocks is None:
@@ -238,7 +240,9 @@ class Scheduler:
                 num_new += len(drafts)
             scheduled[request.request_id] = num_new
             continuing.append(request)
-            plan.budget -= num_new
+            budget -= num_new
+            seats -= 1
+        plan.budget = budget
 
     @staticmethod
     def _may_continue(request: Request) -> bool:
@@ -341,14 +345,14 @@ class Scheduler:
             scheduled_spec_decode_tokens=plan.spec_tokens,
         )
         self._forget = set()
-        cached, scheduled, new_blocks = out.cached_reqs, plan.scheduled, plan.new_blocks
-        for request in plan.continuing:
-            req_id = request.request_id
-            cached.req_ids.append(req_id)
-            cached.new_block_ids.append(new_blocks.get(req_id))
-            cached.num_computed_tokens.append(request.num_computed_tokens)
-            if self.send_token_ids:
-                cached.new_token_ids.append(_output_tokens_in(request, scheduled[req_id]))
+        scheduled, new_blocks, continuing = plan.scheduled, plan.new_blocks, plan.continuing
+        req_ids = [r.request_id for r in continuing]
+        out.cached_reqs = CachedRequestData(
+            req_ids=req_ids,
+            new_block_ids=[new_blocks.get(i) for i in req_ids] if new_blocks else [None] * len(req_ids),
+            num_computed_tokens=[r.num_computed_tokens for r in continuing],
+            new_token_ids=[_output_tokens_in(r, scheduled[r.request_id]) for r in continuing] if self.send_token_ids else [],
+        )
         out.new_reqs.extend(self._new_request_data(r) for r in plan.newly_admitted)
         self._advance(plan.continuing, scheduled)
         self._advance(plan.newly_admitted, scheduled)
@@ -395,11 +399,20 @@ class Scheduler:
             request = requests.get(req_id)
             if request is None or request.added_after_step >= step_id:
                 continue  # finished or aborted meanwhile (its id may be a newer request's now)
-            request.num_output_placeholders -= placeholder
+            if placeholder:
+                request.num_output_placeholders -= 1
             if len(new_tokens) == 1:  # a decode step: one token, appended whether or not it stops
-                appended = new_tokens
-                request.output_token_ids.append(new_tokens[0])
-                finished = self._check_stop(request, new_tokens[0]) or (grammar and self._check_grammar_end(request))
+                appended, token, output_ids = new_tokens, new_tokens[0], request.output_token_ids
+                output_ids.append(token)
+                # Most tokens cannot stop their request: no length reached, not EOS, no stop ids.
+                stoppable = (
+                    len(output_ids) >= request.max_tokens
+                    or token == request.eos_token_id
+                    or request.sampling_params.stop_token_ids
+                )
+                finished = bool(stoppable) and self._check_stop(request, token)
+                if grammar and not finished:
+                    finished = self._check_grammar_end(request)
             else:
                 appended, finished = self._append_output(request, new_tokens, grammar)
             num_generated += len(appended)
@@ -441,8 +454,6 @@ class Scheduler:
     def _check_stop(self, request: Request, token: int) -> bool:
         params = request.sampling_params
         num_output_tokens = len(request.output_token_ids)
-        if num_output_tokens < request.max_tokens and token != request.eos_token_id and not params.stop_token_ids:
-            return False  # the common case, decided without the checks below
         if num_output_tokens >= params.min_tokens:
             if token == request.eos_token_id and not params.ignore_eos:
                 self._finish(request, RequestStatus.FINISHED_STOPPED)
