@@ -3,7 +3,8 @@
 
 The workload of ``host_overhead.py`` (N requests of 8-16 random prompt tokens,
 64 output tokens each, EOS ignored, block size 16, prefix caching on), with the
-model replaced by a fixed sampled token: what remains is the scheduler's running
+model replaced by a fixed sampled token and every token reported as it comes (as
+when streaming; ``host_overhead.py`` asks for final outputs only): what remains is the scheduler's running
 loop, block allocation and prefix-cache hashing (a block fills up or a new one is
 needed about every 16 steps per request), building the step's output, and the
 update loop. The engine's other phases do not run, so their noise on a shared

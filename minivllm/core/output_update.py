@@ -96,7 +96,7 @@ class OutputUpdate:
                     req_id,
                     appended,
                     logprobs.get(req_id) if logprobs else None,
-                    request.status.finish_reason,
+                    request.status.finish_reason if finished else None,
                     request.stop_reason,
                     prompt_logprobs.get(req_id) if prompt_logprobs else None,
                     request.num_cached_tokens or 0,

@@ -37,14 +37,16 @@ def test_one_token_steps_stop_where_the_rules_say(tokens, params):
     request.sampling_params = SamplingParams(temperature=0, max_tokens=max_tokens, **params)
     request.eos_token_id = EOS
     sched.add_request(request)
-    reported = []
+    reported, reasons = [], []
     for token in tokens:
         if request.is_finished:
             break
         out = sched.schedule()
         (result,) = sched.update_from_output(out, ModelRunnerOutput({request.request_id: [token]}))
         reported += result.new_token_ids
+        reasons.append(result.finish_reason)
     kept, finish_reason, stop_reason = expected_stop(tokens, max_tokens, **params)
     assert reported == request.output_token_ids == kept
     assert request.status.finish_reason == finish_reason
+    assert reasons == [None] * (len(kept) - 1) + [finish_reason]
     assert request.stop_reason == stop_reason
