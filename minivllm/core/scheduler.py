@@ -215,7 +215,8 @@ class Scheduler(OutputUpdate):
             pending = request.num_output_placeholders
             if pending and not self._may_continue(request):
                 continue
-            num_new = len(request.prompt_token_ids) + len(request.output_token_ids) + pending - request.num_computed_tokens
+            num_known = len(request.prompt_token_ids) + len(request.output_token_ids)
+            num_new = num_known + pending - request.num_computed_tokens
             if num_new > budget:
                 num_new = budget
             drafts, num_slots = None, num_new
@@ -340,11 +341,12 @@ class Scheduler(OutputUpdate):
         self._forget = set()
         scheduled, new_blocks, continuing = plan.scheduled, plan.new_blocks, plan.continuing
         req_ids = [r.request_id for r in continuing]
+        token_ids = [_output_tokens_in(r, scheduled[r.request_id]) for r in continuing] if self.send_token_ids else []
         out.cached_reqs = CachedRequestData(
             req_ids=req_ids,
             new_block_ids=[new_blocks.get(i) for i in req_ids] if new_blocks else [None] * len(req_ids),
             num_computed_tokens=[r.num_computed_tokens for r in continuing],
-            new_token_ids=[_output_tokens_in(r, scheduled[r.request_id]) for r in continuing] if self.send_token_ids else [],
+            new_token_ids=token_ids,
         )
         out.new_reqs.extend(self._new_request_data(r) for r in plan.newly_admitted)
         self._advance(plan.continuing, scheduled)

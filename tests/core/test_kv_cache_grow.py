@@ -12,7 +12,9 @@ BS = 4
 def _twins(num_blocks: int) -> tuple[KVCacheManager, KVCacheManager]:
     fast = KVCacheManager(num_blocks, BS, enable_caching=True, hash_root=root_hash("m"))
     reference = KVCacheManager(num_blocks, BS, enable_caching=True, hash_root=root_hash("m"))
-    reference._grow = lambda request, table, total: reference._allocate(request, total - request.num_computed_tokens, None)
+    reference._grow = lambda request, table, total: reference._allocate(
+        request, total - request.num_computed_tokens, None
+    )
     return fast, reference
 
 
