@@ -64,15 +64,22 @@ def extend_block_hashes(
     block_size: int,
     root: BlockHash,
     extra_keys: ExtraKeys = (),
+    offset: int = 0,
 ) -> list[BlockHash]:
-    """Append to ``hashes`` the hashes of the full blocks of ``token_ids`` it lacks.
+    """Append to ``hashes`` the hashes of the full blocks of the sequence it lacks.
 
-    ``hashes`` must already hold the hashes of the first ``len(hashes)`` blocks of
-    these same tokens, so calling this as a sequence grows costs one hash per
-    newly filled block.
+    ``token_ids`` holds the sequence's tokens from position ``offset`` on (a
+    multiple of ``block_size``, at most ``len(hashes) * block_size``), so a caller
+    passes only the tail that holds the new blocks, not a copy of the whole
+    sequence. ``hashes`` must already hold the hashes of the first ``len(hashes)``
+    blocks of these same tokens, so calling this as a sequence grows costs one
+    hash per newly filled block.
     """
-    num_full = len(token_ids) // block_size
+    if offset % block_size or offset > len(hashes) * block_size:
+        raise ValueError(f"offset={offset}: must be a multiple of {block_size} at most {len(hashes) * block_size}")
+    num_full = (offset + len(token_ids)) // block_size
     for i in range(len(hashes), num_full):
         parent = hashes[i - 1] if i > 0 else root
-        hashes.append(hash_block_tokens(parent, token_ids[i * block_size : (i + 1) * block_size], extra_keys))
+        start = i * block_size - offset
+        hashes.append(hash_block_tokens(parent, token_ids[start : start + block_size], extra_keys))
     return hashes

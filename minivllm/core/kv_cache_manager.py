@@ -107,15 +107,18 @@ class KVCacheManager:
         start = self._num_hashed.get(request.request_id, 0)
         if num_full <= start:
             return
-        hashes = self._block_hashes(request, request.all_token_ids[: num_full * self.block_size])
+        # Only the tail from the first block not hashed yet, never a copy of the whole sequence.
+        offset = min(len(request.block_hashes), num_full) * self.block_size
+        tail = request.token_ids_from(offset)[: num_full * self.block_size - offset]
+        hashes = self._block_hashes(request, tail, offset)
         for i in range(start, num_full):
             self.pool.cache_block(table[i], hashes[i])
         self._num_hashed[request.request_id] = num_full
 
-    def _block_hashes(self, request: Request, token_ids: list[int]) -> list[BlockHash]:
-        return extend_block_hashes(
-            request.block_hashes, token_ids, self.block_size, self.hash_root, request_extra_keys(request.cache_salt, request.lora_int_id)
-        )
+    def _block_hashes(self, request: Request, token_ids: list[int], offset: int = 0) -> list[BlockHash]:
+        """The request's block hashes, extended over ``token_ids`` (its tokens from ``offset`` on)."""
+        extra_keys = request_extra_keys(request.cache_salt, request.lora_int_id)
+        return extend_block_hashes(request.block_hashes, token_ids, self.block_size, self.hash_root, extra_keys, offset)
 
     # ---- allocation -----------------------------------------------------------------
     def has_room(self, request: Request, num_new_tokens: int) -> bool:
@@ -142,14 +145,15 @@ class KVCacheManager:
         Returns the ids of the newly allocated blocks (possibly none), or None,
         with nothing changed, when too few blocks are free.
         """
-        total = request.num_computed_tokens + num_new_tokens
         table = self._tables.get(request.request_id)
-        fits = table is not None and total <= len(table) * self.block_size
-        if new_computed_blocks is None and fits and self.sliding_window is None:
-            # The common decode step: its blocks suffice; hash a block that just filled up.
-            if self.enable_caching and total // self.block_size > self._num_hashed.get(request.request_id, 0):
-                self.cache_blocks(request, total)
-            return []
+        if new_computed_blocks is None and table is not None and self.sliding_window is None:
+            return self._grow(request, table, request.num_computed_tokens + num_new_tokens)
+        return self._allocate(request, num_new_tokens, new_computed_blocks)
+
+    def _allocate(
+        self, request: Request, num_new_tokens: int, new_computed_blocks: list[KVCacheBlock] | None
+    ) -> list[BlockId] | None:
+        """``allocate_slots`` in general (admission, a sliding window); the reference for ``_grow``."""
         computed = new_computed_blocks or []
         needed = self._num_blocks_to_allocate(request, num_new_tokens, computed)
         if needed is None:
@@ -166,6 +170,22 @@ class KVCacheManager:
         table.extend(new_blocks)
         self.cache_blocks(request, request.num_computed_tokens + len(computed) * self.block_size + num_new_tokens)
         return [b.block_id for b in new_blocks]
+
+    def _grow(self, request: Request, table: list[KVCacheBlock], total: int) -> list[BlockId] | None:
+        """``allocate_slots`` for a running request without a sliding window (every
+        decode step): ``_allocate``'s result without its cases that cannot apply here
+        (no cached blocks to take, no window to slide)."""
+        needed = -(-total // self.block_size) - len(table)
+        new_ids = []
+        if needed > 0:
+            if needed > self.pool.num_free_blocks:
+                return None
+            new_blocks = self.pool.allocate(needed)
+            table.extend(new_blocks)
+            new_ids = [b.block_id for b in new_blocks]
+        if self.enable_caching and total // self.block_size > self._num_hashed.get(request.request_id, 0):
+            self.cache_blocks(request, total)  # a block filled up
+        return new_ids
 
     def can_allocate(
         self, request: Request, num_new_tokens: int, new_computed_blocks: list[KVCacheBlock] | None = None

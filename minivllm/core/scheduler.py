@@ -28,15 +28,9 @@ the host. What is speculative: a request that samples in step k gets a
 *placeholder* for that token (``num_output_placeholders``), and step k+1
 already schedules the placeholder as the request's next input (the worker fills
 it in from its own sampled tokens). When step k's output arrives, the real
-token replaces the placeholder and the stop checks run as usual. A request that
-finished in step k (EOS, a stop token, a stop string, max_tokens reached,
-aborted) may thus also be in step k+1: it is finished and forgotten as soon as
-step k's output is processed, and its step-k+1 token, arriving later, finds no
-request and is dropped, so the output is exactly the synchronous one. A new
-request that reuses the id meanwhile was added after step k+1 was scheduled
-(``Request.added_after_step`` against ``SchedulerOutput.step_id``), so the stale
-token is dropped for it too (the same holds for micro-batches in flight). A request
-whose known plus pending outputs already reach ``max_tokens`` is not scheduled
+token replaces the placeholder, and a token of a request finished meanwhile is
+dropped (``output_update.py`` says how, and why the output is exactly the
+synchronous one). A request whose known plus pending outputs already reach ``max_tokens`` is not scheduled
 again (it cannot need another step). A preempted request keeps its pending
 token (it was sampled from complete KV) and is not readmitted while one is
 pending. Prefix-cache hashes cover known tokens only.
@@ -65,10 +59,10 @@ from minivllm.config.vllm_config import VllmConfig
 from minivllm.core.block_hash import model_identity, root_hash
 from minivllm.core.block_pool import BlockId
 from minivllm.core.kv_cache_manager import KVCacheManager
+from minivllm.core.output_update import OutputUpdate
 from minivllm.core.request_queue import make_waiting_queue
 from minivllm.core.scheduler_output import (
-    EngineCoreOutput,
-    ModelRunnerOutput,
+    CachedRequestData,
     NewRequestData,
     SchedulerOutput,
 )
@@ -92,11 +86,13 @@ class _StepPlan:
     new_blocks: dict[RequestId, list[BlockId]] = field(default_factory=dict)
     """Running requests' blocks allocated in this step (absent: none)."""
     spec_tokens: dict[RequestId, list[int]] = field(default_factory=dict)
+    continuing: list[Request] = field(default_factory=list)
+    """Running requests scheduled in this step, in ``scheduled`` order."""
     newly_admitted: list[Request] = field(default_factory=list)
     preempted: bool = False
 
 
-class Scheduler:
+class Scheduler(OutputUpdate):
     def __init__(self, cfg: VllmConfig, num_blocks: int) -> None:
         self.max_num_seqs = cfg.scheduler.max_num_seqs
         self.max_num_batched_tokens = cfg.scheduler.max_num_batched_tokens
@@ -207,9 +203,10 @@ class Scheduler:
         it reads the request's fields directly and asks the KV-cache manager for
         blocks only when its table cannot hold the new tokens."""
         has_room, scheduled, new_blocks_of = self.kv.has_room, plan.scheduled, plan.new_blocks
-        running, in_flight, spec = RequestStatus.RUNNING, self.in_flight, self.spec
+        running, in_flight, spec, continuing = RequestStatus.RUNNING, self.in_flight, self.spec, plan.continuing
+        budget, seats = plan.budget, plan.max_reqs - len(scheduled)
         for request in self._running_order():
-            if plan.budget <= 0 or len(scheduled) >= plan.max_reqs:
+            if budget <= 0 or seats <= 0:
                 break
             if request.status is not running:
                 continue  # preempted earlier in this step
@@ -219,11 +216,13 @@ class Scheduler:
             if pending and not self._may_continue(request):
                 continue
             num_known = len(request.prompt_token_ids) + len(request.output_token_ids)
-            num_new = min(num_known + pending - request.num_computed_tokens, plan.budget)
-            drafts, lookahead = [], 0
+            num_new = num_known + pending - request.num_computed_tokens
+            if num_new > budget:
+                num_new = budget
+            drafts, num_slots = None, num_new
             if spec is not None:
-                drafts, lookahead = spec.plan(self.kv, request, num_new, plan.budget)
-            num_slots = num_new + len(drafts) + lookahead
+                drafts, lookahead = spec.plan(self.kv, request, num_new, budget)
+                num_slots += len(drafts) + lookahead
             if not has_room(request, num_slots):
                 new_blocks = self._allocate_or_preempt(request, num_slots, plan)
                 if new_blocks is None:
@@ -234,7 +233,10 @@ class Scheduler:
                 plan.spec_tokens[request.request_id] = drafts
                 num_new += len(drafts)
             scheduled[request.request_id] = num_new
-            plan.budget -= num_new
+            continuing.append(request)
+            budget -= num_new
+            seats -= 1
+        plan.budget = budget
 
     @staticmethod
     def _may_continue(request: Request) -> bool:
@@ -274,8 +276,10 @@ class Scheduler:
         return self.kv.can_allocate(request, num_new, cached)
 
     def _schedule_waiting(self, plan: _StepPlan) -> None:
+        if not self.waiting:
+            return
         set_aside: list[Request] = []
-        adapters = {r.lora_int_id for r in self.running} - {None}
+        adapters = {r.lora_int_id for r in self.running} - {None} if self.max_loras else set()
         while self.waiting and plan.budget > 0 and len(self.running) < self.max_num_seqs:
             if len(plan.scheduled) >= plan.max_reqs:
                 break
@@ -335,27 +339,32 @@ class Scheduler:
             scheduled_spec_decode_tokens=plan.spec_tokens,
         )
         self._forget = set()
-        admitted = {r.request_id for r in plan.newly_admitted}
-        cached, requests, new_blocks = out.cached_reqs, self.requests, plan.new_blocks
-        placeholder = 1 if self.async_scheduling else 0
-        for req_id, num_new in plan.scheduled.items():
-            request = requests[req_id]
-            computed = request.num_computed_tokens
-            if req_id in admitted:
-                out.new_reqs.append(self._new_request_data(request))
-            else:
-                cached.req_ids.append(req_id)
-                cached.new_block_ids.append(new_blocks.get(req_id))
-                cached.num_computed_tokens.append(computed)
-                if self.send_token_ids:
-                    cached.new_token_ids.append(_output_tokens_in(request, num_new))
-            request.num_computed_tokens = computed = computed + num_new
-            pending = request.num_output_placeholders
-            if placeholder and computed == len(request.prompt_token_ids) + len(request.output_token_ids) + pending:
-                request.num_output_placeholders = pending + 1  # it samples in this step
+        scheduled, new_blocks, continuing = plan.scheduled, plan.new_blocks, plan.continuing
+        req_ids = [r.request_id for r in continuing]
+        token_ids = [_output_tokens_in(r, scheduled[r.request_id]) for r in continuing] if self.send_token_ids else []
+        out.cached_reqs = CachedRequestData(
+            req_ids=req_ids,
+            new_block_ids=[new_blocks.get(i) for i in req_ids] if new_blocks else [None] * len(req_ids),
+            num_computed_tokens=[r.num_computed_tokens for r in continuing],
+            new_token_ids=token_ids,
+        )
+        out.new_reqs.extend(self._new_request_data(r) for r in plan.newly_admitted)
+        self._advance(plan.continuing, scheduled)
+        self._advance(plan.newly_admitted, scheduled)
         if self.in_flight is not None:
             self.in_flight.update(plan.scheduled)
         return out
+
+    def _advance(self, requests: list[Request], scheduled: dict[RequestId, int]) -> None:
+        """Count the scheduled tokens as computed; with async scheduling a request
+        whose step samples gets a placeholder for that token."""
+        placeholder = self.async_scheduling
+        for request in requests:
+            computed = request.num_computed_tokens = request.num_computed_tokens + scheduled[request.request_id]
+            if placeholder:
+                pending = request.num_output_placeholders
+                if computed == len(request.prompt_token_ids) + len(request.output_token_ids) + pending:
+                    request.num_output_placeholders = pending + 1  # it samples in this step
 
     def _new_request_data(self, request: Request) -> NewRequestData:
         return NewRequestData(
@@ -367,88 +376,6 @@ class Scheduler:
             num_computed_tokens=request.num_computed_tokens,
             lora_request=request.lora_request,
         )
-
-    # ---- after the step -------------------------------------------------------------
-    def update_from_output(self, sched: SchedulerOutput, output: ModelRunnerOutput) -> list[EngineCoreOutput]:
-        results = []
-        requests, logprobs, prompt_logprobs = self.requests, output.logprobs, output.prompt_logprobs
-        pooler_output = output.pooler_output
-        placeholder = 1 if self.async_scheduling else 0
-        grammar, spec = self.structured.active, self.spec
-        if spec is not None:
-            spec.receive(output.spec_token_ids)
-        if self.in_flight is not None:
-            self.in_flight.difference_update(sched.num_scheduled_tokens)
-        step_id = sched.step_id if sched.step_id is not None else self._num_steps + 1
-        for req_id, new_tokens in output.sampled_token_ids.items():
-            request = requests.get(req_id)
-            if request is None or request.added_after_step >= step_id:
-                continue  # finished or aborted meanwhile (its id may be a newer request's now)
-            request.num_output_placeholders -= placeholder
-            appended, finished = self._append_output(request, new_tokens, grammar)
-            self.num_generated_tokens += len(appended)
-            if spec is not None:
-                drafts = sched.scheduled_spec_decode_tokens.get(req_id)
-                if drafts:
-                    spec.after_step(self.kv, request, len(drafts), len(new_tokens))
-            if request.final_output_only:
-                if request.num_reported_tokens and not finished:
-                    continue  # nobody reads it before the end
-                appended = request.output_token_ids[request.num_reported_tokens :]
-            request.num_reported_tokens += len(appended)
-            results.append(
-                EngineCoreOutput(
-                    req_id,
-                    appended,
-                    logprobs.get(req_id) if logprobs else None,
-                    request.status.finish_reason,
-                    request.stop_reason,
-                    prompt_logprobs.get(req_id) if prompt_logprobs else None,
-                    request.num_cached_tokens or 0,
-                    pooler_output.get(req_id) if pooler_output else None,
-                )
-            )
-        return results
-
-    def _append_output(self, request: Request, new_tokens: list[int], grammar: bool) -> tuple[list[int], bool]:
-        """Append sampled tokens up to the first that finishes the request; returns those
-        appended and whether the request finished."""
-        if len(new_tokens) == 1:  # a decode step: one token, appended whether or not it stops
-            request.output_token_ids.append(new_tokens[0])
-            finished = self._check_stop(request, new_tokens[0]) or (grammar and self._check_grammar_end(request))
-            return new_tokens, finished
-        appended = []
-        for token in new_tokens:
-            request.output_token_ids.append(token)
-            appended.append(token)
-            if self._check_stop(request, token) or (grammar and self._check_grammar_end(request)):
-                return appended, True
-        return appended, False
-
-    def _check_stop(self, request: Request, token: int) -> bool:
-        params = request.sampling_params
-        num_output_tokens = len(request.output_token_ids)
-        if num_output_tokens >= params.min_tokens:
-            if token == request.eos_token_id and not params.ignore_eos:
-                self._finish(request, RequestStatus.FINISHED_STOPPED)
-                return True
-            if token in params.stop_token_ids:
-                request.stop_reason = token
-                self._finish(request, RequestStatus.FINISHED_STOPPED)
-                return True
-        if num_output_tokens >= request.max_tokens:
-            self._finish(request, RequestStatus.FINISHED_LENGTH)
-            return True
-        return False
-
-    def _check_grammar_end(self, request: Request) -> bool:
-        """Advance the request's matcher; a grammar that reached its end finishes it ("stop"),
-        one that failed to compile aborts it."""
-        if self.structured.active and self.structured.accept_tokens(request):
-            failed = self.structured.failed(request)
-            self._finish(request, RequestStatus.FINISHED_ABORTED if failed else RequestStatus.FINISHED_STOPPED)
-            return True
-        return False
 
     def _finish(self, request: Request, status: RequestStatus) -> None:
         request.status = status

@@ -2,6 +2,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import minivllm
 
 from minivllm.core.block_hash import (
@@ -60,3 +62,13 @@ def test_hash_is_the_same_in_another_process():
     env = {"PYTHONHASHSEED": "123", "PYTHONPATH": str(Path(minivllm.__file__).resolve().parents[1])}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == hash_block_tokens(ROOT, [1, 2, 3], (("cache_salt", "s"),)).hex()
+
+
+def test_hashing_from_an_offset_equals_hashing_the_whole_sequence():
+    tokens = list(range(30))
+    whole = extend_block_hashes([], tokens, 4, ROOT, request_extra_keys("s"))
+    grown = extend_block_hashes([], tokens[:9], 4, ROOT, request_extra_keys("s"))  # two blocks
+    extend_block_hashes(grown, tokens[8:], 4, ROOT, request_extra_keys("s"), offset=8)
+    assert grown == whole
+    with pytest.raises(ValueError, match="offset=12"):
+        extend_block_hashes(list(whole[:2]), tokens[12:], 4, ROOT, offset=12)  # block 2 would be skipped
