@@ -119,6 +119,7 @@ class StepInputBuilder:
             seq_lens_cpu=seq_lens.tolist(),
             query_start_loc_cpu=query_start,
             block_tables_cpu=tables,
+            has_padding=False,
         )
         return StepInputs(
             input_ids=view("ids").long(),
