@@ -6,7 +6,10 @@ model is on its device, ``share_cos_sin_caches`` computes one table of them per
 distinct rotary embedding of the model (``(max_model_len, rotary_dim)``) and
 hands it to every layer, so a step only looks rows up; on CUDA the rotation is
 then one Triton kernel per tensor, in place (``layers.ops.rotary_inplace``).
-The table holds exactly what ``cos_sin`` computes, so both paths agree.
+The table holds exactly what ``cos_sin`` computes, so both paths agree. Off
+CUDA a second shared table lays cosines and signed sines out like the features
+they multiply, so a whole-head fp32 rotation (of q and k together, where they
+sit side by side in a fused qkv) is ``x * cos + swap(x) * signed_sin``.
 """
 from __future__ import annotations
 
