@@ -55,6 +55,9 @@ class AttentionMetadata:
     index on the host use it instead of reading the device)."""
     block_tables_cpu: np.ndarray | None = None
     """(B, max_blocks_per_seq) host copy of ``block_tables``, likewise."""
+    has_padding: bool | None = None
+    """Whether some ``slot_mapping`` entries are -1 (padding tokens whose keys are not
+    stored); None: unknown, and a backend that cares reads ``slot_mapping`` to learn it."""
     backend_data: Any = None
     """What ``AttentionBackend.prepare`` derived for this step (shared by all layers)."""
 

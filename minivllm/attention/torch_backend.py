@@ -1,19 +1,20 @@
 """Reference attention backend in plain torch, reading the paged KV cache.
 
-Keys and values are gathered a whole block at a time (a contiguous copy of
-``block_size * Hkv * D`` elements, far cheaper on the CPU than slot by slot);
-positions past a request's end are masked out by causality. Decode requests
-(one new token each) are batched into one masked SDPA call per power-of-two
-number of blocks, so no context is padded to more than twice its length;
-prefill chunks run one request at a time. The groups, block ids and masks
-depend only on the step, so ``prepare`` builds them once and every layer
-reuses them. This is the CPU default and the oracle the Triton kernels are
-tested against.
+Keys and values are gathered a whole block at a time, both in one
+``index_select`` over the cache viewed as one row per block (a contiguous copy
+of ``block_size * Hkv * D`` elements, far cheaper on the CPU than slot by
+slot); positions past a request's end are masked out by causality. Decode
+requests (one new token each) are batched into one masked SDPA call per
+power-of-two number of blocks, so no context is padded to more than twice its
+length; prefill chunks run one request at a time. The groups, block ids and
+masks depend only on the step, so ``prepare`` builds them once and every layer
+reuses them (masks are additive float tensors, which SDPA adds as they are,
+where a boolean one is converted in every call). This is the CPU default and
+the oracle the Triton kernels are tested against.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from functools import cached_property
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -39,12 +40,23 @@ class _Group:
     """For a group of one decode request: its length. Its keys are then cut to
     that length and attend unmasked, which lets SDPA take its fastest path."""
 
-    @cached_property
-    def causal(self) -> torch.Tensor:
-        """(B, 1, Q, L) True where a key is at or before its query (which also drops
-        the gathered positions past the request's end); built once per step, when
-        the first layer needs it (a single decode request without a window never does)."""
-        return (self.k_pos <= self.q_pos).unsqueeze(1)
+    biases: dict[tuple[int | None, torch.dtype], torch.Tensor] = field(default_factory=dict)
+    """The additive masks built so far this step, by (sliding window, dtype)."""
+
+    def bias(self, window: int | None, dtype: torch.dtype) -> torch.Tensor:
+        """(B, 1, Q, L) additive mask: 0 where a key is at or before its query (and within
+        ``window`` of it), -inf elsewhere (which also drops the gathered positions past the
+        request's end). Built once per step and window, when the first layer needs it (a
+        single decode request without a window never does); every later layer adds it
+        as it is, where a boolean mask would be turned into this one in every layer."""
+        key = (window, dtype)
+        if key not in self.biases:
+            hidden = self.k_pos > self.q_pos  # (B, Q, L)
+            if window is not None:
+                hidden |= self.k_pos <= self.q_pos - window
+            zeros = torch.zeros(hidden.shape, dtype=dtype, device=hidden.device)
+            self.biases[key] = zeros.masked_fill_(hidden, float("-inf")).unsqueeze(1)
+        return self.biases[key]
 
 
 class TorchAttentionBackend(AttentionBackend):
@@ -86,9 +98,10 @@ class TorchAttentionBackend(AttentionBackend):
     ) -> torch.Tensor:
         if meta.backend_data is None:  # a caller that skipped prepare()
             meta.backend_data = self.prepare(meta, kv_cache.shape[2])
-        write_kv(key, value, kv_cache, meta.slot_mapping, k_scale, v_scale)
-        out = torch.empty_like(query)
-        for group in meta.backend_data:
+        write_kv(key, value, kv_cache, meta.slot_mapping, k_scale, v_scale, meta.has_padding)
+        groups = meta.backend_data
+        out = None if _is_whole_batch(groups, len(query)) else torch.empty_like(query)
+        for group in groups:
             B = group.block_ids.shape[0]
             q = query[group.token_idx].view(B, -1, *query.shape[1:]).transpose(1, 2)  # (B, H, Q, D)
             k, v = _gather_blocks(kv_cache, group.block_ids)  # (B, Hkv, L, D)
@@ -98,12 +111,19 @@ class TorchAttentionBackend(AttentionBackend):
                 n = group.single_decode_len
                 k, v, mask = k[:, :, :n], v[:, :, :n], None
             else:
-                mask = group.causal
-                if sliding_window is not None:
-                    mask = mask & (group.k_pos > group.q_pos - sliding_window).unsqueeze(1)
-            o = _attend(q, k, v, mask, scale, logits_soft_cap)  # (B, H, Q, D)
-            out[group.token_idx] = o.transpose(1, 2).reshape(-1, *query.shape[1:]).to(out.dtype)
+                mask = group.bias(sliding_window, q.dtype)
+            o = _attend(q, k, v, mask, scale, logits_soft_cap).transpose(1, 2)  # (B, Q, H, D)
+            if out is None:
+                return o.reshape(query.shape)
+            out[group.token_idx] = o.reshape(-1, *query.shape[1:]).to(out.dtype)
         return out
+
+
+def _is_whole_batch(groups: list[_Group], num_tokens: int) -> bool:
+    """One group of every token, in order: its output is the layer's, with nothing to copy."""
+    if len(groups) != 1 or not isinstance(groups[0].token_idx, slice):
+        return False
+    return groups[0].token_idx.start == 0 and groups[0].token_idx.stop == num_tokens
 
 
 def write_kv(
@@ -113,11 +133,15 @@ def write_kv(
     slot_mapping: torch.Tensor,
     k_scale: float = 1.0,
     v_scale: float = 1.0,
+    has_padding: bool | None = None,
 ) -> None:
     """Store (T, Hkv, D) keys/values at their slots; negative slots (padding) are skipped.
-    An fp8 cache stores ``key / k_scale`` and ``value / v_scale``."""
+    An fp8 cache stores ``key / k_scale`` and ``value / v_scale``. ``has_padding`` says
+    whether any slot is negative (None: unknown, so the slots are read, a host sync on CUDA)."""
     num_kv_heads, head_dim = kv_cache.shape[-2:]
-    if bool((slot_mapping < 0).any()):
+    if has_padding is None:
+        has_padding = bool((slot_mapping < 0).any())
+    if has_padding:
         keep = slot_mapping >= 0
         key, value, slot_mapping = key[keep], value[keep], slot_mapping[keep]
     if is_fp8(kv_cache):  # CPU torch has no fp8 index_copy_: copy the bytes
@@ -125,8 +149,10 @@ def write_kv(
         key, value = quantize_fp8(key, k_scale).view(torch.uint8), quantize_fp8(value, v_scale).view(torch.uint8)
     k_flat = kv_cache[0].view(-1, num_kv_heads, head_dim)  # (num_blocks * block_size, Hkv, D)
     v_flat = kv_cache[1].view(-1, num_kv_heads, head_dim)
-    k_flat.index_copy_(0, slot_mapping, key.to(kv_cache.dtype))
-    v_flat.index_copy_(0, slot_mapping, value.to(kv_cache.dtype))
+    if key.dtype != kv_cache.dtype:
+        key, value = key.to(kv_cache.dtype), value.to(kv_cache.dtype)
+    k_flat.index_copy_(0, slot_mapping, key)
+    v_flat.index_copy_(0, slot_mapping, value)
 
 
 class _HostIndex:
@@ -176,19 +202,19 @@ def _prefill_group(meta: AttentionMetadata, i: int, start: int, n: int, block_si
 def _gather_blocks(kv_cache: torch.Tensor, block_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Whole blocks of (B, nb) tables -> keys and values as two (B, Hkv, nb * block_size, D) tensors."""
     B, nb = block_ids.shape
-    _, _, block_size, num_kv_heads, head_dim = kv_cache.shape
-    ids = block_ids.reshape(-1)
-    k = kv_cache[0].index_select(0, ids).view(B, nb * block_size, num_kv_heads, head_dim)
-    v = kv_cache[1].index_select(0, ids).view(B, nb * block_size, num_kv_heads, head_dim)
-    return k.transpose(1, 2), v.transpose(1, 2)
+    _, num_blocks, block_size, num_kv_heads, head_dim = kv_cache.shape
+    blocks = kv_cache.view(2, num_blocks, -1)  # (2, num_blocks, block_size * Hkv * D): one row per block
+    kv = blocks.index_select(1, block_ids.reshape(-1)).view(2, B, nb * block_size, num_kv_heads, head_dim)
+    return kv[0].transpose(1, 2), kv[1].transpose(1, 2)
 
 
 def _attend(q, k, v, mask, scale: float, soft_cap: float | None) -> torch.Tensor:
-    """q: (B, H, Q, D); k, v: (B, Hkv, L, D); mask: broadcastable to (B, 1, Q, L), True = attend
+    """q: (B, H, Q, D); k, v: (B, Hkv, L, D); mask: (B, 1, Q, L) additive, 0 = attend, -inf = not
     (None: every key, the last query's causal context when Q == 1)."""
     B, H, Q, D = q.shape
     group = H // k.shape[1]
-    k, v = k.to(q.dtype), v.to(q.dtype)
+    if k.dtype != q.dtype:
+        k, v = k.to(q.dtype), v.to(q.dtype)
     if group > 1 and Q == 1:
         # Decode: the heads sharing a KV head become that head's queries, so keys and
         # values are read as they are, never repeated (the mask is the same for them).
@@ -202,5 +228,5 @@ def _attend(q, k, v, mask, scale: float, soft_cap: float | None) -> torch.Tensor
     scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale
     scores = soft_cap * torch.tanh(scores / soft_cap)
     if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))
+        scores = scores + mask
     return torch.matmul(scores.softmax(dim=-1), v.float()).to(q.dtype)

@@ -31,4 +31,4 @@ class ActAndMul(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (T, 2I) -> (T, I)
         gate, up = x.chunk(2, dim=-1)
-        return self.act(gate) * up
+        return self.act(gate).mul_(up)  # the activation's output is fresh: multiplied in place

@@ -64,7 +64,9 @@ class ParallelLMHead(VocabParallelEmbedding):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # (N, hidden) -> (N, vocab) fp32
         logits = F.linear(hidden, self.weight, self.bias)
         logits = all_gather_last_dim(logits)
-        return logits[:, : self.vocab_size].float()
+        if logits.shape[-1] != self.vocab_size:  # padded vocabulary shards
+            logits = logits[:, : self.vocab_size]
+        return logits if logits.dtype == torch.float32 else logits.float()
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.compute_logits(hidden)

@@ -6,7 +6,10 @@ model is on its device, ``share_cos_sin_caches`` computes one table of them per
 distinct rotary embedding of the model (``(max_model_len, rotary_dim)``) and
 hands it to every layer, so a step only looks rows up; on CUDA the rotation is
 then one Triton kernel per tensor, in place (``layers.ops.rotary_inplace``).
-The table holds exactly what ``cos_sin`` computes, so both paths agree.
+The table holds exactly what ``cos_sin`` computes, so both paths agree. Off
+CUDA a second shared table lays cosines and signed sines out like the features
+they multiply, so a whole-head fp32 rotation (of q and k together, where they
+sit side by side in a fused qkv) is ``x * cos + swap(x) * signed_sin``.
 """
 from __future__ import annotations
 
@@ -71,6 +74,9 @@ class RotaryEmbedding(nn.Module):
         self._inv_freq: torch.Tensor | None = None  # (rotary_dim / 2,)
         self.cos_sin_cache: torch.Tensor | None = None
         """(max_position, rotary_dim) fp32: cosines then sines per position; see ``share_cos_sin_caches``."""
+        self.rotation_table: torch.Tensor | None = None
+        """(max_position, 2, rotary_dim) fp32 for the torch path off CUDA: each position's cosine
+        and signed sine laid out like the features they multiply (``_rotate_by_table``)."""
         self.use_triton = True
         """Whether CUDA inputs with a cache take the in-place Triton kernel (off under torch.compile)."""
 
@@ -99,10 +105,37 @@ class RotaryEmbedding(nn.Module):
 
             rotary_embedding_(positions, q, k, cache, self.neox_style)
             return q, k
+        elif self._takes_table(q):
+            return self._rotate_by_table(positions, q), self._rotate_by_table(positions, k)
         else:
             cos, sin = cache[positions].chunk(2, dim=-1)
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # (T, 1, rotary_dim / 2)
         return self._rotate(q, cos, sin), self._rotate(k, cos, sin)
+
+    def forward_qk(
+        self, positions: torch.Tensor, qk: torch.Tensor, num_q_heads: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``forward`` on q and k stored side by side: qk (T, Hq + Hk, D), the first
+        ``num_q_heads`` heads being q (a view into a fused qkv projection). Where the
+        rotation table applies, both are rotated by one set of ops."""
+        if self.cos_sin_cache is not None and not (self.use_triton and qk.is_cuda) and self._takes_table(qk):
+            out = self._rotate_by_table(positions, qk)  # (T, Hq + Hk, D)
+            return out[:, :num_q_heads], out[:, num_q_heads:]
+        return self.forward(positions, qk[:, :num_q_heads], qk[:, num_q_heads:])
+
+    def _takes_table(self, x: torch.Tensor) -> bool:
+        return self.rotation_table is not None and self.rotary_dim == x.shape[-1] and x.dtype == torch.float32
+
+    def _rotate_by_table(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """The whole-head fp32 rotation as ``x * cos + swap(x) * signed_sin``, where ``swap``
+        exchanges the two features of each rotated pair. Each output is then
+        ``x1 * cos + x2 * (-sin)`` or ``x2 * cos + x1 * sin``: the bits of ``_rotate_pairs``
+        (negation is exact), in four ops instead of seven."""
+        T, H, D = x.shape
+        table = self.rotation_table[positions].unsqueeze(2)  # (T, 2, 1, D)
+        pairs = (T, H, 2, D // 2) if self.neox_style else (T, H, D // 2, 2)
+        swapped = x.reshape(pairs).flip(2 if self.neox_style else 3).view(T, H, D)
+        return x * table[:, 0] + swapped * table[:, 1]
 
     def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         if self.rotary_dim == x.shape[-1] and x.dtype == torch.float32:
@@ -121,8 +154,10 @@ class RotaryEmbedding(nn.Module):
 
 def share_cos_sin_caches(model: nn.Module, max_positions: int, device: torch.device) -> int:
     """Give every rotary embedding of ``model`` its cos/sin table, computed once per
-    distinct embedding (usually once per model); returns how many tables were made."""
+    distinct embedding (usually once per model); returns how many tables were made.
+    Off CUDA each also gets the torch path's rotation table, shared likewise."""
     tables: dict[tuple, torch.Tensor] = {}
+    rotation_tables: dict[tuple, torch.Tensor] = {}
     positions = torch.arange(max_positions, device=device)
     for module in model.modules():
         if isinstance(module, RotaryEmbedding):
@@ -131,7 +166,23 @@ def share_cos_sin_caches(model: nn.Module, max_positions: int, device: torch.dev
                 cos, sin = module.cos_sin(positions)  # (max_positions, rotary_dim / 2) each
                 tables[key] = torch.cat((cos, sin), dim=-1).float().contiguous()
             module.cos_sin_cache = tables[key]
+            if device.type != "cuda":
+                style = (key, module.neox_style)
+                if style not in rotation_tables:
+                    rotation_tables[style] = _rotation_table(tables[key], module.neox_style)
+                module.rotation_table = rotation_tables[style]
     return len(tables)
+
+
+def _rotation_table(cos_sin: torch.Tensor, neox_style: bool) -> torch.Tensor:
+    """(P, rotary_dim) cosines then sines -> (P, 2, rotary_dim): cosines and signed sines
+    (``-sin`` for a pair's first feature, ``sin`` for its second) in the features' layout."""
+    cos, sin = cos_sin.chunk(2, dim=-1)  # (P, rotary_dim / 2) each
+    if neox_style:  # pairs are (i, i + rotary_dim / 2)
+        cos_full, sin_full = torch.cat((cos, cos), -1), torch.cat((-sin, sin), -1)
+    else:  # pairs are (2i, 2i + 1)
+        cos_full, sin_full = cos.repeat_interleave(2, -1), torch.stack((-sin, sin), -1).flatten(-2)
+    return torch.stack((cos_full, sin_full), dim=1).contiguous()
 
 
 def get_rope(

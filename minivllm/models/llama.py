@@ -65,14 +65,15 @@ class LlamaAttention(nn.Module):
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         T = hidden.shape[0]
-        qkv = self.qkv_proj(hidden)
-        q, k, v = qkv.split([self.qkv_proj.q_size, self.qkv_proj.kv_size, self.qkv_proj.kv_size], dim=-1)
-        q = q.view(T, -1, self.head_dim)  # (T, heads, head_dim)
-        k = k.view(T, -1, self.head_dim)  # (T, kv_heads, head_dim)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rotary_emb(positions, q, k)
-        return self.o_proj(self.attn(q.reshape(T, -1), k.reshape(T, -1), v, meta))
+        num_q, num_kv = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
+        qkv = self.qkv_proj(hidden).view(T, -1, self.head_dim)  # (T, heads + 2 * kv_heads, head_dim)
+        v = qkv[:, num_q + num_kv :]
+        if self.q_norm is None:  # q and k side by side, rotated together
+            q, k = self.rotary_emb.forward_qk(positions, qkv[:, : num_q + num_kv], num_q)
+        else:
+            q, k = self.q_norm(qkv[:, :num_q]), self.k_norm(qkv[:, num_q : num_q + num_kv])
+            q, k = self.rotary_emb(positions, q, k)
+        return self.o_proj(self.attn(q.reshape(T, -1), k.reshape(T, -1), v.reshape(T, -1), meta))
 
 
 class LlamaMLP(nn.Module):

@@ -135,6 +135,7 @@ class StepInputBuilder:
             seq_lens_cpu=seq_lens_cpu,
             query_start_loc_cpu=query_start,
             block_tables_cpu=tables,
+            has_padding=False,
         )
         return StepInputs(
             input_ids=wide[:T],

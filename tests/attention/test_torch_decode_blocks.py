@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from minivllm.attention.backend import AttentionMetadata
-from minivllm.attention.torch_backend import TorchAttentionBackend
+from minivllm.attention.torch_backend import TorchAttentionBackend, write_kv
 
 
 def _reference(q, kv_cache, table, seq_len, scale, window, soft_cap):
@@ -25,11 +25,14 @@ def _reference(q, kv_cache, table, seq_len, scale, window, soft_cap):
 
 
 @pytest.mark.parametrize("window, soft_cap", [(None, None), (5, None), (None, 2.0)])
-def test_batched_decode_matches_per_request_attention(window, soft_cap):
+@pytest.mark.parametrize(
+    "seq_lens",  # one block, partial blocks, a block boundary; then all in one group (its output is the step's)
+    [[1, 7, 13, 4], [5, 7, 8, 6]],
+)
+def test_batched_decode_matches_per_request_attention(window, soft_cap, seq_lens):
     gen = torch.Generator().manual_seed(0)
     H, Hkv, D, block_size, num_blocks = 4, 2, 8, 4, 40
     kv_cache = torch.randn(2, num_blocks, block_size, Hkv, D, generator=gen)
-    seq_lens = [1, 7, 13, 4]  # one block, partial blocks, exact block boundary
     perm = torch.randperm(num_blocks, generator=gen).tolist()
     tables, used = [], 0
     for n in seq_lens:
@@ -57,3 +60,15 @@ def test_batched_decode_matches_per_request_attention(window, soft_cap):
     for i in range(B):
         expected = _reference(q[i], kv_cache, tables[i], seq_lens[i], 0.3, window, soft_cap)
         torch.testing.assert_close(out[i].double(), expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("has_padding", [None, True])
+def test_write_kv_skips_padding_slots_whether_told_or_not(has_padding):
+    gen = torch.Generator().manual_seed(1)
+    kv_cache = torch.zeros(2, 4, 2, 1, 3)  # 8 slots of (1, 3)
+    key, value = torch.randn(3, 1, 3, generator=gen), torch.randn(3, 1, 3, generator=gen)
+    write_kv(key, value, kv_cache, torch.tensor([5, -1, 2]), has_padding=has_padding)
+    flat = kv_cache.view(2, 8, 1, 3)
+    assert torch.equal(flat[0, 5], key[0]) and torch.equal(flat[0, 2], key[2])
+    assert torch.equal(flat[1, 5], value[0]) and torch.equal(flat[1, 2], value[2])
+    assert int((flat != 0).any(-1).any(-1).sum()) == 4  # nothing else written (the -1 row is not stored at slot 7)

@@ -1,5 +1,6 @@
 """The CPU's shortcuts for small batches give the reference's exact bits: RMSNorm as
-torch's fused ``rms_norm`` in fp32, and a whole-head fp32 rotation without split and casts."""
+torch's fused ``rms_norm`` in fp32, a whole-head fp32 rotation without split and casts, and
+q and k rotated together by the shared rotation table."""
 from __future__ import annotations
 
 import pytest
@@ -7,7 +8,7 @@ import torch
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from minivllm.layers.norm import RMSNorm
-from minivllm.layers.rotary import RotaryEmbedding
+from minivllm.layers.rotary import RotaryEmbedding, share_cos_sin_caches
 
 
 @pytest.mark.parametrize("tokens, hidden", [(1, 32), (5, 33), (300, 64)])
@@ -33,3 +34,21 @@ def test_whole_head_fp32_rotation_equals_transformers():
     q_out, k_out = rope(positions, q, k)
     torch.testing.assert_close(q_out, q_ref[0].transpose(0, 1), rtol=0, atol=1e-6)
     torch.testing.assert_close(k_out, k_ref[0].transpose(0, 1), rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("neox_style", [True, False])
+@pytest.mark.parametrize("head_dim, rotary_dim", [(8, 8), (16, 4)])  # whole head (the table), partial (the reference)
+def test_q_and_k_rotated_together_have_the_reference_bits(neox_style, head_dim, rotary_dim):
+    gen = torch.Generator().manual_seed(rotary_dim)
+    params = {"rope_type": "default", "rope_theta": 500.0}
+    fast = RotaryEmbedding(head_dim, rotary_dim, params, neox_style)
+    reference = RotaryEmbedding(head_dim, rotary_dim, params, neox_style)  # no tables: cos/sin from the positions
+    assert share_cos_sin_caches(fast, 64, torch.device("cpu")) == 1
+    assert (fast.rotation_table is not None) and reference.rotation_table is None
+    positions = torch.tensor([0, 1, 9, 33, 63])
+    qkv = torch.randn(5, 4 + 2 + 2, head_dim, generator=gen) * 4  # (T, Hq + 2 Hk, D) as the qkv projection lays it out
+    q_ref, k_ref = reference(positions, qkv[:, :4], qkv[:, 4:6])
+    q, k = fast.forward_qk(positions, qkv[:, :6], 4)
+    assert torch.equal(q, q_ref) and torch.equal(k, k_ref)
+    q, k = fast(positions, qkv[:, :4], qkv[:, 4:6])
+    assert torch.equal(q, q_ref) and torch.equal(k, k_ref)
