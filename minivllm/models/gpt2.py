@@ -8,6 +8,7 @@ tensors in ``Transposed`` so the shared layers load (and shard) them unchanged.
 """
 from __future__ import annotations
 
+from itertools import islice
 from typing import Any, Iterable
 
 import torch
@@ -104,7 +105,7 @@ class GPT2Model(nn.Module):
             hidden = self.wte(input_ids) + self.wpe(positions)  # (T, hidden)
         else:  # from the previous pipeline stage
             hidden = intermediate["hidden"]
-        for block in self.h[self.start : self.end]:
+        for block in islice(self.h, self.start, self.end):  # a slice would build a ModuleList per step
             hidden = block(hidden, meta)
         if self.end < len(self.h):
             return {"hidden": hidden}

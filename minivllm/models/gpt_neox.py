@@ -9,6 +9,7 @@ the layout ``QKVParallelLinear`` shards.
 """
 from __future__ import annotations
 
+from itertools import islice
 from typing import Any, Iterable
 
 import torch
@@ -101,7 +102,7 @@ class GPTNeoXModel(nn.Module):
     ) -> torch.Tensor | IntermediateTensors:
         """Hidden states (T, hidden); a non-last pipeline stage returns its intermediate tensors instead."""
         hidden = self.embed_in(input_ids) if intermediate is None else intermediate["hidden"]  # (T, hidden)
-        for layer in self.layers[self.start : self.end]:
+        for layer in islice(self.layers, self.start, self.end):  # a slice would build a ModuleList per step
             hidden = layer(positions, hidden, meta)
         if self.end < len(self.layers):
             return {"hidden": hidden}

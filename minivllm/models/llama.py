@@ -6,6 +6,7 @@ subclasses rather than copies.
 """
 from __future__ import annotations
 
+from itertools import islice
 from typing import Any, Iterable
 
 import torch
@@ -149,7 +150,7 @@ class LlamaModel(nn.Module):
             hidden, residual = self.embed(input_ids), None  # (T, hidden)
         else:  # from the previous pipeline stage
             hidden, residual = intermediate["hidden"], intermediate["residual"]
-        for layer in self.layers[self.start : self.end]:
+        for layer in islice(self.layers, self.start, self.end):  # a slice would build a ModuleList per step
             hidden, residual = layer(positions, hidden, residual, meta)
         if self.end < len(self.layers):
             return {"hidden": hidden, "residual": residual}

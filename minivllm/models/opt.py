@@ -2,6 +2,7 @@
 embedding projection (word_embed_proj_dim != hidden_size) and post-norm variants."""
 from __future__ import annotations
 
+from itertools import islice
 from typing import Any, Iterable
 
 import torch
@@ -102,7 +103,7 @@ class OPTDecoder(nn.Module):
             hidden = hidden + self.embed_positions(positions + POSITION_OFFSET)  # (T, hidden)
         else:  # from the previous pipeline stage
             hidden = intermediate["hidden"]
-        for layer in self.layers[self.start : self.end]:
+        for layer in islice(self.layers, self.start, self.end):  # a slice would build a ModuleList per step
             hidden = layer(hidden, meta)
         if self.end < len(self.layers):
             return {"hidden": hidden}

@@ -214,6 +214,7 @@ class DraftModelProposer:
             max_seq_len=int(seq_lens.max()),
             query_lens_cpu=[1] * B,
             seq_lens_cpu=seq_lens.tolist(),
+            has_padding=False,  # one real slot per row
         )
         meta.backend_data = self.backend.prepare(meta, self.block_size)
         return meta
