@@ -2,8 +2,9 @@
 
 On CUDA, ``RMSNorm`` runs as one Triton kernel (``layers.ops.fused_rms_norm``),
 fused with the residual add where there is one; the torch code below is the
-reference and the CPU path. On the CPU, fp32 inputs take torch's fused
-``torch.rms_norm``, which gives the reference's bits in one op instead of seven.
+reference and the CPU path. On the CPU, fp32 inputs take
+``torch.rms_norm``, which gives the reference's bits in one call from Python (on
+the CPU it still runs the same few elementwise ops inside).
 A subclass that changes the arithmetic (a different ``_norm``) keeps the torch path.
 """
 from __future__ import annotations
@@ -43,8 +44,8 @@ class RMSNorm(nn.Module):
         return norm(summed), summed
 
     def _norm_fp32(self, x: torch.Tensor) -> torch.Tensor:
-        """``_norm`` as torch's one fused op: in fp32 it gives the same bits (the
-        tests check it) with one op instead of seven, which counts at small batches."""
+        """``_norm`` as one torch call: in fp32 it gives the same bits (the
+        tests check it) with one call from Python instead of seven."""
         return torch.rms_norm(x, self.weight.shape, self.weight, self.eps)
 
     def _forward_triton(
