@@ -107,10 +107,11 @@ class KVCacheManager:
         start = self._num_hashed.get(request.request_id, 0)
         if num_full <= start:
             return
-        # Only the tail from the first block not hashed yet, never a copy of the whole sequence.
-        offset = min(len(request.block_hashes), num_full) * self.block_size
-        tail = request.token_ids_from(offset)[: num_full * self.block_size - offset]
-        hashes = self._block_hashes(request, tail, offset)
+        hashes = request.block_hashes
+        if len(hashes) < num_full:  # hash the tokens after the last hashed block, not the whole sequence
+            offset = len(hashes) * self.block_size
+            tail = request.token_ids_from(offset)[: num_full * self.block_size - offset]
+            hashes = self._block_hashes(request, tail, offset)
         for i in range(start, num_full):
             self.pool.cache_block(table[i], hashes[i])
         self._num_hashed[request.request_id] = num_full

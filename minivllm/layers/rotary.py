@@ -166,6 +166,7 @@ def share_cos_sin_caches(model: nn.Module, max_positions: int, device: torch.dev
                 cos, sin = module.cos_sin(positions)  # (max_positions, rotary_dim / 2) each
                 tables[key] = torch.cat((cos, sin), dim=-1).float().contiguous()
             module.cos_sin_cache = tables[key]
+            module.rotation_table = None  # none on CUDA (the Triton kernel reads the cache)
             if device.type != "cuda":
                 style = (key, module.neox_style)
                 if style not in rotation_tables:

@@ -61,9 +61,13 @@ class PendingOutput:
         """(P,) int64: where in the sampled tokens the requests in batch ``rows`` find
         theirs (async scheduling's placeholders); each of them sampled in this step.
         While the batch is at this step's version its rows still hold the same
-        requests, so a search in the ascending sampled rows tells; otherwise by id."""
+        requests, so a search in the ascending sampled rows tells (checked: a row
+        that did not sample here falls through); otherwise, or then, by id (a
+        request that did not sample here is a KeyError)."""
         if batch.version == self.version:
-            return np.searchsorted(self.rows, rows)
+            found = np.searchsorted(self.rows, rows)  # (P,)
+            if (found < len(self.rows)).all() and (self.rows[found.clip(max=len(self.rows) - 1)] == rows).all():
+                return found
         index_of = self.index_of
         return np.fromiter((index_of[batch.req_ids[r]] for r in rows.tolist()), dtype=np.int64, count=len(rows))
 
@@ -119,21 +123,6 @@ class DoneOutput:
 
 class StepResult(Protocol):
     """What launching a step returns: its output, once asked for."""
-
-    @cached_property
-    def index_of(self) -> dict[RequestId, int]:
-        """Request id -> its row in the sampled tokens."""
-        return {r: i for i, r in enumerate(self.req_ids)}
-
-    def indices_of(self, batch: InputBatch, rows: np.ndarray) -> np.ndarray:
-        """(P,) int64: where in the sampled tokens the requests in batch ``rows`` find
-        theirs (async scheduling's placeholders); each of them sampled in this step.
-        While the batch is at this step's version its rows still hold the same
-        requests, so a search in the ascending sampled rows tells; otherwise by id."""
-        if batch.version == self.version:
-            return np.searchsorted(self.rows, rows)
-        index_of = self.index_of
-        return np.fromiter((index_of[batch.req_ids[r]] for r in rows.tolist()), dtype=np.int64, count=len(rows))
 
     @property
     def resolved(self) -> bool: ...

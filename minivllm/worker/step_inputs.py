@@ -78,7 +78,8 @@ class StepInputBuilder:
         num_tokens: int | None = None,
     ) -> StepInputs:
         """``rows``: (B,) batch rows scheduled this step, ascending; ``query_lens``: (B,) their
-        new-token counts, ``num_tokens`` their sum when the caller knows it.
+        new-token counts, ``num_tokens`` their sum when the caller knows it (it must be
+        exact: ``num_tokens == B`` is how a decode step is recognised).
 
         ``pending_index`` (async scheduling) maps batch rows to their index in the
         previous step's sampled tokens, for input tokens past a row's known ones."""

@@ -3,6 +3,7 @@ request's token, by batch row while the batch is unchanged and by id once rows m
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from minivllm.sample.sampler import SamplerOutput
@@ -52,3 +53,12 @@ def test_rows_that_moved_after_the_step_find_their_tokens_by_id():
     got = pending.indices_of(batch, np.asarray(rows)).tolist()
     assert got == _by_id(pending, batch, rows) == [2, 1]
     assert pending.sampled_device[got].tolist() == [103, 101]  # d's and b's own tokens
+
+
+def test_a_row_that_did_not_sample_is_never_given_a_neighbours_token():
+    batch = _batch("a", "b", "c", "d", "e")
+    pending = _pending(batch, [0, 2])  # b, d and e sampled nothing
+    with pytest.raises(KeyError):  # b (row 1) would land on c's index by search alone
+        pending.indices_of(batch, np.asarray([0, 1]))
+    with pytest.raises(KeyError):  # e (row 4) would land one past the end
+        pending.indices_of(batch, np.asarray([4]))
