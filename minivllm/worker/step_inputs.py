@@ -18,7 +18,8 @@ staging buffer itself: no copy at all.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from itertools import accumulate
+from typing import Callable, NamedTuple
 
 import numpy as np
 import torch
@@ -104,32 +105,28 @@ class StepInputBuilder:
             tables = tables.copy()
 
         staging, host = self._next_staging()
-        # int64 on the device: ids T | positions T | slots T | logits S | ph_dst P | ph_src P
-        host[:T] = batch.token_ids[token_rows, positions]
-        host[T : 2 * T] = positions
-        slots = host[2 * T : 3 * T]
+        at = _Layout.of(T, S, P, B, width)
+        host[at.ids] = batch.token_ids[token_rows, positions]
+        host[at.positions] = positions
+        slots = host[at.slots]
         np.multiply(batch.block_table.table[token_rows, positions // self.block_size], self.block_size, out=slots)
         slots += positions % self.block_size
-        at = 3 * T + S
         # a decode step's query starts are 0 .. B, so its token i is row i's last
-        host[3 * T : at] = sample_idx if T == B else query_start[1:][sample_idx] - 1
+        host[at.logits] = sample_idx if T == B else query_start[1:][sample_idx] - 1
         if P:
-            host[at : at + P] = unknown
-            host[at + P : at + 2 * P] = pending_index(token_rows[unknown])
-        num_wide = at + 2 * P
-        # int32 on the device: query_start B+1 | seq_lens B | block_tables B*width
-        host[num_wide : num_wide + B + 1] = query_start
-        host[num_wide + B + 1 : num_wide + 2 * B + 1] = seq_lens
-        end = num_wide + 2 * B + 1 + B * width
-        host[num_wide + 2 * B + 1 : end].reshape(B, width)[:] = tables
+            host[at.ph_dst] = unknown
+            host[at.ph_src] = pending_index(token_rows[unknown])
+        host[at.query_start] = query_start
+        host[at.seq_lens] = seq_lens
+        host[at.tables].reshape(B, width)[:] = tables
 
-        dev = self._to_device(staging[:end])
-        wide = dev[:num_wide].long()  # one conversion for every int64 part
+        dev = self._to_device(staging[: at.end])
+        wide = dev[: at.num_wide].long()  # one conversion for every int64 part
         meta = AttentionMetadata(
-            slot_mapping=wide[2 * T : 3 * T],
-            query_start_loc=dev[num_wide : num_wide + B + 1],
-            seq_lens=dev[num_wide + B + 1 : num_wide + 2 * B + 1],
-            block_tables=dev[num_wide + 2 * B + 1 : end].view(B, width),
+            slot_mapping=wide[at.slots],
+            query_start_loc=dev[at.query_start],
+            seq_lens=dev[at.seq_lens],
+            block_tables=dev[at.tables].view(B, width),
             max_query_len=1 if T == B else int(query_lens.max()),
             max_seq_len=max(seq_lens_cpu),
             query_lens_cpu=[1] * B if T == B else query_lens.tolist(),
@@ -139,17 +136,17 @@ class StepInputBuilder:
             has_padding=False,
         )
         return StepInputs(
-            input_ids=wide[:T],
-            positions=wide[T : 2 * T],
+            input_ids=wide[at.ids],
+            positions=wide[at.positions],
             meta=meta,
             rows=rows,
             query_lens=query_lens,
             sample_idx=sample_idx,
-            logits_index=wide[3 * T : 3 * T + S],
+            logits_index=wide[at.logits],
             token_positions=positions,
             token_rows=token_rows,
             query_start=query_start,
-            placeholders=(wide[3 * T + S : at + P], wide[at + P : num_wide]) if P else None,
+            placeholders=(wide[at.ph_dst], wide[at.ph_src]) if P else None,
         )
 
     def _token_layout(
@@ -181,3 +178,31 @@ class StepInputBuilder:
         dev = host.to(self.device, non_blocking=True)
         self._copied[self._turn].record()
         return dev
+
+
+class _Layout(NamedTuple):
+    """Where each part of a step's inputs lies in the staging buffer. The parts read as
+    int64 on the device come first (converted in one op), the int32 ones after them::
+
+        ids T | positions T | slots T | logits S | ph_dst P | ph_src P || query_start B+1 | seq_lens B | tables B*width
+    """
+
+    ids: slice
+    positions: slice
+    slots: slice
+    logits: slice
+    ph_dst: slice
+    """Placeholders (async scheduling): the input tokens to fill, and where in the previous step's
+    sampled tokens (``ph_src``) they are."""
+    ph_src: slice
+    query_start: slice
+    seq_lens: slice
+    tables: slice
+    num_wide: int
+    end: int
+
+    @classmethod
+    def of(cls, T: int, S: int, P: int, B: int, width: int) -> "_Layout":
+        ends = list(accumulate((T, T, T, S, P, P, B + 1, B, B * width)))
+        starts = [0, *ends[:-1]]
+        return cls(*(slice(a, b) for a, b in zip(starts, ends)), num_wide=ends[5], end=ends[-1])
