@@ -88,7 +88,7 @@ class Traffic:
                     await res.aread()
                     return _status_outcome(res)
                 finished = set()
-                async for line in res.aiter_lines():
+                async for line in sse_lines(res):
                     finished |= _finished_choices(line)
                 if len(finished) != n:
                     raise Unexpected(f"{path}: stream ended with {len(finished)} of {n} choices finished")
@@ -142,6 +142,20 @@ def _status_outcome(res: httpx.Response) -> str:
     if res.status_code == 503 and "retry-after" in res.headers:
         return "overloaded"
     raise Unexpected(f"{res.request.url.path}: status {res.status_code}: {res.text[:200]}")
+
+
+async def sse_lines(res: httpx.Response):
+    """A server-sent event stream's lines, split where the SSE format ends a line (LF, CR
+    or CRLF) and nowhere else: ``aiter_lines`` splits like ``str.splitlines``, also at
+    U+0085, U+2028 and the like, which JSON carries unescaped inside generated text."""
+    pending = b""
+    async for chunk in res.aiter_bytes():
+        lines = (pending + chunk).replace(b"\r\n", b"\n").replace(b"\r", b"\n").split(b"\n")
+        pending = lines.pop()  # the part after the last line end (a CR split from its LF is harmless: an empty line)
+        for line in lines:
+            yield line.decode()
+    if pending:
+        yield pending.decode()
 
 
 def _finished_choices(line: str) -> set[int]:
