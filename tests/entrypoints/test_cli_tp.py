@@ -34,6 +34,13 @@ def _cli(ckpt: Path, out_dir: Path, prompts_file: Path, *extra: str) -> tuple[li
     return cmd, env
 
 
+def _sigint_as_in_a_terminal() -> None:
+    """A command run from a terminal gets Ctrl-C; one started in the background by a
+    non-interactive shell (as a test runner may be) inherits SIGINT ignored, and Python
+    keeps it ignored. Give the CLI the terminal's default, which is what this test is about."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _write_prompts(path: Path, prompts: list[str]) -> Path:
     path.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
     return path
@@ -58,7 +65,8 @@ def test_ctrl_c_leaves_no_worker_behind(opt_dir, tmp_path):
     prompts = _write_prompts(tmp_path / "prompts.jsonl", [f"x{i}" for i in range(400)])
     cmd, env = _cli(opt_dir, tmp_path / "run", prompts, "sampling.max_tokens=110", "+sampling.ignore_eos=true")
     proc = subprocess.Popen(
-        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        preexec_fn=_sigint_as_in_a_terminal,
     )
     try:
         log = []
