@@ -9,8 +9,10 @@ power-of-two number of blocks, so no context is padded to more than twice its
 length; prefill chunks run one request at a time. The groups, block ids and
 masks depend only on the step, so ``prepare`` builds them once and every layer
 reuses them (masks are additive float tensors, which SDPA adds as they are,
-where a boolean one is converted in every call). This is the CPU default and
-the oracle the Triton kernels are tested against.
+where a boolean one is converted in every call). Without a sliding window a
+query's mask is a row of the causal mask, so a step's masks are rows looked up
+in a table the backend keeps (``_CausalRows``), not comparisons redone every
+step. This is the CPU default and the oracle the Triton kernels are tested against.
 """
 from __future__ import annotations
 
@@ -36,6 +38,8 @@ class _Group:
     """(B, Q, 1) position of each query."""
     k_pos: torch.Tensor
     """(1, 1, nb * block_size) position of each gathered key."""
+    causal_rows: "_CausalRows"
+    """The backend's causal-mask rows, kept across steps."""
     single_decode_len: int | None = None
     """For a group of one decode request: its length. Its keys are then cut to
     that length and attend unmasked, which lets SDPA take its fastest path."""
@@ -50,7 +54,9 @@ class _Group:
         single decode request without a window never does); every later layer adds it
         as it is, where a boolean mask would be turned into this one in every layer."""
         key = (window, dtype)
-        if key not in self.biases:
+        if key not in self.biases and window is None:
+            self.biases[key] = self.causal_rows.lookup(self.q_pos, self.k_pos.shape[-1], dtype)
+        if self.biases.get(key) is None:
             hidden = self.k_pos > self.q_pos  # (B, Q, L)
             if window is not None:
                 hidden |= self.k_pos <= self.q_pos - window
@@ -59,8 +65,37 @@ class _Group:
         return self.biases[key]
 
 
+class _CausalRows:
+    """Rows of the additive causal mask, kept across steps: row ``p`` is the mask of a
+    query at position ``p`` over keys ``0 .. L-1`` (0 up to ``p``, -inf after), so
+    a group's mask is one row lookup per query. One square table per dtype and
+    device, grown by doubling to the longest key range asked for, up to
+    ``max_len`` keys (4 MiB in fp32); longer ranges are left to the caller."""
+
+    def __init__(self, max_len: int = 1024) -> None:
+        self.max_len = max_len
+        self._tables: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
+
+    def lookup(self, q_pos: torch.Tensor, num_keys: int, dtype: torch.dtype) -> torch.Tensor | None:
+        """q_pos: (B, Q, 1) positions below ``num_keys`` -> (B, 1, Q, num_keys) mask, or
+        None when ``num_keys`` is past ``max_len``."""
+        if num_keys > self.max_len:
+            return None
+        key = (dtype, q_pos.device)
+        table = self._tables.get(key)
+        if table is None or len(table) < num_keys:
+            size = min(max(num_keys, 2 * len(table) if table is not None else 64), self.max_len)
+            table = torch.full((size, size), float("-inf"), dtype=dtype, device=q_pos.device).triu_(1)
+            self._tables[key] = table
+        B, Q, _ = q_pos.shape
+        return table[:, :num_keys].index_select(0, q_pos.view(-1)).view(B, 1, Q, num_keys)
+
+
 class TorchAttentionBackend(AttentionBackend):
     name = "torch"
+
+    def __init__(self) -> None:
+        self.causal_rows = _CausalRows()
 
     def prepare(self, meta: AttentionMetadata, block_size: int) -> list[_Group]:
         query_lens = np.asarray(meta.query_lens_cpu)  # (B,)
@@ -74,11 +109,11 @@ class TorchAttentionBackend(AttentionBackend):
             classes = np.unique(size_class)
             for c in classes:
                 rows = decode if len(classes) == 1 else decode[size_class == c]
-                groups.append(_decode_group(host, rows, block_size, meta.seq_lens.device))
+                groups.append(_decode_group(host, rows, block_size, meta.seq_lens.device, self.causal_rows))
         if len(decode) < len(query_lens):
             starts = meta.query_start_loc.tolist()
             groups += [
-                _prefill_group(meta, i, starts[i], n, block_size) for i, n in enumerate(meta.query_lens_cpu) if n > 1
+                _prefill_group(meta, i, starts[i], n, block_size, self.causal_rows) for i, n in enumerate(meta.query_lens_cpu) if n > 1
             ]
         return groups
 
@@ -169,7 +204,9 @@ class _HostIndex:
             self.block_tables = meta.block_tables.cpu().numpy()
 
 
-def _decode_group(host: _HostIndex, rows: np.ndarray, block_size: int, device: torch.device) -> _Group:
+def _decode_group(
+    host: _HostIndex, rows: np.ndarray, block_size: int, device: torch.device, causal_rows: _CausalRows
+) -> _Group:
     """Decode requests ``rows`` (indices into the step's requests, ascending)."""
     seq_lens = host.seq_lens[rows]
     num_blocks = -(-int(seq_lens.max()) // block_size)
@@ -182,11 +219,14 @@ def _decode_group(host: _HostIndex, rows: np.ndarray, block_size: int, device: t
         block_ids=torch.from_numpy(host.block_tables[rows, :num_blocks].astype(np.int64)).to(device),
         q_pos=torch.from_numpy((seq_lens - 1).astype(np.int64)).to(device).view(-1, 1, 1),
         k_pos=torch.arange(num_blocks * block_size, device=device).view(1, 1, -1),
+        causal_rows=causal_rows,
         single_decode_len=int(seq_lens[0]) if len(rows) == 1 else None,
     )
 
 
-def _prefill_group(meta: AttentionMetadata, i: int, start: int, n: int, block_size: int) -> _Group:
+def _prefill_group(
+    meta: AttentionMetadata, i: int, start: int, n: int, block_size: int, causal_rows: _CausalRows
+) -> _Group:
     """One request's chunk of ``n`` queries, the last ``n`` of its ``seq_len`` positions."""
     seq_len = meta.seq_lens_cpu[i]
     num_blocks = -(-seq_len // block_size)
@@ -196,6 +236,7 @@ def _prefill_group(meta: AttentionMetadata, i: int, start: int, n: int, block_si
         block_ids=meta.block_tables[i : i + 1, :num_blocks].long(),
         q_pos=torch.arange(seq_len - n, seq_len, device=device).view(1, -1, 1),
         k_pos=torch.arange(num_blocks * block_size, device=device).view(1, 1, -1),
+        causal_rows=causal_rows,
     )
 
 

@@ -77,6 +77,8 @@ class RotaryEmbedding(nn.Module):
         self.rotation_table: torch.Tensor | None = None
         """(max_position, 2, rotary_dim) fp32 for the torch path off CUDA: each position's cosine
         and signed sine laid out like the features they multiply (``_rotate_by_table``)."""
+        self.rotation_swap: torch.Tensor | None = None
+        """(rotary_dim,) int64 set with ``rotation_table``: the feature each feature is paired with."""
         self.use_triton = True
         """Whether CUDA inputs with a cache take the in-place Triton kernel (off under torch.compile)."""
 
@@ -130,11 +132,10 @@ class RotaryEmbedding(nn.Module):
         """The whole-head fp32 rotation as ``x * cos + swap(x) * signed_sin``, where ``swap``
         exchanges the two features of each rotated pair. Each output is then
         ``x1 * cos + x2 * (-sin)`` or ``x2 * cos + x1 * sin``: the bits of ``_rotate_pairs``
-        (negation is exact), in four ops instead of seven."""
-        T, H, D = x.shape
+        (negation is exact), in four ops instead of seven. ``swap`` is one ``index_select``
+        of the features: a third of what ``flip`` over a pairs view costs on the CPU."""
         table = self.rotation_table[positions].unsqueeze(2)  # (T, 2, 1, D)
-        pairs = (T, H, 2, D // 2) if self.neox_style else (T, H, D // 2, 2)
-        swapped = x.reshape(pairs).flip(2 if self.neox_style else 3).view(T, H, D)
+        swapped = x.index_select(-1, self.rotation_swap)  # (T, H, D)
         return x * table[:, 0] + swapped * table[:, 1]
 
     def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -166,12 +167,13 @@ def share_cos_sin_caches(model: nn.Module, max_positions: int, device: torch.dev
                 cos, sin = module.cos_sin(positions)  # (max_positions, rotary_dim / 2) each
                 tables[key] = torch.cat((cos, sin), dim=-1).float().contiguous()
             module.cos_sin_cache = tables[key]
-            module.rotation_table = None  # none on CUDA (the Triton kernel reads the cache)
+            module.rotation_table = module.rotation_swap = None  # none on CUDA (the Triton kernel reads the cache)
             if device.type != "cuda":
                 style = (key, module.neox_style)
                 if style not in rotation_tables:
                     rotation_tables[style] = _rotation_table(tables[key], module.neox_style)
                 module.rotation_table = rotation_tables[style]
+                module.rotation_swap = _swap_index(module.rotary_dim, module.neox_style, device)
     return len(tables)
 
 
@@ -184,6 +186,15 @@ def _rotation_table(cos_sin: torch.Tensor, neox_style: bool) -> torch.Tensor:
     else:  # pairs are (2i, 2i + 1)
         cos_full, sin_full = cos.repeat_interleave(2, -1), torch.stack((-sin, sin), -1).flatten(-2)
     return torch.stack((cos_full, sin_full), dim=1).contiguous()
+
+
+def _swap_index(rotary_dim: int, neox_style: bool, device: torch.device) -> torch.Tensor:
+    """(rotary_dim,) the partner of each feature: ``i + rotary_dim / 2`` and back (neox), or
+    the other feature of the even/odd pair (GPT-J)."""
+    features = torch.arange(rotary_dim, device=device)
+    if neox_style:
+        return features.roll(rotary_dim // 2)
+    return features ^ 1
 
 
 def get_rope(

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from minivllm.attention.backend import AttentionMetadata
-from minivllm.attention.torch_backend import TorchAttentionBackend, write_kv
+from minivllm.attention.torch_backend import TorchAttentionBackend, _CausalRows, write_kv
 
 
 def _reference(q, kv_cache, table, seq_len, scale, window, soft_cap):
@@ -72,3 +72,54 @@ def test_write_kv_skips_padding_slots_whether_told_or_not(has_padding):
     assert torch.equal(flat[0, 5], key[0]) and torch.equal(flat[0, 2], key[2])
     assert torch.equal(flat[1, 5], value[0]) and torch.equal(flat[1, 2], value[2])
     assert int((flat != 0).any(-1).any(-1).sum()) == 4  # nothing else written (the -1 row is not stored at slot 7)
+
+
+def _comparison_mask(q_pos: torch.Tensor, num_keys: int, dtype: torch.dtype) -> torch.Tensor:
+    """(B, Q, 1) positions -> (B, 1, Q, L) additive causal mask, by comparing positions."""
+    hidden = torch.arange(num_keys).view(1, 1, -1) > q_pos
+    return torch.zeros(hidden.shape, dtype=dtype).masked_fill_(hidden, float("-inf")).unsqueeze(1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_causal_rows_equal_comparison_masks_as_the_table_grows(dtype):
+    rows = _CausalRows(max_len=200)
+    gen = torch.Generator().manual_seed(2)
+    for num_keys in (16, 100, 40, 200):  # grows past its first size, then to its cap; a smaller range reuses it
+        q_pos = torch.randint(0, num_keys, (5, 3, 1), generator=gen)
+        assert torch.equal(rows.lookup(q_pos, num_keys, dtype), _comparison_mask(q_pos, num_keys, dtype))
+    assert rows.lookup(torch.zeros(1, 1, 1, dtype=torch.long), 201, dtype) is None  # past the cap: the caller compares
+
+
+@pytest.mark.parametrize("query_lens", [[1, 1, 1], [1, 5, 1]])  # decode only; a prefill chunk between decodes
+def test_masks_past_the_table_cap_give_the_same_attention(query_lens):
+    """Key ranges longer than the table's cap fall back to comparisons: same output, bit for bit."""
+    gen = torch.Generator().manual_seed(3)
+    H, Hkv, D, block_size, num_blocks = 4, 2, 8, 4, 24
+    seq_lens = [9, 14, 6]
+    kv_cache = torch.randn(2, num_blocks, block_size, Hkv, D, generator=gen)
+    tables = torch.arange(num_blocks, dtype=torch.int32).view(len(seq_lens), -1)  # 8 blocks each
+    starts = [0]
+    for n in query_lens:
+        starts.append(starts[-1] + n)
+    slots = [int(tables[i, p // block_size]) * block_size + p % block_size
+             for i, (n, L) in enumerate(zip(query_lens, seq_lens)) for p in range(L - n, L)]
+
+    def run(max_len: int) -> torch.Tensor:
+        meta = AttentionMetadata(
+            slot_mapping=torch.tensor(slots),
+            query_start_loc=torch.tensor(starts, dtype=torch.int32),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
+            block_tables=tables,
+            max_query_len=max(query_lens),
+            max_seq_len=max(seq_lens),
+            query_lens_cpu=query_lens,
+            seq_lens_cpu=seq_lens,
+        )
+        backend = TorchAttentionBackend()
+        backend.causal_rows = _CausalRows(max_len=max_len)
+        g = torch.Generator().manual_seed(4)
+        T = starts[-1]
+        q, k, v = (torch.randn(T, h, D, generator=g) for h in (H, Hkv, Hkv))
+        return backend.forward(q, k, v, kv_cache.clone(), meta, scale=0.3)
+
+    assert torch.equal(run(max_len=1024), run(max_len=4))

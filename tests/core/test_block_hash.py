@@ -72,3 +72,16 @@ def test_hashing_from_an_offset_equals_hashing_the_whole_sequence():
     assert grown == whole
     with pytest.raises(ValueError, match="offset=12"):
         extend_block_hashes(list(whole[:2]), tokens[12:], 4, ROOT, offset=12)  # block 2 would be skipped
+
+
+def test_token_count_and_extra_keys_cannot_be_confused():
+    """The bytes hashed are self-delimiting: a token more, or extra keys instead of
+    tokens, never give the same hash as a neighbouring input."""
+    salt = request_extra_keys("s")
+    assert len({
+        hash_block_tokens(ROOT, [1, 2]),
+        hash_block_tokens(ROOT, [1, 2, 0]),
+        hash_block_tokens(ROOT, [1, 2], salt),
+        hash_block_tokens(ROOT, [1], salt),
+        hash_block_tokens(ROOT, []),
+    }) == 5
