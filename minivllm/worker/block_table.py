@@ -37,6 +37,22 @@ class BlockTable:
         self.table[row, start:end] = block_ids
         self.num_blocks[row] = end
 
+    def append_rows(self, rows: list[int], new_block_ids: list[list[int] | None]) -> None:
+        """``append_row(rows[i], new_block_ids[i])`` for every row given blocks (None or empty:
+        none). When each of them gets one block, as in a decode step where some requests
+        filled theirs, the blocks go in with one assignment instead of one per row."""
+        given = [i for i, blocks in enumerate(new_block_ids) if blocks]
+        if not all(len(new_block_ids[i]) == 1 for i in given):
+            for i in given:
+                self.append_row(rows[i], new_block_ids[i])
+            return
+        at = np.fromiter((rows[i] for i in given), dtype=np.int64, count=len(given))  # distinct rows
+        ends = self.num_blocks[at] + 1
+        if len(at) and ends.max() > self.max_blocks_per_req:
+            self._check_room(int(at[ends.argmax()]), int(ends.max()))
+        self.table[at, ends - 1] = [new_block_ids[i][0] for i in given]
+        self.num_blocks[at] = ends
+
     def move_row(self, src: int, dst: int) -> None:
         n = int(self.num_blocks[src])
         self.table[dst, :n] = self.table[src, :n]

@@ -246,9 +246,7 @@ class ModelRunner:
             if self.spec is not None:
                 self.spec.roll_back_block_tables(batch, cached)
             if any(cached.new_block_ids):
-                for row, blocks in zip(rows, cached.new_block_ids):
-                    if blocks:
-                        batch.block_table.append_row(row, blocks)
+                batch.block_table.append_rows(rows, cached.new_block_ids)
             if cached.new_token_ids and not self.pipeline.is_last:  # tokens the last stage sampled
                 for row, computed, tokens in zip(rows, cached.num_computed_tokens, cached.new_token_ids):
                     if tokens:

@@ -3,11 +3,13 @@ grown in place, sampled tokens appended; exact arrays asserted."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from minivllm.core.scheduler_output import NewRequestData
 from minivllm.engine.request import RequestId
 from minivllm.sampling_params import SamplingParams
+from minivllm.worker.block_table import BlockTable
 from minivllm.worker.input_batch import InputBatch
 
 CPU = torch.device("cpu")
@@ -101,3 +103,33 @@ def test_a_full_batch_and_an_overlong_request_are_errors():
         assert "max_model_len=4" in str(e)
     else:
         raise AssertionError("a 5-token request fitted max_model_len=4")
+
+
+@pytest.mark.parametrize("new_block_ids", [
+    [[5], None, [6], []],  # a decode step: some rows filled a block, one each
+    [[5], None, [6, 7], []],  # a row given two blocks (a chunk): row by row
+])
+def test_append_rows_equals_appending_row_by_row(new_block_ids):
+    def filled() -> BlockTable:
+        table = BlockTable(4, 5)
+        for row, blocks in enumerate([[1], [2, 3], [4], [9]]):
+            table.set_row(row, blocks)
+        return table
+
+    rows = [3, 0, 2, 1]  # the scheduler's order, not the batch's
+    together, one_by_one = filled(), filled()
+    together.append_rows(rows, new_block_ids)
+    for row, blocks in zip(rows, new_block_ids):
+        if blocks:
+            one_by_one.append_row(row, blocks)
+    assert np.array_equal(together.table, one_by_one.table)
+    assert np.array_equal(together.num_blocks, one_by_one.num_blocks)
+    assert together.num_blocks.tolist() != [1, 2, 1, 1]  # something was appended
+
+
+def test_append_rows_past_the_row_width_is_an_error():
+    table = BlockTable(2, 2)
+    table.set_row(0, [1])
+    table.set_row(1, [2, 3])
+    with pytest.raises(ValueError, match="batch row 1: 3 blocks"):
+        table.append_rows([0, 1], [[4], [5]])
