@@ -36,8 +36,8 @@ class _Group:
     """(B, nb) int64 blocks holding each request's context, in order."""
     q_pos: torch.Tensor
     """(B, Q, 1) position of each query."""
-    k_pos: torch.Tensor
-    """(1, 1, nb * block_size) position of each gathered key."""
+    num_keys: int
+    """Keys gathered per request, ``nb * block_size``: the key at index ``l`` is at position ``l``."""
     causal_rows: "_CausalRows"
     """The backend's causal-mask rows, kept across steps."""
     single_decode_len: int | None = None
@@ -55,11 +55,12 @@ class _Group:
         as it is, where a boolean mask would be turned into this one in every layer."""
         key = (window, dtype)
         if key not in self.biases and window is None:
-            self.biases[key] = self.causal_rows.lookup(self.q_pos, self.k_pos.shape[-1], dtype)
+            self.biases[key] = self.causal_rows.lookup(self.q_pos, self.num_keys, dtype)
         if self.biases.get(key) is None:
-            hidden = self.k_pos > self.q_pos  # (B, Q, L)
+            k_pos = torch.arange(self.num_keys, device=self.q_pos.device).view(1, 1, -1)
+            hidden = k_pos > self.q_pos  # (B, Q, L)
             if window is not None:
-                hidden |= self.k_pos <= self.q_pos - window
+                hidden |= k_pos <= self.q_pos - window
             zeros = torch.zeros(hidden.shape, dtype=dtype, device=hidden.device)
             self.biases[key] = zeros.masked_fill_(hidden, float("-inf")).unsqueeze(1)
         return self.biases[key]
@@ -113,7 +114,9 @@ class TorchAttentionBackend(AttentionBackend):
         if len(decode) < len(query_lens):
             starts = meta.query_start_loc.tolist()
             groups += [
-                _prefill_group(meta, i, starts[i], n, block_size, self.causal_rows) for i, n in enumerate(meta.query_lens_cpu) if n > 1
+                _prefill_group(meta, i, starts[i], n, block_size, self.causal_rows)
+                for i, n in enumerate(meta.query_lens_cpu)
+                if n > 1
             ]
         return groups
 
@@ -218,7 +221,7 @@ def _decode_group(
         token_idx=token_idx,  # each request's single token
         block_ids=torch.from_numpy(host.block_tables[rows, :num_blocks].astype(np.int64)).to(device),
         q_pos=torch.from_numpy((seq_lens - 1).astype(np.int64)).to(device).view(-1, 1, 1),
-        k_pos=torch.arange(num_blocks * block_size, device=device).view(1, 1, -1),
+        num_keys=num_blocks * block_size,
         causal_rows=causal_rows,
         single_decode_len=int(seq_lens[0]) if len(rows) == 1 else None,
     )
@@ -235,7 +238,7 @@ def _prefill_group(
         token_idx=slice(start, start + n),
         block_ids=meta.block_tables[i : i + 1, :num_blocks].long(),
         q_pos=torch.arange(seq_len - n, seq_len, device=device).view(1, -1, 1),
-        k_pos=torch.arange(num_blocks * block_size, device=device).view(1, 1, -1),
+        num_keys=num_blocks * block_size,
         causal_rows=causal_rows,
     )
 
