@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 import torch
@@ -46,10 +46,11 @@ class AttentionMetadata:
     """Largest number of new tokens of one request in this step."""
     max_seq_len: int
     """Largest ``seq_lens`` entry in this step."""
-    query_lens_cpu: list[int]
-    """The new-token counts as a Python list (host copy, for backends that loop)."""
-    seq_lens_cpu: list[int]
-    """``seq_lens`` as a Python list (host copy)."""
+    query_lens_cpu: Sequence[int]
+    """(B,) host copy of the new-token counts: a list, or the int numpy array the
+    runner has (backends that loop or index on the host read it)."""
+    seq_lens_cpu: Sequence[int]
+    """(B,) host copy of ``seq_lens``, likewise."""
     query_start_loc_cpu: np.ndarray | None = None
     """(B + 1,) host copy of ``query_start_loc`` when the runner has one (backends that
     index on the host use it instead of reading the device)."""

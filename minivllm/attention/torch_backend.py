@@ -114,9 +114,8 @@ class TorchAttentionBackend(AttentionBackend):
         if len(decode) < len(query_lens):
             starts = meta.query_start_loc.tolist()
             groups += [
-                _prefill_group(meta, i, starts[i], n, block_size, self.causal_rows)
-                for i, n in enumerate(meta.query_lens_cpu)
-                if n > 1
+                _prefill_group(meta, i, starts[i], int(query_lens[i]), block_size, self.causal_rows)
+                for i in np.flatnonzero(query_lens > 1).tolist()
             ]
         return groups
 
@@ -231,7 +230,7 @@ def _prefill_group(
     meta: AttentionMetadata, i: int, start: int, n: int, block_size: int, causal_rows: _CausalRows
 ) -> _Group:
     """One request's chunk of ``n`` queries, the last ``n`` of its ``seq_len`` positions."""
-    seq_len = meta.seq_lens_cpu[i]
+    seq_len = int(meta.seq_lens_cpu[i])
     num_blocks = -(-seq_len // block_size)
     device = meta.seq_lens.device
     return _Group(

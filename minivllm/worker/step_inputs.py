@@ -93,7 +93,6 @@ class StepInputBuilder:
         seq_lens = start + query_lens
         positions, token_rows, query_start = self._token_layout(rows, query_lens, start, num_tokens)
         T = len(positions)
-        seq_lens_cpu = seq_lens.tolist()
         width = int(batch.block_table.num_blocks[rows_at].max())
         sample_idx = np.flatnonzero(seq_lens >= batch.num_tokens[rows_at])
         unknown = _EMPTY
@@ -128,9 +127,9 @@ class StepInputBuilder:
             seq_lens=dev[at.seq_lens],
             block_tables=dev[at.tables].view(B, width),
             max_query_len=1 if T == B else int(query_lens.max()),
-            max_seq_len=max(seq_lens_cpu),
-            query_lens_cpu=[1] * B if T == B else query_lens.tolist(),
-            seq_lens_cpu=seq_lens_cpu,
+            max_seq_len=int(seq_lens.max()),
+            query_lens_cpu=query_lens,
+            seq_lens_cpu=seq_lens,
             query_start_loc_cpu=query_start,
             block_tables_cpu=tables,
             has_padding=False,

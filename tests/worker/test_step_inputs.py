@@ -106,11 +106,12 @@ def test_decode_steps_over_all_rows_and_over_a_subset_equal_the_row_by_row_refer
             ones = np.ones(len(rows), dtype=np.int32)
             step = builder.build(batch, np.asarray(rows), ones, num_tokens=num_tokens)
             assert _decode_step(step) == _reference_decode(batch, rows), (rows, num_tokens)
-            assert step.meta.query_lens_cpu == [1] * len(rows)
-            assert step.meta.seq_lens_cpu == _reference_decode(batch, rows)["seq"]
+            assert list(step.meta.query_lens_cpu) == [1] * len(rows)
+            assert list(step.meta.seq_lens_cpu) == _reference_decode(batch, rows)["seq"]
     # the step keeps its own host arrays: later batch updates do not reach them
     step = StepInputBuilder(16, 4, 4, BLOCK, CPU).build(batch, np.arange(3), np.ones(3, dtype=np.int32))
     batch.num_computed_tokens[:3] += 1
     batch.block_table.append_row(0, [9])
     assert step.token_positions.tolist() == [5, 3, 4]
     assert step.meta.block_tables_cpu.tolist() == [[7, 2], [5, 1], [3, 6]]
+    assert step.meta.seq_lens_cpu.tolist() == [6, 4, 5]
