@@ -39,8 +39,9 @@ class BlockTable:
 
     def append_rows(self, rows: list[int], new_block_ids: list[list[int] | None]) -> None:
         """``append_row(rows[i], new_block_ids[i])`` for every row given blocks (None or empty:
-        none). When each of them gets one block, as in a decode step where some requests
-        filled theirs, the blocks go in with one assignment instead of one per row."""
+        none); ``rows`` are distinct (one per request). When each of them gets one block, as
+        in a decode step where some requests filled theirs, the blocks go in with one
+        assignment instead of one per row (and a row past its width fails before any is written)."""
         given = [i for i, blocks in enumerate(new_block_ids) if blocks]
         if not all(len(new_block_ids[i]) == 1 for i in given):
             for i in given:

@@ -1,6 +1,9 @@
 """The torch backend's batched decode (whole-block gathers) against attention written out per request."""
 from __future__ import annotations
 
+from functools import partial
+
+import numpy as np
 import pytest
 import torch
 
@@ -80,14 +83,15 @@ def _comparison_mask(q_pos: torch.Tensor, num_keys: int, dtype: torch.dtype) -> 
     return torch.zeros(hidden.shape, dtype=dtype).masked_fill_(hidden, float("-inf")).unsqueeze(1)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_causal_rows_equal_comparison_masks_as_the_table_grows(dtype):
-    rows = _CausalRows(max_len=200)
+def test_causal_rows_equal_comparison_masks_as_the_tables_grow():
+    rows = _CausalRows(max_len=200)  # one object serving three dtypes, as one backend does
     gen = torch.Generator().manual_seed(2)
     for num_keys in (16, 100, 40, 200):  # grows past its first size, then to its cap; a smaller range reuses it
-        q_pos = torch.randint(0, num_keys, (5, 3, 1), generator=gen)
-        assert torch.equal(rows.lookup(q_pos, num_keys, dtype), _comparison_mask(q_pos, num_keys, dtype))
-    assert rows.lookup(torch.zeros(1, 1, 1, dtype=torch.long), 201, dtype) is None  # past the cap: the caller compares
+        for dtype in (torch.float32, torch.bfloat16, torch.float16):
+            q_pos = torch.randint(0, num_keys, (5, 3, 1), generator=gen)
+            mask = rows.lookup(q_pos, num_keys, dtype)
+            assert mask.dtype == dtype and torch.equal(mask, _comparison_mask(q_pos, num_keys, dtype))
+    assert rows.lookup(torch.zeros(1, 1, 1, dtype=torch.long), 201, torch.float32) is None  # past the cap: the caller compares
 
 
 @pytest.mark.parametrize("query_lens", [[1, 1, 1], [1, 5, 1]])  # decode only; a prefill chunk between decodes
@@ -104,7 +108,7 @@ def test_masks_past_the_table_cap_give_the_same_attention(query_lens):
     slots = [int(tables[i, p // block_size]) * block_size + p % block_size
              for i, (n, L) in enumerate(zip(query_lens, seq_lens)) for p in range(L - n, L)]
 
-    def run(max_len: int) -> torch.Tensor:
+    def run(max_len: int, host=list) -> torch.Tensor:
         meta = AttentionMetadata(
             slot_mapping=torch.tensor(slots),
             query_start_loc=torch.tensor(starts, dtype=torch.int32),
@@ -112,8 +116,8 @@ def test_masks_past_the_table_cap_give_the_same_attention(query_lens):
             block_tables=tables,
             max_query_len=max(query_lens),
             max_seq_len=max(seq_lens),
-            query_lens_cpu=query_lens,
-            seq_lens_cpu=seq_lens,
+            query_lens_cpu=host(query_lens),
+            seq_lens_cpu=host(seq_lens),
         )
         backend = TorchAttentionBackend()
         backend.causal_rows = _CausalRows(max_len=max_len)
@@ -123,3 +127,5 @@ def test_masks_past_the_table_cap_give_the_same_attention(query_lens):
         return backend.forward(q, k, v, kv_cache.clone(), meta, scale=0.3)
 
     assert torch.equal(run(max_len=1024), run(max_len=4))
+    as_runner_gives_them = partial(np.asarray, dtype=np.int32)  # host copies as numpy arrays, not lists
+    assert torch.equal(run(max_len=1024, host=as_runner_gives_them), run(max_len=1024))

@@ -116,7 +116,7 @@ def test_append_rows_equals_appending_row_by_row(new_block_ids):
             table.set_row(row, blocks)
         return table
 
-    rows = [3, 0, 2, 1]  # the scheduler's order, not the batch's
+    rows = (3, 0, 2, 1)  # the scheduler's order, not the batch's; a tuple, as InputBatch.rows_of gives
     together, one_by_one = filled(), filled()
     together.append_rows(rows, new_block_ids)
     for row, blocks in zip(rows, new_block_ids):
