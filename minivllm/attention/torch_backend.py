@@ -38,8 +38,6 @@ class _Group:
     """(B, Q, 1) position of each query."""
     num_keys: int
     """Keys gathered per request, ``nb * block_size``: the key at index ``l`` is at position ``l``."""
-    causal_rows: "_CausalRows"
-    """The backend's causal-mask rows, kept across steps."""
     single_decode_len: int | None = None
     """For a group of one decode request: its length. Its keys are then cut to
     that length and attend unmasked, which lets SDPA take its fastest path."""
@@ -47,23 +45,27 @@ class _Group:
     biases: dict[tuple[int | None, torch.dtype], torch.Tensor] = field(default_factory=dict)
     """The additive masks built so far this step, by (sliding window, dtype)."""
 
-    def bias(self, window: int | None, dtype: torch.dtype) -> torch.Tensor:
+    def bias(self, window: int | None, dtype: torch.dtype, causal_rows: "_CausalRows") -> torch.Tensor:
         """(B, 1, Q, L) additive mask: 0 where a key is at or before its query (and within
         ``window`` of it), -inf elsewhere (which also drops the gathered positions past the
         request's end). Built once per step and window, when the first layer needs it (a
         single decode request without a window never does); every later layer adds it
-        as it is, where a boolean mask would be turned into this one in every layer."""
+        as it is, where a boolean mask would be turned into this one in every layer.
+        Without a window the rows come from the backend's ``causal_rows`` where it holds them."""
         key = (window, dtype)
-        if key not in self.biases and window is None:
-            self.biases[key] = self.causal_rows.lookup(self.q_pos, self.num_keys, dtype)
-        if self.biases.get(key) is None:
-            k_pos = torch.arange(self.num_keys, device=self.q_pos.device).view(1, 1, -1)
-            hidden = k_pos > self.q_pos  # (B, Q, L)
-            if window is not None:
-                hidden |= k_pos <= self.q_pos - window
-            zeros = torch.zeros(hidden.shape, dtype=dtype, device=hidden.device)
-            self.biases[key] = zeros.masked_fill_(hidden, float("-inf")).unsqueeze(1)
+        if key not in self.biases:
+            mask = causal_rows.lookup(self.q_pos, self.num_keys, dtype) if window is None else None
+            self.biases[key] = mask if mask is not None else self._compared(window, dtype)
         return self.biases[key]
+
+    def _compared(self, window: int | None, dtype: torch.dtype) -> torch.Tensor:
+        """``bias`` from comparing the positions of queries and keys."""
+        k_pos = torch.arange(self.num_keys, device=self.q_pos.device).view(1, 1, -1)
+        hidden = k_pos > self.q_pos  # (B, Q, L)
+        if window is not None:
+            hidden |= k_pos <= self.q_pos - window
+        zeros = torch.zeros(hidden.shape, dtype=dtype, device=hidden.device)
+        return zeros.masked_fill_(hidden, float("-inf")).unsqueeze(1)
 
 
 class _CausalRows:
@@ -110,11 +112,11 @@ class TorchAttentionBackend(AttentionBackend):
             classes = np.unique(size_class)
             for c in classes:
                 rows = decode if len(classes) == 1 else decode[size_class == c]
-                groups.append(_decode_group(host, rows, block_size, meta.seq_lens.device, self.causal_rows))
+                groups.append(_decode_group(host, rows, block_size, meta.seq_lens.device))
         if len(decode) < len(query_lens):
             starts = meta.query_start_loc.tolist()
             groups += [
-                _prefill_group(meta, i, starts[i], int(query_lens[i]), block_size, self.causal_rows)
+                _prefill_group(meta, i, starts[i], int(query_lens[i]), block_size)
                 for i in np.flatnonzero(query_lens > 1).tolist()
             ]
         return groups
@@ -148,7 +150,7 @@ class TorchAttentionBackend(AttentionBackend):
                 n = group.single_decode_len
                 k, v, mask = k[:, :, :n], v[:, :, :n], None
             else:
-                mask = group.bias(sliding_window, q.dtype)
+                mask = group.bias(sliding_window, q.dtype, self.causal_rows)
             o = _attend(q, k, v, mask, scale, logits_soft_cap).transpose(1, 2)  # (B, Q, H, D)
             if out is None:
                 return o.reshape(query.shape)
@@ -206,9 +208,7 @@ class _HostIndex:
             self.block_tables = meta.block_tables.cpu().numpy()
 
 
-def _decode_group(
-    host: _HostIndex, rows: np.ndarray, block_size: int, device: torch.device, causal_rows: _CausalRows
-) -> _Group:
+def _decode_group(host: _HostIndex, rows: np.ndarray, block_size: int, device: torch.device) -> _Group:
     """Decode requests ``rows`` (indices into the step's requests, ascending)."""
     seq_lens = host.seq_lens[rows]
     num_blocks = -(-int(seq_lens.max()) // block_size)
@@ -221,14 +221,11 @@ def _decode_group(
         block_ids=torch.from_numpy(host.block_tables[rows, :num_blocks].astype(np.int64)).to(device),
         q_pos=torch.from_numpy((seq_lens - 1).astype(np.int64)).to(device).view(-1, 1, 1),
         num_keys=num_blocks * block_size,
-        causal_rows=causal_rows,
         single_decode_len=int(seq_lens[0]) if len(rows) == 1 else None,
     )
 
 
-def _prefill_group(
-    meta: AttentionMetadata, i: int, start: int, n: int, block_size: int, causal_rows: _CausalRows
-) -> _Group:
+def _prefill_group(meta: AttentionMetadata, i: int, start: int, n: int, block_size: int) -> _Group:
     """One request's chunk of ``n`` queries, the last ``n`` of its ``seq_len`` positions."""
     seq_len = int(meta.seq_lens_cpu[i])
     num_blocks = -(-seq_len // block_size)
@@ -238,7 +235,6 @@ def _prefill_group(
         block_ids=meta.block_tables[i : i + 1, :num_blocks].long(),
         q_pos=torch.arange(seq_len - n, seq_len, device=device).view(1, -1, 1),
         num_keys=num_blocks * block_size,
-        causal_rows=causal_rows,
     )
 
 

@@ -15,9 +15,10 @@ as little-endian int64 and, only when there are extra keys, their pickle: every
 part before the last has a known length, so two different inputs never give
 the same bytes. sha256 over them is deterministic across processes and runs
 (Python's own ``hash`` is seeded per process), so hashes could be exchanged
-between engines of the same version (this layout is not the one before it). A block fills every ``block_size`` decode steps of every
-running request, so this runs tens of times per step at a few hundred
-requests: packing fixed-width integers costs a third of pickling a tuple.
+between engines of the same version (this layout is not the one before it).
+A block fills every ``block_size`` decode steps of every running request, so
+this runs tens of times per step at a few hundred requests: packing
+fixed-width integers costs about half of what pickling a tuple did.
 """
 from __future__ import annotations
 
