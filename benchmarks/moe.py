@@ -14,6 +14,7 @@ at least one token, read once: decode steps are bound by it.
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import time
 from dataclasses import dataclass
@@ -45,6 +46,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--dtype", choices=DTYPES, default="bf16")
     p.add_argument("--tp", type=int, default=1, help="time one rank's slice: each expert's intermediate / tp")
     p.add_argument("--cpu-smoke", action="store_true", help="tiny shapes on the CPU, torch path only")
+    p.add_argument("--json", metavar="PATH", help="also write the rows here")
     args = p.parse_args()
     if args.cpu_smoke:
         args.tokens, args.dtype = [1, 16, 128], "fp32"
@@ -112,9 +114,15 @@ def main() -> None:
     print(f"device={device} dtype={args.dtype} tp={args.tp} (best path counted in GFLOP/s and GB/s)")
     print(f"{'shape':>14} {'tokens':>6} {'torch ms':>9} {'triton ms':>9} {'speedup':>7} {'GFLOP/s':>8} "
           f"{'wt GB/s':>8} {'max err':>8}")
+    rows = []
     for shape in shapes:
         for tokens in args.tokens:
-            print(format_row(run_shape(shape, tokens, args, device, timer)))
+            rows.append(run_shape(shape, tokens, args, device, timer))
+            print(format_row(rows[-1]), flush=True)
+    if args.json:
+        name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+        with open(args.json, "w") as f:
+            json.dump({"device": name, "dtype": args.dtype, "tp": args.tp, "rows": rows}, f, indent=2)
 
 if __name__ == "__main__":
     main()

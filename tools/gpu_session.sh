@@ -12,7 +12,8 @@
 #   d3  transformers generate vs minivllm on a scaled-down nanovllm workload
 #   d4  benchmarks/attention.py: decode bandwidth at batch 1/64/256, contexts 512-4096, a prefill
 #   d5  benchmarks/profile_decode.py: 10 full-batch decode steps, kernels by group
-#   (d = d1..d5; --quick: a,b,c,d1,d4 at smaller sizes, under 5 minutes)
+#   d6  benchmarks/moe.py and benchmarks/quant_gemm.py: fused MoE, int4 and fp8 GEMMs vs torch
+#   (d = d1..d6; --quick: a,b,c,d1,d4 at smaller sizes, under 5 minutes)
 #
 # Each stage runs under `timeout` into $GPU_SESSION_WORK/<stage>/ (log.txt, metrics.json,
 # one folder per Hydra run); a broken stage never stops the later ones. After every
@@ -23,7 +24,11 @@
 # Environment: OUT (default outputs/gpu_session), PYTHON (python3), GPU_SESSION_WORK
 # (/tmp/gpu_session), GPU_SESSION_CPU_TRY=1 (no GPU: tiny shapes, CUDA-only parts skipped
 # and reported so), GPU_SESSION_FAIL_STAGES="b d4" (those stages fail on purpose: tests
-# of this script), GPU_SESSION_TIMEOUT_<STAGE>=seconds (a stage's limit, e.g. _D1).
+# of this script), GPU_SESSION_TIMEOUT_<STAGE>=seconds (a stage's limit, e.g. _D1),
+# GPU_SESSION_RUNS_<STAGE>="graphs sync" (which bench runs d1/d2 make, of graphs, eager,
+# compile, sync), GPU_SESSION_BENCH_ARGS="k=v ..." (added to every bench run),
+# GPU_SESSION_PYTEST_ARGS="-n 8" (added to stage b's pytest), GPU_SESSION_WARM=0 (no
+# Triton warm-up run before the timed ones: they warm up each engine themselves).
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -35,10 +40,10 @@ export WORK=${GPU_SESSION_WORK:-/tmp/gpu_session}
 export CPU_TRY=${GPU_SESSION_CPU_TRY:-0}
 export QUICK=0
 FAIL_STAGES=" ${GPU_SESSION_FAIL_STAGES:-} "
-ALL_STAGES=(a b c d1 d2 d3 d4 d5)
+ALL_STAGES=(a b c d1 d2 d3 d4 d5 d6)
 QUICK_STAGES=(a b c d1 d4)
-declare -A LIMIT=([a]=90 [b]=330 [c]=150 [d1]=440 [d2]=400 [d3]=360 [d4]=150 [d5]=380)
-declare -A QUICK_LIMIT=([a]=40 [b]=90 [c]=60 [d1]=70 [d2]=120 [d3]=90 [d4]=40 [d5]=60)
+declare -A LIMIT=([a]=90 [b]=330 [c]=150 [d1]=440 [d2]=400 [d3]=360 [d4]=150 [d5]=380 [d6]=150)
+declare -A QUICK_LIMIT=([a]=40 [b]=90 [c]=60 [d1]=70 [d2]=120 [d3]=90 [d4]=40 [d5]=60 [d6]=60)
 
 usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; }
 
@@ -49,7 +54,7 @@ while (($#)); do
     --stages) shift; IFS=, read -r -a STAGES <<<"${1:-}" ;;
     --stages=*) IFS=, read -r -a STAGES <<<"${1#--stages=}" ;;
     -h|--help) usage; exit 0 ;;
-    *) echo "gpu_session.sh: unknown argument '$1' (--quick, --stages a,b,c,d1,d2,d3,d4,d5)" >&2; exit 2 ;;
+    *) echo "gpu_session.sh: unknown argument '$1' (--quick, --stages a,b,c,d1,d2,d3,d4,d5,d6)" >&2; exit 2 ;;
   esac
   shift
 done
@@ -58,9 +63,9 @@ if ((${#STAGES[@]} == 0)); then
 fi
 expanded=()
 for s in "${STAGES[@]}"; do
-  if [[ $s == d ]]; then expanded+=(d1 d2 d3 d4 d5); continue; fi
+  if [[ $s == d ]]; then expanded+=(d1 d2 d3 d4 d5 d6); continue; fi
   if [[ -z ${LIMIT[$s]+x} ]]; then
-    echo "gpu_session.sh: unknown stage '$s' (stages: ${ALL_STAGES[*]}, or d for d1-d5)" >&2; exit 2
+    echo "gpu_session.sh: unknown stage '$s' (stages: ${ALL_STAGES[*]}, or d for d1-d6)" >&2; exit 2
   fi
   expanded+=("$s")
 done
@@ -116,6 +121,8 @@ stage_b() {
   if ((CPU_TRY)); then expect=(); fi
   # a hanging test fails alone (pytest-timeout) instead of taking the stage's junit.xml with it
   if "$PYTHON" -c "import pytest_timeout" 2>/dev/null; then targets+=(--timeout=150); fi
+  read -r -a extra <<<"${GPU_SESSION_PYTEST_ARGS:-}"
+  targets+=("${extra[@]}")
   "$PYTHON" -m pytest -m gpu -q -p tools.gpu_session.skip_missing -p no:cacheprovider \
     --junitxml="$STAGE_DIR/junit.xml" "${targets[@]}"
   local rc=$?
@@ -136,8 +143,10 @@ stage_c() {
 }
 
 bench_run() {  # NAME SECONDS OVERRIDES...: one task=bench run into $STAGE_DIR/NAME
-  local name=$1 limit=$2 BENCH SHRINK; shift 2
+  local name=$1 limit=$2 BENCH SHRINK extra; shift 2
   engine_args
+  read -r -a extra <<<"${GPU_SESSION_BENCH_ARGS:-}"
+  set -- "$@" "${extra[@]}"
   echo "== bench run $name (limit ${limit}s): $*"
   # --foreground: stay in the stage's process group, so the stage's own timeout reaches this run too
   timeout --foreground --kill-after=10 "$limit" "$PYTHON" -m minivllm "${BENCH[@]}" "$@" "${SHRINK[@]}" \
@@ -150,31 +159,37 @@ warm_triton() {
   # a short eager run of the same shapes compiles prefill, mixed and decode variants at many
   # batch sizes, so no timed run pays for a compile. The mark lives in Triton's cache.
   local mark="${TRITON_CACHE_DIR:-$HOME/.triton/cache}/.minivllm_bench_warm"
-  if ((CPU_TRY || QUICK)) || [[ -e $mark ]]; then return 0; fi
+  if ((CPU_TRY || QUICK)) || [[ ${GPU_SESSION_WARM:-1} == 0 || -e $mark ]]; then return 0; fi
   bench_run warmup 120 compilation.cudagraph=false bench.num_prompts=64 bench.min_output_len=16 \
     bench.max_output_len=48 bench.single_request=false
   mkdir -p "$(dirname "$mark")" && touch "$mark"  # once, even if it failed: the timed runs will say why
 }
 
-stage_d1() {
+# The bench configurations d1 and d2 compare: a name, its limit (s) and its overrides.
+bench_config() {  # NAME -> runs it
+  case "$1" in
+    graphs) bench_run graphs 120 ;;  # CUDA's defaults: graphs on, async scheduling on
+    eager) bench_run eager 180 compilation.cudagraph=false ;;
+    compile) bench_run compile 150 compilation.torch_compile=true ;;
+    sync) bench_run sync 120 scheduler.async_scheduling=false ;;
+    *) echo "unknown bench run '$1' (graphs, eager, compile, sync)" >&2; return 2 ;;
+  esac
+}
+
+bench_stage() {  # STAGE DEFAULT_RUNS...: the runs GPU_SESSION_RUNS_<STAGE> names, else the defaults
+  local var="GPU_SESSION_RUNS_${1^^}" runs run; shift
+  read -r -a runs <<<"${!var:-$*}"
   warm_triton
-  local runs=(graphs eager)
-  if ((QUICK)); then
-    runs=(graphs)
-    bench_run graphs 60 bench.num_prompts=64
-  else
-    bench_run graphs 120
-    bench_run eager 180 compilation.cudagraph=false
-  fi
+  if ((QUICK)); then runs=(graphs); fi
+  for run in "${runs[@]}"; do
+    if ((QUICK)); then bench_run graphs 60 bench.num_prompts=64; else bench_config "$run"; fi
+  done
   "$PYTHON" -m tools.gpu_session.stage_metrics bench "$STAGE_DIR" "${runs[@]}"
 }
 
-stage_d2() {
-  warm_triton
-  bench_run compile 150 compilation.torch_compile=true
-  bench_run sync 120 scheduler.async_scheduling=false
-  "$PYTHON" -m tools.gpu_session.stage_metrics bench "$STAGE_DIR" compile sync
-}
+stage_d1() { bench_stage d1 graphs eager; }
+
+stage_d2() { bench_stage d2 compile sync; }
 
 stage_d3() {
   # The full workload through generate takes far too long: 32 requests, outputs up to 512.
@@ -210,7 +225,19 @@ stage_d5() {
     >"$STAGE_DIR/eager.txt" 2>&1 || echo "eager profile failed: see eager.txt"
   timeout --foreground 120 "$PYTHON" benchmarks/profile_decode.py "${steps[@]}" --json "$STAGE_DIR/metrics.json"
 }
-export -f engine_args bench_run warm_triton stage_a stage_b stage_c stage_d1 stage_d2 stage_d3 stage_d4 stage_d5
+stage_d6() {
+  local moe=() quant=(--json "$STAGE_DIR/quant_gemm.json")
+  if ((CPU_TRY)); then moe=(--cpu-smoke); quant+=(--cpu-smoke); fi
+  if ((QUICK && !CPU_TRY)); then moe+=(--tokens 1 256); quant+=(--tokens 1 128); fi
+  echo "== fused MoE"
+  "$PYTHON" benchmarks/moe.py "${moe[@]}" --json "$STAGE_DIR/moe.json"
+  local rc=$?
+  echo "== int4 and fp8 GEMMs"
+  "$PYTHON" benchmarks/quant_gemm.py "${quant[@]}" || rc=1
+  "$PYTHON" -m tools.gpu_session.stage_metrics kernels "$STAGE_DIR" moe.json quant_gemm.json || rc=1
+  return $rc
+}
+export -f engine_args bench_run warm_triton bench_config bench_stage stage_a stage_b stage_c stage_d1 stage_d2 stage_d3 stage_d4 stage_d5 stage_d6
 
 # ---- the runner ----------------------------------------------------------------------------
 refresh_out() {

@@ -3,6 +3,7 @@
     python3 -m tools.gpu_session.stage_metrics pytest STAGE_DIR [--expect-passes]  # junit.xml -> counts
     python3 -m tools.gpu_session.stage_metrics demo STAGE_DIR A B    # runs A and B generated the same text?
     python3 -m tools.gpu_session.stage_metrics bench STAGE_DIR RUN...  # one row per task=bench run folder
+    python3 -m tools.gpu_session.stage_metrics kernels STAGE_DIR FILE...  # kernel benchmarks' JSON rows
 
 Each writes STAGE_DIR/metrics.json and exits 1 when the stage's own verdict is a
 failure (a failed test, different texts, a bench run without metrics).
@@ -111,11 +112,21 @@ def bench_metrics(stage: Path, runs: list[str]) -> dict[str, Any]:
     return {"ok": bool(rows) and all(r["status"] == "ok" for r in rows), "runs": rows}
 
 
+def kernel_metrics(stage: Path, files: list[str]) -> dict[str, Any]:
+    """The rows of kernel benchmarks (``--json`` files of benchmarks/moe.py, quant_gemm.py),
+    keyed by file stem; not ok when one is missing or has no rows."""
+    out: dict[str, Any] = {}
+    for name in files:
+        out[Path(name).stem] = _read(stage / name)
+    out["ok"] = bool(files) and all(out[Path(n).stem].get("rows") for n in files)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("kind", choices=("pytest", "demo", "bench"))
+    p.add_argument("kind", choices=("pytest", "demo", "bench", "kernels"))
     p.add_argument("stage_dir", type=Path)
-    p.add_argument("runs", nargs="*", help="demo: two run folders; bench: the run folders, in table order")
+    p.add_argument("runs", nargs="*", help="demo: two run folders; bench: the run folders, in table order; kernels: JSON files")
     p.add_argument("--expect-passes", action="store_true", help="pytest: no passed test is a failure")
     args = p.parse_args(argv)
     if args.kind == "pytest":
@@ -124,6 +135,8 @@ def main(argv: list[str] | None = None) -> int:
         if len(args.runs) != 2:
             p.error("demo compares exactly two run folders")
         metrics = demo_metrics(args.stage_dir, *args.runs)
+    elif args.kind == "kernels":
+        metrics = kernel_metrics(args.stage_dir, args.runs)
     else:
         metrics = bench_metrics(args.stage_dir, args.runs)
     (args.stage_dir / "metrics.json").write_text(json.dumps(metrics, indent=2))

@@ -23,11 +23,12 @@ STAGES = {
     "a": "environment",
     "b": "pytest -m gpu",
     "c": "demo: graphs vs eager",
-    "d1": "nanovllm: graphs, eager",
-    "d2": "nanovllm: torch_compile, sync sched",
+    "d1": "nanovllm: graphs, eager (default)",
+    "d2": "nanovllm: torch_compile, sync (default)",
     "d3": "transformers generate vs minivllm",
     "d4": "attention kernel bandwidth",
     "d5": "decode profile",
+    "d6": "fused MoE, int4 and fp8 GEMMs",
 }
 
 
@@ -110,8 +111,22 @@ def _profile(m: dict[str, Any]) -> str:
     return f"step {_num(m.get('step_ms'), '.2f')} ms at batch {m.get('batch')}; {shares}"
 
 
+def _kernels(m: dict[str, Any]) -> str:
+    """The largest token count of each kernel benchmark: its speed against the torch path."""
+    parts = []
+    for r in (m.get("moe") or {}).get("rows") or []:
+        if r.get("triton_ms") and r["tokens"] == max(x["tokens"] for x in m["moe"]["rows"]):
+            parts.append(f"moe {r['shape']} x{r['tokens']}: {r['torch_ms'] / r['triton_ms']:.1f}x torch")
+    for r in (m.get("quant_gemm") or {}).get("rows") or []:
+        if r["tokens"] == 1:
+            ratios = [f"{k} {r['bf16_ms'] / r[f'{k}_ms']:.1f}x" for k in ("int4", "fp8") if r.get(f"{k}_ms")]
+            parts.append(f"M=1 {r['shape']}: {', '.join(ratios) or 'no quantized path'} vs bf16")
+    return "; ".join(parts)
+
+
 KEY_NUMBERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "a": _env, "b": _pytest, "c": _demo, "d1": _bench, "d2": _bench, "d3": _bench, "d4": _attention, "d5": _profile,
+    "d6": _kernels,
 }
 
 

@@ -1,0 +1,182 @@
+"""Time the quantized linear layers' GEMMs against the bf16 GEMM and their own torch references.
+
+    PYTHONPATH=. python benchmarks/quant_gemm.py --json out.json   # CUDA: Llama-3-8B projection shapes
+    TRITON_INTERPRET=1 PYTHONPATH=. python benchmarks/quant_gemm.py --cpu-smoke   # tiny shapes, CPU
+
+For each weight shape (K inputs, N outputs) and token count M, one row holds:
+
+- ``bf16``: ``F.linear`` with the full-precision weight, the speed a quantized
+  layer must beat (decode is bound by reading the weight, so 4 and 8 bits should
+  win at small M);
+- ``int4``: the Triton dequantize-GEMM of AWQ/GPTQ layers (group 128), and its
+  torch reference (dequantize the whole weight, then matmul) as the engine's CPU
+  path computes it;
+- ``fp8``: ``torch._scaled_mm`` with dynamic per-token activation scales, the
+  activation quantization included, as ``Fp8LinearMethod`` runs it (CUDA, sm89+).
+
+Each quantized output is compared with the fp32 product of the same dequantized
+weight (``err`` is the largest difference over the reference's largest value).
+Weight GB/s counts the layer's stored weight bytes read once per call.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from minivllm.layers.linear import ReplicatedLinear
+from minivllm.quantization.awq import AWQLinearMethod
+from minivllm.quantization.fp8 import FP8, Fp8LinearMethod, _scaled_mm_usable
+from minivllm.quantization.int4 import dequantize
+
+
+@dataclass(frozen=True)
+class Shape:
+    name: str
+    k: int  # input features
+    n: int  # output features
+
+
+SHAPES = [Shape("qkv 4096->6144", 4096, 6144), Shape("gate_up 4096->28672", 4096, 28672),
+          Shape("down 14336->4096", 14336, 4096)]
+TINY = [Shape("tiny 64->32", 64, 32)]
+GROUP = 128
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--tokens", type=int, nargs="+", default=[1, 16, 128, 1024])
+    p.add_argument("--cpu-smoke", action="store_true", help="tiny shapes on the CPU (int4 through the interpreter)")
+    p.add_argument("--json", metavar="PATH", help="also write the rows here")
+    args = p.parse_args(argv)
+    if args.cpu_smoke:
+        args.tokens = [1, 16]
+    return args
+
+
+def make_timer(device: torch.device) -> Callable[[Callable[[], object]], float]:
+    """fn -> median seconds per call: triton's do_bench on CUDA, CPU time on the CPU."""
+    if device.type == "cuda":
+        from triton.testing import do_bench
+
+        return lambda fn: do_bench(fn, return_mode="median") * 1e-3
+
+    def cpu_time(fn: Callable[[], object], runs: int = 3) -> float:
+        fn()
+        times = []
+        for _ in range(runs):
+            start = time.process_time()
+            fn()
+            times.append(time.process_time() - start)
+        return statistics.median(times)
+
+    return cpu_time
+
+
+def int4_layer(shape: Shape, device: torch.device, gen: torch.Generator) -> ReplicatedLinear:
+    """An AWQ layer with random packed weights and zeros, converted to the common layout."""
+    layer = ReplicatedLinear(shape.k, shape.n, bias=False)
+    layer.set_quant_method(AWQLinearMethod(GROUP if shape.k % GROUP == 0 else 32), torch.bfloat16)
+    for name in ("qweight", "qzeros"):
+        p = getattr(layer, name)
+        p.data.copy_(torch.randint(-2**31, 2**31 - 1, p.shape, dtype=torch.int32, generator=gen))
+    layer.scales.data.copy_(torch.rand(layer.scales.shape, generator=gen) * 0.01)
+    layer.quant_method.process_weights_after_loading(layer)
+    return layer.to(device)
+
+
+def fp8_layer(weight: torch.Tensor) -> ReplicatedLinear:
+    """A dynamic-activation fp8 layer holding ``weight`` (out, in) quantized per output row."""
+    layer = ReplicatedLinear(weight.shape[1], weight.shape[0], bias=False)
+    layer.set_quant_method(Fp8LinearMethod(static_input=False), torch.bfloat16)
+    layer = layer.to(weight.device)
+    scale = weight.float().abs().amax(dim=1) / torch.finfo(FP8).max
+    layer.weight.data.copy_((weight.float() / scale[:, None]).to(FP8))
+    layer.weight_scale.data.copy_(scale)
+    layer.quant_method.process_weights_after_loading(layer)
+    return layer
+
+
+def rel_err(out: torch.Tensor, reference: torch.Tensor) -> float:
+    return ((out.float() - reference).abs().max() / reference.abs().max().clamp(min=1e-12)).item()
+
+
+def run_shape(shape: Shape, tokens: int, device: torch.device, timer, dtype: torch.dtype) -> dict:
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(tokens, shape.k, generator=gen).to(device, dtype)
+    weight = (torch.randn(shape.n, shape.k, generator=gen) * 0.02).to(device, dtype)  # (out, in)
+    row: dict = {"shape": shape.name, "tokens": tokens}
+    row["bf16_ms"] = timer(lambda: F.linear(x, weight)) * 1e3
+    row["bf16_weight_gbs"] = weight.numel() * weight.element_size() / row["bf16_ms"] / 1e6
+
+    layer = int4_layer(shape, device, gen)
+    w4 = dequantize(layer.qweight, layer.scales, layer.zeros, layer.g_idx, torch.float32)  # (K, N)
+    int4_bytes = sum(t.numel() * t.element_size() for t in (layer.qweight, layer.scales, layer.zeros, layer.g_idx))
+    row["int4_torch_ms"] = timer(lambda: x @ dequantize(layer.qweight, layer.scales, layer.zeros, layer.g_idx, dtype)) * 1e3
+    if device.type == "cuda" or _interpreted():
+        from minivllm.quantization.triton_int4 import int4_matmul
+
+        run = lambda: int4_matmul(x, layer.qweight, layer.scales, layer.zeros, layer.g_idx)  # noqa: E731
+        row["int4_err"] = rel_err(run(), x.float() @ w4)
+        row["int4_ms"] = timer(run) * 1e3
+        row["int4_weight_gbs"] = int4_bytes / row["int4_ms"] / 1e6
+    del w4
+
+    if device.type == "cuda" and _scaled_mm_usable(x, weight):
+        fp8 = fp8_layer(weight)
+        reference = x.float() @ fp8.quant_method.dequantize(fp8, torch.float32).t()
+        row["fp8_err"] = rel_err(fp8(x), reference)
+        row["fp8_ms"] = timer(lambda: fp8(x)) * 1e3
+        row["fp8_weight_gbs"] = fp8.weight.numel() / row["fp8_ms"] / 1e6
+    return row
+
+
+def _interpreted() -> bool:
+    from minivllm.attention.ops._validation import is_interpreted
+    from minivllm.quantization.triton_int4 import _int4_matmul_kernel
+
+    return is_interpreted(_int4_matmul_kernel)
+
+
+def format_row(r: dict) -> str:
+    def cell(key: str, fmt: str) -> str:
+        return format(r[key], fmt) if key in r else "-"
+
+    def ratio(key: str) -> str:
+        return f"{r['bf16_ms'] / r[key]:.2f}x" if key in r else "-"
+
+    return (f"| {r['shape']} | {r['tokens']} | {r['bf16_ms']:.4f} | {cell('int4_ms', '.4f')} | {ratio('int4_ms')} "
+            f"| {r['int4_torch_ms']:.4f} | {cell('fp8_ms', '.4f')} | {ratio('fp8_ms')} "
+            f"| {r['bf16_weight_gbs']:.0f} / {cell('int4_weight_gbs', '.0f')} / {cell('fp8_weight_gbs', '.0f')} "
+            f"| {cell('int4_err', '.1e')} / {cell('fp8_err', '.1e')} |")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    device = torch.device("cpu" if args.cpu_smoke or not torch.cuda.is_available() else "cuda")
+    dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
+    timer = make_timer(device)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    print(f"device={name} dtype={dtype} int4 group={GROUP}; ratios are bf16 time / quantized time")
+    print("| weight (K->N) | M | bf16 ms | int4 ms | int4 vs bf16 | int4 torch ms | fp8 ms | fp8 vs bf16 "
+          "| weight GB/s bf16 / int4 / fp8 | err int4 / fp8 |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    rows = []
+    for shape in TINY if args.cpu_smoke else SHAPES:
+        for tokens in args.tokens:
+            rows.append(run_shape(shape, tokens, device, timer, dtype))
+            print(format_row(rows[-1]), flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": name, "dtype": str(dtype), "group": GROUP, "rows": rows}, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
