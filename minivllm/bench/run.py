@@ -112,18 +112,39 @@ def _drive(
     return time.perf_counter() - start, produced, time.process_time() - start_cpu
 
 
-def _warm_up(llm: LLM, prompt: list[int]) -> None:
-    """Run every kind of step the timed run will (prefill, decode, a prefill chunk
-    mixed with decodes) once, so one-time costs (Triton compiling each kernel variant,
-    allocator growth) stay out of the timings."""
+def _warm_up(llm: LLM, prompt: list[int], cfg: VllmConfig, timer: StepTimer) -> int:
+    """Run every kind of step the timed run will, once, so one-time costs (Triton compiling
+    each kernel variant, allocator growth, torch.compile's shapes) stay out of the timings:
+    a short prefill, a decode, a prefill chunk mixed with decodes, and a step at the full
+    token budget over many sequences (the shape of the timed run's first steps).
+    Returns the most tokens one warm-up step scheduled (the timer is reset afterwards)."""
     engine = llm.llm_engine
     params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, output_kind=RequestOutputKind.FINAL_ONLY)
     engine.add_request("warmup-0", {"prompt_token_ids": prompt[:16]}, params)
-    engine.step()  # prefill
-    engine.step()  # decode
+    timer.run_step(engine.step)  # prefill
+    timer.run_step(engine.step)  # decode
     engine.add_request("warmup-1", {"prompt_token_ids": prompt}, params)
     while engine.has_unfinished_requests():  # mixed prefill + decode, then decodes of two
-        engine.step()
+        timer.run_step(engine.step)
+    kv_tokens = engine.scheduler_stats().num_blocks * cfg.cache.block_size
+    for i, ids in enumerate(_budget_prompts(cfg, len(prompt), kv_tokens)):
+        engine.add_request(f"warmup-budget-{i}", {"prompt_token_ids": ids}, params)
+    while engine.has_unfinished_requests():
+        timer.run_step(engine.step)
+    most = max(s.num_tokens for s in timer.steps)
+    timer.reset()
+    return most
+
+
+def _budget_prompts(cfg: VllmConfig, length: int, kv_tokens: int) -> list[list[int]]:
+    """Random prompts (no prefix-cache hits with the timed ones), enough of them to fill one
+    step's token budget within the sequence limit, all of them fitting the KV cache at once."""
+    sched = cfg.scheduler
+    budget = min(sched.max_num_batched_tokens, kv_tokens // 2)
+    length = min(max(length, -(-budget // sched.max_num_seqs)), cfg.max_model_len - 8, budget)
+    count = min(sched.max_num_seqs, -(-budget // max(1, length)))
+    rng = np.random.default_rng(cfg.bench.seed + 2)
+    return rng.integers(0, cfg.hf_config.vocab_size, size=(count, length)).tolist()
 
 
 def _model_runner(llm: LLM) -> Any | None:
@@ -143,9 +164,9 @@ def bench_minivllm(cfg: VllmConfig, requests: list[BenchRequest], single: BenchR
         runner = _model_runner(llm)
         device = runner.device if runner is not None else torch.device(cfg.device_type)
         timer = StepTimer(llm.llm_engine.core.executor, runner, device).attach()
-        if cfg.bench.warmup:
-            _warm_up(llm, requests[0].prompt_token_ids)
         out: dict[str, Any] = {}
+        if cfg.bench.warmup:
+            out["warmup_max_step_tokens"] = _warm_up(llm, requests[0].prompt_token_ids, cfg, timer)
         if single is not None:
             timer.reset()
             _drive(llm, [single], cfg, timer, None)

@@ -54,6 +54,12 @@ def resolve_async_scheduling(requested: bool | None, cfg: VllmConfig) -> bool:
     return requested
 
 
+def resolve_torch_compile(requested: bool | None, device_type: str) -> bool:
+    """``compilation.torch_compile``: null follows the device (on for CUDA, where it was measured
+    faster, off on the CPU)."""
+    return device_type == "cuda" if requested is None else requested
+
+
 def resolve_device(device_type: str) -> str:
     if device_type == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"

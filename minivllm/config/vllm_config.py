@@ -46,6 +46,7 @@ from minivllm.config.resolve import (
     executor_target,
     refuse_encoder_only,
     resolve_async_scheduling,
+    resolve_torch_compile,
     resolve_device,
     resolve_dtype,
     resolve_max_model_len,
@@ -133,6 +134,7 @@ class VllmConfig:
         self._check_pooling()
         self._check_speculative()
         self.async_scheduling: bool = resolve_async_scheduling(self.scheduler.async_scheduling, self)
+        self.torch_compile: bool = resolve_torch_compile(self.compilation.torch_compile, self.device_type)
 
     def _load_hf_config(self) -> tuple[Any, Any]:
         """The checkpoint's config and directory; a GGUF file's config comes from its metadata."""

@@ -85,7 +85,7 @@ class ModelRunner:
         loader = build(self.cfg.load.loader)
         self.model = loader.load_model(self.cfg, self.attn_backend, self.device)
         share_cos_sin_caches(self.model, self.cfg.max_model_len, self.device)
-        if self.cfg.compilation.torch_compile:
+        if self.cfg.torch_compile:
             compile_small_ops(self.model)
         self.attention_layers = [m for m in self.model.modules() if hasattr(m, "kv_cache") and hasattr(m, "backend")]
         self.pipeline = pipeline_stage(self.cfg, self.model, self.device)  # None unless parallel.pp > 1
@@ -172,7 +172,7 @@ class ModelRunner:
         self.kv_caches = []
         for layer in self.attention_layers:
             layer.kv_cache = None
-        if self.cfg.compilation.torch_compile:
+        if self.cfg.torch_compile:
             logger.info("Profile run with torch.compile of the small ops: %.1f s", time.perf_counter() - start)
 
     # ---- one step -----------------------------------------------------------------

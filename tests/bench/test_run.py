@@ -77,6 +77,18 @@ def test_bench_writes_complete_metrics(opt_dir, tmp_path):
     assert "baseline" not in metrics
 
 
+@pytest.mark.parametrize("budget, blocks, expected", [(64, 64, 64), (2048, 64, 256)])
+def test_warm_up_runs_a_step_at_the_full_token_budget(opt_dir, tmp_path, budget, blocks, expected):
+    """The timed run's first steps are full-budget prefills over many sequences; the warm-up
+    runs one (capped at half the KV cache, here 64 blocks of 8 tokens) so their one-time
+    costs (kernel compiles) stay out of the timings."""
+    extra = [f"scheduler.max_num_batched_tokens={budget}", f"cache.num_gpu_blocks_override={blocks}",
+             "bench.single_request=false", "bench.num_prompts=2"]
+    metrics = run(compose(_overrides(opt_dir, *extra)), tmp_path)
+    assert expected <= metrics["warmup_max_step_tokens"] <= min(budget, expected + 20)
+    assert metrics["num_preemptions"] == 0 and metrics["output_tokens"] == metrics["requested_output_tokens"]
+
+
 def test_bench_counts_preemptions_and_still_generates_every_token(opt_dir, tmp_path):
     # 6 blocks of 8 tokens cannot hold five requests of up to 36 tokens at once
     small_cache = ["cache.num_gpu_blocks_override=6", "bench.min_output_len=9", "bench.max_output_len=16"]

@@ -50,6 +50,19 @@ def test_attention_auto_resolves_to_a_concrete_class_per_device(llama_dir):
     assert cfg.parallel.executor["_target_"].endswith("UniProcExecutor")
 
 
+@pytest.mark.parametrize("requested, device, expected", [
+    (None, "cpu", False), (None, "cuda", True), (True, "cpu", True), (False, "cuda", False),
+])
+def test_torch_compile_null_follows_the_device(requested, device, expected, llama_dir):
+    from minivllm.config.resolve import resolve_torch_compile
+
+    assert resolve_torch_compile(requested, device) is expected
+    value = "null" if requested is None else str(requested).lower()
+    if device == "cpu":  # the resolved value is what the config carries to the runner
+        cfg = build_config([f"model.path={llama_dir}", "device=cpu", f"compilation.torch_compile={value}"])
+        assert cfg.torch_compile is expected
+
+
 def test_compose_is_callable_many_times():
     first = compose(["cache.block_size=8"])
     second = compose(["cache.block_size=32"])

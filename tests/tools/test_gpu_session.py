@@ -62,9 +62,43 @@ def test_results_draft_has_one_row_per_configuration(tmp_path):
     lines = render(load_stages([summary]), "2026-11-24").splitlines()
     assert lines[0] == "## GPU session: GPU (name not recorded), 2026-11-24"
     rows = [line for line in lines if line.startswith("| `")]
-    assert rows[0] == "| `(defaults: CUDA graphs, async scheduling)` | 18000 | 71.5 (80.0) | 0 | 1200 | 400 |  |"
+    assert rows[0] == "| `(defaults: CUDA graphs, async scheduling)` | 18000 | 71.5 (80.0) | n/a of n/a | 0 | 1200 | 400 |  |"
     assert rows[1].startswith("| `compilation.cudagraph=false` | no metrics |")
     assert rows[2].endswith("| 16.0x (transformers 1125 tok/s) |")
+
+
+def test_bench_runs_of_later_calls_merge_by_name_and_are_labelled_by_their_overrides(tmp_path):
+    """One session may run graphs in one call and eager in the next: both rows stay. The label
+    is what Hydra recorded, the base command's keys left out and a repeated key's last value kept."""
+    base = ["task=bench", "bench=nanovllm", "model=qwen3-0.6b", "load.format=dummy", "bench.progress=false"]
+    row = dict(status="ok", output_tokens_per_s=1.0, roofline_percent=1.0, num_preemptions=0, num_kv_blocks=1,
+               single_decode_tokens_per_s=1.0, prefill_step_time_s=0.5, total_time_s=2.0)
+    first = {"runs": [dict(row, run="graphs", overrides=base + ["hydra.run.dir=/x"], output_tokens_per_s=100.0)]}
+    second = {"runs": [dict(row, run="eager", overrides=base + ["compilation.cudagraph=false"],
+                            output_tokens_per_s=50.0),
+                       dict(row, run="hf", overrides=base + ["bench.num_prompts=32", "bench.num_prompts=16"])]}
+    paths = []
+    for i, d1 in enumerate((first, second)):
+        paths.append(tmp_path / f"summary{i}.json")
+        paths[-1].write_text(json.dumps({"stages": [{"stage": "d1", "metrics": d1}]}))
+    rows = [line for line in render(load_stages(paths), "2026-11-26").splitlines() if line.startswith("| `")]
+    assert rows[0].startswith("| `(defaults: CUDA graphs, async scheduling)` | 100 | 1.0 (n/a) | 0.50 of 2.00 |")
+    assert rows[1].startswith("| `compilation.cudagraph=false` | 50 |")
+    assert rows[2].startswith("| `bench.num_prompts=16` |")
+
+
+def test_kernel_stage_and_chosen_bench_runs_on_the_cpu(tmp_path):
+    """d6 writes both kernel benchmarks' rows; GPU_SESSION_RUNS_D1 picks the bench runs."""
+    proc = _session(tmp_path, "--stages", "d1,d6", GPU_SESSION_RUNS_D1="sync",
+                    GPU_SESSION_BENCH_ARGS="bench.single_request=false")
+    assert proc.returncode == 0, proc.stderr
+    d1, d6 = (s["metrics"] for s in json.loads((tmp_path / "out" / "summary.json").read_text())["stages"])
+    assert [r["run"] for r in d1["runs"]] == ["sync"] and d1["runs"][0]["status"] == "ok"
+    assert "scheduler.async_scheduling=false" in d1["runs"][0]["overrides"]
+    assert "bench.single_request=false" in d1["runs"][0]["overrides"]
+    assert d6["status"] == "ok" and d6["moe"]["rows"] and d6["quant_gemm"]["rows"]
+    draft = render(load_stages([tmp_path / "out" / "summary.json"]), "2026-11-26")
+    assert "Fused MoE (`benchmarks/moe.py`)" in draft and "Quantized GEMMs (`benchmarks/quant_gemm.py`)" in draft
 
 
 def test_a_stage_past_its_limit_is_recorded_as_a_timeout(tmp_path):

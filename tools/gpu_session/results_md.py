@@ -2,10 +2,12 @@
 
     python3 -m tools.gpu_session.results_md OUT1/summary.json [OUT2/summary.json ...] [--date 2026-11-24]
 
-Stages found in later files replace those of earlier ones. The draft holds the
-device, the commands and one table per measurement (nanovllm configurations,
-transformers vs minivllm, attention bandwidth, decode profile); the commentary
-on goals is left to the reader of the numbers.
+Stages found in later files replace those of earlier ones, except the bench
+stages (d1-d3), whose runs are merged by name (a later run of the same name
+wins): one session may run `graphs` in one call and `eager` in the next. The
+draft holds the device, the commands and one table per measurement (nanovllm
+configurations, transformers vs minivllm, attention bandwidth, decode profile,
+fused MoE and quantized GEMMs); the commentary on goals is left to the reader.
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 BENCH = "python3 -m minivllm task=bench bench=nanovllm model=qwen3-0.6b load.format=dummy"
+BASE_OVERRIDES = {"task", "bench", "model", "load.format", "bench.progress", "hydra.run.dir"}
 CONFIGS = {
     "graphs": "(defaults: CUDA graphs, async scheduling)", "eager": "compilation.cudagraph=false",
     "compile": "compilation.torch_compile=true", "sync": "scheduler.async_scheduling=false",
@@ -32,24 +35,45 @@ def load_stages(paths: list[Path]) -> dict[str, dict[str, Any]]:
     stages: dict[str, dict[str, Any]] = {}
     for path in paths:
         for row in json.loads(path.read_text())["stages"]:
-            if row.get("metrics"):
-                stages[row["stage"]] = row["metrics"]
+            metrics = row.get("metrics")
+            if not metrics:
+                continue
+            if row["stage"] in ("d1", "d2", "d3") and row["stage"] in stages:
+                runs = {r["run"]: r for r in stages[row["stage"]].get("runs", [])}
+                runs.update({r["run"]: r for r in metrics.get("runs", [])})
+                metrics = {**metrics, "runs": list(runs.values())}
+            stages[row["stage"]] = metrics
     return stages
 
 
+def _config_label(run: dict[str, Any]) -> str:
+    """The overrides a run added to the bench command (as Hydra recorded them), else its known name."""
+    if not run.get("overrides"):
+        return CONFIGS.get(run["run"], run["run"])
+    last: dict[str, str] = {}  # a key given twice: Hydra applies the later value
+    for override in run["overrides"]:
+        key = override.split("=", 1)[0].lstrip("+~")
+        if key not in BASE_OVERRIDES:
+            last.pop(key, None)
+            last[key] = override
+    return " ".join(last.values()) or CONFIGS["graphs"]
+
+
 def _bench_table(stages: dict[str, dict[str, Any]]) -> list[str]:
-    lines = ["| configuration | output tok/s | % of roofline floor (decode steps) | preemptions | KV blocks "
-             "| single-request decode tok/s | vs transformers |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    lines = ["| configuration | output tok/s | % of roofline floor (decode steps) | prefill steps: s of total s "
+             "| preemptions | KV blocks | single-request decode tok/s | vs transformers |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for stage in ("d1", "d2", "d3"):
         for r in stages.get(stage, {}).get("runs", []):
-            config = f"`{CONFIGS.get(r['run'], r['run'])}`"
+            config = f"`{_config_label(r)}`"
             if r.get("status") != "ok":
-                lines.append(f"| {config} | {r.get('status')} | | | | | |")
+                lines.append(f"| {config} | {r.get('status')} | | | | | | |")
                 continue
             versus = "" if r.get("speedup_vs_hf") is None else (
                 f"{_f(r['speedup_vs_hf'], '.1f')}x (transformers {_f(r['hf_output_tokens_per_s'])} tok/s)")
             roof = f"{_f(r['roofline_percent'], '.1f')} ({_f(r.get('decode_roofline_percent'), '.1f')})"
-            lines.append(f"| {config} | {_f(r['output_tokens_per_s'])} | {roof} | "
+            prefill = f"{_f(r.get('prefill_step_time_s'), '.2f')} of {_f(r.get('total_time_s'), '.2f')}"
+            lines.append(f"| {config} | {_f(r['output_tokens_per_s'])} | {roof} | {prefill} | "
                          f"{r['num_preemptions']} | {r['num_kv_blocks']} | "
                          f"{_f(r['single_decode_tokens_per_s'])} | {versus} |")
     return lines
@@ -78,6 +102,31 @@ def _profile_table(m: dict[str, Any], top: int = 10) -> list[str]:
     return lines
 
 
+def _kernel_tables(m: dict[str, Any]) -> list[str]:
+    out: list[str] = []
+    moe = m.get("moe") or {}
+    if moe.get("rows"):
+        out += [f"Fused MoE (`benchmarks/moe.py`), {moe.get('dtype')}: the Triton kernel against the torch loop "
+                "over experts.", "", "| layer | tokens | torch ms | triton ms | speedup | weight GB/s | max err |",
+                "| --- | --- | --- | --- | --- | --- | --- |"]
+        out += [f"| {r['shape']} | {r['tokens']} | {_f(r['torch_ms'], '.3f')} | {_f(r.get('triton_ms'), '.3f')} | "
+                f"{_f(r['torch_ms'] / r['triton_ms'] if r.get('triton_ms') else None, '.2f')}x | "
+                f"{_f(r['weight_gbs'])} | {_f(r.get('max_err'), '.1e')} |" for r in moe["rows"]]
+    quant = m.get("quant_gemm") or {}
+    if quant.get("rows"):
+        out += ["", f"Quantized GEMMs (`benchmarks/quant_gemm.py`), int4 group {quant.get('group')}: time against "
+                "bf16 `F.linear` (a ratio above 1 is faster than bf16).", "",
+                "| weight | M | bf16 ms | int4 ms (vs bf16) | int4 torch ref ms | fp8 ms (vs bf16) | err int4 / fp8 |",
+                "| --- | --- | --- | --- | --- | --- | --- |"]
+        for r in quant["rows"]:
+            def vs(key: str) -> str:
+                return f"{_f(r.get(key), '.4f')} ({_f(r['bf16_ms'] / r[key] if r.get(key) else None, '.2f')}x)"
+            out.append(f"| {r['shape']} | {r['tokens']} | {_f(r['bf16_ms'], '.4f')} | {vs('int4_ms')} | "
+                       f"{_f(r['int4_torch_ms'], '.4f')} | {vs('fp8_ms')} | "
+                       f"{_f(r.get('int4_err'), '.1e')} / {_f(r.get('fp8_err'), '.1e')} |")
+    return out
+
+
 def render(stages: dict[str, dict[str, Any]], date: str) -> str:
     gpu = (stages.get("a", {}).get("gpu") or {}).get("gpu") or stages.get("d5", {}).get("device")
     versions = stages.get("a", {}).get("versions") or {}
@@ -90,6 +139,8 @@ def render(stages: dict[str, dict[str, Any]], date: str) -> str:
         out += ["", "Paged attention (`benchmarks/attention.py`):", ""] + _attention_table(stages["d4"])
     if "d5" in stages:
         out += ["", "Decode profile (`benchmarks/profile_decode.py`):", ""] + _profile_table(stages["d5"])
+    if "d6" in stages:
+        out += [""] + _kernel_tables(stages["d6"])
     return "\n".join(out) + "\n"
 
 

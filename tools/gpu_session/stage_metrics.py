@@ -78,16 +78,27 @@ def _read(path: Path) -> dict[str, Any]:
         return {}
 
 
+def _overrides(run: Path) -> list[str]:
+    """The command-line overrides Hydra recorded for a run (``.hydra/overrides.yaml``), if any."""
+    path = run / ".hydra" / "overrides.yaml"
+    if not path.is_file():
+        return []
+    return [line[2:].strip() for line in path.read_text().splitlines() if line.startswith("- ")]
+
+
 def bench_row(run: Path) -> dict[str, Any]:
     """The numbers of one ``task=bench`` run that the results table needs."""
     m = _read(run / "metrics.json")
     if m.get("status") != "ok":
-        return {"run": run.name, "status": m.get("status", "no metrics"), "error": m.get("error")}
+        return {"run": run.name, "status": m.get("status", "no metrics"), "error": m.get("error"),
+                "overrides": _overrides(run)}
     roof, single, base = m.get("roofline") or {}, m.get("single_request") or {}, m.get("baseline") or {}
+    engine = m.get("engine") or {}
     pct, decode_pct = roof.get("achieved_fraction"), roof.get("decode_achieved_fraction")
     return {
         "run": run.name,
         "status": "ok",
+        "overrides": _overrides(run),
         "device": m.get("device"),
         "num_requests": m.get("num_requests"),
         "output_tokens_per_s": m.get("output_tokens_per_s"),
@@ -101,7 +112,10 @@ def bench_row(run: Path) -> dict[str, Any]:
         "block_size": m.get("block_size"),
         "peak_memory_gib": m.get("peak_memory_gib"),
         "single_decode_tokens_per_s": single.get("decode_tokens_per_s"),
-        "overhead_per_step_ms": (m.get("engine") or {}).get("overhead_per_step_ms"),
+        "overhead_per_step_ms": engine.get("overhead_per_step_ms"),
+        "num_steps": engine.get("num_steps"),
+        "num_prefill_steps": engine.get("num_prefill_steps"),
+        "prefill_step_time_s": engine.get("prefill_step_time_s"),
         "hf_output_tokens_per_s": base.get("output_tokens_per_s"),
         "speedup_vs_hf": m.get("speedup_output_tokens_per_s"),
     }
