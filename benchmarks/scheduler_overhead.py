@@ -27,8 +27,8 @@ import numpy as np
 from minivllm.config.store import build_config
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.core.scheduler import Scheduler
-from minivllm.core.scheduler_output import ModelRunnerOutput
-from minivllm.engine.request import Request, RequestId
+from minivllm.outputs import ModelRunnerOutput
+from minivllm.request import Request, RequestId
 from minivllm.sampling_params import SamplingParams
 
 

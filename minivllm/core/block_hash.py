@@ -26,9 +26,9 @@ import hashlib
 import json
 import pickle
 import struct
-from typing import Any, NewType, Sequence
+from typing import Any, Sequence
 
-BlockHash = NewType("BlockHash", bytes)
+from minivllm.request import BlockHash
 ExtraKeys = tuple[Any, ...]
 
 _PICKLE_PROTOCOL = 5

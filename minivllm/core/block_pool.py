@@ -23,7 +23,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import NewType
 
-from minivllm.core.block_hash import BlockHash
+from minivllm.request import BlockHash
 
 BlockId = NewType("BlockId", int)
 

@@ -32,11 +32,12 @@ not block ids, so later blocks still hash and hit as before.
 """
 from __future__ import annotations
 
-from minivllm.core.block_hash import BlockHash, extend_block_hashes, request_extra_keys, root_hash
+from minivllm.request import BlockHash
+from minivllm.core.block_hash import extend_block_hashes, request_extra_keys, root_hash
 from minivllm.core.block_pool import BlockId, BlockPool, KVCacheBlock
 from minivllm.core.sliding_window import num_blocks_out_of_window
 from minivllm.core.stats import PrefixCacheStats
-from minivllm.engine.request import Request, RequestId
+from minivllm.request import Request, RequestId
 from minivllm.utils import cdiv
 
 

@@ -26,8 +26,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable
 
-from minivllm.core.scheduler_output import EngineCoreOutput, ModelRunnerOutput, SchedulerOutput
-from minivllm.engine.request import Request, RequestId, RequestStatus
+from minivllm.outputs import EngineCoreOutput, ModelRunnerOutput
+from minivllm.core.scheduler_output import SchedulerOutput
+from minivllm.request import Request, RequestId, RequestStatus
 
 if TYPE_CHECKING:
     from minivllm.core.kv_cache_manager import KVCacheManager

@@ -28,7 +28,7 @@ import heapq
 import itertools
 from typing import Iterator
 
-from minivllm.engine.request import Request
+from minivllm.request import Request
 
 _Entry = tuple[int, int, int, float, int, Request]
 """(priority, 0 for a resumed fcfs request else 1, turn, arrival_time, tie, request)."""

@@ -61,13 +61,9 @@ from minivllm.core.block_pool import BlockId
 from minivllm.core.kv_cache_manager import KVCacheManager
 from minivllm.core.output_update import OutputUpdate
 from minivllm.core.request_queue import make_waiting_queue
-from minivllm.core.scheduler_output import (
-    CachedRequestData,
-    NewRequestData,
-    SchedulerOutput,
-)
+from minivllm.core.scheduler_output import CachedRequestData, NewRequestData, SchedulerOutput
 from minivllm.core.stats import SchedulerStats
-from minivllm.engine.request import Request, RequestId, RequestStatus
+from minivllm.request import Request, RequestId, RequestStatus
 from minivllm.spec_decode.scheduling import SpecDecodeScheduling
 from minivllm.structured_output.backend import backend_for
 from minivllm.structured_output.manager import StructuredOutputManager

@@ -2,34 +2,19 @@
 
 New requests travel in full; requests the workers have already seen travel as
 deltas (new tokens and new blocks), so a step's message stays small as
-sequences grow. Workers keep per-request state between steps.
-
-What comes back: the workers' ``ModelRunnerOutput`` (sampled tokens, logprobs,
-drafts, pooled vectors), and per request the ``EngineCoreOutput`` the scheduler
-hands the engine after its stop checks.
+sequences grow. Workers keep per-request state between steps. What comes back
+is in ``minivllm/outputs.py``.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
 
 import numpy as np
 
 from minivllm.core.block_pool import BlockId
-from minivllm.engine.request import RequestId
+from minivllm.request import RequestId
 from minivllm.lora.request import LoRARequest
 from minivllm.sampling_params import SamplingParams
-
-
-class PositionLogprobs(NamedTuple):
-    """One position's logprobs as a worker sends them (the front end wraps them in ``Logprob``)."""
-
-    token_logprobs: dict[int, float]
-    """The chosen (or prompt) token first, then the top-k asked for in descending
-    order; a token that is both appears once."""
-    rank: int
-    """The chosen token's 1-based rank in the whole vocabulary: one more than the
-    number of tokens strictly more likely."""
 
 
 @dataclass(slots=True)
@@ -93,41 +78,3 @@ class SchedulerOutput:
     @property
     def is_empty(self) -> bool:
         return not self.num_scheduled_tokens
-
-
-@dataclass
-class ModelRunnerOutput:
-    """Sampled tokens of one step, from rank 0."""
-
-    sampled_token_ids: dict[RequestId, list[int]] = field(default_factory=dict)
-    """Per request that finished its known tokens this step: the new token(s) (with
-    speculative decoding: the accepted drafts, then the target's own token).
-    Requests in the middle of a prefill chunk get no entry."""
-    logprobs: dict[RequestId, list[PositionLogprobs]] = field(default_factory=dict)
-    """Per sampled token: the chosen token's and the top-k's logprobs, and the chosen one's rank."""
-    prompt_logprobs: dict[RequestId, list[PositionLogprobs | None]] = field(default_factory=dict)
-    """For requests that asked and sampled their first token this step: one
-    entry per prompt token (the prompt token's own logprob and rank, then the top-k),
-    the first entry None. Workers gather them chunk by chunk during prefill."""
-    pooler_output: dict[RequestId, Any] = field(default_factory=dict)
-    """runner=pooling: per request whose prompt completed this step, its pooled (H,) fp32 CPU tensor."""
-    spec_token_ids: dict[RequestId, list[int]] = field(default_factory=dict)
-    """Speculative decoding with a draft model: per request that sampled, the drafts it
-    proposes to follow this step's tokens (the scheduler schedules them next step)."""
-
-
-@dataclass(slots=True)
-class EngineCoreOutput:
-    """New tokens of one request after one step."""
-
-    req_id: RequestId
-    new_token_ids: list[int]
-    new_logprobs: list[PositionLogprobs] | None = None
-    finish_reason: str | None = None
-    stop_reason: int | str | None = None
-    prompt_logprobs: list[PositionLogprobs | None] | None = None
-    """With the first new token of a request that asked: one entry per prompt token (the first None)."""
-    num_cached_tokens: int = 0
-    """Prompt tokens the request found in the prefix cache when first scheduled."""
-    pooling_output: Any = None
-    """runner=pooling: the request's pooled (H,) tensor, with its one placeholder token."""

@@ -24,12 +24,12 @@ from collections import deque
 
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.core.scheduler import Scheduler
-from minivllm.core.scheduler_output import EngineCoreOutput
+from minivllm.outputs import EngineCoreOutput
 from minivllm.core.scheduler_output import SchedulerOutput
-from minivllm.engine.request import Request, RequestId
+from minivllm.request import Request, RequestId
 from minivllm.executor.base import Executor
 from minivllm.utils import build
-from minivllm.worker.pending_output import StepResult
+from minivllm.outputs import StepResult
 
 logger = logging.getLogger(__name__)
 

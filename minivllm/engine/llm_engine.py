@@ -9,7 +9,7 @@ from typing import Any, Callable
 
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.core.scheduler import SchedulerStats
-from minivllm.core.scheduler_output import EngineCoreOutput
+from minivllm.outputs import EngineCoreOutput
 from minivllm.engine.core import EngineCore
 from minivllm.engine.detokenizer import IncrementalDetokenizer
 from minivllm.engine.final_detokenizer import FinalDetokenizer, FinalTextDecoder, wants_final_text_only
@@ -17,7 +17,7 @@ from minivllm.engine.logprob import LogprobBuilder
 from minivllm.engine.outputs import RequestOutput
 from minivllm.engine.parent_request import CompletionState, ParentRequest
 from minivllm.engine.processor import Processor, PromptType
-from minivllm.engine.request import Request, RequestId
+from minivllm.request import Request, RequestId
 from minivllm.engine.stats import EngineStats, StatLogger
 from minivllm.engine.tokenizer import get_tokenizer
 from minivllm.executor.user_calls import user_collective_rpc

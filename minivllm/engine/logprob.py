@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from transformers import PreTrainedTokenizerBase
 
-from minivllm.core.scheduler_output import PositionLogprobs
+from minivllm.outputs import PositionLogprobs
 
 
 class Logprob(float):

@@ -19,11 +19,11 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from minivllm.core.scheduler_output import EngineCoreOutput
+from minivllm.outputs import EngineCoreOutput
 from minivllm.engine.detokenizer import IncrementalDetokenizer
 from minivllm.engine.final_detokenizer import FinalDetokenizer
 from minivllm.engine.outputs import CompletionOutput, Logprob, Logprobs, RequestOutput
-from minivllm.engine.request import RequestId
+from minivllm.request import RequestId
 from minivllm.sampling_params import RequestOutputKind, SamplingParams
 
 

@@ -11,8 +11,9 @@ from functools import partial
 from typing import Any, Callable
 
 from minivllm.config.vllm_config import VllmConfig
-from minivllm.core.scheduler_output import ModelRunnerOutput, SchedulerOutput
-from minivllm.worker.pending_output import DoneOutput, StepResult
+from minivllm.outputs import ModelRunnerOutput
+from minivllm.core.scheduler_output import SchedulerOutput
+from minivllm.outputs import DoneOutput, StepResult
 
 
 class WorkerFailedError(RuntimeError):

@@ -26,7 +26,8 @@ import torch
 import torch.distributed as dist
 
 from minivllm.config.vllm_config import VllmConfig
-from minivllm.core.scheduler_output import ModelRunnerOutput, SchedulerOutput
+from minivllm.outputs import ModelRunnerOutput
+from minivllm.core.scheduler_output import SchedulerOutput
 from minivllm.executor.base import Executor, run_method
 from minivllm.utils import build
 

@@ -38,7 +38,8 @@ from typing import Any, Callable
 import cloudpickle
 
 from minivllm.config.vllm_config import VllmConfig
-from minivllm.core.scheduler_output import ModelRunnerOutput, SchedulerOutput
+from minivllm.outputs import ModelRunnerOutput
+from minivllm.core.scheduler_output import SchedulerOutput
 from minivllm.distributed.utils import LOCALHOST, get_open_port, retry_on_address_in_use, threads_per_rank
 from minivllm.executor.base import Executor, WorkerFailedError
 from minivllm.executor.worker_proc import SHUTDOWN, Reply, worker_main

@@ -22,7 +22,8 @@ from collections import Counter
 from typing import Any, Callable
 
 from minivllm.config.vllm_config import VllmConfig
-from minivllm.core.scheduler_output import ModelRunnerOutput, SchedulerOutput
+from minivllm.outputs import ModelRunnerOutput
+from minivllm.core.scheduler_output import SchedulerOutput
 from minivllm.distributed.utils import get_open_port, retry_on_address_in_use, threads_per_rank
 from minivllm.executor.base import Executor, WorkerFailedError, run_method
 from minivllm.utils import build

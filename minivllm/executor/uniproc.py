@@ -7,7 +7,7 @@ from minivllm.config.vllm_config import VllmConfig
 from minivllm.core.scheduler_output import SchedulerOutput
 from minivllm.executor.base import Executor, run_method
 from minivllm.utils import build
-from minivllm.worker.pending_output import StepResult
+from minivllm.outputs import StepResult
 
 
 class UniProcExecutor(Executor):

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 from transformers import PretrainedConfig
 
-from minivllm.engine.request import RequestId
+from minivllm.request import RequestId
 from minivllm.lora.config import LoRAConfig
 from minivllm.lora.layers import MEMBERS, wrap_lora_layers
 from minivllm.lora.peft_loader import LoRAAdapter, load_peft_adapter

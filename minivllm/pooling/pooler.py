@@ -20,8 +20,8 @@ from __future__ import annotations
 import torch
 
 from minivllm.config.schema import POOLING_TYPES
-from minivllm.core.scheduler_output import ModelRunnerOutput
-from minivllm.engine.request import RequestId
+from minivllm.outputs import ModelRunnerOutput
+from minivllm.request import RequestId
 
 PLACEHOLDER_TOKEN = 0
 

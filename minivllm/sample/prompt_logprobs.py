@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Callable
 
 import torch
 
-from minivllm.core.scheduler_output import PositionLogprobs
+from minivllm.outputs import PositionLogprobs
 from minivllm.sample.sampler import gather_logprobs
 
 if TYPE_CHECKING:

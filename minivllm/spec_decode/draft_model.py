@@ -36,7 +36,7 @@ from torch import nn
 
 from minivllm.attention.backend import AttentionBackend, AttentionMetadata
 from minivllm.config.vllm_config import VllmConfig
-from minivllm.engine.request import RequestId
+from minivllm.request import RequestId
 from minivllm.layers.rotary import share_cos_sin_caches
 from minivllm.sample.metadata import from_batch
 from minivllm.sample.sampler import Sampler

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from minivllm.engine.request import Request
+from minivllm.request import Request
 
 
 class NgramProposer:

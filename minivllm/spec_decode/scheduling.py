@@ -29,7 +29,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from minivllm.core.kv_cache_manager import KVCacheManager
-from minivllm.engine.request import Request, RequestId
+from minivllm.request import Request, RequestId
 from minivllm.sample.metadata import has_logits_edits
 from minivllm.sampling_params import SamplingParams
 from minivllm.spec_decode.config import SpeculativeConfig

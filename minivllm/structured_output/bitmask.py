@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from minivllm.engine.request import RequestId
+from minivllm.request import RequestId
 
 
 def bitmask_for_rows(

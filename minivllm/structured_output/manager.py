@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from minivllm.engine.request import Request, RequestId
+from minivllm.request import Request, RequestId
 from minivllm.structured_output.backend import XGrammarBackend
 from minivllm.structured_output.params import GrammarKey, StructuredOutputsParams
 

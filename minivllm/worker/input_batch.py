@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from minivllm.core.scheduler_output import NewRequestData
-from minivllm.engine.request import RequestId
+from minivllm.request import RequestId
 from minivllm.sampling_params import SamplingParams
 from minivllm.worker.block_table import BlockTable
 

@@ -22,10 +22,11 @@ from torch import nn
 
 from minivllm.attention.backend import AttentionMetadata
 from minivllm.config.vllm_config import VllmConfig
-from minivllm.core.scheduler_output import ModelRunnerOutput, NewRequestData, SchedulerOutput
+from minivllm.outputs import ModelRunnerOutput
+from minivllm.core.scheduler_output import NewRequestData, SchedulerOutput
 from minivllm.distributed.parallel_state import broadcast_from_first
 from minivllm.distributed.pipeline import IntermediateTensors, PipelineStage, pipeline_stage
-from minivllm.engine.request import RequestId
+from minivllm.request import RequestId
 from minivllm.layers.compile import compile_small_ops
 from minivllm.layers.rotary import share_cos_sin_caches
 from minivllm.lora.manager import LoRAModelManager
@@ -40,7 +41,8 @@ from minivllm.utils import build, cdiv
 from minivllm.worker.cuda_graphs import CUDAGraphRunner
 from minivllm.worker.batch_sampling import BatchSampling
 from minivllm.worker.input_batch import InputBatch
-from minivllm.worker.pending_output import DoneOutput, PendingOutput
+from minivllm.outputs import DoneOutput
+from minivllm.worker.pending_output import PendingOutput
 from minivllm.worker.request_state import PromptLogprobsState
 from minivllm.worker.step_inputs import StepInputBuilder, StepInputs
 

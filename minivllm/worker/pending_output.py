@@ -10,13 +10,13 @@ a synchronous step calls it at once. It is idempotent.
 from __future__ import annotations
 
 from functools import cached_property
-from typing import Callable, Protocol
+from typing import Callable
 
 import numpy as np
 import torch
 
-from minivllm.core.scheduler_output import ModelRunnerOutput, PositionLogprobs
-from minivllm.engine.request import RequestId
+from minivllm.outputs import ModelRunnerOutput, PositionLogprobs
+from minivllm.request import RequestId
 from minivllm.sample.sampler import SamplerOutput
 from minivllm.worker.input_batch import InputBatch
 
@@ -107,24 +107,3 @@ def _to_host(t: torch.Tensor | None) -> torch.Tensor | None:
     host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
     host.copy_(t, non_blocking=True)
     return host
-
-
-class DoneOutput:
-    """A step with nothing to wait for (no request sampled)."""
-
-    resolved = True
-
-    def __init__(self, output: ModelRunnerOutput) -> None:
-        self._output = output
-
-    def result(self) -> ModelRunnerOutput:
-        return self._output
-
-
-class StepResult(Protocol):
-    """What launching a step returns: its output, once asked for."""
-
-    @property
-    def resolved(self) -> bool: ...
-
-    def result(self) -> ModelRunnerOutput: ...

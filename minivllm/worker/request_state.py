@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from minivllm.core.scheduler_output import PositionLogprobs
+from minivllm.outputs import PositionLogprobs
 
 
 @dataclass(slots=True)

@@ -9,7 +9,8 @@ import torch
 import torch.distributed as dist
 
 from minivllm.config.vllm_config import VllmConfig
-from minivllm.core.scheduler_output import ModelRunnerOutput, SchedulerOutput
+from minivllm.outputs import ModelRunnerOutput
+from minivllm.core.scheduler_output import SchedulerOutput
 from minivllm.distributed.parallel_state import destroy_model_parallel, init_model_parallel
 from minivllm.plugins import load_general_plugins
 from minivllm.utils import build

@@ -19,8 +19,9 @@ import itertools
 from minivllm.config.store import build_config
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.core.scheduler import Scheduler
-from minivllm.core.scheduler_output import ModelRunnerOutput, SchedulerOutput
-from minivllm.engine.request import Request, RequestId
+from minivllm.outputs import ModelRunnerOutput
+from minivllm.core.scheduler_output import SchedulerOutput
+from minivllm.request import Request, RequestId
 from minivllm.sampling_params import SamplingParams
 
 _ids = itertools.count()

@@ -6,13 +6,7 @@ import pytest
 
 import minivllm
 
-from minivllm.core.block_hash import (
-    extend_block_hashes,
-    hash_block_tokens,
-    model_identity,
-    request_extra_keys,
-    root_hash,
-)
+from minivllm.core.block_hash import extend_block_hashes, hash_block_tokens, model_identity, request_extra_keys, root_hash
 from tests.core.scheduler_helpers import base_config
 
 ROOT = root_hash({"path": "m"})

@@ -1,7 +1,7 @@
 """The update loop's one-token path stops a request exactly where the stop rules say."""
 import pytest
 
-from minivllm.core.scheduler_output import ModelRunnerOutput
+from minivllm.outputs import ModelRunnerOutput
 from minivllm.sampling_params import SamplingParams
 from tests.core.scheduler_helpers import base_config, make_request, make_scheduler
 

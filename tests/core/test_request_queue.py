@@ -4,7 +4,7 @@ requests first, and priorities before turns."""
 from __future__ import annotations
 
 from minivllm.core.request_queue import make_waiting_queue
-from minivllm.engine.request import Request, RequestId
+from minivllm.request import Request, RequestId
 from minivllm.sampling_params import SamplingParams
 
 _clock = iter(range(1_000_000))

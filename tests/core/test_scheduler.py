@@ -1,5 +1,5 @@
-from minivllm.core.scheduler_output import ModelRunnerOutput
-from minivllm.engine.request import RequestStatus
+from minivllm.outputs import ModelRunnerOutput
+from minivllm.request import RequestStatus
 import pytest
 
 from minivllm.sampling_params import SamplingParams

@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from minivllm.engine.request import RequestStatus
+from minivllm.request import RequestStatus
 from tests.core.scheduler_helpers import (
     FakeRunner,
     base_config,

@@ -4,7 +4,7 @@ from __future__ import annotations
 import copy
 
 from minivllm.core.scheduler import Scheduler
-from minivllm.core.scheduler_output import ModelRunnerOutput
+from minivllm.outputs import ModelRunnerOutput
 from minivllm.lora import LoRARequest
 from tests.core.scheduler_helpers import base_config, make_request
 

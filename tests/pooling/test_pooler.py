@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from minivllm.engine.request import RequestId
+from minivllm.request import RequestId
 from minivllm.pooling.pooler import PLACEHOLDER_TOKEN, Pooler
 
 A, B = RequestId("a"), RequestId("b")

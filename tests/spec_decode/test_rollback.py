@@ -6,8 +6,8 @@ import pytest
 
 from minivllm.config.store import build_config
 from minivllm.core.scheduler import Scheduler
-from minivllm.core.scheduler_output import ModelRunnerOutput
-from minivllm.engine.request import Request, RequestId
+from minivllm.outputs import ModelRunnerOutput
+from minivllm.request import Request, RequestId
 from minivllm.sampling_params import SamplingParams
 from minivllm.spec_decode.config import SpeculativeConfig
 from minivllm.spec_decode.scheduling import SpecDecodeScheduling

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from transformers import AutoTokenizer
 
-from minivllm.core.scheduler_output import ModelRunnerOutput
+from minivllm.outputs import ModelRunnerOutput
 from minivllm.engine.tokenizer import DEMO_TOKENIZER
 from minivllm.sampling_params import SamplingParams
 from minivllm.structured_output import StructuredOutputsParams

@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 from minivllm.core.scheduler_output import NewRequestData
-from minivllm.engine.request import RequestId
+from minivllm.request import RequestId
 from minivllm.sampling_params import SamplingParams
 from minivllm.worker.input_batch import InputBatch
 from minivllm.worker.step_inputs import StepInputBuilder

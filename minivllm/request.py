@@ -1,16 +1,23 @@
-"""A request as the engine core sees it: token ids, progress and status."""
+"""A request as the engine core sees it: token ids, progress and status.
+
+The types here cross every boundary between the front end, the scheduler and
+the workers, so they sit at the bottom of the package graph and import nothing
+from the engine's packages.
+"""
 from __future__ import annotations
 
 import enum
 import time
 from dataclasses import dataclass, field
-from typing import NewType
+from typing import TYPE_CHECKING, NewType
 
-from minivllm.core.block_hash import BlockHash
-from minivllm.lora.request import LoRARequest
-from minivllm.sampling_params import SamplingParams
+if TYPE_CHECKING:  # annotations only: neither is needed at run time
+    from minivllm.lora.request import LoRARequest
+    from minivllm.sampling_params import SamplingParams
 
 RequestId = NewType("RequestId", str)
+BlockHash = NewType("BlockHash", bytes)
+"""A full KV block's content hash (``core/block_hash.py`` computes them)."""
 
 
 class RequestStatus(enum.Enum):
