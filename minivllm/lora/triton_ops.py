@@ -54,6 +54,13 @@ def _segmented_matmul_kernel(
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
+def block_config(n: int, k: int) -> tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_N, BLOCK_K) for a (.., K) @ (K, N) product: 16 tokens a program, N and K
+    tiles of 16 to 64 (also read by ``tools/kernel_report.py``)."""
+    block_n, block_k = (max(16, min(64, triton.next_power_of_2(d))) for d in (n, k))
+    return 16, block_n, block_k
+
+
 def segmented_matmul(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, token_idx: torch.Tensor,
                      seg_slot: torch.Tensor, seg_start: torch.Tensor, seg_len: torch.Tensor, max_len: int,
                      add: bool) -> None:  # fmt: skip
@@ -75,8 +82,7 @@ def segmented_matmul(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, token_
     if seg_len.numel() == 0 or max_len == 0:
         return
     n, k = w.shape[2], w.shape[1]
-    block_m = 16
-    block_n, block_k = (max(16, min(64, triton.next_power_of_2(d))) for d in (n, k))
+    block_m, block_n, block_k = block_config(n, k)
     grid = (seg_len.numel(), triton.cdiv(max_len, block_m), triton.cdiv(n, block_n))
     _segmented_matmul_kernel[grid](
         x, w, out, token_idx, seg_slot, seg_start, seg_len, n, k,

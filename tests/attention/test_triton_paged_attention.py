@@ -11,17 +11,13 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import subprocess
-import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 import torch
-import triton
 
 from minivllm.attention import AttentionMetadata
-from minivllm.attention.ops import paged_attention, triton_kv_write, triton_paged_attention, write_kv
+from minivllm.attention.ops import paged_attention, write_kv
 from minivllm.attention.ops.triton_paged_attention import default_num_splits
 from minivllm.attention.triton_backend import TritonAttentionBackend
 
@@ -329,76 +325,3 @@ def test_write_kv_rejects_bad_inputs() -> None:
         write_kv(k[:, :1], v[:, :1], cache, slots)
     with pytest.raises(ValueError, match="kv_cache dtype"):
         write_kv(k.half(), v.half(), cache, slots)
-
-
-def kernel_signature(kernel, dtype: str, constexprs: dict, kv_dtype: str | None = None) -> dict[str, str]:
-    """Triton argument types, by our kernels' naming conventions (``kv_dtype``: the cache's, if not ``dtype``)."""
-    index_ptrs = {"block_tables_ptr": "*i32", "seq_lens_ptr": "*i32", "query_start_loc_ptr": "*i32",
-                  "slot_mapping_ptr": "*i64"}
-
-    def arg_type(name: str) -> str:
-        if name in constexprs:
-            return "constexpr"
-        if name in index_ptrs:
-            return index_ptrs[name]
-        if name == "kv_ptr" and kv_dtype is not None:
-            return f"*{kv_dtype}"
-        if name.endswith("_ptr"):
-            return "*fp32" if name.startswith("part_") else f"*{dtype}"
-        return "fp32" if name in ("scale", "soft_cap", "k_scale", "v_scale") else "i32"
-
-    return {name: arg_type(name) for name in kernel.arg_names}
-
-
-COMPILED_VARIANTS = [  # dtype, head_dim, group, max_query_len, num_splits, block_size, window, soft-cap
-    ("bf16", 128, 4, 1, 4, 16, True, True),
-    ("fp16", 80, 3, 64, 1, 8, False, False),
-    ("fp32", 256, 1, 64, 1, 64, True, False),
-]
-FP8_KV_VARIANTS = [  # the same, over a float8_e4m3fn cache
-    ("bf16", 128, 4, 1, 4, 16, False, False),
-    ("fp16", 64, 2, 64, 1, 16, False, False),
-]
-
-
-def compile_kernels_for_cuda(arch: int = 90) -> None:
-    """Compile the kernels as the wrappers configure them for sm_<arch>, down to a
-    cubin with the ptxas that ships with Triton: no GPU needed. Run this without
-    TRITON_INTERPRET (the kernels must be JITFunctions)."""
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    def build(kernel, dtype: str, num_warps: int = 4, kv_dtype: str | None = None, **constexprs) -> None:
-        # As at a real launch: pointers and (typical) strides are multiples of 16.
-        aligned = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(kernel.arg_names)
-                   if name.endswith("_ptr") or name.startswith("stride_")}
-        source = ASTSource(kernel, kernel_signature(kernel, dtype, constexprs, kv_dtype), constexprs, aligned)
-        triton.compile(source, target=GPUTarget("cuda", arch, 32), options={"num_warps": num_warps})
-
-    for i, (dtype, head_dim, group, max_query_len, splits, block_size, window, soft_cap) in enumerate(
-            COMPILED_VARIANTS + FP8_KV_VARIANTS):
-        fp8_kv = i >= len(COMPILED_VARIANTS)
-        group_pad = triton.next_power_of_2(group)
-        block_q, block_n, num_warps = triton_paged_attention._tile_config(head_dim, group_pad, max_query_len,
-                                                                          fp32=dtype == "fp32")
-        build(triton_paged_attention._paged_attention_kernel, dtype, num_warps, kv_dtype="fp8e4nv" if fp8_kv else None,
-              HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_SIZE=block_size,
-              GROUP=group, GROUP_PAD=group_pad, BLOCK_Q=block_q, BLOCK_N=block_n, NUM_SPLITS=splits,
-              USE_WINDOW=window, USE_SOFT_CAP=soft_cap, FP32_DOT=dtype == "fp32", FP8_KV=fp8_kv)
-    build(triton_paged_attention._combine_splits_kernel, "bf16", HEAD_DIM=80, BLOCK_D=128, NUM_SPLITS=4)
-    for fp8 in (False, True):
-        build(triton_kv_write._write_kv_kernel, "bf16", kv_dtype="fp8e4nv" if fp8 else None, NUM_KV_HEADS=3,
-              HEAD_DIM=80, BLOCK_H=4, BLOCK_D=128, BLOCK_SIZE=16, FP8=fp8, ROUND_FP8=False)
-
-
-@pytest.mark.slow
-def test_kernels_compile_for_cuda_without_a_gpu() -> None:
-    """The interpreter runs code that Triton's compiler rejects (a plain float global,
-    say), so the CPU run also compiles every kernel for a Hopper GPU, in a fresh
-    process where the kernels are defined without the interpreter."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    here = Path(__file__).resolve().parent
-    env["PYTHONPATH"] = os.pathsep.join([str(here), str(here.parents[1]), env.get("PYTHONPATH", "")])
-    code = f"import {Path(__file__).stem} as t; t.compile_kernels_for_cuda(90)"
-    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-4000:]

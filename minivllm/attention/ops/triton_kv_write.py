@@ -64,6 +64,13 @@ def _write_kv_kernel(
     tl.store(dst + stride_kv, v, mask=mask)
 
 
+def launch_constexprs(num_kv_heads: int, head_dim: int, block_size: int, fp8: bool, round_fp8: bool) -> dict:
+    """The kernel's compile-time arguments: a program holds all KV heads of one token
+    (also read by ``tools/kernel_report.py``)."""
+    return dict(NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim, BLOCK_H=triton.next_power_of_2(num_kv_heads),
+                BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_SIZE=block_size, FP8=fp8, ROUND_FP8=round_fp8)
+
+
 def write_kv(
     key: torch.Tensor,  # (T, Hkv, D)
     value: torch.Tensor,  # (T, Hkv, D)
@@ -99,8 +106,6 @@ def write_kv(
         key, value, kv_cache, slot_mapping, float(k_scale), float(v_scale),
         key.stride(0), key.stride(1), value.stride(0), value.stride(1),
         *kv_cache.stride()[:4],
-        NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim,
-        BLOCK_H=triton.next_power_of_2(num_kv_heads), BLOCK_D=triton.next_power_of_2(head_dim),
-        BLOCK_SIZE=kv_cache.shape[2], FP8=kv_cache.dtype == FP8_KV_DTYPE,
-        ROUND_FP8=is_interpreted(_write_kv_kernel),
+        **launch_constexprs(num_kv_heads, head_dim, kv_cache.shape[2], kv_cache.dtype == FP8_KV_DTYPE,
+                            is_interpreted(_write_kv_kernel)),
     )

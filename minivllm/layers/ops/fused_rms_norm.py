@@ -43,6 +43,12 @@ def _rms_norm_kernel(
     tl.store(x_ptr + row * stride_x + cols, (w * normed).to(dtype), mask=mask)
 
 
+def launch_constexprs(hidden: int, has_residual: bool) -> dict:
+    """The kernel's compile-time arguments for rows of ``hidden`` features: one block holds a
+    whole row (also read by ``tools/kernel_report.py``)."""
+    return dict(HIDDEN=hidden, BLOCK=triton.next_power_of_2(hidden), HAS_RESIDUAL=has_residual)
+
+
 def rms_norm_(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None) -> None:
     """In place: ``x`` (N, H) becomes ``weight * rmsnorm(x [+ residual])``; with
     ``residual`` (N, H), it becomes ``x + residual`` first."""
@@ -64,5 +70,5 @@ def rms_norm_(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch
         x, residual if residual is not None else x, weight,
         x.stride(0), residual.stride(0) if residual is not None else 0,
         eps,
-        HIDDEN=hidden, BLOCK=triton.next_power_of_2(hidden), HAS_RESIDUAL=residual is not None,
+        **launch_constexprs(hidden, residual is not None),
     )

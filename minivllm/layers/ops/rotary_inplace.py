@@ -48,6 +48,12 @@ def _rotary_kernel(
     tl.store(base + b_off, (b32 * cos + a32 * sin).to(dtype), mask=mask)
 
 
+def launch_constexprs(rot_dim: int, neox_style: bool) -> dict:
+    """The kernel's compile-time arguments: a program holds one head's ``rot_dim // 2`` pairs
+    (also read by ``tools/kernel_report.py``)."""
+    return dict(ROT_DIM=rot_dim, HALF_BLOCK=triton.next_power_of_2(rot_dim // 2), NEOX=neox_style)
+
+
 def rotary_embedding_(
     positions: torch.Tensor,  # (T,) int
     q: torch.Tensor,  # (T, Hq, D)
@@ -74,5 +80,5 @@ def rotary_embedding_(
     for x in (q, k):
         _rotary_kernel[(x.shape[0], x.shape[1])](
             x, positions, cos_sin_cache, x.stride(0), x.stride(1),
-            ROT_DIM=rot_dim, HALF_BLOCK=triton.next_power_of_2(rot_dim // 2), NEOX=neox_style,
+            **launch_constexprs(rot_dim, neox_style),
         )

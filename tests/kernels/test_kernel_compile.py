@@ -1,0 +1,80 @@
+"""Every Triton kernel of the package compiled for sm_80 and sm_90 without a GPU.
+
+``tools/kernel_report.py`` compiles each kernel the way its wrapper launches it at
+the benchmark shapes, down to a cubin with the ptxas that ships with Triton, and
+reports registers, shared memory and spills. The interpreter used on a CPU machine
+accepts code the compiler rejects and says nothing about resources, so this runs the
+report once, in a fresh process without ``TRITON_INTERPRET``, and fails a kernel for
+an architecture when one of its variants does not compile, spills registers or needs
+more shared memory than a block may have there. Kernels are found by reading the
+package's source: a ``@triton.jit`` function that is launched (``name[grid](...)``)
+must have variants in the report, so a new kernel without any fails here.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+ARCHS = (80, 90)
+JIT_DEF = re.compile(r"@triton\.jit(?:\([^)]*\))?\s*\ndef\s+(\w+)\s*\(")
+
+
+def package_source() -> str:
+    return "\n".join(p.read_text() for p in sorted((ROOT / "minivllm").rglob("*.py")))
+
+
+def jit_functions(source: str) -> set[str]:
+    return set(JIT_DEF.findall(source))
+
+
+def launched_kernels(source: str) -> list[str]:
+    """The @triton.jit functions launched somewhere (``name[grid](...)``); the others are
+    device helpers, called from kernels (``_dot``, ``_tanh``, ``_round_to_e4m3``)."""
+    return sorted(name for name in jit_functions(source) if re.search(rf"\b{name}\[", source))
+
+
+KERNELS = launched_kernels(package_source())
+
+
+def test_kernels_are_told_from_device_helpers() -> None:
+    source = package_source()
+    helpers = jit_functions(source) - set(KERNELS)
+    assert {"_paged_attention_kernel", "_combine_splits_kernel", "_write_kv_kernel"} <= set(KERNELS)
+    assert {"_dot", "_tanh", "_round_to_e4m3"} <= helpers
+    for name in helpers:  # a helper is called by a kernel; one that is neither is dead code
+        assert re.search(rf"(?<!def )\b{name}\(", source), f"@triton.jit {name} is neither launched nor called"
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory) -> list[dict]:
+    """The report's rows for both architectures, from one run; its table is printed (pytest -s)."""
+    out = tmp_path_factory.mktemp("kernel_report") / "report.json"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    cmd = [sys.executable, "-m", "tools.kernel_report", "--arch", *map(str, ARCHS), "--json", str(out), "--jobs", "2"]
+    result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    print(f"\n$ {' '.join(cmd[1:])}\n{result.stdout}")
+    # 0: every variant passed, 1: some failed (the tests below say which); anything else is a crash.
+    assert result.returncode in (0, 1) and out.exists(), result.stderr[-4000:]
+    return json.loads(out.read_text())["rows"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ARCHS, ids=lambda a: f"sm{a}")
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_kernel_compiles_without_spills_within_shared_memory(report: list[dict], kernel: str, arch: int) -> None:
+    rows = [r for r in report if r["kernel"] == kernel and r["arch"] == arch]
+    assert rows, f"{kernel} has no variant in tools/kernel_report.py: add the launches its wrapper makes"
+    failed = [f"{r['variant']}: regs {r['registers']}, shared {r['shared']}/{r['shared_limit']} B, "
+              f"spills {r['spill_stores']}/{r['spill_loads']} B: {r['why']}" for r in rows if not r["ok"]]
+    assert not failed, f"{kernel} on sm_{arch}:\n" + "\n".join(failed)
+    for r in rows:  # what "ok" means, restated
+        assert r["spill_stores"] == r["spill_loads"] == 0 and r["shared"] <= r["shared_limit"]
+        assert 0 < r["registers"] <= 255
