@@ -1,4 +1,4 @@
-from minivllm.entrypoints.cli import main
+from minivllm.cli.main import main
 
 if __name__ == "__main__":
     main()

@@ -9,7 +9,7 @@ import torch
 from minivllm.bench.hf_baseline import generate_batch, shared_checkpoint
 from minivllm.bench.workloads import build_workload
 from minivllm.config.store import build_config, compose
-from minivllm.entrypoints.cli import run
+from minivllm.cli.main import run
 from minivllm.entrypoints.llm import LLM
 
 SMALL = [

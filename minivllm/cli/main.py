@@ -23,7 +23,7 @@ logger = logging.getLogger("minivllm")
 
 
 def _tasks() -> dict[str, Callable[[VllmConfig, Path], dict[str, Any]]]:
-    from minivllm.entrypoints.generate import run_generate
+    from minivllm.cli.generate import run_generate
 
     tasks: dict[str, Callable] = {"generate": run_generate}
     try:
