@@ -4,22 +4,25 @@ report the registers, shared memory and register spills of each compiled variant
     PYTHONPATH=. python -m tools.kernel_report                      # sm_80 and sm_90, a table
     PYTHONPATH=. python -m tools.kernel_report --arch 90 --json report.json --jobs 2
 
-A variant is one launch of a kernel as its wrapper makes it for a benchmark shape:
-the wrapper's own functions choose the tiles, warps and splits (``_tile_config``,
-``default_num_splits``, ``default_block``, ``launch_constexprs``, ...), and the
-arguments (stand-in tensors of the right dtype and shape, integers and floats of the
-benchmark's sizes) go through Triton's own launch-time specialization, so the compiled
-kernel is the one a launch on the GPU would compile (16-byte-aligned pointers, integers
-divisible by 16 or equal to 1 specialized alike). Variants that compile to the same
-kernel are merged. Each is compiled with ``triton.compile`` for ``GPUTarget("cuda",
-arch, 32)`` down to a cubin with the ptxas that ships with Triton; ptxas ``-v`` is then
-run again on the PTX to read the registers and spills, and the shared memory is the
-dynamic shared memory Triton will request (``metadata.shared``).
+A variant is one launch of a kernel as its wrapper makes it for a benchmark shape on a
+GPU of the architecture: the wrapper's own functions choose the tiles, warps and splits
+(``_tile_config`` with that compute capability, ``default_num_splits``, ``default_block``,
+``launch_constexprs``, ...), and the arguments (stand-in tensors of the right dtype and
+shape, integers and floats of the benchmark's sizes) go through Triton's own launch-time
+specialization, so the compiled kernel is the one a launch on the GPU would compile
+(16-byte-aligned pointers, integers divisible by 16 or equal to 1 specialized alike).
+Variants that compile to the same kernel are merged. Each is compiled with
+``triton.compile`` for ``GPUTarget("cuda", arch, 32)`` down to a cubin with the ptxas
+that ships with Triton; ptxas ``-v`` is then run again on the PTX to read the registers
+and spills, and the shared memory is the dynamic shared memory Triton will request
+(``metadata.shared``).
 
 A variant fails when it does not compile, spills registers (any spill store or load)
-or needs more shared memory than one block may have on the architecture. Run this
-without ``TRITON_INTERPRET``: the kernels must be JITFunctions. The exit status is 1
-when any variant fails.
+or needs more shared memory than one block may have on the architecture. A variant whose
+configuration the engine refuses at start-up on the architecture (an fp8 KV cache below
+sm_89: ``check_fp8_kv_capability``) is not compiled but listed as refused, with the
+refusal's message; that is no failure. Run this without ``TRITON_INTERPRET``: the
+kernels must be JITFunctions. The exit status is 1 when any variant fails.
 """
 from __future__ import annotations
 
@@ -35,7 +38,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import triton
@@ -80,6 +83,7 @@ class Variant:
     label: str
     args: dict[str, Any]  # every kernel argument by name, constexprs included
     options: dict[str, Any] = field(default_factory=dict)  # num_warps / num_stages if the wrapper passes them
+    fp8_kv: bool = False  # part of a launch over an fp8 KV cache (refused at start-up below sm_89)
 
     @property
     def kernel_name(self) -> str:
@@ -100,19 +104,36 @@ def model_shape() -> dict:
                 max_position=hf["max_position_embeddings"])
 
 
-def paged_attention_launches(label: str, *, dtype: torch.dtype, num_reqs: int, query_len: int, context_len: int,
-                             block_size: int, num_heads: int, num_kv_heads: int, head_dim: int,
+def capability(arch: int) -> tuple[int, int]:
+    """80 -> (8, 0): the compute capability ``torch.cuda.get_device_capability`` gives on that GPU."""
+    return divmod(arch, 10)
+
+
+def start_up_refusal(variant: Variant, arch: int) -> str:
+    """The engine's start-up error for the variant's configuration on ``arch``; "" if it starts."""
+    from minivllm.attention.ops.triton_paged_attention import check_fp8_kv_capability
+
+    if variant.fp8_kv:
+        try:
+            check_fp8_kv_capability(capability(arch))
+        except ValueError as e:
+            return str(e)
+    return ""
+
+
+def paged_attention_launches(label: str, *, arch: int, dtype: torch.dtype, num_reqs: int, query_len: int,
+                             context_len: int, block_size: int, num_heads: int, num_kv_heads: int, head_dim: int,
                              kv_dtype: torch.dtype | None = None, sliding_window: int | None = None,
                              soft_cap: float | None = None, num_tokens: int | None = None) -> list[Variant]:
-    """``paged_attention`` on a CUDA device of NUM_SMS multiprocessors: requests of at most
-    ``query_len`` new tokens (all of them: ``num_tokens`` None) at the end of ``context_len``
-    tokens; ``num_splits`` left to the wrapper."""
+    """``paged_attention`` on a CUDA device of compute capability ``arch`` (80: 8.0) with NUM_SMS
+    multiprocessors: requests of at most ``query_len`` new tokens (all of them: ``num_tokens``
+    None) at the end of ``context_len`` tokens; ``num_splits`` left to the wrapper."""
     from minivllm.attention.ops import triton_paged_attention as pa
 
     num_tokens = num_reqs * query_len if num_tokens is None else num_tokens
     group = num_heads // num_kv_heads
     block_q, block_n, num_warps = pa._tile_config(head_dim, triton.next_power_of_2(group), query_len,
-                                                  dtype == torch.float32)
+                                                  dtype == torch.float32, capability(arch))
     num_q_tiles = triton.cdiv(query_len, block_q)
     num_splits = pa.default_num_splits(NUM_SMS, num_reqs * num_q_tiles * num_kv_heads, query_len, context_len)
     split_len = triton.cdiv(triton.cdiv(context_len, num_splits), block_n) * block_n
@@ -125,6 +146,7 @@ def paged_attention_launches(label: str, *, dtype: torch.dtype, num_reqs: int, q
     if num_splits > 1:
         partials = [Tensor(torch.float32, num_splits, num_tokens, num_heads, *shape) for shape in ((head_dim,), (), ())]
     label = f"{label} bs{block_size} split{num_splits}"
+    fp8_kv = kv_dtype == torch.float8_e4m3fn  # the whole launch: the engine refuses the cache, not one kernel
     attention = Variant(pa._paged_attention_kernel, label, dict(
         out_ptr=out, part_acc_ptr=partials[0], part_max_ptr=partials[1], part_sum_ptr=partials[2],
         q_ptr=query, kv_ptr=kv_cache, block_tables_ptr=block_tables, seq_lens_ptr=seq_lens,
@@ -136,8 +158,8 @@ def paged_attention_launches(label: str, *, dtype: torch.dtype, num_reqs: int, q
         HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_SIZE=block_size,
         GROUP=group, GROUP_PAD=triton.next_power_of_2(group), BLOCK_Q=block_q, BLOCK_N=block_n,
         NUM_SPLITS=num_splits, USE_WINDOW=sliding_window is not None, USE_SOFT_CAP=soft_cap is not None,
-        FP32_DOT=dtype == torch.float32, FP8_KV=kv_dtype == torch.float8_e4m3fn,
-    ), dict(num_warps=num_warps))
+        FP32_DOT=dtype == torch.float32, FP8_KV=fp8_kv,
+    ), dict(num_warps=num_warps), fp8_kv=fp8_kv)
     if num_splits == 1:
         return [attention]
     combine = Variant(pa._combine_splits_kernel, label, dict(
@@ -145,7 +167,7 @@ def paged_attention_launches(label: str, *, dtype: torch.dtype, num_reqs: int, q
         query_start_loc_ptr=query_start_loc, num_reqs=num_reqs, num_tokens=num_tokens, num_heads=num_heads,
         stride_ot=out.stride(0), stride_oh=out.stride(1),
         HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), NUM_SPLITS=num_splits,
-    ))
+    ), fp8_kv=fp8_kv)
     return [attention, combine]
 
 
@@ -158,24 +180,25 @@ def write_kv_launch(label: str, *, dtype: torch.dtype, num_tokens: int, num_kv_h
     qkv_heads = 3 * num_kv_heads  # a view of (T, H + 2 Hkv, D): strides of the fused output; H >= Hkv
     key = value = Tensor(dtype, num_tokens, qkv_heads, head_dim)
     kv_cache = Tensor(kv_dtype or dtype, 2, num_blocks, block_size, num_kv_heads, head_dim)
+    fp8_kv = kv_cache.dtype == FP8_KV_DTYPE
     return Variant(kvw._write_kv_kernel, f"{label} bs{block_size}", dict(
         key_ptr=key, value_ptr=value, kv_ptr=kv_cache, slot_mapping_ptr=Tensor(torch.int64, num_tokens),
         k_scale=1.0, v_scale=1.0, stride_kt=key.stride(0), stride_kh=key.stride(1), stride_vt=value.stride(0),
         stride_vh=value.stride(1), stride_kv=kv_cache.stride(0), stride_cb=kv_cache.stride(1),
         stride_cs=kv_cache.stride(2), stride_ch=kv_cache.stride(3),
-        **kvw.launch_constexprs(num_kv_heads, head_dim, block_size, kv_cache.dtype == FP8_KV_DTYPE, False),
-    ))
+        **kvw.launch_constexprs(num_kv_heads, head_dim, block_size, fp8_kv, False),
+    ), fp8_kv=fp8_kv)
 
 
-def attention_variants() -> list[Variant]:
-    """Qwen3-0.6B's attention at the shapes of benchmarks/attention.py: decode at several
+def attention_variants(arch: int) -> list[Variant]:
+    """Qwen3-0.6B's attention on ``arch`` at the shapes of benchmarks/attention.py: decode at several
     batch sizes (and so several split counts), a prefill chunk, a mixed batch, 256-token
-    KV blocks, an fp8 KV cache; and three other head shapes and dtypes (fp16, fp32, a
-    sliding window with a soft cap) for the wrapper's other tile choices."""
+    KV blocks, an fp8 KV cache; and four other head shapes and dtypes (fp16, fp32 at head_dim
+    128 and 256, a sliding window with a soft cap) for the wrapper's other tile choices."""
     m = model_shape()
     heads = dict(num_heads=m["num_heads"], num_kv_heads=m["num_kv_heads"], head_dim=m["head_dim"])
     context, (prefill_reqs, chunk, prefill_context) = 4096, (4, 512, 2048)  # benchmarks/attention.py defaults
-    bf16 = dict(dtype=m["dtype"], **heads)
+    bf16 = dict(arch=arch, dtype=m["dtype"], **heads)
     out = []
     for batch in (1, 16, 64, 256):
         out += paged_attention_launches(f"decode {batch}x{context}", num_reqs=batch, query_len=1,
@@ -197,15 +220,18 @@ def attention_variants() -> list[Variant]:
                                     block_size=16, **fp8)
     out += paged_attention_launches(f"fp8-kv prefill {prefill_reqs}x{chunk}", num_reqs=prefill_reqs,
                                     query_len=chunk, context_len=prefill_context, block_size=16, **fp8)
-    out += paged_attention_launches("fp16 h24/8 d80 prefill 2x64@300", dtype=torch.float16, num_reqs=2,
+    out += paged_attention_launches("fp16 h24/8 d80 prefill 2x64@300", arch=arch, dtype=torch.float16, num_reqs=2,
                                     query_len=64, context_len=300, block_size=8, num_heads=24, num_kv_heads=8,
                                     head_dim=80)
-    out += paged_attention_launches("fp32 h4/4 d256 window prefill 2x64@512", dtype=torch.float32, num_reqs=2,
-                                    query_len=64, context_len=512, block_size=64, num_heads=4, num_kv_heads=4,
-                                    head_dim=256, sliding_window=128)
-    out += paged_attention_launches("bf16 h32/8 window+softcap decode 2x1024", dtype=torch.bfloat16, num_reqs=2,
-                                    query_len=1, context_len=1024, block_size=16, num_heads=32, num_kv_heads=8,
-                                    head_dim=128, sliding_window=512, soft_cap=50.0)
+    out += paged_attention_launches("fp32 h4/4 d256 window prefill 2x64@512", arch=arch, dtype=torch.float32,
+                                    num_reqs=2, query_len=64, context_len=512, block_size=64, num_heads=4,
+                                    num_kv_heads=4, head_dim=256, sliding_window=128)
+    out += paged_attention_launches("fp32 h16/16 d128 prefill 2x64@512", arch=arch, dtype=torch.float32, num_reqs=2,
+                                    query_len=64, context_len=512, block_size=16, num_heads=16, num_kv_heads=16,
+                                    head_dim=128)
+    out += paged_attention_launches("bf16 h32/8 window+softcap decode 2x1024", arch=arch, dtype=torch.bfloat16,
+                                    num_reqs=2, query_len=1, context_len=1024, block_size=16, num_heads=32,
+                                    num_kv_heads=8, head_dim=128, sliding_window=512, soft_cap=50.0)
     kv = dict(dtype=m["dtype"], num_kv_heads=m["num_kv_heads"], head_dim=m["head_dim"])
     out.append(write_kv_launch("qwen3-0.6b 256 tokens", num_tokens=256, block_size=16, num_blocks=4096, **kv))
     out.append(write_kv_launch("qwen3-0.6b 256 tokens", num_tokens=256, block_size=256, num_blocks=256, **kv))
@@ -325,8 +351,9 @@ def lora_variants(rank: int = 16, slots: int = 8, tokens: int = 256) -> list[Var
     return out
 
 
-def all_variants() -> list[Variant]:
-    return attention_variants() + layer_op_variants() + fused_moe_variants() + int4_variants() + lora_variants()
+def all_variants(arch: int) -> list[Variant]:
+    """Every kernel's launches on a GPU of ``arch`` (the wrappers' choices may depend on it)."""
+    return attention_variants(arch) + layer_op_variants() + fused_moe_variants() + int4_variants() + lora_variants()
 
 
 # --------------------------------------------------------------------------------------------
@@ -342,6 +369,7 @@ class Bound:
     constexprs: dict
     attrs: dict
     options: Any
+    fp8_kv: bool = False  # any of the merged variants is
 
     def key(self) -> str:
         return repr((self.kernel.fn.__name__, self.signature, sorted(self.constexprs.items()),
@@ -363,7 +391,7 @@ def bind(variant: Variant, arch: int) -> Bound:
     kwargs = {**variant.args, **variant.options}
     bound_args, specialization, options = binder(**kwargs)
     options, signature, constexprs, attrs = kernel._pack_args(backend, kwargs, bound_args, specialization, options)
-    return Bound(kernel, [variant.label], signature, constexprs, attrs, options)
+    return Bound(kernel, [variant.label], signature, constexprs, attrs, options, variant.fp8_kv)
 
 
 def ptxas_usage(ptx: str, arch: int, options) -> dict:
@@ -399,7 +427,7 @@ def compile_one(bound: Bound, arch: int) -> dict:
     row = dict(kernel=bound.kernel.fn.__name__, module=bound.kernel.fn.__module__, variant=" | ".join(bound.labels),
                arch=arch, num_warps=bound.options.num_warps, num_stages=bound.options.num_stages,
                shared_limit=SHARED_LIMIT[arch], registers=None, shared=None, spill_stores=None, spill_loads=None,
-               stack=None, ok=False, why="")
+               stack=None, ok=False, result="failed", why="", fp8_kv=bound.fp8_kv)
     start = time.perf_counter()
     try:
         src = ASTSource(bound.kernel, bound.signature, bound.constexprs, bound.attrs)
@@ -418,7 +446,16 @@ def compile_one(bound: Bound, arch: int) -> dict:
         if row["shared"] > row["shared_limit"]:
             problems.append(f"shared memory {row['shared']} B > {row['shared_limit']} B")
         row["ok"], row["why"] = not problems, "; ".join(problems)
+        row["result"] = "ok" if row["ok"] else "failed"
     return row
+
+
+def refused_row(variant: Variant, arch: int, why: str) -> dict:
+    """A variant the engine never launches on ``arch``: it refuses the configuration at start-up."""
+    return dict(kernel=variant.kernel_name, module=variant.kernel.fn.__module__, variant=variant.label, arch=arch,
+                num_warps=variant.options.get("num_warps"), num_stages=variant.options.get("num_stages"),
+                shared_limit=SHARED_LIMIT[arch], registers=None, shared=None, spill_stores=None, spill_loads=None,
+                stack=None, ok=False, result="refused", why=why, fp8_kv=variant.fp8_kv, seconds=0.0)
 
 
 def bound_variants(variants: list[Variant], arch: int) -> list[Bound]:
@@ -428,6 +465,7 @@ def bound_variants(variants: list[Variant], arch: int) -> list[Bound]:
         b = bind(v, arch)
         if b.key() in merged:
             merged[b.key()].labels.append(v.label)
+            merged[b.key()].fp8_kv |= b.fp8_kv
         else:
             merged[b.key()] = b
     return list(merged.values())
@@ -440,31 +478,46 @@ def _run_job(i: int) -> dict:
     return compile_one(*_JOBS[i])
 
 
-def report(archs: tuple[int, ...] = ARCHS, jobs: int = 1, variants: list[Variant] | None = None) -> list[dict]:
-    variants = all_variants() if variants is None else variants
-    _JOBS[:] = [(b, arch) for arch in archs for b in bound_variants(variants, arch)]
+def report(archs: tuple[int, ...] = ARCHS, jobs: int = 1,
+           variants: Callable[[int], list[Variant]] = all_variants) -> list[dict]:
+    """A row per compiled kernel (variants merged) and per refused variant, for each arch;
+    ``variants(arch)`` gives the launches on that architecture."""
+    _JOBS.clear()
+    refused = []
+    for arch in archs:
+        launched = []
+        for v in variants(arch):
+            why = start_up_refusal(v, arch)
+            if why:
+                refused.append(refused_row(v, arch, why))
+            else:
+                launched.append(v)
+        _JOBS.extend((b, arch) for b in bound_variants(launched, arch))
     order = list(range(len(_JOBS)))
     if jobs <= 1:
-        return [_run_job(i) for i in order]
+        return [_run_job(i) for i in order] + refused
     # Attention kernels take longest: start them first so that the two workers end together.
     order.sort(key=lambda i: _JOBS[i][0].kernel.fn.__name__ != "_paged_attention_kernel")
     with multiprocessing.get_context("fork").Pool(jobs) as pool:
         rows = dict(zip(order, pool.map(_run_job, order, chunksize=1)))
-    return [rows[i] for i in range(len(_JOBS))]
+    return [rows[i] for i in range(len(_JOBS))] + refused
 
 
 def format_table(rows: list[dict]) -> str:
     head = ("kernel", "variant", "sm", "warps", "stages", "regs", "shared B", "limit B", "spill st/ld B", "s", "result")
-    body = [(r["kernel"], r["variant"], str(r["arch"]), str(r["num_warps"]), str(r["num_stages"]),
+    outcome = {"ok": lambda r: "ok", "failed": lambda r: f"FAIL: {r['why']}",
+               "refused": lambda r: f"refused at start-up: {r['why']}"}
+    body = [(r["kernel"], r["variant"], str(r["arch"]), str(r["num_warps"] or "-"), str(r["num_stages"] or "-"),
              "-" if r["registers"] is None else str(r["registers"]),
              "-" if r["shared"] is None else str(r["shared"]), str(r["shared_limit"]),
              "-" if r["spill_stores"] is None else f"{r['spill_stores']}/{r['spill_loads']}",
-             f"{r['seconds']:.1f}", "ok" if r["ok"] else f"FAIL: {r['why']}")
+             f"{r['seconds']:.1f}", outcome[r["result"]](r))
             for r in sorted(rows, key=lambda r: (r["kernel"], r["variant"], r["arch"]))]
     widths = [max(len(row[i]) for row in (head, *body)) for i in range(len(head) - 1)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)) + "  " + row[-1] for row in (head, *body)]
-    failed = sum(not r["ok"] for r in rows)
-    lines.append(f"{len(rows)} compiled variants, {failed} failed")
+    count = {result: sum(r["result"] == result for r in rows) for result in outcome}
+    lines.append(f"{len(rows) - count['refused']} compiled variants, {count['failed']} failed; "
+                 f"{count['refused']} refused at start-up (not compiled)")
     return "\n".join(lines)
 
 
@@ -483,7 +536,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{time.perf_counter() - start:.1f} s with {args.jobs} job(s)")
     if args.json:
         Path(args.json).write_text(json.dumps(dict(shared_limit=SHARED_LIMIT, rows=rows), indent=1) + "\n")
-    return 0 if all(r["ok"] for r in rows) else 1
+    return 1 if any(r["result"] == "failed" for r in rows) else 0
 
 
 if __name__ == "__main__":

@@ -21,6 +21,8 @@ import torch
 from torch import nn
 
 from minivllm.attention.backend import AttentionMetadata
+from minivllm.attention.kv_quant import FP8_KV_DTYPE
+from minivllm.attention.ops.triton_paged_attention import check_fp8_kv_capability
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.outputs import ModelRunnerOutput
 from minivllm.core.scheduler_output import NewRequestData, SchedulerOutput
@@ -84,6 +86,7 @@ class ModelRunner:
     # ---- set-up -------------------------------------------------------------------
     def load_model(self) -> None:
         self.attn_backend = build(self.cfg.attention.backend)
+        self._check_kv_cache_dtype()
         loader = build(self.cfg.load.loader)
         self.model = loader.load_model(self.cfg, self.attn_backend, self.device)
         share_cos_sin_caches(self.model, self.cfg.max_model_len, self.device)
@@ -95,6 +98,13 @@ class ModelRunner:
             self.lora = LoRAModelManager(self.model, self.cfg.lora, self.cfg.hf_config, self.cfg.dtype, self.device)
         if self.drafter is not None:
             self.drafter.load_model(self.attn_backend, self.model)
+
+    def _check_kv_cache_dtype(self) -> None:
+        """An fp8 KV cache on a GPU whose Triton cannot compile the fp8 kernels (below sm_89):
+        refused here, before the weights load, rather than at the first kernel launch."""
+        if (self.cfg.kv_cache_dtype == FP8_KV_DTYPE and self.device.type == "cuda"
+                and self.attn_backend.name == "triton"):
+            check_fp8_kv_capability(torch.cuda.get_device_capability(self.device), self.cfg.cache.cache_dtype)
 
     def kv_cache_shape(self, num_blocks: int) -> tuple[int, ...]:
         layer = self.attention_layers[0]

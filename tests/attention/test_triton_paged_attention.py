@@ -12,13 +12,15 @@ import dataclasses
 import math
 import os
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from minivllm.attention import AttentionMetadata
 from minivllm.attention.ops import paged_attention, write_kv
-from minivllm.attention.ops.triton_paged_attention import default_num_splits
+from minivllm.attention.ops import triton_paged_attention as pa
+from minivllm.attention.ops.triton_paged_attention import check_fp8_kv_capability, default_num_splits
 from minivllm.attention.triton_backend import TritonAttentionBackend
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
@@ -272,6 +274,112 @@ def test_backend_is_a_hydra_target() -> None:
 def test_default_num_splits(num_sms: int, programs: int, max_query_len: int, max_seq_len: int,
                             expected: int) -> None:
     assert default_num_splits(num_sms, programs, max_query_len, max_seq_len) == expected
+
+
+SM80, SM90 = (8, 0), (9, 0)
+
+
+@pytest.mark.parametrize(("head_dim", "group_pad", "max_query_len", "fp32", "sm90", "sm80"), [
+    (128, 2, 512, False, (32, 64, 4), (32, 32, 4)),  # bf16/fp16 prefill: half the keys per step on sm_8x
+    (80, 4, 64, False, (16, 64, 4), (16, 32, 4)),
+    (128, 1, 64, True, (32, 32, 4), (32, 16, 4)),  # fp32 prefill
+    (256, 1, 64, True, (16, 32, 8), (16, 16, 8)),  # fp32 head_dim 256, prefill and decode
+    (256, 1, 1, True, (16, 32, 8), (16, 16, 8)),
+    (128, 4, 1, False, (4, 64, 4), (4, 64, 4)),  # decode: the same tiles
+    (128, 1, 1, True, (16, 32, 4), (16, 32, 4)),
+    (256, 2, 64, False, (16, 32, 8), (16, 32, 8)),  # bf16 head_dim 256 prefill: the same
+])
+def test_tile_config_per_architecture(head_dim: int, group_pad: int, max_query_len: int, fp32: bool,
+                                      sm90: tuple, sm80: tuple) -> None:
+    """Hopper and later keep the tiles measured on an H200, as does the interpreter (None);
+    sm_8x takes fewer keys per step where ptxas spills there (tools/kernel_report.py)."""
+    assert pa._tile_config(head_dim, group_pad, max_query_len, fp32) == sm90
+    assert pa._tile_config(head_dim, group_pad, max_query_len, fp32, SM90) == sm90
+    assert pa._tile_config(head_dim, group_pad, max_query_len, fp32, (10, 0)) == sm90
+    assert pa._tile_config(head_dim, group_pad, max_query_len, fp32, SM80) == sm80
+    assert pa._tile_config(head_dim, group_pad, max_query_len, fp32, (8, 6)) == sm80
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(("case", "block_n"), [
+    pytest.param(*p.values, block_n, id=p.id) for p, block_n in (
+        (param("prefill-bf16", (70, 40), (9, 1), (33, 33), num_heads=8, dtype=torch.bfloat16), 32),
+        (param("window-fp16", (40, 1), (45, 21), sliding_window=16, dtype=torch.float16, block_size=8), 32),
+        (param("prefill-fp32", (40, 23), (17, 1), (5, 5), block_size=8), 16),
+        (param("head256-fp32", (35, 6), (20, 1), num_heads=2, num_kv_heads=1, head_dim=256), 16),
+        (param("split4-head256-fp32", (100, 1), (37, 1), num_heads=2, num_kv_heads=1, head_dim=256,
+               num_splits=4), 16),
+    )
+])
+def test_sm8x_tiles_match_reference(case: Case, block_n: int, device: str, monkeypatch) -> None:
+    """The kernel with the tiles the wrapper picks on an A100, whatever runs it."""
+    tile_config, picked = pa._tile_config, []
+
+    def sm80_tiles(*args):
+        picked.append(tile_config(*args[:4], capability=SM80))
+        return picked[-1]
+
+    monkeypatch.setattr(pa, "_tile_config", sm80_tiles)
+    batch = make_batch(case, device)
+    assert_matches_reference(run_attention(batch, expected_cache(batch, batch.kv_cache)), batch)
+    assert [tiles[1] for tiles in picked] == [block_n]
+
+
+def test_fp8_kv_cache_needs_sm89() -> None:
+    with pytest.raises(ValueError, match=r"cache\.cache_dtype=fp8: .*compute capability 8\.9 or newer.*"
+                                         r"\(this one is 8\.0\); use cache\.cache_dtype=auto"):
+        check_fp8_kv_capability(SM80)
+    with pytest.raises(ValueError, match=r"cache\.cache_dtype=fp8_e4m3: .*this one is 8\.6"):
+        check_fp8_kv_capability((8, 6), "fp8_e4m3")
+    for capability in ((8, 9), SM90, (10, 0)):
+        check_fp8_kv_capability(capability)
+
+
+def _runner(kv_dtype: torch.dtype, device: str, backend: str = "triton") -> SimpleNamespace:
+    """What ModelRunner's start-up check reads off a runner."""
+    cache_dtype = "fp8" if kv_dtype == torch.float8_e4m3fn else "auto"
+    cfg = SimpleNamespace(kv_cache_dtype=kv_dtype, cache=SimpleNamespace(cache_dtype=cache_dtype),
+                          attention=SimpleNamespace(backend={"_target_": backend}),
+                          load=SimpleNamespace(loader={"_target_": "loader"}))
+    return SimpleNamespace(cfg=cfg, device=torch.device(device), attn_backend=SimpleNamespace(name=backend))
+
+
+@pytest.mark.parametrize(("capability", "kv_dtype", "backend", "refused"), [
+    (SM80, torch.float8_e4m3fn, "triton", True),
+    ((8, 6), torch.float8_e4m3fn, "triton", True),
+    ((8, 9), torch.float8_e4m3fn, "triton", False),
+    (SM90, torch.float8_e4m3fn, "triton", False),
+    (SM80, torch.bfloat16, "triton", False),
+    (SM80, torch.float8_e4m3fn, "torch", False),  # the torch backend reads fp8 through torch casts
+])
+def test_model_runner_refuses_fp8_kv_where_the_kernels_do_not_compile(
+        capability: tuple, kv_dtype: torch.dtype, backend: str, refused: bool, monkeypatch) -> None:
+    from minivllm.worker.model_runner import ModelRunner
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    runner = _runner(kv_dtype, "cuda:0", backend)
+    if refused:
+        with pytest.raises(ValueError, match=r"cache\.cache_dtype=fp8: .*8\.9 or newer"):
+            ModelRunner._check_kv_cache_dtype(runner)
+    else:
+        ModelRunner._check_kv_cache_dtype(runner)
+
+
+def test_fp8_kv_check_runs_before_the_weights_load_and_not_on_the_cpu(monkeypatch) -> None:
+    from minivllm.worker import model_runner
+    from minivllm.worker.model_runner import ModelRunner
+
+    def build(node):  # the backend first, then the loader: never reached on an A100
+        assert node["_target_"] == "triton", "the loader was built before the KV-cache dtype was checked"
+        return SimpleNamespace(name="triton")
+
+    monkeypatch.setattr(model_runner, "build", build)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: SM80)
+    runner = _runner(torch.float8_e4m3fn, "cuda:0")
+    runner._check_kv_cache_dtype = lambda: ModelRunner._check_kv_cache_dtype(runner)
+    with pytest.raises(ValueError, match=r"cache\.cache_dtype=fp8"):
+        ModelRunner.load_model(runner)
+    ModelRunner._check_kv_cache_dtype(_runner(torch.float8_e4m3fn, "cpu"))  # the interpreter / torch path
 
 
 @pytest.mark.gpu

@@ -6,7 +6,9 @@ reports registers, shared memory and spills. The interpreter used on a CPU machi
 accepts code the compiler rejects and says nothing about resources, so this runs the
 report once, in a fresh process without ``TRITON_INTERPRET``, and fails a kernel for
 an architecture when one of its variants does not compile, spills registers or needs
-more shared memory than a block may have there. Kernels are found by reading the
+more shared memory than a block may have there. A variant the engine refuses at start-up
+on an architecture (an fp8 KV cache below sm_89) is listed as refused instead of
+compiled, and only such a variant may be. Kernels are found by reading the
 package's source: a ``@triton.jit`` function that is launched (``name[grid](...)``)
 must have variants in the report, so a new kernel without any fails here.
 """
@@ -20,6 +22,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from minivllm.attention.ops.triton_paged_attention import check_fp8_kv_capability
 
 ROOT = Path(__file__).resolve().parents[2]
 ARCHS = (80, 90)
@@ -73,8 +77,36 @@ def test_kernel_compiles_without_spills_within_shared_memory(report: list[dict],
     rows = [r for r in report if r["kernel"] == kernel and r["arch"] == arch]
     assert rows, f"{kernel} has no variant in tools/kernel_report.py: add the launches its wrapper makes"
     failed = [f"{r['variant']}: regs {r['registers']}, shared {r['shared']}/{r['shared_limit']} B, "
-              f"spills {r['spill_stores']}/{r['spill_loads']} B: {r['why']}" for r in rows if not r["ok"]]
+              f"spills {r['spill_stores']}/{r['spill_loads']} B: {r['why']}" for r in rows if r["result"] == "failed"]
     assert not failed, f"{kernel} on sm_{arch}:\n" + "\n".join(failed)
-    for r in rows:  # what "ok" means, restated
-        assert r["spill_stores"] == r["spill_loads"] == 0 and r["shared"] <= r["shared_limit"]
-        assert 0 < r["registers"] <= 255
+    for r in rows:
+        assert r["result"] == ("refused" if fp8_kv_refusal(arch) and r["fp8_kv"] else "ok"), r
+        if r["result"] == "ok":  # what "ok" means, restated
+            assert r["spill_stores"] == r["spill_loads"] == 0 and r["shared"] <= r["shared_limit"]
+            assert 0 < r["registers"] <= 255
+        else:  # refused: the engine's own start-up error, and nothing compiled
+            assert r["why"] == fp8_kv_refusal(arch) and r["registers"] is None
+
+
+def fp8_kv_refusal(arch: int) -> str:
+    """The start-up check's error for an fp8 KV cache on ``arch``; "" where it passes."""
+    try:
+        check_fp8_kv_capability(divmod(arch, 10))
+    except ValueError as e:
+        return str(e)
+    return ""
+
+
+def test_fp8_kv_refused_below_sm89() -> None:
+    assert "cache.cache_dtype=fp8" in fp8_kv_refusal(80) and "this one is 8.0" in fp8_kv_refusal(80)
+    assert fp8_kv_refusal(90) == ""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ARCHS, ids=lambda a: f"sm{a}")
+def test_fp8_kv_variants_are_listed_as_refused_or_compiled(report: list[dict], arch: int) -> None:
+    """Not dropped: both fp8 KV kernels have rows on every arch, refused exactly where the check refuses."""
+    rows = [r for r in report if r["arch"] == arch and r["fp8_kv"]]
+    assert {"_paged_attention_kernel", "_write_kv_kernel"} <= {r["kernel"] for r in rows}
+    expected = "refused" if fp8_kv_refusal(arch) else "ok"
+    assert all(r["result"] == expected for r in rows), [(r["variant"], r["result"], r["why"]) for r in rows]

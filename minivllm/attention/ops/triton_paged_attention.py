@@ -187,12 +187,19 @@ def _check_metadata(query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block
         require(t.dtype == torch.int32, f"{name} must be int32, got {t.dtype}")
 
 
-def _tile_config(head_dim: int, group_pad: int, max_query_len: int, fp32: bool) -> tuple[int, int, int]:
-    """(BLOCK_Q, BLOCK_N, num_warps). A tile holds at least 16 rows (tl.dot's minimum).
+def _tile_config(head_dim: int, group_pad: int, max_query_len: int, fp32: bool,
+                 capability: tuple[int, int] | None = None) -> tuple[int, int, int]:
+    """(BLOCK_Q, BLOCK_N, num_warps) for a GPU of compute ``capability`` (None: the CPU
+    interpreter, which takes the Hopper tiles). A tile holds at least 16 rows (tl.dot's minimum).
 
-    Sized so that programs do not spill registers on sm_90 (read off sm_90 builds
-    with ``cuobjdump --dump-resource-usage``): fp32 products run on CUDA cores,
-    not tensor cores, and need smaller tiles."""
+    Sized so that programs do not spill registers (``python -m tools.kernel_report``
+    compiles them for sm_80 and sm_90): fp32 products run on CUDA cores, not tensor cores,
+    and need smaller tiles. The Hopper (sm_90) tiles were measured on an H200 (decode at
+    94-100% of copy bandwidth). Before Hopper (sm_8x) ptxas needs more registers for the
+    same tile, so prefill tiles at head_dim <= 128 and fp32 tiles at head_dim > 128 take
+    half as many keys per step: a 64-row bf16/fp16 tile at BLOCK_N=64 there is 255
+    registers and spills (188 at 32), an fp32 32-row tile at BLOCK_N=32 spills too (116
+    registers at 16), and the 8-warp fp32 head_dim 256 tile spills at 32 (76 at 16)."""
     big, decode = head_dim > 128, max_query_len == 1
     if decode:
         rows = 16
@@ -200,12 +207,36 @@ def _tile_config(head_dim: int, group_pad: int, max_query_len: int, fp32: bool) 
         rows = (16 if big else 32) if fp32 else (32 if big else 64)
     block_n = 32 if big or fp32 else 64
     num_warps = 8 if big and (fp32 or not decode) else 4
+    if capability is not None and capability < (9, 0) and ((fp32 and big) or (not big and not decode)):
+        block_n //= 2
     return max(1, rows // group_pad), block_n, num_warps
 
 
 @functools.cache
 def _num_sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+@functools.cache
+def _capability(device: torch.device) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(device)
+
+
+FP8_KV_MIN_CAPABILITY = (8, 9)
+"""Triton has float8_e4m3fn (its fp8e4nv) from sm_89 (Ada) on: below that neither kernel
+reading or writing an fp8 KV cache compiles."""
+
+
+def check_fp8_kv_capability(capability: tuple[int, int], cache_dtype: str = "fp8") -> None:
+    """Refuse an fp8 KV cache (``cache.cache_dtype=cache_dtype``) on a GPU of compute
+    ``capability`` where the Triton kernels cannot read it: a ValueError at start-up
+    instead of a Triton compile error at the first launch."""
+    if tuple(capability) < FP8_KV_MIN_CAPABILITY:
+        need = ".".join(map(str, FP8_KV_MIN_CAPABILITY))
+        raise ValueError(
+            f"cache.cache_dtype={cache_dtype}: the Triton attention kernels need a GPU of compute capability "
+            f"{need} or newer for an fp8 KV cache (this one is {capability[0]}.{capability[1]}); "
+            f"use cache.cache_dtype=auto (or float16/bfloat16), or attention.name=torch")
 
 
 def default_num_splits(num_sms: int, programs: int, max_query_len: int, max_seq_len: int) -> int:
@@ -277,8 +308,9 @@ def paged_attention(
     if num_tokens == 0 or num_reqs == 0 or max_query_len == 0:
         return out
     group = num_heads // num_kv_heads
+    capability = _capability(query.device) if query.device.type == "cuda" else None
     block_q, block_n, num_warps = _tile_config(head_dim, triton.next_power_of_2(group), max_query_len,
-                                               query.dtype == torch.float32)
+                                               query.dtype == torch.float32, capability)
     num_q_tiles = triton.cdiv(max_query_len, block_q)
     if num_splits is None:  # the interpreter runs programs one by one: no point splitting there
         num_splits = 1 if query.device.type != "cuda" else default_num_splits(
