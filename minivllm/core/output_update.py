@@ -32,7 +32,7 @@ from minivllm.request import Request, RequestId, RequestStatus
 
 if TYPE_CHECKING:
     from minivllm.core.kv_cache_manager import KVCacheManager
-    from minivllm.spec_decode.scheduling import SpecDecodeScheduling
+    from minivllm.core.spec_decode import SpecDecodeScheduling
     from minivllm.structured_output.manager import StructuredOutputManager
 
 

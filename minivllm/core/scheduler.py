@@ -35,7 +35,7 @@ again (it cannot need another step). A preempted request keeps its pending
 token (it was sampled from complete KV) and is not readmitted while one is
 pending. Prefix-cache hashes cover known tokens only.
 
-Speculative decoding (``speculative.method``, ``spec_decode/scheduling.py``):
+Speculative decoding (``speculative.method``, ``spec_decode.py``):
 a decoding request may be scheduled for ``1 + k`` tokens, its last known token
 and ``k`` drafts (``SchedulerOutput.scheduled_spec_decode_tokens``, from the
 n-gram lookup or from the worker's draft model); after the step the rejected
@@ -64,7 +64,7 @@ from minivllm.core.request_queue import make_waiting_queue
 from minivllm.core.scheduler_output import CachedRequestData, NewRequestData, SchedulerOutput
 from minivllm.core.stats import SchedulerStats
 from minivllm.request import Request, RequestId, RequestStatus
-from minivllm.spec_decode.scheduling import SpecDecodeScheduling
+from minivllm.core.spec_decode import SpecDecodeScheduling
 from minivllm.structured_output.backend import backend_for
 from minivllm.structured_output.manager import StructuredOutputManager
 
