@@ -128,6 +128,15 @@ class Scheduler:
     def num_unfinished_requests(self) -> int:
         return len(self.waiting) + len(self.running)
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix block; False (nothing changed) while requests hold blocks."""
+        return self.kv.reset_prefix_cache()
+
+    @property
+    def has_grammars(self) -> bool:
+        """Whether a request with structured outputs is in (its masks need every token so far)."""
+        return self.structured.active
+
     def stats(self) -> SchedulerStats:
         return SchedulerStats(
             num_running=len(self.running),
@@ -135,7 +144,7 @@ class Scheduler:
             num_preemptions=self.num_preemptions,
             kv_cache_usage=self.kv.usage,
             num_free_blocks=self.kv.num_free_blocks,
-            num_blocks=self.kv.pool.num_blocks,
+            num_blocks=self.kv.num_blocks,
             num_preempted=sum(1 for r in self.waiting if r.num_preemptions > 0),
             prefix_cache_queries=self.kv.prefix_cache_stats.queries,
             prefix_cache_hits=self.kv.prefix_cache_stats.hits,

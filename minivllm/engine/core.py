@@ -26,6 +26,7 @@ from minivllm.config.vllm_config import VllmConfig
 from minivllm.core.scheduler import Scheduler
 from minivllm.outputs import EngineCoreOutput
 from minivllm.core.scheduler_output import SchedulerOutput
+from minivllm.core.stats import SchedulerStats
 from minivllm.request import Request, RequestId
 from minivllm.executor.base import Executor
 from minivllm.utils import build
@@ -77,6 +78,23 @@ class EngineCore:
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests() or self._in_flight is not None or bool(self._batches)
 
+    @property
+    def num_unfinished_requests(self) -> int:
+        """Requests waiting or running in the scheduler."""
+        return self.scheduler.num_unfinished_requests
+
+    @property
+    def num_generated_tokens(self) -> int:
+        """Output tokens sampled since the engine started (``Scheduler.num_generated_tokens``)."""
+        return self.scheduler.num_generated_tokens
+
+    def scheduler_stats(self) -> SchedulerStats:
+        return self.scheduler.stats()
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix block; False (nothing changed) while requests hold blocks."""
+        return self.scheduler.reset_prefix_cache()
+
     def step(self) -> list[EngineCoreOutput]:
         if self.cfg.async_scheduling:
             return self._step_overlapped()
@@ -100,7 +118,7 @@ class EngineCore:
 
     def _step_overlapped(self) -> list[EngineCoreOutput]:
         results = []
-        if self._in_flight is not None and self.scheduler.structured.active:
+        if self._in_flight is not None and self.scheduler.has_grammars:
             # Grammar masks need every token so far: no speculation while a request has one.
             results = self._finish_in_flight()
         sched = self.scheduler.schedule()
