@@ -326,7 +326,7 @@ class Scheduler:
             new_reqs=[new_request_data(r, self.kv.block_ids(r.request_id)) for r in plan.newly_admitted],
             cached_reqs=cached_request_data(plan, self.send_token_ids),
             num_scheduled_tokens=plan.scheduled,
-            finished_req_ids=self._forget,
+            forget_req_ids=self._forget,
             scheduled_spec_decode_tokens=plan.spec_tokens,
         )
         self._forget = set()

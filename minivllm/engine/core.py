@@ -108,7 +108,7 @@ class EngineCore:
         submitted = False
         if len(self._batches) < self.max_batches:
             sched = self.scheduler.schedule()
-            if not sched.is_empty or sched.finished_req_ids:  # an empty one lets workers drop state
+            if not sched.is_empty or sched.forget_req_ids:  # an empty one lets workers drop state
                 self._batches.append((sched, self.executor.execute_model_async(sched)))
                 submitted = not sched.is_empty
         if not self._batches or (submitted and len(self._batches) < self.max_batches):
@@ -123,7 +123,7 @@ class EngineCore:
             results = self._finish_in_flight()
         sched = self.scheduler.schedule()
         launched = None
-        if not sched.is_empty or sched.finished_req_ids:
+        if not sched.is_empty or sched.forget_req_ids:
             launched = self.executor.execute_model_async(sched)
         if self._in_flight is not None:
             results = self._finish_in_flight()
@@ -138,7 +138,7 @@ class EngineCore:
     def _step_sync(self) -> list[EngineCoreOutput]:
         sched = self.scheduler.schedule()
         if sched.is_empty:
-            if sched.finished_req_ids:  # let workers drop state of aborted requests
+            if sched.forget_req_ids:  # let workers drop state of aborted requests
                 self.executor.execute_model(sched)
             return []
         output = self.executor.execute_model(sched)
