@@ -66,7 +66,8 @@ class EngineCore:
         )
 
     @property
-    def max_tokens_in_cache(self) -> int:
+    def kv_capacity_tokens(self) -> int:
+        """Tokens the whole KV cache holds (blocks x block size): no request may need more."""
         return self.num_blocks * self.cfg.cache.block_size
 
     def add_request(self, request: Request) -> None:
