@@ -63,6 +63,10 @@ class KVCacheManager:
         """Leading blocks of each table already returned to the pool (sliding window)."""
 
     @property
+    def num_blocks(self) -> int:
+        return self.pool.num_blocks
+
+    @property
     def num_free_blocks(self) -> int:
         return self.pool.num_free_blocks
 
@@ -77,6 +81,10 @@ class KVCacheManager:
         return cdiv(num_tokens, self.block_size)
 
     # ---- prefix cache ---------------------------------------------------------------
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix block; False (nothing changed) while requests hold blocks."""
+        return self.pool.reset_prefix_cache()
+
     def get_computed_blocks(self, request: Request) -> list[KVCacheBlock]:
         """Cached blocks of the request's longest cached prefix, without claiming them.
 

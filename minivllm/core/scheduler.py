@@ -29,13 +29,13 @@ the host. What is speculative: a request that samples in step k gets a
 already schedules the placeholder as the request's next input (the worker fills
 it in from its own sampled tokens). When step k's output arrives, the real
 token replaces the placeholder, and a token of a request finished meanwhile is
-dropped (``output_update.py`` says how, and why the output is exactly the
+dropped (``update_from_output`` says how, and why the output is exactly the
 synchronous one). A request whose known plus pending outputs already reach ``max_tokens`` is not scheduled
 again (it cannot need another step). A preempted request keeps its pending
 token (it was sampled from complete KV) and is not readmitted while one is
 pending. Prefix-cache hashes cover known tokens only.
 
-Speculative decoding (``speculative.method``, ``spec_decode/scheduling.py``):
+Speculative decoding (``speculative.method``, ``spec_decode.py``):
 a decoding request may be scheduled for ``1 + k`` tokens, its last known token
 and ``k`` drafts (``SchedulerOutput.scheduled_spec_decode_tokens``, from the
 n-gram lookup or from the worker's draft model); after the step the rejected
@@ -53,42 +53,26 @@ so that the batches in flight stay of a size and every stage has work.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
 
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.core.block_hash import model_identity, root_hash
 from minivllm.core.block_pool import BlockId
 from minivllm.core.kv_cache_manager import KVCacheManager
-from minivllm.core.output_update import OutputUpdate
 from minivllm.core.request_queue import make_waiting_queue
-from minivllm.core.scheduler_output import CachedRequestData, NewRequestData, SchedulerOutput
+from minivllm.core.scheduler_output import SchedulerOutput
+from minivllm.core.spec_decode import SpecDecodeScheduling
 from minivllm.core.stats import SchedulerStats
+from minivllm.core.step_plan import StepPlan, cached_request_data, new_request_data
+from minivllm.core.stop import check_stop, stop_reason
+from minivllm.outputs import EngineCoreOutput, ModelRunnerOutput
 from minivllm.request import Request, RequestId, RequestStatus
-from minivllm.spec_decode.scheduling import SpecDecodeScheduling
 from minivllm.structured_output.backend import backend_for
 from minivllm.structured_output.manager import StructuredOutputManager
 
 logger = logging.getLogger(__name__)
 
 
-@dataclass
-class _StepPlan:
-    """Decisions of one ``schedule()`` call, turned into a SchedulerOutput at the end."""
-
-    budget: int
-    max_reqs: int
-    """Most requests in this batch (micro-batching: one slot's share; else max_num_seqs)."""
-    scheduled: dict[RequestId, int] = field(default_factory=dict)
-    new_blocks: dict[RequestId, list[BlockId]] = field(default_factory=dict)
-    """Running requests' blocks allocated in this step (absent: none)."""
-    spec_tokens: dict[RequestId, list[int]] = field(default_factory=dict)
-    continuing: list[Request] = field(default_factory=list)
-    """Running requests scheduled in this step, in ``scheduled`` order."""
-    newly_admitted: list[Request] = field(default_factory=list)
-    preempted: bool = False
-
-
-class Scheduler(OutputUpdate):
+class Scheduler:
     def __init__(self, cfg: VllmConfig, num_blocks: int) -> None:
         self.max_num_seqs = cfg.scheduler.max_num_seqs
         self.max_num_batched_tokens = cfg.scheduler.max_num_batched_tokens
@@ -144,6 +128,15 @@ class Scheduler(OutputUpdate):
     def num_unfinished_requests(self) -> int:
         return len(self.waiting) + len(self.running)
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix block; False (nothing changed) while requests hold blocks."""
+        return self.kv.reset_prefix_cache()
+
+    @property
+    def has_grammars(self) -> bool:
+        """Whether a request with structured outputs is in (its masks need every token so far)."""
+        return self.structured.active
+
     def stats(self) -> SchedulerStats:
         return SchedulerStats(
             num_running=len(self.running),
@@ -151,7 +144,7 @@ class Scheduler(OutputUpdate):
             num_preemptions=self.num_preemptions,
             kv_cache_usage=self.kv.usage,
             num_free_blocks=self.kv.num_free_blocks,
-            num_blocks=self.kv.pool.num_blocks,
+            num_blocks=self.kv.num_blocks,
             num_preempted=sum(1 for r in self.waiting if r.num_preemptions > 0),
             prefix_cache_queries=self.kv.prefix_cache_stats.queries,
             prefix_cache_hits=self.kv.prefix_cache_stats.hits,
@@ -160,7 +153,7 @@ class Scheduler(OutputUpdate):
 
     # ---- one step -----------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
-        plan = _StepPlan(budget=self.max_num_batched_tokens, max_reqs=self._batch_seats())
+        plan = StepPlan(budget=self.max_num_batched_tokens, max_reqs=self._batch_seats())
         if self.policy == "priority":
             self._preempt_for_waiting_priority()
         self._schedule_running(plan)
@@ -193,7 +186,7 @@ class Scheduler(OutputUpdate):
             return sorted(self.running, key=lambda r: (r.priority, r.arrival_time, index[id(r)]))
         return list(self.running)
 
-    def _schedule_running(self, plan: _StepPlan) -> None:
+    def _schedule_running(self, plan: StepPlan) -> None:
         """Running requests first: their decodes and unfinished prefill chunks go
         before any new prompt. This loop runs once per running request per step, so
         it reads the request's fields directly and asks the KV-cache manager for
@@ -239,7 +232,7 @@ class Scheduler(OutputUpdate):
         """Whether a request with a pending token could still need another step."""
         return request.num_output_tokens + request.num_output_placeholders < request.max_tokens
 
-    def _allocate_or_preempt(self, request: Request, num_new: int, plan: _StepPlan) -> list[BlockId] | None:
+    def _allocate_or_preempt(self, request: Request, num_new: int, plan: StepPlan) -> list[BlockId] | None:
         """Blocks for ``num_new`` more tokens of a running request, preempting from the
         end of the running order until they fit. None when ``request`` itself went."""
         while (new_blocks := self.kv.allocate_slots(request, num_new)) is None:
@@ -271,7 +264,7 @@ class Scheduler(OutputUpdate):
         num_new = min(request.num_tokens - len(cached) * self.kv.block_size, self.max_num_batched_tokens)
         return self.kv.can_allocate(request, num_new, cached)
 
-    def _schedule_waiting(self, plan: _StepPlan) -> None:
+    def _schedule_waiting(self, plan: StepPlan) -> None:
         if not self.waiting:
             return
         set_aside: list[Request] = []
@@ -328,25 +321,17 @@ class Scheduler(OutputUpdate):
         self._forget.add(request.request_id)
         self.waiting.appendleft(request)
 
-    def _make_output(self, plan: _StepPlan) -> SchedulerOutput:
+    def _make_output(self, plan: StepPlan) -> SchedulerOutput:
         out = SchedulerOutput(
+            new_reqs=[new_request_data(r, self.kv.block_ids(r.request_id)) for r in plan.newly_admitted],
+            cached_reqs=cached_request_data(plan, self.send_token_ids),
             num_scheduled_tokens=plan.scheduled,
-            finished_req_ids=self._forget,
+            forget_req_ids=self._forget,
             scheduled_spec_decode_tokens=plan.spec_tokens,
         )
         self._forget = set()
-        scheduled, new_blocks, continuing = plan.scheduled, plan.new_blocks, plan.continuing
-        req_ids = [r.request_id for r in continuing]
-        token_ids = [_output_tokens_in(r, scheduled[r.request_id]) for r in continuing] if self.send_token_ids else []
-        out.cached_reqs = CachedRequestData(
-            req_ids=req_ids,
-            new_block_ids=[new_blocks.get(i) for i in req_ids] if new_blocks else [None] * len(req_ids),
-            num_computed_tokens=[r.num_computed_tokens for r in continuing],
-            new_token_ids=token_ids,
-        )
-        out.new_reqs.extend(self._new_request_data(r) for r in plan.newly_admitted)
-        self._advance(plan.continuing, scheduled)
-        self._advance(plan.newly_admitted, scheduled)
+        self._advance(plan.continuing, plan.scheduled)
+        self._advance(plan.newly_admitted, plan.scheduled)
         if self.in_flight is not None:
             self.in_flight.update(plan.scheduled)
         return out
@@ -362,16 +347,118 @@ class Scheduler(OutputUpdate):
                 if computed == len(request.prompt_token_ids) + len(request.output_token_ids) + pending:
                     request.num_output_placeholders = pending + 1  # it samples in this step
 
-    def _new_request_data(self, request: Request) -> NewRequestData:
-        return NewRequestData(
-            req_id=request.request_id,
-            token_ids=request.all_token_ids,
-            num_prompt_tokens=request.num_prompt_tokens,
-            sampling_params=request.sampling_params,
-            block_ids=self.kv.block_ids(request.request_id),
-            num_computed_tokens=request.num_computed_tokens,
-            lora_request=request.lora_request,
-        )
+    # ---- after a step --------------------------------------------------------------
+    def update_from_output(self, sched: SchedulerOutput, output: ModelRunnerOutput) -> list[EngineCoreOutput]:
+        """A step's sampled tokens into its requests; runs once per step, after the workers return.
+
+        For each request that sampled it appends the new tokens (with speculative
+        decoding: the accepted drafts, then the target's own token) up to the first
+        one that finishes the request, runs the stop checks (``check_stop``: EOS
+        unless ignored, stop token ids, ``max_tokens``; ``min_tokens`` holds the first
+        two back) and advances a structured-output grammar, and reports the tokens as
+        ``EngineCoreOutput``s.
+
+        Async scheduling: the step being processed may be one behind the schedule. A
+        request that sampled in step k had a placeholder for that token
+        (``Request.num_output_placeholders``); the real token replaces it here and the
+        stop checks run as usual. A request that finished in step k may also be in step
+        k+1: it was finished and forgotten when step k's output was processed, so its
+        step-k+1 token finds no request and is dropped, and the output is exactly the
+        synchronous one. A new request that reuses the id meanwhile was added after
+        step k+1 was scheduled (``Request.added_after_step`` against
+        ``SchedulerOutput.step_id``), so the stale token is dropped for it too (the same
+        holds for micro-batches in flight).
+
+        A final-only request (``Request.final_output_only``) is reported with its first
+        token and when it finishes; the tokens in between travel with the last output.
+        """
+        results = []
+        num_generated = 0
+        requests, logprobs, prompt_logprobs = self.requests, output.logprobs, output.prompt_logprobs
+        pooler_output = output.pooler_output
+        placeholder = 1 if self.async_scheduling else 0
+        grammar, spec = self.structured.active, self.spec
+        if spec is not None:
+            spec.receive(output.spec_token_ids)
+        if self.in_flight is not None:
+            self.in_flight.difference_update(sched.num_scheduled_tokens)
+        step_id = sched.step_id if sched.step_id is not None else self._num_steps + 1
+        for req_id, new_tokens in output.sampled_token_ids.items():
+            request = requests.get(req_id)
+            if request is None or request.added_after_step >= step_id:
+                continue  # finished or aborted meanwhile (its id may be a newer request's now)
+            if placeholder:
+                request.num_output_placeholders -= 1
+            if len(new_tokens) == 1:  # a decode step: one token, appended whether or not it stops
+                appended, token, output_ids = new_tokens, new_tokens[0], request.output_token_ids
+                output_ids.append(token)
+                # Most tokens cannot stop their request: no length reached, not EOS, no stop ids
+                # (a cheap superset of check_stop's conditions; min_tokens is left to it).
+                stoppable = (
+                    len(output_ids) >= request.max_tokens
+                    or token == request.eos_token_id
+                    or request.sampling_params.stop_token_ids
+                )
+                finished = bool(stoppable) and self._stops(request, token)
+                if grammar and not finished:
+                    finished = self._check_grammar_end(request)
+            else:
+                appended, finished = self._append_output(request, new_tokens, grammar)
+            num_generated += len(appended)
+            if spec is not None:
+                drafts = sched.scheduled_spec_decode_tokens.get(req_id)
+                if drafts:
+                    spec.after_step(self.kv, request, len(drafts), len(new_tokens))
+            if request.final_output_only:
+                if request.num_reported_tokens and not finished:
+                    continue  # nobody reads it before the end
+                appended = request.output_token_ids[request.num_reported_tokens :]
+            request.num_reported_tokens += len(appended)
+            results.append(
+                EngineCoreOutput(
+                    req_id,
+                    appended,
+                    logprobs.get(req_id) if logprobs else None,
+                    request.status.finish_reason if finished else None,
+                    request.stop_reason,
+                    prompt_logprobs.get(req_id) if prompt_logprobs else None,
+                    request.num_cached_tokens or 0,
+                    pooler_output.get(req_id) if pooler_output else None,
+                )
+            )
+        self.num_generated_tokens += num_generated
+        return results
+
+    def _append_output(self, request: Request, new_tokens: list[int], grammar: bool) -> tuple[list[int], bool]:
+        """Append sampled tokens up to the first that finishes the request; returns those
+        appended and whether the request finished."""
+        appended = []
+        for token in new_tokens:
+            request.output_token_ids.append(token)
+            appended.append(token)
+            if self._stops(request, token) or (grammar and self._check_grammar_end(request)):
+                return appended, True
+        return appended, False
+
+    def _stops(self, request: Request, token: int) -> bool:
+        """Whether ``token``, the request's newest output, finishes it (``check_stop``);
+        if it does, the request is finished here."""
+        status = check_stop(request, token)
+        if status is None:
+            return False
+        if status is RequestStatus.FINISHED_STOPPED:
+            request.stop_reason = stop_reason(request, token)
+        self._finish(request, status)
+        return True
+
+    def _check_grammar_end(self, request: Request) -> bool:
+        """Advance the request's matcher; a grammar that reached its end finishes it ("stop"),
+        one that failed to compile aborts it."""
+        if self.structured.active and self.structured.accept_tokens(request):
+            failed = self.structured.failed(request)
+            self._finish(request, RequestStatus.FINISHED_ABORTED if failed else RequestStatus.FINISHED_STOPPED)
+            return True
+        return False
 
     def _finish(self, request: Request, status: RequestStatus) -> None:
         request.status = status
@@ -384,8 +471,3 @@ class Scheduler(OutputUpdate):
         self.structured.remove(request.request_id)
         del self.requests[request.request_id]
 
-
-def _output_tokens_in(request: Request, num_new: int) -> list[int]:
-    """The output tokens among a request's next ``num_new`` inputs (from ``num_computed_tokens``)."""
-    start = request.num_computed_tokens - request.num_prompt_tokens
-    return request.output_token_ids[max(start, 0) : start + num_new] if start + num_new > 0 else []

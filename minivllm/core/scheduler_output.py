@@ -57,8 +57,9 @@ class SchedulerOutput:
     cached_reqs: CachedRequestData = field(default_factory=CachedRequestData)
     num_scheduled_tokens: dict[RequestId, int] = field(default_factory=dict)
     """New tokens per request in this step, in batch order."""
-    finished_req_ids: set[RequestId] = field(default_factory=set)
-    """Requests the workers can forget (finished, aborted or preempted since last step)."""
+    forget_req_ids: set[RequestId] = field(default_factory=set)
+    """Requests the workers drop all state of: finished, aborted *or preempted* since the
+    last step (a preempted request comes back later in ``new_reqs``, in full)."""
     grammar_bitmask: np.ndarray | None = None
     """Structured outputs: (rows, ceil(vocab / 32)) int32 allowed-token bits, one row per
     request in ``structured_output_request_ids``; None when no sampling request has a grammar."""

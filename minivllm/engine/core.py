@@ -26,6 +26,7 @@ from minivllm.config.vllm_config import VllmConfig
 from minivllm.core.scheduler import Scheduler
 from minivllm.outputs import EngineCoreOutput
 from minivllm.core.scheduler_output import SchedulerOutput
+from minivllm.core.stats import SchedulerStats
 from minivllm.request import Request, RequestId
 from minivllm.executor.base import Executor
 from minivllm.utils import build
@@ -65,7 +66,8 @@ class EngineCore:
         )
 
     @property
-    def max_tokens_in_cache(self) -> int:
+    def kv_capacity_tokens(self) -> int:
+        """Tokens the whole KV cache holds (blocks x block size): no request may need more."""
         return self.num_blocks * self.cfg.cache.block_size
 
     def add_request(self, request: Request) -> None:
@@ -76,6 +78,23 @@ class EngineCore:
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests() or self._in_flight is not None or bool(self._batches)
+
+    @property
+    def num_unfinished_requests(self) -> int:
+        """Requests waiting or running in the scheduler."""
+        return self.scheduler.num_unfinished_requests
+
+    @property
+    def num_generated_tokens(self) -> int:
+        """Output tokens sampled since the engine started (``Scheduler.num_generated_tokens``)."""
+        return self.scheduler.num_generated_tokens
+
+    def scheduler_stats(self) -> SchedulerStats:
+        return self.scheduler.stats()
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix block; False (nothing changed) while requests hold blocks."""
+        return self.scheduler.reset_prefix_cache()
 
     def step(self) -> list[EngineCoreOutput]:
         if self.cfg.async_scheduling:
@@ -90,7 +109,7 @@ class EngineCore:
         submitted = False
         if len(self._batches) < self.max_batches:
             sched = self.scheduler.schedule()
-            if not sched.is_empty or sched.finished_req_ids:  # an empty one lets workers drop state
+            if not sched.is_empty or sched.forget_req_ids:  # an empty one lets workers drop state
                 self._batches.append((sched, self.executor.execute_model_async(sched)))
                 submitted = not sched.is_empty
         if not self._batches or (submitted and len(self._batches) < self.max_batches):
@@ -100,12 +119,12 @@ class EngineCore:
 
     def _step_overlapped(self) -> list[EngineCoreOutput]:
         results = []
-        if self._in_flight is not None and self.scheduler.structured.active:
+        if self._in_flight is not None and self.scheduler.has_grammars:
             # Grammar masks need every token so far: no speculation while a request has one.
             results = self._finish_in_flight()
         sched = self.scheduler.schedule()
         launched = None
-        if not sched.is_empty or sched.finished_req_ids:
+        if not sched.is_empty or sched.forget_req_ids:
             launched = self.executor.execute_model_async(sched)
         if self._in_flight is not None:
             results = self._finish_in_flight()
@@ -120,7 +139,7 @@ class EngineCore:
     def _step_sync(self) -> list[EngineCoreOutput]:
         sched = self.scheduler.schedule()
         if sched.is_empty:
-            if sched.finished_req_ids:  # let workers drop state of aborted requests
+            if sched.forget_req_ids:  # let workers drop state of aborted requests
                 self.executor.execute_model(sched)
             return []
         output = self.executor.execute_model(sched)

@@ -103,7 +103,7 @@ def run_engine_proc(cfg: VllmConfig, commands: Connection, results: Connection, 
     except BaseException as err:  # noqa: BLE001 - reported to the parent, which raises it
         results.send(EngineMessage(fatal=_describe(err), fatal_is_config_error=isinstance(err, ValueError)))
         return
-    info = EngineInfo(num_blocks=engine.num_kv_blocks, max_tokens_in_cache=engine.core.max_tokens_in_cache)
+    info = EngineInfo(num_blocks=engine.num_kv_blocks, max_tokens_in_cache=engine.core.kv_capacity_tokens)
     results.send(EngineMessage(ready=info))
     try:
         _loop(engine, commands, results)

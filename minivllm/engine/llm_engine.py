@@ -43,7 +43,7 @@ class LLMEngine:
         self.final_text = FinalTextDecoder(self.tokenizer)
         """Decodes in one call the text of requests that show only their final output."""
         self.core = EngineCore(cfg)
-        self.processor = Processor(cfg, self.tokenizer, self.core.max_tokens_in_cache)
+        self.processor = Processor(cfg, self.tokenizer, self.core.kv_capacity_tokens)
         self.counters = EngineCounters()
         self._states: dict[RequestId, CompletionState] = {}
         """Core request id -> its completion (a child of a parent request)."""
@@ -75,7 +75,7 @@ class LLMEngine:
         return self.core.num_blocks
 
     def scheduler_stats(self) -> SchedulerStats:
-        return self.core.scheduler.stats()
+        return self.core.scheduler_stats()
 
     def get_stats(self) -> EngineStats:
         """Throughputs over the current stats window, queue sizes, KV usage, hit rate."""
@@ -184,7 +184,7 @@ class LLMEngine:
         return self.core.has_unfinished_requests()
 
     def get_num_unfinished_requests(self) -> int:
-        return self.core.scheduler.num_unfinished_requests
+        return self.core.num_unfinished_requests
 
     # ---- stepping -------------------------------------------------------------------
     def step(self) -> list[RequestOutput | PoolingRequestOutput]:
@@ -194,7 +194,7 @@ class LLMEngine:
         prompt_tokens = 0
         states, pooling = self._states, self._pooling
         pooled = []
-        generated_before = self.core.scheduler.num_generated_tokens
+        generated_before = self.core.num_generated_tokens
         for core_out in self.core.step():
             if pooling and core_out.pooling_output is not None:
                 pooled.append(self._pooled_output(core_out))
@@ -221,7 +221,7 @@ class LLMEngine:
             advanced.setdefault(parent.request_id, []).append(state)
         # Counted by the scheduler: final-only requests report their tokens only at the end.
         # A pooling request's one token is a placeholder, not generated text.
-        generation_tokens = self.core.scheduler.num_generated_tokens - generated_before - len(pooled)
+        generation_tokens = self.core.num_generated_tokens - generated_before - len(pooled)
         self.counters.num_generation_tokens += generation_tokens
         outputs = []
         for parent_id, children in advanced.items():
@@ -252,7 +252,7 @@ class LLMEngine:
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached prefix block; False (nothing changed) while requests hold blocks."""
-        return self.core.scheduler.kv.pool.reset_prefix_cache()
+        return self.core.reset_prefix_cache()
 
     def shutdown(self) -> None:
         self.core.shutdown()

@@ -22,8 +22,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from minivllm.core.stats import SchedulerStats
-from minivllm.spec_decode.metrics import SpecDecodingStats
+from minivllm.core.stats import SchedulerStats, SpecDecodingStats
 
 logger = logging.getLogger(__name__)
 

@@ -84,6 +84,12 @@ def has_logits_edits(p: SamplingParams) -> bool:
     )
 
 
+def may_speculate(p: SamplingParams) -> bool:
+    """Whether a request's sampling allows drafts (it reads neither history nor raw distribution).
+    The scheduler proposes drafts and the worker's draft model drafts by this one rule."""
+    return p.logprobs is None and p.structured_outputs is None and not has_logits_edits(p)
+
+
 def from_batch(batch: "InputBatch", rows: np.ndarray, vocab_size: int, device: torch.device) -> SamplingMetadata:
     """Sampling metadata for the batch rows ``rows`` (the rows that sample, in order),
     without generators (they depend on the step: see the runner) and edits."""

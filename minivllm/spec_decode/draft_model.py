@@ -21,7 +21,7 @@ preemption and rollback stay one mechanism (a cached block's draft KV was
 written by the catch-up after the step that wrote its target KV), and the memory
 profiling counts the draft's weights and bytes per block beside the target's. The
 newest token ``P`` and the drafts at ``P + 1 .. P + k - 1`` go into slots the
-scheduler reserved as *lookahead* (``spec_decode/scheduling.py``); a request with
+scheduler reserved as *lookahead* (``core/spec_decode.py``); a request with
 fewer reserved slots gets fewer drafts. Those slots hold no known token's KV of a
 full block, so nothing shared is touched.
 
@@ -38,9 +38,8 @@ from minivllm.attention.backend import AttentionBackend, AttentionMetadata
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.request import RequestId
 from minivllm.layers.rotary import share_cos_sin_caches
-from minivllm.sample.metadata import from_batch
+from minivllm.sample.metadata import from_batch, may_speculate
 from minivllm.sample.sampler import Sampler
-from minivllm.spec_decode.scheduling import may_speculate
 from minivllm.utils import build, cdiv
 from minivllm.worker.input_batch import InputBatch
 from minivllm.worker.step_inputs import StepInputBuilder, StepInputs

@@ -236,12 +236,12 @@ class ModelRunner:
         req_ids = [self.batch.req_ids[r] for r in step.rows.tolist()]
         computed = self.batch.num_computed_tokens[step.rows].tolist()
         return self.pooler(
-            hidden, req_ids, computed, step.query_lens.tolist(), step.sample_idx.tolist(), sched.finished_req_ids
+            hidden, req_ids, computed, step.query_lens.tolist(), step.sample_idx.tolist(), sched.forget_req_ids
         )
 
     def _update_states(self, sched: SchedulerOutput) -> None:
         batch = self.batch
-        for req_id in sched.finished_req_ids:
+        for req_id in sched.forget_req_ids:
             batch.remove(req_id)
             self.prompt_logprobs.pop(req_id, None)
             if self.lora is not None:

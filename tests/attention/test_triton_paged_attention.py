@@ -16,6 +16,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from hydra.utils import instantiate
 
 from minivllm.attention import AttentionMetadata
 from minivllm.attention.ops import paged_attention, write_kv
@@ -259,7 +260,6 @@ def test_backend_writes_then_attends(case: Case, device: str) -> None:
 
 
 def test_backend_is_a_hydra_target() -> None:
-    instantiate = pytest.importorskip("hydra.utils").instantiate
     backend = instantiate({"_target_": "minivllm.attention.triton_backend.TritonAttentionBackend"})
     assert isinstance(backend, TritonAttentionBackend) and backend.name == "triton"
 

@@ -65,7 +65,7 @@ class FakeRunner:
         self.states: dict[RequestId, dict] = {}
 
     def execute(self, sched: SchedulerOutput) -> ModelRunnerOutput:
-        for req_id in sched.finished_req_ids:
+        for req_id in sched.forget_req_ids:
             self.states.pop(req_id, None)
         for new in sched.new_reqs:
             self.states[new.req_id] = {

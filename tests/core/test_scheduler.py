@@ -96,7 +96,7 @@ def test_preemption_takes_the_last_admitted_and_readmits_it_first(base):
     assert sched.requests["b"].status == RequestStatus.PREEMPTED
     assert sched.requests["b"].num_computed_tokens == 0
     assert [r.request_id for r in sched.waiting] == ["b", "c"]  # b before the newer c
-    assert "b" in out.finished_req_ids
+    assert "b" in out.forget_req_ids
     assert sched.num_preemptions == 1
 
 
@@ -130,7 +130,7 @@ def test_abort_frees_blocks_and_tells_workers(base):
     sched.schedule()
     sched.abort_requests(["a"])
     assert sched.kv.num_free_blocks == 8
-    assert "a" in sched.schedule().finished_req_ids
+    assert "a" in sched.schedule().forget_req_ids
 
 
 def test_a_late_token_of_an_aborted_request_skips_a_new_request_with_its_id(base):

@@ -23,7 +23,7 @@ class EarlierStage:
 
     def execute(self, sched: SchedulerOutput) -> None:
         """Runs before the last stage executes ``sched`` (so its states are from the step before)."""
-        for req_id in sched.finished_req_ids:
+        for req_id in sched.forget_req_ids:
             self.tokens.pop(req_id, None)
         for new in sched.new_reqs:
             self.tokens[new.req_id] = list(new.token_ids)
@@ -60,11 +60,11 @@ def run_pipelined(scheduler: Scheduler, requests: list, microbatches: int) -> tu
         submitted = False
         if len(queue) < microbatches:
             sched = scheduler.schedule()
-            preempted = {r for r in sched.finished_req_ids if r in scheduler.requests}
+            preempted = {r for r in sched.forget_req_ids if r in scheduler.requests}
             for other, _ in queue:
                 assert not set(other.num_scheduled_tokens) & set(sched.num_scheduled_tokens)  # disjoint
                 preempted_in_flight += len(preempted & set(other.num_scheduled_tokens))
-            if not sched.is_empty or sched.finished_req_ids:
+            if not sched.is_empty or sched.forget_req_ids:
                 first.execute(sched)
                 queue.append((sched, last.execute(sched)))  # every stage runs batches in order
                 submitted = not sched.is_empty

@@ -117,17 +117,16 @@ def test_echo_prepends_the_prompt(client):
     assert echoed.choices[0].text == PROMPT + plain.choices[0].text
 
 
-def test_n_completions(client, server):
-    try:
-        res = client.completions.create(
-            model="tiny-llama", prompt=PROMPT, max_tokens=6, temperature=0.8, n=2, seed=1, logprobs=0
-        )
-    except openai.BadRequestError as err:
-        if err.body and err.body.get("param") == "n":
-            pytest.skip(f"the engine rejects SamplingParams(n=2) ({err.body['message']}); re-enable once n>1 lands")
-        raise
+def test_n_completions_match_offline(client, offline):
+    """n=2 with a seed: the two seeded completions the offline engine gives, as choices 0 and 1."""
+    params = SamplingParams(temperature=0.8, max_tokens=6, n=2, seed=1, logprobs=0)
+    want = offline.generate(PROMPT, params, use_tqdm=False)[0].outputs
+    res = client.completions.create(
+        model="tiny-llama", prompt=PROMPT, max_tokens=6, temperature=0.8, n=2, seed=1, logprobs=0
+    )
     assert sorted(c.index for c in res.choices) == [0, 1]
-    assert res.usage.completion_tokens == 12
+    assert [c.text for c in sorted(res.choices, key=lambda c: c.index)] == [w.text for w in want]
+    assert res.usage.completion_tokens == sum(len(w.token_ids) for w in want) == 12
     for c in res.choices:
         assert len(c.logprobs.tokens) == 6 and all(math.isfinite(x) for x in c.logprobs.token_logprobs)
 

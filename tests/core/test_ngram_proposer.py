@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from minivllm.spec_decode.ngram_proposer import NgramProposer
+from minivllm.core.ngram_proposer import NgramProposer
 
 
 def test_longest_suffix_match_and_its_followers():

@@ -29,12 +29,22 @@ from __future__ import annotations
 from typing import Protocol
 
 from minivllm.core.kv_cache_manager import KVCacheManager
+from minivllm.core.ngram_proposer import NgramProposer
+from minivllm.core.stats import SpecDecodingStats
 from minivllm.request import Request, RequestId
-from minivllm.sample.metadata import has_logits_edits
-from minivllm.sampling_params import SamplingParams
-from minivllm.spec_decode.config import SpeculativeConfig
-from minivllm.spec_decode.metrics import SpecDecodingStats
-from minivllm.spec_decode.ngram_proposer import NgramProposer
+from minivllm.sample.metadata import may_speculate
+
+
+class SpeculationSettings(Protocol):
+    """What the scheduler reads of the ``speculative`` config group (a ``SpeculativeConfig``;
+    core/ does not import spec_decode/, whose half runs in the worker)."""
+
+    num_speculative_tokens: int
+    prompt_lookup_min: int | None
+    prompt_lookup_max: int | None
+
+    @property
+    def uses_model(self) -> bool: ...
 
 
 class DraftSource(Protocol):
@@ -57,7 +67,7 @@ class ModelDrafts:
 
 
 class SpecDecodeScheduling:
-    def __init__(self, cfg: SpeculativeConfig, max_model_len: int) -> None:
+    def __init__(self, cfg: SpeculationSettings, max_model_len: int) -> None:
         self.max_model_len = max_model_len
         self.lookahead = cfg.num_speculative_tokens if cfg.uses_model else 0
         """Slots past a sampling request's tokens that the worker's proposer writes."""
@@ -111,7 +121,3 @@ class SpecDecodeScheduling:
         request.num_computed_tokens -= num_drafts - num_accepted
         kv.truncate(request, request.num_computed_tokens)
 
-
-def may_speculate(p: SamplingParams) -> bool:
-    """Whether a request's sampling allows drafts (it reads neither history nor raw distribution)."""
-    return p.logprobs is None and p.structured_outputs is None and not has_logits_edits(p)
