@@ -38,7 +38,7 @@ from minivllm.attention.backend import AttentionBackend, AttentionMetadata
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.request import RequestId
 from minivllm.layers.rotary import share_cos_sin_caches
-from minivllm.sample.metadata import from_batch
+from minivllm.worker.sampling_metadata import from_batch
 from minivllm.sample.sampler import Sampler
 from minivllm.spec_decode.scheduling import may_speculate
 from minivllm.utils import build, cdiv

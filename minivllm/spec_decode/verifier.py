@@ -22,7 +22,7 @@ from minivllm.core.scheduler_output import CachedRequestData, SchedulerOutput
 from minivllm.outputs import ModelRunnerOutput
 from minivllm.distributed.parallel_state import broadcast_from_first
 from minivllm.request import RequestId
-from minivllm.sample.metadata import from_batch
+from minivllm.worker.sampling_metadata import from_batch
 from minivllm.sample.sampler import Sampler
 from minivllm.spec_decode.rejection_sampler import VerifyInputs, emitted_tokens, rejection_sample
 from minivllm.utils import cdiv

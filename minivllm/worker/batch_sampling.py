@@ -14,9 +14,10 @@ import numpy as np
 import torch
 
 from minivllm.sample.logits_processors import LogitsEdits
-from minivllm.sample.metadata import SamplingMetadata, from_batch, has_logits_edits
+from minivllm.sample.metadata import SamplingMetadata, has_logits_edits
 from minivllm.sampling_params import SamplingParams
 from minivllm.worker.input_batch import InputBatch
+from minivllm.worker.sampling_metadata import from_batch
 
 
 class BatchSampling:

@@ -31,7 +31,7 @@ from minivllm.layers.compile import compile_small_ops
 from minivllm.layers.rotary import share_cos_sin_caches
 from minivllm.lora.manager import LoRAModelManager
 from minivllm.pooling.pooler import Pooler
-from minivllm.sample.prompt_logprobs import add_prompt_logprobs
+from minivllm.sample.prompt_logprobs import PromptLogprobsState, add_prompt_logprobs
 from minivllm.sample.sampler import Sampler
 from minivllm.sampling_params import SamplingParams
 from minivllm.spec_decode.eagle import model_proposer
@@ -43,7 +43,6 @@ from minivllm.worker.batch_sampling import BatchSampling
 from minivllm.worker.input_batch import InputBatch
 from minivllm.outputs import DoneOutput
 from minivllm.worker.pending_output import PendingOutput
-from minivllm.worker.request_state import PromptLogprobsState
 from minivllm.worker.step_inputs import StepInputBuilder, StepInputs
 
 logger = logging.getLogger(__name__)
