@@ -37,6 +37,7 @@ from torch import nn
 from minivllm.attention.backend import AttentionBackend, AttentionMetadata
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.request import RequestId
+from minivllm.layers.attention import attention_layers
 from minivllm.layers.rotary import share_cos_sin_caches
 from minivllm.worker.sampling_metadata import from_batch
 from minivllm.sample.sampler import Sampler
@@ -77,7 +78,7 @@ class DraftModelProposer:
         self.backend = backend
         self.model = build(self.cfg.load.loader).load_model(self.cfg, backend, self.device)
         share_cos_sin_caches(self.model, self.cfg.max_model_len, self.device)
-        self.layers = [m for m in self.model.modules() if hasattr(m, "kv_cache") and hasattr(m, "backend")]
+        self.layers = attention_layers(self.model)
 
     def weight_bytes(self) -> int:
         return sum(p.numel() * p.element_size() for p in self.model.parameters())

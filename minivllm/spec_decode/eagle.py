@@ -29,6 +29,7 @@ from transformers import PretrainedConfig
 
 from minivllm.attention.backend import AttentionBackend, AttentionMetadata
 from minivllm.config.vllm_config import VllmConfig
+from minivllm.layers.attention import attention_layers
 from minivllm.layers.rotary import share_cos_sin_caches
 from minivllm.model_loader.weight_files import find_weight_files, iterate_weights
 from minivllm.models.llama import LlamaDecoderLayer, LlamaForCausalLM
@@ -96,7 +97,7 @@ class EagleProposer(DraftModelProposer):
         head.bind_target(target)
         share_cos_sin_caches(head, cfg.max_model_len, self.device)
         self.model = head.eval()
-        self.layers = [m for m in head.modules() if hasattr(m, "kv_cache") and hasattr(m, "backend")]
+        self.layers = attention_layers(head)
 
     def catch_up(self, step: StepInputs) -> None:
         hidden = torch.zeros(len(step.input_ids), self.cfg.hf_config.hidden_size, device=self.device)
