@@ -44,6 +44,7 @@ from minivllm.worker.batch_sampling import BatchSampling
 from minivllm.worker.input_batch import InputBatch
 from minivllm.outputs import DoneOutput
 from minivllm.worker.pending_output import PendingOutput
+from minivllm.worker.sampling_metadata import from_batch
 from minivllm.worker.step_inputs import StepInputBuilder, StepInputs
 
 logger = logging.getLogger(__name__)
@@ -72,9 +73,12 @@ class ModelRunner:
         self._ones = np.ones(max_reqs, dtype=np.int32)
         for shared in (self._all_rows, self._ones):  # slices of them are handed out as a step's rows and counts
             shared.flags.writeable = False
-        self.spec = DraftVerifier(self.sampler, self.block_size, device) if cfg.speculative.enabled else None
+        spec = cfg.speculative
+        self.spec = DraftVerifier(self.sampler, self.block_size, device, from_batch) if spec.enabled else None
         """Speculative decoding: drafts into the batch, verified tokens out; None when off."""
-        self.drafter = model_proposer(cfg, self.sampler, device) if cfg.speculative.uses_model else None
+        self.drafter = (
+            model_proposer(cfg, self.sampler, device, StepInputBuilder, from_batch) if spec.uses_model else None
+        )
         """speculative.method=draft_model or eagle: the draft model or head, run after each step; None otherwise."""
         self.pipeline: PipelineStage | None = None
         """This rank's link to its neighbouring stages (set in ``load_model`` when parallel.pp > 1)."""
