@@ -108,7 +108,8 @@ def instrument(engine: LLMEngine, clock: PhaseClock) -> None:
     runner = core.executor.worker.model_runner
     clock.wrap(core.scheduler, "update_from_output", "update")
     for obj, methods, phase in (
-        (runner, ("execute_model",), "sample"),  # what the nested phases below leave
+        (core.executor.worker, ("execute_model",), "sample"),  # a synchronous step: taking its output too
+        (runner, ("execute_model", "execute_model_async"), "sample"),  # what the nested phases below leave
         (runner, ("_update_states", "_scheduled_rows", "_prepare_inputs", "_flat_tokens", "_attention_metadata"),
          "prepare"),
         (runner, ("_forward",), "model"),

@@ -57,6 +57,7 @@ class ExecutorWithExternalLauncher(Executor):
         super().__init__(cfg)
         self.rank = launcher_rank(cfg.world_size)
         self.worker = build(cfg.parallel.worker, cfg=cfg, rank=self.rank, distributed_init_method="env://")
+        self.worker.reports_output = True  # every rank's own scheduler advances with the sampled tokens
         try:
             self.worker.init_device()
             self.worker.load_model()
@@ -79,7 +80,7 @@ class ExecutorWithExternalLauncher(Executor):
 
     def execute_model(self, sched: SchedulerOutput) -> ModelRunnerOutput:
         """Every rank needs the sampled tokens: its own scheduler advances with them."""
-        return self.worker.model_runner.execute_model(sched)
+        return self.worker.execute_model(sched)
 
     def shutdown(self) -> None:
         if self.worker is not None:

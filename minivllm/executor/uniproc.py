@@ -21,7 +21,7 @@ class UniProcExecutor(Executor):
         return [run_method(self.worker, method, args, kwargs)]
 
     def execute_model_async(self, sched: SchedulerOutput) -> StepResult:
-        return self.worker.model_runner.execute_model_async(sched)
+        return self.worker.execute_model_async(sched)  # rank 0: the output rank
 
     def shutdown(self) -> None:
         if self.worker is not None:

@@ -52,3 +52,8 @@ class Attention(nn.Module):
             **scales,
         )
         return out.reshape(T, self.num_heads * self.head_dim)
+
+
+def attention_layers(model: nn.Module) -> list[Attention]:
+    """The model's attention layers in module order: the ones that hold a slice of the KV cache."""
+    return [m for m in model.modules() if isinstance(m, Attention)]

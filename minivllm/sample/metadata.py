@@ -1,23 +1,19 @@
 """Per-step sampling inputs, one row per request that samples this step.
 
-The model runner builds them from the persistent batch's per-row arrays
-(``from_batch``) and reuses them while the batch's membership and the sampling
-rows stay the same; only requests with logit edits (penalties, bad words,
-min_tokens, ...) need their token history, and only they cost work every step.
+The worker builds them from the persistent batch's per-row arrays
+(``worker/sampling_metadata.py``) and reuses them while the batch's membership
+and the sampling rows stay the same; only requests with logit edits (penalties,
+bad words, min_tokens, ...) need their token history, and only they cost work
+every step.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-import numpy as np
 import torch
 
 from minivllm.sample.logits_processors import LogitsEdits
 from minivllm.sampling_params import SamplingParams
-
-if TYPE_CHECKING:
-    from minivllm.worker.input_batch import InputBatch
 
 
 @dataclass
@@ -88,30 +84,6 @@ def may_speculate(p: SamplingParams) -> bool:
     """Whether a request's sampling allows drafts (it reads neither history nor raw distribution).
     The scheduler proposes drafts and the worker's draft model drafts by this one rule."""
     return p.logprobs is None and p.structured_outputs is None and not has_logits_edits(p)
-
-
-def from_batch(batch: "InputBatch", rows: np.ndarray, vocab_size: int, device: torch.device) -> SamplingMetadata:
-    """Sampling metadata for the batch rows ``rows`` (the rows that sample, in order),
-    without generators (they depend on the step: see the runner) and edits."""
-    temps = batch.temperature[rows]
-    top_k = batch.top_k[rows]
-    top_k = np.where(top_k > 0, top_k, vocab_size)
-    asked = [p.logprobs for p in map(batch.params.__getitem__, rows.tolist()) if p.logprobs is not None]
-    return SamplingMetadata(
-        temperature=torch.from_numpy(temps).to(device),
-        top_k=_array_if(top_k, vocab_size, device),
-        top_p=_array_if(batch.top_p[rows], 1.0, device),
-        min_p=_array_if(batch.min_p[rows], 0.0, device),
-        generators={},
-        all_greedy=not temps.any(),
-        max_num_logprobs=max(asked) if asked else None,
-    )
-
-
-def _array_if(values: np.ndarray, neutral, device: torch.device) -> torch.Tensor | None:
-    if (values == neutral).all():
-        return None
-    return torch.from_numpy(values).to(device)
 
 
 def _tensor_if(values: list, neutral, dtype: torch.dtype, device: torch.device) -> torch.Tensor | None:

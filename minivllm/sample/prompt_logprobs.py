@@ -9,18 +9,37 @@ several steps; each step adds its chunk's entries to the request's state.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
 from minivllm.outputs import PositionLogprobs
 from minivllm.sample.sampler import gather_logprobs
 
-if TYPE_CHECKING:
-    from minivllm.worker.request_state import PromptLogprobsState
-
 _ROWS_PER_PASS = 256
 """Positions whose (rows, vocab) logits are materialised at once."""
+
+
+@dataclass(slots=True)
+class PromptLogprobsState:
+    """Prompt logprobs a worker gathers for a request, chunk by chunk, until its first sample."""
+
+    prompt_token_ids: list[int]
+    num_logprobs: int
+    """The request's ``prompt_logprobs`` (top-k alternatives per prompt token)."""
+    entries: list[PositionLogprobs | None] = field(default_factory=lambda: [None])
+    """Entry ``j`` is prompt token ``j``'s (its own logprob and rank, then the top-k); entry 0 is None."""
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    def add(self, first_token: int, entries: list[PositionLogprobs]) -> None:
+        """Entries for prompt tokens ``first_token ..``; tokens skipped before it
+        (KV reused from a cache, so never computed here) get None."""
+        self.entries.extend([None] * (first_token - len(self.entries)))
+        self.entries.extend(entries)
 
 
 def add_prompt_logprobs(

@@ -30,6 +30,8 @@ sampler, which accepts with ``min(1, p / q)``; greedy drafts are one-hot.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Callable
+
 import numpy as np
 import torch
 from torch import nn
@@ -37,12 +39,15 @@ from torch import nn
 from minivllm.attention.backend import AttentionBackend, AttentionMetadata
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.request import RequestId
+from minivllm.layers.attention import attention_layers
 from minivllm.layers.rotary import share_cos_sin_caches
-from minivllm.sample.metadata import from_batch, may_speculate
+from minivllm.sample.metadata import SamplingMetadata, may_speculate
 from minivllm.sample.sampler import Sampler
 from minivllm.utils import build, cdiv
-from minivllm.worker.input_batch import InputBatch
-from minivllm.worker.step_inputs import StepInputBuilder, StepInputs
+
+if TYPE_CHECKING:  # the worker hands its builders in: spec_decode imports nothing from it at run time
+    from minivllm.worker.input_batch import InputBatch
+    from minivllm.worker.step_inputs import StepInputBuilder, StepInputs
 
 _DRAFT_SEED_OFFSET = 1 << 62
 """Seeded requests draw draft noise from (seed, position + offset): never the verifier's stream."""
@@ -53,7 +58,17 @@ class DraftModelProposer:
     """How far past the KV slot it fills an input token sits: 0 for a draft model; 1 for an
     EAGLE head, whose entry at position p reads token p + 1 beside the target's hidden state at p."""
 
-    def __init__(self, cfg: VllmConfig, sampler: Sampler, device: torch.device) -> None:
+    def __init__(
+        self,
+        cfg: VllmConfig,
+        sampler: Sampler,
+        device: torch.device,
+        step_inputs: Callable[..., StepInputBuilder],
+        sampling_metadata: Callable[[InputBatch, np.ndarray, int, torch.device], SamplingMetadata],
+    ) -> None:
+        """``step_inputs``: the worker's ``StepInputBuilder`` (the class: the catch-up pass sizes
+        its own); ``sampling_metadata(batch, rows, vocab_size, device)``: the worker's sampling
+        metadata for batch rows, without generators and edits (``worker/sampling_metadata.py``)."""
         self.cfg = cfg.draft_config
         self.k = cfg.speculative.num_speculative_tokens
         self.block_size = cfg.cache.block_size
@@ -62,7 +77,8 @@ class DraftModelProposer:
         self.model: nn.Module | None = None
         self.layers: list[nn.Module] = []
         self.backend: AttentionBackend | None = None
-        self.inputs = StepInputBuilder(
+        self._sampling_metadata = sampling_metadata
+        self.inputs = step_inputs(
             cfg.scheduler.max_num_batched_tokens + cfg.scheduler.max_num_seqs,  # + each row's new token
             cfg.scheduler.max_num_seqs, cdiv(cfg.max_model_len, self.block_size), self.block_size, device,
         )
@@ -76,7 +92,7 @@ class DraftModelProposer:
         self.backend = backend
         self.model = build(self.cfg.load.loader).load_model(self.cfg, backend, self.device)
         share_cos_sin_caches(self.model, self.cfg.max_model_len, self.device)
-        self.layers = [m for m in self.model.modules() if hasattr(m, "kv_cache") and hasattr(m, "backend")]
+        self.layers = attention_layers(self.model)
 
     def weight_bytes(self) -> int:
         return sum(p.numel() * p.element_size() for p in self.model.parameters())
@@ -175,7 +191,7 @@ class DraftModelProposer:
         self, logits: torch.Tensor, batch: InputBatch, rows: np.ndarray, positions: np.ndarray
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(B,) drafts for ``positions`` and their (B, V) distributions (None when all greedy)."""
-        sampling = from_batch(batch, rows, logits.shape[-1], self.device)
+        sampling = self._sampling_metadata(batch, rows, logits.shape[-1], self.device)
         if sampling.all_greedy:
             return logits.argmax(dim=-1), None
         q = self.sampler.process(logits, sampling).softmax(dim=-1)  # (B, V)

@@ -20,7 +20,7 @@ layer's ``input_layernorm.weight`` are ignored when present.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import numpy as np
 import torch
@@ -29,14 +29,18 @@ from transformers import PretrainedConfig
 
 from minivllm.attention.backend import AttentionBackend, AttentionMetadata
 from minivllm.config.vllm_config import VllmConfig
+from minivllm.layers.attention import attention_layers
 from minivllm.layers.rotary import share_cos_sin_caches
 from minivllm.model_loader.weight_files import find_weight_files, iterate_weights
 from minivllm.models.llama import LlamaDecoderLayer, LlamaForCausalLM
 from minivllm.models.utils import load_weights
+from minivllm.sample.metadata import SamplingMetadata
 from minivllm.sample.sampler import Sampler
 from minivllm.spec_decode.draft_model import DraftModelProposer
-from minivllm.worker.input_batch import InputBatch
-from minivllm.worker.step_inputs import StepInputs
+
+if TYPE_CHECKING:  # the worker's types: spec_decode imports nothing from it at run time
+    from minivllm.worker.input_batch import InputBatch
+    from minivllm.worker.step_inputs import StepInputBuilder, StepInputs
 
 _IGNORED = ("embed_tokens.", "lm_head.", "rotary_emb.inv_freq", "layers.0.input_layernorm.")
 
@@ -96,7 +100,7 @@ class EagleProposer(DraftModelProposer):
         head.bind_target(target)
         share_cos_sin_caches(head, cfg.max_model_len, self.device)
         self.model = head.eval()
-        self.layers = [m for m in head.modules() if hasattr(m, "kv_cache") and hasattr(m, "backend")]
+        self.layers = attention_layers(head)
 
     def catch_up(self, step: StepInputs) -> None:
         hidden = torch.zeros(len(step.input_ids), self.cfg.hf_config.hidden_size, device=self.device)
@@ -119,7 +123,14 @@ class EagleProposer(DraftModelProposer):
         return self.model(tokens, torch.from_numpy(positions).to(self.device), meta, last)
 
 
-def model_proposer(cfg: VllmConfig, sampler: Sampler, device: torch.device) -> DraftModelProposer:
-    """The worker-side proposer of ``speculative.method`` (draft_model or eagle)."""
+def model_proposer(
+    cfg: VllmConfig,
+    sampler: Sampler,
+    device: torch.device,
+    step_inputs: Callable[..., StepInputBuilder],
+    sampling_metadata: Callable[[InputBatch, np.ndarray, int, torch.device], SamplingMetadata],
+) -> DraftModelProposer:
+    """The worker-side proposer of ``speculative.method`` (draft_model or eagle); the worker
+    hands in its step-input builder and sampling metadata (see ``DraftModelProposer``)."""
     cls = EagleProposer if cfg.speculative.method == "eagle" else DraftModelProposer
-    return cls(cfg, sampler, device)
+    return cls(cfg, sampler, device, step_inputs, sampling_metadata)

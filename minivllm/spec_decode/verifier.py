@@ -13,7 +13,7 @@ table as the scheduler dropped them.
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 import torch
@@ -22,19 +22,30 @@ from minivllm.core.scheduler_output import CachedRequestData, SchedulerOutput
 from minivllm.outputs import ModelRunnerOutput
 from minivllm.distributed.parallel_state import broadcast_from_first
 from minivllm.request import RequestId
-from minivllm.sample.metadata import from_batch
+from minivllm.sample.metadata import SamplingMetadata
 from minivllm.sample.sampler import Sampler
 from minivllm.spec_decode.rejection_sampler import VerifyInputs, emitted_tokens, rejection_sample
 from minivllm.utils import cdiv
-from minivllm.worker.input_batch import InputBatch
-from minivllm.worker.step_inputs import StepInputs
+
+if TYPE_CHECKING:  # the worker hands these in: spec_decode imports nothing from it at run time
+    from minivllm.worker.input_batch import InputBatch
+    from minivllm.worker.step_inputs import StepInputs
 
 
 class DraftVerifier:
-    def __init__(self, sampler: Sampler, block_size: int, device: torch.device) -> None:
+    def __init__(
+        self,
+        sampler: Sampler,
+        block_size: int,
+        device: torch.device,
+        sampling_metadata: Callable[[InputBatch, np.ndarray, int, torch.device], SamplingMetadata],
+    ) -> None:
+        """``sampling_metadata(batch, rows, vocab_size, device)``: the worker's sampling metadata
+        for batch rows, without generators and edits (``worker/sampling_metadata.py``)."""
         self.sampler = sampler
         self.block_size = block_size
         self.device = device
+        self._sampling_metadata = sampling_metadata
         self._drafted: set[RequestId] = set()
         """Requests that had drafts in the last step (their block tables may shrink)."""
 
@@ -76,7 +87,7 @@ class DraftVerifier:
         flat, rows, draft_ids, seq_lens = _verified_positions(batch, step, drafted, drafts)
         index = torch.tensor(flat, dtype=torch.int64, device=self.device)
         logits = compute_logits(hidden[index])  # (N, V) fp32
-        meta = from_batch(batch, rows, logits.shape[-1], self.device)
+        meta = self._sampling_metadata(batch, rows, logits.shape[-1], self.device)
         probs = self.sampler.process(logits, meta).softmax(dim=-1)  # (N, V)
         greedy = meta.temperature == 0.0
         inputs = self._noise(batch, rows, seq_lens, draft_ids, greedy, probs.shape, seeded_generator)

@@ -8,24 +8,20 @@ edits (penalties, bad words, logits processors read the token history).
 """
 from __future__ import annotations
 
-from typing import Callable
-
 import numpy as np
 import torch
 
 from minivllm.sample.logits_processors import LogitsEdits
-from minivllm.sample.metadata import SamplingMetadata, from_batch, has_logits_edits
+from minivllm.sample.metadata import SamplingMetadata, has_logits_edits
 from minivllm.sampling_params import SamplingParams
 from minivllm.worker.input_batch import InputBatch
+from minivllm.worker.sampling_metadata import from_batch
 
 
 class BatchSampling:
-    def __init__(self, batch: InputBatch, device: torch.device, sync_pending: Callable[[], None]) -> None:
-        """``sync_pending()`` makes the batch hold every sampled token (async scheduling
-        may have a step in flight); logit edits call it before reading histories."""
+    def __init__(self, batch: InputBatch, device: torch.device) -> None:
         self.batch = batch
         self.device = device
-        self._sync_pending = sync_pending
         self._key: tuple | None = None
         self._meta: SamplingMetadata | None = None
         self._edited: list[int] = []
@@ -60,7 +56,7 @@ class BatchSampling:
         return generator.manual_seed((params.seed * 1_000_003 + position) % (1 << 63))
 
     def _logits_edits(self, rows: np.ndarray, vocab_size: int) -> LogitsEdits | None:
-        self._sync_pending()
+        self.batch.store_sampled(wait=True)  # async scheduling may have a step in flight: its tokens are history
         token_ids: list[list[int]] = [[] for _ in range(len(rows))]
         num_prompt = [0] * len(rows)
         for i in self._edited:

@@ -16,11 +16,23 @@ left, so rows ``0 .. num_reqs - 1`` are all occupied and a step over every
 running request reads plain slices. ``version`` changes whenever a row's
 request (and so its sampling parameters) changes, which lets the runner reuse
 a step's sampling metadata until the batch's membership changes.
+
+The batch also holds a step's sampled ids until they are stored in its rows
+(``hold_sampled``, ``store_sampled``): the ids are on the device at once, on the
+host only after the step's one synchronization. A synchronous step's output is
+read before the next step starts, which then stores its tokens; with async
+scheduling the next step starts first, and its inputs read the tokens not yet
+stored from the device (``prev_sampled``, ``prev_sampled_index``)::
+
+    launch k: hold k | output of k read | launch k+1: store k, hold k+1 ...          (sync)
+    launch k: hold k | launch k+1: hold k+1 (k+1's inputs read k's ids on the device)
+                     | output of k read | launch k+2: store k, hold k+2 ...          (async)
 """
 from __future__ import annotations
 
 import heapq
 from collections.abc import Sequence
+from functools import cached_property
 from operator import itemgetter
 
 import numpy as np
@@ -60,6 +72,8 @@ class InputBatch:
         self.min_p = np.zeros(max_num_reqs, dtype=np.float32)
         self.generators: dict[RequestId, torch.Generator] = {}
         """The request's own noise source, for requests with a seed."""
+        self._held: list[SampledTokens] = []
+        """Steps' sampled ids not stored in the rows yet, oldest first (``hold_sampled``)."""
 
     def rows_of(self, req_ids: list[RequestId]) -> Sequence[int]:
         """The rows of the given requests, in their order (all must be in the batch)."""
@@ -166,3 +180,111 @@ class InputBatch:
 
     def tokens_of(self, row: int) -> list[int]:
         return self.token_ids[row, : self.num_tokens[row]].tolist()
+
+    # ---- sampled tokens on their way --------------------------------------------------
+    def hold_sampled(self, req_ids: list[RequestId], rows: np.ndarray, token_ids: torch.Tensor) -> SampledTokens:
+        """Take a step's sampled ids: ``token_ids`` (S,) int64 on the device, for the requests
+        ``req_ids`` in batch ``rows`` (ascending). Their copy to the host starts now; the
+        batch stores them in the rows once they are read (``store_sampled``)."""
+        sampled = SampledTokens(req_ids, rows, self.version, token_ids)
+        self._held.append(sampled)
+        return sampled
+
+    @property
+    def prev_sampled(self) -> SampledTokens | None:
+        """The last step's sampled ids while not stored (async scheduling): the tokens past
+        a row's known ones that the next step's inputs read on the device."""
+        return self._held[-1] if self._held else None
+
+    def store_sampled(self, wait: bool = False) -> None:
+        """Store held sampled tokens in their requests' rows, oldest first: every step but the
+        last, and the last once its ids were read (its output taken); with ``wait`` every step,
+        waiting for their copies (afterwards ``token_ids`` hold every token sampled). A step
+        earlier than one already read was copied before it, so storing it does not wait."""
+        held = self._held
+        if not held:
+            return
+        n = len(held) if wait or held[-1].host is not None else len(held) - 1
+        for sampled in held[:n]:
+            self._store(sampled)
+        del held[:n]
+
+    def _store(self, sampled: SampledTokens) -> None:
+        """The step's ``rows`` are its requests' while the batch is at its ``version`` (always
+        so for a synchronous step); otherwise the requests still here are found by id."""
+        tokens = sampled.read()
+        if sampled.version == self.version:
+            self.append_tokens(sampled.rows, tokens)
+            return
+        row_of = self.row_of
+        rows = np.asarray([row_of.get(r, -1) for r in sampled.req_ids])
+        keep = np.flatnonzero(rows >= 0)
+        self.append_tokens(rows[keep], tokens[keep])
+
+    def prev_sampled_index(self, rows: np.ndarray) -> np.ndarray:
+        """(P,) int64: where in ``prev_sampled`` the requests in batch ``rows`` find their
+        token (async scheduling's placeholders); each of them sampled in that step.
+        While the batch is at that step's version its rows still hold the same
+        requests, so a search in the ascending sampled rows tells (checked: a row
+        that did not sample there falls through); otherwise, or then, by id (a
+        request that did not sample there is a KeyError)."""
+        sampled = self._held[-1]
+        if self.version == sampled.version:
+            held_rows = sampled.rows
+            found = np.searchsorted(held_rows, rows)  # (P,)
+            if (found < len(held_rows)).all() and (held_rows[found.clip(max=len(held_rows) - 1)] == rows).all():
+                return found
+        index_of = sampled.index_of
+        return np.fromiter((index_of[self.req_ids[r]] for r in rows.tolist()), dtype=np.int64, count=len(rows))
+
+
+class SampledTokens:
+    """One step's sampled ids: on the device for the next step's inputs, and on their way
+    to the host, where they are read once (``read``: the step's one synchronization)."""
+
+    def __init__(self, req_ids: list[RequestId], rows: np.ndarray, version: int, token_ids: torch.Tensor) -> None:
+        self.req_ids = req_ids
+        """The sampling requests, one per sampled id."""
+        self.rows = rows
+        """(S,) their batch rows, ascending, while the batch is at ``version``."""
+        self.version = version
+        self.device = token_ids
+        """(S,) int64 on the device."""
+        self._copy = to_host(token_ids)
+        self._copied = record_event(token_ids.device)
+        self.host: np.ndarray | None = None
+        """(S,) the ids on the host, once read."""
+
+    def read(self) -> np.ndarray:
+        """(S,) the ids on the host; the first call waits for their copy."""
+        if self.host is None:
+            if self._copied is not None:
+                self._copied.synchronize()
+            self.host = self._copy.numpy()
+        return self.host
+
+    @cached_property
+    def index_of(self) -> dict[RequestId, int]:
+        """Request id -> its index in the sampled ids."""
+        return {r: i for i, r in enumerate(self.req_ids)}
+
+
+def to_host(t: torch.Tensor | None) -> torch.Tensor | None:
+    """A copy of a device tensor into pinned host memory, started without waiting
+    (``record_event`` then tells when it is done); a CPU tensor itself."""
+    if t is None:
+        return None
+    if t.device.type == "cpu":
+        return t
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    host.copy_(t, non_blocking=True)
+    return host
+
+
+def record_event(device: torch.device) -> torch.cuda.Event | None:
+    """An event after the work queued so far on a CUDA device (None elsewhere: nothing to wait for)."""
+    if device.type != "cuda":
+        return None
+    event = torch.cuda.Event()
+    event.record()
+    return event

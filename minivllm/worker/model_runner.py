@@ -5,16 +5,17 @@ Per step it (1) folds the scheduler's deltas into the persistent batch
 place), (2) computes the flat step inputs with numpy and sends them to the
 device in one copy (``step_inputs.py``), (3) runs the model, and (4) samples
 for the requests whose known tokens are now all computed (a request mid-way
-through a chunked prefill samples nothing). The sampled ids come back to the
-host in the step's one synchronization (``pending_output.py``), which with
-async scheduling happens after the next step is already launched: the next
-step then reads those tokens from the device (its *placeholders*).
+through a chunked prefill samples nothing). The batch holds the sampled ids
+(``InputBatch.hold_sampled``); they come back to the host in the step's one
+synchronization (``pending_output.py``), which with async scheduling happens
+after the next step is already launched: the next step then reads those tokens
+from the device (its *placeholders*). The batch stores them in its rows at the
+start of the first step after they were read.
 """
 from __future__ import annotations
 
 import logging
 import time
-from functools import partial
 
 import numpy as np
 import torch
@@ -29,11 +30,12 @@ from minivllm.core.scheduler_output import NewRequestData, SchedulerOutput
 from minivllm.distributed.parallel_state import broadcast_from_first
 from minivllm.distributed.pipeline import IntermediateTensors, PipelineStage, pipeline_stage
 from minivllm.request import RequestId
+from minivllm.layers.attention import attention_layers
 from minivllm.layers.compile import compile_small_ops
 from minivllm.layers.rotary import share_cos_sin_caches
 from minivllm.lora.manager import LoRAModelManager
 from minivllm.pooling.pooler import Pooler
-from minivllm.sample.prompt_logprobs import add_prompt_logprobs
+from minivllm.sample.prompt_logprobs import PromptLogprobsState, add_prompt_logprobs
 from minivllm.sample.sampler import Sampler
 from minivllm.sampling_params import SamplingParams
 from minivllm.spec_decode.eagle import model_proposer
@@ -45,7 +47,7 @@ from minivllm.worker.batch_sampling import BatchSampling
 from minivllm.worker.input_batch import InputBatch
 from minivllm.outputs import DoneOutput
 from minivllm.worker.pending_output import PendingOutput
-from minivllm.worker.request_state import PromptLogprobsState
+from minivllm.worker.sampling_metadata import from_batch
 from minivllm.worker.step_inputs import StepInputBuilder, StepInputs
 
 logger = logging.getLogger(__name__)
@@ -66,17 +68,18 @@ class ModelRunner:
         self.inputs = StepInputBuilder(cfg.scheduler.max_num_batched_tokens, max_reqs, max_blocks,
                                        self.block_size, device)
         self.prompt_logprobs: dict[RequestId, PromptLogprobsState] = {}
-        self._pending: PendingOutput | None = None
-        """The last step's sampled tokens while the batch has not received them (async scheduling)."""
-        self.sampling = BatchSampling(self.batch, device, self._sync_pending)
+        self.sampling = BatchSampling(self.batch, device)
         """The sampler's metadata for a step's rows, cached while the batch is unchanged."""
         self._all_rows = np.arange(max_reqs)
         self._ones = np.ones(max_reqs, dtype=np.int32)
         for shared in (self._all_rows, self._ones):  # slices of them are handed out as a step's rows and counts
             shared.flags.writeable = False
-        self.spec = DraftVerifier(self.sampler, self.block_size, device) if cfg.speculative.enabled else None
+        spec = cfg.speculative
+        self.spec = DraftVerifier(self.sampler, self.block_size, device, from_batch) if spec.enabled else None
         """Speculative decoding: drafts into the batch, verified tokens out; None when off."""
-        self.drafter = model_proposer(cfg, self.sampler, device) if cfg.speculative.uses_model else None
+        self.drafter = (
+            model_proposer(cfg, self.sampler, device, StepInputBuilder, from_batch) if spec.uses_model else None
+        )
         """speculative.method=draft_model or eagle: the draft model or head, run after each step; None otherwise."""
         self.pipeline: PipelineStage | None = None
         """This rank's link to its neighbouring stages (set in ``load_model`` when parallel.pp > 1)."""
@@ -92,7 +95,7 @@ class ModelRunner:
         share_cos_sin_caches(self.model, self.cfg.max_model_len, self.device)
         if self.cfg.torch_compile:
             compile_small_ops(self.model)
-        self.attention_layers = [m for m in self.model.modules() if hasattr(m, "kv_cache") and hasattr(m, "backend")]
+        self.attention_layers = attention_layers(self.model)
         self.pipeline = pipeline_stage(self.cfg, self.model, self.device)  # None unless parallel.pp > 1
         if self.cfg.lora.enable_lora:
             self.lora = LoRAModelManager(self.model, self.cfg.lora, self.cfg.hf_config, self.cfg.dtype, self.device)
@@ -214,8 +217,9 @@ class ModelRunner:
             return DoneOutput(ModelRunnerOutput())
         pending = self._sample_and_collect(hidden, step, prompt_logprobs, sched)
         if self.spec is not None:
-            return DoneOutput(self._speculate(hidden, step, sched, pending.result()))
-        self._pending = pending
+            out = pending.result()
+            self.batch.store_sampled()  # the verifier replaces the plain samples in the rows
+            return DoneOutput(self._speculate(hidden, step, sched, out))
         return pending
 
     def _speculate(
@@ -241,6 +245,7 @@ class ModelRunner:
 
     def _update_states(self, sched: SchedulerOutput) -> None:
         batch = self.batch
+        batch.store_sampled()  # the tokens of earlier steps whose outputs were taken
         for req_id in sched.forget_req_ids:
             batch.remove(req_id)
             self.prompt_logprobs.pop(req_id, None)
@@ -291,15 +296,15 @@ class ModelRunner:
         return rows, n[rows]
 
     def _prepare_inputs(self, rows: np.ndarray, query_lens: np.ndarray, num_tokens: int) -> StepInputs:
-        pending = self._pending if self._pending is not None and not self._pending.resolved else None
-        index = partial(pending.indices_of, self.batch) if pending is not None else None
+        prev = self.batch.prev_sampled  # async scheduling: the last step's ids, not stored yet
+        index = self.batch.prev_sampled_index if prev is not None else None
         step = self.inputs.build(self.batch, rows, query_lens, index, num_tokens)
         if self.lora is not None:
             self.lora.prepare_step([self.batch.req_ids[r] for r in rows.tolist()], query_lens)
         step.meta.backend_data = self.attn_backend.prepare(step.meta, self.block_size)
         if step.placeholders is not None:
             dst, src = step.placeholders
-            step.input_ids[dst] = pending.sampled_device[src]
+            step.input_ids[dst] = prev.device[src]
         return step
 
     def _gather_prompt_logprobs(self, hidden: torch.Tensor, step: StepInputs) -> dict:
@@ -342,28 +347,5 @@ class ModelRunner:
             )
         sampled = self.sampler(logits, meta)
         broadcast_from_first(sampled.token_ids)  # every tp rank (of the last stage) keeps the same tokens
-        return PendingOutput(
-            req_ids=req_ids,
-            sampled=sampled,
-            num_logprobs=self.sampling.num_logprobs,
-            prompt_logprobs=prompt_logprobs,
-            deliver=self._deliver,
-            rows=rows,
-            version=self.batch.version,
-        )
-
-    def _deliver(self, req_ids: list[RequestId], tokens: np.ndarray, rows: np.ndarray, version: int) -> None:
-        """Store sampled tokens in the rows of the requests still in the batch. ``rows``
-        are theirs while the batch's ``version`` is unchanged (always so without async scheduling)."""
-        if version == self.batch.version:
-            self.batch.append_tokens(rows, tokens)
-            return
-        row_of = self.batch.row_of
-        rows = [row_of.get(r, -1) for r in req_ids]
-        keep = np.flatnonzero(np.asarray(rows) >= 0)
-        self.batch.append_tokens(np.asarray(rows)[keep], tokens[keep])
-
-    def _sync_pending(self) -> None:
-        """The step in flight (async scheduling) hands its sampled tokens to the batch."""
-        if self._pending is not None:
-            self._pending.result()
+        tokens = self.batch.hold_sampled(req_ids, rows, sampled.token_ids)
+        return PendingOutput(tokens, sampled, self.sampling.num_logprobs, prompt_logprobs)

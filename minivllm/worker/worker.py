@@ -1,4 +1,9 @@
-"""A worker: one device, one rank. Owns the model runner and sizes the KV cache."""
+"""A worker: one device, one rank. Owns the model runner and sizes the KV cache.
+
+Executors reach the model runner only through the worker: every step passes
+``execute_model_async`` (``execute_model`` too), so a worker subclass (named by
+``parallel.worker._target_``) sees every step, synchronous or launched ahead.
+"""
 from __future__ import annotations
 
 import logging
@@ -9,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from minivllm.config.vllm_config import VllmConfig
-from minivllm.outputs import ModelRunnerOutput
+from minivllm.outputs import ModelRunnerOutput, StepResult
 from minivllm.core.scheduler_output import SchedulerOutput
 from minivllm.distributed.parallel_state import destroy_model_parallel, init_model_parallel
 from minivllm.plugins import load_general_plugins
@@ -30,6 +35,10 @@ class Worker:
         self.num_threads = num_threads
         self.device = torch.device("cpu")
         self.model_runner = None
+        self.reports_output = rank == cfg.parallel.output_rank
+        """Whether this rank's steps return their output (None otherwise). The output rank's only,
+        unless the executor needs every rank's and sets it (the external launcher: each process's
+        own scheduler advances with it)."""
 
     def init_device(self) -> None:
         if self.cfg.device_type == "cuda":
@@ -98,9 +107,20 @@ class Worker:
         self.model_runner.init_kv_cache(num_blocks)
         self.model_runner.capture_cuda_graphs()
 
+    def execute_model_async(self, sched: SchedulerOutput) -> StepResult | None:
+        """Launch one step; where this rank ``reports_output`` the result's ``result()`` waits
+        for its sampled tokens. Elsewhere the step completes here and None is returned (every
+        rank keeps the tokens it sampled: they are the next step's inputs)."""
+        launched = self.model_runner.execute_model_async(sched)
+        if self.reports_output:
+            return launched
+        launched.result()
+        return None
+
     def execute_model(self, sched: SchedulerOutput) -> ModelRunnerOutput | None:
-        output = self.model_runner.execute_model(sched)
-        return output if self.rank == self.cfg.parallel.output_rank else None
+        """One step to its end: the output where this rank ``reports_output``, None elsewhere."""
+        launched = self.execute_model_async(sched)
+        return launched.result() if launched is not None else None
 
     def shutdown(self) -> None:
         if dist.is_available() and dist.is_initialized():
