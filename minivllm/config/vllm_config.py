@@ -7,7 +7,6 @@ config fails when it is built, before any work starts.
 """
 from __future__ import annotations
 
-import functools
 import logging
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -17,7 +16,6 @@ from omegaconf import DictConfig, OmegaConf
 
 from minivllm.config.bench import BenchConfig
 from minivllm.config.model_source import HubOptions, load_hf_config
-from minivllm.core.sliding_window import max_blocks_per_request, model_sliding_window
 from minivllm.distributed.pipeline import check_partition
 from minivllm.distributed.utils import check_expert_parallel, check_tensor_parallel
 from minivllm.layers.rotary import check_rope_types
@@ -180,21 +178,6 @@ class VllmConfig:
             raise ValueError(f"parallel.pp={pp}: load.format=sharded_state saves one shard per tp rank; use pp=1")
         text_config = getattr(self.hf_config, "text_config", None) or self.hf_config
         check_partition(text_config.num_hidden_layers, pp, self.parallel.pp_layer_partition)
-
-    @functools.cached_property
-    def kv_sliding_window(self) -> int | None:
-        """The window behind which the KV cache frees blocks: set when every attention
-        layer of the model slides, None otherwise (``core/sliding_window.py``)."""
-        return model_sliding_window(self)
-
-    def max_blocks_per_request(self, num_tokens: int | None = None) -> int:
-        """KV blocks a request of ``num_tokens`` tokens (default ``max_model_len``) holds at most at once."""
-        return max_blocks_per_request(
-            num_tokens or self.max_model_len,
-            self.cache.block_size,
-            self.kv_sliding_window,
-            self.scheduler.max_num_batched_tokens,
-        )
 
     def _check_scheduler(self) -> None:
         sched = self.scheduler

@@ -63,6 +63,7 @@ from minivllm.core.output_update import OutputUpdate
 from minivllm.core.request_queue import make_waiting_queue
 from minivllm.core.scheduler_output import CachedRequestData, NewRequestData, SchedulerOutput
 from minivllm.core.stats import SchedulerStats
+from minivllm.kv_cache_spec import KVCacheSpec
 from minivllm.request import Request, RequestId, RequestStatus
 from minivllm.spec_decode.scheduling import SpecDecodeScheduling
 from minivllm.structured_output.backend import backend_for
@@ -89,7 +90,7 @@ class _StepPlan:
 
 
 class Scheduler(OutputUpdate):
-    def __init__(self, cfg: VllmConfig, num_blocks: int) -> None:
+    def __init__(self, cfg: VllmConfig, kv_spec: KVCacheSpec) -> None:
         self.max_num_seqs = cfg.scheduler.max_num_seqs
         self.max_num_batched_tokens = cfg.scheduler.max_num_batched_tokens
         self.chunked_prefill = cfg.scheduler.enable_chunked_prefill
@@ -98,11 +99,11 @@ class Scheduler(OutputUpdate):
         self.max_loras = cfg.lora.max_loras if cfg.lora.enable_lora else 0
         """Most distinct LoRA adapters among the running requests (one step's slots)."""
         self.kv = KVCacheManager(
-            num_blocks,
-            cfg.cache.block_size,
+            kv_spec.num_blocks,
+            kv_spec.block_size,
             enable_caching=cfg.cache.enable_prefix_caching,
             hash_root=root_hash(model_identity(cfg)),
-            sliding_window=cfg.kv_sliding_window,
+            sliding_window=kv_spec.sliding_window,
         )
         self.requests: dict[RequestId, Request] = {}
         self.waiting = make_waiting_queue(self.policy)

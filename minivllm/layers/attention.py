@@ -52,3 +52,12 @@ class Attention(nn.Module):
             **scales,
         )
         return out.reshape(T, self.num_heads * self.head_dim)
+
+
+def uniform_sliding_window(model: nn.Module) -> int | None:
+    """The widest window when every attention layer of ``model`` has one; None when any attends
+    globally (or there is none). The worker reports it in its ``KVCacheSpec``."""
+    windows = [m.sliding_window for m in model.modules() if isinstance(m, Attention)]
+    if not windows or any(w is None for w in windows):
+        return None
+    return max(windows)
