@@ -19,11 +19,11 @@ from minivllm.config.model_source import HubOptions, load_hf_config
 from minivllm.distributed.pipeline import check_partition
 from minivllm.distributed.utils import check_expert_parallel, check_tensor_parallel
 from minivllm.layers.rotary import check_rope_types
-from minivllm.lora.config import LoRAConfig
-from minivllm.model_loader.gguf_config import find_gguf_file, gguf_hf_config
+from minivllm.config.lora import LoRAConfig
+from minivllm.config.gguf_config import find_gguf_file, gguf_hf_config
 from minivllm.quantization import QuantizationConfig, get_quantization_config
-from minivllm.spec_decode.config import SpeculativeConfig
-from minivllm.spec_decode.draft_config import draft_model_config
+from minivllm.config.speculative import SpeculativeConfig
+from minivllm.config.draft_config import draft_model_config
 from minivllm.config.schema import (
     AttentionConfig,
     CacheConfig,

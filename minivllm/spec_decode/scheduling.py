@@ -32,7 +32,7 @@ from minivllm.core.kv_cache_manager import KVCacheManager
 from minivllm.request import Request, RequestId
 from minivllm.sample.metadata import has_logits_edits
 from minivllm.sampling_params import SamplingParams
-from minivllm.spec_decode.config import SpeculativeConfig
+from minivllm.config.speculative import SpeculativeConfig
 from minivllm.spec_decode.metrics import SpecDecodingStats
 from minivllm.spec_decode.ngram_proposer import NgramProposer
 

@@ -10,7 +10,7 @@ from minivllm.kv_cache_spec import KVCacheSpec
 from minivllm.outputs import ModelRunnerOutput
 from minivllm.request import Request, RequestId
 from minivllm.sampling_params import SamplingParams
-from minivllm.spec_decode.config import SpeculativeConfig
+from minivllm.config.speculative import SpeculativeConfig
 from minivllm.spec_decode.scheduling import SpecDecodeScheduling
 
 PROMPT = [5, 6, 7, 8, 5, 6, 7]  # after a sampled 8, the suffix "6 7 8" occurred before, followed by "5 6 7"
