@@ -16,9 +16,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from minivllm.config.bench import BenchConfig
 from minivllm.config.model_source import HubOptions, load_hf_config
-from minivllm.distributed.pipeline import check_partition
-from minivllm.distributed.utils import check_expert_parallel, check_tensor_parallel
-from minivllm.layers.rotary import check_rope_types
+from minivllm.config.parallel_checks import check_expert_parallel, check_partition, check_tensor_parallel
+from minivllm.config.rope import check_rope_types
 from minivllm.config.lora import LoRAConfig
 from minivllm.config.gguf_config import find_gguf_file, gguf_hf_config
 from minivllm.quantization import QuantizationConfig, get_quantization_config

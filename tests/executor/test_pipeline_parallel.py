@@ -10,7 +10,7 @@ import pytest
 from safetensors import safe_open
 
 from minivllm import LLM
-from minivllm.distributed.pipeline import check_partition, even_partition
+from minivllm.config.parallel_checks import check_partition, even_partition
 from tests.executor import tp_helpers as h
 from tests.model_configs import gpt2_config, gpt_neox_config, llama_config
 
