@@ -14,6 +14,7 @@ from typing import Any, Optional
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from minivllm.config.architectures import POOLING_ONLY, SUPPORTED_ARCHITECTURES
 from minivllm.config.bench import BenchConfig
 from minivllm.config.model_source import HubOptions, load_hf_config
 from minivllm.config.parallel_checks import check_expert_parallel, check_partition, check_tensor_parallel
@@ -49,8 +50,6 @@ from minivllm.config.resolve import (
     resolve_max_model_len,
 )
 from minivllm.config.serve_config import ServeConfig
-from minivllm.models.registry import POOLING_ONLY, ModelRegistry
-from minivllm.plugins import load_general_plugins
 
 logger = logging.getLogger(__name__)
 
@@ -99,7 +98,6 @@ class VllmConfig:
     def __post_init__(self) -> None:
         if self.model.path in ("", "???"):
             raise ValueError("model.path: is required; give a checkpoint directory or a preset (model=opt-125m)")
-        load_general_plugins(self.plugins)  # before the architecture check: a plugin may register it
         self.device_type: str = resolve_device(self.device.type)
         if self.load.format == "auto" and self.model.path.endswith(".gguf"):
             self.load.format = "gguf"
@@ -110,7 +108,7 @@ class VllmConfig:
             self.hf_config.architectures = [self.model.architecture]
         self.architecture: str = architecture_of(self.hf_config)
         refuse_encoder_only(self.hf_config, self.architecture)
-        ModelRegistry.check_supported(self.architecture)
+        SUPPORTED_ARCHITECTURES.check_supported(self.architecture)  # plugins register theirs before this
         check_rope_types(self.hf_config)
         self.quant_config: QuantizationConfig | None = get_quantization_config(
             self.model.quantization, self.hf_config, self.architecture
@@ -169,8 +167,6 @@ class VllmConfig:
         pp = self.parallel.pp
         if pp == 1:
             return
-        if not getattr(ModelRegistry.resolve(self.architecture), "supports_pp", False):
-            raise ValueError(f"parallel.pp={pp}: {self.architecture} does not support pipeline parallelism; use 1")
         if self.model.runner == "pooling":  # the pooling runner has no pipeline stages
             raise ValueError(f"parallel.pp={pp}: model.runner=pooling runs on one pipeline stage; use pp=1")
         if self.load.format == "sharded_state":  # its files are named by tp rank, which repeats on every stage

@@ -39,6 +39,7 @@ from minivllm.engine.request_stream import EngineDeadError, RequestStream
 from minivllm.engine.tokenizer import get_tokenizer
 from minivllm.kv_cache_spec import KVCacheSpec
 from minivllm.lora.request import LoRARequest
+from minivllm.plugins import load_general_plugins
 from minivllm.pooling.outputs import PoolingRequestOutput
 from minivllm.pooling.params import PoolingParams
 from minivllm.sample.custom_processors import check_picklable
@@ -81,7 +82,9 @@ class AsyncLLM:
         """Same keywords as ``LLM(model, ...)``."""
         from minivllm.entrypoints.llm_kwargs import config_from_kwargs
 
-        return cls(VllmConfig.from_dictconfig(config_from_kwargs(model, **kwargs)))
+        tree = config_from_kwargs(model, **kwargs)
+        load_general_plugins(tree.get("plugins"))  # before the config checks the architecture a plugin may add
+        return cls(VllmConfig.from_dictconfig(tree))
 
     # ---- the engine process ----------------------------------------------------------
     def _from_engine(self, replica: int, msg: EngineMessage, now: float) -> None:

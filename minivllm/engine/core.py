@@ -29,6 +29,8 @@ from minivllm.core.scheduler_output import SchedulerOutput
 from minivllm.request import Request, RequestId
 from minivllm.executor.base import Executor
 from minivllm.kv_cache_spec import KVCacheSpec
+from minivllm.models.registry import check_pipeline_parallel
+from minivllm.plugins import load_general_plugins
 from minivllm.utils import build
 from minivllm.outputs import StepResult
 
@@ -38,6 +40,9 @@ logger = logging.getLogger(__name__)
 class EngineCore:
     def __init__(self, cfg: VllmConfig) -> None:
         self.cfg = cfg
+        if cfg.parallel.pp > 1:  # the model class must split into stages; the config cannot tell
+            load_general_plugins(cfg.plugins)  # in an engine process, a plugin may register the class
+            check_pipeline_parallel(cfg.architecture, cfg.parallel.pp)
         self.executor: Executor = build(cfg.parallel.executor, cfg=cfg)
         try:
             self.kv_spec: KVCacheSpec = self.executor.determine_kv_cache_spec()
