@@ -21,7 +21,7 @@ from minivllm.config.parallel_checks import check_expert_parallel, check_partiti
 from minivllm.config.rope import check_rope_types
 from minivllm.config.lora import LoRAConfig
 from minivllm.config.gguf_config import find_gguf_file, gguf_hf_config
-from minivllm.quantization import QuantizationConfig, get_quantization_config
+from minivllm.config.quantization import QuantizationSpec, resolve_quantization
 from minivllm.config.speculative import SpeculativeConfig
 from minivllm.config.draft_config import draft_model_config
 from minivllm.config.schema import (
@@ -110,7 +110,7 @@ class VllmConfig:
         refuse_encoder_only(self.hf_config, self.architecture)
         SUPPORTED_ARCHITECTURES.check_supported(self.architecture)  # plugins register theirs before this
         check_rope_types(self.hf_config)
-        self.quant_config: QuantizationConfig | None = get_quantization_config(
+        self.quant_spec: QuantizationSpec | None = resolve_quantization(
             self.model.quantization, self.hf_config, self.architecture
         )
         self.dtype: torch.dtype = resolve_dtype(self.model.dtype, self.hf_config, self.device_type)
