@@ -4,6 +4,14 @@
 groups; derived values (the checkpoint's ``hf_config``, the resolved device,
 dtype and ``max_model_len``) are computed in ``__post_init__`` so that a bad
 config fails when it is built, before any work starts.
+
+It describes and never builds: every check reads the checkpoint's config and
+tables kept in this package (architecture names, quantization methods, rope
+types). What needs the model itself comes back from the worker that loaded it
+(``minivllm/kv_cache_spec.py``: the KV blocks and the sliding window), and whether
+a model class splits into pipeline stages is checked by ``EngineCore`` before any
+worker starts. Plugins that register architectures are called by the front ends
+before they build the config (``minivllm/plugins``).
 """
 from __future__ import annotations
 

@@ -80,7 +80,7 @@ class AsyncLLM:
     @classmethod
     def from_kwargs(cls, model: str | None = None, **kwargs: Any) -> "AsyncLLM":
         """Same keywords as ``LLM(model, ...)``."""
-        from minivllm.entrypoints.llm_kwargs import config_from_kwargs
+        from minivllm.config.llm_kwargs import config_from_kwargs
 
         tree = config_from_kwargs(model, **kwargs)
         load_general_plugins(tree.get("plugins"))  # before the config checks the architecture a plugin may add

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from minivllm.entrypoints.llm_kwargs import config_from_kwargs
+from minivllm.config.llm_kwargs import config_from_kwargs
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.kv_cache_spec import KVCacheSpec
 from minivllm.layers.attention import Attention
