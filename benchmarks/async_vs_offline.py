@@ -29,7 +29,7 @@ from minivllm.config.vllm_config import VllmConfig
 from minivllm.engine.async_llm import AsyncLLM
 from minivllm.engine.engine_proc import step_once
 from minivllm.engine.llm_engine import LLMEngine
-from minivllm.entrypoints.llm import config_from_kwargs
+from minivllm.config.llm_kwargs import config_from_kwargs
 from minivllm.sampling_params import RequestOutputKind
 
 

@@ -27,6 +27,7 @@ import numpy as np
 from minivllm.config.store import build_config
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.core.scheduler import Scheduler
+from minivllm.kv_cache_spec import KVCacheSpec
 from minivllm.outputs import ModelRunnerOutput
 from minivllm.request import Request, RequestId
 from minivllm.sampling_params import SamplingParams
@@ -44,7 +45,7 @@ def build(concurrency: int) -> VllmConfig:
 
 def run(cfg: VllmConfig, concurrency: int, output_len: int) -> tuple[float, float]:
     """Mean CPU seconds of (schedule, update) over the steps where every request decodes."""
-    scheduler = Scheduler(cfg, num_blocks=concurrency * 8)
+    scheduler = Scheduler(cfg, KVCacheSpec(cfg.cache.block_size, num_blocks=concurrency * 8))
     rng = np.random.default_rng(0)
     params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
     for i in range(concurrency):

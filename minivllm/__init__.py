@@ -1,9 +1,30 @@
-"""minivllm: a small LLM inference engine with vLLM's architecture, configured with Hydra."""
-from minivllm.config import VllmConfig, compose
-from minivllm.engine.outputs import CompletionOutput, RequestOutput
-from minivllm.entrypoints.llm import LLM
-from minivllm.models.registry import ModelRegistry
-from minivllm.sampling_params import RequestOutputKind, SamplingParams
+"""minivllm: a small LLM inference engine with vLLM's architecture, configured with Hydra.
+
+The names below are imported on first use (as vLLM does), so that importing one
+part, ``minivllm.config`` say, does not import the whole engine.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from minivllm.config import VllmConfig, compose
+    from minivllm.engine.outputs import CompletionOutput, RequestOutput
+    from minivllm.entrypoints.llm import LLM
+    from minivllm.models.registry import ModelRegistry
+    from minivllm.sampling_params import RequestOutputKind, SamplingParams
+
+_LAZY = {
+    "LLM": "minivllm.entrypoints.llm",
+    "CompletionOutput": "minivllm.engine.outputs",
+    "ModelRegistry": "minivllm.models.registry",
+    "RequestOutput": "minivllm.engine.outputs",
+    "RequestOutputKind": "minivllm.sampling_params",
+    "SamplingParams": "minivllm.sampling_params",
+    "VllmConfig": "minivllm.config",
+    "compose": "minivllm.config",
+}
 
 __all__ = [
     "LLM",
@@ -16,3 +37,15 @@ __all__ = [
     "compose",
 ]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'minivllm' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_LAZY[name]), name)
+    globals()[name] = value  # later look-ups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_LAZY])

@@ -18,6 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from minivllm.config.store import register_configs
 from minivllm.config.vllm_config import VllmConfig
+from minivllm.plugins import load_general_plugins
 
 logger = logging.getLogger("minivllm")
 
@@ -51,6 +52,7 @@ def output_dir() -> Path:
 
 def run(cfg: DictConfig, out_dir: Path | None = None) -> dict[str, Any]:
     """Validate the composed config, save the resolved tree, and run its task."""
+    load_general_plugins(cfg.get("plugins"))  # before the config checks the architecture a plugin may add
     vcfg = VllmConfig.from_dictconfig(cfg)
     out_dir = out_dir or output_dir()
     out_dir.mkdir(parents=True, exist_ok=True)

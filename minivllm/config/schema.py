@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from minivllm.config.validation import check_choice, check_range
-from minivllm.quantization.registry import QUANTIZATION_METHODS
+from minivllm.config.quantization import QUANT_METHODS
 
 MODEL_DTYPES = ("auto", "float32", "float16", "bfloat16")
 DTYPE_ALIASES = {"half": "float16", "float": "float32"}
@@ -85,7 +85,7 @@ class ModelConfig:
         self.dtype = DTYPE_ALIASES.get(self.dtype, self.dtype)
         check_choice("model.dtype", self.dtype, MODEL_DTYPES + tuple(DTYPE_ALIASES))
         if self.quantization is not None:
-            check_choice("model.quantization", self.quantization, tuple(sorted(QUANTIZATION_METHODS)))
+            check_choice("model.quantization", self.quantization, QUANT_METHODS)
         if self.max_model_len is not None:
             check_range("model.max_model_len", self.max_model_len, low=1)
         if self.max_logprobs != -1:

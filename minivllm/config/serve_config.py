@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from minivllm.config.validation import check_range
-from minivllm.lora.serving import parse_lora_modules
+from minivllm.config.lora import parse_lora_modules
 
 TOOL_CALL_PARSERS = ("hermes", "llama3_json")
 REASONING_PARSERS = ("deepseek_r1", "qwen3")

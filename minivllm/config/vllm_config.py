@@ -4,10 +4,17 @@
 groups; derived values (the checkpoint's ``hf_config``, the resolved device,
 dtype and ``max_model_len``) are computed in ``__post_init__`` so that a bad
 config fails when it is built, before any work starts.
+
+It describes and never builds: every check reads the checkpoint's config and
+tables kept in this package (architecture names, quantization methods, rope
+types). What needs the model itself comes back from the worker that loaded it
+(``minivllm/kv_cache_spec.py``: the KV blocks and the sliding window), and whether
+a model class splits into pipeline stages is checked by ``EngineCore`` before any
+worker starts. Plugins that register architectures are called by the front ends
+before they build the config (``minivllm/plugins``).
 """
 from __future__ import annotations
 
-import functools
 import logging
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -15,17 +22,16 @@ from typing import Any, Optional
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from minivllm.config.architectures import POOLING_ONLY, SUPPORTED_ARCHITECTURES
 from minivllm.config.bench import BenchConfig
 from minivllm.config.model_source import HubOptions, load_hf_config
-from minivllm.core.sliding_window import max_blocks_per_request, model_sliding_window
-from minivllm.distributed.pipeline import check_partition
-from minivllm.distributed.utils import check_expert_parallel, check_tensor_parallel
-from minivllm.layers.rotary import check_rope_types
-from minivllm.lora.config import LoRAConfig
-from minivllm.model_loader.gguf_config import find_gguf_file, gguf_hf_config
-from minivllm.quantization import QuantizationConfig, get_quantization_config
-from minivllm.spec_decode.config import SpeculativeConfig
-from minivllm.spec_decode.draft_config import draft_model_config
+from minivllm.config.parallel_checks import check_expert_parallel, check_partition, check_tensor_parallel
+from minivllm.config.rope import check_rope_types
+from minivllm.config.lora import LoRAConfig
+from minivllm.config.gguf_config import find_gguf_file, gguf_hf_config
+from minivllm.config.quantization import QuantizationSpec, resolve_quantization
+from minivllm.config.speculative import SpeculativeConfig
+from minivllm.config.draft_config import draft_model_config
 from minivllm.config.schema import (
     AttentionConfig,
     CacheConfig,
@@ -52,8 +58,6 @@ from minivllm.config.resolve import (
     resolve_max_model_len,
 )
 from minivllm.config.serve_config import ServeConfig
-from minivllm.models.registry import POOLING_ONLY, ModelRegistry
-from minivllm.plugins import load_general_plugins
 
 logger = logging.getLogger(__name__)
 
@@ -102,7 +106,6 @@ class VllmConfig:
     def __post_init__(self) -> None:
         if self.model.path in ("", "???"):
             raise ValueError("model.path: is required; give a checkpoint directory or a preset (model=opt-125m)")
-        load_general_plugins(self.plugins)  # before the architecture check: a plugin may register it
         self.device_type: str = resolve_device(self.device.type)
         if self.load.format == "auto" and self.model.path.endswith(".gguf"):
             self.load.format = "gguf"
@@ -113,9 +116,9 @@ class VllmConfig:
             self.hf_config.architectures = [self.model.architecture]
         self.architecture: str = architecture_of(self.hf_config)
         refuse_encoder_only(self.hf_config, self.architecture)
-        ModelRegistry.check_supported(self.architecture)
+        SUPPORTED_ARCHITECTURES.check_supported(self.architecture)  # plugins register theirs before this
         check_rope_types(self.hf_config)
-        self.quant_config: QuantizationConfig | None = get_quantization_config(
+        self.quant_spec: QuantizationSpec | None = resolve_quantization(
             self.model.quantization, self.hf_config, self.architecture
         )
         self.dtype: torch.dtype = resolve_dtype(self.model.dtype, self.hf_config, self.device_type)
@@ -172,29 +175,12 @@ class VllmConfig:
         pp = self.parallel.pp
         if pp == 1:
             return
-        if not getattr(ModelRegistry.resolve(self.architecture), "supports_pp", False):
-            raise ValueError(f"parallel.pp={pp}: {self.architecture} does not support pipeline parallelism; use 1")
         if self.model.runner == "pooling":  # the pooling runner has no pipeline stages
             raise ValueError(f"parallel.pp={pp}: model.runner=pooling runs on one pipeline stage; use pp=1")
         if self.load.format == "sharded_state":  # its files are named by tp rank, which repeats on every stage
             raise ValueError(f"parallel.pp={pp}: load.format=sharded_state saves one shard per tp rank; use pp=1")
         text_config = getattr(self.hf_config, "text_config", None) or self.hf_config
         check_partition(text_config.num_hidden_layers, pp, self.parallel.pp_layer_partition)
-
-    @functools.cached_property
-    def kv_sliding_window(self) -> int | None:
-        """The window behind which the KV cache frees blocks: set when every attention
-        layer of the model slides, None otherwise (``core/sliding_window.py``)."""
-        return model_sliding_window(self)
-
-    def max_blocks_per_request(self, num_tokens: int | None = None) -> int:
-        """KV blocks a request of ``num_tokens`` tokens (default ``max_model_len``) holds at most at once."""
-        return max_blocks_per_request(
-            num_tokens or self.max_model_len,
-            self.cache.block_size,
-            self.kv_sliding_window,
-            self.scheduler.max_num_batched_tokens,
-        )
 
     def _check_scheduler(self) -> None:
         sched = self.scheduler

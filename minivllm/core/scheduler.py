@@ -64,6 +64,7 @@ from minivllm.core.spec_decode import SpecDecodeScheduling
 from minivllm.core.stats import SchedulerStats
 from minivllm.core.step_plan import StepPlan, cached_request_data, new_request_data
 from minivllm.core.stop import check_stop, stop_reason
+from minivllm.kv_cache_spec import KVCacheSpec
 from minivllm.outputs import EngineCoreOutput, ModelRunnerOutput
 from minivllm.request import Request, RequestId, RequestStatus
 from minivllm.structured_output.backend import backend_for
@@ -73,7 +74,7 @@ logger = logging.getLogger(__name__)
 
 
 class Scheduler:
-    def __init__(self, cfg: VllmConfig, num_blocks: int) -> None:
+    def __init__(self, cfg: VllmConfig, kv_spec: KVCacheSpec) -> None:
         self.max_num_seqs = cfg.scheduler.max_num_seqs
         self.max_num_batched_tokens = cfg.scheduler.max_num_batched_tokens
         self.chunked_prefill = cfg.scheduler.enable_chunked_prefill
@@ -82,11 +83,11 @@ class Scheduler:
         self.max_loras = cfg.lora.max_loras if cfg.lora.enable_lora else 0
         """Most distinct LoRA adapters among the running requests (one step's slots)."""
         self.kv = KVCacheManager(
-            num_blocks,
-            cfg.cache.block_size,
+            kv_spec.num_blocks,
+            kv_spec.block_size,
             enable_caching=cfg.cache.enable_prefix_caching,
             hash_root=root_hash(model_identity(cfg)),
-            sliding_window=cfg.kv_sliding_window,
+            sliding_window=kv_spec.sliding_window,
         )
         self.requests: dict[RequestId, Request] = {}
         self.waiting = make_waiting_queue(self.policy)

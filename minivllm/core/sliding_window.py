@@ -14,39 +14,12 @@ position ``p`` still lives in ``table[p // block_size]``; the attention masks
 those keys out by the window, so a stale block that another request has since
 reused is never attended to. When any layer attends globally (Gemma 2/3,
 Qwen2 with ``max_window_layers``), every key stays needed and nothing is freed.
+
+The window comes from the loaded model: the worker reports it in its
+``KVCacheSpec`` (``minivllm/kv_cache_spec.py``, which also bounds the blocks a
+request holds at once), and the engine hands it to the KV-cache manager.
 """
 from __future__ import annotations
-
-from typing import TYPE_CHECKING
-
-import torch
-from torch import nn
-
-from minivllm.utils import cdiv
-
-if TYPE_CHECKING:
-    from minivllm.config.vllm_config import VllmConfig
-
-
-def uniform_sliding_window(model: nn.Module) -> int | None:
-    """The widest window when every attention layer has one; None when any attends globally."""
-    from minivllm.layers.attention import Attention
-
-    windows = [m.sliding_window for m in model.modules() if isinstance(m, Attention)]
-    if not windows or any(w is None for w in windows):
-        return None
-    return max(windows)
-
-
-def model_sliding_window(cfg: VllmConfig) -> int | None:
-    """``uniform_sliding_window`` of the configured model, built on the meta device
-    (shapes only: no memory, no weights)."""
-    from minivllm.attention.torch_backend import TorchAttentionBackend
-    from minivllm.models.registry import ModelRegistry
-
-    with torch.device("meta"):
-        model = ModelRegistry.resolve(cfg.architecture)(cfg.hf_config, TorchAttentionBackend())
-    return uniform_sliding_window(model)
 
 
 def num_blocks_out_of_window(first_new_position: int, window: int | None, block_size: int) -> int:
@@ -55,13 +28,3 @@ def num_blocks_out_of_window(first_new_position: int, window: int | None, block_
         return 0
     return max(first_new_position - window + 1, 0) // block_size
 
-
-def max_blocks_per_request(num_tokens: int, block_size: int, window: int | None, max_step_tokens: int) -> int:
-    """The most blocks a request of ``num_tokens`` tokens holds at once, when each
-    step computes at most ``max_step_tokens`` of its tokens. With a window, a step
-    holds the span from ``window - 1`` tokens before its first new token to its
-    last one, which touches at most ``cdiv(span, block_size) + 1`` blocks."""
-    blocks = cdiv(num_tokens, block_size)
-    if window is None:
-        return blocks
-    return min(blocks, cdiv(window - 1 + max_step_tokens, block_size) + 1)

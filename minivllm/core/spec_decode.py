@@ -28,23 +28,12 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from minivllm.config.speculative import SpeculativeConfig
 from minivllm.core.kv_cache_manager import KVCacheManager
 from minivllm.core.ngram_proposer import NgramProposer
 from minivllm.core.stats import SpecDecodingStats
 from minivllm.request import Request, RequestId
 from minivllm.sample.metadata import may_speculate
-
-
-class SpeculationSettings(Protocol):
-    """What the scheduler reads of the ``speculative`` config group (a ``SpeculativeConfig``;
-    core/ does not import spec_decode/, whose half runs in the worker)."""
-
-    num_speculative_tokens: int
-    prompt_lookup_min: int | None
-    prompt_lookup_max: int | None
-
-    @property
-    def uses_model(self) -> bool: ...
 
 
 class DraftSource(Protocol):
@@ -67,7 +56,7 @@ class ModelDrafts:
 
 
 class SpecDecodeScheduling:
-    def __init__(self, cfg: SpeculationSettings, max_model_len: int) -> None:
+    def __init__(self, cfg: SpeculativeConfig, max_model_len: int) -> None:
         self.max_model_len = max_model_len
         self.lookahead = cfg.num_speculative_tokens if cfg.uses_model else 0
         """Slots past a sampling request's tokens that the worker's proposer writes."""

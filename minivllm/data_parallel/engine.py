@@ -27,6 +27,7 @@ from minivllm.engine.engine_proc import EngineMessage, unpack_output
 from minivllm.engine.outputs import RequestOutput
 from minivllm.engine.processor import Processor, PromptType
 from minivllm.engine.tokenizer import get_tokenizer
+from minivllm.kv_cache_spec import KVCacheSpec
 from minivllm.lora.request import LoRARequest
 from minivllm.pooling.outputs import PoolingRequestOutput
 from minivllm.pooling.params import PoolingParams
@@ -46,9 +47,9 @@ class DataParallelEngine:
         self.tokenizer = get_tokenizer(cfg)
         self._inbox: queue.SimpleQueue[tuple[int, EngineMessage | str]] = queue.SimpleQueue()
         self.replicas = start_engines(cfg, self._on_message, self._on_exit)
-        self.num_kv_blocks = min(c.info.num_blocks for c in self.replicas)
-        max_tokens = min(c.info.max_tokens_in_cache for c in self.replicas)  # a request must fit any replica
-        self.processor = Processor(cfg, self.tokenizer, max_tokens)
+        kv_spec = KVCacheSpec.merge(c.info.kv_spec for c in self.replicas)  # a request must fit any replica
+        self.num_kv_blocks = kv_spec.num_blocks
+        self.processor = Processor(cfg, self.tokenizer, kv_spec)
         self.balancer = LoadBalancer(cfg.parallel.dp, cfg.cache.block_size, cfg.cache.enable_prefix_caching)
         self._requests: dict[str, _Routed] = {}
         self._ids = itertools.count()

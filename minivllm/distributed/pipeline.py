@@ -27,31 +27,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from minivllm.config.parallel_checks import check_partition
 from minivllm.distributed.parallel_state import PipelineLayout, pipeline_layout
 
 IntermediateTensors = dict[str, torch.Tensor]
 """Named (tokens, hidden) tensors handed from one stage to the next."""
-
-
-def even_partition(num_layers: int, num_stages: int) -> list[int]:
-    """Layers per stage, as even as possible; the earlier stages take the remainder."""
-    base, extra = divmod(num_layers, num_stages)
-    return [base + (1 if s < extra else 0) for s in range(num_stages)]
-
-
-def check_partition(num_layers: int, num_stages: int, partition: list[int] | None) -> list[int]:
-    """The partition to use; ValueError (naming the keys) when it cannot be."""
-    if num_layers < num_stages:
-        raise ValueError(f"parallel.pp={num_stages}: the model has only {num_layers} decoder layers; use at most that")
-    if partition is None:
-        return even_partition(num_layers, num_stages)
-    parts = list(partition)
-    if len(parts) != num_stages or any(p < 1 for p in parts) or sum(parts) != num_layers:
-        raise ValueError(
-            f"parallel.pp_layer_partition={parts}: needs {num_stages} entries (parallel.pp), each at least 1, "
-            f"summing to the model's {num_layers} decoder layers"
-        )
-    return parts
 
 
 def layer_range(num_layers: int, layout: PipelineLayout | None = None) -> tuple[int, int]:

@@ -37,7 +37,9 @@ from minivllm.engine.outputs import RequestOutput
 from minivllm.engine.processor import Processor, PromptType
 from minivllm.engine.request_stream import EngineDeadError, RequestStream
 from minivllm.engine.tokenizer import get_tokenizer
+from minivllm.kv_cache_spec import KVCacheSpec
 from minivllm.lora.request import LoRARequest
+from minivllm.plugins import load_general_plugins
 from minivllm.pooling.outputs import PoolingRequestOutput
 from minivllm.pooling.params import PoolingParams
 from minivllm.sample.custom_processors import check_picklable
@@ -68,9 +70,9 @@ class AsyncLLM:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closing = False
         self._clients = start_engines(cfg, self._from_engine, self._engine_exited)
-        self.num_kv_blocks = min(c.info.num_blocks for c in self._clients)
-        max_tokens = min(c.info.max_tokens_in_cache for c in self._clients)  # a request must fit any replica
-        self.processor = Processor(cfg, self.tokenizer, max_tokens)
+        kv_spec = KVCacheSpec.merge(c.info.kv_spec for c in self._clients)  # a request must fit any replica
+        self.num_kv_blocks = kv_spec.num_blocks
+        self.processor = Processor(cfg, self.tokenizer, kv_spec)
         self.balancer = LoadBalancer(len(self._clients), cfg.cache.block_size, cfg.cache.enable_prefix_caching)
         self._replica_of: dict[str, int] = {}
         """Unfinished request id -> the data-parallel replica running it."""
@@ -78,9 +80,11 @@ class AsyncLLM:
     @classmethod
     def from_kwargs(cls, model: str | None = None, **kwargs: Any) -> "AsyncLLM":
         """Same keywords as ``LLM(model, ...)``."""
-        from minivllm.entrypoints.llm_kwargs import config_from_kwargs
+        from minivllm.config.llm_kwargs import config_from_kwargs
 
-        return cls(VllmConfig.from_dictconfig(config_from_kwargs(model, **kwargs)))
+        tree = config_from_kwargs(model, **kwargs)
+        load_general_plugins(tree.get("plugins"))  # before the config checks the architecture a plugin may add
+        return cls(VllmConfig.from_dictconfig(tree))
 
     # ---- the engine process ----------------------------------------------------------
     def _from_engine(self, replica: int, msg: EngineMessage, now: float) -> None:

@@ -29,6 +29,9 @@ from minivllm.core.scheduler_output import SchedulerOutput
 from minivllm.core.stats import SchedulerStats
 from minivllm.request import Request, RequestId
 from minivllm.executor.base import Executor
+from minivllm.kv_cache_spec import KVCacheSpec
+from minivllm.models.registry import check_pipeline_parallel
+from minivllm.plugins import load_general_plugins
 from minivllm.utils import build
 from minivllm.outputs import StepResult
 
@@ -38,15 +41,19 @@ logger = logging.getLogger(__name__)
 class EngineCore:
     def __init__(self, cfg: VllmConfig) -> None:
         self.cfg = cfg
+        if cfg.parallel.pp > 1:  # the model class must split into stages; the config cannot tell
+            load_general_plugins(cfg.plugins)  # in an engine process, a plugin may register the class
+            check_pipeline_parallel(cfg.architecture, cfg.parallel.pp)
         self.executor: Executor = build(cfg.parallel.executor, cfg=cfg)
         try:
-            self.num_blocks = self.executor.determine_num_available_blocks()
-            self.executor.initialize_cache(self.num_blocks)
+            self.kv_spec: KVCacheSpec = self.executor.determine_kv_cache_spec()
+            """The cache the workers allocated, and the loaded model's sliding window."""
+            self.executor.initialize_cache(self.kv_spec.num_blocks)
         except BaseException:
             self.executor.shutdown()
             raise
         self._log_capacity()
-        self.scheduler = Scheduler(cfg, self.num_blocks)
+        self.scheduler = Scheduler(cfg, self.kv_spec)
         self._in_flight: tuple[SchedulerOutput, StepResult] | None = None
         """Async scheduling: the launched step whose tokens are not processed yet."""
         self.max_batches = cfg.parallel.num_microbatches
@@ -54,21 +61,26 @@ class EngineCore:
         """Micro-batching: submitted batches whose outputs are not processed yet, oldest first."""
 
     def _log_capacity(self) -> None:
-        block_size = self.cfg.cache.block_size
-        per_request = self.cfg.max_blocks_per_request()  # fewer when out-of-window blocks are freed
+        spec = self.kv_spec
+        # fewer blocks per request when out-of-window blocks are freed
+        per_request = spec.max_blocks_per_request(self.cfg.max_model_len, self.cfg.scheduler.max_num_batched_tokens)
         logger.info(
             "KV cache: %d blocks of %d tokens (%d tokens); max concurrency at max_model_len=%d: %.2fx",
-            self.num_blocks,
-            block_size,
-            self.num_blocks * block_size,
+            spec.num_blocks,
+            spec.block_size,
+            spec.num_tokens,
             self.cfg.max_model_len,
-            self.num_blocks / per_request,
+            spec.num_blocks / per_request,
         )
+
+    @property
+    def num_blocks(self) -> int:
+        return self.kv_spec.num_blocks
 
     @property
     def kv_capacity_tokens(self) -> int:
         """Tokens the whole KV cache holds (blocks x block size): no request may need more."""
-        return self.num_blocks * self.cfg.cache.block_size
+        return self.kv_spec.num_tokens
 
     def add_request(self, request: Request) -> None:
         self.scheduler.add_request(request)

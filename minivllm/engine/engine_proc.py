@@ -34,6 +34,7 @@ from typing import Any
 
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.engine.outputs import CompletionOutput, RequestOutput
+from minivllm.kv_cache_spec import KVCacheSpec
 from minivllm.pooling.outputs import PoolingRequestOutput
 from minivllm.pooling.params import PoolingParams
 
@@ -59,8 +60,9 @@ def unpack_output(packed: PackedOutput) -> RequestOutput:
 class EngineInfo:
     """What the front end learns once the engine is up."""
 
-    num_blocks: int
-    max_tokens_in_cache: int
+    kv_spec: KVCacheSpec
+    """The KV cache the workers allocated for the model they loaded (block count, sliding
+    window): the front end checks requests against it without building the model itself."""
 
 
 @dataclass
@@ -103,7 +105,7 @@ def run_engine_proc(cfg: VllmConfig, commands: Connection, results: Connection, 
     except BaseException as err:  # noqa: BLE001 - reported to the parent, which raises it
         results.send(EngineMessage(fatal=_describe(err), fatal_is_config_error=isinstance(err, ValueError)))
         return
-    info = EngineInfo(num_blocks=engine.num_kv_blocks, max_tokens_in_cache=engine.core.kv_capacity_tokens)
+    info = EngineInfo(kv_spec=engine.core.kv_spec)
     results.send(EngineMessage(ready=info))
     try:
         _loop(engine, commands, results)

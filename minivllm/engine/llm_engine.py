@@ -43,7 +43,7 @@ class LLMEngine:
         self.final_text = FinalTextDecoder(self.tokenizer)
         """Decodes in one call the text of requests that show only their final output."""
         self.core = EngineCore(cfg)
-        self.processor = Processor(cfg, self.tokenizer, self.core.kv_capacity_tokens)
+        self.processor = Processor(cfg, self.tokenizer, self.core.kv_spec)
         self.counters = EngineCounters()
         self._states: dict[RequestId, CompletionState] = {}
         """Core request id -> its completion (a child of a parent request)."""

@@ -10,6 +10,7 @@ from typing import Any, Union
 from transformers import PreTrainedTokenizerBase
 
 from minivllm.config.vllm_config import VllmConfig
+from minivllm.kv_cache_spec import KVCacheSpec
 from minivllm.lora.checker import LoRAChecker
 from minivllm.sample.custom_processors import check_picklable
 from minivllm.sampling_params import SamplingParams
@@ -22,10 +23,12 @@ PROMPT_KEYS = ("prompt", "prompt_token_ids")
 
 
 class Processor:
-    def __init__(self, cfg: VllmConfig, tokenizer: PreTrainedTokenizerBase, max_tokens_in_cache: int) -> None:
+    def __init__(self, cfg: VllmConfig, tokenizer: PreTrainedTokenizerBase, kv_spec: KVCacheSpec) -> None:
         self.cfg = cfg
         self.tokenizer = tokenizer
-        self.max_tokens_in_cache = max_tokens_in_cache
+        self.kv_spec = kv_spec
+        """The engine's KV cache (the smallest replica's with data parallelism): what a request must fit."""
+        self.max_tokens_in_cache = kv_spec.num_tokens
         self.vocab_size = cfg.hf_config.vocab_size
         self.lora = LoRAChecker(cfg.lora, cfg.hf_config)
         """``self.lora.check(lora_request)`` validates a request's adapter."""
@@ -80,7 +83,8 @@ class Processor:
         limit = room if params.max_tokens is None else min(params.max_tokens, room)
         self.check_params(params)
         # A sliding-window model holds only its window's blocks (plus one step's) at once.
-        held = self.cfg.max_blocks_per_request(num_prompt_tokens + limit) * self.cfg.cache.block_size
+        step_tokens = self.cfg.scheduler.max_num_batched_tokens
+        held = self.kv_spec.max_blocks_per_request(num_prompt_tokens + limit, step_tokens) * self.kv_spec.block_size
         if held > self.max_tokens_in_cache:
             raise ValueError(
                 f"prompt ({num_prompt_tokens} tokens) + max_tokens ({limit}) can never fit the KV cache "

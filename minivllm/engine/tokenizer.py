@@ -8,7 +8,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from minivllm.config.model_source import find_local_checkpoint
 from minivllm.config.vllm_config import VllmConfig
-from minivllm.model_loader.gguf_config import find_gguf_file
+from minivllm.config.gguf_config import find_gguf_file
 
 logger = logging.getLogger(__name__)
 DEMO_TOKENIZER = Path(__file__).resolve().parents[1] / "assets" / "demo-llama"

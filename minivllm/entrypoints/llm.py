@@ -26,7 +26,8 @@ from minivllm.entrypoints.llm_args import (
     params_per_prompt,
     pooling_params_per_prompt,
 )
-from minivllm.entrypoints.llm_kwargs import config_from_kwargs
+from minivllm.config.llm_kwargs import config_from_kwargs
+from minivllm.plugins import load_general_plugins
 from minivllm.sampling_params import BeamSearchParams, SamplingParams
 
 class LLM:
@@ -37,12 +38,12 @@ class LLM:
     """
 
     def __init__(self, model: str | None = None, *, overrides: Sequence[str] = (), **kwargs: Any) -> None:
-        self._init(VllmConfig.from_dictconfig(config_from_kwargs(model, overrides, **kwargs)))
+        self._init(_validated(config_from_kwargs(model, overrides, **kwargs)))
 
     @classmethod
     def from_config(cls, cfg: VllmConfig | DictConfig) -> "LLM":
         llm = cls.__new__(cls)
-        llm._init(cfg if isinstance(cfg, VllmConfig) else VllmConfig.from_dictconfig(cfg))
+        llm._init(cfg if isinstance(cfg, VllmConfig) else _validated(cfg))
         return llm
 
     def _init(self, cfg: VllmConfig) -> None:
@@ -235,3 +236,9 @@ class LLM:
         engine = getattr(self, "llm_engine", None)
         if engine is not None:
             engine.shutdown()
+
+
+def _validated(tree: DictConfig) -> VllmConfig:
+    """The plugins the tree allows are called first: one may register the architecture the config checks."""
+    load_general_plugins(tree.get("plugins"))
+    return VllmConfig.from_dictconfig(tree)

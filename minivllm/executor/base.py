@@ -11,6 +11,7 @@ from functools import partial
 from typing import Any, Callable
 
 from minivllm.config.vllm_config import VllmConfig
+from minivllm.kv_cache_spec import KVCacheSpec
 from minivllm.outputs import ModelRunnerOutput
 from minivllm.core.scheduler_output import SchedulerOutput
 from minivllm.outputs import DoneOutput, StepResult
@@ -37,8 +38,10 @@ class Executor(ABC):
         ``method(worker, *args, **kwargs)`` in each worker's process.
         """
 
-    def determine_num_available_blocks(self) -> int:
-        return min(self.collective_rpc("determine_num_available_blocks"))
+    def determine_kv_cache_spec(self) -> KVCacheSpec:
+        """Every rank's ``Worker.determine_kv_cache_spec``, merged: the fewest blocks, and a
+        window only when every rank's layers slide."""
+        return KVCacheSpec.merge(self.collective_rpc("determine_kv_cache_spec"))
 
     def initialize_cache(self, num_blocks: int) -> None:
         self.collective_rpc("initialize_cache", (num_blocks,))

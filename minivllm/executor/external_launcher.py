@@ -19,6 +19,7 @@ gets the outputs; by convention rank 0 reports them.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any, Callable
 
@@ -29,6 +30,7 @@ from minivllm.config.vllm_config import VllmConfig
 from minivllm.outputs import ModelRunnerOutput
 from minivllm.core.scheduler_output import SchedulerOutput
 from minivllm.executor.base import Executor, run_method
+from minivllm.kv_cache_spec import KVCacheSpec
 from minivllm.utils import build
 
 LAUNCHER_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -69,14 +71,15 @@ class ExecutorWithExternalLauncher(Executor):
         """This process's rank only: every other rank runs its own copy of the call (vLLM does the same)."""
         return [run_method(self.worker, method, args, kwargs)]
 
-    def determine_num_available_blocks(self) -> int:
-        """The minimum over the ranks, so that every scheduler plans with the same cache."""
-        local = self.worker.determine_num_available_blocks()
+    def determine_kv_cache_spec(self) -> KVCacheSpec:
+        """This rank's spec with the minimum block count over the ranks, so that every scheduler
+        plans with the same cache (the ranks hold the same layers: one pipeline stage, one window)."""
+        local = self.worker.determine_kv_cache_spec()
         if self.cfg.world_size == 1:
             return local
-        blocks = torch.tensor([local], dtype=torch.int64, device=self.worker.device)
+        blocks = torch.tensor([local.num_blocks], dtype=torch.int64, device=self.worker.device)
         dist.all_reduce(blocks, op=dist.ReduceOp.MIN)
-        return int(blocks.item())
+        return dataclasses.replace(local, num_blocks=int(blocks.item()))
 
     def execute_model(self, sched: SchedulerOutput) -> ModelRunnerOutput:
         """Every rank needs the sampled tokens: its own scheduler advances with them."""

@@ -57,3 +57,12 @@ class Attention(nn.Module):
 def attention_layers(model: nn.Module) -> list[Attention]:
     """The model's attention layers in module order: the ones that hold a slice of the KV cache."""
     return [m for m in model.modules() if isinstance(m, Attention)]
+
+
+def uniform_sliding_window(model: nn.Module) -> int | None:
+    """The widest window when every attention layer of ``model`` has one; None when any attends
+    globally (or there is none). The worker reports it in its ``KVCacheSpec``."""
+    windows = [m.sliding_window for m in attention_layers(model)]
+    if not windows or any(w is None for w in windows):
+        return None
+    return max(windows)

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-ROPE_TYPES = ("default", "linear", "llama3", "dynamic", "yarn", "longrope")
+from minivllm.config.rope import ROPE_TYPES
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from typing import Any
 
 from transformers import PretrainedConfig
 
-from minivllm.lora.config import LoRAConfig
+from minivllm.config.lora import LoRAConfig
 from minivllm.lora.peft_loader import load_peft_adapter
 from minivllm.lora.request import LoRARequest
 

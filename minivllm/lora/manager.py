@@ -15,7 +15,7 @@ from torch import nn
 from transformers import PretrainedConfig
 
 from minivllm.request import RequestId
-from minivllm.lora.config import LoRAConfig
+from minivllm.config.lora import LoRAConfig
 from minivllm.lora.layers import MEMBERS, wrap_lora_layers
 from minivllm.lora.peft_loader import LoRAAdapter, load_peft_adapter
 from minivllm.lora.punica import LoRAStepContext

@@ -11,21 +11,8 @@ from __future__ import annotations
 import itertools
 from typing import Callable
 
+from minivllm.config.lora import parse_lora_modules
 from minivllm.lora.request import LoRARequest
-
-
-def parse_lora_modules(modules: list[str]) -> list[tuple[str, str]]:
-    """``["name=path", ...]`` -> [(name, path)]; ValueError naming serve.lora_modules otherwise."""
-    pairs = []
-    for item in modules:
-        name, sep, path = str(item).partition("=")
-        if not sep or not name or not path:
-            raise ValueError(f"serve.lora_modules: {item!r} must be name=path")
-        pairs.append((name, path))
-    names = [n for n, _ in pairs]
-    if len(set(names)) != len(names):
-        raise ValueError(f"serve.lora_modules: adapter names must be unique, got {names}")
-    return pairs
 
 
 class ServedAdapters:

@@ -11,7 +11,7 @@ from minivllm.attention.backend import AttentionBackend
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.model_loader.weight_files import find_weight_files, iterate_weights
 from minivllm.models.registry import ModelRegistry
-from minivllm.quantization import process_weights_after_loading, quantize_model
+from minivllm.quantization import build_quant_config, process_weights_after_loading, quantize_model
 
 
 class DefaultModelLoader:
@@ -46,8 +46,8 @@ def build_empty_model(cfg: VllmConfig, backend: AttentionBackend, device: torch.
     with torch.device("meta"):
         model = model_cls(cfg.hf_config, backend, **_model_options(cfg))
         model = model.to(dtype=cfg.dtype)
-        if cfg.quant_config is not None:  # after .to(dtype): quantized weights keep their dtypes
-            quantize_model(model, cfg.quant_config, cfg.dtype)
+        if cfg.quant_spec is not None:  # after .to(dtype): quantized weights keep their dtypes
+            quantize_model(model, build_quant_config(cfg.quant_spec), cfg.dtype)
     model = model.to_empty(device=device)
     for module in model.modules():  # materialising drops shared parameters; restore them
         if hasattr(module, "retie"):

@@ -1,6 +1,9 @@
 """Maps config.json ``architectures`` names to model classes, imported lazily.
 
-Out-of-tree models register themselves::
+The names live with the config (``minivllm/config/architectures.py``), so that a
+config is checked without importing any model; ``ModelRegistry`` works on the
+same dict and adds ``resolve``, which imports the class. Out-of-tree models
+register themselves::
 
     ModelRegistry.register_model("MyForCausalLM", "my_pkg.my_model:MyForCausalLM")
 """
@@ -10,56 +13,12 @@ import importlib
 
 from torch import nn
 
-_BUILTIN: dict[str, str] = {
-    "OPTForCausalLM": "minivllm.models.opt:OPTForCausalLM",
-    "LlamaForCausalLM": "minivllm.models.llama:LlamaForCausalLM",
-    "Qwen2ForCausalLM": "minivllm.models.qwen2:Qwen2ForCausalLM",
-    "Qwen3ForCausalLM": "minivllm.models.qwen3:Qwen3ForCausalLM",
-    "MistralForCausalLM": "minivllm.models.mistral:MistralForCausalLM",
-    "MixtralForCausalLM": "minivllm.models.mixtral:MixtralForCausalLM",
-    "Qwen3MoeForCausalLM": "minivllm.models.qwen3_moe:Qwen3MoeForCausalLM",
-    "Phi3ForCausalLM": "minivllm.models.phi3:Phi3ForCausalLM",
-    "Gemma2ForCausalLM": "minivllm.models.gemma2:Gemma2ForCausalLM",
-    "Gemma3ForCausalLM": "minivllm.models.gemma3:Gemma3ForCausalLM",
-    "Olmo2ForCausalLM": "minivllm.models.olmo2:Olmo2ForCausalLM",
-    "GraniteForCausalLM": "minivllm.models.granite:GraniteForCausalLM",
-    "GPT2LMHeadModel": "minivllm.models.gpt2:GPT2LMHeadModel",
-    "GPTNeoXForCausalLM": "minivllm.models.gpt_neox:GPTNeoXForCausalLM",
-    # decoder-only base models (no LM head): model.runner=pooling only
-    "LlamaModel": "minivllm.pooling.base_models:LlamaBaseModel",
-    "Qwen2Model": "minivllm.pooling.base_models:Qwen2BaseModel",
-    "Qwen3Model": "minivllm.pooling.base_models:Qwen3BaseModel",
-    "MistralModel": "minivllm.pooling.base_models:MistralBaseModel",
-}
-POOLING_ONLY = frozenset({"LlamaModel", "Qwen2Model", "Qwen3Model", "MistralModel"})
-"""Architectures without an LM head: they can only embed."""
+from minivllm.config.architectures import ARCHITECTURES, POOLING_ONLY, ArchitectureTable
+
+__all__ = ["ModelRegistry", "POOLING_ONLY"]
 
 
-class _Registry:
-    def __init__(self, models: dict[str, str]) -> None:
-        self._models: dict[str, str | type[nn.Module]] = dict(models)
-
-    def register_model(self, architecture: str, model: str | type[nn.Module]) -> None:
-        """``model`` is a class or a ``"package.module:ClassName"`` string (imported on first use)."""
-        if isinstance(model, str) and ":" not in model:
-            raise ValueError(f"register_model({architecture!r}, {model!r}): expected 'package.module:ClassName'")
-        self._models[architecture] = model
-
-    def get_supported_archs(self) -> list[str]:
-        return sorted(self._models)
-
-    def is_supported(self, architecture: str) -> bool:
-        return architecture in self._models
-
-    def check_supported(self, architecture: str) -> None:
-        """Raise a ValueError naming the supported architectures when ``architecture`` is not one."""
-        if architecture not in self._models:
-            raise ValueError(
-                f"architecture {architecture!r} is not supported; supported are: "
-                f"{', '.join(self.get_supported_archs())} (or register your own with "
-                f"ModelRegistry.register_model, or set model.architecture)"
-            )
-
+class _Registry(ArchitectureTable):
     def resolve(self, architecture: str) -> type[nn.Module]:
         self.check_supported(architecture)
         entry = self._models[architecture]
@@ -70,4 +29,11 @@ class _Registry:
         return entry
 
 
-ModelRegistry = _Registry(_BUILTIN)
+ModelRegistry = _Registry(ARCHITECTURES)
+
+
+def check_pipeline_parallel(architecture: str, pp: int) -> None:
+    """``parallel.pp > 1`` needs a model class that builds only its stage's layers (``supports_pp``).
+    The config cannot look at classes, so the engine calls this before any worker starts."""
+    if pp > 1 and not getattr(ModelRegistry.resolve(architecture), "supports_pp", False):
+        raise ValueError(f"parallel.pp={pp}: {architecture} does not support pipeline parallelism; use 1")

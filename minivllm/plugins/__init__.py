@@ -7,11 +7,14 @@ its ``pyproject.toml``::
     [project.entry-points."minivllm.general_plugins"]
     my_model = "my_pkg:register"        # def register() -> None
 
-``load_general_plugins`` calls each one once per process: when the config is
-built in the main process (before the model's architecture is checked), and
-when a Worker is built in each worker process (mp, Ray, external launcher), so
-a plugin may register an out-of-tree model (``ModelRegistry.register_model``)
-or a class that a ``_target_`` then names. The config key ``plugins`` allow-lists
+``load_general_plugins`` calls each one once per process: by a front end
+(``LLM``, ``AsyncLLM.from_kwargs``, the CLI) just before it builds the config,
+whose architecture check must see what a plugin registers (the config package
+itself imports nothing from the engine, plugins included); by an engine core
+that checks a model class for pipeline stages; and when a Worker is built in
+each worker process (mp, Ray, external launcher), so a plugin may register an
+out-of-tree model (``ModelRegistry.register_model``) or a class that a
+``_target_`` then names. The config key ``plugins`` allow-lists
 entry points by name (null: every installed one; []: none).
 
 Which plugins this process has already called is kept here, per process: that

@@ -2,7 +2,7 @@
 from minivllm.quantization.base import LinearMethod, ParamSpec, QuantizationConfig, UnquantizedLinearMethod
 from minivllm.quantization.registry import (
     QUANTIZATION_METHODS,
-    get_quantization_config,
+    build_quant_config,
     process_weights_after_loading,
     quantize_model,
 )
@@ -13,7 +13,7 @@ __all__ = [
     "QuantizationConfig",
     "UnquantizedLinearMethod",
     "QUANTIZATION_METHODS",
-    "get_quantization_config",
+    "build_quant_config",
     "process_weights_after_loading",
     "quantize_model",
 ]

@@ -16,12 +16,12 @@ from typing import Any
 import torch
 from torch import nn
 
+from minivllm.config.quantization import awq_settings
 from minivllm.quantization.base import LinearShape, ParamSpec, QuantizationConfig, add_param
 from minivllm.quantization.ignore import is_ignored
 from minivllm.quantization.int4 import PACK, Int4LinearMethod, pack_rows, unpack_cols
 
 AWQ_ORDER = [0, 2, 4, 6, 1, 3, 5, 7]
-GROUP_SIZES = (32, 64, 128)
 
 
 class AWQConfig(QuantizationConfig):
@@ -35,18 +35,7 @@ class AWQConfig(QuantizationConfig):
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> "AWQConfig":
-        bits = config.get("bits", config.get("w_bit"))
-        group = config.get("group_size", config.get("q_group_size"))
-        if bits != 4:
-            raise ValueError(f"awq quantization_config.bits={bits}: only 4 is supported")
-        if group not in GROUP_SIZES:
-            raise ValueError(f"awq quantization_config.group_size={group}: allowed {list(GROUP_SIZES)}")
-        if not config.get("zero_point", True):
-            raise ValueError("awq quantization_config.zero_point=false is not supported (AWQ gemm checkpoints have zeros)")
-        version = str(config.get("version", "gemm")).lower()
-        if version != "gemm":
-            raise ValueError(f"awq quantization_config.version={version!r}: only 'gemm' is supported")
-        return cls(group, list(config.get("modules_to_not_convert") or []))
+        return cls(**awq_settings(config))
 
     def get_linear_method(self, prefix: str, members: list[str]) -> "AWQLinearMethod | None":
         if is_ignored(prefix, members, self.modules_to_not_convert):

@@ -24,12 +24,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from minivllm.config.quantization import fp8_settings
 from minivllm.quantization.base import LinearMethod, LinearShape, ParamSpec, QuantizationConfig, add_param, replace_param
 from minivllm.quantization.ignore import is_ignored
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = torch.finfo(FP8).max
-ACTIVATION_SCHEMES = ("static", "dynamic")
 
 
 class Fp8Config(QuantizationConfig):
@@ -43,18 +43,8 @@ class Fp8Config(QuantizationConfig):
         self.serialized = serialized
 
     @classmethod
-    def online(cls) -> "Fp8Config":
-        """``model.quantization=fp8`` on an unquantized checkpoint: quantize while loading."""
-        return cls("dynamic", [], serialized=False)
-
-    @classmethod
     def from_config(cls, config: dict[str, Any]) -> "Fp8Config":
-        scheme = config.get("activation_scheme", "dynamic")
-        if scheme not in ACTIVATION_SCHEMES:
-            raise ValueError(f"fp8 quantization_config.activation_scheme={scheme!r}: allowed {list(ACTIVATION_SCHEMES)}")
-        if config.get("weight_block_size") is not None:
-            raise ValueError("fp8 quantization_config.weight_block_size: block-wise fp8 scales are not supported")
-        return cls(scheme, list(config.get("ignored_layers") or []))
+        return cls(**fp8_settings(config))
 
     def get_linear_method(self, prefix: str, members: list[str]) -> LinearMethod | None:
         if is_ignored(prefix, members, self.ignored_layers):

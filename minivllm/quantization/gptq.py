@@ -20,12 +20,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from minivllm.config.quantization import gptq_settings
 from minivllm.quantization.base import LinearShape, ParamSpec, QuantizationConfig, add_param
 from minivllm.quantization.ignore import is_ignored
 from minivllm.quantization.int4 import PACK, Int4LinearMethod, unpack_cols
-
-GROUP_SIZES = (-1, 32, 64, 128)
-ZERO_OFFSET = {"gptq": 1, "gptq_v2": 0}
 
 
 class GPTQConfig(QuantizationConfig):
@@ -41,18 +39,7 @@ class GPTQConfig(QuantizationConfig):
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> "GPTQConfig":
-        bits, group = config.get("bits"), config.get("group_size")
-        if bits != 4:
-            raise ValueError(f"gptq quantization_config.bits={bits}: only 4 is supported")
-        if group not in GROUP_SIZES:
-            raise ValueError(f"gptq quantization_config.group_size={group}: allowed {list(GROUP_SIZES)}")
-        fmt = config.get("checkpoint_format", "gptq")
-        if fmt not in ZERO_OFFSET:
-            raise ValueError(f"gptq quantization_config.checkpoint_format={fmt!r}: allowed {list(ZERO_OFFSET)}")
-        if config.get("lm_head", False):
-            raise ValueError("gptq quantization_config.lm_head=true: a quantized lm_head is not supported")
-        skip = list(config.get("modules_to_not_convert") or [])
-        return cls(group, bool(config.get("desc_act", False)), ZERO_OFFSET[fmt], skip)
+        return cls(**gptq_settings(config))
 
     def get_linear_method(self, prefix: str, members: list[str]) -> "GPTQLinearMethod | None":
         if is_ignored(prefix, members, self.skip):

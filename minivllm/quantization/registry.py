@@ -1,9 +1,11 @@
 """Quantization methods by name, and how a model gets them.
 
 ``model.quantization`` (vLLM's ``quantization``) names a method; when it is
-unset, config.json's ``quantization_config.quant_method`` decides. The loader
-calls ``quantize_model`` on the model built on the meta device (so the
-unquantized weights it replaces never take memory) and
+unset, config.json's ``quantization_config.quant_method`` decides. The config
+checks the checkpoint's settings and keeps them as a ``QuantizationSpec``
+(``config/quantization.py``); the loader builds the method's config from it
+(``build_quant_config``), calls ``quantize_model`` on the model built on the
+meta device (so the unquantized weights it replaces never take memory) and
 ``process_weights_after_loading`` once the checkpoint is in.
 """
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from minivllm.config.quantization import QuantizationSpec
 from minivllm.quantization.awq import AWQConfig
 from minivllm.quantization.base import QuantizationConfig
 from minivllm.quantization.compressed_tensors import CompressedTensorsConfig
@@ -22,39 +25,11 @@ from minivllm.quantization.gptq import GPTQConfig
 QUANTIZATION_METHODS: dict[str, type[QuantizationConfig]] = {
     cls.name: cls for cls in (Fp8Config, CompressedTensorsConfig, AWQConfig, GPTQConfig)
 }
-QUANTIZED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
-"""Families whose quantized checkpoints load and are tested: checkpoint names are module
-names, and fused layers have one checkpoint tensor per member (not Phi-3's fused ones)."""
 
 
-def get_quantization_config(requested: str | None, hf_config: Any, architecture: str) -> QuantizationConfig | None:
-    """The checkpoint's quantization, checked against ``model.quantization``; None when unquantized."""
-    config = getattr(hf_config, "quantization_config", None)
-    if config is not None and not isinstance(config, dict):
-        config = config.to_dict()
-    found = str(config.get("quant_method", "")).lower() if config else None
-    if requested == "fp8" and found is None:  # online: the loader quantizes the model-dtype weights
-        _check_architecture(architecture, requested)
-        return Fp8Config.online()
-    if requested is not None and found != requested:
-        have = f"quant_method={found!r}" if found else "no quantization_config"
-        raise ValueError(
-            f"model.quantization={requested!r}, but the checkpoint's config.json has {have}"
-            + ("; of the methods only fp8 quantizes an unquantized checkpoint while loading" if not found else "")
-        )
-    if found is None:
-        return None
-    if found not in QUANTIZATION_METHODS:
-        raise ValueError(f"quantization method {found!r} (config.json quantization_config.quant_method) is not "
-                         f"supported; supported: {sorted(QUANTIZATION_METHODS)}")
-    _check_architecture(architecture, found)
-    return QUANTIZATION_METHODS[found].from_config(config)
-
-
-def _check_architecture(architecture: str, method: str) -> None:
-    if architecture not in QUANTIZED_ARCHITECTURES:
-        raise ValueError(f"quantized {architecture} checkpoints ({method}) are not supported; quantization "
-                         f"supports {list(QUANTIZED_ARCHITECTURES)}")
+def build_quant_config(spec: QuantizationSpec) -> QuantizationConfig:
+    """The method's config object for the checked settings the config holds (``cfg.quant_spec``)."""
+    return QUANTIZATION_METHODS[spec.method](**spec.settings)
 
 
 def quantize_model(model: nn.Module, quant_config: QuantizationConfig, params_dtype: torch.dtype) -> None:

@@ -17,6 +17,8 @@ from minivllm.config.vllm_config import VllmConfig
 from minivllm.outputs import ModelRunnerOutput, StepResult
 from minivllm.core.scheduler_output import SchedulerOutput
 from minivllm.distributed.parallel_state import destroy_model_parallel, init_model_parallel
+from minivllm.kv_cache_spec import KVCacheSpec
+from minivllm.layers.attention import uniform_sliding_window
 from minivllm.plugins import load_general_plugins
 from minivllm.utils import build
 
@@ -62,6 +64,12 @@ class Worker:
     def get_model(self) -> torch.nn.Module:
         """This rank's model (its shard of the weights under tensor parallelism)."""
         return self.model_runner.model
+
+    def determine_kv_cache_spec(self) -> KVCacheSpec:
+        """This rank's KV cache as the engine plans with it: the blocks that fit, and the
+        sliding window of the model it loaded (``KVCacheSpec``)."""
+        window = uniform_sliding_window(self.model_runner.model)
+        return KVCacheSpec(self.cfg.cache.block_size, self.determine_num_available_blocks(), window)
 
     def determine_num_available_blocks(self) -> int:
         """KV blocks that fit: (device memory x utilization - peak usage) / bytes per block.

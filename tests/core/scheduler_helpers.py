@@ -19,6 +19,7 @@ import itertools
 from minivllm.config.store import build_config
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.core.scheduler import Scheduler
+from minivllm.kv_cache_spec import KVCacheSpec
 from minivllm.outputs import ModelRunnerOutput
 from minivllm.core.scheduler_output import SchedulerOutput
 from minivllm.request import Request, RequestId
@@ -38,7 +39,7 @@ def make_scheduler(base: VllmConfig, num_blocks: int, **fields) -> Scheduler:
         group = cfg.cache if hasattr(cfg.cache, name) else cfg.scheduler
         assert hasattr(group, name), name
         setattr(group, name, value)
-    return Scheduler(cfg, num_blocks)
+    return Scheduler(cfg, KVCacheSpec(cfg.cache.block_size, num_blocks))
 
 
 def make_request(

@@ -43,7 +43,7 @@ def test_a_match_with_all_k_followers_beats_a_later_one_with_fewer():
 
 
 def test_lookup_bounds_follow_vllm_defaults_and_belong_to_ngram_only():
-    from minivllm.spec_decode.config import SpeculativeConfig
+    from minivllm.config.speculative import SpeculativeConfig
 
     both = SpeculativeConfig(method="ngram")
     assert (both.prompt_lookup_min, both.prompt_lookup_max) == (5, 5)

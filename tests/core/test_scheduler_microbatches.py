@@ -8,6 +8,7 @@ import copy
 from collections import deque
 
 from minivllm.core.scheduler import Scheduler
+from minivllm.kv_cache_spec import KVCacheSpec
 from minivllm.core.scheduler_output import SchedulerOutput
 from tests.core.scheduler_helpers import FakeRunner, base_config, expected_output, make_request
 
@@ -44,7 +45,7 @@ def pipelined_scheduler(num_blocks: int, microbatches: int, **fields) -> Schedul
     cfg.parallel.pp, cfg.parallel.pp_microbatches = 2, microbatches
     for name, value in fields.items():
         setattr(cfg.cache if hasattr(cfg.cache, name) else cfg.scheduler, name, value)
-    return Scheduler(cfg, num_blocks)
+    return Scheduler(cfg, KVCacheSpec(cfg.cache.block_size, num_blocks))
 
 
 def run_pipelined(scheduler: Scheduler, requests: list, microbatches: int) -> tuple[int, int]:

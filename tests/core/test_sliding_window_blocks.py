@@ -5,7 +5,8 @@ import torch
 
 from minivllm import LLM, SamplingParams
 from minivllm.core.kv_cache_manager import KVCacheManager
-from minivllm.core.sliding_window import max_blocks_per_request, num_blocks_out_of_window
+from minivllm.core.sliding_window import num_blocks_out_of_window
+from minivllm.kv_cache_spec import max_blocks_per_request
 from tests.core.scheduler_helpers import make_request
 from tests.model_configs import gemma2_config, mistral_config
 from tests.models.test_parity import _load_hf, _reference_logprobs
@@ -91,7 +92,9 @@ def test_long_generation_fits_a_small_cache_by_freeing_out_of_window_blocks(make
     ckpt = make_checkpoint("mistral-window5-mqa", mistral_config())
     assert PROMPT_LEN + MAX_TOKENS > SMALL_CACHE * BLOCK_SIZE
     prompt, small, llm = _generate(ckpt, SMALL_CACHE)
-    assert llm.cfg.kv_sliding_window == 5 and llm.cfg.max_blocks_per_request() == 4  # cdiv(4 + 8, 4) + 1
+    spec = llm.llm_engine.core.kv_spec  # reported by the worker from the model it loaded
+    per_request = spec.max_blocks_per_request(llm.cfg.max_model_len, llm.cfg.scheduler.max_num_batched_tokens)
+    assert spec.sliding_window == 5 and per_request == 4  # cdiv(4 + 8, 4) + 1
     llm.shutdown()
     _, big, llm = _generate(ckpt, 64)
     llm.shutdown()
@@ -103,7 +106,9 @@ def test_long_generation_fits_a_small_cache_by_freeing_out_of_window_blocks(make
 def test_a_model_with_global_layers_frees_nothing(make_checkpoint):
     ckpt = make_checkpoint("gemma2-softcaps-window6-alternating", gemma2_config())
     llm = LLM(model=str(ckpt), dtype="float32", block_size=BLOCK_SIZE, num_gpu_blocks_override=32)
-    assert llm.cfg.kv_sliding_window is None and llm.cfg.max_blocks_per_request() == llm.cfg.max_model_len // 4
+    spec, max_len = llm.llm_engine.core.kv_spec, llm.cfg.max_model_len
+    per_request = spec.max_blocks_per_request(max_len, llm.cfg.scheduler.max_num_batched_tokens)
+    assert spec.sliding_window is None and per_request == max_len // 4
     llm.shutdown()
 
 

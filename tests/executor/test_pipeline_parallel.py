@@ -10,7 +10,10 @@ import pytest
 from safetensors import safe_open
 
 from minivllm import LLM
-from minivllm.distributed.pipeline import check_partition, even_partition
+from minivllm.config.parallel_checks import check_partition, even_partition
+from minivllm.executor.multiproc import MultiprocExecutor
+from minivllm.models.llama import LlamaForCausalLM
+from minivllm.models.registry import ModelRegistry
 from tests.executor import tp_helpers as h
 from tests.model_configs import gpt2_config, gpt_neox_config, llama_config
 
@@ -62,6 +65,24 @@ def test_bad_pipeline_configs_fail_when_built(llama3_dir):
             **h.LLM_KWARGS)  # fmt: skip
     with pytest.raises(ValueError, match=r"parallel.pp=2: needs parallel.backend auto, mp or ray \(not uni\)"):
         LLM(model=str(llama3_dir), pipeline_parallel_size=2, distributed_executor_backend="uni", **h.LLM_KWARGS)
+
+
+class NoStagesLlama(LlamaForCausalLM):
+    """An out-of-tree class that builds every layer on every rank (no ``supports_pp``)."""
+
+    supports_pp = False
+
+
+def test_a_model_class_without_stages_is_refused_before_any_worker_starts(llama3_dir, monkeypatch):
+    monkeypatch.setitem(ModelRegistry._models, "NoStagesLlama", NoStagesLlama)
+
+    def no_workers(*args, **kwargs):
+        raise AssertionError("workers were started")
+
+    monkeypatch.setattr(MultiprocExecutor, "__init__", no_workers)
+    with pytest.raises(ValueError, match=r"parallel.pp=2: NoStagesLlama does not support pipeline parallelism"):
+        LLM(model=str(llama3_dir), pipeline_parallel_size=2, overrides=["model.architecture=NoStagesLlama"],
+            **h.LLM_KWARGS)  # fmt: skip
 
 
 @pytest.mark.slow

@@ -4,6 +4,7 @@ from __future__ import annotations
 import copy
 
 from minivllm.core.scheduler import Scheduler
+from minivllm.kv_cache_spec import KVCacheSpec
 from minivllm.outputs import ModelRunnerOutput
 from minivllm.lora import LoRARequest
 from tests.core.scheduler_helpers import base_config, make_request
@@ -12,7 +13,7 @@ from tests.core.scheduler_helpers import base_config, make_request
 def test_at_most_max_loras_adapters_run_and_the_rest_wait():
     cfg = copy.deepcopy(base_config())
     cfg.lora.enable_lora, cfg.lora.max_loras = True, 2
-    sched = Scheduler(cfg, num_blocks=64)
+    sched = Scheduler(cfg, KVCacheSpec(cfg.cache.block_size, num_blocks=64))
     adapters = [1, 2, 1, 3, None, 2]  # request i runs under adapter adapters[i]
     for i, lid in enumerate(adapters):
         request = make_request(range(10, 18), max_tokens=2, req_id=f"r{i}")

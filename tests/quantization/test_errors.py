@@ -9,7 +9,9 @@ from safetensors.torch import load_file, save_file
 
 from minivllm import LLM
 from minivllm.config.store import compose
+from minivllm.config.quantization import QUANT_METHODS
 from minivllm.config.vllm_config import VllmConfig
+from minivllm.quantization import QUANTIZATION_METHODS
 
 
 def _with_quant_config(src, dst, quant_config, drop=()):
@@ -82,3 +84,8 @@ def test_quantized_checkpoint_of_an_untested_family_is_refused(opt_dir, tmp_path
     ckpt = _with_quant_config(opt_dir, tmp_path / "opt-fp8", {"quant_method": "fp8"})
     with pytest.raises(ValueError, match=r"quantized OPTForCausalLM checkpoints \(fp8\) are not supported"):
         VllmConfig.from_dictconfig(compose([f"model.path={ckpt}"]))
+
+
+def test_the_config_checks_the_methods_the_package_builds():
+    """``model.quantization``'s choices (config) are the classes ``build_quant_config`` knows."""
+    assert list(QUANT_METHODS) == sorted(QUANTIZATION_METHODS)

@@ -6,10 +6,11 @@ import pytest
 
 from minivllm.config.store import build_config
 from minivllm.core.scheduler import Scheduler
+from minivllm.kv_cache_spec import KVCacheSpec
 from minivllm.outputs import ModelRunnerOutput
 from minivllm.request import Request, RequestId
 from minivllm.sampling_params import SamplingParams
-from minivllm.spec_decode.config import SpeculativeConfig
+from minivllm.config.speculative import SpeculativeConfig
 from minivllm.core.spec_decode import SpecDecodeScheduling
 
 PROMPT = [5, 6, 7, 8, 5, 6, 7]  # after a sampled 8, the suffix "6 7 8" occurred before, followed by "5 6 7"
@@ -31,7 +32,7 @@ def _request(max_tokens: int = 16) -> Request:
 
 def _prefilled(cfg) -> tuple[Scheduler, Request]:
     """A scheduler over 8 blocks whose request finished its prompt and sampled 8."""
-    scheduler = Scheduler(cfg, num_blocks=8)
+    scheduler = Scheduler(cfg, KVCacheSpec(cfg.cache.block_size, num_blocks=8))
     request = _request()
     scheduler.add_request(request)
     out = scheduler.schedule()
@@ -96,7 +97,7 @@ def test_all_accepted_plus_the_bonus_token(cfg):
 
 
 def test_drafts_never_pass_max_tokens(cfg):
-    scheduler = Scheduler(cfg, num_blocks=8)
+    scheduler = Scheduler(cfg, KVCacheSpec(cfg.cache.block_size, num_blocks=8))
     request = Request(RequestId("a"), list(PROMPT),
                       SamplingParams(temperature=0, max_tokens=3, ignore_eos=True), eos_token_id=None, max_tokens=3)
     scheduler.add_request(request)
@@ -117,7 +118,7 @@ def test_a_finished_request_frees_everything(cfg):
 
 def _with_model_drafts(cfg, num_blocks: int) -> tuple[Scheduler, Request]:
     """A scheduler whose drafts come from the worker (a draft model), k = 3."""
-    scheduler = Scheduler(cfg, num_blocks=num_blocks)
+    scheduler = Scheduler(cfg, KVCacheSpec(cfg.cache.block_size, num_blocks))
     spec = SpeculativeConfig(method="draft_model", model="draft", num_speculative_tokens=3)
     scheduler.spec = SpecDecodeScheduling(spec, max_model_len=64)
     request = _request()

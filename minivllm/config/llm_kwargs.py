@@ -13,7 +13,7 @@ from typing import Any, Sequence
 from omegaconf import DictConfig, OmegaConf
 
 from minivllm.config.store import compose
-from minivllm.spec_decode.config import speculative_node
+from minivllm.config.speculative import speculative_node
 
 # vLLM keyword -> key in the config tree
 KWARG_KEYS = {

@@ -1,4 +1,4 @@
-"""The ``lora`` config group (vLLM's names)."""
+"""The ``lora`` config group (vLLM's names), and the ``serve.lora_modules`` list it serves."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -31,3 +31,17 @@ class LoRAConfig:
     @property
     def cpu_capacity(self) -> int:
         return self.max_cpu_loras if self.max_cpu_loras is not None else self.max_loras
+
+
+def parse_lora_modules(modules: list[str]) -> list[tuple[str, str]]:
+    """``["name=path", ...]`` -> [(name, path)]; ValueError naming serve.lora_modules otherwise."""
+    pairs = []
+    for item in modules:
+        name, sep, path = str(item).partition("=")
+        if not sep or not name or not path:
+            raise ValueError(f"serve.lora_modules: {item!r} must be name=path")
+        pairs.append((name, path))
+    names = [n for n, _ in pairs]
+    if len(set(names)) != len(names):
+        raise ValueError(f"serve.lora_modules: adapter names must be unique, got {names}")
+    return pairs

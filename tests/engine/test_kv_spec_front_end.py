@@ -1,0 +1,54 @@
+"""A front end learns the KV cache (its sliding window included) from the engine process's
+ready message, so it never builds the model itself: here an AsyncLLM over a
+sliding-window checkpoint, with model building made to fail in the test's process."""
+from __future__ import annotations
+
+import pytest
+
+from minivllm.config.llm_kwargs import config_from_kwargs
+from minivllm.config.vllm_config import VllmConfig
+from minivllm.kv_cache_spec import KVCacheSpec
+from minivllm.layers.attention import Attention
+from minivllm.models.registry import ModelRegistry
+from minivllm.sampling_params import RequestOutputKind, SamplingParams
+from tests.model_configs import mistral_config
+from tests.serve.harness import EngineHarness
+
+BLOCK_SIZE, NUM_BLOCKS, PROMPT_LEN, MAX_TOKENS = 4, 6, 8, 56
+
+
+@pytest.fixture
+def no_model_here(monkeypatch):
+    """Resolving a model class or building an attention layer in this process fails the test."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the front-end process built (part of) a model")
+
+    monkeypatch.setattr(ModelRegistry, "resolve", refuse)
+    monkeypatch.setattr(Attention, "__init__", refuse)
+
+
+def test_async_front_end_gets_the_window_from_the_engine_without_a_model(make_checkpoint, no_model_here):
+    ckpt = make_checkpoint("mistral-window5-mqa", mistral_config())
+    cfg = VllmConfig.from_dictconfig(config_from_kwargs(
+        str(ckpt), dtype="float32", device="cpu", block_size=BLOCK_SIZE, num_gpu_blocks_override=NUM_BLOCKS,
+        max_model_len=128, max_num_batched_tokens=8,
+    ))  # fmt: skip
+    harness = EngineHarness(cfg)
+    try:
+        engine = harness.engine
+        assert engine.processor.kv_spec == KVCacheSpec(BLOCK_SIZE, NUM_BLOCKS, sliding_window=5)
+        # 8 + 56 tokens outgrow the 24-token cache: admitted (and run) only because the
+        # blocks behind the window go back to the pool
+        assert PROMPT_LEN + MAX_TOKENS > NUM_BLOCKS * BLOCK_SIZE
+        params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True,
+                                output_kind=RequestOutputKind.FINAL_ONLY)
+
+        async def run():
+            outs = [o async for o in engine.generate({"prompt_token_ids": list(range(4, 12))}, params, "w")]
+            return outs, await engine.scheduler_stats()
+
+        outs, stats = harness.run(run())
+        assert len(outs[-1].outputs[0].token_ids) == MAX_TOKENS and stats.num_preemptions == 0
+    finally:
+        harness.close()

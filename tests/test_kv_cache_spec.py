@@ -1,0 +1,25 @@
+"""KVCacheSpec: what the workers report about the KV cache, merged over ranks and replicas."""
+from __future__ import annotations
+
+import pytest
+
+from minivllm.kv_cache_spec import KVCacheSpec
+
+
+def test_merge_keeps_the_fewest_blocks_and_a_window_only_when_every_rank_has_one():
+    a, b = KVCacheSpec(16, 100, 256), KVCacheSpec(16, 90, 512)
+    assert KVCacheSpec.merge([a, b]) == KVCacheSpec(16, 90, 512)  # the widest window, the fewest blocks
+    # a pipeline stage holding a global-attention layer keeps every block of every stage
+    assert KVCacheSpec.merge([a, KVCacheSpec(16, 120, None)]) == KVCacheSpec(16, 100, None)
+
+
+def test_merge_refuses_ranks_with_other_block_sizes():
+    with pytest.raises(ValueError, match=r"cache.block_size: \[8, 16\]"):
+        KVCacheSpec.merge([KVCacheSpec(16, 10), KVCacheSpec(8, 10)])
+
+
+def test_blocks_a_request_holds_follow_the_window():
+    assert KVCacheSpec(16, 1000).num_tokens == 16_000
+    assert KVCacheSpec(16, 1000).max_blocks_per_request(4096, 512) == 256
+    assert KVCacheSpec(16, 1000, 256).max_blocks_per_request(4096, 512) == 49  # cdiv(255 + 512, 16) + 1
+    assert KVCacheSpec(16, 1000, 256).max_blocks_per_request(100, 512) == 7  # a short request: all its blocks
