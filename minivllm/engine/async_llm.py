@@ -78,7 +78,7 @@ class AsyncLLM:
     @classmethod
     def from_kwargs(cls, model: str | None = None, **kwargs: Any) -> "AsyncLLM":
         """Same keywords as ``LLM(model, ...)``."""
-        from minivllm.entrypoints.llm_kwargs import config_from_kwargs
+        from minivllm.engine.llm_kwargs import config_from_kwargs
 
         return cls(VllmConfig.from_dictconfig(config_from_kwargs(model, **kwargs)))
 

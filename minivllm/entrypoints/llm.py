@@ -26,7 +26,7 @@ from minivllm.entrypoints.llm_args import (
     params_per_prompt,
     pooling_params_per_prompt,
 )
-from minivllm.entrypoints.llm_kwargs import config_from_kwargs
+from minivllm.engine.llm_kwargs import config_from_kwargs
 from minivllm.sampling_params import BeamSearchParams, SamplingParams
 
 class LLM:

@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 
 from minivllm import LLM, compose
 from minivllm.config import VllmConfig, build_config
-from minivllm.entrypoints.llm_kwargs import config_from_kwargs
+from minivllm.engine.llm_kwargs import config_from_kwargs
 from minivllm.worker.worker import Worker
 
 CONF = Path(__file__).resolve().parents[2] / "conf"

@@ -8,7 +8,7 @@ import pytest
 
 from minivllm import LLM, SamplingParams
 from minivllm.engine.async_llm import AsyncLLM
-from minivllm.entrypoints.llm_kwargs import config_from_kwargs
+from minivllm.engine.llm_kwargs import config_from_kwargs
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.sampling_params import RequestOutputKind
 from tests.serve.harness import one_intra_op_thread

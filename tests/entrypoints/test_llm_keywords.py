@@ -10,7 +10,7 @@ import torch
 from minivllm import LLM, SamplingParams
 from minivllm.config.generation_defaults import generation_defaults
 from minivllm.config.schema import ModelConfig
-from minivllm.entrypoints.llm_kwargs import config_from_kwargs
+from minivllm.engine.llm_kwargs import config_from_kwargs
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.worker.cuda_graphs import CUDAGraphRunner
 from minivllm.attention.backend import AttentionMetadata

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from minivllm.config.store import build_config
-from minivllm.entrypoints.llm_kwargs import config_from_kwargs
+from minivllm.engine.llm_kwargs import config_from_kwargs
 from minivllm.layers.fused_moe import layer as moe_layer
 from minivllm.layers.fused_moe import FusedMoE, expert_weight_target
 

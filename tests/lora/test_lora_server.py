@@ -9,7 +9,7 @@ import pytest
 
 from minivllm import LLM, SamplingParams
 from minivllm.config.vllm_config import VllmConfig
-from minivllm.entrypoints.llm_kwargs import config_from_kwargs
+from minivllm.engine.llm_kwargs import config_from_kwargs
 from minivllm.lora import LoRARequest
 from tests.lora.adapters import make_adapter
 from tests.serve.harness import ENGINE_KWARGS, EngineHarness

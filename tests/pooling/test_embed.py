@@ -7,7 +7,7 @@ from transformers import AutoModel, BertConfig
 
 from minivllm import LLM, SamplingParams
 from minivllm.config.vllm_config import VllmConfig
-from minivllm.entrypoints.llm_kwargs import config_from_kwargs
+from minivllm.engine.llm_kwargs import config_from_kwargs
 from minivllm.pooling import PoolingParams
 from tests.model_configs import llama_config, mistral_config, qwen2_config, qwen3_config
 

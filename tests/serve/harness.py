@@ -17,7 +17,7 @@ from typing import Any, Awaitable, Iterator, TypeVar
 
 from minivllm.config.vllm_config import ServeConfig, VllmConfig
 from minivllm.engine.async_llm import AsyncLLM
-from minivllm.entrypoints.llm_kwargs import config_from_kwargs
+from minivllm.engine.llm_kwargs import config_from_kwargs
 
 T = TypeVar("T")
 ENGINE_KWARGS = dict(dtype="float32", block_size=8, num_gpu_blocks_override=256, device="cpu", max_num_seqs=64)

@@ -7,7 +7,7 @@ import openai
 import pytest
 
 from minivllm.config.vllm_config import VllmConfig
-from minivllm.entrypoints.llm_kwargs import config_from_kwargs
+from minivllm.engine.llm_kwargs import config_from_kwargs
 from tests.serve.harness import EngineHarness
 
 MESSAGES = [{"role": "system", "content": "You write Python."}, {"role": "user", "content": "A stack class, please."}]

@@ -12,7 +12,7 @@ import torch
 
 from minivllm import LLM
 from minivllm.config.vllm_config import VllmConfig
-from minivllm.entrypoints.llm_kwargs import config_from_kwargs
+from minivllm.engine.llm_kwargs import config_from_kwargs
 from tests.serve.harness import ENGINE_KWARGS, EngineHarness
 
 TEXTS = ["def fibonacci(n):", "import os\nimport sys\n"]
