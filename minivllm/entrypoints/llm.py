@@ -134,7 +134,7 @@ class LLM:
         """Beam search per prompt (see ``minivllm.beam_search``); each round is one batch of ordinary
         one-token requests, so beams share their prompt's KV blocks through the prefix cache."""
         self._needs_runner("generate", "beam_search")
-        return run_beam_search(self, prompts, params, use_tqdm)
+        return run_beam_search(self.llm_engine, prompts, params, use_tqdm)
 
     def encode(
         self,
