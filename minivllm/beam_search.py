@@ -14,6 +14,10 @@ are its beams' top tokens; per round (``BeamSearch.advance``), as transformers'
 4. the search stops when no candidate can go on, or when all ``W`` finished
    slots are full and the best live beam's score at its current length is no
    better than the worst finished one.
+
+``run_beam_search`` drives the engine ``LLM`` holds (``LLMEngine`` or
+``DataParallelEngine``) through the one admission path (``engine.process``,
+then ``engine.add_processed``) and returns the outputs to ``LLM.beam_search``.
 """
 from __future__ import annotations
 
@@ -22,10 +26,10 @@ from typing import TYPE_CHECKING, Any
 
 from tqdm.auto import tqdm
 
-from minivllm.sampling_params import BeamSearchParams, SamplingParams
+from minivllm.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
 
 if TYPE_CHECKING:
-    from minivllm.entrypoints.llm import LLM
+    from minivllm.engine.llm_engine import LLMEngine
 
 
 @dataclass
@@ -129,30 +133,50 @@ def _reason(token: int, eos: int | None) -> str:
     return "stop" if token == eos else "length"
 
 
-def run_beam_search(llm: "LLM", prompts: Any, params: BeamSearchParams, use_tqdm: bool) -> list[BeamSearchOutput]:
-    """Drive one ``BeamSearch`` per prompt; each round is one ``llm.generate`` call over every live beam."""
+def run_beam_search(
+    engine: "LLMEngine", prompts: Any, params: BeamSearchParams, use_tqdm: bool
+) -> list[BeamSearchOutput]:
+    """Drive one ``BeamSearch`` per prompt; each round is one batch of one-token requests, one per
+    live beam of every prompt. ``engine``: an ``LLMEngine`` or anything with its offline interface."""
     width = 2 * params.beam_width
-    cap = llm.cfg.model.max_logprobs
+    cap = engine.cfg.model.max_logprobs
     if cap != -1 and width > cap:
         raise ValueError(f"beam_width={params.beam_width}: needs 2 * beam_width <= model.max_logprobs={cap}")
-    searches = [_start(llm, p, params) for p in _prompt_list(prompts)]
+    searches = [_start(engine, p, params) for p in _prompt_list(prompts)]
     step = SamplingParams(max_tokens=1, temperature=0.0, logprobs=width, ignore_eos=True, detokenize=False)
+    step.output_kind = RequestOutputKind.FINAL_ONLY
     for _ in tqdm(range(params.max_tokens), desc="Beam search", disable=not use_tqdm or None):
         live = [s for s in searches if not s.done]
         if not live:
             break
         batches = [s.requests() for s in live]
-        outs = iter(llm.generate([{"prompt_token_ids": r} for b in batches for r in b], step, use_tqdm=False))
+        outs = iter(_run_round(engine, [r for b in batches for r in b], step))
         for search, batch in zip(live, batches):
             search.advance([next(outs).outputs[0].logprobs[0] for _ in batch])
-    tok = llm.get_tokenizer()
     results = []
     for search in searches:
         sequences = search.output()
         for seq in sequences:
-            seq.text = tok.decode(seq.tokens, skip_special_tokens=True)
+            seq.text = engine.tokenizer.decode(seq.tokens, skip_special_tokens=True)
         results.append(BeamSearchOutput(sequences))
     return results
+
+
+def _run_round(engine: "LLMEngine", beams: list[list[int]], step: SamplingParams) -> list[Any]:
+    """One request per beam (its token ids), run to the end; outputs in beam order. An error
+    aborts the requests already queued."""
+    requests = [engine.process(None, {"prompt_token_ids": ids}, step) for ids in beams]
+    req_ids: list[str] = []
+    finished: dict[str, Any] = {}
+    try:
+        for request in requests:
+            req_ids.append(engine.add_processed(request))
+        while engine.has_unfinished_requests():
+            finished.update((out.request_id, out) for out in engine.step() if out.finished)
+    except BaseException:
+        engine.abort_request(req_ids)
+        raise
+    return [finished[r] for r in req_ids]
 
 
 def _prompt_list(prompts: Any) -> list[Any]:
@@ -164,14 +188,14 @@ def _prompt_list(prompts: Any) -> list[Any]:
     return prompts
 
 
-def _start(llm: "LLM", prompt: Any, params: BeamSearchParams) -> BeamSearch:
-    """A search for one prompt, after the checks that need the model."""
-    engine = llm.llm_engine
-    _, ids = engine.processor.tokenize(prompt)
-    if len(ids) + params.max_tokens > llm.cfg.max_model_len:
+def _start(engine: "LLMEngine", prompt: Any, params: BeamSearchParams) -> BeamSearch:
+    """A search for one prompt, after the checks that need the model (``engine.process``, which
+    queues nothing, and one of beam search's own: prompt + max_tokens must fit, not be capped)."""
+    request = engine.process(None, prompt, SamplingParams(max_tokens=params.max_tokens))
+    num_prompt = len(request.prompt_token_ids)
+    if num_prompt + params.max_tokens > engine.cfg.max_model_len:
         raise ValueError(
-            f"max_tokens={params.max_tokens}: the prompt has {len(ids)} tokens; prompt + max_tokens must fit "
-            f"max_model_len={llm.cfg.max_model_len}"
+            f"max_tokens={params.max_tokens}: the prompt has {num_prompt} tokens; prompt + max_tokens must fit "
+            f"max_model_len={engine.cfg.max_model_len}"
         )
-    engine.processor.max_output_tokens(len(ids), SamplingParams(max_tokens=params.max_tokens))
-    return BeamSearch(ids, params, engine.eos_token_id)
+    return BeamSearch(request.prompt_token_ids, params, engine.eos_token_id)

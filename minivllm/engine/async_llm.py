@@ -9,10 +9,11 @@
 
 The ``LLMEngine`` steps in its own process (``engine/engine_proc.py``); this
 object lives on the caller's event loop. It tokenizes and validates each request
-itself (the same ``Processor`` rules as ``LLM``), so a bad request raises
-ValueError before anything reaches the engine; the engine's own checks come back
-as the answer to ``add_request``. ``EngineClient`` hands the engine's messages
-to the event loop, where each request's ``RequestStream`` receives its outputs.
+itself, once (``Processor.process``, the same rules as ``LLM``), so a bad request
+raises ValueError before anything reaches the engine, which queues the processed
+request as it is. ``EngineCoreClient`` (``engine/core_client.py``) starts the
+engine and hands its messages to the event loop, where each request's
+``RequestStream`` receives its outputs.
 
 With ``parallel.dp > 1`` there is one engine process per data-parallel
 replica, and each request goes to the replica ``LoadBalancer`` picks (fewest
@@ -23,29 +24,25 @@ One ``AsyncLLM`` serves one event loop at a time; call ``shutdown()`` when done.
 from __future__ import annotations
 
 import asyncio
-import itertools
-import logging
+import copy
+import dataclasses
 import time
 from typing import Any, AsyncIterator, Protocol, Sequence
 
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.core.scheduler import SchedulerStats
-from minivllm.data_parallel.balancer import LoadBalancer
-from minivllm.data_parallel.replicas import merge_stats, start_engines
-from minivllm.engine.engine_proc import EngineMessage, unpack_output
+from minivllm.engine.balancer import LoadBalancer
+from minivllm.engine.core_client import EngineCoreClient, merge_stats
+from minivllm.engine.engine_proc import EngineMessage
+from minivllm.config.llm_kwargs import config_from_kwargs
 from minivllm.engine.outputs import RequestOutput
-from minivllm.engine.processor import Processor, PromptType
+from minivllm.engine.processor import ProcessedRequest, Processor, PromptType
 from minivllm.engine.request_stream import EngineDeadError, RequestStream
-from minivllm.engine.tokenizer import get_tokenizer
-from minivllm.kv_cache_spec import KVCacheSpec
 from minivllm.lora.request import LoRARequest
 from minivllm.plugins import load_general_plugins
 from minivllm.pooling.outputs import PoolingRequestOutput
 from minivllm.pooling.params import PoolingParams
-from minivllm.sample.custom_processors import check_picklable
 from minivllm.sampling_params import RequestOutputKind, SamplingParams
-
-logger = logging.getLogger(__name__)
 
 
 class StatLogger(Protocol):
@@ -60,41 +57,38 @@ class StatLogger(Protocol):
 class AsyncLLM:
     def __init__(self, cfg: VllmConfig, stat_loggers: Sequence[StatLogger] = ()) -> None:
         self.cfg = cfg
-        self.tokenizer = get_tokenizer(cfg)
         self.stat_loggers = list(stat_loggers)
-        self.errored: str | None = None
-        """Why the engine stopped, once it has."""
         self._streams: dict[str, RequestStream] = {}
         self._pending: dict[Any, asyncio.Future] = {}
-        self._tokens = itertools.count()
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._closing = False
-        self._clients = start_engines(cfg, self._from_engine, self._engine_exited)
-        kv_spec = KVCacheSpec.merge(c.info.kv_spec for c in self._clients)  # a request must fit any replica
-        self.num_kv_blocks = kv_spec.num_blocks
-        self.processor = Processor(cfg, self.tokenizer, kv_spec)
-        self.balancer = LoadBalancer(len(self._clients), cfg.cache.block_size, cfg.cache.enable_prefix_caching)
-        self._replica_of: dict[str, int] = {}
-        """Unfinished request id -> the data-parallel replica running it."""
+        self.client = EngineCoreClient(cfg, self._from_engine, self._engine_exited)
+        self.tokenizer = self.client.tokenizer
+        self.processor: Processor = self.client.processor
+        self.num_kv_blocks = self.client.num_kv_blocks
+
+    @property
+    def errored(self) -> str | None:
+        """Why the engine stopped, once it has."""
+        return self.client.failure
+
+    @property
+    def balancer(self) -> LoadBalancer:
+        return self.client.balancer
 
     @classmethod
     def from_kwargs(cls, model: str | None = None, **kwargs: Any) -> "AsyncLLM":
         """Same keywords as ``LLM(model, ...)``."""
-        from minivllm.config.llm_kwargs import config_from_kwargs
-
         tree = config_from_kwargs(model, **kwargs)
         load_general_plugins(tree.get("plugins"))  # before the config checks the architecture a plugin may add
         return cls(VllmConfig.from_dictconfig(tree))
 
     # ---- the engine process ----------------------------------------------------------
     def _from_engine(self, replica: int, msg: EngineMessage, now: float) -> None:
-        self._call_in_loop(self._on_message, msg, now)  # (on the reader thread)
+        self._call_in_loop(self._on_message, replica, msg, now)  # (on the reader thread)
 
     def _engine_exited(self, replica: int, reason: str) -> None:
-        if len(self._clients) > 1:
-            reason = f"data-parallel replica {replica}: {reason}"
-        if not self._call_in_loop(self._on_dead, reason):
-            self.errored = self.errored or reason
+        if not self._call_in_loop(self._on_exit, replica, reason):
+            self.client.fail(replica, reason)  # no loop to tell: nothing waits
 
     def _call_in_loop(self, fn: Any, *args: Any) -> bool:
         """Run ``fn`` on the bound event loop; False if there is none (any more)."""
@@ -107,16 +101,6 @@ class AsyncLLM:
             return False
         return True
 
-    def _send(self, command: tuple, replica: int = 0) -> None:
-        if self.errored is not None:
-            raise EngineDeadError(self.errored)
-        self._clients[replica].send(command)
-
-    def _done_on_replica(self, request_id: str) -> None:
-        replica = self._replica_of.pop(request_id, None)
-        if replica is not None:
-            self.balancer.finished(replica)
-
     def _bind_loop(self) -> None:
         loop = asyncio.get_running_loop()
         if self._loop is not loop:
@@ -125,22 +109,25 @@ class AsyncLLM:
             self._loop = loop
 
     # ---- messages from the engine (on the event loop) ---------------------------------
-    def _on_message(self, msg: EngineMessage, now: float) -> None:
-        for request_id in msg.added:
+    def _on_message(self, replica: int, msg: EngineMessage, now: float) -> None:
+        arrival = self.client.absorb(replica, msg)
+        for request_id in arrival.added:
             self._resolve(("add", request_id), None)
-        for request_id, reason in msg.add_errors.items():
+        for request_id, reason in arrival.refused.items():
             self._streams.pop(request_id, None)
-            self._done_on_replica(request_id)
             self._resolve(("add", request_id), ValueError(reason))
-        for token, value in msg.replies.items():
+        for token, value in arrival.replies.items():
             self._resolve(token, value)
-        for packed in msg.outputs:
-            self._on_output(unpack_output(packed), now)
-        for pooled in msg.pooled:
-            self._done_on_replica(pooled.request_id)
+        for out in arrival.outputs:
+            self._on_output(out, now)
+        for pooled in arrival.pooled:
             self._resolve(("pooled", pooled.request_id), pooled)
-        if msg.fatal is not None:
-            self._on_dead(f"engine failed: {msg.fatal}")
+        if arrival.failure is not None:
+            self._on_dead()
+
+    def _on_exit(self, replica: int, reason: str) -> None:
+        self.client.fail(replica, reason)
+        self._on_dead()
 
     def _resolve(self, key: Any, value: Any) -> None:
         fut = self._pending.pop(key, None)
@@ -165,15 +152,12 @@ class AsyncLLM:
         stream.put(out)
         if out.finished:
             del self._streams[out.request_id]
-            self._done_on_replica(out.request_id)
             reason = next((c.finish_reason for c in out.outputs if c.finish_reason), "stop")
             for stat in self.stat_loggers:
                 stat.on_finished(stream, reason, now)
 
-    def _on_dead(self, reason: str) -> None:
-        if self.errored is None and not self._closing:
-            logger.error("%s", reason)
-        self.errored = self.errored or reason
+    def _on_dead(self) -> None:
+        """Fail every stream and waiting call with the client's recorded failure."""
         err = EngineDeadError(self.errored)
         for stream in self._streams.values():
             stream.fail(err)
@@ -200,30 +184,44 @@ class AsyncLLM:
         Raises ValueError (nothing queued) on bad input, EngineDeadError if the engine is gone.
         """
         self._bind_loop()
-        if self.errored is not None:
-            raise EngineDeadError(self.errored)
-        params = params or SamplingParams()
-        self.processor.lora.check(lora_request)
-        text, ids = self.processor.tokenize(prompt, params.truncate_prompt_tokens)
-        self.processor.max_output_tokens(len(ids), params)
-        check_picklable(params)  # the engine runs in another process
-        request_id = str(request_id)
-        if request_id in self._streams:
-            raise ValueError(f"request_id={request_id!r}: already in use by an unfinished request")
-        engine_params = params.clone()
-        engine_params.output_kind = RequestOutputKind.DELTA
-        stream = RequestStream(request_id, text, ids, params, self._abort_now, time.monotonic())
-        accepted = self._loop.create_future()
-        self._streams[request_id] = stream
-        self._pending[("add", request_id)] = accepted
-        replica = self._replica_of[request_id] = self.balancer.pick(ids)
-        prompt_ids = {"prompt": text, "prompt_token_ids": ids}
-        command = ("add", request_id, prompt_ids, engine_params, priority, group_id, lora_request)
-        self._send(command, replica)
+        self.client.check_alive()
+        return await self.add_processed(self.process(request_id, prompt, params, priority, group_id, lora_request))
+
+    def process(
+        self,
+        request_id: str,
+        prompt: PromptType,
+        params: SamplingParams | PoolingParams | None = None,
+        priority: int = 0,
+        group_id: str | None = None,
+        lora_request: LoRARequest | None = None,
+    ) -> ProcessedRequest:
+        """The checks and tokenization of ``add_request`` (or ``encode``, with PoolingParams), done once
+        (``Processor.process``); queues nothing. Raises ValueError naming the field."""
+        return self.processor.process(
+            str(request_id), prompt, params, lora_request=lora_request, priority=priority, group_id=group_id
+        )
+
+    async def add_processed(self, request: ProcessedRequest) -> RequestStream:
+        """Queue a request ``process`` made (nothing is checked or tokenized again, here or in the
+        engine); returns its stream once the engine has accepted it. Raises ValueError if its id
+        is in use by an unfinished request, EngineDeadError if the engine is gone."""
+        self._bind_loop()
+        if request.pooling_params is not None:
+            raise ValueError("pooling_params: a pooling request returns one vector; use encode()")
+        params = request.params
+        sent = copy.copy(params)  # a shallow copy, pickled to the engine: the stream makes what ``params`` asks for
+        sent.output_kind = RequestOutputKind.DELTA
+        self.client.add(dataclasses.replace(request, params=sent))
+        stream = RequestStream(
+            request.request_id, request.prompt, request.prompt_token_ids, params, self._abort_now, time.monotonic()
+        )
+        self._streams[request.request_id] = stream
+        accepted = self._pending[("add", request.request_id)] = self._loop.create_future()
         try:
             await accepted
         except asyncio.CancelledError:
-            self._abort_now(request_id)
+            self._abort_now(request.request_id)
             raise
         return stream
 
@@ -245,25 +243,24 @@ class AsyncLLM:
         """The pooled vector of one prompt (model.runner=pooling). Raises ValueError (nothing queued)
         on bad input; cancelling the await aborts the request. ``group_id`` as for ``add_request``."""
         self._bind_loop()
-        if self.errored is not None:
-            raise EngineDeadError(self.errored)
-        if self.cfg.model.runner != "pooling":
-            raise ValueError("input: this engine generates; embeddings need model.runner=pooling")
-        params.check(self.cfg.hf_config, self.cfg.hf_config.hidden_size)
-        text, ids = self.processor.tokenize(prompt, params.truncate_prompt_tokens)
+        self.client.check_alive()
+        return await self.encode_processed(self.process(request_id, prompt, params, priority, group_id))
+
+    async def encode_processed(self, request: ProcessedRequest) -> PoolingRequestOutput:
+        """``encode`` of a pooling request ``process`` made (not checked or tokenized again)."""
+        self._bind_loop()
+        if request.pooling_params is None:
+            raise ValueError("params: encode() needs PoolingParams; generate with add_request()")
+        request_id = request.request_id
+        self.client.add(request)
         accepted, pooled = self._loop.create_future(), self._loop.create_future()
         self._pending[("add", request_id)], self._pending[("pooled", request_id)] = accepted, pooled
-        replica = self._replica_of[request_id] = self.balancer.pick(ids)
-        self._send(("add", request_id, {"prompt": text, "prompt_token_ids": ids}, params, priority, group_id, None),
-                   replica)  # fmt: skip
         try:
             await accepted
             return await pooled
         except BaseException:
             self._pending.pop(("pooled", request_id), None)
-            self._done_on_replica(request_id)
-            if self.errored is None:
-                self._send(("abort", [request_id]), replica)
+            self.client.abort([request_id])
             raise
 
     async def abort(self, request_ids: str | Sequence[str]) -> None:
@@ -274,21 +271,13 @@ class AsyncLLM:
     def _abort_now(self, request_ids: str | Sequence[str]) -> None:
         ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
         now = time.monotonic()
-        by_replica: dict[int, list[str]] = {}
-        for request_id in ids:
-            stream = self._streams.pop(request_id, None)
-            if stream is None:
-                continue
-            replica = self._replica_of.get(request_id, 0)
-            by_replica.setdefault(replica, []).append(request_id)
-            self._done_on_replica(request_id)
+        streams = [(r, s) for r in ids if (s := self._streams.pop(r, None)) is not None]
+        self.client.abort([r for r, _ in streams])
+        for request_id, stream in streams:
             self._resolve(("add", request_id), None)  # an add still waiting returns the ended stream
             stream.put_aborted()
             for stat in self.stat_loggers:
                 stat.on_finished(stream, "abort", now)
-        if self.errored is None:
-            for replica, some in by_replica.items():
-                self._send(("abort", some), replica)
 
     async def scheduler_stats(self) -> SchedulerStats:
         """Fresh from the engine (answered between two steps); the replicas' merged under data parallelism."""
@@ -297,27 +286,23 @@ class AsyncLLM:
     async def replica_stats(self) -> list[SchedulerStats]:
         """Each data-parallel replica's scheduler stats, in replica order."""
         self._bind_loop()
-        replies = []
-        for replica in range(len(self._clients)):
-            token = next(self._tokens)
-            self._pending[token] = reply = self._loop.create_future()
-            replies.append(reply)
-            self._send(("stats", token), replica)
+        tokens = self.client.ask_all(lambda token: ("stats", token))
+        replies = [self._pending.setdefault(token, self._loop.create_future()) for token in tokens]
         return list(await asyncio.gather(*replies))
 
     @property
     def engine_pid(self) -> int | None:
         """The (first) engine process's id (for monitoring)."""
-        return self._clients[0].pid
+        return self.client.pids[0]
 
     @property
     def engine_pids(self) -> list[int | None]:
         """One engine process per data-parallel replica."""
-        return [c.pid for c in self._clients]
+        return self.client.pids
 
     @property
     def is_running(self) -> bool:
-        return self.errored is None and all(c.is_alive() for c in self._clients)
+        return self.client.is_running
 
     def get_num_unfinished_requests(self) -> int:
         return len(self._streams)
@@ -329,7 +314,4 @@ class AsyncLLM:
 
     def shutdown(self, timeout: float = 10.0) -> None:
         """Stop the engine process; in-flight requests fail with EngineDeadError."""
-        self._closing = True
-        for client in self._clients:
-            client.shutdown(timeout)
-        self.errored = self.errored or "engine shut down"
+        self.client.shutdown(timeout)

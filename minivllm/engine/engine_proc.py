@@ -6,7 +6,8 @@ one-way pipes of pickled messages:
 
     front end                                           engine process
     ---------                                           --------------
-    ("add", id, prompt, params, priority, group_id, lora) ► LLMEngine.add_request
+    ("add", ProcessedRequest)                       ──► LLMEngine.add_processed (checked and tokenized
+                                                        by the front end's Processor; not again here)
     ("abort", [ids])                                ──► LLMEngine.abort_request (blocks freed now)
     ("stats", token)                                ──► scheduler_stats()
     ("rpc", token, call)                            ──► collective_rpc (call: cloudpickled method, args, kwargs)
@@ -36,7 +37,6 @@ from minivllm.config.vllm_config import VllmConfig
 from minivllm.engine.outputs import CompletionOutput, RequestOutput
 from minivllm.kv_cache_spec import KVCacheSpec
 from minivllm.pooling.outputs import PoolingRequestOutput
-from minivllm.pooling.params import PoolingParams
 
 _COMPLETION_FIELDS = tuple(f.name for f in dataclasses.fields(CompletionOutput))
 _FRONT_END_FIELDS = ("prompt", "prompt_token_ids", "outputs", "metrics")
@@ -74,7 +74,7 @@ class EngineMessage:
     pooled: list[PoolingRequestOutput] = field(default_factory=list)
     """runner=pooling: the requests whose pooled vector is ready."""
     added: list[str] = field(default_factory=list)
-    """Requests accepted by ``LLMEngine.add_request``."""
+    """Requests accepted by ``LLMEngine.add_processed``."""
     add_errors: dict[str, str] = field(default_factory=dict)
     """Requests refused, with the ValueError's message."""
     replies: dict[int, Any] = field(default_factory=dict)
@@ -152,13 +152,12 @@ def _drain(engine: Any, commands: Connection, msg: EngineMessage) -> bool:
     while commands.poll(0):
         kind, *args = commands.recv()
         if kind == "add":
-            request_id, prompt, params, priority, group_id, lora = args
-            kwargs = {"pooling_params": params} if isinstance(params, PoolingParams) else {"params": params}
+            request = args[0]
             try:
-                engine.add_request(request_id, prompt, priority=priority, group_id=group_id, lora_request=lora, **kwargs)
-                msg.added.append(request_id)
+                engine.add_processed(request)
+                msg.added.append(request.request_id)
             except ValueError as err:
-                msg.add_errors[request_id] = str(err)
+                msg.add_errors[request.request_id] = str(err)
         elif kind == "abort":
             engine.abort_request(args[0])
         elif kind == "stats":

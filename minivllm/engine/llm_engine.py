@@ -1,4 +1,4 @@
-"""LLMEngine: tokenize, add requests, step the core, detokenize, build outputs."""
+"""LLMEngine: admit requests (``Processor.process``), step the core, detokenize, build outputs."""
 from __future__ import annotations
 
 import atexit
@@ -16,7 +16,7 @@ from minivllm.engine.final_detokenizer import FinalDetokenizer, FinalTextDecoder
 from minivllm.engine.logprob import LogprobBuilder
 from minivllm.engine.outputs import RequestOutput
 from minivllm.engine.parent_request import CompletionState, ParentRequest
-from minivllm.engine.processor import Processor, PromptType
+from minivllm.engine.processor import ProcessedRequest, Processor, PromptType
 from minivllm.request import Request, RequestId
 from minivllm.engine.stats import EngineStats, StatLogger
 from minivllm.engine.tokenizer import get_tokenizer
@@ -65,10 +65,7 @@ class LLMEngine:
 
     @property
     def eos_token_id(self) -> int | None:
-        eos = getattr(self.cfg.hf_config, "eos_token_id", None)
-        if isinstance(eos, list):
-            eos = eos[0] if eos else None
-        return self.tokenizer.eos_token_id if eos is None else eos
+        return self.processor.eos_token_id
 
     @property
     def num_kv_blocks(self) -> int:
@@ -101,28 +98,44 @@ class LLMEngine:
         prompts); the scheduler takes turns between groups. Default: its own id.
         ``lora_request``: the adapter to run under (needs ``lora.enable_lora``).
         """
-        if pooling_params is not None:
-            if lora_request is not None:
-                raise ValueError("lora_request: pooling runs the base model; leave it None with pooling_params")
-            return self._add_pooling_request(request_id, prompt, pooling_params, priority, cache_salt, group_id)
-        if self.cfg.model.runner == "pooling":
-            raise ValueError("params: this engine pools (model.runner=pooling); generating needs runner=generate")
-        params = params or SamplingParams()
-        _check_priority_and_salt(priority, cache_salt, self.cfg.scheduler.policy)
-        self.processor.lora.check(lora_request)
-        text, ids = self.processor.tokenize(prompt, params.truncate_prompt_tokens)
-        max_tokens = self.processor.max_output_tokens(len(ids), params)
-        req_id = RequestId(str(next(self._ids)) if request_id is None else str(request_id))
-        parent = ParentRequest(req_id, text, ids, self.processor.prepare_params(params, self.eos_token_id))
-        child_ids = [parent.child_id(i) for i in range(params.n)]
-        if req_id in self._parents or any(c in self._states for c in child_ids):
-            raise ValueError(f"request_id={req_id!r}: already in use by an unfinished request")
+        params = pooling_params if pooling_params is not None else params
+        request = self.process(request_id, prompt, params, priority, cache_salt, group_id, lora_request)
+        return self.add_processed(request)
+
+    def process(
+        self,
+        request_id: str | None,
+        prompt: PromptType,
+        params: SamplingParams | PoolingParams | None = None,
+        priority: int = 0,
+        cache_salt: str | None = None,
+        group_id: str | None = None,
+        lora_request: LoRARequest | None = None,
+    ) -> ProcessedRequest:
+        """``Processor.process`` under a new id of this engine's when ``request_id`` is None; queues nothing."""
+        request_id = str(next(self._ids)) if request_id is None else str(request_id)
+        return self.processor.process(
+            request_id, prompt, params, lora_request=lora_request, priority=priority, cache_salt=cache_salt,
+            group_id=group_id,
+        )  # fmt: skip
+
+    def add_processed(self, request: ProcessedRequest) -> RequestId:
+        """Queue a request ``Processor.process`` made (here, or in a front end whose engine runs in
+        this process): nothing is tokenized or checked again. Raises ValueError (nothing queued)
+        if its id is in use by an unfinished request."""
+        req_id = RequestId(request.request_id)
+        if request.pooling_params is not None:
+            return self._add_pooling_request(req_id, request)
+        ids = request.prompt_token_ids
+        parent = ParentRequest(req_id, request.prompt, ids, request.params)
+        child_ids = [parent.child_id(i) for i in range(request.params.n)]
+        self._check_unused(req_id, child_ids)
         self._parents[req_id] = parent
         for index, child_id in enumerate(child_ids):
             child_params = parent.child_params(index)
-            request = Request(
-                child_id, ids, child_params, self.eos_token_id, max_tokens, priority=priority, cache_salt=cache_salt,
-                group_id=group_id or req_id, lora_request=lora_request,
+            core_request = Request(
+                child_id, ids, child_params, request.eos_token_id, request.max_tokens, priority=request.priority,
+                cache_salt=request.cache_salt, group_id=request.group_id, lora_request=request.lora_request,
                 final_output_only=_reads_only_final_output(child_params),
             )  # fmt: skip
             if wants_final_text_only(child_params):
@@ -133,32 +146,26 @@ class LLMEngine:
             parent.children.append(state)
             self._states[child_id] = state
             self.counters.num_prompt_tokens += len(ids)
-            self.core.add_request(request)
+            self.core.add_request(core_request)
         return req_id
 
-    def _add_pooling_request(
-        self, request_id: str | None, prompt: PromptType, params: PoolingParams, priority: int,
-        cache_salt: str | None, group_id: str | None,
-    ) -> RequestId:  # fmt: skip
+    def _add_pooling_request(self, req_id: RequestId, request: ProcessedRequest) -> RequestId:
         """One core request that computes the prompt and returns its pooled vector (runner=pooling)."""
-        if self.cfg.model.runner != "pooling":
-            raise ValueError("pooling_params: this engine generates; pooling needs model.runner=pooling")
-        _check_priority_and_salt(priority, cache_salt, self.cfg.scheduler.policy)
-        params.check(self.cfg.hf_config, self.cfg.hf_config.hidden_size)
-        _, ids = self.processor.tokenize(prompt, params.truncate_prompt_tokens)
-        req_id = RequestId(str(next(self._ids)) if request_id is None else str(request_id))
-        if req_id in self._pooling or req_id in self._parents:
-            raise ValueError(f"request_id={req_id!r}: already in use by an unfinished request")
-        one_step = self.processor.prepare_params(SamplingParams(max_tokens=1, temperature=0.0, detokenize=False), None)
-        self._pooling[req_id] = (params, ids)
+        self._check_unused(req_id, [req_id])
+        ids = request.prompt_token_ids
+        self._pooling[req_id] = (request.pooling_params, ids)
         self.counters.num_prompt_tokens += len(ids)
         self.core.add_request(
             Request(
-                req_id, ids, one_step, None, max_tokens=1, priority=priority, cache_salt=cache_salt,
-                group_id=group_id or req_id,
+                req_id, ids, request.params, None, max_tokens=request.max_tokens, priority=request.priority,
+                cache_salt=request.cache_salt, group_id=request.group_id,
             )  # fmt: skip
         )
         return req_id
+
+    def _check_unused(self, req_id: RequestId, child_ids: list[RequestId]) -> None:
+        if req_id in self._parents or req_id in self._pooling or any(c in self._states for c in child_ids):
+            raise ValueError(f"request_id={req_id!r}: already in use by an unfinished request")
 
     def _pooled_output(self, core_out: EngineCoreOutput) -> PoolingRequestOutput:
         params, ids = self._pooling.pop(core_out.req_id)
@@ -269,11 +276,3 @@ def _reads_only_final_output(params: SamplingParams) -> bool:
         and params.prompt_logprobs is None
     )
 
-
-def _check_priority_and_salt(priority: int, cache_salt: str | None, policy: str) -> None:
-    if not isinstance(priority, int):
-        raise ValueError(f"priority={priority!r}: must be an int")
-    if priority != 0 and policy != "priority":
-        raise ValueError(f"priority={priority}: needs scheduler.policy=priority (the policy is {policy})")
-    if cache_salt is not None and (not isinstance(cache_salt, str) or not cache_salt):
-        raise ValueError(f"cache_salt={cache_salt!r}: must be a non-empty string or None")

@@ -1,10 +1,15 @@
 """Checks and tokenizes a request before it reaches the engine core.
 
-Every rule here raises ValueError naming the problem, so a bad request fails
-before any work starts and the engine keeps serving the others.
+``Processor.process`` is the one admission path (vLLM's ``InputProcessor.process_inputs``):
+``LLMEngine`` runs it for offline requests, the front ends of engine processes
+(``AsyncLLM``, ``DataParallelEngine``, through ``EngineCoreClient``) run it before
+they send a request, and the engine process then queues the ``ProcessedRequest``
+as it is. Every rule here raises ValueError naming the problem, so a bad request
+fails before any work starts and the engine keeps serving the others.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Union
 
 from transformers import PreTrainedTokenizerBase
@@ -12,6 +17,8 @@ from transformers import PreTrainedTokenizerBase
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.kv_cache_spec import KVCacheSpec
 from minivllm.lora.checker import LoRAChecker
+from minivllm.lora.request import LoRARequest
+from minivllm.pooling.params import PoolingParams
 from minivllm.sample.custom_processors import check_picklable
 from minivllm.sampling_params import SamplingParams
 from minivllm.structured_output.backend import check_grammar
@@ -22,16 +29,115 @@ PROMPT_KEYS = ("prompt", "prompt_token_ids")
 """The keys of a prompt dict the engine handles; any other (e.g. ``multi_modal_data``) is refused."""
 
 
+@dataclass
+class ProcessedRequest:
+    """A request that passed every check, tokenized once (vLLM's ``EngineCoreRequest``).
+
+    ``LLMEngine.add_processed`` queues it without tokenizing or checking it again;
+    front ends pickle it to their engine processes.
+    """
+
+    request_id: str
+    prompt: str | None
+    """The prompt's text, when it was given as text (None for token ids only)."""
+    prompt_token_ids: list[int]
+    """After ``truncate_prompt_tokens``; never empty, inside the vocabulary, shorter than max_model_len."""
+    params: SamplingParams
+    """The processor's own copy, prepared for the workers (stop and bad-word token ids filled in);
+    a front end may still change its ``output_kind``. A pooling request's is one greedy step."""
+    max_tokens: int
+    """Tokens it may generate: ``params.max_tokens`` capped by the room left in max_model_len (1 for pooling)."""
+    group_id: str
+    """The client request it is part of (the scheduler takes turns between groups); default its own id."""
+    priority: int = 0
+    cache_salt: str | None = None
+    lora_request: LoRARequest | None = None
+    pooling_params: PoolingParams | None = None
+    """Set for a pooling request (model.runner=pooling): it returns the prompt's pooled vector."""
+    eos_token_id: int | None = None
+    """The token that ends generation (None for pooling requests)."""
+
+
 class Processor:
+    engine_in_other_process = False
+    """Set by a front end whose engines run in other processes (``EngineCoreClient``): every
+    request is pickled to them, so its params must pickle even with one rank."""
+
     def __init__(self, cfg: VllmConfig, tokenizer: PreTrainedTokenizerBase, kv_spec: KVCacheSpec) -> None:
         self.cfg = cfg
         self.tokenizer = tokenizer
         self.kv_spec = kv_spec
         """The engine's KV cache (the smallest replica's with data parallelism): what a request must fit."""
-        self.max_tokens_in_cache = kv_spec.num_tokens
+        self.kv_capacity_tokens = kv_spec.num_tokens
         self.vocab_size = cfg.hf_config.vocab_size
         self.lora = LoRAChecker(cfg.lora, cfg.hf_config)
         """``self.lora.check(lora_request)`` validates a request's adapter."""
+
+    @property
+    def eos_token_id(self) -> int | None:
+        """The model config's EOS (its first, when it names several), else the tokenizer's."""
+        eos = getattr(self.cfg.hf_config, "eos_token_id", None)
+        if isinstance(eos, list):
+            eos = eos[0] if eos else None
+        return self.tokenizer.eos_token_id if eos is None else eos
+
+    def process(
+        self,
+        request_id: str,
+        prompt: PromptType,
+        params: SamplingParams | PoolingParams | None = None,
+        *,
+        lora_request: LoRARequest | None = None,
+        priority: int = 0,
+        cache_salt: str | None = None,
+        group_id: str | None = None,
+    ) -> ProcessedRequest:
+        """Check and tokenize one request: the prompt (tokenized once, ``truncate_prompt_tokens``
+        applied), its SamplingParams (None: the defaults) or PoolingParams, adapter, priority and
+        cache salt. Raises ValueError naming the field; nothing is queued anywhere."""
+        if isinstance(params, PoolingParams):
+            return self._process_pooling(request_id, prompt, params, lora_request, priority, cache_salt, group_id)
+        if self.cfg.model.runner == "pooling":
+            raise ValueError("params: this engine pools (model.runner=pooling); generating needs runner=generate")
+        params = SamplingParams() if params is None else params
+        self._check_priority_and_salt(priority, cache_salt)
+        self.lora.check(lora_request)
+        text, ids = self.tokenize(prompt, params.truncate_prompt_tokens)
+        max_tokens = self.max_output_tokens(len(ids), params)
+        eos = self.eos_token_id
+        return ProcessedRequest(
+            str(request_id), text, ids, self.prepare_params(params, eos), max_tokens, group_id or str(request_id),
+            priority, cache_salt, lora_request, eos_token_id=eos,
+        )  # fmt: skip
+
+    def _process_pooling(
+        self, request_id: str, prompt: PromptType, params: PoolingParams, lora_request: LoRARequest | None,
+        priority: int, cache_salt: str | None, group_id: str | None,
+    ) -> ProcessedRequest:  # fmt: skip
+        """One step that computes the prompt and returns its pooled vector (model.runner=pooling)."""
+        if lora_request is not None:
+            raise ValueError("lora_request: pooling runs the base model; leave it None with pooling_params")
+        if self.cfg.model.runner != "pooling":
+            raise ValueError("pooling_params: this engine generates; pooling needs model.runner=pooling")
+        self._check_priority_and_salt(priority, cache_salt)
+        params.check(self.cfg.hf_config, self.cfg.hf_config.hidden_size)
+        text, ids = self.tokenize(prompt, params.truncate_prompt_tokens)
+        one_step = self.prepare_params(SamplingParams(max_tokens=1, temperature=0.0, detokenize=False), None)
+        return ProcessedRequest(
+            str(request_id), text, ids, one_step, 1, group_id or str(request_id), priority, cache_salt,
+            pooling_params=params,
+        )  # fmt: skip
+
+    def _check_priority_and_salt(self, priority: int, cache_salt: str | None) -> None:
+        policy = self.cfg.scheduler.policy
+        if not isinstance(priority, int):
+            raise ValueError(f"priority={priority!r}: must be an int")
+        if priority != 0 and policy != "priority":
+            raise ValueError(f"priority={priority}: needs scheduler.policy=priority (the policy is {policy})")
+        if cache_salt is not None and (not isinstance(cache_salt, str) or not cache_salt):
+            raise ValueError(f"cache_salt={cache_salt!r}: must be a non-empty string or None")
+        if cache_salt is not None and self.cfg.parallel.dp > 1:
+            raise ValueError("cache_salt: not supported with parallel.dp > 1; leave it None")
 
     def tokenize(self, prompt: PromptType, truncate_prompt_tokens: int | None = None) -> tuple[str | None, list[int]]:
         """(text, token ids); ``truncate_prompt_tokens`` keeps only the last k ids (before the checks)."""
@@ -85,15 +191,16 @@ class Processor:
         # A sliding-window model holds only its window's blocks (plus one step's) at once.
         step_tokens = self.cfg.scheduler.max_num_batched_tokens
         held = self.kv_spec.max_blocks_per_request(num_prompt_tokens + limit, step_tokens) * self.kv_spec.block_size
-        if held > self.max_tokens_in_cache:
+        if held > self.kv_capacity_tokens:
             raise ValueError(
                 f"prompt ({num_prompt_tokens} tokens) + max_tokens ({limit}) can never fit the KV cache "
-                f"({self.max_tokens_in_cache} tokens); lower max_tokens or give the cache more memory"
+                f"({self.kv_capacity_tokens} tokens); lower max_tokens or give the cache more memory"
             )
         return limit
 
     def check_params(self, params: SamplingParams) -> None:
-        """The SamplingParams checks that need the model: logprob caps and token ids."""
+        """The SamplingParams checks that need the model: logprob caps and token ids (bad words:
+        ``prepare_params``)."""
         max_n = self.cfg.serve.max_n
         if params.n > max_n:
             raise ValueError(f"n={params.n}: must be in [1, {max_n}] (serve.max_n={max_n})")
@@ -114,14 +221,14 @@ class Processor:
             bad = [t for t in ids if t >= self.vocab_size]
             if bad:
                 raise ValueError(f"{name}: token ids {bad[:5]} outside the vocabulary [0, {self.vocab_size})")
-        self._bad_words_token_ids(params.bad_words or [])
-        if self.cfg.world_size > 1:  # the workers are other processes
+        if self.cfg.world_size > 1 or self.engine_in_other_process:  # params travel to other processes
             check_picklable(params)
         if params.structured_outputs is not None:
             check_grammar(params.structured_outputs)
 
     def prepare_params(self, params: SamplingParams, eos_token_id: int | None) -> SamplingParams:
-        """A copy of ``params`` with the token ids the workers need filled in."""
+        """A copy of ``params`` with the token ids the workers need filled in; raises ValueError
+        for bad words whose tokens fall outside the vocabulary (they are tokenized here, once)."""
         params = params.clone()
         for name in ("logprobs", "prompt_logprobs"):
             if getattr(params, name) == -1:

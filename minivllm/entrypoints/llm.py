@@ -10,10 +10,11 @@ from tqdm.auto import tqdm
 from minivllm.beam_search import BeamSearchOutput, run_beam_search
 from minivllm.config.generation_defaults import generation_defaults
 from minivllm.config.vllm_config import VllmConfig
+from minivllm.data_parallel.engine import DataParallelEngine
 from minivllm.engine.llm_engine import LLMEngine
 from minivllm.engine.metrics_reader import Metric, engine_metrics
 from minivllm.engine.outputs import RequestOutput
-from minivllm.engine.processor import PromptType
+from minivllm.engine.processor import ProcessedRequest, PromptType
 from minivllm.executor.user_calls import apply_to_model
 from minivllm.lora.request import LoRARequest
 from minivllm.pooling.outputs import EmbeddingRequestOutput, PoolingRequestOutput
@@ -49,9 +50,8 @@ class LLM:
     def _init(self, cfg: VllmConfig) -> None:
         self.cfg = cfg
         self.default_sampling_params = generation_defaults(cfg)
+        self.llm_engine: LLMEngine | DataParallelEngine
         if cfg.parallel.dp > 1:  # replicas in their own processes, behind one front end
-            from minivllm.data_parallel.engine import DataParallelEngine
-
             self.llm_engine = DataParallelEngine(cfg)
         else:
             self.llm_engine = LLMEngine(cfg)
@@ -94,20 +94,11 @@ class LLM:
             sampling_params = self.get_default_sampling_params()
         params = params_per_prompt(sampling_params, len(prompts))
         loras = loras_per_prompt(lora_request, len(prompts))
-        engine = self.llm_engine
-        for p, sp, lora in zip(prompts, params, loras):  # validate everything before queuing anything
-            engine.processor.lora.check(lora)
-            _, ids = engine.processor.tokenize(p, sp.truncate_prompt_tokens)
-            engine.processor.max_output_tokens(len(ids), sp)
-        req_ids = []
-        try:
-            for i, (p, sp) in enumerate(zip(prompts, params)):
-                prio = priority[i] if priority else 0
-                req_ids.append(engine.add_request(None, p, final_only(sp), prio, lora_request=loras[i]))
-            return self._run(req_ids, use_tqdm)
-        except BaseException:
-            engine.abort_request([r for r in req_ids])
-            raise
+        requests = [  # every prompt is checked (and tokenized, once) before any is queued
+            self.llm_engine.process(None, p, final_only(sp), priority[i] if priority else 0, lora_request=lora)
+            for i, (p, sp, lora) in enumerate(zip(prompts, params, loras))
+        ]
+        return self._add_and_run(requests, use_tqdm)
 
     def chat(
         self,
@@ -144,7 +135,7 @@ class LLM:
         """Beam search per prompt (see ``minivllm.beam_search``); each round is one batch of ordinary
         one-token requests, so beams share their prompt's KV blocks through the prefix cache."""
         self._needs_runner("generate", "beam_search")
-        return run_beam_search(self, prompts, params, use_tqdm)
+        return run_beam_search(self.llm_engine, prompts, params, use_tqdm)
 
     def encode(
         self,
@@ -160,18 +151,8 @@ class LLM:
             raise ValueError(f"pooling_task={pooling_task!r}: only 'embed' is supported")
         prompts = as_list_of_prompts(prompts)
         params = pooling_params_per_prompt(pooling_params, len(prompts), truncate_prompt_tokens)
-        engine = self.llm_engine
-        for p, pp in zip(prompts, params):  # validate everything before queuing anything
-            pp.check(self.cfg.hf_config, self.cfg.hf_config.hidden_size)
-            engine.processor.tokenize(p, pp.truncate_prompt_tokens)
-        req_ids = []
-        try:
-            for p, pp in zip(prompts, params):
-                req_ids.append(engine.add_request(None, p, pooling_params=pp))
-            return self._run(req_ids, use_tqdm)
-        except BaseException:
-            engine.abort_request(req_ids)
-            raise
+        requests = [self.llm_engine.process(None, p, pp) for p, pp in zip(prompts, params)]  # all checked first
+        return self._add_and_run(requests, use_tqdm)
 
     def embed(
         self,
@@ -191,6 +172,17 @@ class LLM:
                 f"{method}(): needs runner={runner!r}, but this LLM was built with runner={self.cfg.model.runner!r} "
                 f"(LLM(..., runner={runner!r}))"
             )
+
+    def _add_and_run(self, requests: list[ProcessedRequest], use_tqdm: bool) -> list[RequestOutput]:
+        """Queue processed requests and run them to the end; an error (or Ctrl-C) aborts the queued ones."""
+        req_ids = []
+        try:
+            for request in requests:
+                req_ids.append(self.llm_engine.add_processed(request))
+            return self._run(req_ids, use_tqdm)
+        except BaseException:
+            self.llm_engine.abort_request(req_ids)
+            raise
 
     def _run(self, req_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
         finished: dict[str, RequestOutput] = {}

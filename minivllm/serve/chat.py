@@ -59,12 +59,12 @@ async def create_chat_completion(state: ServerState, body: ChatCompletionRequest
         body, state.default_sampling_params, max_tokens=max_tokens, logprobs=logprobs, output_kind=kind,
         structured_outputs=_constraint(body, tools),
     )  # fmt: skip
-    prompt = check_prompt(
-        state.engine, render(state, body, tools), max_tokens, prompt_field="messages",
-        truncate_prompt_tokens=params.truncate_prompt_tokens,
-    )  # fmt: skip
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
-    streams = await start_requests(state.engine, request_id, [prompt], params, body.priority, "messages", lora)
+    prompt = check_prompt(
+        state.engine, f"{request_id}-0", render(state, body, tools), params, body.priority, lora,
+        max_tokens=max_tokens, group_id=request_id, prompt_field="messages",
+    )  # fmt: skip
+    streams = await start_requests(state.engine, [prompt], "messages")
     reasoning = state.cfg.serve.reasoning_parser
     fmt = _Formatter(state, body, prompt, ChatOutputParser(tools, REASONING_PARSERS[reasoning] if reasoning else None))
     if body.stream:

@@ -41,13 +41,13 @@ async def create_completion(state: ServerState, body: CompletionRequest, raw: Re
     )  # fmt: skip
     if body.echo and body.logprobs is not None:  # the echoed prompt's logprobs come from prompt logprobs
         params.prompt_logprobs = max(params.prompt_logprobs or 0, body.logprobs)
-    prompts = [
-        check_prompt(state.engine, _encoded(state, p, body), body.max_tokens,
-                     truncate_prompt_tokens=params.truncate_prompt_tokens)
-        for p in raw_prompts
-    ]  # fmt: skip
     request_id = f"cmpl-{uuid.uuid4().hex}"
-    streams = await start_requests(state.engine, request_id, prompts, params, body.priority, lora_request=lora)
+    prompts = [
+        check_prompt(state.engine, f"{request_id}-{i}", _encoded(state, p, body), params, body.priority, lora,
+                     max_tokens=body.max_tokens, group_id=request_id)
+        for i, p in enumerate(raw_prompts)
+    ]  # fmt: skip
+    streams = await start_requests(state.engine, prompts)
     fmt = _Formatter(state, body, prompts)
     if body.stream:
         return StreamingResponse(_stream(state, body, request_id, streams, fmt), media_type="text/event-stream")

@@ -72,17 +72,15 @@ async def create_embedding(state: ServerState, body: EmbeddingRequest, raw: Requ
     except ValueError as err:
         raise bad_request(err) from None
     inputs = [_prompt(state, x, body.add_special_tokens) for x in raw_inputs]
-    try:  # every input is checked before any is queued
-        params.check(state.cfg.hf_config, state.cfg.hf_config.hidden_size)
-        for p in inputs:
-            state.engine.processor.tokenize(p, params.truncate_prompt_tokens)
+    request_id = f"embd-{uuid.uuid4().hex}"
+    try:  # every input is checked (and tokenized, once) before any is queued
+        requests = [
+            state.engine.process(f"{request_id}-{i}", p, params, body.priority, group_id=request_id)
+            for i, p in enumerate(inputs)
+        ]
     except ValueError as err:
         raise bad_request(err, {"prompt": "input", "prompt_token_ids": "input"}) from None
-    request_id = f"embd-{uuid.uuid4().hex}"
-    work = asyncio.gather(
-        *(state.engine.encode(p, params, f"{request_id}-{i}", body.priority, group_id=request_id)
-          for i, p in enumerate(inputs))
-    )  # fmt: skip
+    work = asyncio.gather(*(state.engine.encode_processed(r) for r in requests))
     try:  # a client that hangs up cancels the awaits, which aborts the requests
         outs = await unless_disconnected(raw, work)
     except ValueError as err:

@@ -1,8 +1,10 @@
 """What completions and chat share: checking prompts, starting their requests,
 collecting or merging their outputs, and server-sent events.
 
-A handler first starts every request of its body (one per prompt); any refusal
-aborts the ones already started and becomes a 400 before a byte is streamed.
+A handler first checks every request of its body (one per prompt, each
+tokenized and checked once by ``AsyncLLM.process``), then starts them all; any
+refusal aborts the ones already started and becomes a 400 before a byte is
+streamed.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from pydantic import BaseModel
 
 from minivllm.engine.async_llm import AsyncLLM
 from minivllm.engine.outputs import RequestOutput
+from minivllm.engine.processor import ProcessedRequest
 from minivllm.engine.request_stream import RequestStream
 from minivllm.lora.request import LoRARequest
 from minivllm.sampling_params import SamplingParams
@@ -30,39 +33,38 @@ T = TypeVar("T")
 class Prompt:
     text: str | None
     token_ids: list[int]
+    request: ProcessedRequest
+    """What ``start_requests`` queues."""
 
 
 def check_prompt(
-    engine: AsyncLLM, prompt: Any, max_tokens: int | None, *, prompt_field: str = "prompt",
-    truncate_prompt_tokens: int | None = None,
+    engine: AsyncLLM, request_id: str, prompt: Any, params: SamplingParams, priority: int,
+    lora_request: LoRARequest | None = None, *, max_tokens: int | None, group_id: str | None = None,
+    prompt_field: str = "prompt",
 ) -> Prompt:  # fmt: skip
-    """Tokenize with the engine's rules (keeping the last ``truncate_prompt_tokens``); refuse a
-    max_tokens that cannot fit the context."""
+    """The request for one prompt, checked and tokenized by the engine's rules (a 400 naming
+    ``prompt_field`` for the prompt's faults); refuse a ``max_tokens`` the client sent that cannot
+    fit the context (the engine would cap it)."""
     try:
-        text, ids = engine.processor.tokenize(prompt, truncate_prompt_tokens)
+        request = engine.process(request_id, prompt, params, priority, group_id, lora_request)
     except ValueError as err:
         raise bad_request(err, {"prompt": prompt_field, "prompt_token_ids": prompt_field}) from None
-    max_len = engine.cfg.max_model_len
+    ids, max_len = request.prompt_token_ids, engine.cfg.max_model_len
     if max_tokens is not None and len(ids) + max_tokens > max_len:
         raise BadRequest(
             "max_tokens",
             f"max_tokens={max_tokens}: too large; the prompt has {len(ids)} tokens and max_model_len is "
             f"{max_len}, so at most {max_len - len(ids)} tokens can be generated",
         )
-    return Prompt(text, ids)
+    return Prompt(request.prompt, ids, request)
 
 
-async def start_requests(
-    engine: AsyncLLM, base_id: str, prompts: list[Prompt], params: SamplingParams, priority: int,
-    prompt_field: str = "prompt", lora_request: LoRARequest | None = None,
-) -> list[RequestStream]:  # fmt: skip
-    """Add one request per prompt; all of them, or none (a 400)."""
+async def start_requests(engine: AsyncLLM, prompts: list[Prompt], prompt_field: str = "prompt") -> list[RequestStream]:
+    """Queue the checked request of every prompt; all of them, or none (a 400)."""
     streams: list[RequestStream] = []
     try:
-        for i, p in enumerate(prompts):
-            request = {"prompt": p.text, "prompt_token_ids": p.token_ids}
-            streams.append(await engine.add_request(f"{base_id}-{i}", request, params, priority, group_id=base_id,
-                                                  lora_request=lora_request))
+        for p in prompts:
+            streams.append(await engine.add_processed(p.request))
     except BaseException as err:
         for s in streams:
             s.abort()

@@ -120,3 +120,23 @@ def test_embed_requests_are_balanced_over_both_replicas_and_equal_dp1(llama_dir)
         engine.shutdown()
     for w, out in zip(want, outs, strict=True):
         assert out.outputs.data.tolist() == pytest.approx(w, abs=1e-5)
+
+
+@pytest.mark.timeout(240)
+def test_llm_dp2_truncates_a_long_prompt_like_dp1(llama_dir):
+    """truncate_prompt_tokens keeps a prompt over max_model_len admissible at dp=2 as at dp=1."""
+    long_prompt = "x = x + 1\n" * 40
+    params = SamplingParams(temperature=0, max_tokens=6, truncate_prompt_tokens=16)
+    single = LLM(model=str(llama_dir), **KWARGS)
+    try:
+        assert len(single.get_tokenizer().encode(long_prompt)) > KWARGS["max_model_len"]
+        want = single.generate(long_prompt, params, use_tqdm=False)
+    finally:
+        single.shutdown()
+    assert len(want[0].prompt_token_ids) == 16
+    with one_intra_op_thread():
+        llm = LLM(model=str(llama_dir), data_parallel_size=2, **KWARGS)
+    try:
+        _same(want, llm.generate(long_prompt, params, use_tqdm=False))
+    finally:
+        llm.shutdown()

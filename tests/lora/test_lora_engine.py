@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from minivllm import SamplingParams
-from minivllm.engine.llm_engine import LLMEngine
+from minivllm.engine.processor import Processor
 from minivllm.entrypoints.llm import LLM
 from minivllm.lora import LoRARequest
 from minivllm.pooling.params import PoolingParams
@@ -128,6 +128,6 @@ def test_lora_request_fields():
 
 
 def test_pooling_request_refuses_an_adapter():
-    engine = object.__new__(LLMEngine)  # the check comes before anything the engine holds
+    processor = object.__new__(Processor)  # the check comes before anything the engine's processor holds
     with pytest.raises(ValueError, match="pooling runs the base model"):
-        engine.add_request(None, "a", pooling_params=PoolingParams(), lora_request=LoRARequest("a", 1, "/x"))
+        processor.process("r", "a", PoolingParams(), lora_request=LoRARequest("a", 1, "/x"))

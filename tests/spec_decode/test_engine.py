@@ -177,7 +177,7 @@ def test_a_grammar_request_beside_drafted_ones_matches_the_plain_engine():
 
 def test_data_parallel_stats_add_up_the_spec_counters():
     from minivllm.core.stats import SchedulerStats
-    from minivllm.data_parallel.replicas import merge_stats
+    from minivllm.engine.core_client import merge_stats
 
     one = SchedulerStats(num_blocks=8, spec_decoding=True, spec_num_drafts=2, spec_num_draft_tokens=6,
                          spec_num_accepted_tokens=4)

@@ -1,7 +1,7 @@
 """LoadBalancer: fewest unfinished requests first; a remembered prefix goes back to its replica."""
 from __future__ import annotations
 
-from minivllm.data_parallel.balancer import LoadBalancer
+from minivllm.engine.balancer import LoadBalancer
 
 BS = 4
 

@@ -1,0 +1,263 @@
+"""``EngineCoreClient``: the front end's side of ``parallel.dp`` engine processes
+(one when dp=1), shared by ``AsyncLLM`` and ``DataParallelEngine`` (vLLM keeps
+its core clients in ``v1/engine/core_client.py``)::
+
+    Processor.process ─> EngineCoreClient.add ─ LoadBalancer.pick ─┬─> EngineClient 0 ─> engine process 0
+    (check, tokenize once)                                           └─> EngineClient 1 ─> engine process 1
+    owner's thread <─ absorb(replica, message): outputs, refusals, replies, failures
+
+It starts the replicas, builds the one ``Processor`` every request passes
+(capped by the smallest replica's KV cache), routes adds and aborts, tracks
+each unfinished request's replica, hands out call tokens for replies, and
+records the first failure (naming the replica when there are several). It
+never blocks on the engines and owns no thread: engine messages arrive on the
+``EngineClient`` reader threads through the callbacks its owner passes, and the
+owner hands them back to ``absorb`` on its own thread (the event loop, or the
+thread calling ``step``), so the bookkeeping is single-threaded.
+"""
+from __future__ import annotations
+
+import copy
+import itertools
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from functools import partial
+from multiprocessing.util import Finalize
+from typing import Any, Callable, Sequence
+
+from minivllm.config.vllm_config import VllmConfig
+from minivllm.core.stats import SchedulerStats
+from minivllm.engine.balancer import LoadBalancer
+from minivllm.engine.engine_client import EXIT_PRIORITY, EngineClient
+from minivllm.engine.engine_proc import EngineMessage, unpack_output
+from minivllm.engine.outputs import RequestOutput
+from minivllm.engine.processor import ProcessedRequest, Processor
+from minivllm.engine.request_stream import EngineDeadError
+from minivllm.engine.tokenizer import get_tokenizer
+from minivllm.kv_cache_spec import KVCacheSpec
+from minivllm.pooling.outputs import PoolingRequestOutput
+
+logger = logging.getLogger(__name__)
+
+OnMessage = Callable[[int, EngineMessage, float], None]
+"""``(replica, message, arrival_time)``, called on the replica's reader thread."""
+OnExit = Callable[[int, str], None]
+"""``(replica, reason)``, called when the replica's engine process has exited."""
+
+
+@dataclass(slots=True)
+class _Routed:
+    replica: int
+    prompt: str | None
+    prompt_token_ids: list[int]
+
+
+@dataclass
+class Arrival:
+    """What one engine message means to the front end, after ``EngineCoreClient.absorb``."""
+
+    outputs: list[RequestOutput] = field(default_factory=list)
+    """Outputs of requests still tracked, with their prompt filled in (a finished one is no longer tracked)."""
+    pooled: list[PoolingRequestOutput] = field(default_factory=list)
+    added: list[str] = field(default_factory=list)
+    refused: dict[str, str] = field(default_factory=dict)
+    """Requests the engine refused, with the reason (no longer tracked)."""
+    replies: dict[int, Any] = field(default_factory=dict)
+    """Answers to calls, by the token ``ask_all`` handed out."""
+    failure: str | None = None
+    """Set when the message reports that its engine failed."""
+
+
+class EngineCoreClient:
+    def __init__(self, cfg: VllmConfig, on_message: OnMessage, on_exit: OnExit) -> None:
+        """Start every replica (returns once each model is loaded); raises as ``start_engines``."""
+        self.cfg = cfg
+        self.tokenizer = get_tokenizer(cfg)
+        self.engines = start_engines(cfg, on_message, on_exit)
+        kv_spec = KVCacheSpec.merge(c.info.kv_spec for c in self.engines)  # a request must fit any replica
+        self.num_kv_blocks = kv_spec.num_blocks
+        self.processor = Processor(cfg, self.tokenizer, kv_spec)
+        self.processor.engine_in_other_process = True
+        self.balancer = LoadBalancer(len(self.engines), cfg.cache.block_size, cfg.cache.enable_prefix_caching)
+        self.failure: str | None = None
+        """Why the engines stopped serving, once they have (the first failure, or a shutdown)."""
+        self._requests: dict[str, _Routed] = {}
+        """Unfinished request id -> its replica and prompt."""
+        self._tokens = itertools.count()
+        self._closing = False
+        # At exit, ask every engine to stop at once, before each EngineClient's finalizer
+        # (a lower priority) waits for its own: they stop together, not one after the other.
+        Finalize(self, _request_stops, args=(list(self.engines),), exitpriority=EXIT_PRIORITY + 1)
+
+    # ---- requests -------------------------------------------------------------------------
+    def add(self, request: ProcessedRequest) -> int:
+        """Send a processed request to the replica the balancer picks; returns that replica.
+        Raises ValueError (nothing sent) if its id is unfinished, EngineDeadError after a failure."""
+        self.check_alive()
+        if request.request_id in self._requests:
+            raise ValueError(f"request_id={request.request_id!r}: already in use by an unfinished request")
+        replica = self.balancer.pick(request.prompt_token_ids)
+        self._requests[request.request_id] = _Routed(replica, request.prompt, request.prompt_token_ids)
+        self.engines[replica].send(("add", request))
+        return replica
+
+    def abort(self, request_ids: Sequence[str]) -> list[str]:
+        """Stop unfinished requests on their replicas (ids not unfinished are ignored); returns those stopped."""
+        by_replica: dict[int, list[str]] = {}
+        for request_id in map(str, request_ids):
+            routed = self.finish(request_id)
+            if routed is not None:
+                by_replica.setdefault(routed.replica, []).append(request_id)
+        if self.failure is None:
+            for replica, some in by_replica.items():
+                self.engines[replica].send(("abort", some))
+        return [r for some in by_replica.values() for r in some]
+
+    def finish(self, request_id: str) -> _Routed | None:
+        """Stop tracking a request (it finished, or the engine refused it); None if it was not tracked."""
+        routed = self._requests.pop(request_id, None)
+        if routed is not None:
+            self.balancer.finished(routed.replica)
+        return routed
+
+    def is_unfinished(self, request_id: str) -> bool:
+        return request_id in self._requests
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self._requests)
+
+    # ---- calls answered by every replica ---------------------------------------------------
+    def ask_all(self, command: Callable[[int], tuple]) -> list[int]:
+        """Send ``command(token)`` to each replica; the tokens their replies will carry, in replica order."""
+        self.check_alive()
+        tokens = []
+        for engine in self.engines:
+            tokens.append(next(self._tokens))
+            engine.send(command(tokens[-1]))
+        return tokens
+
+    # ---- what the engines say (on the owner's thread) ---------------------------------------
+    def absorb(self, replica: int, msg: EngineMessage) -> Arrival:
+        """Account for one message of ``replica``: outputs of requests aborted meanwhile are
+        dropped, finished and refused requests stop being tracked, a fatal error is recorded."""
+        arrival = Arrival(added=msg.added, replies=msg.replies)
+        for request_id, reason in msg.add_errors.items():
+            self.finish(request_id)
+            arrival.refused[request_id] = reason
+        for packed in msg.outputs:
+            out = unpack_output(packed)
+            routed = self._requests.get(out.request_id)
+            if routed is None:
+                continue  # aborted meanwhile
+            out.prompt, out.prompt_token_ids = routed.prompt, routed.prompt_token_ids
+            if out.finished:
+                self.finish(out.request_id)
+            arrival.outputs.append(out)
+        for pooled in msg.pooled:
+            if self.finish(pooled.request_id) is not None:
+                arrival.pooled.append(pooled)
+        if msg.fatal is not None:
+            arrival.failure = self.fail(replica, f"engine failed: {msg.fatal}")
+        return arrival
+
+    def fail(self, replica: int, reason: str) -> str:
+        """Record that ``replica`` stopped (logged unless shutting down); returns the first failure."""
+        if len(self.engines) > 1:
+            reason = f"data-parallel replica {replica}: {reason}"
+        if self.failure is None:
+            if not self._closing:
+                logger.error("%s", reason)
+            self.failure = reason
+        return self.failure
+
+    def check_alive(self) -> None:
+        if self.failure is not None:
+            raise EngineDeadError(self.failure)
+
+    # ---- the processes ----------------------------------------------------------------------
+    @property
+    def pids(self) -> list[int | None]:
+        return [c.pid for c in self.engines]
+
+    @property
+    def is_running(self) -> bool:
+        return self.failure is None and all(c.is_alive() for c in self.engines)
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        """Stop every engine process (idempotent); later calls raise EngineDeadError."""
+        self._closing = True
+        _request_stops(self.engines)  # all at once; each then takes seconds to exit
+        for engine in self.engines:
+            engine.shutdown(timeout)
+        self.failure = self.failure or "engine shut down"
+
+
+def _request_stops(engines: list[EngineClient]) -> None:
+    for engine in engines:
+        engine.request_stop()
+
+
+def replica_config(cfg: VllmConfig, replica: int) -> VllmConfig:
+    """``cfg`` for replica ``replica``: the same engine, its own ``parallel.dp_rank`` (its devices)."""
+    if cfg.parallel.dp == 1:
+        return cfg
+    own = copy.deepcopy(cfg)
+    own.parallel.dp_rank = replica
+    return own
+
+
+def start_engines(cfg: VllmConfig, on_message: OnMessage, on_exit: OnExit) -> list[EngineClient]:
+    """One engine process per replica, started together; returns once every model is loaded.
+
+    If one fails to start, the others are stopped and its error is raised
+    (a ValueError, a bad config, as is; a crash naming the replica).
+    """
+    dp = cfg.parallel.dp
+
+    def start(replica: int) -> EngineClient:
+        return EngineClient(replica_config(cfg, replica), partial(on_message, replica), partial(on_exit, replica))
+
+    if dp == 1:
+        return [start(0)]
+    with ThreadPoolExecutor(max_workers=dp, thread_name_prefix="minivllm-dp-start") as pool:
+        futures = [pool.submit(start, r) for r in range(dp)]
+    started = [f.result() for f in futures if f.exception() is None]
+    failed = [(r, f.exception()) for r, f in enumerate(futures) if f.exception() is not None]
+    if failed:
+        for client in started:
+            client.shutdown()
+        replica, err = failed[0]
+        if isinstance(err, ValueError):
+            raise err
+        raise RuntimeError(f"data-parallel replica {replica}: {err}") from err
+    return started
+
+
+def merge_stats(stats: list[SchedulerStats]) -> SchedulerStats:
+    """The replicas' scheduler stats as one engine's: counts add up; KV usage is over all blocks."""
+    if len(stats) == 1:
+        return stats[0]
+    total = SchedulerStats(
+        **{name: sum(getattr(s, name) for s in stats) for name in _COUNTS},
+    )
+    used = sum(s.num_blocks - s.num_free_blocks for s in stats)
+    total.kv_cache_usage = used / total.num_blocks if total.num_blocks else 0.0
+    total.spec_decoding = any(s.spec_decoding for s in stats)
+    return total
+
+
+_COUNTS = (
+    "num_running",
+    "num_waiting",
+    "num_preemptions",
+    "num_free_blocks",
+    "num_blocks",
+    "num_preempted",
+    "prefix_cache_queries",
+    "prefix_cache_hits",
+    "spec_num_drafts",
+    "spec_num_draft_tokens",
+    "spec_num_accepted_tokens",
+)
