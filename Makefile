@@ -10,7 +10,7 @@ export HF_HUB_OFFLINE ?= 1
 export TRANSFORMERS_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: install run test test-fast docs bench clean
+.PHONY: install run lint test test-fast docs bench clean
 
 install: $(STAMP)
 
@@ -24,9 +24,17 @@ $(STAMP): pyproject.toml
 run: install
 	$(PY) -m minivllm
 
+# The linter, the formatter (a check: `ruff format` fixes) and the package graph's
+# contracts (.importlinter, drawn in docs/ARCHITECTURE.md).
+LINTED := minivllm tests benchmarks tools examples
+lint: install
+	$(VENV)/bin/ruff check $(LINTED)
+	$(VENV)/bin/ruff format --check $(LINTED)
+	$(VENV)/bin/lint-imports
+
 # One intra-op thread per process: the suite's models are tiny, and several
 # processes (tp ranks, servers, engine processes) share the cores.
-test: install
+test: lint
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(PY) -m pytest -q --timeout=600
 
 # The suite without the tests marked `slow` (more than a few seconds each on a 2-core CPU).

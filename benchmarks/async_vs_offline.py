@@ -13,6 +13,7 @@ Two measurements, each the median of ``--repeats`` alternating runs:
 2. Output tokens/s end to end, ``LLM.generate`` against ``AsyncLLM.generate``,
    with the CPU seconds of each side (the engine process's read from /proc).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,15 +22,14 @@ import os
 import random
 import statistics
 import time
-
 from multiprocessing.reduction import ForkingPickler
 
 from minivllm import LLM, SamplingParams
+from minivllm.config.llm_kwargs import config_from_kwargs
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.engine.async_llm import AsyncLLM
 from minivllm.engine.engine_proc import step_once
 from minivllm.engine.llm_engine import LLMEngine
-from minivllm.config.llm_kwargs import config_from_kwargs
 from minivllm.sampling_params import RequestOutputKind
 
 

@@ -16,6 +16,7 @@ need it but a paged one would. Every request of a scenario has the same
 lengths so that SDPA needs no padding. A small decode batch runs twice: with
 the kernel's own split-KV choice and with one split, to show what splitting buys.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -49,10 +50,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--batches", type=int, nargs="+", default=[1, 64, 256], help="decode requests per step")
     p.add_argument("--contexts", type=int, nargs="+", default=[512, 1024, 2048, 4096], help="decode context lengths")
-    p.add_argument("--small-batch", type=int, default=4,
-                   help="requests of a decode case at the longest context, with and without split-KV (0: skip)")
-    p.add_argument("--prefill", type=int, nargs=3, default=[4, 512, 2048], metavar=("REQS", "CHUNK", "CONTEXT"),
-                   help="prefill-chunk case: requests, new tokens each, context after the chunk")
+    p.add_argument(
+        "--small-batch",
+        type=int,
+        default=4,
+        help="requests of a decode case at the longest context, with and without split-KV (0: skip)",
+    )
+    p.add_argument(
+        "--prefill",
+        type=int,
+        nargs=3,
+        default=[4, 512, 2048],
+        metavar=("REQS", "CHUNK", "CONTEXT"),
+        help="prefill-chunk case: requests, new tokens each, context after the chunk",
+    )
     p.add_argument("--num-heads", type=int, default=16)
     p.add_argument("--num-kv-heads", type=int, default=8)
     p.add_argument("--head-dim", type=int, default=128)
@@ -132,9 +143,18 @@ def run_scenario(sc: Scenario, args: argparse.Namespace, device: torch.device, t
     out = torch.empty_like(x["query"])
 
     def triton_attention() -> torch.Tensor:
-        return paged_attention(x["query"], x["kv_cache"], x["query_start_loc"], x["seq_lens"], x["block_tables"],
-                               max_query_len=sc.query_len, max_seq_len=sc.context_len,
-                               scale=args.head_dim ** -0.5, out=out, num_splits=sc.num_splits)
+        return paged_attention(
+            x["query"],
+            x["kv_cache"],
+            x["query_start_loc"],
+            x["seq_lens"],
+            x["block_tables"],
+            max_query_len=sc.query_len,
+            max_seq_len=sc.context_len,
+            scale=args.head_dim**-0.5,
+            out=out,
+            num_splits=sc.num_splits,
+        )
 
     q = x["query"].view(sc.num_reqs, sc.query_len, args.num_heads, args.head_dim).transpose(1, 2)  # (B, H, L, D)
     kv = gather_kv(x["kv_cache"], x["block_tables"], sc.context_len)
@@ -147,9 +167,13 @@ def run_scenario(sc: Scenario, args: argparse.Namespace, device: torch.device, t
     visible = sc.num_reqs * sum(sc.context_len - sc.query_len + j + 1 for j in range(sc.query_len))
     flops = 4 * visible * args.num_heads * args.head_dim
     return {
-        "case": sc.name, "triton ms": t_triton * 1e3, "KV GB/s": kv_bytes / t_triton / 1e9,
-        "% copy bw": 100 * kv_bytes / t_triton / copy_bw, "TFLOP/s": flops / t_triton / 1e12,
-        "sdpa ms": t_sdpa * 1e3, "gather+sdpa ms": t_gather_sdpa * 1e3,
+        "case": sc.name,
+        "triton ms": t_triton * 1e3,
+        "KV GB/s": kv_bytes / t_triton / 1e9,
+        "% copy bw": 100 * kv_bytes / t_triton / copy_bw,
+        "TFLOP/s": flops / t_triton / 1e12,
+        "sdpa ms": t_sdpa * 1e3,
+        "gather+sdpa ms": t_gather_sdpa * 1e3,
         "max |diff|": (triton_attention().float() - expected.float()).abs().max().item(),
     }
 
@@ -170,8 +194,11 @@ def main() -> int:
     elif torch.cuda.is_available():
         device = torch.device("cuda")
     else:
-        print("benchmarks/attention.py needs a CUDA device (none found); "
-              "--cpu-smoke runs tiny shapes through the Triton interpreter instead.", file=sys.stderr)
+        print(
+            "benchmarks/attention.py needs a CUDA device (none found); "
+            "--cpu-smoke runs tiny shapes through the Triton interpreter instead.",
+            file=sys.stderr,
+        )
         return 2
     timer = make_timer(device)
     copy_bw = copy_bandwidth(device, timer, nbytes=(1 << 30) if device.type == "cuda" else (64 << 20))
@@ -179,12 +206,16 @@ def main() -> int:
     scenarios = [Scenario(f"decode {b}x{c}", b, c, 1) for b in args.batches for c in args.contexts]
     if args.small_batch:
         small = f"decode {args.small_batch}x{max(args.contexts)}"
-        scenarios += [Scenario(small, args.small_batch, max(args.contexts), 1),
-                      Scenario(f"{small} no split", args.small_batch, max(args.contexts), 1, num_splits=1)]
+        scenarios += [
+            Scenario(small, args.small_batch, max(args.contexts), 1),
+            Scenario(f"{small} no split", args.small_batch, max(args.contexts), 1, num_splits=1),
+        ]
     scenarios.append(Scenario(f"prefill {reqs}x{chunk}@{context}", reqs, context, chunk))
     name = torch.cuda.get_device_name() if device.type == "cuda" else "CPU (Triton interpreter: timings meaningless)"
-    print(f"{name}; {args.dtype}, heads {args.num_heads}/{args.num_kv_heads} (q/kv), head_dim {args.head_dim}, "
-          f"block_size {args.block_size}; copy bandwidth {copy_bw / 1e9:.1f} GB/s")
+    print(
+        f"{name}; {args.dtype}, heads {args.num_heads}/{args.num_kv_heads} (q/kv), head_dim {args.head_dim}, "
+        f"block_size {args.block_size}; copy bandwidth {copy_bw / 1e9:.1f} GB/s"
+    )
     rows = [run_scenario(sc, args, device, timer, copy_bw) for sc in scenarios]
     print_table(rows)
     if args.json:
@@ -192,12 +223,21 @@ def main() -> int:
     return 0
 
 
-def write_json(path: str, device_name: str, copy_bw: float, args: argparse.Namespace, scenarios: list[Scenario],
-               rows: list[dict]) -> None:
+def write_json(
+    path: str, device_name: str, copy_bw: float, args: argparse.Namespace, scenarios: list[Scenario], rows: list[dict]
+) -> None:
     """The table as JSON (each row with its scenario's numbers), the copy bandwidth and the shape."""
     shape = {k: getattr(args, k) for k in ("dtype", "num_heads", "num_kv_heads", "head_dim", "block_size")}
-    rows = [{"num_reqs": sc.num_reqs, "context_len": sc.context_len, "query_len": sc.query_len,
-             "num_splits": sc.num_splits, **row} for sc, row in zip(scenarios, rows)]
+    rows = [
+        {
+            "num_reqs": sc.num_reqs,
+            "context_len": sc.context_len,
+            "query_len": sc.query_len,
+            "num_splits": sc.num_splits,
+            **row,
+        }
+        for sc, row in zip(scenarios, rows)
+    ]
     record = {"device": device_name, "copy_bandwidth_gb_s": copy_bw / 1e9, **shape, "rows": rows}
     with open(path, "w") as f:
         json.dump(record, f, indent=2)

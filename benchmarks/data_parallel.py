@@ -3,6 +3,7 @@ with parallel.dp=1 and parallel.dp=2 (engine start-up not timed).
 
     python benchmarks/data_parallel.py --model opt-125m --num-prompts 32 --output-len 32 -- load.format=dummy
 """
+
 from __future__ import annotations
 
 import argparse

@@ -21,6 +21,7 @@ Prints one row per concurrency: ms per decode step and its split. On a machine
 shared with other work, ``--cpu-time`` times the engine thread's CPU time
 instead of wall time: it does not count waiting for a core.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -110,8 +111,11 @@ def instrument(engine: LLMEngine, clock: PhaseClock) -> None:
     for obj, methods, phase in (
         (core.executor.worker, ("execute_model",), "sample"),  # a synchronous step: taking its output too
         (runner, ("execute_model", "execute_model_async"), "sample"),  # what the nested phases below leave
-        (runner, ("_update_states", "_scheduled_rows", "_prepare_inputs", "_flat_tokens", "_attention_metadata"),
-         "prepare"),
+        (
+            runner,
+            ("_update_states", "_scheduled_rows", "_prepare_inputs", "_flat_tokens", "_attention_metadata"),
+            "prepare",
+        ),
         (runner, ("_forward",), "model"),
         (runner.model, ("compute_logits",), "model"),
     ):
@@ -130,8 +134,13 @@ def instrument(engine: LLMEngine, clock: PhaseClock) -> None:
     clock.wrap(core.scheduler, "schedule", "schedule")
 
 
-def run(concurrency: int, output_len: int, overrides: list[str],
-        output_kind: RequestOutputKind = RequestOutputKind.FINAL_ONLY, cpu_time: bool = False) -> dict[str, float]:
+def run(
+    concurrency: int,
+    output_len: int,
+    overrides: list[str],
+    output_kind: RequestOutputKind = RequestOutputKind.FINAL_ONLY,
+    cpu_time: bool = False,
+) -> dict[str, float]:
     engine = build_engine(concurrency, overrides)
     clock = PhaseClock(time.thread_time if cpu_time else time.perf_counter)
     instrument(engine, clock)
@@ -166,19 +175,32 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 64, 256])
     parser.add_argument("--output-len", type=int, default=64)
-    parser.add_argument("--output-kind", default="FINAL_ONLY", choices=[k.name for k in RequestOutputKind],
-                        help="FINAL_ONLY as LLM.generate asks; DELTA as a streaming server does")
-    parser.add_argument("--cpu-time", action="store_true",
-                        help="time this thread's CPU time instead of wall time (steady on a busy machine)")
-    parser.add_argument("--repeat", type=int, default=1,
-                        help="runs per concurrency; each column reports its smallest value (least disturbed)")
+    parser.add_argument(
+        "--output-kind",
+        default="FINAL_ONLY",
+        choices=[k.name for k in RequestOutputKind],
+        help="FINAL_ONLY as LLM.generate asks; DELTA as a streaming server does",
+    )
+    parser.add_argument(
+        "--cpu-time",
+        action="store_true",
+        help="time this thread's CPU time instead of wall time (steady on a busy machine)",
+    )
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="runs per concurrency; each column reports its smallest value (least disturbed)",
+    )
     parser.add_argument("overrides", nargs="*", help="extra config overrides, e.g. scheduler.async_scheduling=true")
     args = parser.parse_args()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     print(f"{'requests':>8} {'ms/step':>8} " + " ".join(f"{p:>9}" for p in PHASES))
     for n in args.concurrency:
-        rows = [run(n, args.output_len, args.overrides, RequestOutputKind[args.output_kind], args.cpu_time)
-                for _ in range(args.repeat)]
+        rows = [
+            run(n, args.output_len, args.overrides, RequestOutputKind[args.output_kind], args.cpu_time)
+            for _ in range(args.repeat)
+        ]
         row = {key: min(r[key] for r in rows) for key in rows[0]}
         print(f"{n:>8} {row['step_ms']:>8.3f} " + " ".join(f"{row[p]:>9.3f}" for p in PHASES))
 

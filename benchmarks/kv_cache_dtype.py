@@ -8,6 +8,7 @@ on every read, so expect it slower there; on a GPU the kernels convert in regist
 
     python benchmarks/kv_cache_dtype.py --model llama-3.2-1b --cpu-memory-gb 6
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,9 +32,15 @@ def parse_args() -> argparse.Namespace:
 
 
 def measure(args: argparse.Namespace, cache_dtype: str) -> dict[str, float]:
-    llm = LLM(model=args.model, load_format="dummy", dtype=args.dtype, kv_cache_dtype=cache_dtype,
-              cpu_memory_gb=args.cpu_memory_gb, max_model_len=args.max_model_len,
-              max_num_batched_tokens=args.max_num_batched_tokens)
+    llm = LLM(
+        model=args.model,
+        load_format="dummy",
+        dtype=args.dtype,
+        kv_cache_dtype=cache_dtype,
+        cpu_memory_gb=args.cpu_memory_gb,
+        max_model_len=args.max_model_len,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+    )
     runner = llm.llm_engine.core.executor.worker.model_runner
     block_size = llm.llm_engine.cfg.cache.block_size
     num_blocks = runner.kv_caches[0].shape[1]
@@ -59,8 +66,10 @@ def main() -> None:
     print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
     for cache_dtype in args.cache_dtypes.split(","):
         r = measure(args, cache_dtype)
-        print(f"| {cache_dtype} | {r['kv_dtype']} | {r['bytes_per_token']:.0f} | {r['num_blocks']} | {r['tokens']} "
-              f"| {r['allocated_gib']:.2f} | {r['out_tok_s']:.1f} |")
+        print(
+            f"| {cache_dtype} | {r['kv_dtype']} | {r['bytes_per_token']:.0f} | {r['num_blocks']} | {r['tokens']} "
+            f"| {r['allocated_gib']:.2f} | {r['out_tok_s']:.1f} |"
+        )
 
 
 if __name__ == "__main__":

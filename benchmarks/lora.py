@@ -8,6 +8,7 @@ feature being on). Reports wall time and output tokens per second, best of ``--r
 
     OMP_NUM_THREADS=1 python benchmarks/lora.py --num-requests 32 --max-tokens 32
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,8 +42,10 @@ def parse_args() -> argparse.Namespace:
 def make_adapters(base: Path, out: Path, count: int, rank: int) -> list[Path]:
     paths = []
     for i in range(count):
-        model = get_peft_model(AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32),
-                               LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=TARGETS))  # fmt: skip
+        model = get_peft_model(
+            AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32),
+            LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=TARGETS),
+        )
         gen = torch.Generator().manual_seed(i)
         for name, p in model.named_parameters():
             if "lora_" in name:
@@ -65,8 +68,9 @@ def main() -> None:
     args = parse_args()
     base = ASSETS_DIR / "demo-llama"
     counts = [int(c) for c in args.adapters.split(",")]
-    prompts = [{"prompt_token_ids": [(7 * i + j) % 2000 + 4 for j in range(args.prompt_len)]}
-               for i in range(args.num_requests)]
+    prompts = [
+        {"prompt_token_ids": [(7 * i + j) % 2000 + 4 for j in range(args.prompt_len)]} for i in range(args.num_requests)
+    ]
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
     total = args.num_requests * args.max_tokens
     common = dict(dtype="float32", device="cpu", max_num_seqs=args.num_requests, enable_prefix_caching=False)
@@ -79,8 +83,9 @@ def main() -> None:
             rows.append((f"lora on, {n} adapters", run(llm, prompts, loras, params, args.repeat)))
             llm.shutdown()
     base_time = rows[0][1]
-    print(f"{args.num_requests} requests x ({args.prompt_len} prompt + {args.max_tokens} output tokens), "
-          f"rank {args.rank}")
+    print(
+        f"{args.num_requests} requests x ({args.prompt_len} prompt + {args.max_tokens} output tokens), rank {args.rank}"
+    )
     print("| run | wall (s) | output tok/s | vs base |\n| --- | --- | --- | --- |")
     for name, t in rows:
         print(f"| {name} | {t:.2f} | {total / t:.1f} | {t / base_time:.2f}x |")

@@ -13,6 +13,7 @@ how many aten ops one replay dispatches (a number that does not drift)::
 
     PYTHONPATH=. OMP_NUM_THREADS=1 python benchmarks/model_phase.py --concurrency 1 256 [--count-ops]
 """
+
 from __future__ import annotations
 
 import argparse

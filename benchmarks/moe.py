@@ -11,6 +11,7 @@ GFLOP/s counts the useful work, 6 * tokens * top_k * hidden * intermediate
 (gate+up and down). Weight GB/s counts the bytes of the experts that received
 at least one token, read once: decode steps are bound by it.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -102,8 +103,10 @@ def format_row(r: dict) -> str:
     triton_ms = f"{tri:.3f}" if tri else "-"
     speedup = f"{r['torch_ms'] / tri:.2f}x" if tri else "-"
     err = f"{r['max_err']:.1e}" if tri else "-"
-    return (f"{r['shape']:>14} {r['tokens']:>6} {r['torch_ms']:>9.3f} {triton_ms:>9} {speedup:>7} "
-            f"{r['gflops']:>8.1f} {r['weight_gbs']:>8.2f} {err:>8}")
+    return (
+        f"{r['shape']:>14} {r['tokens']:>6} {r['torch_ms']:>9.3f} {triton_ms:>9} {speedup:>7} "
+        f"{r['gflops']:>8.1f} {r['weight_gbs']:>8.2f} {err:>8}"
+    )
 
 
 def main() -> None:
@@ -112,8 +115,10 @@ def main() -> None:
     timer = make_timer(device)
     shapes = TINY if args.cpu_smoke else SHAPES
     print(f"device={device} dtype={args.dtype} tp={args.tp} (best path counted in GFLOP/s and GB/s)")
-    print(f"{'shape':>14} {'tokens':>6} {'torch ms':>9} {'triton ms':>9} {'speedup':>7} {'GFLOP/s':>8} "
-          f"{'wt GB/s':>8} {'max err':>8}")
+    print(
+        f"{'shape':>14} {'tokens':>6} {'torch ms':>9} {'triton ms':>9} {'speedup':>7} {'GFLOP/s':>8} "
+        f"{'wt GB/s':>8} {'max err':>8}"
+    )
     rows = []
     for shape in shapes:
         for tokens in args.tokens:
@@ -123,6 +128,7 @@ def main() -> None:
         name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
         with open(args.json, "w") as f:
             json.dump({"device": name, "dtype": args.dtype, "tp": args.tp, "rows": rows}, f, indent=2)
+
 
 if __name__ == "__main__":
     main()

@@ -12,6 +12,7 @@ same pp only.
         load.format=dummy '+model.hf_overrides={num_hidden_layers: 4, hidden_size: 512, ffn_dim: 2048,
         num_attention_heads: 8, word_embed_proj_dim: 512, vocab_size: 2048}'
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,8 +23,15 @@ from typing import Any
 from minivllm import LLM, SamplingParams
 
 
-def measure(model: str, pp: int, microbatches: int, prompts: list[list[int]], output_len: int,
-            overrides: list[str], partition: str | None) -> dict:  # fmt: skip
+def measure(
+    model: str,
+    pp: int,
+    microbatches: int,
+    prompts: list[list[int]],
+    output_len: int,
+    overrides: list[str],
+    partition: str | None,
+) -> dict:
     extra = [f"parallel.pp_microbatches={microbatches}"] if pp > 1 else []
     if pp > 1 and partition:
         extra.append(f"parallel.pp_layer_partition=[{partition}]")
@@ -39,9 +47,14 @@ def measure(model: str, pp: int, microbatches: int, prompts: list[list[int]], ou
     finally:
         llm.shutdown()
     tokens = sum(len(o.outputs[0].token_ids) for o in outs)
-    return {"pp": pp, "pp_microbatches": microbatches if pp > 1 else "-", "seconds": round(seconds, 2),
-            "out_tok_per_s": round(tokens / seconds, 1), "rank_cpu_s": cpu,
-            "token_ids": [o.outputs[0].token_ids for o in outs]}
+    return {
+        "pp": pp,
+        "pp_microbatches": microbatches if pp > 1 else "-",
+        "seconds": round(seconds, 2),
+        "out_tok_per_s": round(tokens / seconds, 1),
+        "rank_cpu_s": cpu,
+        "token_ids": [o.outputs[0].token_ids for o in outs],
+    }
 
 
 def _cpu_seconds(worker: Any) -> float:

@@ -14,6 +14,7 @@ and the mean time to first token.
     python benchmarks/prefix_caching.py --model opt-125m --load-format dummy \\
         --hf-overrides '{"num_hidden_layers": 2}' --num-requests 64 --prefix-len 1024
 """
+
 from __future__ import annotations
 
 import argparse
@@ -110,19 +111,27 @@ def main() -> None:
     num_blocks = args.num_blocks or per_request * args.num_requests + cdiv(64 + args.max_tokens, args.block_size)
     results = [run(args, caching, num_blocks) for caching in (False, True)]
     off, on = results
-    print(f"{args.num_requests} requests: {args.prefix_len}-token shared prefix + {args.suffix_len} own tokens, "
-          f"{args.max_tokens} generated each; {num_blocks} KV blocks of {args.block_size}; "
-          f"torch threads {torch.get_num_threads()}")
-    print(f"{'prefix caching':>15} {'seconds':>8} {'req/s':>7} {'tok/s (all)':>12} {'out tok/s':>10} "
-          f"{'all 1st tokens s':>17} {'mean TTFT s':>12} {'prompt tok computed':>20} {'hit rate':>9}")
+    print(
+        f"{args.num_requests} requests: {args.prefix_len}-token shared prefix + {args.suffix_len} own tokens, "
+        f"{args.max_tokens} generated each; {num_blocks} KV blocks of {args.block_size}; "
+        f"torch threads {torch.get_num_threads()}"
+    )
+    print(
+        f"{'prefix caching':>15} {'seconds':>8} {'req/s':>7} {'tok/s (all)':>12} {'out tok/s':>10} "
+        f"{'all 1st tokens s':>17} {'mean TTFT s':>12} {'prompt tok computed':>20} {'hit rate':>9}"
+    )
     for r in results:
-        print(f"{'on' if r['prefix_caching'] else 'off':>15} {r['seconds']:8.2f} {r['requests_per_s']:7.2f} "
-              f"{r['total_tokens_per_s']:12.1f} {r['output_tokens_per_s']:10.1f} {r['all_first_tokens_s']:17.2f} "
-              f"{r['mean_ttft_s']:12.2f} {r['prompt_tokens_computed']:20d} {100 * r['prefix_cache_hit_rate']:8.1f}%")
-    print(f"speedup: throughput {off['seconds'] / on['seconds']:.2f}x, prefill phase "
-          f"{off['all_first_tokens_s'] / on['all_first_tokens_s']:.2f}x; prompt tokens computed "
-          f"{off['prompt_tokens_computed'] / max(on['prompt_tokens_computed'], 1):.1f}x fewer; "
-          f"identical greedy outputs: {off['token_ids'] == on['token_ids']}")
+        print(
+            f"{'on' if r['prefix_caching'] else 'off':>15} {r['seconds']:8.2f} {r['requests_per_s']:7.2f} "
+            f"{r['total_tokens_per_s']:12.1f} {r['output_tokens_per_s']:10.1f} {r['all_first_tokens_s']:17.2f} "
+            f"{r['mean_ttft_s']:12.2f} {r['prompt_tokens_computed']:20d} {100 * r['prefix_cache_hit_rate']:8.1f}%"
+        )
+    print(
+        f"speedup: throughput {off['seconds'] / on['seconds']:.2f}x, prefill phase "
+        f"{off['all_first_tokens_s'] / on['all_first_tokens_s']:.2f}x; prompt tokens computed "
+        f"{off['prompt_tokens_computed'] / max(on['prompt_tokens_computed'], 1):.1f}x fewer; "
+        f"identical greedy outputs: {off['token_ids'] == on['token_ids']}"
+    )
 
 
 if __name__ == "__main__":

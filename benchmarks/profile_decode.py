@@ -14,6 +14,7 @@ step time reported), then the same number are profiled. The sampler runs inside
 a ``record_function`` range so its kernels are told apart
 (``minivllm/bench/kernel_groups.py``).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,9 +35,18 @@ from minivllm.sampling_params import RequestOutputKind, SamplingParams
 ENGINE = ["bench=nanovllm", "model=qwen3-0.6b", "load.format=dummy"]
 FULL = dict(batch=256, context=512, steps=10, warmup_steps=3)
 TINY = dict(batch=4, context=16, steps=3, warmup_steps=1)
-TINY_SHAPE = [f"+model.hf_overrides.{k}={v}" for k, v in dict(
-    num_hidden_layers=2, hidden_size=64, intermediate_size=128, vocab_size=512, num_attention_heads=4,
-    num_key_value_heads=2, head_dim=16).items()]
+TINY_SHAPE = [
+    f"+model.hf_overrides.{k}={v}"
+    for k, v in dict(
+        num_hidden_layers=2,
+        hidden_size=64,
+        intermediate_size=128,
+        vocab_size=512,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+    ).items()
+]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -77,8 +87,12 @@ def fill_batch(llm: LLM, args: argparse.Namespace) -> int:
     """Queue the requests and step until all of them decode in one step; returns the prefill steps."""
     engine, cfg = llm.llm_engine, llm.cfg
     rng = np.random.default_rng(0)
-    params = SamplingParams(temperature=args.temperature, max_tokens=args.warmup_steps + 2 * args.steps + 64,
-                            ignore_eos=True, output_kind=RequestOutputKind.FINAL_ONLY)
+    params = SamplingParams(
+        temperature=args.temperature,
+        max_tokens=args.warmup_steps + 2 * args.steps + 64,
+        ignore_eos=True,
+        output_kind=RequestOutputKind.FINAL_ONLY,
+    )
     for _ in range(args.batch):
         ids = rng.integers(0, cfg.hf_config.vocab_size, size=args.context).tolist()
         engine.add_request(None, {"prompt_token_ids": ids}, params)
@@ -93,8 +107,9 @@ def fill_batch(llm: LLM, args: argparse.Namespace) -> int:
                 break
     finally:
         timer.detach()
-    raise RuntimeError(f"the {args.batch} requests never decoded in one step: "
-                       "raise scheduler.max_num_seqs or the KV cache")
+    raise RuntimeError(
+        f"the {args.batch} requests never decoded in one step: raise scheduler.max_num_seqs or the KV cache"
+    )
 
 
 def _sync(device: torch.device) -> None:
@@ -150,9 +165,11 @@ def main(argv: list[str] | None = None) -> int:
         summary = profile(llm, args)
     finally:
         llm.shutdown()
-    print(f"{summary['device']}: {args.batch} requests x {args.context} context, cudagraph {summary['cudagraph']}; "
-          f"step {summary['step_ms']:.2f} ms ({summary['decode_tokens_per_s']:.0f} tok/s) unprofiled, "
-          f"kernels {summary['kernel_ms_per_step']:.2f} ms/step profiled")
+    print(
+        f"{summary['device']}: {args.batch} requests x {args.context} context, cudagraph {summary['cudagraph']}; "
+        f"step {summary['step_ms']:.2f} ms ({summary['decode_tokens_per_s']:.0f} tok/s) unprofiled, "
+        f"kernels {summary['kernel_ms_per_step']:.2f} ms/step profiled"
+    )
     print(format_summary(summary))
     if args.json:
         with open(args.json, "w") as f:

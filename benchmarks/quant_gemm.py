@@ -18,6 +18,7 @@ Each quantized output is compared with the fp32 product of the same dequantized
 weight (``err`` is the largest difference over the reference's largest value).
 Weight GB/s counts the layer's stored weight bytes read once per call.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,8 +44,11 @@ class Shape:
     n: int  # output features
 
 
-SHAPES = [Shape("qkv 4096->6144", 4096, 6144), Shape("gate_up 4096->28672", 4096, 28672),
-          Shape("down 14336->4096", 14336, 4096)]
+SHAPES = [
+    Shape("qkv 4096->6144", 4096, 6144),
+    Shape("gate_up 4096->28672", 4096, 28672),
+    Shape("down 14336->4096", 14336, 4096),
+]
 TINY = [Shape("tiny 64->32", 64, 32)]
 GROUP = 128
 
@@ -85,7 +89,7 @@ def int4_layer(shape: Shape, device: torch.device, gen: torch.Generator) -> Repl
     layer.set_quant_method(AWQLinearMethod(GROUP if shape.k % GROUP == 0 else 32), torch.bfloat16)
     for name in ("qweight", "qzeros"):
         p = getattr(layer, name)
-        p.data.copy_(torch.randint(-2**31, 2**31 - 1, p.shape, dtype=torch.int32, generator=gen))
+        p.data.copy_(torch.randint(-(2**31), 2**31 - 1, p.shape, dtype=torch.int32, generator=gen))
     layer.scales.data.copy_(torch.rand(layer.scales.shape, generator=gen) * 0.01)
     layer.quant_method.process_weights_after_loading(layer)
     return layer.to(device)
@@ -118,7 +122,9 @@ def run_shape(shape: Shape, tokens: int, device: torch.device, timer, dtype: tor
     layer = int4_layer(shape, device, gen)
     w4 = dequantize(layer.qweight, layer.scales, layer.zeros, layer.g_idx, torch.float32)  # (K, N)
     int4_bytes = sum(t.numel() * t.element_size() for t in (layer.qweight, layer.scales, layer.zeros, layer.g_idx))
-    row["int4_torch_ms"] = timer(lambda: x @ dequantize(layer.qweight, layer.scales, layer.zeros, layer.g_idx, dtype)) * 1e3
+    row["int4_torch_ms"] = (
+        timer(lambda: x @ dequantize(layer.qweight, layer.scales, layer.zeros, layer.g_idx, dtype)) * 1e3
+    )
     if device.type == "cuda" or _interpreted():
         from minivllm.quantization.triton_int4 import int4_matmul
 
@@ -151,10 +157,12 @@ def format_row(r: dict) -> str:
     def ratio(key: str) -> str:
         return f"{r['bf16_ms'] / r[key]:.2f}x" if key in r else "-"
 
-    return (f"| {r['shape']} | {r['tokens']} | {r['bf16_ms']:.4f} | {cell('int4_ms', '.4f')} | {ratio('int4_ms')} "
-            f"| {r['int4_torch_ms']:.4f} | {cell('fp8_ms', '.4f')} | {ratio('fp8_ms')} "
-            f"| {r['bf16_weight_gbs']:.0f} / {cell('int4_weight_gbs', '.0f')} / {cell('fp8_weight_gbs', '.0f')} "
-            f"| {cell('int4_err', '.1e')} / {cell('fp8_err', '.1e')} |")
+    return (
+        f"| {r['shape']} | {r['tokens']} | {r['bf16_ms']:.4f} | {cell('int4_ms', '.4f')} | {ratio('int4_ms')} "
+        f"| {r['int4_torch_ms']:.4f} | {cell('fp8_ms', '.4f')} | {ratio('fp8_ms')} "
+        f"| {r['bf16_weight_gbs']:.0f} / {cell('int4_weight_gbs', '.0f')} / {cell('fp8_weight_gbs', '.0f')} "
+        f"| {cell('int4_err', '.1e')} / {cell('fp8_err', '.1e')} |"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -164,8 +172,10 @@ def main(argv: list[str] | None = None) -> int:
     timer = make_timer(device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     print(f"device={name} dtype={dtype} int4 group={GROUP}; ratios are bf16 time / quantized time")
-    print("| weight (K->N) | M | bf16 ms | int4 ms | int4 vs bf16 | int4 torch ms | fp8 ms | fp8 vs bf16 "
-          "| weight GB/s bf16 / int4 / fp8 | err int4 / fp8 |")
+    print(
+        "| weight (K->N) | M | bf16 ms | int4 ms | int4 vs bf16 | int4 torch ms | fp8 ms | fp8 vs bf16 "
+        "| weight GB/s bf16 / int4 / fp8 | err int4 / fp8 |"
+    )
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     rows = []
     for shape in TINY if args.cpu_smoke else SHAPES:

@@ -7,6 +7,7 @@ layout kept for serving, and the bytes are counted from the parameter shapes:
 
     python benchmarks/quant_memory.py --model llama-3.2-1b
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,14 +24,26 @@ METHODS = {
     "none": None,
     "fp8 (per-tensor, static activations)": {"quant_method": "fp8", "activation_scheme": "static"},
     "compressed-tensors int8 W8A16": {
-        "quant_method": "compressed-tensors", "format": "naive-quantized",
-        "config_groups": {"g": {"targets": ["Linear"], "input_activations": None,
-                                "weights": {"num_bits": 8, "type": "int", "strategy": "channel"}}},
+        "quant_method": "compressed-tensors",
+        "format": "naive-quantized",
+        "config_groups": {
+            "g": {
+                "targets": ["Linear"],
+                "input_activations": None,
+                "weights": {"num_bits": 8, "type": "int", "strategy": "channel"},
+            }
+        },
     },
     "compressed-tensors W4A16 (group 128)": {
-        "quant_method": "compressed-tensors", "format": "pack-quantized",
-        "config_groups": {"g": {"targets": ["Linear"], "input_activations": None,
-                                "weights": {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 128}}},
+        "quant_method": "compressed-tensors",
+        "format": "pack-quantized",
+        "config_groups": {
+            "g": {
+                "targets": ["Linear"],
+                "input_activations": None,
+                "weights": {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 128},
+            }
+        },
     },
     "awq (group 128)": {"quant_method": "awq", "bits": 4, "group_size": 128},
     "gptq (group 128)": {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False},
@@ -70,8 +83,10 @@ def main() -> None:
     for name, quant in METHODS.items():
         total, linear = weight_bytes(cfg, quant)
         saved = base_total - total
-        print(f"| {name} | {total / GiB:.3f} | {linear / GiB:.3f} ({linear / base_linear:.2f}x) "
-              f"| {saved / GiB:.3f} | {saved // per_token:,} |")
+        print(
+            f"| {name} | {total / GiB:.3f} | {linear / GiB:.3f} ({linear / base_linear:.2f}x) "
+            f"| {saved / GiB:.3f} | {saved // per_token:,} |"
+        )
 
 
 if __name__ == "__main__":

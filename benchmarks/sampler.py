@@ -5,6 +5,7 @@ grows, plain vs with every logit edit, at a real vocabulary size.
 
 Prints the median milliseconds per step for each batch size and configuration.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -18,8 +19,13 @@ from minivllm.sample.sampler import Sampler
 from minivllm.sampling_params import SamplingParams
 
 EDITS = dict(
-    repetition_penalty=1.2, presence_penalty=0.5, frequency_penalty=0.3, logit_bias={7: 2.0, 11: -5.0},
-    min_tokens=1000, max_tokens=2000, logprobs=5,
+    repetition_penalty=1.2,
+    presence_penalty=0.5,
+    frequency_penalty=0.3,
+    logit_bias={7: 2.0, 11: -5.0},
+    min_tokens=1000,
+    max_tokens=2000,
+    logprobs=5,
 )
 CONFIGS = {
     "greedy": dict(temperature=0),

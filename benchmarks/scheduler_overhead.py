@@ -15,6 +15,7 @@ machine does not blur these two::
 Prints CPU ms per step (mean over the steps in which every request decodes, the
 smallest over the repeats) for each phase.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,13 +35,15 @@ from minivllm.sampling_params import SamplingParams
 
 
 def build(concurrency: int) -> VllmConfig:
-    return build_config([
-        "load.format=dummy",
-        f"scheduler.max_num_seqs={concurrency}",
-        "scheduler.max_num_batched_tokens=8192",
-        "cache.block_size=16",
-        "cache.enable_prefix_caching=true",
-    ])
+    return build_config(
+        [
+            "load.format=dummy",
+            f"scheduler.max_num_seqs={concurrency}",
+            "scheduler.max_num_batched_tokens=8192",
+            "cache.block_size=16",
+            "cache.enable_prefix_caching=true",
+        ]
+    )
 
 
 def run(cfg: VllmConfig, concurrency: int, output_len: int) -> tuple[float, float]:

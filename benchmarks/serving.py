@@ -18,6 +18,7 @@ spent during the run (Linux /proc)::
     python benchmarks/serving.py --launch /path/to/hf_dir --num-prompts 100 --request-rate 4 \\
         -- model.dtype=float32 cache.num_gpu_blocks_override=512
 """
+
 from __future__ import annotations
 
 import argparse
@@ -53,13 +54,16 @@ def random_lengths(rng: random.Random, mean: int, ratio: float) -> int:
     return rng.randint(low, high)
 
 
-async def one_request(
-    http: httpx.AsyncClient, model: str, prompt: list[int], max_tokens: int
-) -> RequestResult:
+async def one_request(http: httpx.AsyncClient, model: str, prompt: list[int], max_tokens: int) -> RequestResult:
     body = {
-        "model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True,
-        "stream": True, "stream_options": {"include_usage": True},
-    }  # fmt: skip
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     result = RequestResult(prompt_len=len(prompt))
     start = last = time.perf_counter()
     try:
@@ -159,13 +163,15 @@ def summarize(results: list[RequestResult], duration: float, args: argparse.Name
 def print_report(s: dict) -> None:
     print(f"{'=' * 16} Serving Benchmark Result {'=' * 16}")
     rows = [
-        ("Successful requests", s["completed"]), ("Failed requests", s["failed"]),
+        ("Successful requests", s["completed"]),
+        ("Failed requests", s["failed"]),
         ("Benchmark duration (s)", f"{s['duration_s']:.2f}"),
-        ("Total input tokens", s["total_input_tokens"]), ("Total generated tokens", s["total_output_tokens"]),
+        ("Total input tokens", s["total_input_tokens"]),
+        ("Total generated tokens", s["total_output_tokens"]),
         ("Request throughput (req/s)", f"{s['request_throughput']:.2f}"),
         ("Output token throughput (tok/s)", f"{s['output_token_throughput']:.2f}"),
         ("Total token throughput (tok/s)", f"{s['total_token_throughput']:.2f}"),
-    ]  # fmt: skip
+    ]
     for name, key in (("TTFT", "ttft_ms"), ("TPOT", "tpot_ms"), ("ITL", "itl_ms"), ("E2E", "e2e_ms")):
         for stat in ("mean", "median", "p99"):
             rows.append((f"{stat.capitalize()} {name} (ms)", f"{s[key][stat]:.2f}"))

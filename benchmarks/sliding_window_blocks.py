@@ -10,6 +10,7 @@ Both runs must produce the same greedy tokens.
 
     OMP_NUM_THREADS=1 python benchmarks/sliding_window_blocks.py --tokenizer <tokenizer dir>
 """
+
 from __future__ import annotations
 
 import argparse
@@ -20,8 +21,13 @@ import time
 from minivllm import LLM, SamplingParams
 
 SMALL_MISTRAL = {
-    "num_hidden_layers": 2, "hidden_size": 256, "intermediate_size": 512, "num_attention_heads": 4,
-    "num_key_value_heads": 1, "head_dim": 64, "vocab_size": 512,
+    "num_hidden_layers": 2,
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 1,
+    "head_dim": 64,
+    "vocab_size": 512,
 }
 
 
@@ -43,9 +49,16 @@ def parse_args() -> argparse.Namespace:
 def run(args: argparse.Namespace, free_out_of_window: bool) -> dict:
     overrides = {**json.loads(args.hf_overrides), "sliding_window": args.window}
     llm = LLM(
-        model=args.model, tokenizer=args.tokenizer, load_format="dummy", hf_overrides=overrides, dtype="float32",
-        block_size=args.block_size, num_gpu_blocks_override=args.num_blocks, max_model_len=1024,
-        max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.num_requests,
+        model=args.model,
+        tokenizer=args.tokenizer,
+        load_format="dummy",
+        hf_overrides=overrides,
+        dtype="float32",
+        block_size=args.block_size,
+        num_gpu_blocks_override=args.num_blocks,
+        max_model_len=1024,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_num_seqs=args.num_requests,
     )
     scheduler = llm.llm_engine.core.scheduler
     if not free_out_of_window:
@@ -65,9 +78,13 @@ def run(args: argparse.Namespace, free_out_of_window: bool) -> dict:
     seconds = time.perf_counter() - start
     llm.shutdown()
     return {
-        "seconds": seconds, "steps": steps, "preemptions": scheduler.num_preemptions,
-        "mean_running": sum(running) / len(running), "max_running": max(running),
-        "out_tok_s": args.num_requests * args.max_tokens / seconds, "tokens": outputs,
+        "seconds": seconds,
+        "steps": steps,
+        "preemptions": scheduler.num_preemptions,
+        "mean_running": sum(running) / len(running),
+        "max_running": max(running),
+        "out_tok_s": args.num_requests * args.max_tokens / seconds,
+        "tokens": outputs,
     }
 
 
@@ -78,8 +95,10 @@ def main() -> None:
     print("| freeing | seconds | steps | output tok/s | preemptions | mean running | max running |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for free, r in results.items():
-        print(f"| {'on' if free else 'off'} | {r['seconds']:.2f} | {r['steps']} | {r['out_tok_s']:.1f} "
-              f"| {r['preemptions']} | {r['mean_running']:.1f} | {r['max_running']} |")
+        print(
+            f"| {'on' if free else 'off'} | {r['seconds']:.2f} | {r['steps']} | {r['out_tok_s']:.1f} "
+            f"| {r['preemptions']} | {r['mean_running']:.1f} | {r['max_running']} |"
+        )
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ descriptors, and prints a summary; exits 1 if the report lists a problem::
 
     OMP_NUM_THREADS=1 python benchmarks/soak.py --duration 600 --concurrency 8
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,9 +40,12 @@ def main() -> int:
     try:
         pids = process_tree(proc.pid)
         cfg = SoakConfig(
-            duration_s=args.duration, concurrency=args.concurrency, max_tokens=args.max_tokens, seed=args.seed,
+            duration_s=args.duration,
+            concurrency=args.concurrency,
+            max_tokens=args.max_tokens,
+            seed=args.seed,
             chat=not args.no_chat,
-        )  # fmt: skip
+        )
         report = asyncio.run(run_soak(base_url, cfg, pids))
     finally:
         proc.send_signal(signal.SIGTERM)

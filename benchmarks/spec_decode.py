@@ -13,6 +13,7 @@ both written to a temporary directory.
 
     OMP_NUM_THREADS=1 python benchmarks/spec_decode.py --model demo --max-tokens 128 --repeat 3
 """
+
 from __future__ import annotations
 
 import argparse
@@ -96,12 +97,16 @@ def main() -> None:
                     counts[name, e][2] += after.num_accepted_tokens - before.num_accepted_tokens
     methods = [e for e in engines if e != "plain"]
     rows = [row(e, name, best[name, "plain"], best[name, e], counts[name, e]) for e in methods for name in PROMPTS]
-    print("| method | prompt | plain tok/s | spec tok/s | speed-up | acceptance rate | mean accepted length "
-          "| same output |")
+    print(
+        "| method | prompt | plain tok/s | spec tok/s | speed-up | acceptance rate | mean accepted length "
+        "| same output |"
+    )
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
-        print(f"| {r['method']} | {r['prompt']} | {r['plain_tok_s']} | {r['spec_tok_s']} | {r['speedup']}x | "
-              f"{100 * r['acceptance_rate']:.1f}% | {r['mean_accepted_length']} | {r['identical_output']} |")
+        print(
+            f"| {r['method']} | {r['prompt']} | {r['plain_tok_s']} | {r['spec_tok_s']} | {r['speedup']}x | "
+            f"{100 * r['acceptance_rate']:.1f}% | {r['mean_accepted_length']} | {r['identical_output']} |"
+        )
     print(json.dumps(rows))
 
 

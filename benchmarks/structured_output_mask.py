@@ -11,6 +11,7 @@
 
     OMP_NUM_THREADS=1 python benchmarks/structured_output_mask.py [--tokenizer DIR] [--engine]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,8 +38,13 @@ SCHEMA = {
     },
     "required": ["name", "age", "role", "tags", "address"],
 }
-DOCUMENT = {"name": "Ada Lovelace", "age": 36, "role": "admin", "tags": ["math", "engines"],
-            "address": {"city": "London", "zip": "W1"}}  # fmt: skip
+DOCUMENT = {
+    "name": "Ada Lovelace",
+    "age": 36,
+    "role": "admin",
+    "tags": ["math", "engines"],
+    "address": {"city": "London", "zip": "W1"},
+}
 
 
 def bench_xgrammar(tok, vocab: int, token_ids: list[int], batch: int) -> tuple[float, float]:
@@ -68,9 +74,7 @@ def bench_llguidance(tok, vocab: int, token_ids: list[int], batch: int) -> tuple
 
     lltok = llguidance.hf.from_tokenizer(tok, n_vocab=vocab)
     t0 = time.perf_counter()
-    grammar = llguidance.LLMatcher.grammar_from_json_schema(
-        json.dumps(SCHEMA), defaults={"whitespace_flexible": False}
-    )
+    grammar = llguidance.LLMatcher.grammar_from_json_schema(json.dumps(SCHEMA), defaults={"whitespace_flexible": False})
     matchers = [llguidance.LLMatcher(lltok, grammar) for _ in range(batch)]
     compile_s = time.perf_counter() - t0
     bitmask = llguidance.torch.allocate_token_bitmask(batch, vocab)
@@ -136,7 +140,7 @@ def bench_engine(batches: list[int]) -> None:
         count = 0
         original = llm.llm_engine.step
 
-        def counted():
+        def counted(original=original):
             nonlocal count
             count += 1
             return original()
@@ -146,8 +150,10 @@ def bench_engine(batches: list[int]) -> None:
         llm.generate([f"Person {i}:" for i in range(batch)], params, use_tqdm=False)
         total = time.perf_counter() - start
         llm.llm_engine.step = original
-        print(f"| {batch} | {count} | {total / count * 1e3:.2f} | {clock.seconds / count * 1e3:.3f} | "
-              f"{clock.seconds / total * 100:.1f}% |")  # fmt: skip
+        print(
+            f"| {batch} | {count} | {total / count * 1e3:.2f} | {clock.seconds / count * 1e3:.3f} | "
+            f"{clock.seconds / total * 100:.1f}% |"
+        )
     llm.shutdown()
 
 

@@ -9,6 +9,7 @@ tokenizer the tests train), so both libraries load the same files:
 
     OMP_NUM_THREADS=1 python benchmarks/surface.py --hidden-size 256 --layers 4
 """
+
 from __future__ import annotations
 
 import argparse
@@ -48,9 +49,13 @@ def timed(fn):
 def build_checkpoint(args: argparse.Namespace, root: Path) -> Path:
     ck.train_tokenizer(root / "tok")
     config = llama_config(
-        hidden_size=args.hidden_size, intermediate_size=4 * args.hidden_size, num_hidden_layers=args.layers,
-        num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=1024,
-    )  # fmt: skip
+        hidden_size=args.hidden_size,
+        intermediate_size=4 * args.hidden_size,
+        num_hidden_layers=args.layers,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        max_position_embeddings=1024,
+    )
     return ck.save_checkpoint(config, root / "ckpt", root / "tok")
 
 
@@ -63,10 +68,14 @@ def bench_logits_processors(path: Path, prompts: list[list[int]], args: argparse
     runs: dict[int, list[float]] = {c: [] for c in counts}
     for _ in range(args.repeats):  # interleaved, so a busy machine slows every setting alike
         for with_proc in counts:
-            params = [SamplingParams(**base, logits_processors=[identity] if i < with_proc else None)
-                      for i in range(len(prompts))]  # fmt: skip
+            params = [
+                SamplingParams(**base, logits_processors=[identity] if i < with_proc else None)
+                for i in range(len(prompts))
+            ]
             llm.reset_prefix_cache()
-            _, secs = timed(lambda: llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False))
+            _, secs = timed(
+                lambda params=params: llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+            )
             runs[with_proc].append(secs)
     print(f"| requests with a logits processor | median seconds of {args.repeats} | output tok/s |")
     print("| --- | ---: | ---: |")
@@ -84,15 +93,23 @@ def bench_beam_search(path: Path, prompts: list[list[int]], args: argparse.Names
     hit = llm.llm_engine.get_stats().prefix_cache_hit_rate
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     with torch.no_grad():
-        ref, hf_secs = timed(lambda: hf.generate(
-            torch.tensor(some), attention_mask=torch.ones(len(some), len(some[0]), dtype=torch.long),
-            num_beams=args.beam_width, do_sample=False, max_new_tokens=args.max_tokens,
-            min_new_tokens=args.max_tokens, pad_token_id=0,
-        ))  # fmt: skip
+        ref, hf_secs = timed(
+            lambda: hf.generate(
+                torch.tensor(some),
+                attention_mask=torch.ones(len(some), len(some[0]), dtype=torch.long),
+                num_beams=args.beam_width,
+                do_sample=False,
+                max_new_tokens=args.max_tokens,
+                min_new_tokens=args.max_tokens,
+                pad_token_id=0,
+            )
+        )
     same = sum(o.sequences[0].tokens == r for o, r in zip(ours, ref.tolist()))
-    print(f"\nbeam search, {len(some)} prompts x {args.prompt_len} tokens, width {args.beam_width}, "
-          f"{args.max_tokens} new tokens: minivllm {secs:.2f} s (prefix-cache hit rate {100 * hit:.1f}%), "
-          f"transformers (batched) {hf_secs:.2f} s; best sequences equal: {same}/{len(some)}")  # fmt: skip
+    print(
+        f"\nbeam search, {len(some)} prompts x {args.prompt_len} tokens, width {args.beam_width}, "
+        f"{args.max_tokens} new tokens: minivllm {secs:.2f} s (prefix-cache hit rate {100 * hit:.1f}%), "
+        f"transformers (batched) {hf_secs:.2f} s; best sequences equal: {same}/{len(some)}"
+    )
     llm.shutdown()
 
 
@@ -106,9 +123,11 @@ def bench_embed(path: Path, prompts: list[list[int]]) -> None:
         hidden, hf_secs = timed(lambda: hf(torch.tensor(prompts)).last_hidden_state)
     ref = torch.nn.functional.normalize(hidden[:, -1], dim=-1)
     err = max((torch.tensor(o.outputs.embedding) - r).abs().max().item() for o, r in zip(outs, ref))
-    print(f"\nembeddings, {len(prompts)} prompts x {len(prompts[0])} tokens (LAST, normalized): minivllm {secs:.2f} s "
-          f"({len(prompts) / secs:.1f} prompts/s), transformers AutoModel (one batch) {hf_secs:.2f} s "
-          f"({len(prompts) / hf_secs:.1f} prompts/s); max abs difference {err:.1e}")  # fmt: skip
+    print(
+        f"\nembeddings, {len(prompts)} prompts x {len(prompts[0])} tokens (LAST, normalized): minivllm {secs:.2f} s "
+        f"({len(prompts) / secs:.1f} prompts/s), transformers AutoModel (one batch) {hf_secs:.2f} s "
+        f"({len(prompts) / hf_secs:.1f} prompts/s); max abs difference {err:.1e}"
+    )
     llm.shutdown()
 
 

@@ -11,6 +11,7 @@ Shapes are opt-125m's (12 heads of 64, fp32, block 16). Prints ms per layer call
 wall time and process CPU time (the latter is steadier on a shared machine): the
 minimum over interleaved repeats (least disturbed by other load) and the median.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -54,7 +55,9 @@ def make_batch(batch: int, min_len: int, max_len: int, heads=12, head_dim=64, bl
         used += nb
     width = max(blocks)
     meta = AttentionMetadata(
-        slot_mapping=torch.tensor([t[(n - 1) // block_size] * block_size + (n - 1) % block_size for t, n in zip(tables, seq_lens)]),
+        slot_mapping=torch.tensor(
+            [t[(n - 1) // block_size] * block_size + (n - 1) % block_size for t, n in zip(tables, seq_lens)]
+        ),
         query_start_loc=torch.arange(batch + 1, dtype=torch.int32),
         seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
         block_tables=torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32),
@@ -100,7 +103,9 @@ def main() -> None:
             cpu[name].append(1e3 * (time.process_time() - start_cpu))
             wall[name].append(1e3 * (time.perf_counter() - start))
     used = sum(meta.seq_lens_cpu)
-    print(f"batch {args.batch}, context {args.min_len}-{args.max_len} ({used} tokens), torch threads {torch.get_num_threads()}")
+    print(
+        f"batch {args.batch}, context {args.min_len}-{args.max_len} ({used} tokens), torch threads {torch.get_num_threads()}"
+    )
     for name in ways:
         err = (outs[name] - reference).abs().max().item()
         print(

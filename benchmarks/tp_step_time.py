@@ -21,6 +21,7 @@ Inside each worker, timers wrap ``torch.distributed.all_reduce`` and
 
     python benchmarks/tp_step_time.py --model opt-125m --load-format dummy
 """
+
 from __future__ import annotations
 
 import argparse
@@ -78,8 +79,14 @@ def install_timers(worker: Any) -> None:
         comm["s"], comm["calls"] = 0.0, 0
         start = time.perf_counter()
         out = step(sched)
-        rows.append({"tokens": sched.total_num_scheduled_tokens, "worker": time.perf_counter() - start,
-                     "comm": comm["s"], "calls": comm["calls"]})  # fmt: skip
+        rows.append(
+            {
+                "tokens": sched.total_num_scheduled_tokens,
+                "worker": time.perf_counter() - start,
+                "comm": comm["s"],
+                "calls": comm["calls"],
+            }
+        )
         return out
 
     worker.execute_model = timed_step
@@ -148,8 +155,10 @@ def measure(args: argparse.Namespace, backend: str, tp: int, threads: int | None
     executor.collective_rpc(take_rows)
     driver_rows.clear()
     for rep in range(args.repeats):
-        prompts = [{"prompt_token_ids": [(7 * rep + 13 * i + j) % vocab for j in range(args.prompt_len)]}
-                   for i in range(args.batch)]  # fmt: skip
+        prompts = [
+            {"prompt_token_ids": [(7 * rep + 13 * i + j) % vocab for j in range(args.prompt_len)]}
+            for i in range(args.batch)
+        ]
         llm.generate(prompts, params, use_tqdm=False)
     rank0 = executor.collective_rpc(take_rows)[0]
     extra: dict[str, Any] = {"threads": threads}
@@ -167,8 +176,13 @@ def summarize(driver: list[float], rank0: list[dict[str, float]], batch: int) ->
     phases: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     for step_s, row in zip(driver, rank0):
         phase = "decode" if row["tokens"] == batch else "prefill" if row["tokens"] > batch else "other"
-        for key, value in (("step", step_s), ("worker", row["worker"]), ("comm", row["comm"]),
-                           ("ipc", step_s - row["worker"]), ("calls", row["calls"])):  # fmt: skip
+        for key, value in (
+            ("step", step_s),
+            ("worker", row["worker"]),
+            ("comm", row["comm"]),
+            ("ipc", step_s - row["worker"]),
+            ("calls", row["calls"]),
+        ):
             phases[phase][key].append(value)
     return {
         phase: {key: statistics.median(values) * (1 if key == "calls" else 1e3) for key, values in cols.items()}
@@ -180,22 +194,28 @@ def summarize(driver: list[float], rank0: list[dict[str, float]], batch: int) ->
 
 def main() -> None:
     args = parse_args()
-    print(f"cpus={os.cpu_count()} load average={os.getloadavg()[0]:.1f}; batch={args.batch} "
-          f"prompt_len={args.prompt_len} max_tokens={args.max_tokens} repeats={args.repeats}")  # fmt: skip
+    print(
+        f"cpus={os.cpu_count()} load average={os.getloadavg()[0]:.1f}; batch={args.batch} "
+        f"prompt_len={args.prompt_len} max_tokens={args.max_tokens} repeats={args.repeats}"
+    )
     results = []
     for spec in args.runs.split(","):
         backend, tp, *threads = spec.split(":")
         results.append((backend, int(tp), measure(args, backend, int(tp), int(threads[0]) if threads else None)))
         print(spec, json.dumps(results[-1][2]), f"load average={os.getloadavg()[0]:.1f}", flush=True)
-    print("\n| backend | tp | threads/rank | phase | steps | step (ms) | rank-0 worker (ms) | collectives/step "
-          "| comm (ms) | comm share | ipc (ms) |")  # fmt: skip
+    print(
+        "\n| backend | tp | threads/rank | phase | steps | step (ms) | rank-0 worker (ms) | collectives/step "
+        "| comm (ms) | comm share | ipc (ms) |"
+    )
     print("| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for backend, tp, phases in results:
         for phase in ("prefill", "decode"):
             r = phases[phase]
-            print(f"| {backend} | {tp} | {phases['threads']} | {phase} | {r['steps']} | {r['step']:.1f} | "
-                  f"{r['worker']:.1f} | {r['calls']:.0f} | {r['comm']:.1f} | {r['comm'] / r['step']:.0%} | "
-                  f"{r['ipc']:.1f} |")  # fmt: skip
+            print(
+                f"| {backend} | {tp} | {phases['threads']} | {phase} | {r['steps']} | {r['step']:.1f} | "
+                f"{r['worker']:.1f} | {r['calls']:.0f} | {r['comm']:.1f} | {r['comm'] / r['step']:.0%} | "
+                f"{r['ipc']:.1f} |"
+            )
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ This is how an RL framework that already runs one process per GPU (its
 trainers) embeds the engine: no worker processes are spawned, and the
 framework's process group is the engine's.
 """
+
 from __future__ import annotations
 
 import argparse

@@ -3,6 +3,7 @@
 The names below are imported on first use (as vLLM does), so that importing one
 part, ``minivllm.config`` say, does not import the whole engine.
 """
+
 from __future__ import annotations
 
 import importlib

@@ -19,6 +19,7 @@ are its beams' top tokens; per round (``BeamSearch.advance``), as transformers'
 ``DataParallelEngine``) through the one admission path (``engine.process``,
 then ``engine.add_processed``) and returns the outputs to ``LLM.beam_search``.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -95,7 +96,7 @@ class BeamSearch:
         candidates = sorted(scored, key=lambda c: -c[0])[:k]
         gen_len = len(self.running[0].tokens) + 1
         running, new_finished = [], []
-        for rank, (total, i, token, lp) in enumerate(candidates):
+        for rank, (total, i, token, _lp) in enumerate(candidates):
             parent = self.running[i]
             beam = _Beam(parent.tokens + [token], total, parent.logprobs + [top[i]])
             if token == self.eos or gen_len >= self.params.max_tokens:

@@ -6,6 +6,7 @@ They are plain dicts (``TypedDict``), so ``generate`` takes them as it takes
     from minivllm.inputs import TokensPrompt
     llm.generate(TokensPrompt(prompt_token_ids=[1, 2, 3]))
 """
+
 from __future__ import annotations
 
 from typing import TypedDict, Union

@@ -13,6 +13,7 @@ back from the worker that built it (vLLM's ``get_kv_cache_spec`` ->
 It sits on the ground floor because it crosses all of those layers; it imports
 nothing from the engine's packages.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

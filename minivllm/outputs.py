@@ -4,6 +4,7 @@ per-request ``EngineCoreOutput``, and the future a launched step returns.
 These types cross the boundaries between workers, executor, scheduler and engine,
 so they sit at the bottom of the package graph next to ``minivllm/request.py``.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

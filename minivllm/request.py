@@ -4,6 +4,7 @@ The types here cross every boundary between the front end, the scheduler and
 the workers, so they sit at the bottom of the package graph and import nothing
 from the engine's packages.
 """
+
 from __future__ import annotations
 
 import enum

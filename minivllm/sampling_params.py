@@ -5,6 +5,7 @@ the field and its allowed range, before the request reaches the engine. Checks
 that need the model (token ids inside the vocabulary, ``model.max_logprobs``)
 are in ``engine/processor.py`` and also run before any work.
 """
+
 from __future__ import annotations
 
 import math

@@ -1,4 +1,5 @@
 """Small helpers shared across components."""
+
 from __future__ import annotations
 
 from typing import Any

@@ -4,6 +4,7 @@ weights, and a byte-level BPE tokenizer trained with ``tokenizers`` on local tex
 Both minivllm and transformers load the same files, so transformers' own
 implementation is the reference for every parity test.
 """
+
 from __future__ import annotations
 
 import json

@@ -1,4 +1,5 @@
 """Shared fixtures: small checkpoints built once per test session."""
+
 from __future__ import annotations
 
 import os

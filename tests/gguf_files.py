@@ -5,6 +5,7 @@ shapes, metadata under ``llama.*`` and the byte-level BPE vocabulary under
 quantizers (Q8_0, Q4_0); K-quants, which it cannot produce, are written as
 well-formed random blocks (random bits, sane scales).
 """
+
 from __future__ import annotations
 
 import json
@@ -110,7 +111,9 @@ def random_k_quant(shape: tuple[int, ...], qtype: Q, rng: np.random.Generator) -
     rows, cols = shape
     block_elems, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
     blocks = rng.integers(0, 256, size=(rows, cols // block_elems, block_bytes), dtype=np.uint8)
-    scale = np.full(blocks.shape[:2], 2e-3 / np.sqrt(cols), dtype=np.float16).view(np.uint8).reshape(*blocks.shape[:2], 2)
+    scale = (
+        np.full(blocks.shape[:2], 2e-3 / np.sqrt(cols), dtype=np.float16).view(np.uint8).reshape(*blocks.shape[:2], 2)
+    )
     if qtype == Q.Q4_K:  # layout: d (f16), dmin (f16), 12 bytes of 6-bit scales, 128 bytes of nibbles
         blocks[..., 0:2] = scale
         blocks[..., 2:4] = scale

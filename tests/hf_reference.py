@@ -1,4 +1,5 @@
 """transformers' own greedy decoding, the oracle of every parity test."""
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -1,4 +1,5 @@
 """Tiny transformers configs for each supported family (shapes chosen to hit their quirks)."""
+
 from __future__ import annotations
 
 from transformers import (
@@ -8,9 +9,9 @@ from transformers import (
     GPTNeoXConfig,
     GraniteConfig,
     LlamaConfig,
-    Olmo2Config,
     MistralConfig,
     MixtralConfig,
+    Olmo2Config,
     OPTConfig,
     Phi3Config,
     Qwen2Config,
@@ -198,9 +199,7 @@ def phi3_longrope_config(**overrides) -> Phi3Config:
         "short_factor": [1.0 + 0.1 * i for i in range(half)],
         "long_factor": [1.0 + 1.5 * i for i in range(half)],
     }
-    return phi3_config(
-        partial_rotary_factor=1.0, original_max_position_embeddings=8, rope_parameters=rope, **overrides
-    )
+    return phi3_config(partial_rotary_factor=1.0, original_max_position_embeddings=8, rope_parameters=rope, **overrides)
 
 
 def qwen2_yarn_config(**overrides) -> Qwen2Config:

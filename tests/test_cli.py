@@ -1,4 +1,5 @@
 """The command line, run as a user would: in a subprocess, in a temp directory."""
+
 from __future__ import annotations
 
 import json
@@ -21,8 +22,14 @@ def run_cli(args: list[str], cwd: Path, timeout: int = 240) -> subprocess.Comple
 
 def test_generate_writes_outputs_and_metrics(llama_dir, tmp_path):
     result = run_cli(
-        [f"model.path={llama_dir}", "sampling.max_tokens=5", "+sampling.ignore_eos=true",
-         "prompts=['def f():','import os']", "cache.num_gpu_blocks_override=32", "hydra.run.dir=run"],
+        [
+            f"model.path={llama_dir}",
+            "sampling.max_tokens=5",
+            "+sampling.ignore_eos=true",
+            "prompts=['def f():','import os']",
+            "cache.num_gpu_blocks_override=32",
+            "hydra.run.dir=run",
+        ],
         tmp_path,
     )
     assert result.returncode == 0, result.stderr
@@ -40,8 +47,15 @@ def test_generate_writes_outputs_and_metrics(llama_dir, tmp_path):
 
 def test_multirun_runs_one_job_per_combination(llama_dir, tmp_path):
     result = run_cli(
-        ["-m", f"model.path={llama_dir}", "sampling.max_tokens=3", "prompts=[x]",
-         "cache.block_size=8,16", "cache.cpu_memory_gb=0.5", "hydra.sweep.dir=sweep"],
+        [
+            "-m",
+            f"model.path={llama_dir}",
+            "sampling.max_tokens=3",
+            "prompts=[x]",
+            "cache.block_size=8,16",
+            "cache.cpu_memory_gb=0.5",
+            "hydra.sweep.dir=sweep",
+        ],
         tmp_path,
     )
     assert result.returncode == 0, result.stderr
@@ -62,13 +76,29 @@ def test_compose_works_from_an_installed_wheel(tmp_path):
     """The conf/ tree ships inside the wheel: compose() needs no checkout."""
     wheel_dir, target = tmp_path / "wheel", tmp_path / "site"
     build = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(wheel_dir), str(ROOT)],
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(wheel_dir),
+            str(ROOT),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert build.returncode == 0, build.stderr
     wheel = next(wheel_dir.glob("minivllm-*.whl"))
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(wheel)],
-                   check=True, timeout=300)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(wheel)],
+        check=True,
+        timeout=300,
+    )
     code = (
         "import minivllm, sys; assert 'site' in minivllm.__file__, minivllm.__file__;"
         "a = minivllm.compose(['model=opt-125m', 'cache.block_size=8']);"

@@ -3,6 +3,7 @@ with transformers and writes something that looks like Python.
 
 It is produced by ``tools/train_demo.py``; rerun that script to regenerate it.
 """
+
 from __future__ import annotations
 
 import json
@@ -32,8 +33,7 @@ def tokenizer():
 
 @pytest.fixture(scope="module")
 def model():
-    return LlamaForCausalLM.from_pretrained(
-        CHECKPOINT, local_files_only=True, dtype=torch.float32).eval()
+    return LlamaForCausalLM.from_pretrained(CHECKPOINT, local_files_only=True, dtype=torch.float32).eval()
 
 
 def test_checkpoint_is_small():
@@ -83,6 +83,6 @@ def test_minivllm_default_model_matches_transformers_greedy(model, tokenizer):
     inputs = tokenizer(prompt, return_tensors="pt")
     with torch.no_grad():
         ids = model.generate(**inputs, max_new_tokens=24, do_sample=False)
-    theirs = ids[0, inputs.input_ids.shape[1]:].tolist()
+    theirs = ids[0, inputs.input_ids.shape[1] :].tolist()
     assert ours.token_ids == theirs[: len(ours.token_ids)]
     assert ours.text == tokenizer.decode(ours.token_ids, skip_special_tokens=True)

@@ -1,4 +1,5 @@
 """The committed config reference matches the schema it documents."""
+
 from pathlib import Path
 
 from tools.gen_config_docs import render

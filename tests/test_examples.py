@@ -1,5 +1,6 @@
 """The scripts in examples/ (written as vLLM's examples are, apart from the import name) run
 against the test checkpoints and print what they promise."""
+
 from __future__ import annotations
 
 import runpy
@@ -34,8 +35,16 @@ def _run(script: str, *args: str, monkeypatch) -> None:
 def test_chat_example(chat_llama, tmp_path, monkeypatch, capsys):
     template = tmp_path / "template.jinja"
     template.write_text(TEMPLATE.replace("assistant:", "bot:"))
-    _run("chat.py", "--model", str(chat_llama), "--max-tokens", "4", "--chat-template-path", str(template),
-         monkeypatch=monkeypatch)  # fmt: skip
+    _run(
+        "chat.py",
+        "--model",
+        str(chat_llama),
+        "--max-tokens",
+        "4",
+        "--chat-template-path",
+        str(template),
+        monkeypatch=monkeypatch,
+    )
     out = capsys.readouterr().out
     assert out.count("Generated text:") == 5
     assert "user: Hello\\n" in out and "bot:'" in out

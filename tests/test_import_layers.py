@@ -1,6 +1,7 @@
 """The package graph points one way: ``engine/`` never imports the data-parallel
 package or the entry points, and beam search drives the engine without importing
 ``LLM`` (both used to import each other)."""
+
 from __future__ import annotations
 
 import ast

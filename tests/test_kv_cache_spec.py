@@ -1,4 +1,5 @@
 """KVCacheSpec: what the workers report about the KV cache, merged over ranks and replicas."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,4 +1,5 @@
 """SamplingParams validation: every bad value fails at construction, naming the field."""
+
 from __future__ import annotations
 
 import pytest

@@ -6,6 +6,7 @@ twice as fast per token and agrees with the full model on easy continuations.
 
     python tools/cut_draft_model.py minivllm/assets/demo-llama /tmp/demo-draft --layers 2
 """
+
 from __future__ import annotations
 
 import argparse

@@ -4,6 +4,7 @@ Each field's type and default come from the dataclass; its description is the
 docstring under the field in the source. Run ``make docs``; a test fails when
 the committed reference is stale.
 """
+
 from __future__ import annotations
 
 import ast

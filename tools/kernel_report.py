@@ -24,6 +24,7 @@ sm_89: ``check_fp8_kv_capability``) is not compiled but listed as refused, with 
 refusal's message; that is no failure. Run this without ``TRITON_INTERPRET``: the
 kernels must be JITFunctions. The exit status is 1 when any variant fails.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -59,7 +60,7 @@ class Tensor:
 
     def __init__(self, dtype: torch.dtype, *shape: int) -> None:
         self.dtype, self.shape = dtype, shape
-        self._strides = tuple(math.prod(shape[i + 1:]) for i in range(len(shape)))
+        self._strides = tuple(math.prod(shape[i + 1 :]) for i in range(len(shape)))
 
     def stride(self, dim: int | None = None):
         return self._strides if dim is None else self._strides[dim]
@@ -98,10 +99,15 @@ def model_shape() -> dict:
     import yaml
 
     hf = yaml.safe_load(MODEL_YAML.read_text())["hf_config"]
-    return dict(hidden=hf["hidden_size"], num_heads=hf["num_attention_heads"], num_kv_heads=hf["num_key_value_heads"],
-                head_dim=hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"],
-                dtype=getattr(torch, hf["torch_dtype"]), rms_norm_eps=hf["rms_norm_eps"],
-                max_position=hf["max_position_embeddings"])
+    return dict(
+        hidden=hf["hidden_size"],
+        num_heads=hf["num_attention_heads"],
+        num_kv_heads=hf["num_key_value_heads"],
+        head_dim=hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"],
+        dtype=getattr(torch, hf["torch_dtype"]),
+        rms_norm_eps=hf["rms_norm_eps"],
+        max_position=hf["max_position_embeddings"],
+    )
 
 
 def capability(arch: int) -> tuple[int, int]:
@@ -121,10 +127,23 @@ def start_up_refusal(variant: Variant, arch: int) -> str:
     return ""
 
 
-def paged_attention_launches(label: str, *, arch: int, dtype: torch.dtype, num_reqs: int, query_len: int,
-                             context_len: int, block_size: int, num_heads: int, num_kv_heads: int, head_dim: int,
-                             kv_dtype: torch.dtype | None = None, sliding_window: int | None = None,
-                             soft_cap: float | None = None, num_tokens: int | None = None) -> list[Variant]:
+def paged_attention_launches(
+    label: str,
+    *,
+    arch: int,
+    dtype: torch.dtype,
+    num_reqs: int,
+    query_len: int,
+    context_len: int,
+    block_size: int,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    kv_dtype: torch.dtype | None = None,
+    sliding_window: int | None = None,
+    soft_cap: float | None = None,
+    num_tokens: int | None = None,
+) -> list[Variant]:
     """``paged_attention`` on a CUDA device of compute capability ``arch`` (80: 8.0) with NUM_SMS
     multiprocessors: requests of at most ``query_len`` new tokens (all of them: ``num_tokens``
     None) at the end of ``context_len`` tokens; ``num_splits`` left to the wrapper."""
@@ -132,8 +151,9 @@ def paged_attention_launches(label: str, *, arch: int, dtype: torch.dtype, num_r
 
     num_tokens = num_reqs * query_len if num_tokens is None else num_tokens
     group = num_heads // num_kv_heads
-    block_q, block_n, num_warps = pa._tile_config(head_dim, triton.next_power_of_2(group), query_len,
-                                                  dtype == torch.float32, capability(arch))
+    block_q, block_n, num_warps = pa._tile_config(
+        head_dim, triton.next_power_of_2(group), query_len, dtype == torch.float32, capability(arch)
+    )
     num_q_tiles = triton.cdiv(query_len, block_q)
     num_splits = pa.default_num_splits(NUM_SMS, num_reqs * num_q_tiles * num_kv_heads, query_len, context_len)
     split_len = triton.cdiv(triton.cdiv(context_len, num_splits), block_n) * block_n
@@ -147,32 +167,88 @@ def paged_attention_launches(label: str, *, arch: int, dtype: torch.dtype, num_r
         partials = [Tensor(torch.float32, num_splits, num_tokens, num_heads, *shape) for shape in ((head_dim,), (), ())]
     label = f"{label} bs{block_size} split{num_splits}"
     fp8_kv = kv_dtype == torch.float8_e4m3fn  # the whole launch: the engine refuses the cache, not one kernel
-    attention = Variant(pa._paged_attention_kernel, label, dict(
-        out_ptr=out, part_acc_ptr=partials[0], part_max_ptr=partials[1], part_sum_ptr=partials[2],
-        q_ptr=query, kv_ptr=kv_cache, block_tables_ptr=block_tables, seq_lens_ptr=seq_lens,
-        query_start_loc_ptr=query_start_loc, scale=head_dim ** -0.5, soft_cap=soft_cap or 0.0,
-        window=sliding_window or 0, split_len=split_len, num_tokens=num_tokens, num_heads=num_heads,
-        k_scale=1.0, v_scale=1.0, stride_qt=query.stride(0), stride_qh=query.stride(1), stride_ot=out.stride(0),
-        stride_oh=out.stride(1), stride_kv=kv_cache.stride(0), stride_cb=kv_cache.stride(1),
-        stride_cs=kv_cache.stride(2), stride_ch=kv_cache.stride(3), stride_bt=block_tables.stride(0),
-        HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_SIZE=block_size,
-        GROUP=group, GROUP_PAD=triton.next_power_of_2(group), BLOCK_Q=block_q, BLOCK_N=block_n,
-        NUM_SPLITS=num_splits, USE_WINDOW=sliding_window is not None, USE_SOFT_CAP=soft_cap is not None,
-        FP32_DOT=dtype == torch.float32, FP8_KV=fp8_kv,
-    ), dict(num_warps=num_warps), fp8_kv=fp8_kv)
+    attention = Variant(
+        pa._paged_attention_kernel,
+        label,
+        dict(
+            out_ptr=out,
+            part_acc_ptr=partials[0],
+            part_max_ptr=partials[1],
+            part_sum_ptr=partials[2],
+            q_ptr=query,
+            kv_ptr=kv_cache,
+            block_tables_ptr=block_tables,
+            seq_lens_ptr=seq_lens,
+            query_start_loc_ptr=query_start_loc,
+            scale=head_dim**-0.5,
+            soft_cap=soft_cap or 0.0,
+            window=sliding_window or 0,
+            split_len=split_len,
+            num_tokens=num_tokens,
+            num_heads=num_heads,
+            k_scale=1.0,
+            v_scale=1.0,
+            stride_qt=query.stride(0),
+            stride_qh=query.stride(1),
+            stride_ot=out.stride(0),
+            stride_oh=out.stride(1),
+            stride_kv=kv_cache.stride(0),
+            stride_cb=kv_cache.stride(1),
+            stride_cs=kv_cache.stride(2),
+            stride_ch=kv_cache.stride(3),
+            stride_bt=block_tables.stride(0),
+            HEAD_DIM=head_dim,
+            BLOCK_D=triton.next_power_of_2(head_dim),
+            BLOCK_SIZE=block_size,
+            GROUP=group,
+            GROUP_PAD=triton.next_power_of_2(group),
+            BLOCK_Q=block_q,
+            BLOCK_N=block_n,
+            NUM_SPLITS=num_splits,
+            USE_WINDOW=sliding_window is not None,
+            USE_SOFT_CAP=soft_cap is not None,
+            FP32_DOT=dtype == torch.float32,
+            FP8_KV=fp8_kv,
+        ),
+        dict(num_warps=num_warps),
+        fp8_kv=fp8_kv,
+    )
     if num_splits == 1:
         return [attention]
-    combine = Variant(pa._combine_splits_kernel, label, dict(
-        out_ptr=out, part_acc_ptr=partials[0], part_max_ptr=partials[1], part_sum_ptr=partials[2],
-        query_start_loc_ptr=query_start_loc, num_reqs=num_reqs, num_tokens=num_tokens, num_heads=num_heads,
-        stride_ot=out.stride(0), stride_oh=out.stride(1),
-        HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), NUM_SPLITS=num_splits,
-    ), fp8_kv=fp8_kv)
+    combine = Variant(
+        pa._combine_splits_kernel,
+        label,
+        dict(
+            out_ptr=out,
+            part_acc_ptr=partials[0],
+            part_max_ptr=partials[1],
+            part_sum_ptr=partials[2],
+            query_start_loc_ptr=query_start_loc,
+            num_reqs=num_reqs,
+            num_tokens=num_tokens,
+            num_heads=num_heads,
+            stride_ot=out.stride(0),
+            stride_oh=out.stride(1),
+            HEAD_DIM=head_dim,
+            BLOCK_D=triton.next_power_of_2(head_dim),
+            NUM_SPLITS=num_splits,
+        ),
+        fp8_kv=fp8_kv,
+    )
     return [attention, combine]
 
 
-def write_kv_launch(label: str, *, dtype: torch.dtype, num_tokens: int, num_kv_heads: int, head_dim: int,
-                    block_size: int, num_blocks: int, kv_dtype: torch.dtype | None = None) -> Variant:
+def write_kv_launch(
+    label: str,
+    *,
+    dtype: torch.dtype,
+    num_tokens: int,
+    num_kv_heads: int,
+    head_dim: int,
+    block_size: int,
+    num_blocks: int,
+    kv_dtype: torch.dtype | None = None,
+) -> Variant:
     """``write_kv`` of the keys and values split off a fused qkv projection output."""
     from minivllm.attention.kv_quant import FP8_KV_DTYPE
     from minivllm.attention.ops import triton_kv_write as kvw
@@ -181,13 +257,28 @@ def write_kv_launch(label: str, *, dtype: torch.dtype, num_tokens: int, num_kv_h
     key = value = Tensor(dtype, num_tokens, qkv_heads, head_dim)
     kv_cache = Tensor(kv_dtype or dtype, 2, num_blocks, block_size, num_kv_heads, head_dim)
     fp8_kv = kv_cache.dtype == FP8_KV_DTYPE
-    return Variant(kvw._write_kv_kernel, f"{label} bs{block_size}", dict(
-        key_ptr=key, value_ptr=value, kv_ptr=kv_cache, slot_mapping_ptr=Tensor(torch.int64, num_tokens),
-        k_scale=1.0, v_scale=1.0, stride_kt=key.stride(0), stride_kh=key.stride(1), stride_vt=value.stride(0),
-        stride_vh=value.stride(1), stride_kv=kv_cache.stride(0), stride_cb=kv_cache.stride(1),
-        stride_cs=kv_cache.stride(2), stride_ch=kv_cache.stride(3),
-        **kvw.launch_constexprs(num_kv_heads, head_dim, block_size, fp8_kv, False),
-    ), fp8_kv=fp8_kv)
+    return Variant(
+        kvw._write_kv_kernel,
+        f"{label} bs{block_size}",
+        dict(
+            key_ptr=key,
+            value_ptr=value,
+            kv_ptr=kv_cache,
+            slot_mapping_ptr=Tensor(torch.int64, num_tokens),
+            k_scale=1.0,
+            v_scale=1.0,
+            stride_kt=key.stride(0),
+            stride_kh=key.stride(1),
+            stride_vt=value.stride(0),
+            stride_vh=value.stride(1),
+            stride_kv=kv_cache.stride(0),
+            stride_cb=kv_cache.stride(1),
+            stride_cs=kv_cache.stride(2),
+            stride_ch=kv_cache.stride(3),
+            **kvw.launch_constexprs(num_kv_heads, head_dim, block_size, fp8_kv, False),
+        ),
+        fp8_kv=fp8_kv,
+    )
 
 
 def attention_variants(arch: int) -> list[Variant]:
@@ -201,42 +292,118 @@ def attention_variants(arch: int) -> list[Variant]:
     bf16 = dict(arch=arch, dtype=m["dtype"], **heads)
     out = []
     for batch in (1, 16, 64, 256):
-        out += paged_attention_launches(f"decode {batch}x{context}", num_reqs=batch, query_len=1,
-                                        context_len=context, block_size=16, **bf16)
-    out += paged_attention_launches(f"prefill {prefill_reqs}x{chunk}@{prefill_context}", num_reqs=prefill_reqs,
-                                    query_len=chunk, context_len=prefill_context, block_size=16, **bf16)
+        out += paged_attention_launches(
+            f"decode {batch}x{context}", num_reqs=batch, query_len=1, context_len=context, block_size=16, **bf16
+        )
+    out += paged_attention_launches(
+        f"prefill {prefill_reqs}x{chunk}@{prefill_context}",
+        num_reqs=prefill_reqs,
+        query_len=chunk,
+        context_len=prefill_context,
+        block_size=16,
+        **bf16,
+    )
     # A mixed step: the tiles follow the longest query, so decode rows riding with a chunk
     # take the prefill tiles.
-    out += paged_attention_launches(f"mixed 63 decode + 1 chunk of {chunk}", num_reqs=64, query_len=chunk,
-                                    num_tokens=63 + chunk, context_len=context, block_size=16, **bf16)
-    out += paged_attention_launches(f"decode 1x{context}", num_reqs=1, query_len=1, context_len=context,
-                                    block_size=256, **bf16)
-    out += paged_attention_launches(f"prefill {prefill_reqs}x{chunk}@{prefill_context}", num_reqs=prefill_reqs,
-                                    query_len=chunk, context_len=prefill_context, block_size=256, **bf16)
+    out += paged_attention_launches(
+        f"mixed 63 decode + 1 chunk of {chunk}",
+        num_reqs=64,
+        query_len=chunk,
+        num_tokens=63 + chunk,
+        context_len=context,
+        block_size=16,
+        **bf16,
+    )
+    out += paged_attention_launches(
+        f"decode 1x{context}", num_reqs=1, query_len=1, context_len=context, block_size=256, **bf16
+    )
+    out += paged_attention_launches(
+        f"prefill {prefill_reqs}x{chunk}@{prefill_context}",
+        num_reqs=prefill_reqs,
+        query_len=chunk,
+        context_len=prefill_context,
+        block_size=256,
+        **bf16,
+    )
     fp8 = dict(bf16, kv_dtype=torch.float8_e4m3fn)
-    out += paged_attention_launches(f"fp8-kv decode 64x{context}", num_reqs=64, query_len=1, context_len=context,
-                                    block_size=16, **fp8)
-    out += paged_attention_launches(f"fp8-kv decode 1x{context}", num_reqs=1, query_len=1, context_len=context,
-                                    block_size=16, **fp8)
-    out += paged_attention_launches(f"fp8-kv prefill {prefill_reqs}x{chunk}", num_reqs=prefill_reqs,
-                                    query_len=chunk, context_len=prefill_context, block_size=16, **fp8)
-    out += paged_attention_launches("fp16 h24/8 d80 prefill 2x64@300", arch=arch, dtype=torch.float16, num_reqs=2,
-                                    query_len=64, context_len=300, block_size=8, num_heads=24, num_kv_heads=8,
-                                    head_dim=80)
-    out += paged_attention_launches("fp32 h4/4 d256 window prefill 2x64@512", arch=arch, dtype=torch.float32,
-                                    num_reqs=2, query_len=64, context_len=512, block_size=64, num_heads=4,
-                                    num_kv_heads=4, head_dim=256, sliding_window=128)
-    out += paged_attention_launches("fp32 h16/16 d128 prefill 2x64@512", arch=arch, dtype=torch.float32, num_reqs=2,
-                                    query_len=64, context_len=512, block_size=16, num_heads=16, num_kv_heads=16,
-                                    head_dim=128)
-    out += paged_attention_launches("bf16 h32/8 window+softcap decode 2x1024", arch=arch, dtype=torch.bfloat16,
-                                    num_reqs=2, query_len=1, context_len=1024, block_size=16, num_heads=32,
-                                    num_kv_heads=8, head_dim=128, sliding_window=512, soft_cap=50.0)
+    out += paged_attention_launches(
+        f"fp8-kv decode 64x{context}", num_reqs=64, query_len=1, context_len=context, block_size=16, **fp8
+    )
+    out += paged_attention_launches(
+        f"fp8-kv decode 1x{context}", num_reqs=1, query_len=1, context_len=context, block_size=16, **fp8
+    )
+    out += paged_attention_launches(
+        f"fp8-kv prefill {prefill_reqs}x{chunk}",
+        num_reqs=prefill_reqs,
+        query_len=chunk,
+        context_len=prefill_context,
+        block_size=16,
+        **fp8,
+    )
+    out += paged_attention_launches(
+        "fp16 h24/8 d80 prefill 2x64@300",
+        arch=arch,
+        dtype=torch.float16,
+        num_reqs=2,
+        query_len=64,
+        context_len=300,
+        block_size=8,
+        num_heads=24,
+        num_kv_heads=8,
+        head_dim=80,
+    )
+    out += paged_attention_launches(
+        "fp32 h4/4 d256 window prefill 2x64@512",
+        arch=arch,
+        dtype=torch.float32,
+        num_reqs=2,
+        query_len=64,
+        context_len=512,
+        block_size=64,
+        num_heads=4,
+        num_kv_heads=4,
+        head_dim=256,
+        sliding_window=128,
+    )
+    out += paged_attention_launches(
+        "fp32 h16/16 d128 prefill 2x64@512",
+        arch=arch,
+        dtype=torch.float32,
+        num_reqs=2,
+        query_len=64,
+        context_len=512,
+        block_size=16,
+        num_heads=16,
+        num_kv_heads=16,
+        head_dim=128,
+    )
+    out += paged_attention_launches(
+        "bf16 h32/8 window+softcap decode 2x1024",
+        arch=arch,
+        dtype=torch.bfloat16,
+        num_reqs=2,
+        query_len=1,
+        context_len=1024,
+        block_size=16,
+        num_heads=32,
+        num_kv_heads=8,
+        head_dim=128,
+        sliding_window=512,
+        soft_cap=50.0,
+    )
     kv = dict(dtype=m["dtype"], num_kv_heads=m["num_kv_heads"], head_dim=m["head_dim"])
     out.append(write_kv_launch("qwen3-0.6b 256 tokens", num_tokens=256, block_size=16, num_blocks=4096, **kv))
     out.append(write_kv_launch("qwen3-0.6b 256 tokens", num_tokens=256, block_size=256, num_blocks=256, **kv))
-    out.append(write_kv_launch("qwen3-0.6b 256 tokens fp8-kv", num_tokens=256, block_size=16, num_blocks=4096,
-                               kv_dtype=torch.float8_e4m3fn, **kv))
+    out.append(
+        write_kv_launch(
+            "qwen3-0.6b 256 tokens fp8-kv",
+            num_tokens=256,
+            block_size=16,
+            num_blocks=4096,
+            kv_dtype=torch.float8_e4m3fn,
+            **kv,
+        )
+    )
     return out
 
 
@@ -249,17 +416,37 @@ def layer_op_variants() -> list[Variant]:
     for residual in (False, True):
         x = Tensor(m["dtype"], tokens, m["hidden"])
         label = f"hidden {m['hidden']}" + (" +residual" if residual else "")
-        out.append(Variant(fused_rms_norm._rms_norm_kernel, label, dict(
-            x_ptr=x, residual_ptr=x, weight_ptr=Tensor(m["dtype"], m["hidden"]), stride_x=x.stride(0),
-            stride_r=x.stride(0) if residual else 0, eps=m["rms_norm_eps"],
-            **fused_rms_norm.launch_constexprs(m["hidden"], residual),
-        )))
+        out.append(
+            Variant(
+                fused_rms_norm._rms_norm_kernel,
+                label,
+                dict(
+                    x_ptr=x,
+                    residual_ptr=x,
+                    weight_ptr=Tensor(m["dtype"], m["hidden"]),
+                    stride_x=x.stride(0),
+                    stride_r=x.stride(0) if residual else 0,
+                    eps=m["rms_norm_eps"],
+                    **fused_rms_norm.launch_constexprs(m["hidden"], residual),
+                ),
+            )
+        )
     qkv = Tensor(m["dtype"], tokens, m["num_heads"] + 2 * m["num_kv_heads"], m["head_dim"])  # q and k: views of it
     cos_sin = Tensor(torch.float32, m["max_position"], m["head_dim"])  # rotary over the whole head
-    out.append(Variant(rotary_inplace._rotary_kernel, f"neox head_dim {m['head_dim']} (q and k)", dict(
-        x_ptr=qkv, positions_ptr=Tensor(torch.int64, tokens), cache_ptr=cos_sin,
-        stride_xt=qkv.stride(0), stride_xh=qkv.stride(1), **rotary_inplace.launch_constexprs(m["head_dim"], True),
-    )))
+    out.append(
+        Variant(
+            rotary_inplace._rotary_kernel,
+            f"neox head_dim {m['head_dim']} (q and k)",
+            dict(
+                x_ptr=qkv,
+                positions_ptr=Tensor(torch.int64, tokens),
+                cache_ptr=cos_sin,
+                stride_xt=qkv.stride(0),
+                stride_xh=qkv.stride(1),
+                **rotary_inplace.launch_constexprs(m["head_dim"], True),
+            ),
+        )
+    )
     return out
 
 
@@ -285,21 +472,47 @@ def fused_moe_variants(tokens: tuple[int, ...] = (1, 1024)) -> list[Variant]:
         for t in tokens:
             block_m, block_n, block_k = te.default_block(t * k, E)
             max_padded = triton.cdiv(t * k + E * (block_m - 1), block_m) * block_m
-            routing = dict(weights_ptr=Tensor(torch.float32, t * k), sorted_ids_ptr=Tensor(torch.int32, max_padded),
-                           block_experts_ptr=Tensor(torch.int32, max_padded // block_m),
-                           num_padded_ptr=Tensor(torch.int32, 1))
+            routing = dict(
+                weights_ptr=Tensor(torch.float32, t * k),
+                sorted_ids_ptr=Tensor(torch.int32, max_padded),
+                block_experts_ptr=Tensor(torch.int32, max_padded // block_m),
+                num_padded_ptr=Tensor(torch.int32, 1),
+            )
             hidden, act = Tensor(torch.bfloat16, t, H), Tensor(torch.bfloat16, t * k, I)
             w13, w2 = Tensor(torch.bfloat16, E, 2 * I, H), Tensor(torch.bfloat16, E, H, I)
-            gemms = (("gate_up", hidden, w13, Tensor(torch.bfloat16, t * k, 2 * I), k, False),
-                     ("down", act, w2, Tensor(torch.bfloat16, t * k, H), 1, True))
+            gemms = (
+                ("gate_up", hidden, w13, Tensor(torch.bfloat16, t * k, 2 * I), k, False),
+                ("down", act, w2, Tensor(torch.bfloat16, t * k, H), 1, True),
+            )
             for name, a, w, c, a_rows_per_row, mul_weight in gemms:
-                out.append(Variant(te._grouped_gemm_kernel, f"{shape.name} {name} T={t}", dict(
-                    a_ptr=a, w_ptr=w, c_ptr=c, **routing, N=w.shape[1], K=w.shape[2], num_valid=c.shape[0],
-                    stride_am=a.stride(0), stride_ak=a.stride(1), stride_we=w.stride(0), stride_wn=w.stride(1),
-                    stride_wk=w.stride(2), stride_cm=c.stride(0), stride_cn=c.stride(1),
-                    A_ROWS_PER_ROW=a_rows_per_row, MUL_WEIGHT=mul_weight, FP32_DOT=False,
-                    BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-                )))
+                out.append(
+                    Variant(
+                        te._grouped_gemm_kernel,
+                        f"{shape.name} {name} T={t}",
+                        dict(
+                            a_ptr=a,
+                            w_ptr=w,
+                            c_ptr=c,
+                            **routing,
+                            N=w.shape[1],
+                            K=w.shape[2],
+                            num_valid=c.shape[0],
+                            stride_am=a.stride(0),
+                            stride_ak=a.stride(1),
+                            stride_we=w.stride(0),
+                            stride_wn=w.stride(1),
+                            stride_wk=w.stride(2),
+                            stride_cm=c.stride(0),
+                            stride_cn=c.stride(1),
+                            A_ROWS_PER_ROW=a_rows_per_row,
+                            MUL_WEIGHT=mul_weight,
+                            FP32_DOT=False,
+                            BLOCK_M=block_m,
+                            BLOCK_N=block_n,
+                            BLOCK_K=block_k,
+                        ),
+                    )
+                )
     return out
 
 
@@ -309,8 +522,9 @@ def int4_variants(tokens: tuple[int, ...] = (1, 128)) -> list[Variant]:
 
     from minivllm.quantization import triton_int4
 
-    defaults = {k: p.default for k, p in inspect.signature(triton_int4.int4_matmul).parameters.items()
-                if k.startswith("block_")}
+    defaults = {
+        k: p.default for k, p in inspect.signature(triton_int4.int4_matmul).parameters.items() if k.startswith("block_")
+    }
     shape, group = _benchmark_module("quant_gemm").SHAPES[0], 128
     out = []
     for m in tokens:
@@ -318,12 +532,32 @@ def int4_variants(tokens: tuple[int, ...] = (1, 128)) -> list[Variant]:
         qweight = Tensor(torch.int32, shape.k // 8, shape.n)
         groups = shape.k // group
         scales, zeros = Tensor(torch.bfloat16, groups, shape.n), Tensor(torch.uint8, groups, shape.n)
-        out.append(Variant(triton_int4._int4_matmul_kernel, f"{shape.name} M={m} group {group}", dict(
-            x_ptr=x, qw_ptr=qweight, scales_ptr=scales, zeros_ptr=zeros, gidx_ptr=Tensor(torch.int32, shape.k),
-            out_ptr=o, M=m, N=shape.n, K=shape.k, stride_xm=x.stride(0), stride_qk=qweight.stride(0),
-            stride_sg=scales.stride(0), stride_zg=zeros.stride(0), stride_om=o.stride(0),
-            BLOCK_M=defaults["block_m"], BLOCK_N=defaults["block_n"], BLOCK_K=defaults["block_k"], FP32_DOT=False,
-        )))
+        out.append(
+            Variant(
+                triton_int4._int4_matmul_kernel,
+                f"{shape.name} M={m} group {group}",
+                dict(
+                    x_ptr=x,
+                    qw_ptr=qweight,
+                    scales_ptr=scales,
+                    zeros_ptr=zeros,
+                    gidx_ptr=Tensor(torch.int32, shape.k),
+                    out_ptr=o,
+                    M=m,
+                    N=shape.n,
+                    K=shape.k,
+                    stride_xm=x.stride(0),
+                    stride_qk=qweight.stride(0),
+                    stride_sg=scales.stride(0),
+                    stride_zg=zeros.stride(0),
+                    stride_om=o.stride(0),
+                    BLOCK_M=defaults["block_m"],
+                    BLOCK_N=defaults["block_n"],
+                    BLOCK_K=defaults["block_k"],
+                    FP32_DOT=False,
+                ),
+            )
+        )
     return out
 
 
@@ -337,17 +571,39 @@ def lora_variants(rank: int = 16, slots: int = 8, tokens: int = 256) -> list[Var
     qkv_out = Tensor(m["dtype"], tokens, q_size + 2 * m["num_kv_heads"] * m["head_dim"])
     x, buffer = Tensor(m["dtype"], tokens, hidden), Tensor(torch.float32, tokens, rank)
     a, b = Tensor(m["dtype"], slots, hidden, rank), Tensor(m["dtype"], slots, rank, q_size)
-    segments = dict(idx_ptr=Tensor(torch.int64, tokens), seg_slot_ptr=Tensor(torch.int32, slots),
-                    seg_start_ptr=Tensor(torch.int32, slots), seg_len_ptr=Tensor(torch.int32, slots))
+    segments = dict(
+        idx_ptr=Tensor(torch.int64, tokens),
+        seg_slot_ptr=Tensor(torch.int32, slots),
+        seg_start_ptr=Tensor(torch.int32, slots),
+        seg_len_ptr=Tensor(torch.int32, slots),
+    )
     out = []
     for name, src, w, dst, add in (("shrink", x, a, buffer, False), ("expand", buffer, b, qkv_out[:, :q_size], True)):
         n, k = w.shape[2], w.shape[1]
         block_m, block_n, block_k = triton_ops.block_config(n, k)
-        out.append(Variant(triton_ops._segmented_matmul_kernel, f"{name} q_proj rank {rank}", dict(
-            x_ptr=src, w_ptr=w, out_ptr=dst, **segments, N=n, K=k, stride_xm=src.stride(0), stride_ws=w.stride(0),
-            stride_wk=w.stride(1), stride_om=dst.stride(0), ADD=add, BLOCK_M=block_m, BLOCK_N=block_n,
-            BLOCK_K=block_k, FP32_DOT=src.dtype == torch.float32,
-        )))
+        out.append(
+            Variant(
+                triton_ops._segmented_matmul_kernel,
+                f"{name} q_proj rank {rank}",
+                dict(
+                    x_ptr=src,
+                    w_ptr=w,
+                    out_ptr=dst,
+                    **segments,
+                    N=n,
+                    K=k,
+                    stride_xm=src.stride(0),
+                    stride_ws=w.stride(0),
+                    stride_wk=w.stride(1),
+                    stride_om=dst.stride(0),
+                    ADD=add,
+                    BLOCK_M=block_m,
+                    BLOCK_N=block_n,
+                    BLOCK_K=block_k,
+                    FP32_DOT=src.dtype == torch.float32,
+                ),
+            )
+        )
     return out
 
 
@@ -363,6 +619,7 @@ def all_variants(arch: int) -> list[Variant]:
 @dataclass
 class Bound:
     """A variant as Triton's launch path would hand it to ``triton.compile``."""
+
     kernel: Any
     labels: list[str]
     signature: dict
@@ -372,8 +629,15 @@ class Bound:
     fp8_kv: bool = False  # any of the merged variants is
 
     def key(self) -> str:
-        return repr((self.kernel.fn.__name__, self.signature, sorted(self.constexprs.items()),
-                     sorted(self.attrs.items()), self.options))
+        return repr(
+            (
+                self.kernel.fn.__name__,
+                self.signature,
+                sorted(self.constexprs.items()),
+                sorted(self.attrs.items()),
+                self.options,
+            )
+        )
 
 
 def bind(variant: Variant, arch: int) -> Bound:
@@ -401,33 +665,60 @@ def ptxas_usage(ptx: str, arch: int, options) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         src = Path(tmp) / "kernel.ptx"
         src.write_text(ptx)
-        cmd = [get_ptxas(arch).path, "-lineinfo", "-v", "--regAllocOptLevel=2",
-               *([] if options.enable_fp_fusion else ["--fmad=false"]),
-               f"--gpu-name={sm_arch_from_capability(arch)}", str(src), "-o", str(Path(tmp) / "kernel.cubin")]
+        cmd = [
+            get_ptxas(arch).path,
+            "-lineinfo",
+            "-v",
+            "--regAllocOptLevel=2",
+            *([] if options.enable_fp_fusion else ["--fmad=false"]),
+            f"--gpu-name={sm_arch_from_capability(arch)}",
+            str(src),
+            "-o",
+            str(Path(tmp) / "kernel.cubin"),
+        ]
         log = subprocess.run(cmd, check=True, capture_output=True, text=True).stderr
     return parse_ptxas_log(log)
 
 
 def parse_ptxas_log(log: str) -> dict:
     """The entry function's numbers from a ``ptxas -v`` log (the largest, should there be several)."""
+
     def largest(pattern: str) -> int:
         return max((int(v) for v in re.findall(pattern, log)), default=0)
 
     registers = re.findall(r"Used (\d+) registers", log)
     if not registers:
         raise ValueError(f"no register count in the ptxas log:\n{log}")
-    return dict(registers=max(map(int, registers)), spill_stores=largest(r"(\d+) bytes spill stores"),
-                spill_loads=largest(r"(\d+) bytes spill loads"), stack=largest(r"(\d+) bytes stack frame"))
+    return dict(
+        registers=max(map(int, registers)),
+        spill_stores=largest(r"(\d+) bytes spill stores"),
+        spill_loads=largest(r"(\d+) bytes spill loads"),
+        stack=largest(r"(\d+) bytes stack frame"),
+    )
 
 
 def compile_one(bound: Bound, arch: int) -> dict:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    row = dict(kernel=bound.kernel.fn.__name__, module=bound.kernel.fn.__module__, variant=" | ".join(bound.labels),
-               arch=arch, num_warps=bound.options.num_warps, num_stages=bound.options.num_stages,
-               shared_limit=SHARED_LIMIT[arch], registers=None, shared=None, spill_stores=None, spill_loads=None,
-               stack=None, ok=False, result="failed", why="", fp8_kv=bound.fp8_kv)
+    row = dict(
+        kernel=bound.kernel.fn.__name__,
+        module=bound.kernel.fn.__module__,
+        variant=" | ".join(bound.labels),
+        arch=arch,
+        num_warps=bound.options.num_warps,
+        num_stages=bound.options.num_stages,
+        shared_limit=SHARED_LIMIT[arch],
+        registers=None,
+        shared=None,
+        spill_stores=None,
+        spill_loads=None,
+        stack=None,
+        ok=False,
+        result="failed",
+        why="",
+        fp8_kv=bound.fp8_kv,
+    )
     start = time.perf_counter()
     try:
         src = ASTSource(bound.kernel, bound.signature, bound.constexprs, bound.attrs)
@@ -452,10 +743,25 @@ def compile_one(bound: Bound, arch: int) -> dict:
 
 def refused_row(variant: Variant, arch: int, why: str) -> dict:
     """A variant the engine never launches on ``arch``: it refuses the configuration at start-up."""
-    return dict(kernel=variant.kernel_name, module=variant.kernel.fn.__module__, variant=variant.label, arch=arch,
-                num_warps=variant.options.get("num_warps"), num_stages=variant.options.get("num_stages"),
-                shared_limit=SHARED_LIMIT[arch], registers=None, shared=None, spill_stores=None, spill_loads=None,
-                stack=None, ok=False, result="refused", why=why, fp8_kv=variant.fp8_kv, seconds=0.0)
+    return dict(
+        kernel=variant.kernel_name,
+        module=variant.kernel.fn.__module__,
+        variant=variant.label,
+        arch=arch,
+        num_warps=variant.options.get("num_warps"),
+        num_stages=variant.options.get("num_stages"),
+        shared_limit=SHARED_LIMIT[arch],
+        registers=None,
+        shared=None,
+        spill_stores=None,
+        spill_loads=None,
+        stack=None,
+        ok=False,
+        result="refused",
+        why=why,
+        fp8_kv=variant.fp8_kv,
+        seconds=0.0,
+    )
 
 
 def bound_variants(variants: list[Variant], arch: int) -> list[Bound]:
@@ -478,8 +784,9 @@ def _run_job(i: int) -> dict:
     return compile_one(*_JOBS[i])
 
 
-def report(archs: tuple[int, ...] = ARCHS, jobs: int = 1,
-           variants: Callable[[int], list[Variant]] = all_variants) -> list[dict]:
+def report(
+    archs: tuple[int, ...] = ARCHS, jobs: int = 1, variants: Callable[[int], list[Variant]] = all_variants
+) -> list[dict]:
     """A row per compiled kernel (variants merged) and per refused variant, for each arch;
     ``variants(arch)`` gives the launches on that architecture."""
     _JOBS.clear()
@@ -505,26 +812,47 @@ def report(archs: tuple[int, ...] = ARCHS, jobs: int = 1,
 
 def format_table(rows: list[dict]) -> str:
     head = ("kernel", "variant", "sm", "warps", "stages", "regs", "shared B", "limit B", "spill st/ld B", "s", "result")
-    outcome = {"ok": lambda r: "ok", "failed": lambda r: f"FAIL: {r['why']}",
-               "refused": lambda r: f"refused at start-up: {r['why']}"}
-    body = [(r["kernel"], r["variant"], str(r["arch"]), str(r["num_warps"] or "-"), str(r["num_stages"] or "-"),
-             "-" if r["registers"] is None else str(r["registers"]),
-             "-" if r["shared"] is None else str(r["shared"]), str(r["shared_limit"]),
-             "-" if r["spill_stores"] is None else f"{r['spill_stores']}/{r['spill_loads']}",
-             f"{r['seconds']:.1f}", outcome[r["result"]](r))
-            for r in sorted(rows, key=lambda r: (r["kernel"], r["variant"], r["arch"]))]
+    outcome = {
+        "ok": lambda r: "ok",
+        "failed": lambda r: f"FAIL: {r['why']}",
+        "refused": lambda r: f"refused at start-up: {r['why']}",
+    }
+    body = [
+        (
+            r["kernel"],
+            r["variant"],
+            str(r["arch"]),
+            str(r["num_warps"] or "-"),
+            str(r["num_stages"] or "-"),
+            "-" if r["registers"] is None else str(r["registers"]),
+            "-" if r["shared"] is None else str(r["shared"]),
+            str(r["shared_limit"]),
+            "-" if r["spill_stores"] is None else f"{r['spill_stores']}/{r['spill_loads']}",
+            f"{r['seconds']:.1f}",
+            outcome[r["result"]](r),
+        )
+        for r in sorted(rows, key=lambda r: (r["kernel"], r["variant"], r["arch"]))
+    ]
     widths = [max(len(row[i]) for row in (head, *body)) for i in range(len(head) - 1)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)) + "  " + row[-1] for row in (head, *body)]
     count = {result: sum(r["result"] == result for r in rows) for result in outcome}
-    lines.append(f"{len(rows) - count['refused']} compiled variants, {count['failed']} failed; "
-                 f"{count['refused']} refused at start-up (not compiled)")
+    lines.append(
+        f"{len(rows) - count['refused']} compiled variants, {count['failed']} failed; "
+        f"{count['refused']} refused at start-up (not compiled)"
+    )
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--arch", type=int, nargs="+", default=list(ARCHS), choices=sorted(SHARED_LIMIT),
-                   help="compute capabilities to compile for")
+    p.add_argument(
+        "--arch",
+        type=int,
+        nargs="+",
+        default=list(ARCHS),
+        choices=sorted(SHARED_LIMIT),
+        help="compute capabilities to compile for",
+    )
     p.add_argument("--json", metavar="PATH", help="also write the rows here")
     p.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="compiles in parallel")
     args = p.parse_args(argv)

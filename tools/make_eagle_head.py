@@ -6,6 +6,7 @@ stay exact (a random head drafts badly, so its acceptance rate says nothing).
 
     python tools/make_eagle_head.py minivllm/assets/demo-llama /tmp/demo-eagle
 """
+
 from __future__ import annotations
 
 import argparse

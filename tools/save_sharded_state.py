@@ -7,6 +7,7 @@ It starts an engine at the given tensor-parallel size, has each rank write its
 own parameters (``model-rank-R-part-P.safetensors``), and copies the
 checkpoint's config and tokenizer files. Load at the same size.
 """
+
 from __future__ import annotations
 
 import argparse

@@ -6,6 +6,7 @@
 The output directory holds ``model.tensors`` (the weights, under their
 checkpoint names) and copies of the checkpoint's config and tokenizer files.
 """
+
 from __future__ import annotations
 
 import argparse

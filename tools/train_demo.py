@@ -43,6 +43,7 @@ so the run stops at the same step on a busy machine as on an idle one. The
 data is whatever stdlib the interpreter has, so another Python version gives
 a slightly different model; ``training_log.json`` records the one used.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -62,9 +63,15 @@ from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTraine
 PAD, BOS, EOS = "<pad>", "<s>", "</s>"
 SPECIAL_TOKENS = [PAD, BOS, EOS]  # ids 0, 1, 2
 EXCLUDED_DIRS = {
-    "test", "tests", "idle_test", "idlelib",  # test suites and the IDLE app
-    "site-packages", "dist-packages", "__pycache__",  # not the stdlib
-    "encodings", "pydoc_data",  # generated codec tables and doc strings
+    "test",
+    "tests",
+    "idle_test",
+    "idlelib",  # test suites and the IDLE app
+    "site-packages",
+    "dist-packages",
+    "__pycache__",  # not the stdlib
+    "encodings",
+    "pydoc_data",  # generated codec tables and doc strings
 }
 VAL_EVERY = 50
 PROMPTS = ("def fibonacci(n):", "import ", "class Stack:")
@@ -73,14 +80,15 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    p.add_argument("--out", type=Path, default=REPO_ROOT / "minivllm/assets/demo-llama",
-                   help="checkpoint directory to (over)write")
+    p.add_argument(
+        "--out", type=Path, default=REPO_ROOT / "minivllm/assets/demo-llama", help="checkpoint directory to (over)write"
+    )
     p.add_argument("--steps", type=int, default=2000, help="optimizer steps")
-    p.add_argument("--minutes", type=float, default=20.0,
-                   help="training wall-time limit; 0 means none")
+    p.add_argument("--minutes", type=float, default=20.0, help="training wall-time limit; 0 means none")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=2,
-                   help="torch CPU threads; 1 is much faster on cores busy with other work")
+    p.add_argument(
+        "--threads", type=int, default=2, help="torch CPU threads; 1 is much faster on cores busy with other work"
+    )
     data = p.add_argument_group("data and tokenizer")
     data.add_argument("--stdlib", type=Path, default=Path(sysconfig.get_paths()["stdlib"]))
     data.add_argument("--vocab-size", type=int, default=2048)
@@ -98,8 +106,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     optim.add_argument("--min-lr-ratio", type=float, default=0.1)
     optim.add_argument("--warmup", type=int, default=100, help="warmup steps")
     optim.add_argument("--weight-decay", type=float, default=0.1)
-    optim.add_argument("--autocast", action=argparse.BooleanOptionalAction, default=True,
-                       help="bfloat16 autocast (fast on CPUs with AMX/AVX512-BF16)")
+    optim.add_argument(
+        "--autocast",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="bfloat16 autocast (fast on CPUs with AMX/AVX512-BF16)",
+    )
     optim.add_argument("--log-every", type=int, default=50)
     return p.parse_args(argv)
 
@@ -110,7 +122,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def find_sources(stdlib: Path) -> list[Path]:
     """The stdlib's own .py files, in a machine-independent (sorted) order."""
     return sorted(
-        path for path in stdlib.rglob("*.py")
+        path
+        for path in stdlib.rglob("*.py")
         if not EXCLUDED_DIRS.intersection(path.relative_to(stdlib).parts[:-1])
         and not path.name.startswith("_sysconfigdata")  # generated build variables
     )
@@ -133,10 +146,8 @@ def train_tokenizer(texts: list[str], vocab_size: int) -> PreTrainedTokenizerFas
         show_progress=False,
     )
     tok.train_from_iterator(texts, trainer)
-    tok.post_processor = processors.TemplateProcessing(
-        single=f"{BOS} $A", special_tokens=[(BOS, tok.token_to_id(BOS))])
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok, bos_token=BOS, eos_token=EOS, pad_token=PAD)
+    tok.post_processor = processors.TemplateProcessing(single=f"{BOS} $A", special_tokens=[(BOS, tok.token_to_id(BOS))])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=BOS, eos_token=EOS, pad_token=PAD)
 
 
 def pack(tokenizer: PreTrainedTokenizerFast, texts: list[str]) -> torch.Tensor:
@@ -148,11 +159,10 @@ def pack(tokenizer: PreTrainedTokenizerFast, texts: list[str]) -> torch.Tensor:
     return torch.tensor(stream, dtype=torch.long)
 
 
-def random_windows(stream: torch.Tensor, batch: int, seq_len: int,
-                   gen: torch.Generator) -> torch.Tensor:
+def random_windows(stream: torch.Tensor, batch: int, seq_len: int, gen: torch.Generator) -> torch.Tensor:
     """``batch`` windows of ``seq_len`` tokens at random offsets of the stream."""
     starts = torch.randint(0, len(stream) - seq_len, (batch,), generator=gen)
-    return torch.stack([stream[s:s + seq_len] for s in starts.tolist()])
+    return torch.stack([stream[s : s + seq_len] for s in starts.tolist()])
 
 
 # ---------------------------------------------------------------------------- model
@@ -238,21 +248,23 @@ def train(model: LlamaForCausalLM, stream: torch.Tensor, args: argparse.Namespac
     }
 
 
-def log_progress(step: int, losses: collections.deque, optimizer: torch.optim.Optimizer,
-                 args: argparse.Namespace, seconds: float) -> None:
+def log_progress(
+    step: int, losses: collections.deque, optimizer: torch.optim.Optimizer, args: argparse.Namespace, seconds: float
+) -> None:
     tok_per_s = step * args.batch * args.seq_len / seconds
-    print(f"step {step:5d}  loss {sum(losses) / len(losses):.4f}  "
-          f"lr {optimizer.param_groups[0]['lr']:.2e}  {tok_per_s:,.0f} tok/s  {seconds:6.0f}s",
-          flush=True)
+    print(
+        f"step {step:5d}  loss {sum(losses) / len(losses):.4f}  "
+        f"lr {optimizer.param_groups[0]['lr']:.2e}  {tok_per_s:,.0f} tok/s  {seconds:6.0f}s",
+        flush=True,
+    )
 
 
 @torch.no_grad()
-def evaluate(model: LlamaForCausalLM, stream: torch.Tensor, seq_len: int,
-             max_windows: int = 64) -> float:
+def evaluate(model: LlamaForCausalLM, stream: torch.Tensor, seq_len: int, max_windows: int = 64) -> float:
     """Mean loss over the first ``max_windows`` non-overlapping windows."""
     model.eval()
     n = min(max_windows, len(stream) // seq_len)
-    windows = stream[:n * seq_len].view(n, seq_len)
+    windows = stream[: n * seq_len].view(n, seq_len)
     losses = [model(input_ids=w, labels=w).loss.item() for w in windows.split(16)]
     return sum(losses) / len(losses)
 
@@ -286,8 +298,9 @@ def save_checkpoint(model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerFast,
     (out / "special_tokens_map.json").write_text(json.dumps(special, indent=2) + "\n")
 
 
-def generate_samples(model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerFast,
-                     max_new_tokens: int = 40) -> dict[str, str]:
+def generate_samples(
+    model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerFast, max_new_tokens: int = 40
+) -> dict[str, str]:
     """Greedy continuation of each prompt in ``PROMPTS``."""
     samples = {}
     for prompt in PROMPTS:
@@ -351,10 +364,12 @@ def main(argv: list[str] | None = None) -> None:
 
     for prompt, text in samples.items():
         print(f"\n--- {prompt!r}\n{text}")
-    print(f"\nfinal train loss {stats['final_train_loss']}, val loss {stats['val_loss']}, "
-          f"{stats['steps']} steps in {stats['train_seconds']}s "
-          f"({log['total_seconds']}s total); checkpoint {args.out} "
-          f"({dir_size(args.out) / 1e6:.1f} MB)")
+    print(
+        f"\nfinal train loss {stats['final_train_loss']}, val loss {stats['val_loss']}, "
+        f"{stats['steps']} steps in {stats['train_seconds']}s "
+        f"({log['total_seconds']}s total); checkpoint {args.out} "
+        f"({dir_size(args.out) / 1e6:.1f} MB)"
+    )
 
 
 if __name__ == "__main__":

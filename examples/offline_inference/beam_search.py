@@ -1,7 +1,8 @@
 """Beam search: the best ``beam_width`` continuations of each prompt.
 
-    python examples/offline_inference/beam_search.py --model facebook/opt-125m
+python examples/offline_inference/beam_search.py --model facebook/opt-125m
 """
+
 import argparse
 
 from minivllm import LLM

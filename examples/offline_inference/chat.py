@@ -1,7 +1,8 @@
 """Offline chat: one conversation, a batch of them, and a chat template of your own.
 
-    python examples/offline_inference/chat.py --model Qwen/Qwen3-0.6B
+python examples/offline_inference/chat.py --model Qwen/Qwen3-0.6B
 """
+
 import argparse
 
 from minivllm import LLM, SamplingParams

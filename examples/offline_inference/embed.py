@@ -1,7 +1,8 @@
 """Embeddings from a decoder-only embedding model (last-token pooling, normalized).
 
-    python examples/offline_inference/embed.py --model Qwen/Qwen3-Embedding-0.6B
+python examples/offline_inference/embed.py --model Qwen/Qwen3-Embedding-0.6B
 """
+
 import argparse
 
 from minivllm import LLM

@@ -19,6 +19,7 @@ Request ``i``'s queries are the last ``query_len_i`` positions of its
 positions ``0 .. seq_lens[i] - query_len_i + j`` (all already written to the
 cache by ``write_kv`` before attention runs).
 """
+
 from __future__ import annotations
 
 from abc import ABC, abstractmethod

@@ -9,6 +9,7 @@ are 1.0 unless the checkpoint carries them, under vLLM's names
 one ``kv_scale`` for both); they are read whatever the cache dtype, and used
 only by an fp8 cache.
 """
+
 from __future__ import annotations
 
 import re
@@ -45,7 +46,9 @@ def load_kv_scale(model: nn.Module, name: str, loaded: Any) -> bool:
     attn = model.get_submodule(f"{match.group(1)}.attn")
     tensor = loaded if isinstance(loaded, torch.Tensor) else loaded[...]  # a safetensors slice, maybe 0-d
     if tensor.numel() != 1:
-        raise ValueError(f"checkpoint tensor {name!r}: KV-cache scales are per tensor (one value), got {tuple(tensor.shape)}")
+        raise ValueError(
+            f"checkpoint tensor {name!r}: KV-cache scales are per tensor (one value), got {tuple(tensor.shape)}"
+        )
     value = float(tensor.float().reshape(()))
     if not value > 0:
         raise ValueError(f"checkpoint tensor {name!r}: a KV-cache scale must be positive, got {value}")

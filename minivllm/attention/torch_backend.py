@@ -14,6 +14,7 @@ query's mask is a row of the causal mask, so a step's masks are rows looked up
 in a table the backend keeps (``_CausalRows``), not comparisons redone every
 step. This is the CPU default and the oracle the Triton kernels are tested against.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -1,4 +1,5 @@
 """The paged attention backend built on the Triton kernels in ``attention.ops``."""
+
 from __future__ import annotations
 
 import torch
@@ -34,7 +35,16 @@ class TritonAttentionBackend(AttentionBackend):
     ) -> torch.Tensor:  # (T, num_heads, head_dim)
         write_kv(key, value, kv_cache, meta.slot_mapping, k_scale, v_scale)
         return paged_attention(
-            query, kv_cache, meta.query_start_loc, meta.seq_lens, meta.block_tables,
-            max_query_len=meta.max_query_len, max_seq_len=meta.max_seq_len, scale=scale,
-            sliding_window=sliding_window, logits_soft_cap=logits_soft_cap, k_scale=k_scale, v_scale=v_scale,
+            query,
+            kv_cache,
+            meta.query_start_loc,
+            meta.seq_lens,
+            meta.block_tables,
+            max_query_len=meta.max_query_len,
+            max_seq_len=meta.max_seq_len,
+            scale=scale,
+            sliding_window=sliding_window,
+            logits_soft_cap=logits_soft_cap,
+            k_scale=k_scale,
+            v_scale=v_scale,
         )

@@ -6,6 +6,7 @@ row generates its batch's longest ``max_tokens``; only each request's own
 as minivllm. For ``load.format=dummy`` the weights are first drawn by
 transformers and saved as a checkpoint that both sides then load.
 """
+
 from __future__ import annotations
 
 import logging
@@ -53,7 +54,7 @@ def shared_checkpoint(cfg: VllmConfig, out_dir: Path) -> VllmConfig:
 def _save_tokenizer(cfg: VllmConfig, out_dir: Path) -> None:
     """The model's own tokenizer when one is found locally, else a placeholder with one
     word per token id (the benchmark's prompts are token ids; text only shows in outputs)."""
-    from minivllm.engine.tokenizer import get_tokenizer
+    from minivllm.tokenizer import get_tokenizer
 
     try:
         get_tokenizer(cfg).save_pretrained(out_dir)
@@ -103,7 +104,9 @@ def generate_batch(
         pad_token_id=pad,
     )
     stop = StoppingCriteriaList(stopping_criteria or [])
-    out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), generation_config=gen, stopping_criteria=stop)
+    out = model.generate(
+        input_ids=ids.to(device), attention_mask=mask.to(device), generation_config=gen, stopping_criteria=stop
+    )
     return out[:, width:]
 
 
@@ -117,9 +120,13 @@ def run_hf(
     start, start_cpu = time.perf_counter(), time.process_time()
     with bar:
         for batch in batches:
-            out = generate_batch(model, [r.prompt_token_ids for r in batch], max(r.max_tokens for r in batch), temperature)
+            out = generate_batch(
+                model, [r.prompt_token_ids for r in batch], max(r.max_tokens for r in batch), temperature
+            )
             if out.shape[1] != max(r.max_tokens for r in batch):
-                raise RuntimeError(f"transformers generated {out.shape[1]} tokens, expected {max(r.max_tokens for r in batch)}")
+                raise RuntimeError(
+                    f"transformers generated {out.shape[1]} tokens, expected {max(r.max_tokens for r in batch)}"
+                )
             generated += out.shape[0] * out.shape[1]
             bar.update(len(batch))
     seconds, cpu_s = time.perf_counter() - start, time.process_time() - start_cpu

@@ -14,6 +14,7 @@ Kernels of a replayed CUDA graph are launched by no CPU op; they are counted
 from the device's own records and grouped by name.
 On the CPU (no device kernels) the ops' own CPU time stands in for kernel time.
 """
+
 from __future__ import annotations
 
 from collections import defaultdict
@@ -23,8 +24,20 @@ from typing import Any, Iterable
 SAMPLER_RANGE = "minivllm::sampler"
 GROUPS = ("attention", "gemm", "sampler", "small ops", "copies")
 _ATTENTION = ("attention", "attn", "combine_splits", "write_kv", "flash", "sdpa", "reshape_and_cache")
-_GEMM = ("gemm", "matmul", "cutlass", "cublas", "nvjet", "xmma", "gemv", "splitk", "aten::mm", "aten::addmm",
-         "aten::bmm", "aten::baddbmm")
+_GEMM = (
+    "gemm",
+    "matmul",
+    "cutlass",
+    "cublas",
+    "nvjet",
+    "xmma",
+    "gemv",
+    "splitk",
+    "aten::mm",
+    "aten::addmm",
+    "aten::bmm",
+    "aten::baddbmm",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,8 +124,13 @@ def summarize(kernels: list[KernelTime], steps: int, top: int = 15) -> dict[str,
         "kernel_ms_per_step": total / 1e3 / steps,
         "groups": {g: {"ms_per_step": us / 1e3 / steps, "percent": 100 * us / total} for g, us in by_group.items()},
         "top": [
-            {"name": name, "group": group, "ms_per_step": sum(t) / 1e3 / steps, "calls_per_step": len(t) / steps,
-             "percent": 100 * sum(t) / total}
+            {
+                "name": name,
+                "group": group,
+                "ms_per_step": sum(t) / 1e3 / steps,
+                "calls_per_step": len(t) / steps,
+                "percent": 100 * sum(t) / total,
+            }
             for (name, group), t in ranked
         ],
     }
@@ -124,6 +142,7 @@ def format_summary(summary: dict[str, Any], width: int = 70) -> str:
     lines.append(f"\n{'kernel':{width}}  {'group':10}{'ms/step':>9}{'calls':>7}{'%':>7}")
     for k in summary["top"]:
         name = k["name"] if len(k["name"]) <= width else k["name"][: width - 3] + "..."
-        lines.append(f"{name:{width}}  {k['group']:10}{k['ms_per_step']:>9.3f}{k['calls_per_step']:>7.1f}"
-                     f"{k['percent']:>7.1f}")
+        lines.append(
+            f"{name:{width}}  {k['group']:10}{k['ms_per_step']:>9.3f}{k['calls_per_step']:>7.1f}{k['percent']:>7.1f}"
+        )
     return "\n".join(lines)

@@ -4,6 +4,7 @@ CUDA: the allocator's high-water mark. CPU: the process's resident high-water ma
 (``VmHWM``), reset at the start where Linux allows it (``/proc/self/clear_refs``),
 so each job of a multirun reports its own peak rather than the process's.
 """
+
 from __future__ import annotations
 
 import resource

@@ -1,4 +1,5 @@
 """The human-readable report of one benchmark run (metrics.json holds the same numbers)."""
+
 from __future__ import annotations
 
 from typing import Any

@@ -11,6 +11,7 @@ the KV cache of every scheduled token's context::
 Compute-bound prefill steps make the floor loose, so the fraction is a lower bound
 on how well the decode steps use memory bandwidth.
 """
+
 from __future__ import annotations
 
 import time

@@ -7,6 +7,7 @@ tokens/s, total time, KV blocks, preemptions, peak memory, the engine's
 overhead per step, single-request decode speed, the bandwidth roofline and,
 with ``bench.baseline=hf``, transformers' numbers and the ratio.
 """
+
 from __future__ import annotations
 
 import gc
@@ -51,7 +52,7 @@ def run_bench(cfg: VllmConfig, out_dir: Path) -> dict[str, Any]:
 def _workload(cfg: VllmConfig) -> tuple[list[BenchRequest], BenchRequest | None]:
     encode = None
     if cfg.bench.workload == "jsonl":
-        from minivllm.engine.tokenizer import get_tokenizer
+        from minivllm.tokenizer import get_tokenizer
 
         tokenizer = get_tokenizer(cfg)
         encode = lambda text: tokenizer.encode(text, add_special_tokens=True)  # noqa: E731
@@ -88,7 +89,10 @@ def _describe(cfg: VllmConfig, requests: list[BenchRequest]) -> dict[str, Any]:
 
 def _params(request: BenchRequest, temperature: float) -> SamplingParams:
     return SamplingParams(
-        temperature=temperature, max_tokens=request.max_tokens, ignore_eos=True, output_kind=RequestOutputKind.FINAL_ONLY
+        temperature=temperature,
+        max_tokens=request.max_tokens,
+        ignore_eos=True,
+        output_kind=RequestOutputKind.FINAL_ONLY,
     )
 
 

@@ -12,6 +12,7 @@ report's ``problems()`` lists what went wrong: any unexpected outcome, a 500 in
 /metrics, an engine not idle at the end (running, waiting, KV blocks in use), or
 memory or descriptors that grew after warm-up.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -86,11 +87,16 @@ class SoakReport:
     def to_json(self) -> dict:
         """Plain JSON types (``dataclasses.asdict`` would mangle the Counters)."""
         return {
-            "seconds": self.seconds, "requests": dict(self.requests), "outcomes": dict(self.outcomes),
-            "unexpected": self.unexpected, "http_500": self.http_500, "idle": self.idle,
+            "seconds": self.seconds,
+            "requests": dict(self.requests),
+            "outcomes": dict(self.outcomes),
+            "unexpected": self.unexpected,
+            "http_500": self.http_500,
+            "idle": self.idle,
             "baseline": {k: vars(v) for k, v in self.baseline.items()},
-            "end": {k: vars(v) for k, v in self.end.items()}, "problems": self.problems(),
-        }  # fmt: skip
+            "end": {k: vars(v) for k, v in self.end.items()},
+            "problems": self.problems(),
+        }
 
     def summary(self) -> str:
         lines = [f"soak: {sum(self.requests.values())} requests in {self.seconds:.0f} s"]

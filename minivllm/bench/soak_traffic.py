@@ -10,6 +10,7 @@ that ends in an outcome:
 Kinds are drawn at random with fixed weights; a fault (disconnect, bad body,
 huge ``n``) is about one request in three.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -28,7 +29,7 @@ BAD_BODIES: list[tuple[dict[str, str], bytes, int]] = [
     ({"content-type": "text/plain"}, b'{"prompt": "x"}', 400),
     ({"content-type": "application/json"}, b'{"prompt": "x", "n": true}', 400),
     ({"content-type": "application/json"}, b'{"prompt": "x", "model": "no-such-model"}', 404),
-    ({"content-type": "application/json"}, b'[1, 2, 3]', 400),
+    ({"content-type": "application/json"}, b"[1, 2, 3]", 400),
 ]
 
 
@@ -104,8 +105,13 @@ class Traffic:
     # ---- faults -------------------------------------------------------------------------
     async def disconnect_stream(self) -> str:
         """Read the first event of a long stream, then hang up."""
-        body = {"model": self.model, "prompt": self.rng.choice(PROMPTS), "max_tokens": 10 * self.max_tokens,
-                "ignore_eos": True, "stream": True}  # fmt: skip
+        body = {
+            "model": self.model,
+            "prompt": self.rng.choice(PROMPTS),
+            "max_tokens": 10 * self.max_tokens,
+            "ignore_eos": True,
+            "stream": True,
+        }
         async with self.http.stream("POST", "/v1/completions", json=body) as res:
             if res.status_code != 200:
                 await res.aread()
@@ -116,8 +122,13 @@ class Traffic:
 
     async def disconnect_waiting(self) -> str:
         """Give up on a long non-streamed request after a short while (the connection closes)."""
-        body = {"model": self.model, "prompt": self.rng.choice(PROMPTS), "max_tokens": 10 * self.max_tokens,
-                "ignore_eos": True, "n": self.rng.choice([1, 2])}  # fmt: skip
+        body = {
+            "model": self.model,
+            "prompt": self.rng.choice(PROMPTS),
+            "max_tokens": 10 * self.max_tokens,
+            "ignore_eos": True,
+            "n": self.rng.choice([1, 2]),
+        }
         try:
             res = await asyncio.wait_for(self.http.post("/v1/completions", json=body), self.rng.uniform(0.05, 0.5))
         except asyncio.TimeoutError:
@@ -161,7 +172,7 @@ async def sse_lines(res: httpx.Response):
 def _finished_choices(line: str) -> set[int]:
     if not line.startswith("data: {"):
         return set()
-    event = json.loads(line[len("data: "):])
+    event = json.loads(line[len("data: ") :])
     if "error" in event:
         raise Unexpected(f"error event in a stream: {event['error']}")
     return {c["index"] for c in event["choices"] if c.get("finish_reason")}

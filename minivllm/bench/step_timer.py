@@ -21,6 +21,7 @@ Under async scheduling a step's record holds the shape (and model time) of
 the batch it launched, while its wall time mostly waits for the one before:
 sums over a run are exact, single steps are off by one.
 """
+
 from __future__ import annotations
 
 import time
@@ -171,4 +172,9 @@ def _shape(sched: Any) -> tuple[int, int, int, bool]:
     computed.update(zip(sched.cached_reqs.req_ids, sched.cached_reqs.num_computed_tokens))
     scheduled = sched.num_scheduled_tokens
     kv_tokens = sum(computed.get(req, 0) + n for req, n in scheduled.items())
-    return sum(scheduled.values()), len(scheduled), kv_tokens, bool(scheduled) and all(n == 1 for n in scheduled.values())
+    return (
+        sum(scheduled.values()),
+        len(scheduled),
+        kv_tokens,
+        bool(scheduled) and all(n == 1 for n in scheduled.values()),
+    )

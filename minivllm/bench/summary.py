@@ -8,6 +8,7 @@
 A job that failed has ``status: failed`` and its error in metrics.json; a job
 with no metrics.json at all (killed) shows as ``missing``. Both stay in the table.
 """
+
 from __future__ import annotations
 
 import csv

@@ -8,6 +8,7 @@ into the job's metrics.json instead. ``SweepSummaryCallback`` (registered in
 ``conf/config.yaml`` under ``hydra.callbacks``) then writes summary.csv and
 summary.png into the sweep folder and prints the table.
 """
+
 from __future__ import annotations
 
 import json

@@ -3,6 +3,7 @@
 Every request generates exactly ``max_tokens`` tokens (EOS is ignored), so the
 work is fixed by the workload and identical for minivllm and the baseline.
 """
+
 from __future__ import annotations
 
 import json

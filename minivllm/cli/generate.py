@@ -1,4 +1,5 @@
 """task=generate: run the configured prompts and write outputs.jsonl and metrics.json."""
+
 from __future__ import annotations
 
 import json

@@ -4,6 +4,7 @@
 A config or input error prints one line naming the key (full trace with
 ``hydra.verbose=true``).
 """
+
 from __future__ import annotations
 
 import logging

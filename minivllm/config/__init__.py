@@ -6,6 +6,8 @@ standard library, torch, transformers, Hydra/OmegaConf and ``minivllm.utils``;
 what needs the model itself comes back from the worker that loaded it
 (``minivllm/kv_cache_spec.py``). ``tests/config/test_config_is_a_leaf.py`` keeps it so.
 """
+
+from minivllm.config.llm_kwargs import config_from_kwargs
 from minivllm.config.schema import (
     AttentionConfig,
     CacheConfig,
@@ -17,7 +19,6 @@ from minivllm.config.schema import (
     SchedulerConfig,
     TaskConfig,
 )
-from minivllm.config.llm_kwargs import config_from_kwargs
 from minivllm.config.store import build_config, compose, register_configs
 from minivllm.config.vllm_config import ServeConfig, VllmConfig
 

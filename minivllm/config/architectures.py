@@ -6,6 +6,7 @@ built without importing a model. ``models/registry.py``'s ``ModelRegistry``
 reads and writes the same dict, ``ARCHITECTURES``, and imports the class a name
 stands for when the loader asks.
 """
+
 from __future__ import annotations
 
 from typing import Any

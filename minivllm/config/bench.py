@@ -4,6 +4,7 @@ Options live in ``conf/bench/`` (``default``: sized for a small CPU run;
 ``nanovllm``: nano-vllm's published GPU workload; ``shared_prefix``).
 Lengths are inclusive ranges drawn uniformly per request with ``seed``.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

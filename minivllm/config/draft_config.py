@@ -6,6 +6,7 @@ one rank. It must speak the target's tokenizer: the vocabulary sizes must
 match, and where both checkpoints ship a ``tokenizer.json`` their vocabularies
 must be equal, else drafts would be other tokens than the target reads.
 """
+
 from __future__ import annotations
 
 import json
@@ -22,8 +23,8 @@ _DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat
 
 
 def draft_model_config(target: "VllmConfig") -> "VllmConfig":
-    """The draft's VllmConfig; a bad draft is a ValueError naming ``speculative.model``."""
-    from minivllm.config.vllm_config import VllmConfig
+    """The draft's VllmConfig (built as the target's own class); a bad draft is a ValueError naming
+    ``speculative.model``."""
 
     spec = target.speculative
     if target.parallel.tp > 1:
@@ -38,18 +39,25 @@ def draft_model_config(target: "VllmConfig") -> "VllmConfig":
             f"not {target.architecture}; use speculative.method=draft_model or ngram"
         )
     node = {
-        "model": {"path": spec.model, "dtype": _DTYPE_NAMES[target.dtype], "max_model_len": target.max_model_len,
-                  "seed": target.model.seed, "architecture": "LlamaForCausalLM" if eagle else None},
+        "model": {
+            "path": spec.model,
+            "dtype": _DTYPE_NAMES[target.dtype],
+            "max_model_len": target.max_model_len,
+            "seed": target.model.seed,
+            "architecture": "LlamaForCausalLM" if eagle else None,
+        },
         "device": {"type": target.device_type},
         "attention": {"name": target.attention.name},
         "cache": {"block_size": target.cache.block_size, "cache_dtype": target.cache.cache_dtype},
-        "scheduler": {"max_num_batched_tokens": target.scheduler.max_num_batched_tokens,
-                      "max_num_seqs": target.scheduler.max_num_seqs,
-                      "enable_chunked_prefill": target.scheduler.enable_chunked_prefill},
+        "scheduler": {
+            "max_num_batched_tokens": target.scheduler.max_num_batched_tokens,
+            "max_num_seqs": target.scheduler.max_num_seqs,
+            "enable_chunked_prefill": target.scheduler.enable_chunked_prefill,
+        },
         "load": {"download_dir": target.load.download_dir},
-    }  # fmt: skip
+    }
     try:
-        draft = VllmConfig.from_dictconfig(node)
+        draft = type(target).from_dictconfig(node)
     except ValueError as e:
         raise ValueError(f"speculative.model={spec.model!r}: {e}") from e
     _check_same_vocab(spec.model, target, draft)

@@ -6,6 +6,7 @@ generation config sets away from transformers' defaults become the defaults of
 ``vllm`` turns this off; any other value is a folder holding a
 ``generation_config.json``.
 """
+
 from __future__ import annotations
 
 import logging

@@ -5,6 +5,7 @@ is stored as metadata under ``<architecture>.*`` keys, the vocabulary under
 ``tokenizer.ggml.*``. ``model.path`` names the file, or a directory holding
 exactly one.
 """
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -5,6 +5,7 @@ Most keywords name one key (``KWARG_KEYS``); a few need their own handling
 known ones, so a vLLM script fails on its first line rather than running with
 a setting silently dropped.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -12,8 +13,8 @@ from typing import Any, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
-from minivllm.config.store import compose
 from minivllm.config.speculative import speculative_node
+from minivllm.config.store import compose
 
 # vLLM keyword -> key in the config tree
 KWARG_KEYS = {

@@ -1,4 +1,5 @@
 """The ``lora`` config group (vLLM's names), and the ``serve.lora_modules`` list it serves."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -4,6 +4,7 @@ A ``model.path`` may be a local directory, a hub id already in the local HF cach
 or (for presets run with ``load.format=dummy``) nothing at all: then the preset's
 inline ``hf_config`` gives the architecture's shape.
 """
+
 from __future__ import annotations
 
 import os

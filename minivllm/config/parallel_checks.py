@@ -3,6 +3,7 @@ experts, pipeline stages. Pure functions of the checkpoint's config (no model is
 bad split fails when ``VllmConfig`` is built, naming the key; ``distributed/`` and the MoE
 models use the same functions when they place layers and experts.
 """
+
 from __future__ import annotations
 
 from typing import Any

@@ -8,6 +8,7 @@ The result is a ``QuantizationSpec``: the method and the keyword arguments of it
 config class in ``minivllm/quantization/``, which the loader builds
 (``quantization.registry.build_quant_config``) to hand each linear layer its method.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -55,16 +56,20 @@ def resolve_quantization(requested: str | None, hf_config: Any, architecture: st
     if found is None:
         return None
     if found not in QUANT_METHODS:
-        raise ValueError(f"quantization method {found!r} (config.json quantization_config.quant_method) is not "
-                         f"supported; supported: {sorted(QUANT_METHODS)}")
+        raise ValueError(
+            f"quantization method {found!r} (config.json quantization_config.quant_method) is not "
+            f"supported; supported: {sorted(QUANT_METHODS)}"
+        )
     _check_architecture(architecture, found)
     return QuantizationSpec(found, SETTINGS_PARSERS[found](config))
 
 
 def _check_architecture(architecture: str, method: str) -> None:
     if architecture not in QUANTIZED_ARCHITECTURES:
-        raise ValueError(f"quantized {architecture} checkpoints ({method}) are not supported; quantization "
-                         f"supports {list(QUANTIZED_ARCHITECTURES)}")
+        raise ValueError(
+            f"quantized {architecture} checkpoints ({method}) are not supported; quantization "
+            f"supports {list(QUANTIZED_ARCHITECTURES)}"
+        )
 
 
 def fp8_settings(config: dict[str, Any]) -> dict[str, Any]:
@@ -107,8 +112,12 @@ def gptq_settings(config: dict[str, Any]) -> dict[str, Any]:
     if config.get("lm_head", False):
         raise ValueError("gptq quantization_config.lm_head=true: a quantized lm_head is not supported")
     skip = list(config.get("modules_to_not_convert") or [])
-    return {"group_size": group, "desc_act": bool(config.get("desc_act", False)),
-            "zero_offset": GPTQ_ZERO_OFFSET[fmt], "skip": skip}
+    return {
+        "group_size": group,
+        "desc_act": bool(config.get("desc_act", False)),
+        "zero_offset": GPTQ_ZERO_OFFSET[fmt],
+        "skip": skip,
+    }
 
 
 def compressed_tensors_settings(config: dict[str, Any]) -> dict[str, Any]:
@@ -128,8 +137,12 @@ def compressed_tensors_settings(config: dict[str, Any]) -> dict[str, Any]:
     ignore = list(config.get("ignore") or [])
     if fmt == "pack-quantized":
         group_size = weights.get("group_size") if weights.get("strategy") == "group" else None
-        return {"scheme": _packed_scheme(weights, acts), "static_input": False, "ignore": ignore,
-                "group_size": group_size}
+        return {
+            "scheme": _packed_scheme(weights, acts),
+            "static_input": False,
+            "ignore": ignore,
+            "group_size": group_size,
+        }
     scheme, static = _scheme(weights, acts)
     return {"scheme": scheme, "static_input": static, "ignore": ignore}
 
@@ -148,13 +161,17 @@ def _scheme(weights: dict[str, Any], acts: dict[str, Any] | None) -> tuple[str, 
         dynamic = bool(acts.get("dynamic", False))
         allowed = ("tensor", "token") if dynamic else ("tensor",)
         if acts.get("strategy") not in allowed:
-            raise ValueError(f"compressed-tensors input_activations strategy={acts.get('strategy')!r} with "
-                             f"dynamic={dynamic}: allowed {list(allowed)}")
+            raise ValueError(
+                f"compressed-tensors input_activations strategy={acts.get('strategy')!r} with "
+                f"dynamic={dynamic}: allowed {list(allowed)}"
+            )
         return "fp8", not dynamic
     if kind == "int" and acts is None:
         return "int8-w8a16", False
-    raise ValueError(f"compressed-tensors: weights of type {kind!r} with input_activations {acts}: supported are "
-                     f"W8A8-FP8 and int8 W8A16")
+    raise ValueError(
+        f"compressed-tensors: weights of type {kind!r} with input_activations {acts}: supported are "
+        f"W8A8-FP8 and int8 W8A16"
+    )
 
 
 def _packed_scheme(weights: dict[str, Any], acts: dict[str, Any] | None) -> str:

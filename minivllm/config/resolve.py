@@ -4,6 +4,7 @@ length, architecture, and the ``_target_`` classes a name or backend selects.
 Each function fails with a message naming the key and what is allowed, so a bad
 config stops when ``VllmConfig`` is built.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
@@ -68,8 +69,20 @@ def resolve_device(device_type: str) -> str:
     return device_type
 
 
-ENCODER_ONLY = ("bert", "roberta", "xlm-roberta", "distilbert", "deberta", "deberta-v2", "electra", "modernbert",
-                 "mpnet", "nomic_bert", "camembert", "albert")
+ENCODER_ONLY = (
+    "bert",
+    "roberta",
+    "xlm-roberta",
+    "distilbert",
+    "deberta",
+    "deberta-v2",
+    "electra",
+    "modernbert",
+    "mpnet",
+    "nomic_bert",
+    "camembert",
+    "albert",
+)
 
 
 def refuse_encoder_only(hf_config: Any, architecture: str) -> None:
@@ -108,9 +121,7 @@ def resolve_max_model_len(requested: int | None, hf_config: Any) -> int:
             raise ValueError("model.max_model_len: the checkpoint names no max_position_embeddings; set it")
         return int(limit)
     if limit is not None and requested > limit:
-        raise ValueError(
-            f"model.max_model_len={requested}: larger than the model's max_position_embeddings={limit}"
-        )
+        raise ValueError(f"model.max_model_len={requested}: larger than the model's max_position_embeddings={limit}")
     return requested
 
 

@@ -1,6 +1,7 @@
 """The ``rope_type`` a checkpoint names, read from its config: what ``layers/rotary.py`` builds
 and what the config checks when it is built (a rope_type this engine lacks fails there).
 """
+
 from __future__ import annotations
 
 from typing import Any

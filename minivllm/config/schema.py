@@ -6,13 +6,14 @@ the field; `tools/gen_config_docs.py` reads them). Choices are checked in
 OmegaConf has no ``Literal`` type, so choices are plain ``str`` fields with an
 allowed set next to them.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from minivllm.config.validation import check_choice, check_range
 from minivllm.config.quantization import QUANT_METHODS
+from minivllm.config.validation import check_choice, check_range
 
 MODEL_DTYPES = ("auto", "float32", "float16", "bfloat16")
 DTYPE_ALIASES = {"half": "float16", "float": "float32"}

@@ -1,11 +1,12 @@
 """The ``serve`` group: the HTTP server of task=serve."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Optional
 
-from minivllm.config.validation import check_range
 from minivllm.config.lora import parse_lora_modules
+from minivllm.config.validation import check_range
 
 TOOL_CALL_PARSERS = ("hermes", "llama3_json")
 REASONING_PARSERS = ("deepseek_r1", "qwen3")

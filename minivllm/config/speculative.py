@@ -9,6 +9,7 @@ way the target model verifies them all in one forward pass, and the rejection
 sampler keeps the longest prefix the target agrees with. (The files named are
 in ``minivllm/spec_decode/``; this schema only describes what they do.)
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
@@ -69,7 +70,9 @@ class SpeculativeConfig:
             )
         for key in ("prompt_lookup_min", "prompt_lookup_max"):
             if self.method != "ngram" and getattr(self, key) is not None:
-                raise ValueError(f"speculative.{key}: only used by speculative.method=ngram, not {self.method}; remove it")
+                raise ValueError(
+                    f"speculative.{key}: only used by speculative.method=ngram, not {self.method}; remove it"
+                )
         if self.draft_tensor_parallel_size not in (None, 1):
             raise ValueError(
                 f"speculative.draft_tensor_parallel_size={self.draft_tensor_parallel_size}: only 1 is supported"

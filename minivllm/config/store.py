@@ -4,6 +4,7 @@ The YAML options live in the top-level ``conf/`` directory, which is installed a
 the ``minivllm.conf`` package, so the same tree is found from a checkout and from
 a wheel. ``compose`` may be called any number of times in one process.
 """
+
 from __future__ import annotations
 
 from pathlib import Path

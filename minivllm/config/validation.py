@@ -1,4 +1,5 @@
 """Small checks that raise ValueError naming the key and what is allowed."""
+
 from __future__ import annotations
 
 from typing import Any, Iterable

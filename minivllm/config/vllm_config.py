@@ -13,6 +13,7 @@ a model class splits into pipeline stages is checked by ``EngineCore`` before an
 worker starts. Plugins that register architectures are called by the front ends
 before they build the config (``minivllm/plugins``).
 """
+
 from __future__ import annotations
 
 import logging
@@ -24,14 +25,27 @@ from omegaconf import DictConfig, OmegaConf
 
 from minivllm.config.architectures import POOLING_ONLY, SUPPORTED_ARCHITECTURES
 from minivllm.config.bench import BenchConfig
+from minivllm.config.draft_config import draft_model_config
+from minivllm.config.gguf_config import find_gguf_file, gguf_hf_config
+from minivllm.config.lora import LoRAConfig
 from minivllm.config.model_source import HubOptions, load_hf_config
 from minivllm.config.parallel_checks import check_expert_parallel, check_partition, check_tensor_parallel
-from minivllm.config.rope import check_rope_types
-from minivllm.config.lora import LoRAConfig
-from minivllm.config.gguf_config import find_gguf_file, gguf_hf_config
 from minivllm.config.quantization import QuantizationSpec, resolve_quantization
-from minivllm.config.speculative import SpeculativeConfig
-from minivllm.config.draft_config import draft_model_config
+from minivllm.config.resolve import (
+    DEFAULT_LOADER,
+    KV_DTYPES,
+    LOADER_TARGETS,
+    architecture_of,
+    attention_target,
+    executor_target,
+    refuse_encoder_only,
+    resolve_async_scheduling,
+    resolve_device,
+    resolve_dtype,
+    resolve_max_model_len,
+    resolve_torch_compile,
+)
+from minivllm.config.rope import check_rope_types
 from minivllm.config.schema import (
     AttentionConfig,
     CacheConfig,
@@ -43,21 +57,8 @@ from minivllm.config.schema import (
     SchedulerConfig,
     TaskConfig,
 )
-from minivllm.config.resolve import (
-    DEFAULT_LOADER,
-    KV_DTYPES,
-    LOADER_TARGETS,
-    architecture_of,
-    attention_target,
-    executor_target,
-    refuse_encoder_only,
-    resolve_async_scheduling,
-    resolve_torch_compile,
-    resolve_device,
-    resolve_dtype,
-    resolve_max_model_len,
-)
 from minivllm.config.serve_config import ServeConfig
+from minivllm.config.speculative import SpeculativeConfig
 
 logger = logging.getLogger(__name__)
 
@@ -144,8 +145,11 @@ class VllmConfig:
         overrides = dict(self.model.hf_overrides)
         if self.load.format != "gguf":
             return load_hf_config(
-                self.model.path, inline=self.model.hf_config, overrides=overrides,
-                allow_inline=self.load.format == "dummy", hub=self.hub_options(),
+                self.model.path,
+                inline=self.model.hf_config,
+                overrides=overrides,
+                allow_inline=self.load.format == "dummy",
+                hub=self.hub_options(),
             )
         gguf_file = find_gguf_file(self.model.path)
         hf_config = gguf_hf_config(gguf_file)

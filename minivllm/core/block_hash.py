@@ -20,6 +20,7 @@ A block fills every ``block_size`` decode steps of every running request, so
 this runs tens of times per step at a few hundred requests: packing
 fixed-width integers costs about half of what pickling a tuple did.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -29,6 +30,7 @@ import struct
 from typing import Any, Sequence
 
 from minivllm.request import BlockHash
+
 ExtraKeys = tuple[Any, ...]
 
 _PICKLE_PROTOCOL = 5

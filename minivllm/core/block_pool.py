@@ -17,6 +17,7 @@ actually needed::
     allocate(2) -> 5, 9          (9 is evicted: hash a is forgotten)
     touch([2])  -> 2 leaves the queue, ref_cnt 1: a request shares it
 """
+
 from __future__ import annotations
 
 from collections import OrderedDict

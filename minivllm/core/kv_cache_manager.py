@@ -30,14 +30,14 @@ keep the stale block objects (so positions stay aligned) and
 findable in the prefix cache until evicted, and hashes chain over token ids,
 not block ids, so later blocks still hash and hit as before.
 """
+
 from __future__ import annotations
 
-from minivllm.request import BlockHash
 from minivllm.core.block_hash import extend_block_hashes, request_extra_keys, root_hash
 from minivllm.core.block_pool import BlockId, BlockPool, KVCacheBlock
 from minivllm.core.sliding_window import num_blocks_out_of_window
 from minivllm.core.stats import PrefixCacheStats
-from minivllm.request import Request, RequestId
+from minivllm.request import BlockHash, Request, RequestId
 from minivllm.utils import cdiv
 
 
@@ -203,7 +203,9 @@ class KVCacheManager:
         """Whether ``allocate_slots`` with the same arguments would succeed now."""
         return self._num_blocks_to_allocate(request, num_new_tokens, new_computed_blocks or []) is not None
 
-    def _num_blocks_to_allocate(self, request: Request, num_new_tokens: int, computed: list[KVCacheBlock]) -> int | None:
+    def _num_blocks_to_allocate(
+        self, request: Request, num_new_tokens: int, computed: list[KVCacheBlock]
+    ) -> int | None:
         """Fresh blocks needed for the new tokens, or None when they (plus the cached
         blocks taken out of the free queue) exceed the free blocks."""
         table = self._tables.get(request.request_id, [])

@@ -7,6 +7,7 @@ match wins, and of its matches the most recent one that is followed by all ``k``
 drafts (else the earliest, which has the most followers). It needs only token ids,
 so it runs in the scheduler before each step, with no model and no device.
 """
+
 from __future__ import annotations
 
 import numpy as np

@@ -22,6 +22,7 @@ request goes back in at the current turn: under ``fcfs`` ahead of everything
 (it resumes before newer work, as vLLM does), under ``priority`` ahead of the
 requests of its priority that arrived after it.
 """
+
 from __future__ import annotations
 
 import heapq

@@ -50,6 +50,7 @@ flight, and a token it sampled is kept (a preempted one) or dropped (an aborted 
 Each batch takes at most its share of the unfinished requests (``ceil(n / slots)``),
 so that the batches in flight stay of a size and every stage has work.
 """
+
 from __future__ import annotations
 
 import logging
@@ -471,4 +472,3 @@ class Scheduler:
         self._forget.add(request.request_id)
         self.structured.remove(request.request_id)
         del self.requests[request.request_id]
-

@@ -5,6 +5,7 @@ deltas (new tokens and new blocks), so a step's message stays small as
 sequences grow. Workers keep per-request state between steps. What comes back
 is in ``minivllm/outputs.py``.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -12,8 +13,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from minivllm.core.block_pool import BlockId
-from minivllm.request import RequestId
 from minivllm.lora.request import LoRARequest
+from minivllm.request import RequestId
 from minivllm.sampling_params import SamplingParams
 
 

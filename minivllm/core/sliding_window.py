@@ -19,6 +19,7 @@ The window comes from the loaded model: the worker reports it in its
 ``KVCacheSpec`` (``minivllm/kv_cache_spec.py``, which also bounds the blocks a
 request holds at once), and the engine hands it to the KV-cache manager.
 """
+
 from __future__ import annotations
 
 
@@ -27,4 +28,3 @@ def num_blocks_out_of_window(first_new_position: int, window: int | None, block_
     if window is None:
         return 0
     return max(first_new_position - window + 1, 0) // block_size
-

@@ -24,6 +24,7 @@ reads the token history or the raw distribution (grammars, logprobs, penalties,
 logit edits) get no drafts: they decode one token at a time, exactly as without
 speculation.
 """
+
 from __future__ import annotations
 
 from typing import Protocol
@@ -61,9 +62,10 @@ class SpecDecodeScheduling:
         self.lookahead = cfg.num_speculative_tokens if cfg.uses_model else 0
         """Slots past a sampling request's tokens that the worker's proposer writes."""
         self.proposer: DraftSource = (
-            ModelDrafts() if cfg.uses_model
+            ModelDrafts()
+            if cfg.uses_model
             else NgramProposer(cfg.prompt_lookup_min, cfg.prompt_lookup_max, cfg.num_speculative_tokens)
-        )  # fmt: skip
+        )
         self.stats = SpecDecodingStats()
 
     def plan(self, kv: KVCacheManager, request: Request, num_new: int, budget: int) -> tuple[list[int], int]:
@@ -109,4 +111,3 @@ class SpecDecodeScheduling:
             return
         request.num_computed_tokens -= num_drafts - num_accepted
         kv.truncate(request, request.num_computed_tokens)
-

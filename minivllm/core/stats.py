@@ -1,4 +1,5 @@
 """Counters the scheduler and KV-cache manager keep, read by the engine's stats logger."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -5,6 +5,7 @@ The functions here read requests and change nothing: the scheduler builds the
 output from them *before* it counts the step's tokens as computed, so the
 workers see each request as it was when the step was planned.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -6,6 +6,7 @@ EOS (unless ``ignore_eos``) and the request's stop token ids stop it, but only
 from its ``min_tokens``-th output token on; reaching ``max_tokens`` ends it by
 length. Stop strings are not here: they need text, which only the engine has.
 """
+
 from __future__ import annotations
 
 from minivllm.request import Request, RequestStatus

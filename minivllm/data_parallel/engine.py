@@ -11,6 +11,7 @@ abort, step, stats, collective_rpc), over ``dp`` engine processes, through the
 The replicas step on their own, concurrently; ``step()`` waits until at least
 one of them reports, then returns every output that has arrived.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -98,9 +99,14 @@ class DataParallelEngine:
         """``Processor.process`` under a new id of this engine's when ``request_id`` is None; queues nothing."""
         request_id = str(next(self._ids)) if request_id is None else str(request_id)
         return self.processor.process(
-            request_id, prompt, params, lora_request=lora_request, priority=priority, cache_salt=cache_salt,
+            request_id,
+            prompt,
+            params,
+            lora_request=lora_request,
+            priority=priority,
+            cache_salt=cache_salt,
             group_id=group_id,
-        )  # fmt: skip
+        )
 
     def add_processed(self, request: ProcessedRequest) -> str:
         """Send a processed request to the replica the balancer picks (its engine does not check it again)."""
@@ -166,4 +172,3 @@ class DataParallelEngine:
 
     def shutdown(self) -> None:
         self.client.shutdown()
-

@@ -12,6 +12,7 @@ and records this rank's stage and the layer partition, which the models read
 when they are built. With no process group (one rank) every collective is the
 identity.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -19,6 +19,7 @@ flows back: the earlier stages learn the last stage's sampled tokens from the
 scheduler, with the request's next step (``CachedRequestData.new_token_ids``),
 so a stage never waits for a later one and can start the next micro-batch.
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable, Iterable, Iterator
@@ -116,7 +117,9 @@ class PipelineStage:
         """The previous stage's tensors for this step (None on the first stage)."""
         if self.is_first:
             return None
-        tensors = {k: torch.empty(num_tokens, self.hidden_size, dtype=self.dtype, device=self.device) for k in self.keys}
+        tensors = {
+            k: torch.empty(num_tokens, self.hidden_size, dtype=self.dtype, device=self.device) for k in self.keys
+        }
         for key in self.keys:
             dist.recv(tensors[key], src=self.prev_rank)
         return tensors

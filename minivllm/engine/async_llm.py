@@ -21,6 +21,7 @@ unfinished requests; the one holding its prefix when prefix caching is on).
 
 One ``AsyncLLM`` serves one event loop at a time; call ``shutdown()`` when done.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -29,12 +30,12 @@ import dataclasses
 import time
 from typing import Any, AsyncIterator, Protocol, Sequence
 
+from minivllm.config.llm_kwargs import config_from_kwargs
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.core.scheduler import SchedulerStats
 from minivllm.engine.balancer import LoadBalancer
 from minivllm.engine.core_client import EngineCoreClient, merge_stats
 from minivllm.engine.engine_proc import EngineMessage
-from minivllm.config.llm_kwargs import config_from_kwargs
 from minivllm.engine.outputs import RequestOutput
 from minivllm.engine.processor import ProcessedRequest, Processor, PromptType
 from minivllm.engine.request_stream import EngineDeadError, RequestStream
@@ -237,9 +238,13 @@ class AsyncLLM:
             stream.abort()
 
     async def encode(
-        self, prompt: PromptType, params: PoolingParams, request_id: str, priority: int = 0,
+        self,
+        prompt: PromptType,
+        params: PoolingParams,
+        request_id: str,
+        priority: int = 0,
         group_id: str | None = None,
-    ) -> PoolingRequestOutput:  # fmt: skip
+    ) -> PoolingRequestOutput:
         """The pooled vector of one prompt (model.runner=pooling). Raises ValueError (nothing queued)
         on bad input; cancelling the await aborts the request. ``group_id`` as for ``add_request``."""
         self._bind_loop()

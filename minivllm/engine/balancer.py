@@ -11,6 +11,7 @@ than the least loaded one by more than ``affinity_slack`` requests::
     prompt blocks:   [b0][b1][b2][b3 partial]
     prefix keys:     h(b0), h(b0 b1), h(b0 b1 b2)     longest remembered key wins
 """
+
 from __future__ import annotations
 
 from collections import OrderedDict

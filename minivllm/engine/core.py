@@ -17,6 +17,7 @@ new could be scheduled::
 
     pp=2, 2 micro-batches:  submit A | submit B, wait A, update A | submit C, wait B, update B ...
 """
+
 from __future__ import annotations
 
 import logging
@@ -24,16 +25,15 @@ from collections import deque
 
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.core.scheduler import Scheduler
-from minivllm.outputs import EngineCoreOutput
 from minivllm.core.scheduler_output import SchedulerOutput
 from minivllm.core.stats import SchedulerStats
-from minivllm.request import Request, RequestId
 from minivllm.executor.base import Executor
 from minivllm.kv_cache_spec import KVCacheSpec
 from minivllm.models.registry import check_pipeline_parallel
+from minivllm.outputs import EngineCoreOutput, StepResult
 from minivllm.plugins import load_general_plugins
+from minivllm.request import Request, RequestId
 from minivllm.utils import build
-from minivllm.outputs import StepResult
 
 logger = logging.getLogger(__name__)
 

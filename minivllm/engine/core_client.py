@@ -15,6 +15,7 @@ never blocks on the engines and owns no thread: engine messages arrive on the
 owner hands them back to ``absorb`` on its own thread (the event loop, or the
 thread calling ``step``), so the bookkeeping is single-threaded.
 """
+
 from __future__ import annotations
 
 import copy
@@ -34,9 +35,9 @@ from minivllm.engine.engine_proc import EngineMessage, unpack_output
 from minivllm.engine.outputs import RequestOutput
 from minivllm.engine.processor import ProcessedRequest, Processor
 from minivllm.engine.request_stream import EngineDeadError
-from minivllm.engine.tokenizer import get_tokenizer
 from minivllm.kv_cache_spec import KVCacheSpec
 from minivllm.pooling.outputs import PoolingRequestOutput
+from minivllm.tokenizer import get_tokenizer
 
 logger = logging.getLogger(__name__)
 

@@ -14,6 +14,7 @@ Added tokens (special tokens when ``skip_special_tokens=False``) are their own
 segments of text; with ``spaces_between_special_tokens`` the segments are joined
 by single spaces, as transformers' Python tokenizers do.
 """
+
 from __future__ import annotations
 
 from tokenizers.decoders import DecodeStream
@@ -29,7 +30,7 @@ INVALID_PREFIX = "Invalid prefix encountered"
 
 class IncrementalDetokenizer:
     def __init__(self, tokenizer: PreTrainedTokenizerBase, params: SamplingParams, prompt_token_ids: list[int]):
-        self._backend = getattr(tokenizer, "_tokenizer", None) or getattr(tokenizer, "backend_tokenizer")
+        self._backend = getattr(tokenizer, "_tokenizer", None) or tokenizer.backend_tokenizer
         self._vocab_size = self._backend.get_vocab_size(with_added_tokens=True)
         self._skip_special = params.skip_special_tokens
         self._stream = DecodeStream(skip_special_tokens=self._skip_special)

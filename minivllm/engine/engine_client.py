@@ -14,6 +14,7 @@ alive: the traceback and the module keep it) is stopped the same way by a
 joins its non-daemon children, which would otherwise wait forever for an
 engine that is waiting for commands.
 """
+
 from __future__ import annotations
 
 import logging

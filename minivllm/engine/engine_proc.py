@@ -21,16 +21,17 @@ keeps the prompt and accumulates text, so each message carries only what is new,
 packed as plain tuples (pickling dataclasses costs ten times more, per request
 per step).
 """
+
 from __future__ import annotations
 
 import dataclasses
 import logging
 import pickle
 import signal
-from operator import attrgetter
 import traceback
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
+from operator import attrgetter
 from typing import Any
 
 from minivllm.config.vllm_config import VllmConfig

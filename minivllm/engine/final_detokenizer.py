@@ -20,6 +20,7 @@ exception: where byte pieces that are not valid UTF-8 made the streaming decoder
 restart (``IncrementalDetokenizer._stream_step``), the one call gives the
 tokenizer's own decoding of the tokens.
 """
+
 from __future__ import annotations
 
 import json

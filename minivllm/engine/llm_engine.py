@@ -1,4 +1,5 @@
 """LLMEngine: admit requests (``Processor.process``), step the core, detokenize, build outputs."""
+
 from __future__ import annotations
 
 import atexit
@@ -9,7 +10,6 @@ from typing import Any, Callable
 
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.core.scheduler import SchedulerStats
-from minivllm.outputs import EngineCoreOutput
 from minivllm.engine.core import EngineCore
 from minivllm.engine.detokenizer import IncrementalDetokenizer
 from minivllm.engine.final_detokenizer import FinalDetokenizer, FinalTextDecoder, wants_final_text_only
@@ -17,14 +17,15 @@ from minivllm.engine.logprob import LogprobBuilder
 from minivllm.engine.outputs import RequestOutput
 from minivllm.engine.parent_request import CompletionState, ParentRequest
 from minivllm.engine.processor import ProcessedRequest, Processor, PromptType
-from minivllm.request import Request, RequestId
 from minivllm.engine.stats import EngineStats, StatLogger
-from minivllm.engine.tokenizer import get_tokenizer
 from minivllm.executor.user_calls import user_collective_rpc
 from minivllm.lora.request import LoRARequest
+from minivllm.outputs import EngineCoreOutput
 from minivllm.pooling.outputs import PoolingOutput, PoolingRequestOutput
 from minivllm.pooling.params import PoolingParams
+from minivllm.request import Request, RequestId
 from minivllm.sampling_params import RequestOutputKind, SamplingParams
+from minivllm.tokenizer import get_tokenizer
 
 
 @dataclass
@@ -115,9 +116,14 @@ class LLMEngine:
         """``Processor.process`` under a new id of this engine's when ``request_id`` is None; queues nothing."""
         request_id = str(next(self._ids)) if request_id is None else str(request_id)
         return self.processor.process(
-            request_id, prompt, params, lora_request=lora_request, priority=priority, cache_salt=cache_salt,
+            request_id,
+            prompt,
+            params,
+            lora_request=lora_request,
+            priority=priority,
+            cache_salt=cache_salt,
             group_id=group_id,
-        )  # fmt: skip
+        )
 
     def add_processed(self, request: ProcessedRequest) -> RequestId:
         """Queue a request ``Processor.process`` made (here, or in a front end whose engine runs in
@@ -134,10 +140,17 @@ class LLMEngine:
         for index, child_id in enumerate(child_ids):
             child_params = parent.child_params(index)
             core_request = Request(
-                child_id, ids, child_params, request.eos_token_id, request.max_tokens, priority=request.priority,
-                cache_salt=request.cache_salt, group_id=request.group_id, lora_request=request.lora_request,
+                child_id,
+                ids,
+                child_params,
+                request.eos_token_id,
+                request.max_tokens,
+                priority=request.priority,
+                cache_salt=request.cache_salt,
+                group_id=request.group_id,
+                lora_request=request.lora_request,
                 final_output_only=_reads_only_final_output(child_params),
-            )  # fmt: skip
+            )
             if wants_final_text_only(child_params):
                 detok = FinalDetokenizer(self.final_text, child_params, ids)
             else:
@@ -157,9 +170,15 @@ class LLMEngine:
         self.counters.num_prompt_tokens += len(ids)
         self.core.add_request(
             Request(
-                req_id, ids, request.params, None, max_tokens=request.max_tokens, priority=request.priority,
-                cache_salt=request.cache_salt, group_id=request.group_id,
-            )  # fmt: skip
+                req_id,
+                ids,
+                request.params,
+                None,
+                max_tokens=request.max_tokens,
+                priority=request.priority,
+                cache_salt=request.cache_salt,
+                group_id=request.group_id,
+            )
         )
         return req_id
 
@@ -275,4 +294,3 @@ def _reads_only_final_output(params: SamplingParams) -> bool:
         and params.logprobs is None
         and params.prompt_logprobs is None
     )
-

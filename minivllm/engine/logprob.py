@@ -6,6 +6,7 @@ code that treats the entry as a number (sums, comparisons, JSON) keeps working.
 (ties share the better rank), also for a sampled or prompt token outside the
 requested top-k: the worker counts the tokens more likely than it.
 """
+
 from __future__ import annotations
 
 from transformers import PreTrainedTokenizerBase

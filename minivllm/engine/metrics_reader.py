@@ -3,6 +3,7 @@
 vLLM returns Prometheus samples (``Counter``, ``Gauge``) named ``vllm:*``; these
 are the same names, read from the engine's own totals (no Prometheus registry).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

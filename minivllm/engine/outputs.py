@@ -1,4 +1,5 @@
 """What users get back: vLLM's RequestOutput and CompletionOutput."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

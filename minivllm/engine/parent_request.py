@@ -14,15 +14,16 @@ completions differ. Their outputs are merged here into one RequestOutput whose
 ``finished`` is true when all children are. Prompt logprobs (computed by child 0
 only) come with every output, or, for DELTA, with the first one that has them.
 """
+
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
 
-from minivllm.outputs import EngineCoreOutput
 from minivllm.engine.detokenizer import IncrementalDetokenizer
 from minivllm.engine.final_detokenizer import FinalDetokenizer
 from minivllm.engine.outputs import CompletionOutput, Logprob, Logprobs, RequestOutput
+from minivllm.outputs import EngineCoreOutput
 from minivllm.request import RequestId
 from minivllm.sampling_params import RequestOutputKind, SamplingParams
 

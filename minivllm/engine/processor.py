@@ -7,6 +7,7 @@ they send a request, and the engine process then queues the ``ProcessedRequest``
 as it is. Every rule here raises ValueError naming the problem, so a bad request
 fails before any work starts and the engine keeps serving the others.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -106,14 +107,28 @@ class Processor:
         max_tokens = self.max_output_tokens(len(ids), params)
         eos = self.eos_token_id
         return ProcessedRequest(
-            str(request_id), text, ids, self.prepare_params(params, eos), max_tokens, group_id or str(request_id),
-            priority, cache_salt, lora_request, eos_token_id=eos,
-        )  # fmt: skip
+            str(request_id),
+            text,
+            ids,
+            self.prepare_params(params, eos),
+            max_tokens,
+            group_id or str(request_id),
+            priority,
+            cache_salt,
+            lora_request,
+            eos_token_id=eos,
+        )
 
     def _process_pooling(
-        self, request_id: str, prompt: PromptType, params: PoolingParams, lora_request: LoRARequest | None,
-        priority: int, cache_salt: str | None, group_id: str | None,
-    ) -> ProcessedRequest:  # fmt: skip
+        self,
+        request_id: str,
+        prompt: PromptType,
+        params: PoolingParams,
+        lora_request: LoRARequest | None,
+        priority: int,
+        cache_salt: str | None,
+        group_id: str | None,
+    ) -> ProcessedRequest:
         """One step that computes the prompt and returns its pooled vector (model.runner=pooling)."""
         if lora_request is not None:
             raise ValueError("lora_request: pooling runs the base model; leave it None with pooling_params")
@@ -124,9 +139,16 @@ class Processor:
         text, ids = self.tokenize(prompt, params.truncate_prompt_tokens)
         one_step = self.prepare_params(SamplingParams(max_tokens=1, temperature=0.0, detokenize=False), None)
         return ProcessedRequest(
-            str(request_id), text, ids, one_step, 1, group_id or str(request_id), priority, cache_salt,
+            str(request_id),
+            text,
+            ids,
+            one_step,
+            1,
+            group_id or str(request_id),
+            priority,
+            cache_salt,
             pooling_params=params,
-        )  # fmt: skip
+        )
 
     def _check_priority_and_salt(self, priority: int, cache_salt: str | None) -> None:
         policy = self.cfg.scheduler.policy

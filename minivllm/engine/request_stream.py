@@ -5,6 +5,7 @@ request's ``SamplingParams.output_kind`` asks for (deltas, everything so far, or
 only the final output) and hands them to one consumer through an asyncio queue.
 A consumer that stops early (a client that went away) calls ``abort()``.
 """
+
 from __future__ import annotations
 
 import asyncio

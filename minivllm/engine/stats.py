@@ -15,6 +15,7 @@ tokens count when a request gets its first output token (its whole prompt,
 cached part included, as vLLM counts them). ``LLMEngine.get_stats()`` returns
 the same numbers as an ``EngineStats`` without closing the window.
 """
+
 from __future__ import annotations
 
 import logging

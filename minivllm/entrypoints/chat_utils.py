@@ -5,6 +5,7 @@ string or a list of ``{"type": "text", "text": ...}`` parts (joined by newlines;
 other part types are refused). The template's text already holds any BOS it
 wants, so it is tokenized without adding special tokens.
 """
+
 from __future__ import annotations
 
 from typing import Any, Sequence

@@ -1,4 +1,5 @@
 """``LLM``: offline batched generation with vLLM's constructor keywords."""
+
 from __future__ import annotations
 
 from typing import Any, Callable, Sequence
@@ -9,16 +10,13 @@ from tqdm.auto import tqdm
 
 from minivllm.beam_search import BeamSearchOutput, run_beam_search
 from minivllm.config.generation_defaults import generation_defaults
+from minivllm.config.llm_kwargs import config_from_kwargs
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.data_parallel.engine import DataParallelEngine
 from minivllm.engine.llm_engine import LLMEngine
 from minivllm.engine.metrics_reader import Metric, engine_metrics
 from minivllm.engine.outputs import RequestOutput
 from minivllm.engine.processor import ProcessedRequest, PromptType
-from minivllm.executor.user_calls import apply_to_model
-from minivllm.lora.request import LoRARequest
-from minivllm.pooling.outputs import EmbeddingRequestOutput, PoolingRequestOutput
-from minivllm.pooling.params import PoolingParams
 from minivllm.entrypoints.chat_utils import Conversation, is_single_conversation, render_chat
 from minivllm.entrypoints.llm_args import (
     as_list_of_prompts,
@@ -27,15 +25,19 @@ from minivllm.entrypoints.llm_args import (
     params_per_prompt,
     pooling_params_per_prompt,
 )
-from minivllm.config.llm_kwargs import config_from_kwargs
+from minivllm.executor.user_calls import apply_to_model
+from minivllm.lora.request import LoRARequest
 from minivllm.plugins import load_general_plugins
+from minivllm.pooling.outputs import EmbeddingRequestOutput, PoolingRequestOutput
+from minivllm.pooling.params import PoolingParams
 from minivllm.sampling_params import BeamSearchParams, SamplingParams
+
 
 class LLM:
     """Offline generation::
 
-        llm = LLM(model="path/to/hf_dir", dtype="float32", block_size=16)
-        outs = llm.generate(["Hello"], SamplingParams(temperature=0, max_tokens=32))
+    llm = LLM(model="path/to/hf_dir", dtype="float32", block_size=16)
+    outs = llm.generate(["Hello"], SamplingParams(temperature=0, max_tokens=32))
     """
 
     def __init__(self, model: str | None = None, *, overrides: Sequence[str] = (), **kwargs: Any) -> None:

@@ -1,5 +1,6 @@
 """The ``LLM`` methods' arguments in their per-prompt form: one prompt or many,
 one set of parameters for all prompts or one per prompt."""
+
 from __future__ import annotations
 
 from typing import Any, Callable, TypeVar

@@ -4,6 +4,7 @@ Every call fans out to all workers through ``collective_rpc``; only the output
 rank's ``execute_model`` result is returned (rank 0 with one pipeline stage;
 the first rank of the last stage, which samples, with several).
 """
+
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
@@ -11,10 +12,9 @@ from functools import partial
 from typing import Any, Callable
 
 from minivllm.config.vllm_config import VllmConfig
-from minivllm.kv_cache_spec import KVCacheSpec
-from minivllm.outputs import ModelRunnerOutput
 from minivllm.core.scheduler_output import SchedulerOutput
-from minivllm.outputs import DoneOutput, StepResult
+from minivllm.kv_cache_spec import KVCacheSpec
+from minivllm.outputs import DoneOutput, ModelRunnerOutput, StepResult
 
 
 class WorkerFailedError(RuntimeError):
@@ -54,7 +54,7 @@ class Executor(ABC):
         (one worker in this process); elsewhere the step completes before this returns."""
         return DoneOutput(self.execute_model(sched))
 
-    def shutdown(self) -> None:
+    def shutdown(self) -> None:  # noqa: B027 - a hook: executors without processes have nothing to release
         """Release workers and processes; safe to call more than once."""
 
 

@@ -17,6 +17,7 @@ the ranks stay in lockstep. The one value that could differ, the number of KV
 blocks that fit, is agreed on with an all-reduce (the minimum). Every process
 gets the outputs; by convention rank 0 reports them.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -27,10 +28,10 @@ import torch
 import torch.distributed as dist
 
 from minivllm.config.vllm_config import VllmConfig
-from minivllm.outputs import ModelRunnerOutput
 from minivllm.core.scheduler_output import SchedulerOutput
 from minivllm.executor.base import Executor, run_method
 from minivllm.kv_cache_spec import KVCacheSpec
+from minivllm.outputs import ModelRunnerOutput
 from minivllm.utils import build
 
 LAUNCHER_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")

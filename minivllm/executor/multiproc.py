@@ -21,6 +21,7 @@ Workers are stopped when the executor is shut down, garbage-collected, or the
 interpreter exits (``weakref.finalize``), and exit on their own if the driver
 is killed outright.
 """
+
 from __future__ import annotations
 
 import logging
@@ -38,11 +39,11 @@ from typing import Any, Callable
 import cloudpickle
 
 from minivllm.config.vllm_config import VllmConfig
-from minivllm.outputs import ModelRunnerOutput
 from minivllm.core.scheduler_output import SchedulerOutput
 from minivllm.distributed.utils import LOCALHOST, get_open_port, retry_on_address_in_use, threads_per_rank
 from minivllm.executor.base import Executor, WorkerFailedError
 from minivllm.executor.worker_proc import SHUTDOWN, Reply, worker_main
+from minivllm.outputs import ModelRunnerOutput
 
 logger = logging.getLogger(__name__)
 START_UP = "start-up"
@@ -101,8 +102,12 @@ class MultiprocExecutor(Executor):
             child_end.close()
             self._procs.append(proc)
             self._conns.append(parent_end)
-        logger.info("started %d worker processes (%d threads each), rendezvous %s", self.world_size,
-                    self.num_threads, init_method)
+        logger.info(
+            "started %d worker processes (%d threads each), rendezvous %s",
+            self.world_size,
+            self.num_threads,
+            init_method,
+        )
         self._gather(START_UP, 0)
         self.collective_rpc("init_device")
 

@@ -11,6 +11,7 @@ order sent, so several steps may be in flight); as in ``MultiprocExecutor``,
 the first rank to die or raise stops every actor and raises
 ``WorkerFailedError`` naming it.
 """
+
 from __future__ import annotations
 
 import logging
@@ -22,10 +23,10 @@ from collections import Counter
 from typing import Any, Callable
 
 from minivllm.config.vllm_config import VllmConfig
-from minivllm.outputs import ModelRunnerOutput
 from minivllm.core.scheduler_output import SchedulerOutput
 from minivllm.distributed.utils import get_open_port, retry_on_address_in_use, threads_per_rank
 from minivllm.executor.base import Executor, WorkerFailedError, run_method
+from minivllm.outputs import ModelRunnerOutput
 from minivllm.utils import build
 
 logger = logging.getLogger(__name__)

@@ -1,4 +1,5 @@
 """One worker in the engine's own process (tp=1)."""
+
 from __future__ import annotations
 
 from typing import Any, Callable
@@ -6,8 +7,8 @@ from typing import Any, Callable
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.core.scheduler_output import SchedulerOutput
 from minivllm.executor.base import Executor, run_method
-from minivllm.utils import build
 from minivllm.outputs import StepResult
+from minivllm.utils import build
 
 
 class UniProcExecutor(Executor):

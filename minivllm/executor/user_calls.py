@@ -10,6 +10,7 @@ value, and the driver raises one ``RuntimeError`` naming the rank(s) once
 every rank has answered. (A function that blocks forever in a collective
 one rank never joins blocks the engine; that one is the caller's to avoid.)
 """
+
 from __future__ import annotations
 
 import traceback

@@ -13,6 +13,7 @@ A worker ignores SIGINT: Ctrl-C reaches the whole process group, and it is the
 driver's to handle (it then stops the workers). A worker whose driver has gone
 (killed without a chance to clean up) exits on its own within a second.
 """
+
 from __future__ import annotations
 
 import os

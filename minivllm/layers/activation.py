@@ -1,4 +1,5 @@
 """Activation functions by their config.json names."""
+
 from __future__ import annotations
 
 import torch

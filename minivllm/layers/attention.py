@@ -4,6 +4,7 @@ The layer owns its slice of the paged KV cache (``kv_cache``), bound by the
 model runner after the cache is allocated. Queries, keys and values arrive
 already projected (and rotated) as flat ``(T, heads * head_dim)`` tensors.
 """
+
 from __future__ import annotations
 
 import torch

@@ -5,6 +5,7 @@ eager mode; compiled, each becomes one fused kernel. Matmuls and attention are
 left alone (they already are single, tuned kernels). Compilation happens on the
 first call of each shape family (``dynamic=True``), i.e. during the profile run.
 """
+
 from __future__ import annotations
 
 import torch

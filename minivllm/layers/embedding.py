@@ -4,6 +4,7 @@ Rank r holds rows ``[r * V/tp, (r+1) * V/tp)`` of the (padded) vocabulary. The
 embedding looks up the ids it owns, zeroes the rest and all-reduces; the LM head
 computes its slice of the logits and all-gathers them.
 """
+
 from __future__ import annotations
 
 from typing import Any

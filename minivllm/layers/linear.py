@@ -19,6 +19,7 @@ Which parameters exist and how the matmul runs is up to the layer's
 those, so one loader serves a plain weight, an fp8 weight with its scales and
 a packed int4 weight.
 """
+
 from __future__ import annotations
 
 import math

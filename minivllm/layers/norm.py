@@ -7,6 +7,7 @@ reference and the CPU path. On the CPU, fp32 inputs take
 the CPU it still runs the same few elementwise ops inside).
 A subclass that changes the arithmetic (a different ``_norm``) keeps the torch path.
 """
+
 from __future__ import annotations
 
 import torch

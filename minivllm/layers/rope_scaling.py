@@ -17,6 +17,7 @@ the keys in the paged KV cache never need re-rotating:
   default ``max_model_len``. Sequences longer than the original context
   therefore match transformers exactly; shorter ones use the long factors here.
 """
+
 from __future__ import annotations
 
 import math

@@ -11,6 +11,7 @@ CUDA a second shared table lays cosines and signed sines out like the features
 they multiply, so a whole-head fp32 rotation (of q and k together, where they
 sit side by side in a fused qkv) is ``x * cos + swap(x) * signed_sin``.
 """
+
 from __future__ import annotations
 
 from typing import Any

@@ -3,6 +3,7 @@
 ``loaded`` is a ``torch.Tensor`` or a safetensors slice (from ``safe_open(...).get_slice``):
 both support basic indexing, and with a slice only the rank's shard is read from disk.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -27,7 +28,9 @@ def as_tensor(loaded: Any) -> torch.Tensor:
 
 def copy_checked(param: torch.Tensor, value: torch.Tensor, name: str = "") -> None:
     if tuple(param.shape) != tuple(value.shape):
-        raise ValueError(f"weight {name or '?'}: checkpoint shape {tuple(value.shape)} != parameter {tuple(param.shape)}")
+        raise ValueError(
+            f"weight {name or '?'}: checkpoint shape {tuple(value.shape)} != parameter {tuple(param.shape)}"
+        )
     param.data.copy_(value)
 
 

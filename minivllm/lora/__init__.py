@@ -5,6 +5,7 @@ request's adapter (or none); the wrapped linear layers add ``x @ A @ B`` of that
 slot to the base layer's output. Adapters live on the host until a request
 needs one, then in one of ``lora.max_loras`` device slots (LRU).
 """
+
 from minivllm.config.lora import LoRAConfig
 from minivllm.lora.request import LoRARequest
 

@@ -4,6 +4,7 @@ The adapter folder is read and checked once per adapter id (rank, target
 modules, shapes), so a bad adapter is a ValueError for its request and the
 engine keeps serving. An id stays bound to its first folder.
 """
+
 from __future__ import annotations
 
 from typing import Any

@@ -12,6 +12,7 @@ whole A and its ranks' columns of B (its output stays split); a row-parallel
 layer keeps its rows of A, and the (T, max_rank) shrink results are summed over
 the ranks before the expand with the whole B.
 """
+
 from __future__ import annotations
 
 import torch
@@ -40,8 +41,16 @@ MEMBERS = {
 class LoRALinear(nn.Module):
     """``base(x)`` plus each token's adapter delta, member by member."""
 
-    def __init__(self, base: ReplicatedLinear, members: tuple[str, ...], ctx: LoRAStepContext,
-                 max_loras: int, max_rank: int, dtype: torch.dtype, device: torch.device) -> None:  # fmt: skip
+    def __init__(
+        self,
+        base: ReplicatedLinear,
+        members: tuple[str, ...],
+        ctx: LoRAStepContext,
+        max_loras: int,
+        max_rank: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
         super().__init__()
         self.base = base
         self.members = members
@@ -110,8 +119,9 @@ class LoRALinear(nn.Module):
         return base.tp_rank * self.sizes[member]
 
 
-def wrap_lora_layers(model: nn.Module, ctx: LoRAStepContext, max_loras: int, max_rank: int,
-                     dtype: torch.dtype, device: torch.device) -> dict[tuple[int, str], LoRALinear]:  # fmt: skip
+def wrap_lora_layers(
+    model: nn.Module, ctx: LoRAStepContext, max_loras: int, max_rank: int, dtype: torch.dtype, device: torch.device
+) -> dict[tuple[int, str], LoRALinear]:
     """Replace every targetable linear of the decoder layers by a ``LoRALinear``;
     returns them by (layer index, our module name)."""
     wrapped: dict[tuple[int, str], LoRALinear] = {}

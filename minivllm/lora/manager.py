@@ -5,6 +5,7 @@ there are slots, so every adapter a step needs can be made resident: a missing
 one takes a free slot, else the least recently used slot whose adapter this
 step does not need (an eviction).
 """
+
 from __future__ import annotations
 
 from collections import OrderedDict
@@ -14,17 +15,18 @@ import torch
 from torch import nn
 from transformers import PretrainedConfig
 
-from minivllm.request import RequestId
 from minivllm.config.lora import LoRAConfig
 from minivllm.lora.layers import MEMBERS, wrap_lora_layers
 from minivllm.lora.peft_loader import LoRAAdapter, load_peft_adapter
 from minivllm.lora.punica import LoRAStepContext
 from minivllm.lora.request import LoRARequest
+from minivllm.request import RequestId
 
 
 class LoRAModelManager:
-    def __init__(self, model: nn.Module, cfg: LoRAConfig, hf_config: PretrainedConfig,
-                 dtype: torch.dtype, device: torch.device) -> None:  # fmt: skip
+    def __init__(
+        self, model: nn.Module, cfg: LoRAConfig, hf_config: PretrainedConfig, dtype: torch.dtype, device: torch.device
+    ) -> None:
         self.cfg, self.hf_config, self.device = cfg, hf_config, device
         self.ctx = LoRAStepContext()
         self.layers = wrap_lora_layers(model, self.ctx, cfg.max_loras, cfg.max_lora_rank, dtype, device)

@@ -10,6 +10,7 @@ become ``A`` (in, r) and ``B`` (r, out) with the adapter's scaling folded into
 Everything is checked against the base model's dimensions before any slot is
 touched; a bad adapter raises ``ValueError`` naming it.
 """
+
 from __future__ import annotations
 
 import json
@@ -31,8 +32,12 @@ MLP_MODULES = ("gate_proj", "up_proj", "down_proj")
 SUPPORTED_MODULES = ATTENTION_MODULES + MLP_MODULES
 _KEY = re.compile(r"layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)\.lora_([AB])\.weight$")
 _UNSUPPORTED_OPTIONS = {
-    "use_dora": False, "bias": "none", "modules_to_save": None, "rank_pattern": {}, "alpha_pattern": {},
-}  # fmt: skip
+    "use_dora": False,
+    "bias": "none",
+    "modules_to_save": None,
+    "rank_pattern": {},
+    "alpha_pattern": {},
+}
 """PEFT options the loader does not implement, with the value that means "not used"."""
 
 
@@ -52,9 +57,14 @@ def module_dims(hf_config: PretrainedConfig) -> dict[str, tuple[int, int]]:
     q, kv = heads * head_dim, getattr(hf_config, "num_key_value_heads", heads) * head_dim
     inter = hf_config.intermediate_size
     return {
-        "q_proj": (hidden, q), "k_proj": (hidden, kv), "v_proj": (hidden, kv), "o_proj": (q, hidden),
-        "gate_proj": (hidden, inter), "up_proj": (hidden, inter), "down_proj": (inter, hidden),
-    }  # fmt: skip
+        "q_proj": (hidden, q),
+        "k_proj": (hidden, kv),
+        "v_proj": (hidden, kv),
+        "o_proj": (q, hidden),
+        "gate_proj": (hidden, inter),
+        "up_proj": (hidden, inter),
+        "down_proj": (inter, hidden),
+    }
 
 
 def load_peft_adapter(request: LoRARequest, hf_config: PretrainedConfig, max_rank: int) -> LoRAAdapter:

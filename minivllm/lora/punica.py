@@ -5,6 +5,7 @@ slots are known); every wrapped layer then runs, per active slot, a gathered
 ``x[idx] @ A[slot] @ B[slot]`` and adds it into its output rows ``idx`` (the
 punica / S-LoRA idea with a loop over the few slots instead of a kernel).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -55,7 +56,11 @@ class LoRAStepContext:
 
 
 def add_lora(
-    out: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, groups: list[tuple[int, torch.Tensor]],
+    out: torch.Tensor,
+    x: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    groups: list[tuple[int, torch.Tensor]],
     reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> None:
     """``out[idx] += x[idx] @ a[slot] @ b[slot]`` for every (slot, idx) group, in place.

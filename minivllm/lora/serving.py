@@ -6,6 +6,7 @@ loaded at run time (``/v1/load_lora_adapter``, with
 never reused, so an unloaded adapter's cached blocks and slots are never read
 for another one; they age out of the LRU caches.
 """
+
 from __future__ import annotations
 
 import itertools

@@ -8,6 +8,7 @@ the tokens' rows of ``x``, multiplies with its slot's weight tile by tile and
 writes (shrink) or adds (expand) the rows back at the same token positions.
 Every token is in at most one segment, so the adds never race.
 """
+
 from __future__ import annotations
 
 from typing import Callable
@@ -21,9 +22,24 @@ from minivllm.attention.ops._validation import SUPPORTED_DTYPES, check_launchabl
 
 @triton.jit
 def _segmented_matmul_kernel(
-    x_ptr, w_ptr, out_ptr, idx_ptr, seg_slot_ptr, seg_start_ptr, seg_len_ptr,
-    N, K, stride_xm, stride_ws, stride_wk, stride_om,
-    ADD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FP32_DOT: tl.constexpr,
+    x_ptr,
+    w_ptr,
+    out_ptr,
+    idx_ptr,
+    seg_slot_ptr,
+    seg_start_ptr,
+    seg_len_ptr,
+    N,
+    K,
+    stride_xm,
+    stride_ws,
+    stride_wk,
+    stride_om,
+    ADD: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    FP32_DOT: tl.constexpr,
 ):
     seg, pid_m, pid_n = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     length = tl.load(seg_len_ptr + seg)
@@ -39,10 +55,14 @@ def _segmented_matmul_kernel(
     for k0 in range(0, K, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         mask_k = offs_k < K
-        x = tl.load(x_ptr + tokens[:, None] * stride_xm + offs_k[None, :],
-                    mask=mask_m[:, None] & mask_k[None, :], other=0.0)  # (BM, BK)
-        w = tl.load(w_ptr + slot * stride_ws + offs_k[:, None] * stride_wk + offs_n[None, :],
-                    mask=mask_k[:, None] & mask_n[None, :], other=0.0)  # (BK, BN)
+        x = tl.load(
+            x_ptr + tokens[:, None] * stride_xm + offs_k[None, :], mask=mask_m[:, None] & mask_k[None, :], other=0.0
+        )  # (BM, BK)
+        w = tl.load(
+            w_ptr + slot * stride_ws + offs_k[:, None] * stride_wk + offs_n[None, :],
+            mask=mask_k[:, None] & mask_n[None, :],
+            other=0.0,
+        )  # (BK, BN)
         if FP32_DOT:
             acc += tl.dot(x.to(tl.float32), w.to(tl.float32), input_precision="ieee")
         else:
@@ -61,9 +81,17 @@ def block_config(n: int, k: int) -> tuple[int, int, int]:
     return 16, block_n, block_k
 
 
-def segmented_matmul(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, token_idx: torch.Tensor,
-                     seg_slot: torch.Tensor, seg_start: torch.Tensor, seg_len: torch.Tensor, max_len: int,
-                     add: bool) -> None:  # fmt: skip
+def segmented_matmul(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    out: torch.Tensor,
+    token_idx: torch.Tensor,
+    seg_slot: torch.Tensor,
+    seg_start: torch.Tensor,
+    seg_len: torch.Tensor,
+    max_len: int,
+    add: bool,
+) -> None:
     """For each segment, ``out[tok] (+)= x[tok] @ w[slot]`` for its tokens ``tok``, in place.
 
     x: (T, K); w: (slots, K, N); out: (T, N) (may be a column slice of a wider tensor);
@@ -73,28 +101,57 @@ def segmented_matmul(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, token_
     for t, name, dims in ((x, "x", 2), (w, "w", 3), (out, "out", 2), (token_idx, "token_idx", 1)):
         check_tensor(t, name, device, dims)
     check_launchable(device, _segmented_matmul_kernel)
-    require(x.dtype in SUPPORTED_DTYPES and w.dtype in SUPPORTED_DTYPES,
-            f"dtypes {x.dtype}, {w.dtype}: allowed {SUPPORTED_DTYPES}")
-    require(w.shape[1] == x.shape[1] and out.shape == (x.shape[0], w.shape[2]),
-            f"shapes x {tuple(x.shape)}, w {tuple(w.shape)}, out {tuple(out.shape)} do not chain (T,K)@(S,K,N)->(T,N)")
-    require(seg_slot.shape == seg_start.shape == seg_len.shape,
-            "seg_slot, seg_start and seg_len must have one entry per segment")
+    require(
+        x.dtype in SUPPORTED_DTYPES and w.dtype in SUPPORTED_DTYPES,
+        f"dtypes {x.dtype}, {w.dtype}: allowed {SUPPORTED_DTYPES}",
+    )
+    require(
+        w.shape[1] == x.shape[1] and out.shape == (x.shape[0], w.shape[2]),
+        f"shapes x {tuple(x.shape)}, w {tuple(w.shape)}, out {tuple(out.shape)} do not chain (T,K)@(S,K,N)->(T,N)",
+    )
+    require(
+        seg_slot.shape == seg_start.shape == seg_len.shape,
+        "seg_slot, seg_start and seg_len must have one entry per segment",
+    )
     if seg_len.numel() == 0 or max_len == 0:
         return
     n, k = w.shape[2], w.shape[1]
     block_m, block_n, block_k = block_config(n, k)
     grid = (seg_len.numel(), triton.cdiv(max_len, block_m), triton.cdiv(n, block_n))
     _segmented_matmul_kernel[grid](
-        x, w, out, token_idx, seg_slot, seg_start, seg_len, n, k,
-        x.stride(0), w.stride(0), w.stride(1), out.stride(0),
-        ADD=add, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+        x,
+        w,
+        out,
+        token_idx,
+        seg_slot,
+        seg_start,
+        seg_len,
+        n,
+        k,
+        x.stride(0),
+        w.stride(0),
+        w.stride(1),
+        out.stride(0),
+        ADD=add,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        BLOCK_K=block_k,
         FP32_DOT=device.type != "cuda" or x.dtype == torch.float32,
     )
 
 
-def lora_shrink_expand(out: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, token_idx: torch.Tensor,
-                       seg_slot: torch.Tensor, seg_start: torch.Tensor, seg_len: torch.Tensor, max_len: int,
-                       reduce: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:  # fmt: skip
+def lora_shrink_expand(
+    out: torch.Tensor,
+    x: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    token_idx: torch.Tensor,
+    seg_slot: torch.Tensor,
+    seg_start: torch.Tensor,
+    seg_len: torch.Tensor,
+    max_len: int,
+    reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> None:
     """``out[tok] += x[tok] @ a[slot] @ b[slot]``: shrink into a (T, max_rank) fp32 buffer, then expand.
     ``reduce`` (row-parallel layers): sums the buffer over the ranks between the two."""
     buffer = torch.zeros(x.shape[0], a.shape[2], dtype=torch.float32, device=x.device)  # (T, max_rank)

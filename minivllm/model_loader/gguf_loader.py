@@ -9,6 +9,7 @@ sharding and fused q/k/v work as for any checkpoint. Quantized tensors (Q8_0,
 Q4_0, Q4_K, Q6_K, ...) are dequantized with the ``gguf`` package's
 dequantizers, one tensor at a time, and cast to the model dtype on copy.
 """
+
 from __future__ import annotations
 
 import re
@@ -17,8 +18,8 @@ from typing import Any, Iterator
 
 import torch
 
-from minivllm.config.vllm_config import VllmConfig
 from minivllm.config.gguf_config import find_gguf_file
+from minivllm.config.vllm_config import VllmConfig
 from minivllm.model_loader.loader import DefaultModelLoader
 
 _GLOBAL_NAMES = {

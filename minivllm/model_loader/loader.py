@@ -1,4 +1,5 @@
 """The default model loader: registry lookup, meta-device build, weight fill-in."""
+
 from __future__ import annotations
 
 from typing import Any, Iterator

@@ -13,6 +13,7 @@ it was saved at. Save one from a running engine with ``save_sharded_state`` or::
 
     python tools/save_sharded_state.py path/to/hf_checkpoint path/to/out_dir --tp 2
 """
+
 from __future__ import annotations
 
 import re
@@ -112,8 +113,10 @@ class ShardedStateLoader:
                         raise ValueError(f"{path.name}: tensor {name!r} matches no parameter of {type(model).__name__}")
                     value = f.get_tensor(name)
                     if value.shape != params[name].shape:
-                        raise ValueError(f"{path.name}: {name!r} has shape {tuple(value.shape)}, "
-                                         f"the parameter {tuple(params[name].shape)}")
+                        raise ValueError(
+                            f"{path.name}: {name!r} has shape {tuple(value.shape)}, "
+                            f"the parameter {tuple(params[name].shape)}"
+                        )
                     params[name].data.copy_(value)
                     missing.discard(name)
         if missing:

@@ -9,6 +9,7 @@ tensor-parallel size. Write one with::
 
     python tools/serialize_tensorizer.py path/to/hf_checkpoint path/to/out_dir
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -17,9 +18,9 @@ from typing import Any, Iterator
 from tqdm.auto import tqdm
 
 from minivllm.config.vllm_config import VllmConfig
+from minivllm.layers.weight_utils import as_tensor
 from minivllm.model_loader.loader import DefaultModelLoader
 from minivllm.model_loader.weight_files import copy_model_files, find_weight_files, iterate_weights
-from minivllm.layers.weight_utils import as_tensor
 
 TENSORIZER_FILE = "model.tensors"
 

@@ -3,6 +3,7 @@
 Safetensors tensors are yielded as lazy slices, so a tensor-parallel rank reads
 only its shard from the memory-mapped file.
 """
+
 from __future__ import annotations
 
 import json

@@ -1,4 +1,5 @@
 """Model families, picked by the checkpoint's config.json ``architectures``."""
+
 from minivllm.models.registry import ModelRegistry
 
 __all__ = ["ModelRegistry"]

@@ -9,6 +9,7 @@
 - Layers alternate sliding-window and global attention (``layer_types``).
 - The MLP is gated GELU (tanh approximation); the LM head is tied.
 """
+
 from __future__ import annotations
 
 from typing import Any

@@ -8,6 +8,7 @@ Attention scores are not soft-capped: transformers' Gemma 3 ignores
 ``attn_logit_softcapping``, and so does this model; final logits are capped
 when ``final_logit_softcapping`` is set.
 """
+
 from __future__ import annotations
 
 from typing import Any

@@ -6,6 +6,7 @@ Its checkpoints store every projection as a ``Conv1D`` weight of shape
 tensors in ``Transposed`` so the shared layers load (and shard) them unchanged.
 ``c_attn`` is a fused q|k|v projection, which ``QKVParallelLinear`` splits.
 """
+
 from __future__ import annotations
 
 from itertools import islice

@@ -7,6 +7,7 @@ The checkpoint's fused ``query_key_value`` is laid out head by head
 (``[q0 k0 v0 | q1 k1 v1 | ...]``); ``load_weights`` regroups it to ``[q | k | v]``,
 the layout ``QKVParallelLinear`` shards.
 """
+
 from __future__ import annotations
 
 from itertools import islice
@@ -139,8 +140,13 @@ class GPTNeoXForCausalLM(nn.Module):
         heads = self.config.num_attention_heads
         regrouped = ((n, _regroup_qkv(n, w, heads)) for n, w in weights)
         if getattr(self.config, "tie_word_embeddings", False):
-            regrouped = tied_head_weights(regrouped, "gpt_neox.embed_in.weight", self.embed_out,
-                                          self.gpt_neox.embed_in, head_name="embed_out.weight")  # fmt: skip
+            regrouped = tied_head_weights(
+                regrouped,
+                "gpt_neox.embed_in.weight",
+                self.embed_out,
+                self.gpt_neox.embed_in,
+                head_name="embed_out.weight",
+            )
         load_weights(self, regrouped, skip=skip)
 
 

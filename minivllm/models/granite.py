@@ -5,6 +5,7 @@
 - ``attention_multiplier`` replaces ``head_dim ** -0.5`` as the attention scale;
 - ``logits_scaling`` divides the final logits.
 """
+
 from __future__ import annotations
 
 from typing import Any

@@ -4,6 +4,7 @@ The attention and MLP blocks take the options that Llama's descendants need
 (qkv bias, per-head q/k norm, sliding window), so those families are short
 subclasses rather than copies.
 """
+
 from __future__ import annotations
 
 from itertools import islice

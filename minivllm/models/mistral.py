@@ -4,6 +4,7 @@ A query at position p attends to keys ``p - sliding_window + 1 .. p``
 (``config.sliding_window`` tokens, itself included); null means full attention
 (Mistral-7B v0.2 onwards).
 """
+
 from __future__ import annotations
 
 from typing import Any

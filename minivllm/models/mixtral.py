@@ -5,6 +5,7 @@ Each token's router picks the top ``num_experts_per_tok`` of
 renormalizes their softmax weights to sum to 1. The checkpoint keeps the block
 under ``block_sparse_moe`` with experts' ``w1`` (gate), ``w3`` (up), ``w2`` (down).
 """
+
 from __future__ import annotations
 
 from typing import Any

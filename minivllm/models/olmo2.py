@@ -7,6 +7,7 @@ q/k RMSNorms span the whole projection (all heads at once, not head by head).
 No norm precedes a sublayer; the final norm does. Under tensor parallelism each
 rank holds some heads, so the q/k norms sum their squares over the ranks.
 """
+
 from __future__ import annotations
 
 from typing import Any

@@ -1,5 +1,6 @@
 """OPT: learned positions (offset by 2), LayerNorm, ReLU MLP, optional
 embedding projection (word_embed_proj_dim != hidden_size) and post-norm variants."""
+
 from __future__ import annotations
 
 from itertools import islice

@@ -5,6 +5,7 @@ optional partial rotary factor (``get_rope`` reads it from the config).
 The fused layers take a checkpoint tensor with ``shard_id=None`` and split it
 into its members themselves, so nothing is renamed: the mapping is empty.
 """
+
 from __future__ import annotations
 
 from typing import Any

@@ -4,6 +4,7 @@ Sliding-window attention, when ``use_sliding_window`` is on, applies only to the
 layers that ``config.layer_types`` marks ``sliding_attention`` (LlamaDecoderLayer
 reads that list).
 """
+
 from __future__ import annotations
 
 from typing import Any

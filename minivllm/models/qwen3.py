@@ -1,5 +1,6 @@
 """Qwen3: Llama with RMSNorm on each head of q and k (before RoPE) and an explicit
 ``head_dim`` that need not equal hidden_size / num_heads (0.6B: 1024 / 16 heads of 128)."""
+
 from __future__ import annotations
 
 from typing import Any

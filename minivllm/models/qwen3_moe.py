@@ -6,6 +6,7 @@ others keep a dense SwiGLU MLP of ``intermediate_size``. Experts have width
 ``moe_intermediate_size``; the top-k softmax weights are renormalized only when
 ``norm_topk_prob`` is set. Checkpoint experts: ``mlp.experts.{e}.gate_proj/up_proj/down_proj``.
 """
+
 from __future__ import annotations
 
 from typing import Any

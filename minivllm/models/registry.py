@@ -7,6 +7,7 @@ register themselves::
 
     ModelRegistry.register_model("MyForCausalLM", "my_pkg.my_model:MyForCausalLM")
 """
+
 from __future__ import annotations
 
 import importlib

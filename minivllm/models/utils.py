@@ -1,4 +1,5 @@
 """Loading checkpoint tensors into a model by name."""
+
 from __future__ import annotations
 
 from typing import Any, Callable, Iterable

@@ -21,6 +21,7 @@ Which plugins this process has already called is kept here, per process: that
 is the point of "once" (a second engine in the same process must not register
 twice).
 """
+
 from __future__ import annotations
 
 import logging

@@ -4,6 +4,7 @@ The model runner hands each finished prompt's hidden states to ``Pooler``
 instead of sampling; the front end turns the pooled vector into an embedding
 (``dimensions``, ``normalize``) per request.
 """
+
 from minivllm.pooling.outputs import EmbeddingOutput, EmbeddingRequestOutput, PoolingOutput, PoolingRequestOutput
 from minivllm.pooling.params import PoolingParams
 

@@ -7,6 +7,7 @@ and hold the decoder's tensors without the ``model.`` prefix and no
 into its decoder; its LM head shares the embedding (so the runner's logits path
 stays well-formed), but a pooling runner never samples from it.
 """
+
 from __future__ import annotations
 
 from typing import Any, Iterable

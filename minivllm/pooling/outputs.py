@@ -1,4 +1,5 @@
 """What ``LLM.encode`` / ``LLM.embed`` return (vLLM's classes and fields)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -1,4 +1,5 @@
 """PoolingParams: how one pooling request's vector is finished (vLLM's names)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

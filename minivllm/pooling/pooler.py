@@ -15,6 +15,7 @@ request whose prompt is now fully computed, returns the pooled vector:
 The request also gets one placeholder token so the scheduler finishes it
 (pooling requests ask for ``max_tokens=1``).
 """
+
 from __future__ import annotations
 
 import torch
@@ -65,9 +66,13 @@ class Pooler:
         return out
 
     def _accumulate(
-        self, hidden: torch.Tensor, req_ids: list[RequestId], computed: list[int], query_lens: list[int],
+        self,
+        hidden: torch.Tensor,
+        req_ids: list[RequestId],
+        computed: list[int],
+        query_lens: list[int],
         starts: list[int],
-    ) -> None:  # fmt: skip
+    ) -> None:
         for i, req_id in enumerate(req_ids):
             chunk_sum = hidden[starts[i] : starts[i] + query_lens[i]].float().sum(dim=0)  # (H,)
             if computed[i] == 0:

@@ -9,6 +9,7 @@ Checkpoint tensors of a linear layer with K inputs, N outputs, group size g:
 
 Real weight ``W[k, n] = (q[k, n] - z[k // g, n]) * s[k // g, n]`` with ``y = x @ W``.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -50,8 +51,10 @@ class AWQLinearMethod(Int4LinearMethod):
     def create_weights(self, layer: nn.Module, shape: LinearShape, params_dtype: torch.dtype) -> None:
         k, n, g = shape.input_size_per_partition, shape.output_size_per_partition, self.group_size
         if k % g or any(size % PACK for size in shape.output_sizes):
-            raise ValueError(f"awq: a layer with {k} input features (per rank) and outputs {list(shape.output_sizes)} "
-                             f"does not fit group size {g} and packs of {PACK} outputs")
+            raise ValueError(
+                f"awq: a layer with {k} input features (per rank) and outputs {list(shape.output_sizes)} "
+                f"does not fit group size {g} and packs of {PACK} outputs"
+            )
         packed = ParamSpec(out_dim=1, in_dim=0, out_pack=PACK)
         add_param(layer, "qweight", (k, n // PACK), torch.int32, packed)
         add_param(layer, "qzeros", (k // g, n // PACK), torch.int32, packed)

@@ -14,6 +14,7 @@ its weights are stored. It asks its ``LinearMethod`` to
 The unquantized layer is itself a method (``UnquantizedLinearMethod``), so the
 layers carry no ``if quantized:`` branches (vLLM's ``QuantizeMethodBase``).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

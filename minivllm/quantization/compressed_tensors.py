@@ -7,6 +7,7 @@ channel or (1,) per tensor) and, for static fp8 activations, ``input_scale``.
 The ``pack-quantized`` format packs int4 / int8 weights into int32
 (``packed_int.py``). Layers named in ``ignore`` stay unquantized.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -49,4 +50,3 @@ class CompressedTensorsConfig(QuantizationConfig):
         if self.scheme == "int8-packed":
             return PackedInt8Method()
         return Int8WeightOnlyMethod()
-

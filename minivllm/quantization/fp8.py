@@ -16,6 +16,7 @@ On a GPU with fp8 tensor cores (compute capability 8.9+) the matmul is
 scale); elsewhere, the CPU included, the weight is dequantized to the activation
 dtype and multiplied there (the reference path).
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -25,7 +26,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from minivllm.config.quantization import fp8_settings
-from minivllm.quantization.base import LinearMethod, LinearShape, ParamSpec, QuantizationConfig, add_param, replace_param
+from minivllm.quantization.base import (
+    LinearMethod,
+    LinearShape,
+    ParamSpec,
+    QuantizationConfig,
+    add_param,
+    replace_param,
+)
 from minivllm.quantization.ignore import is_ignored
 
 FP8 = torch.float8_e4m3fn

@@ -13,6 +13,7 @@ Real weight ``W[k, n] = (q[k, n] - z[g_idx[k], n]) * s[g_idx[k], n]`` with ``y =
 With desc_act the groups are scattered over the input rows, so a row-parallel
 rank keeps every group's scales and zeros (its rows may use any of them).
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -56,14 +57,17 @@ class GPTQLinearMethod(Int4LinearMethod):
         group = shape.input_size if self.config.group_size == -1 else self.config.group_size
         all_groups = shape.input_is_sharded and (self.config.desc_act or self.config.group_size == -1)
         if k % PACK or (not all_groups and k % group) or any(size % PACK for size in shape.output_sizes):
-            raise ValueError(f"gptq: a layer with {k} input features (per rank) and outputs {list(shape.output_sizes)} "
-                             f"does not fit group size {group} and packs of {PACK}")
+            raise ValueError(
+                f"gptq: a layer with {k} input features (per rank) and outputs {list(shape.output_sizes)} "
+                f"does not fit group size {group} and packs of {PACK}"
+            )
         num_groups = shape.input_size // group if all_groups else k // group
         group_dim = None if all_groups else 0
         self.group = group
         add_param(layer, "qweight", (k // PACK, n), torch.int32, ParamSpec(out_dim=1, in_dim=0))
-        add_param(layer, "qzeros", (num_groups, n // PACK), torch.int32,
-                  ParamSpec(out_dim=1, in_dim=group_dim, out_pack=PACK))
+        add_param(
+            layer, "qzeros", (num_groups, n // PACK), torch.int32, ParamSpec(out_dim=1, in_dim=group_dim, out_pack=PACK)
+        )
         add_param(layer, "scales", (num_groups, n), params_dtype, ParamSpec(out_dim=1, in_dim=group_dim))
         add_param(layer, "g_idx", (k,), torch.int32, ParamSpec(in_dim=0))
 

@@ -1,5 +1,6 @@
 """Which linear layers a checkpoint left unquantized (``ignored_layers``, ``ignore``,
 ``modules_to_not_convert``)."""
+
 from __future__ import annotations
 
 import re

@@ -12,6 +12,7 @@ reference and the Triton kernel both read:
 and the real weight is ``W[k, n] = (q[k, n] - zeros[g_idx[k], n]) * scales[g_idx[k], n]``,
 ``y = x @ W`` (K = local input features, N = local output features).
 """
+
 from __future__ import annotations
 
 import torch
@@ -46,8 +47,9 @@ def unpack_rows(packed: torch.Tensor) -> torch.Tensor:
     return nibbles.reshape(-1, packed.shape[1])
 
 
-def dequantize(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, g_idx: torch.Tensor,
-               dtype: torch.dtype) -> torch.Tensor:
+def dequantize(
+    qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, g_idx: torch.Tensor, dtype: torch.dtype
+) -> torch.Tensor:
     """The real (K, N) weight in ``dtype`` (computed in fp32)."""
     groups = g_idx.long()
     q = unpack_rows(qweight) - zeros[groups].to(torch.int32)  # (K, N)
@@ -57,8 +59,9 @@ def dequantize(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
 class Int4LinearMethod(LinearMethod):
     """Base of AWQ and GPTQ: the formats differ in what they load, not in how they multiply."""
 
-    def finish(self, layer: nn.Module, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
-               g_idx: torch.Tensor) -> None:
+    def finish(
+        self, layer: nn.Module, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, g_idx: torch.Tensor
+    ) -> None:
         """Replace the checkpoint's parameters with the common layout (module docstring)."""
         for name in list(layer.param_specs):
             delattr(layer, name)

@@ -8,6 +8,7 @@ the unpacked (out, in). Real weight = q * scale.
 4-bit weights become the int4 layout of ``int4.py`` (zero point 8, so the
 offset cancels); 8-bit per-channel weights become a plain int8 weight.
 """
+
 from __future__ import annotations
 
 import torch
@@ -22,7 +23,9 @@ def _add_packed(layer: nn.Module, shape: LinearShape, bits: int) -> None:
     per_word = 32 // bits
     k, n = shape.input_size_per_partition, shape.output_size_per_partition
     if k % per_word:
-        raise ValueError(f"compressed-tensors: {k} input features (per rank) do not fill {bits}-bit packs of {per_word}")
+        raise ValueError(
+            f"compressed-tensors: {k} input features (per rank) do not fill {bits}-bit packs of {per_word}"
+        )
     add_param(layer, "weight_packed", (n, k // per_word), torch.int32, ParamSpec(out_dim=0, in_dim=1))
     add_param(layer, "weight_shape", (len(shape.output_sizes), 2), torch.int64, ParamSpec(per_member=True))
 
@@ -39,7 +42,9 @@ class PackedInt4Method(Int4LinearMethod):
         if self.group_size is None:  # per channel: every rank keeps the one group
             add_param(layer, "weight_scale", (n, 1), params_dtype, ParamSpec(out_dim=0))
         elif k % self.group_size:
-            raise ValueError(f"compressed-tensors: {k} input features (per rank) do not fit group size {self.group_size}")
+            raise ValueError(
+                f"compressed-tensors: {k} input features (per rank) do not fit group size {self.group_size}"
+            )
         else:
             add_param(layer, "weight_scale", (n, k // self.group_size), params_dtype, ParamSpec(out_dim=0, in_dim=1))
 
@@ -59,8 +64,13 @@ class PackedInt8Method(ScaledWeightMethod):
 
     def create_weights(self, layer: nn.Module, shape: LinearShape, params_dtype: torch.dtype) -> None:
         _add_packed(layer, shape, 8)
-        add_param(layer, "weight_scale", (shape.output_size_per_partition,), torch.float32,
-                  ParamSpec(out_dim=0, broadcast=True))
+        add_param(
+            layer,
+            "weight_scale",
+            (shape.output_size_per_partition,),
+            torch.float32,
+            ParamSpec(out_dim=0, broadcast=True),
+        )
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         packed = layer.weight_packed.data  # (N, K / 4)

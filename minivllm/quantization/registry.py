@@ -8,6 +8,7 @@ checks the checkpoint's settings and keeps them as a ``QuantizationSpec``
 meta device (so the unquantized weights it replaces never take memory) and
 ``process_weights_after_loading`` once the checkpoint is in.
 """
+
 from __future__ import annotations
 
 from typing import Any

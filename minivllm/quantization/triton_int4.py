@@ -6,6 +6,7 @@ BLOCK_K input rows and BLOCK_N output columns it loads the packed int32 words
 (``g_idx``) for its scale and zero, and multiplies the dequantized tile with the
 matching tile of ``x``. The full-precision weight never exists in memory.
 """
+
 from __future__ import annotations
 
 import torch
@@ -17,10 +18,24 @@ from minivllm.attention.ops._validation import SUPPORTED_DTYPES, check_launchabl
 
 @triton.jit
 def _int4_matmul_kernel(
-    x_ptr, qw_ptr, scales_ptr, zeros_ptr, gidx_ptr, out_ptr,
-    M, N, K,
-    stride_xm, stride_qk, stride_sg, stride_zg, stride_om,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FP32_DOT: tl.constexpr,
+    x_ptr,
+    qw_ptr,
+    scales_ptr,
+    zeros_ptr,
+    gidx_ptr,
+    out_ptr,
+    M,
+    N,
+    K,
+    stride_xm,
+    stride_qk,
+    stride_sg,
+    stride_zg,
+    stride_om,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    FP32_DOT: tl.constexpr,
 ):
     pid_m, pid_n = tl.program_id(0), tl.program_id(1)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -30,8 +45,9 @@ def _int4_matmul_kernel(
     for k0 in range(0, K, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         mask_k = offs_k < K
-        x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :],
-                    mask=mask_m[:, None] & mask_k[None, :], other=0.0)  # (BM, BK)
+        x = tl.load(
+            x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :], mask=mask_m[:, None] & mask_k[None, :], other=0.0
+        )  # (BM, BK)
         mask_kn = mask_k[:, None] & mask_n[None, :]
         words = tl.load(qw_ptr + (offs_k // 8)[:, None] * stride_qk + offs_n[None, :], mask=mask_kn, other=0)
         q = (words >> ((offs_k % 8) * 4)[:, None]) & 0xF  # (BK, BN)
@@ -47,31 +63,67 @@ def _int4_matmul_kernel(
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
 
 
-def int4_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
-                g_idx: torch.Tensor, block_m: int = 16, block_n: int = 32, block_k: int = 32) -> torch.Tensor:
+def int4_matmul(
+    x: torch.Tensor,
+    qweight: torch.Tensor,
+    scales: torch.Tensor,
+    zeros: torch.Tensor,
+    g_idx: torch.Tensor,
+    block_m: int = 16,
+    block_n: int = 32,
+    block_k: int = 32,
+) -> torch.Tensor:
     """x (M, K) @ W -> (M, N) in x's dtype; W given as qweight (K/8, N) int32, scales (G, N),
     zeros (G, N) uint8 and g_idx (K,) int32 (the layout of ``int4.py``)."""
     device = x.device
-    for t, name, dims in ((x, "x", 2), (qweight, "qweight", 2), (scales, "scales", 2), (zeros, "zeros", 2),
-                          (g_idx, "g_idx", 1)):
+    for t, name, dims in (
+        (x, "x", 2),
+        (qweight, "qweight", 2),
+        (scales, "scales", 2),
+        (zeros, "zeros", 2),
+        (g_idx, "g_idx", 1),
+    ):
         check_tensor(t, name, device, dims)
     check_launchable(device, _int4_matmul_kernel)
     m, k = x.shape
     n = qweight.shape[1]
     require(x.dtype in SUPPORTED_DTYPES, f"x dtype {x.dtype}: allowed {SUPPORTED_DTYPES}")
-    require(qweight.dtype == torch.int32 and qweight.shape[0] * 8 == k,
-            f"qweight must be int32 (K/8, N) = ({k // 8}, N), got {qweight.dtype} {tuple(qweight.shape)}")
-    require(scales.shape[1] == n and zeros.shape == scales.shape,
-            f"scales {tuple(scales.shape)} and zeros {tuple(zeros.shape)} must both be (G, {n})")
+    require(
+        qweight.dtype == torch.int32 and qweight.shape[0] * 8 == k,
+        f"qweight must be int32 (K/8, N) = ({k // 8}, N), got {qweight.dtype} {tuple(qweight.shape)}",
+    )
+    require(
+        scales.shape[1] == n and zeros.shape == scales.shape,
+        f"scales {tuple(scales.shape)} and zeros {tuple(zeros.shape)} must both be (G, {n})",
+    )
     require(zeros.dtype == torch.uint8, f"zeros must be uint8, got {zeros.dtype}")
-    require(g_idx.dtype == torch.int32 and g_idx.shape[0] == k, f"g_idx must be int32 ({k},), got {g_idx.dtype} {tuple(g_idx.shape)}")
-    require(block_k % 8 == 0 and min(block_m, block_n, block_k) >= 16, "blocks must be >= 16 and block_k a multiple of 8")
+    require(
+        g_idx.dtype == torch.int32 and g_idx.shape[0] == k,
+        f"g_idx must be int32 ({k},), got {g_idx.dtype} {tuple(g_idx.shape)}",
+    )
+    require(
+        block_k % 8 == 0 and min(block_m, block_n, block_k) >= 16, "blocks must be >= 16 and block_k a multiple of 8"
+    )
     out = torch.empty(m, n, dtype=x.dtype, device=device)
     grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
     _int4_matmul_kernel[grid](
-        x, qweight, scales, zeros, g_idx, out, m, n, k,
-        x.stride(0), qweight.stride(0), scales.stride(0), zeros.stride(0), out.stride(0),
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+        x,
+        qweight,
+        scales,
+        zeros,
+        g_idx,
+        out,
+        m,
+        n,
+        k,
+        x.stride(0),
+        qweight.stride(0),
+        scales.stride(0),
+        zeros.stride(0),
+        out.stride(0),
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        BLOCK_K=block_k,
         FP32_DOT=device.type != "cuda" or x.dtype == torch.float32,
     )
     return out

@@ -6,6 +6,7 @@ batched, so they run row by row, and only for the rows of requests that set
 ``SamplingParams.logits_processors``; every other row (and every step of a
 batch without them) takes the batched path untouched.
 """
+
 from __future__ import annotations
 
 import pickle

@@ -6,6 +6,7 @@ whole batch at once. Building the per-step index lists loops over the requests
 (and over each request's own short lists of ids), never over the vocabulary;
 the edits themselves are one ``index_put_`` or ``masked_fill_`` each.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

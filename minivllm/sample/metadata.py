@@ -6,6 +6,7 @@ and the sampling rows stay the same; only requests with logit edits (penalties,
 bad words, min_tokens, ...) need their token history, and only they cost work
 every step.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

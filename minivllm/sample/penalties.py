@@ -12,6 +12,7 @@ then, with vLLM's (and transformers') semantics::
     frequency:   logit -= frequency_penalty * output_counts
     presence:    logit -= presence_penalty * (output_counts > 0)
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -7,6 +7,7 @@ covering positions ``[start, end)`` yields entries for prompt tokens
 output token, which the sampler handles). Chunked prefill spreads a prompt over
 several steps; each step adds its chunk's entries to the request's state.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

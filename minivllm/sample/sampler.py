@@ -10,6 +10,7 @@ Random rows use the exponential race (``argmax(p / q)`` with ``q ~ Exp(1)``),
 which samples from ``p`` exactly and lets each seeded request draw its noise
 from its own generator, so its tokens do not depend on the rest of the batch.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -9,6 +9,7 @@ An unknown model is a 404 (``NotFoundError``), a full queue a 503 with
 line. Only a server bug is a 500.
 With ``serve.api_key`` set, each /v1 route wants ``Authorization: Bearer <key>``.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -27,20 +28,28 @@ from minivllm.engine.async_llm import AsyncLLM
 from minivllm.engine.request_stream import EngineDeadError
 from minivllm.serve.chat import create_chat_completion
 from minivllm.serve.completions import create_completion
+from minivllm.serve.embeddings import add_embedding_routes
 from minivllm.serve.errors import ClientDisconnected, ModelNotFound, Overloaded
 from minivllm.serve.lora_routes import add_lora_routes
 from minivllm.serve.metrics import CONTENT_TYPE
 from minivllm.serve.params import BadRequest, param_of
 from minivllm.serve.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
-from minivllm.serve.embeddings import add_embedding_routes
 from minivllm.serve.state import ServerState
 from minivllm.serve.tokenize import add_tokenize_routes
 
 logger = logging.getLogger(__name__)
 ROUTES = (
-    "/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics", "/tokenize", "/detokenize",
-    "/v1/embeddings", "/v1/load_lora_adapter", "/v1/unload_lora_adapter",
-)  # fmt: skip
+    "/v1/completions",
+    "/v1/chat/completions",
+    "/v1/models",
+    "/health",
+    "/metrics",
+    "/tokenize",
+    "/detokenize",
+    "/v1/embeddings",
+    "/v1/load_lora_adapter",
+    "/v1/unload_lora_adapter",
+)
 
 
 def build_app(engine: AsyncLLM, cfg: VllmConfig) -> FastAPI:

@@ -1,4 +1,5 @@
 """POST /v1/chat/completions: messages -> the chat template -> one request, ``n`` choices."""
+
 from __future__ import annotations
 
 import uuid
@@ -13,9 +14,18 @@ from minivllm.entrypoints.chat_utils import render_chat
 from minivllm.sampling_params import RequestOutputKind
 from minivllm.serve.chat_output import ChatOutputParser
 from minivllm.serve.completions import prompt_logprobs_json
-from minivllm.serve.generation import SSE_DONE, Prompt, check_prompt, continuous_usage, final_outputs, merged, sse
-from minivllm.serve.generation import start_requests
-from minivllm.serve.generation import unless_disconnected, usage
+from minivllm.serve.generation import (
+    SSE_DONE,
+    Prompt,
+    check_prompt,
+    continuous_usage,
+    final_outputs,
+    merged,
+    sse,
+    start_requests,
+    unless_disconnected,
+    usage,
+)
 from minivllm.serve.limits import admit
 from minivllm.serve.params import BadRequest, to_sampling_params
 from minivllm.serve.protocol import (
@@ -56,14 +66,25 @@ async def create_chat_completion(state: ServerState, body: ChatCompletionRequest
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     tools = plan_tools(body, state.cfg.serve.tool_call_parser)
     params = to_sampling_params(
-        body, state.default_sampling_params, max_tokens=max_tokens, logprobs=logprobs, output_kind=kind,
+        body,
+        state.default_sampling_params,
+        max_tokens=max_tokens,
+        logprobs=logprobs,
+        output_kind=kind,
         structured_outputs=_constraint(body, tools),
-    )  # fmt: skip
+    )
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     prompt = check_prompt(
-        state.engine, f"{request_id}-0", render(state, body, tools), params, body.priority, lora,
-        max_tokens=max_tokens, group_id=request_id, prompt_field="messages",
-    )  # fmt: skip
+        state.engine,
+        f"{request_id}-0",
+        render(state, body, tools),
+        params,
+        body.priority,
+        lora,
+        max_tokens=max_tokens,
+        group_id=request_id,
+        prompt_field="messages",
+    )
     streams = await start_requests(state.engine, [prompt], "messages")
     reasoning = state.cfg.serve.reasoning_parser
     fmt = _Formatter(state, body, prompt, ChatOutputParser(tools, REASONING_PARSERS[reasoning] if reasoning else None))
@@ -83,8 +104,10 @@ def _constraint(body: ChatCompletionRequest, tools: ToolPlan | None) -> Structur
     asked = structured_outputs_of(body)
     enforced = tools.constraint if tools is not None else None
     if asked is not None and enforced is not None:
-        raise BadRequest("tool_choice", f"tool_choice={body.tool_choice!r}: cannot be combined with response_format "
-                         "or another output constraint")  # fmt: skip
+        raise BadRequest(
+            "tool_choice",
+            f"tool_choice={body.tool_choice!r}: cannot be combined with response_format or another output constraint",
+        )
     return enforced or asked
 
 
@@ -106,12 +129,16 @@ def render(state: ServerState, body: ChatCompletionRequest, tools: ToolPlan | No
     except ValueError as err:
         raise BadRequest("messages", str(err)) from None
     if body.add_special_tokens:
-        rendered["prompt_token_ids"] = state.engine.tokenizer.encode(rendered["prompt"], add_special_tokens=True, verbose=False)
+        rendered["prompt_token_ids"] = state.engine.tokenizer.encode(
+            rendered["prompt"], add_special_tokens=True, verbose=False
+        )
     return rendered
 
 
 class _Formatter:
-    def __init__(self, state: ServerState, body: ChatCompletionRequest, prompt: Prompt, parser: ChatOutputParser) -> None:
+    def __init__(
+        self, state: ServerState, body: ChatCompletionRequest, prompt: Prompt, parser: ChatOutputParser
+    ) -> None:
         self.state, self.body, self.prompt, self.parser = state, body, prompt, parser
 
     def choice(self, c: CompletionOutput) -> ChatChoice:
@@ -120,9 +147,12 @@ class _Formatter:
             content=parsed.content, reasoning_content=parsed.reasoning_content, tool_calls=parsed.tool_calls
         )
         return ChatChoice(
-            index=c.index, message=message, logprobs=self.logprobs(c),
-            finish_reason=self.parser.finish_reason(c.finish_reason, bool(parsed.tool_calls)), stop_reason=c.stop_reason,
-        )  # fmt: skip
+            index=c.index,
+            message=message,
+            logprobs=self.logprobs(c),
+            finish_reason=self.parser.finish_reason(c.finish_reason, bool(parsed.tool_calls)),
+            stop_reason=c.stop_reason,
+        )
 
     def logprobs(self, c: CompletionOutput) -> ChatLogProbs | None:
         if not self.body.logprobs:
@@ -157,7 +187,9 @@ async def _stream(
 
     parsers = [fmt.parser.stream() for _ in range(body.n)]
     try:
-        yield chunk([ChatStreamChoice(index=i, delta=DeltaMessage(role="assistant", content="")) for i in range(body.n)])
+        yield chunk(
+            [ChatStreamChoice(index=i, delta=DeltaMessage(role="assistant", content="")) for i in range(body.n)]
+        )
         async for _, out in merged(streams):
             choices = []
             for c in out.outputs:
@@ -168,9 +200,12 @@ async def _stream(
                     reason = fmt.parser.finish_reason(c.finish_reason, parser.has_calls)
                     choices.append(
                         ChatStreamChoice(
-                            index=c.index, delta=delta or DeltaMessage(), logprobs=fmt.logprobs(c),
-                            finish_reason=reason, stop_reason=c.stop_reason,
-                        )  # fmt: skip
+                            index=c.index,
+                            delta=delta or DeltaMessage(),
+                            logprobs=fmt.logprobs(c),
+                            finish_reason=reason,
+                            stop_reason=c.stop_reason,
+                        )
                     )
             if choices:
                 yield chunk(choices)

@@ -7,6 +7,7 @@ is held back until it is clear; calls are sent whole, one delta each, when the
 choice ends. A named function's arguments (the constrained output itself) stream
 as they are generated.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -6,6 +6,7 @@ SIGTERM or Ctrl-C stops accepting connections, lets in-flight requests finish
 for up to ``serve.shutdown_timeout`` seconds (then cancels them, which aborts
 their engine requests), stops the engine and releases the port.
 """
+
 from __future__ import annotations
 
 import json

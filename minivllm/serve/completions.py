@@ -1,4 +1,5 @@
 """POST /v1/completions: one request per prompt, ``n`` completions each."""
+
 from __future__ import annotations
 
 import uuid
@@ -36,17 +37,29 @@ async def create_completion(state: ServerState, body: CompletionRequest, raw: Re
     admit(state, body.n, len(raw_prompts))
     kind = RequestOutputKind.DELTA if body.stream else RequestOutputKind.FINAL_ONLY
     params = to_sampling_params(
-        body, state.default_sampling_params, max_tokens=body.max_tokens, logprobs=body.logprobs, output_kind=kind,
+        body,
+        state.default_sampling_params,
+        max_tokens=body.max_tokens,
+        logprobs=body.logprobs,
+        output_kind=kind,
         structured_outputs=structured_outputs_of(body),
-    )  # fmt: skip
+    )
     if body.echo and body.logprobs is not None:  # the echoed prompt's logprobs come from prompt logprobs
         params.prompt_logprobs = max(params.prompt_logprobs or 0, body.logprobs)
     request_id = f"cmpl-{uuid.uuid4().hex}"
     prompts = [
-        check_prompt(state.engine, f"{request_id}-{i}", _encoded(state, p, body), params, body.priority, lora,
-                     max_tokens=body.max_tokens, group_id=request_id)
+        check_prompt(
+            state.engine,
+            f"{request_id}-{i}",
+            _encoded(state, p, body),
+            params,
+            body.priority,
+            lora,
+            max_tokens=body.max_tokens,
+            group_id=request_id,
+        )
         for i, p in enumerate(raw_prompts)
-    ]  # fmt: skip
+    ]
     streams = await start_requests(state.engine, prompts)
     fmt = _Formatter(state, body, prompts)
     if body.stream:
@@ -69,7 +82,10 @@ def _encoded(state: ServerState, prompt: Any, body: CompletionRequest) -> Any:
     """A text prompt tokenized here when ``add_special_tokens`` is false (the engine adds them)."""
     if body.add_special_tokens or not isinstance(prompt, str):
         return prompt
-    return {"prompt": prompt, "prompt_token_ids": state.engine.tokenizer.encode(prompt, add_special_tokens=False, verbose=False)}
+    return {
+        "prompt": prompt,
+        "prompt_token_ids": state.engine.tokenizer.encode(prompt, add_special_tokens=False, verbose=False),
+    }
 
 
 def _prompt_list(prompt: Any) -> list[Any]:
@@ -101,9 +117,13 @@ class _Formatter:
         logprobs = self._logprobs(index, c, echoed) if self.body.logprobs is not None else None
         shown = prompt_logprobs if self.body.prompt_logprobs is not None else None
         return CompletionChoice(
-            index=index, text=text, logprobs=logprobs, finish_reason=c.finish_reason, stop_reason=c.stop_reason,
+            index=index,
+            text=text,
+            logprobs=logprobs,
+            finish_reason=c.finish_reason,
+            stop_reason=c.stop_reason,
             prompt_logprobs=prompt_logprobs_json(shown),
-        )  # fmt: skip
+        )
 
     def _logprobs(self, index: int, c: CompletionOutput, echoed: Any = None) -> CompletionLogProbs:
         """Per token: its text, logprob and alternatives; an echoed prompt's tokens come first
@@ -150,8 +170,8 @@ def prompt_logprobs_json(prompt_logprobs: Any) -> Any:
     if prompt_logprobs is None:
         return None
     return [
-        None if entry is None else {
-            t: {"logprob": float(lp), "rank": lp.rank, "decoded_token": lp.decoded_token} for t, lp in entry.items()
-        }
+        None
+        if entry is None
+        else {t: {"logprob": float(lp), "rank": lp.rank, "decoded_token": lp.decoded_token} for t, lp in entry.items()}
         for entry in prompt_logprobs
     ]

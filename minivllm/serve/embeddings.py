@@ -6,6 +6,7 @@ those lists; each becomes one pooling request (they run concurrently). With
 base64-encoded (what the official client asks for by default). ``dimensions``
 works for Matryoshka models only. Needs a server started with model.runner=pooling.
 """
+
 from __future__ import annotations
 
 import asyncio

@@ -8,6 +8,7 @@ its OpenAI status code, and the client that went away.
 Each is turned into a response by ``app.py``'s handlers; none is logged with a
 traceback, since none is a server bug.
 """
+
 from __future__ import annotations
 
 

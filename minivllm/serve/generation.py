@@ -6,6 +6,7 @@ tokenized and checked once by ``AsyncLLM.process``), then starts them all; any
 refusal aborts the ones already started and becomes a 400 before a byte is
 streamed.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -38,10 +39,17 @@ class Prompt:
 
 
 def check_prompt(
-    engine: AsyncLLM, request_id: str, prompt: Any, params: SamplingParams, priority: int,
-    lora_request: LoRARequest | None = None, *, max_tokens: int | None, group_id: str | None = None,
+    engine: AsyncLLM,
+    request_id: str,
+    prompt: Any,
+    params: SamplingParams,
+    priority: int,
+    lora_request: LoRARequest | None = None,
+    *,
+    max_tokens: int | None,
+    group_id: str | None = None,
     prompt_field: str = "prompt",
-) -> Prompt:  # fmt: skip
+) -> Prompt:
     """The request for one prompt, checked and tokenized by the engine's rules (a 400 naming
     ``prompt_field`` for the prompt's faults); refuse a ``max_tokens`` the client sent that cannot
     fit the context (the engine would cap it)."""

@@ -11,6 +11,7 @@ Checked before a request is tokenized, so a refused request costs nothing:
 What is admitted is then scheduled fairly across client requests by the
 scheduler's waiting queue (``core/request_queue.py``).
 """
+
 from __future__ import annotations
 
 from minivllm.serve.errors import Overloaded

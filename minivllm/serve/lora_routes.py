@@ -3,6 +3,7 @@
 A loaded adapter is checked (files, rank, target modules, shapes) before it is
 served: a bad one is a 400 and nothing changes. Unloading an unknown name is a 404.
 """
+
 from __future__ import annotations
 
 from fastapi import FastAPI

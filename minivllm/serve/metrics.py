@@ -6,6 +6,7 @@ logger hooks. Engine-level gauges (running, waiting, KV usage) are read fresh
 from the engine at each scrape. Each server has its own registry, so two servers
 in one process never share counters.
 """
+
 from __future__ import annotations
 
 import math
@@ -18,7 +19,27 @@ from minivllm.core.scheduler import SchedulerStats
 from minivllm.engine.request_stream import RequestStream
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0)  # fmt: skip
+LATENCY_BUCKETS = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
 TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000)
 
 
@@ -40,15 +61,19 @@ class ServerMetrics:
         self.prompt_tokens = counter("minivllm:prompt_tokens", "Prompt tokens prefilled.")
         self.generation_tokens = counter("minivllm:generation_tokens", "Tokens generated.")
         self._finished = Counter(
-            "minivllm:request_success", "Finished requests by finish reason.", ["model_name", "finished_reason"],
+            "minivllm:request_success",
+            "Finished requests by finish reason.",
+            ["model_name", "finished_reason"],
             registry=reg,
-        )  # fmt: skip
+        )
         self._model_name = model_name
         self.ttft = histogram("minivllm:time_to_first_token_seconds", "Time to first token.", LATENCY_BUCKETS)
         self.itl = histogram("minivllm:inter_token_latency_seconds", "Time between output tokens.", LATENCY_BUCKETS)
         self.e2e = histogram("minivllm:e2e_request_latency_seconds", "Arrival to last output.", LATENCY_BUCKETS)
         self.prompt_len = histogram("minivllm:request_prompt_tokens", "Prompt tokens per request.", TOKEN_BUCKETS)
-        self.output_len = histogram("minivllm:request_generation_tokens", "Tokens generated per request.", TOKEN_BUCKETS)
+        self.output_len = histogram(
+            "minivllm:request_generation_tokens", "Tokens generated per request.", TOKEN_BUCKETS
+        )
         self.http = Counter(
             "minivllm:http_requests", "HTTP requests by route and status.", ["route", "status"], registry=reg
         )

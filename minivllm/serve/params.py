@@ -7,6 +7,7 @@ have yet is refused with a 400 when set to anything but its neutral value, never
 silently dropped. A field nobody declared that is not a ``SamplingParams`` field
 is a 400 naming it.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -22,12 +23,34 @@ from minivllm.sampling_params import SamplingParams
 # Request fields that are about the request, not about sampling.
 NOT_SAMPLING = frozenset(
     {
-        "model", "prompt", "messages", "stream", "stream_options", "echo", "user", "priority", "suffix",
-        "best_of", "max_completion_tokens", "top_logprobs", "add_generation_prompt", "continue_final_message",
-        "chat_template_kwargs", "max_tokens", "logprobs", "response_format", "guided_json", "guided_regex",
-        "guided_choice", "guided_grammar", "tools", "tool_choice", "parallel_tool_calls", "add_special_tokens",
+        "model",
+        "prompt",
+        "messages",
+        "stream",
+        "stream_options",
+        "echo",
+        "user",
+        "priority",
+        "suffix",
+        "best_of",
+        "max_completion_tokens",
+        "top_logprobs",
+        "add_generation_prompt",
+        "continue_final_message",
+        "chat_template_kwargs",
+        "max_tokens",
+        "logprobs",
+        "response_format",
+        "guided_json",
+        "guided_regex",
+        "guided_choice",
+        "guided_grammar",
+        "tools",
+        "tool_choice",
+        "parallel_tool_calls",
+        "add_special_tokens",
     }
-)  # fmt: skip
+)
 # Declared fields that mean "off" at these values (OpenAI's defaults).
 NEUTRAL = {"presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0, "logit_bias": {}}
 # Never settable over HTTP.

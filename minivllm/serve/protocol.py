@@ -8,6 +8,7 @@ over HTTP without touching this file. Any other field is a 400 naming it: the
 server never drops what a client asked for. Only the fields in ``NO_OP_FIELDS``
 are accepted and ignored (documented in docs/serving.md).
 """
+
 from __future__ import annotations
 
 import time

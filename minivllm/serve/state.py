@@ -1,4 +1,5 @@
 """What every route handler needs: the engine, the served name, the chat template."""
+
 from __future__ import annotations
 
 from functools import lru_cache
@@ -60,7 +61,9 @@ class ServerState:
         return CompletionResponse(id=request_id, model=self.shown_model(model), choices=choices, usage=usage)
 
     @staticmethod
-    def error_body(message: str, kind: str = "invalid_request_error", code: int = 400, param: Any = None) -> ErrorResponse:
+    def error_body(
+        message: str, kind: str = "invalid_request_error", code: int = 400, param: Any = None
+    ) -> ErrorResponse:
         return ErrorResponse(error=ErrorInfo(message=message, type=kind, param=param, code=code))
 
 

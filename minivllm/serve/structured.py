@@ -5,6 +5,7 @@ extra fields (``structured_outputs``, and the older ``guided_json``,
 ``guided_regex``, ``guided_choice``, ``guided_grammar``). At most one may be set;
 any error is a 400 naming the field.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -18,7 +19,9 @@ GUIDED_FIELDS = {"guided_json": "json", "guided_regex": "regex", "guided_choice"
 
 def structured_outputs_of(body: Any) -> StructuredOutputsParams | None:
     """The constraint a request asks for, or None."""
-    given = {name: getattr(body, name) for name in (*GUIDED_FIELDS, "structured_outputs") if getattr(body, name) is not None}
+    given = {
+        name: getattr(body, name) for name in (*GUIDED_FIELDS, "structured_outputs") if getattr(body, name) is not None
+    }
     fmt = _response_format(body.response_format)
     if fmt is not None:
         given["response_format"] = fmt

@@ -6,6 +6,7 @@
 ``{"count", "max_model_len", "tokens", "token_strs"}``; ``/detokenize`` takes
 ``{"tokens": [...]}`` and answers ``{"prompt": text}``.
 """
+
 from __future__ import annotations
 
 from typing import Any, Optional

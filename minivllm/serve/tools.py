@@ -11,6 +11,7 @@ output into OpenAI ``tool_calls``.
 - a named function: the output is constrained to that tool's parameters schema;
   it is the call's arguments.
 """
+
 from __future__ import annotations
 
 import json

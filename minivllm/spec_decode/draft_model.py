@@ -28,6 +28,7 @@ full block, so nothing shared is touched.
 Sampled drafts keep their distributions (``draft_probs``) for the rejection
 sampler, which accepts with ``min(1, p / q)``; greedy drafts are one-hot.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable
@@ -38,9 +39,9 @@ from torch import nn
 
 from minivllm.attention.backend import AttentionBackend, AttentionMetadata
 from minivllm.config.vllm_config import VllmConfig
-from minivllm.request import RequestId
 from minivllm.layers.attention import attention_layers
 from minivllm.layers.rotary import share_cos_sin_caches
+from minivllm.request import RequestId
 from minivllm.sample.metadata import SamplingMetadata, may_speculate
 from minivllm.sample.sampler import Sampler
 from minivllm.utils import build, cdiv
@@ -80,7 +81,10 @@ class DraftModelProposer:
         self._sampling_metadata = sampling_metadata
         self.inputs = step_inputs(
             cfg.scheduler.max_num_batched_tokens + cfg.scheduler.max_num_seqs,  # + each row's new token
-            cfg.scheduler.max_num_seqs, cdiv(cfg.max_model_len, self.block_size), self.block_size, device,
+            cfg.scheduler.max_num_seqs,
+            cdiv(cfg.max_model_len, self.block_size),
+            self.block_size,
+            device,
         )
         """The catch-up pass's inputs (its own staging: the target's step inputs stay intact)."""
         self.draft_probs: dict[RequestId, torch.Tensor] = {}
@@ -130,8 +134,11 @@ class DraftModelProposer:
         rows = inputs.rows
         start = batch.num_tokens[rows].astype(np.int64) - 1  # (B,) the newest token's position
         reached = batch.num_computed_tokens[rows] + inputs.query_lens == start + 1 - self.shift
-        room = np.minimum(batch.block_table.num_blocks[rows].astype(np.int64) * self.block_size,
-                          self.cfg.max_model_len) - start + self.shift  # fmt: skip
+        room = (
+            np.minimum(batch.block_table.num_blocks[rows].astype(np.int64) * self.block_size, self.cfg.max_model_len)
+            - start
+            + self.shift
+        )
         speculating = np.fromiter((may_speculate(batch.params[r]) for r in rows.tolist()), bool, len(rows))
         n = np.minimum(np.minimum(room, self._outputs_left(batch, rows)), self.k)
         chosen = np.flatnonzero(reached & speculating & (n > 0))

@@ -18,6 +18,7 @@ vocabulary), tensors ``fc.weight`` (H, 2H) and ``layers.N.*`` in Llama's names,
 optionally under ``model.``; ``embed_tokens.*`` / ``lm_head.*`` and the first
 layer's ``input_layernorm.weight`` are ignored when present.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable, Iterable
@@ -51,8 +52,9 @@ class EagleLlamaHead(nn.Module):
         hidden = config.hidden_size
         self.fc = nn.Linear(2 * hidden, hidden, bias=False)
         opts = LlamaForCausalLM.attention_options(config)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(config, backend, i, **opts)
-                                    for i in range(config.num_hidden_layers))  # fmt: skip
+        self.layers = nn.ModuleList(
+            LlamaDecoderLayer(config, backend, i, **opts) for i in range(config.num_hidden_layers)
+        )
         self.layers[0].input_layernorm = nn.Identity()  # the fc output goes in unnormalized
         self.embed: Callable[[torch.Tensor], torch.Tensor] | None = None
         self.lm_logits: Callable[[torch.Tensor], torch.Tensor] | None = None

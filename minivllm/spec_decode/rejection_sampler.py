@@ -22,6 +22,7 @@ where ``Z = sum_y max(p(y) - q(y), 0)`` equals that same sum, so the total is
 ``min(q, p)(x) + max(p - q, 0)(x) = p(x)``; later rows follow by induction.
 Everything is batched on the device; the host only walks the accept flags.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -11,6 +11,7 @@ leave KV behind in slots past the rolled-back ``num_computed_tokens``; the
 next step overwrites them, and the blocks past it are dropped from the row's
 table as the scheduler dropped them.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable
@@ -19,8 +20,8 @@ import numpy as np
 import torch
 
 from minivllm.core.scheduler_output import CachedRequestData, SchedulerOutput
-from minivllm.outputs import ModelRunnerOutput
 from minivllm.distributed.parallel_state import broadcast_from_first
+from minivllm.outputs import ModelRunnerOutput
 from minivllm.request import RequestId
 from minivllm.sample.metadata import SamplingMetadata
 from minivllm.sample.sampler import Sampler

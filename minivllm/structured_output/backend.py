@@ -9,6 +9,7 @@ The tokenizer's vocabulary is padded to the model's vocabulary size (the width
 of the logits, ``hf_config.vocab_size``): ids past the tokenizer's last token
 are never allowed.
 """
+
 from __future__ import annotations
 
 import json
@@ -96,7 +97,7 @@ class XGrammarBackend:
 
 def backend_for(cfg: Any) -> XGrammarBackend:
     """The backend for the configured model: its tokenizer, its logits width, its EOS ids."""
-    from minivllm.engine.tokenizer import get_tokenizer
+    from minivllm.tokenizer import get_tokenizer
 
     tokenizer = get_tokenizer(cfg)
     eos = getattr(cfg.hf_config, "eos_token_id", None)

@@ -6,6 +6,7 @@ the sampler masks its logits with it before any other edit, so penalties,
 temperature and top-k/p see only the allowed tokens. Logprobs stay those of the
 model's raw logits (finite for every token), as without a grammar.
 """
+
 from __future__ import annotations
 
 import numpy as np

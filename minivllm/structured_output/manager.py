@@ -11,6 +11,7 @@ counts them), so recomputing a preempted request, or admitting it on a cached
 prefix, never feeds the matcher the same tokens twice. Everything here is built
 on the first structured request: an engine that never gets one pays nothing.
 """
+
 from __future__ import annotations
 
 import logging
@@ -88,8 +89,11 @@ class StructuredOutputManager:
         if not state.compiled.done():
             return False
         if state.compiled.exception() is not None:
-            logger.error("request %s: its grammar failed to compile (%s); aborting it",
-                         request.request_id, state.compiled.exception())  # fmt: skip
+            logger.error(
+                "request %s: its grammar failed to compile (%s); aborting it",
+                request.request_id,
+                state.compiled.exception(),
+            )
             state.failed = True
             return True
         state.matcher = self._backend.matcher(state.compiled.result())

@@ -4,6 +4,7 @@ of choices, an EBNF grammar, or any JSON object (vLLM's ``StructuredOutputsParam
 Exactly one kind is set. ``key()`` names the grammar for the compile cache, so
 requests that ask for the same constraint share one compiled grammar.
 """
+
 from __future__ import annotations
 
 import json
@@ -51,20 +52,30 @@ class StructuredOutputsParams:
                 except json.JSONDecodeError as err:
                     raise ValueError(f"structured_outputs.json: not valid JSON ({err})") from None
             if not isinstance(self.json, dict):
-                raise ValueError(f"structured_outputs.json: must be a JSON schema object, got {type(self.json).__name__}")
+                raise ValueError(
+                    f"structured_outputs.json: must be a JSON schema object, got {type(self.json).__name__}"
+                )
         for name in ("regex", "grammar"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value):
                 raise ValueError(f"structured_outputs.{name}={value!r}: must be a non-empty string")
         if self.choice is not None:
-            ok = isinstance(self.choice, (list, tuple)) and self.choice and all(isinstance(c, str) and c for c in self.choice)
+            ok = (
+                isinstance(self.choice, (list, tuple))
+                and self.choice
+                and all(isinstance(c, str) and c for c in self.choice)
+            )
             if not ok:
-                raise ValueError(f"structured_outputs.choice={self.choice!r}: must be a non-empty list of non-empty strings")
+                raise ValueError(
+                    f"structured_outputs.choice={self.choice!r}: must be a non-empty list of non-empty strings"
+                )
             self.choice = list(self.choice)
         if self.json_object is not None and not isinstance(self.json_object, bool):
             raise ValueError(f"structured_outputs.json_object={self.json_object!r}: must be true or false")
         if not isinstance(self.disable_any_whitespace, bool):
-            raise ValueError(f"structured_outputs.disable_any_whitespace={self.disable_any_whitespace!r}: must be a bool")
+            raise ValueError(
+                f"structured_outputs.disable_any_whitespace={self.disable_any_whitespace!r}: must be a bool"
+            )
 
     def key(self) -> GrammarKey:
         """The compile-cache key: the kind and its canonical spec."""

@@ -6,6 +6,7 @@ or the step's sampling rows change. Two parts are per step whatever the cache:
 seeded rows' generators (re-seeded for the position they sample) and logit
 edits (penalties, bad words, logits processors read the token history).
 """
+
 from __future__ import annotations
 
 import numpy as np

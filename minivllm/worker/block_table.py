@@ -10,6 +10,7 @@ order; only its first ``num_blocks[r]`` entries are meaningful::
 Tables grow in place as the scheduler hands out blocks; a request's row is
 written once when it joins the batch and then only appended to.
 """
+
 from __future__ import annotations
 
 import numpy as np

@@ -17,6 +17,7 @@ Every input lives in a static buffer the graph reads; ``run`` copies the step's
 values in, replays, and returns a view of the static output. Only the Triton
 backend is captured: the torch backend builds its gather indices on the host.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -28,8 +29,9 @@ from minivllm.attention.backend import AttentionMetadata
 
 
 class CUDAGraphRunner:
-    def __init__(self, model: nn.Module, sizes: list[int], max_blocks_per_seq: int, max_model_len: int,
-                 device: torch.device) -> None:
+    def __init__(
+        self, model: nn.Module, sizes: list[int], max_blocks_per_seq: int, max_model_len: int, device: torch.device
+    ) -> None:
         self.model = model
         self.sizes = sorted(set(sizes))
         self.max_model_len = max_model_len

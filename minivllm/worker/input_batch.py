@@ -28,6 +28,7 @@ stored from the device (``prev_sampled``, ``prev_sampled_index``)::
     launch k: hold k | launch k+1: hold k+1 (k+1's inputs read k's ids on the device)
                      | output of k read | launch k+2: store k, hold k+2 ...          (async)
 """
+
 from __future__ import annotations
 
 import heapq
@@ -154,8 +155,15 @@ class InputBatch:
         req_id = self.req_ids[src]
         n = int(self.num_tokens[src])
         self.token_ids[dst, :n] = self.token_ids[src, :n]
-        for arr in (self.num_tokens, self.num_prompt_tokens, self.num_computed_tokens,
-                    self.temperature, self.top_k, self.top_p, self.min_p):
+        for arr in (
+            self.num_tokens,
+            self.num_prompt_tokens,
+            self.num_computed_tokens,
+            self.temperature,
+            self.top_k,
+            self.top_p,
+            self.min_p,
+        ):
             arr[dst] = arr[src]
         self.block_table.move_row(src, dst)
         self.block_table.clear_row(src)

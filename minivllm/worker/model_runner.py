@@ -12,6 +12,7 @@ after the next step is already launched: the next step then reads those tokens
 from the device (its *placeholders*). The batch stores them in its rows at the
 start of the first step after they were read.
 """
+
 from __future__ import annotations
 
 import logging
@@ -25,16 +26,16 @@ from minivllm.attention.backend import AttentionMetadata
 from minivllm.attention.kv_quant import FP8_KV_DTYPE
 from minivllm.attention.ops.triton_paged_attention import check_fp8_kv_capability
 from minivllm.config.vllm_config import VllmConfig
-from minivllm.outputs import ModelRunnerOutput
 from minivllm.core.scheduler_output import NewRequestData, SchedulerOutput
 from minivllm.distributed.parallel_state import broadcast_from_first
 from minivllm.distributed.pipeline import IntermediateTensors, PipelineStage, pipeline_stage
-from minivllm.request import RequestId
 from minivllm.layers.attention import attention_layers
 from minivllm.layers.compile import compile_small_ops
 from minivllm.layers.rotary import share_cos_sin_caches
 from minivllm.lora.manager import LoRAModelManager
+from minivllm.outputs import DoneOutput, ModelRunnerOutput
 from minivllm.pooling.pooler import Pooler
+from minivllm.request import RequestId
 from minivllm.sample.prompt_logprobs import PromptLogprobsState, add_prompt_logprobs
 from minivllm.sample.sampler import Sampler
 from minivllm.sampling_params import SamplingParams
@@ -42,10 +43,9 @@ from minivllm.spec_decode.eagle import model_proposer
 from minivllm.spec_decode.verifier import DraftVerifier
 from minivllm.structured_output.bitmask import bitmask_for_rows
 from minivllm.utils import build, cdiv
-from minivllm.worker.cuda_graphs import CUDAGraphRunner
 from minivllm.worker.batch_sampling import BatchSampling
+from minivllm.worker.cuda_graphs import CUDAGraphRunner
 from minivllm.worker.input_batch import InputBatch
-from minivllm.outputs import DoneOutput
 from minivllm.worker.pending_output import PendingOutput
 from minivllm.worker.sampling_metadata import from_batch
 from minivllm.worker.step_inputs import StepInputBuilder, StepInputs
@@ -65,8 +65,9 @@ class ModelRunner:
         self.pooler = Pooler(cfg.model.pooler_config.pooling_type) if cfg.model.runner == "pooling" else None
         max_reqs, max_blocks = cfg.scheduler.max_num_seqs, cdiv(cfg.max_model_len, self.block_size)
         self.batch = InputBatch(max_reqs, cfg.max_model_len, max_blocks)
-        self.inputs = StepInputBuilder(cfg.scheduler.max_num_batched_tokens, max_reqs, max_blocks,
-                                       self.block_size, device)
+        self.inputs = StepInputBuilder(
+            cfg.scheduler.max_num_batched_tokens, max_reqs, max_blocks, self.block_size, device
+        )
         self.prompt_logprobs: dict[RequestId, PromptLogprobsState] = {}
         self.sampling = BatchSampling(self.batch, device)
         """The sampler's metadata for a step's rows, cached while the batch is unchanged."""
@@ -105,8 +106,11 @@ class ModelRunner:
     def _check_kv_cache_dtype(self) -> None:
         """An fp8 KV cache on a GPU whose Triton cannot compile the fp8 kernels (below sm_89):
         refused here, before the weights load, rather than at the first kernel launch."""
-        if (self.cfg.kv_cache_dtype == FP8_KV_DTYPE and self.device.type == "cuda"
-                and self.attn_backend.name == "triton"):
+        if (
+            self.cfg.kv_cache_dtype == FP8_KV_DTYPE
+            and self.device.type == "cuda"
+            and self.attn_backend.name == "triton"
+        ):
             check_fp8_kv_capability(torch.cuda.get_device_capability(self.device), self.cfg.cache.cache_dtype)
 
     def kv_cache_shape(self, num_blocks: int) -> tuple[int, ...]:
@@ -121,7 +125,9 @@ class ModelRunner:
     def init_kv_cache(self, num_blocks: int) -> None:
         """Allocate one (2, num_blocks, block_size, kv_heads, head_dim) tensor per layer and bind it."""
         shape = self.kv_cache_shape(num_blocks)
-        self.kv_caches = [torch.zeros(shape, dtype=self.cfg.kv_cache_dtype, device=self.device) for _ in self.attention_layers]
+        self.kv_caches = [
+            torch.zeros(shape, dtype=self.cfg.kv_cache_dtype, device=self.device) for _ in self.attention_layers
+        ]
         for layer, cache in zip(self.attention_layers, self.kv_caches):
             layer.kv_cache = cache
         if self.drafter is not None:  # its own tensors over the same block ids
@@ -228,8 +234,16 @@ class ModelRunner:
         """Verify this step's drafts; then a draft model proposes the next ones."""
         drafter = self.drafter
         if sched.scheduled_spec_decode_tokens:
-            out = self.spec.verify(self.batch, step, sched, self.model.compute_logits, hidden,
-                                   self.sampling.seeded_generator, out, drafter.draft_probs if drafter else None)
+            out = self.spec.verify(
+                self.batch,
+                step,
+                sched,
+                self.model.compute_logits,
+                hidden,
+                self.sampling.seeded_generator,
+                out,
+                drafter.draft_probs if drafter else None,
+            )
         if drafter is not None:
             out.spec_token_ids = drafter.propose(self.batch, step, hidden)
         return out
@@ -287,7 +301,7 @@ class ModelRunner:
         counts = sched.num_scheduled_tokens
         if len(counts) == self.batch.num_rows == num_tokens:
             # Every request in the batch (scheduled ones all are) decodes one token.
-            return self._all_rows[: num_tokens], self._ones[: num_tokens]
+            return self._all_rows[:num_tokens], self._ones[:num_tokens]
         ids = self.batch.req_ids[: self.batch.num_rows]
         n = np.fromiter((counts.get(r, 0) for r in ids), dtype=np.int32, count=len(ids))
         if n.all():

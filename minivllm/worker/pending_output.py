@@ -8,6 +8,7 @@ token it sampled without the scheduler sending them back. With async
 scheduling the engine calls it only after launching the next step; a
 synchronous step calls it at once. It is idempotent.
 """
+
 from __future__ import annotations
 
 from minivllm.outputs import ModelRunnerOutput, PositionLogprobs

@@ -5,6 +5,7 @@ nothing of the batch; this reads the batch's per-row parameter arrays into
 one. ``BatchSampling`` caches the result for the plain step; speculative
 decoding's verifier and draft model are handed this function to build theirs.
 """
+
 from __future__ import annotations
 
 import numpy as np

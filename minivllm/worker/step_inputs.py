@@ -15,6 +15,7 @@ its last copy finished (an event), so preparing step k+1 never overwrites what
 step k is still copying. On the CPU the "device" tensors are views of the
 staging buffer itself: no copy at all.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -57,8 +58,9 @@ class StepInputs:
 
 
 class StepInputBuilder:
-    def __init__(self, max_num_tokens: int, max_num_reqs: int, max_blocks_per_req: int, block_size: int,
-                 device: torch.device) -> None:
+    def __init__(
+        self, max_num_tokens: int, max_num_reqs: int, max_blocks_per_req: int, block_size: int, device: torch.device
+    ) -> None:
         self.device = device
         self.block_size = block_size
         size = 3 * max_num_tokens + 5 * max_num_reqs + 1 + max_num_reqs * max_blocks_per_req

@@ -4,6 +4,7 @@ Executors reach the model runner only through the worker: every step passes
 ``execute_model_async`` (``execute_model`` too), so a worker subclass (named by
 ``parallel.worker._target_``) sees every step, synchronous or launched ahead.
 """
+
 from __future__ import annotations
 
 import logging
@@ -14,11 +15,11 @@ import torch
 import torch.distributed as dist
 
 from minivllm.config.vllm_config import VllmConfig
-from minivllm.outputs import ModelRunnerOutput, StepResult
 from minivllm.core.scheduler_output import SchedulerOutput
 from minivllm.distributed.parallel_state import destroy_model_parallel, init_model_parallel
 from minivllm.kv_cache_spec import KVCacheSpec
 from minivllm.layers.attention import uniform_sliding_window
+from minivllm.outputs import ModelRunnerOutput, StepResult
 from minivllm.plugins import load_general_plugins
 from minivllm.utils import build
 

@@ -1,5 +1,6 @@
 """fp8 KV cache: the Triton write/attention kernels (interpreted on the CPU) and the
 torch backend against torch references, the checkpoint's k/v scales, and the block count."""
+
 from __future__ import annotations
 
 import os
@@ -77,10 +78,16 @@ def test_paged_attention_reads_fp8_back_with_its_scales(query_lens):
     T = sum(query_lens)
     query = torch.randn(T, H, D, generator=gen)
     out = paged_attention(
-        query.to(DEVICE), cache.to(DEVICE),
+        query.to(DEVICE),
+        cache.to(DEVICE),
         torch.tensor([0, query_lens[0], T], dtype=torch.int32, device=DEVICE),
-        torch.tensor(seq_lens, dtype=torch.int32, device=DEVICE), tables.to(DEVICE),
-        max_query_len=max(query_lens), max_seq_len=max(seq_lens), scale=D**-0.5, k_scale=K_SCALE, v_scale=V_SCALE,
+        torch.tensor(seq_lens, dtype=torch.int32, device=DEVICE),
+        tables.to(DEVICE),
+        max_query_len=max(query_lens),
+        max_seq_len=max(seq_lens),
+        scale=D**-0.5,
+        k_scale=K_SCALE,
+        v_scale=V_SCALE,
     ).cpu()
     start = 0
     for b, (seq_len, q_len) in enumerate(zip(seq_lens, query_lens)):

@@ -1,4 +1,5 @@
 """The torch backend's batched decode (whole-block gathers) against attention written out per request."""
+
 from __future__ import annotations
 
 from functools import partial
@@ -44,7 +45,9 @@ def test_batched_decode_matches_per_request_attention(window, soft_cap, seq_lens
         used += nb
     width = max(len(t) for t in tables)
     table_arr = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32)
-    slot_mapping = torch.tensor([t[(n - 1) // block_size] * block_size + (n - 1) % block_size for t, n in zip(tables, seq_lens)])
+    slot_mapping = torch.tensor(
+        [t[(n - 1) // block_size] * block_size + (n - 1) % block_size for t, n in zip(tables, seq_lens)]
+    )
     B = len(seq_lens)
     meta = AttentionMetadata(
         slot_mapping=slot_mapping,
@@ -58,8 +61,9 @@ def test_batched_decode_matches_per_request_attention(window, soft_cap, seq_lens
     )
     q = torch.randn(B, H, D, generator=gen)
     k_new, v_new = torch.randn(B, Hkv, D, generator=gen), torch.randn(B, Hkv, D, generator=gen)
-    out = TorchAttentionBackend().forward(q, k_new, v_new, kv_cache, meta, scale=0.3, sliding_window=window,
-                                          logits_soft_cap=soft_cap)
+    out = TorchAttentionBackend().forward(
+        q, k_new, v_new, kv_cache, meta, scale=0.3, sliding_window=window, logits_soft_cap=soft_cap
+    )
     for i in range(B):
         expected = _reference(q[i], kv_cache, tables[i], seq_lens[i], 0.3, window, soft_cap)
         torch.testing.assert_close(out[i].double(), expected, rtol=1e-5, atol=1e-5)
@@ -91,7 +95,9 @@ def test_causal_rows_equal_comparison_masks_as_the_tables_grow():
             q_pos = torch.randint(0, num_keys, (5, 3, 1), generator=gen)
             mask = rows.lookup(q_pos, num_keys, dtype)
             assert mask.dtype == dtype and torch.equal(mask, _comparison_mask(q_pos, num_keys, dtype))
-    assert rows.lookup(torch.zeros(1, 1, 1, dtype=torch.long), 201, torch.float32) is None  # past the cap: the caller compares
+    assert (
+        rows.lookup(torch.zeros(1, 1, 1, dtype=torch.long), 201, torch.float32) is None
+    )  # past the cap: the caller compares
 
 
 @pytest.mark.parametrize("query_lens", [[1, 1, 1], [1, 5, 1]])  # decode only; a prefill chunk between decodes
@@ -105,8 +111,11 @@ def test_masks_past_the_table_cap_give_the_same_attention(query_lens):
     starts = [0]
     for n in query_lens:
         starts.append(starts[-1] + n)
-    slots = [int(tables[i, p // block_size]) * block_size + p % block_size
-             for i, (n, L) in enumerate(zip(query_lens, seq_lens)) for p in range(L - n, L)]
+    slots = [
+        int(tables[i, p // block_size]) * block_size + p % block_size
+        for i, (n, L) in enumerate(zip(query_lens, seq_lens))
+        for p in range(L - n, L)
+    ]
 
     def run(max_len: int, host=list) -> torch.Tensor:
         meta = AttentionMetadata(

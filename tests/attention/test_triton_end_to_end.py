@@ -1,4 +1,5 @@
 """The Triton backend inside the whole engine: same greedy tokens as the torch backend."""
+
 from __future__ import annotations
 
 import pytest
@@ -24,8 +25,12 @@ def test_triton_backend_matches_torch_backend_end_to_end(checkpoint):
     results = {}
     for backend in ("torch", "triton"):
         llm = LLM(
-            model=str(checkpoint), dtype="float32", block_size=8, num_gpu_blocks_override=32,
-            attention_backend=backend, max_num_batched_tokens=16,  # chunked prefill + mixed batches
+            model=str(checkpoint),
+            dtype="float32",
+            block_size=8,
+            num_gpu_blocks_override=32,
+            attention_backend=backend,
+            max_num_batched_tokens=16,  # chunked prefill + mixed batches
         )
         assert llm.llm_engine.core.executor.worker.model_runner.attn_backend.name == backend
         results[backend] = llm.generate(PROMPTS, params, use_tqdm=False)

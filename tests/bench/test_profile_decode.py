@@ -1,4 +1,5 @@
 """benchmarks/profile_decode.py --tiny: a real engine profiled on the CPU, its sampler told apart."""
+
 from __future__ import annotations
 
 import importlib.util

@@ -1,4 +1,5 @@
 """task=bench end to end on a tiny checkpoint: metrics.json, preemptions, the transformers baseline."""
+
 from __future__ import annotations
 
 import json
@@ -8,8 +9,8 @@ import torch
 
 from minivllm.bench.hf_baseline import generate_batch, shared_checkpoint
 from minivllm.bench.workloads import build_workload
-from minivllm.config.store import build_config, compose
 from minivllm.cli.main import run
+from minivllm.config.store import build_config, compose
 from minivllm.entrypoints.llm import LLM
 
 SMALL = [
@@ -82,8 +83,12 @@ def test_warm_up_runs_a_step_at_the_full_token_budget(opt_dir, tmp_path, budget,
     """The timed run's first steps are full-budget prefills over many sequences; the warm-up
     runs one (capped at half the KV cache, here 64 blocks of 8 tokens) so their one-time
     costs (kernel compiles) stay out of the timings."""
-    extra = [f"scheduler.max_num_batched_tokens={budget}", f"cache.num_gpu_blocks_override={blocks}",
-             "bench.single_request=false", "bench.num_prompts=2"]
+    extra = [
+        f"scheduler.max_num_batched_tokens={budget}",
+        f"cache.num_gpu_blocks_override={blocks}",
+        "bench.single_request=false",
+        "bench.num_prompts=2",
+    ]
     metrics = run(compose(_overrides(opt_dir, *extra)), tmp_path)
     assert expected <= metrics["warmup_max_step_tokens"] <= min(budget, expected + 20)
     assert metrics["num_preemptions"] == 0 and metrics["output_tokens"] == metrics["requested_output_tokens"]
@@ -98,14 +103,19 @@ def test_bench_counts_preemptions_and_still_generates_every_token(opt_dir, tmp_p
 
 
 def test_hf_baseline_runs_the_same_requests(opt_dir, tmp_path):
-    metrics = run(compose(_overrides(opt_dir, "cache.num_gpu_blocks_override=64", "bench.baseline=hf", "bench.hf_batch_size=2")), tmp_path)
+    metrics = run(
+        compose(_overrides(opt_dir, "cache.num_gpu_blocks_override=64", "bench.baseline=hf", "bench.hf_batch_size=2")),
+        tmp_path,
+    )
     base = metrics["baseline"]
     assert base["name"] == "transformers" and base["batch_size"] == 2
     assert base["output_tokens"] == metrics["requested_output_tokens"]
     # 3 static batches of 2, 2 and 1 requests, each padded to its longest max_tokens
     assert base["generated_tokens_incl_padding"] >= base["output_tokens"]
     assert base["output_tokens_per_s"] == pytest.approx(base["output_tokens"] / base["total_time_s"])
-    assert metrics["speedup_output_tokens_per_s"] == pytest.approx(metrics["output_tokens_per_s"] / base["output_tokens_per_s"])
+    assert metrics["speedup_output_tokens_per_s"] == pytest.approx(
+        metrics["output_tokens_per_s"] / base["output_tokens_per_s"]
+    )
     assert metrics["speedup_cpu_time"] == pytest.approx(base["cpu_time_s"] / metrics["cpu_time_s"])
     single = metrics["single_request"]
     assert single["hf_decode_tokens_per_s"] > 0
@@ -126,7 +136,9 @@ def test_left_padded_batch_generates_what_each_prompt_generates_alone(opt_dir):
 def test_dummy_weights_are_shared_with_transformers(tmp_path):
     from transformers import AutoModelForCausalLM
 
-    shape = dict(num_hidden_layers=1, hidden_size=32, ffn_dim=64, num_attention_heads=2, word_embed_proj_dim=32, vocab_size=300)
+    shape = dict(
+        num_hidden_layers=1, hidden_size=32, ffn_dim=64, num_attention_heads=2, word_embed_proj_dim=32, vocab_size=300
+    )
     overrides = ["model=opt-125m", "load.format=dummy", "cache.num_gpu_blocks_override=8"]
     overrides += [f"model.hf_config.{k}={v}" for k, v in shape.items()]
     cfg = shared_checkpoint(build_config(overrides), tmp_path)

@@ -1,5 +1,6 @@
 """The soak client's SSE line splitter: lines end at LF, CR or CRLF only, so generated text
 with U+0085 or U+2028 (JSON leaves them unescaped) stays inside its event, whatever the chunking."""
+
 from __future__ import annotations
 
 import asyncio
@@ -33,4 +34,4 @@ def test_lines_split_only_at_sse_line_ends_across_any_chunking():
         chunks = [body[i : i + size] for i in range(0, len(body), size)]
         lines = [line for line in _lines(chunks) if line]
         assert lines == [*expected, "data: [DONE]"], size
-        assert [json.loads(line[len("data: "):]) for line in lines[:2]] == events
+        assert [json.loads(line[len("data: ") :]) for line in lines[:2]] == events

@@ -1,4 +1,5 @@
 """StepTimer: per-step records read from the model's own attention metadata."""
+
 from __future__ import annotations
 
 import pytest
@@ -14,8 +15,13 @@ from minivllm.sampling_params import SamplingParams
 def test_records_every_step_of_one_request(opt_dir, async_scheduling):
     """Async scheduling launches steps through execute_model_async: the shapes are seen there too
     (the last step only collects the final token: it launches nothing and has no shape)."""
-    llm = LLM(model=str(opt_dir), dtype="float32", block_size=8, num_gpu_blocks_override=32,
-              overrides=[f"scheduler.async_scheduling={str(async_scheduling).lower()}"])
+    llm = LLM(
+        model=str(opt_dir),
+        dtype="float32",
+        block_size=8,
+        num_gpu_blocks_override=32,
+        overrides=[f"scheduler.async_scheduling={str(async_scheduling).lower()}"],
+    )
     try:
         runner = llm.llm_engine.core.executor.worker.model_runner
         timer = StepTimer(llm.llm_engine.core.executor, runner, torch.device("cpu")).attach()
@@ -25,7 +31,11 @@ def test_records_every_step_of_one_request(opt_dir, async_scheduling):
             timer.run_step(engine.step)
         # the prefill samples token 1; tokens 2..5 each need one decode step over a context one longer
         assert [(s.num_tokens, s.kv_tokens, s.decode_only) for s in timer.steps] == [
-            (10, 10, False), (1, 11, True), (1, 12, True), (1, 13, True), (1, 14, True)
+            (10, 10, False),
+            (1, 11, True),
+            (1, 12, True),
+            (1, 13, True),
+            (1, 14, True),
         ] + [(0, 0, False)] * async_scheduling
         assert all(0 < s.model_s < s.wall_s for s in timer.steps if s.num_tokens)
         decode = timer.summary(decode_only=True)
@@ -53,8 +63,12 @@ def test_weight_bytes_counts_tied_weights_once():
 @pytest.mark.gpu
 @pytest.mark.parametrize("async_scheduling", [False, True])
 def test_cuda_model_time_comes_from_events_read_after_the_run(llama_dir, async_scheduling):
-    llm = LLM(model=str(llama_dir), dtype="bfloat16", num_gpu_blocks_override=64,
-              overrides=[f"scheduler.async_scheduling={str(async_scheduling).lower()}"])
+    llm = LLM(
+        model=str(llama_dir),
+        dtype="bfloat16",
+        num_gpu_blocks_override=64,
+        overrides=[f"scheduler.async_scheduling={str(async_scheduling).lower()}"],
+    )
     try:
         runner = llm.llm_engine.core.executor.worker.model_runner
         timer = StepTimer(llm.llm_engine.core.executor, runner, torch.device("cuda")).attach()

@@ -1,4 +1,5 @@
 """Multirun sweeps: every job runs, failures are recorded, summary.csv / summary.png are written."""
+
 from __future__ import annotations
 
 import csv
@@ -25,7 +26,9 @@ def _fake_job(sweep: Path, name: str, overrides: list[str], metrics: dict | None
 def test_summary_of_job_folders(tmp_path):
     ok = {"status": "ok", "output_tokens_per_s": 10.0, "num_preemptions": 2, "num_kv_blocks": 7}
     _fake_job(tmp_path, "0", ["task=bench", "cache.block_size=8"], ok)
-    _fake_job(tmp_path, "1", ["task=bench", "cache.block_size=16"], {"status": "failed", "error": "ValueError: no room"})
+    _fake_job(
+        tmp_path, "1", ["task=bench", "cache.block_size=16"], {"status": "failed", "error": "ValueError: no room"}
+    )
     _fake_job(tmp_path, "2", ["task=bench", "cache.block_size=32"], None)  # killed before writing metrics
     _fake_job(tmp_path, "10", ["task=bench", "cache.block_size=64"], {**ok, "output_tokens_per_s": 12.5})
     swept, rows = collect(tmp_path)
@@ -44,11 +47,23 @@ def test_summary_of_job_folders(tmp_path):
 def test_multirun_sweep_records_failures_and_writes_summary(opt_dir, tmp_path):
     sweep = tmp_path / "sweep"
     cmd = [
-        sys.executable, "-m", "minivllm", "-m", "task=bench", f"model.path={opt_dir}",
-        "bench.num_prompts=4", "bench.min_input_len=4", "bench.max_input_len=16", "bench.min_output_len=2",
-        "bench.max_output_len=6", "bench.single_request=false", "bench.warmup=false",
+        sys.executable,
+        "-m",
+        "minivllm",
+        "-m",
+        "task=bench",
+        f"model.path={opt_dir}",
+        "bench.num_prompts=4",
+        "bench.min_input_len=4",
+        "bench.max_input_len=16",
+        "bench.min_output_len=2",
+        "bench.max_output_len=6",
+        "bench.single_request=false",
+        "bench.warmup=false",
         # 2 blocks of 8 tokens cannot hold the 18-token request: that job fails, the sweep goes on
-        "cache.block_size=8,16", "cache.num_gpu_blocks_override=32,2", f"hydra.sweep.dir={sweep}",
+        "cache.block_size=8,16",
+        "cache.num_gpu_blocks_override=32,2",
+        f"hydra.sweep.dir={sweep}",
     ]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)

@@ -1,4 +1,5 @@
 """Benchmark workloads and the bench config: lengths, seeds, prefixes, JSONL, bad values."""
+
 from __future__ import annotations
 
 import json
@@ -22,7 +23,9 @@ def test_random_workload_respects_ranges_and_seed():
 
 
 def test_shared_prefix_workload_shares_prefixes():
-    cfg = BenchConfig(workload="shared_prefix", num_prompts=6, prefix_len=10, num_prefixes=2, min_input_len=3, max_input_len=4)
+    cfg = BenchConfig(
+        workload="shared_prefix", num_prompts=6, prefix_len=10, num_prefixes=2, min_input_len=3, max_input_len=4
+    )
     reqs = build_workload(cfg, vocab_size=1000, max_model_len=512)
     prefixes = [tuple(r.prompt_token_ids[:10]) for r in reqs]
     assert prefixes[0] == prefixes[2] == prefixes[4]

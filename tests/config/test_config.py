@@ -1,5 +1,6 @@
 """The config tree: every option composes, every _target_ instantiates, bad values
 fail at build time naming the key, and the three ways in agree."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -50,9 +51,15 @@ def test_attention_auto_resolves_to_a_concrete_class_per_device(llama_dir):
     assert cfg.parallel.executor["_target_"].endswith("UniProcExecutor")
 
 
-@pytest.mark.parametrize("requested, device, expected", [
-    (None, "cpu", False), (None, "cuda", True), (True, "cpu", True), (False, "cuda", False),
-])
+@pytest.mark.parametrize(
+    "requested, device, expected",
+    [
+        (None, "cpu", False),
+        (None, "cuda", True),
+        (True, "cpu", True),
+        (False, "cuda", False),
+    ],
+)
 def test_torch_compile_null_follows_the_device(requested, device, expected, llama_dir):
     from minivllm.config.resolve import resolve_torch_compile
 
@@ -93,8 +100,9 @@ def test_bad_values_fail_at_build_time_naming_the_key(override, key, llama_dir):
 
 def test_chunked_prefill_off_needs_a_budget_of_max_model_len(llama_dir):
     with pytest.raises(ValueError, match="max_num_batched_tokens"):
-        build_config([f"model.path={llama_dir}", "scheduler.enable_chunked_prefill=false",
-                      "scheduler.max_num_batched_tokens=16"])
+        build_config(
+            [f"model.path={llama_dir}", "scheduler.enable_chunked_prefill=false", "scheduler.max_num_batched_tokens=16"]
+        )
 
 
 def test_unknown_architecture_lists_the_supported_ones(llama_dir):
@@ -105,16 +113,38 @@ def test_unknown_architecture_lists_the_supported_ones(llama_dir):
 
 def test_llm_kwargs_and_overrides_give_the_same_tree(llama_dir):
     via_kwargs = config_from_kwargs(
-        str(llama_dir), tensor_parallel_size=1, gpu_memory_utilization=0.5, block_size=8, max_num_seqs=4,
-        max_num_batched_tokens=128, max_model_len=64, dtype="float32", seed=3, enforce_eager=True,
-        load_format="safetensors", enable_prefix_caching=False, num_gpu_blocks_override=32,
+        str(llama_dir),
+        tensor_parallel_size=1,
+        gpu_memory_utilization=0.5,
+        block_size=8,
+        max_num_seqs=4,
+        max_num_batched_tokens=128,
+        max_model_len=64,
+        dtype="float32",
+        seed=3,
+        enforce_eager=True,
+        load_format="safetensors",
+        enable_prefix_caching=False,
+        num_gpu_blocks_override=32,
     )
-    via_overrides = compose([
-        f"model.path={llama_dir}", "model.hf_config=null", "parallel.tp=1", "cache.gpu_memory_utilization=0.5",
-        "cache.block_size=8", "scheduler.max_num_seqs=4", "scheduler.max_num_batched_tokens=128",
-        "model.max_model_len=64", "model.dtype=float32", "model.seed=3", "compilation.cudagraph=false",
-        "load.format=safetensors", "cache.enable_prefix_caching=false", "cache.num_gpu_blocks_override=32",
-    ])
+    via_overrides = compose(
+        [
+            f"model.path={llama_dir}",
+            "model.hf_config=null",
+            "parallel.tp=1",
+            "cache.gpu_memory_utilization=0.5",
+            "cache.block_size=8",
+            "scheduler.max_num_seqs=4",
+            "scheduler.max_num_batched_tokens=128",
+            "model.max_model_len=64",
+            "model.dtype=float32",
+            "model.seed=3",
+            "compilation.cudagraph=false",
+            "load.format=safetensors",
+            "cache.enable_prefix_caching=false",
+            "cache.num_gpu_blocks_override=32",
+        ]
+    )
     a = VllmConfig.from_dictconfig(via_kwargs).to_dictconfig()
     b = VllmConfig.from_dictconfig(via_overrides).to_dictconfig()
     assert OmegaConf.to_container(a) == OmegaConf.to_container(b)

@@ -1,5 +1,6 @@
 """The config describes and never builds: importing ``minivllm.config`` and building a
 config import nothing from the engine's packages (checked in a fresh interpreter)."""
+
 from __future__ import annotations
 
 import json
@@ -9,10 +10,27 @@ import sys
 from pathlib import Path
 
 ENGINE_PACKAGES = (
-    "core", "engine", "executor", "worker", "models", "model_loader", "layers", "attention", "lora",
-    "spec_decode", "sample", "structured_output", "pooling", "serve", "entrypoints", "bench",
-    "data_parallel", "distributed", "plugins", "quantization",
-)  # fmt: skip
+    "core",
+    "engine",
+    "executor",
+    "worker",
+    "models",
+    "model_loader",
+    "layers",
+    "attention",
+    "lora",
+    "spec_decode",
+    "sample",
+    "structured_output",
+    "pooling",
+    "serve",
+    "entrypoints",
+    "bench",
+    "data_parallel",
+    "distributed",
+    "plugins",
+    "quantization",
+)
 ROOT = Path(__file__).resolve().parents[2]
 
 PROBE = """

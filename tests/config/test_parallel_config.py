@@ -1,4 +1,5 @@
 """parallel.*: the executor follows tp and backend; shapes that cannot be split fail early."""
+
 from __future__ import annotations
 
 import sys

@@ -11,6 +11,7 @@ request, scheduled before it, writes in the same step (as in the real forward
 pass, where each layer writes the whole batch's KV before attending). Sampled
 tokens are a deterministic function of the sequence, like greedy decoding.
 """
+
 from __future__ import annotations
 
 import copy
@@ -19,9 +20,9 @@ import itertools
 from minivllm.config.store import build_config
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.core.scheduler import Scheduler
+from minivllm.core.scheduler_output import SchedulerOutput
 from minivllm.kv_cache_spec import KVCacheSpec
 from minivllm.outputs import ModelRunnerOutput
-from minivllm.core.scheduler_output import SchedulerOutput
 from minivllm.request import Request, RequestId
 from minivllm.sampling_params import SamplingParams
 
@@ -47,8 +48,9 @@ def make_request(
 ) -> Request:
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
     rid = RequestId(req_id if req_id is not None else f"r{next(_ids)}")
-    return Request(rid, list(tokens), params, eos_token_id=None, max_tokens=max_tokens, priority=priority,
-                   cache_salt=cache_salt)
+    return Request(
+        rid, list(tokens), params, eos_token_id=None, max_tokens=max_tokens, priority=priority, cache_salt=cache_salt
+    )
 
 
 def next_token(tokens: list[int]) -> int:
@@ -70,7 +72,9 @@ class FakeRunner:
             self.states.pop(req_id, None)
         for new in sched.new_reqs:
             self.states[new.req_id] = {
-                "tokens": list(new.token_ids), "blocks": list(new.block_ids), "computed": new.num_computed_tokens,
+                "tokens": list(new.token_ids),
+                "blocks": list(new.block_ids),
+                "computed": new.num_computed_tokens,
             }
         cached = sched.cached_reqs
         for req_id, blocks, computed in zip(cached.req_ids, cached.new_block_ids, cached.num_computed_tokens):

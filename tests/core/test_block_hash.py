@@ -5,8 +5,13 @@ from pathlib import Path
 import pytest
 
 import minivllm
-
-from minivllm.core.block_hash import extend_block_hashes, hash_block_tokens, model_identity, request_extra_keys, root_hash
+from minivllm.core.block_hash import (
+    extend_block_hashes,
+    hash_block_tokens,
+    model_identity,
+    request_extra_keys,
+    root_hash,
+)
 from tests.core.scheduler_helpers import base_config
 
 ROOT = root_hash({"path": "m"})
@@ -72,10 +77,15 @@ def test_token_count_and_extra_keys_cannot_be_confused():
     """The bytes hashed are self-delimiting: a token more, or extra keys instead of
     tokens, never give the same hash as a neighbouring input."""
     salt = request_extra_keys("s")
-    assert len({
-        hash_block_tokens(ROOT, [1, 2]),
-        hash_block_tokens(ROOT, [1, 2, 0]),
-        hash_block_tokens(ROOT, [1, 2], salt),
-        hash_block_tokens(ROOT, [1], salt),
-        hash_block_tokens(ROOT, []),
-    }) == 5
+    assert (
+        len(
+            {
+                hash_block_tokens(ROOT, [1, 2]),
+                hash_block_tokens(ROOT, [1, 2, 0]),
+                hash_block_tokens(ROOT, [1, 2], salt),
+                hash_block_tokens(ROOT, [1], salt),
+                hash_block_tokens(ROOT, []),
+            }
+        )
+        == 5
+    )

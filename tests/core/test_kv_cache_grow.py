@@ -1,5 +1,6 @@
 """The running request's allocation fast path (``KVCacheManager._grow``) against the
 general path it shortcuts (``_allocate``): same blocks, same prefix cache, same failures."""
+
 import random
 
 from minivllm.core.block_hash import root_hash

@@ -1,4 +1,5 @@
 """Prefix caching and memory accounting at the KV-cache manager level (block_size 4)."""
+
 from minivllm.core.block_hash import root_hash
 from minivllm.core.kv_cache_manager import KVCacheManager
 from minivllm.utils import cdiv

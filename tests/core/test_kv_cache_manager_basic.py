@@ -1,4 +1,5 @@
 """Block allocation without prefix caching: exact block ids, order and accounting."""
+
 from minivllm.core.block_pool import BlockPool
 from minivllm.core.kv_cache_manager import KVCacheManager
 from tests.core.scheduler_helpers import make_request as _make

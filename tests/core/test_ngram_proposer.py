@@ -1,4 +1,5 @@
 """Prompt lookup: the longest suffix match wins, then the most recent occurrence."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,4 +1,5 @@
 """The update loop's one-token path stops a request exactly where the stop rules say."""
+
 import pytest
 
 from minivllm.outputs import ModelRunnerOutput

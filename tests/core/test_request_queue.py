@@ -1,6 +1,7 @@
 """The waiting queue's order: first-come-first-served for single requests, turns
 between client requests when one of them has many sequences (n > 1), preempted
 requests first, and priorities before turns."""
+
 from __future__ import annotations
 
 from minivllm.core.request_queue import make_waiting_queue
@@ -12,8 +13,9 @@ _clock = iter(range(1_000_000))
 
 def seq(name: str, parent: str | None = None, priority: int = 0) -> Request:
     params = SamplingParams(max_tokens=4)
-    return Request(RequestId(name), [1, 2], params, None, 4, arrival_time=float(next(_clock)),
-                   priority=priority, group_id=parent)  # fmt: skip
+    return Request(
+        RequestId(name), [1, 2], params, None, 4, arrival_time=float(next(_clock)), priority=priority, group_id=parent
+    )
 
 
 def drain(queue) -> list[str]:

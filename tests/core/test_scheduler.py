@@ -1,7 +1,7 @@
-from minivllm.outputs import ModelRunnerOutput
-from minivllm.request import RequestStatus
 import pytest
 
+from minivllm.outputs import ModelRunnerOutput
+from minivllm.request import RequestStatus
 from minivllm.sampling_params import SamplingParams
 from tests.core.scheduler_helpers import base_config
 from tests.core.scheduler_helpers import make_request as _make
@@ -30,7 +30,7 @@ def make_scheduler(base, num_blocks: int, **fields):
 def _sample(sched, out, token=7):
     """Pretend the model sampled ``token`` for every request that completed its known tokens."""
     sampled = {}
-    for req_id, n in out.num_scheduled_tokens.items():
+    for req_id in out.num_scheduled_tokens:
         req = sched.requests.get(req_id)
         if req is not None and req.num_computed_tokens == req.num_tokens:
             sampled[req_id] = [token]
@@ -106,9 +106,7 @@ def test_finish_on_eos_stop_token_and_length_frees_blocks(base):
     sched.add_request(make_request("stop", 3, max_tokens=5, stop_token_ids=[9]))
     sched.add_request(make_request("len", 3, max_tokens=1))
     out = sched.schedule()
-    results = sched.update_from_output(
-        out, ModelRunnerOutput(sampled_token_ids={"eos": [2], "stop": [9], "len": [5]})
-    )
+    results = sched.update_from_output(out, ModelRunnerOutput(sampled_token_ids={"eos": [2], "stop": [9], "len": [5]}))
     reasons = {r.req_id: (r.finish_reason, r.stop_reason) for r in results}
     assert reasons == {"eos": ("stop", None), "stop": ("stop", 9), "len": ("length", None)}
     assert sched.kv.num_free_blocks == 8

@@ -1,5 +1,6 @@
 """Scheduler behaviour under a token budget and a small KV cache, checked with a fake
 runner that verifies every KV position a request reads (see scheduler_helpers)."""
+
 import random
 
 import pytest
@@ -95,8 +96,9 @@ def test_many_requests_under_pressure_all_finish_with_unpressured_outputs(base, 
     rng = random.Random(1)
     shared = [[rng.randrange(3, 500) for _ in range(rng.randrange(4, 20))] for _ in range(4)]
     prompts = [rng.choice(shared) + [rng.randrange(3, 500) for _ in range(rng.randrange(1, 30))] for _ in range(120)]
-    sched = make_scheduler(base, 24, block_size=BS, max_num_batched_tokens=16, max_num_seqs=8,
-                           enable_prefix_caching=caching)
+    sched = make_scheduler(
+        base, 24, block_size=BS, max_num_batched_tokens=16, max_num_seqs=8, enable_prefix_caching=caching
+    )
     runner = FakeRunner(BS)
     requests = [make_request(p, max_tokens=rng.randrange(1, 9)) for p in prompts]
     for r in requests:

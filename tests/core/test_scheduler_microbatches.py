@@ -2,14 +2,15 @@
 every request still gets exactly the synchronous loop's tokens (with preemption of
 requests in flight and prefix caching), and a stage that does not sample learns
 the last stage's tokens from ``CachedRequestData.new_token_ids``."""
+
 from __future__ import annotations
 
 import copy
 from collections import deque
 
 from minivllm.core.scheduler import Scheduler
-from minivllm.kv_cache_spec import KVCacheSpec
 from minivllm.core.scheduler_output import SchedulerOutput
+from minivllm.kv_cache_spec import KVCacheSpec
 from tests.core.scheduler_helpers import FakeRunner, base_config, expected_output, make_request
 
 
@@ -31,9 +32,12 @@ class EarlierStage:
             self.num_prompt[new.req_id] = new.num_prompt_tokens
         cached = sched.cached_reqs
         assert len(cached.new_token_ids) == len(cached)
-        for req_id, computed, new_tokens, n in zip(cached.req_ids, cached.num_computed_tokens,
-                                                   cached.new_token_ids, map(sched.num_scheduled_tokens.get,
-                                                                             cached.req_ids)):  # fmt: skip
+        for req_id, computed, new_tokens, n in zip(
+            cached.req_ids,
+            cached.num_computed_tokens,
+            cached.new_token_ids,
+            map(sched.num_scheduled_tokens.get, cached.req_ids),
+        ):
             tokens = self.tokens[req_id]
             start = max(computed, self.num_prompt[req_id])
             tokens[start : start + len(new_tokens)] = new_tokens
@@ -93,8 +97,9 @@ def test_preempting_requests_in_flight_and_prefix_hits_keep_the_tokens():
     prefix is cached while its batch is still in flight."""
     shared = list(range(100, 108))
     requests = [make_request(shared + [200 + i, 300 + i], max_tokens=8) for i in range(5)]
-    scheduler = pipelined_scheduler(num_blocks=10, microbatches=2, enable_prefix_caching=True, block_size=4,
-                                    max_num_batched_tokens=16)  # fmt: skip
+    scheduler = pipelined_scheduler(
+        num_blocks=10, microbatches=2, enable_prefix_caching=True, block_size=4, max_num_batched_tokens=16
+    )
     _, preempted_in_flight = run_pipelined(scheduler, requests, microbatches=2)
     assert preempted_in_flight > 0
     assert scheduler.kv.prefix_cache_stats.hits > 0

@@ -1,4 +1,5 @@
 """KV blocks that fell out of every layer's sliding window go back to the pool."""
+
 from __future__ import annotations
 
 import torch
@@ -69,8 +70,12 @@ PROMPT_LEN, MAX_TOKENS, BLOCK_SIZE, SMALL_CACHE = 8, 56, 4, 6
 
 def _generate(ckpt, num_blocks: int) -> tuple[list[int], list[int], LLM]:
     llm = LLM(
-        model=str(ckpt), dtype="float32", block_size=BLOCK_SIZE, num_gpu_blocks_override=num_blocks,
-        max_model_len=128, max_num_batched_tokens=8,
+        model=str(ckpt),
+        dtype="float32",
+        block_size=BLOCK_SIZE,
+        num_gpu_blocks_override=num_blocks,
+        max_model_len=128,
+        max_num_batched_tokens=8,
     )
     prompt = torch.randint(4, 512, (PROMPT_LEN,), generator=torch.Generator().manual_seed(7)).tolist()
     params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)

@@ -1,4 +1,5 @@
 """check_stop decides and changes nothing; the scheduler applies its decision."""
+
 import copy
 
 import pytest

@@ -1,5 +1,6 @@
 """parallel.dp=2: two engine replicas behind LLM.generate and behind AsyncLLM give
 dp=1's outputs for the same seeds, and both replicas receive requests."""
+
 from __future__ import annotations
 
 import asyncio
@@ -7,9 +8,9 @@ import asyncio
 import pytest
 
 from minivllm import LLM, SamplingParams
-from minivllm.engine.async_llm import AsyncLLM
 from minivllm.config.llm_kwargs import config_from_kwargs
 from minivllm.config.vllm_config import VllmConfig
+from minivllm.engine.async_llm import AsyncLLM
 from minivllm.sampling_params import RequestOutputKind
 from tests.serve.harness import one_intra_op_thread
 

@@ -5,6 +5,7 @@ The engine processes are not daemons and ignore SIGTERM; the traceback (and the
 script's globals) keep the LLM alive until after multiprocessing's exit hook, which
 joins non-daemon children. Unless the engines are told to stop first, that join
 waits forever on engines that wait for commands."""
+
 from __future__ import annotations
 
 import os
@@ -41,11 +42,13 @@ def test_a_script_raising_with_a_dp2_llm_alive_exits_promptly(llama_dir, tmp_pat
     script = tmp_path / "raises.py"
     script.write_text(SCRIPT)
     tag = uuid.uuid4().hex
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
-           "OMP_NUM_THREADS": "1", TAG_KEY: tag}  # fmt: skip
-    proc = subprocess.Popen(
-        [sys.executable, str(script), str(llama_dir)], env=env, stderr=subprocess.PIPE, text=True
-    )
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+        "OMP_NUM_THREADS": "1",
+        TAG_KEY: tag,
+    }
+    proc = subprocess.Popen([sys.executable, str(script), str(llama_dir)], env=env, stderr=subprocess.PIPE, text=True)
     try:
         head = []
         for line in proc.stderr:  # start-up takes a while on a shared CPU; it is not what is timed

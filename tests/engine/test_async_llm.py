@@ -1,4 +1,5 @@
 """AsyncLLM: streaming, output kinds, abort and bad input, against the offline LLM."""
+
 from __future__ import annotations
 
 import asyncio
@@ -32,9 +33,11 @@ def test_delta_stream_matches_offline_llm(async_engine, offline):
 
     async def run():
         return await asyncio.gather(
-            *(collect(async_engine.engine, p, greedy(12, RequestOutputKind.DELTA, logprobs=2), f"d{i}")
-              for i, p in enumerate(PROMPTS))
-        )  # fmt: skip
+            *(
+                collect(async_engine.engine, p, greedy(12, RequestOutputKind.DELTA, logprobs=2), f"d{i}")
+                for i, p in enumerate(PROMPTS)
+            )
+        )
 
     for want, outs in zip(expected, async_engine.run(run())):
         assert len(outs) == 12  # one token per step, each streamed as it came

@@ -1,6 +1,7 @@
 """Async scheduling (step k+1 scheduled before step k's tokens are known) gives
 exactly the synchronous loop's outputs: stop strings, stop tokens, EOS,
 max_tokens, preemption, prefix caching, an abort mid-run, n=2 and seeds."""
+
 from __future__ import annotations
 
 import pytest
@@ -20,16 +21,20 @@ PROMPTS = [
 
 
 def make_engine(llama_dir, async_scheduling: bool, num_blocks: int = 14) -> LLMEngine:
-    return LLMEngine(build_config([
-        f"model.path={llama_dir}",
-        "model.dtype=float32",
-        "cache.block_size=4",
-        f"cache.num_gpu_blocks_override={num_blocks}",
-        "scheduler.max_num_seqs=6",
-        "scheduler.max_num_batched_tokens=32",
-        "scheduler.log_stats_interval=0",
-        f"scheduler.async_scheduling={str(async_scheduling).lower()}",
-    ]))
+    return LLMEngine(
+        build_config(
+            [
+                f"model.path={llama_dir}",
+                "model.dtype=float32",
+                "cache.block_size=4",
+                f"cache.num_gpu_blocks_override={num_blocks}",
+                "scheduler.max_num_seqs=6",
+                "scheduler.max_num_batched_tokens=32",
+                "scheduler.log_stats_interval=0",
+                f"scheduler.async_scheduling={str(async_scheduling).lower()}",
+            ]
+        )
+    )
 
 
 def run(engine: LLMEngine, params: list[SamplingParams], abort_id: str | None = None, abort_after: int = 3):
@@ -54,8 +59,9 @@ def workload(probe: dict) -> list[SamplingParams]:
     tokens2 = probe["2"][0][0]
     final = RequestOutputKind.FINAL_ONLY
     return [
-        SamplingParams(temperature=0, max_tokens=20, stop=[text0[len(text0) // 2 : len(text0) // 2 + 3]],
-                       output_kind=final),
+        SamplingParams(
+            temperature=0, max_tokens=20, stop=[text0[len(text0) // 2 : len(text0) // 2 + 3]], output_kind=final
+        ),
         SamplingParams(temperature=1.0, seed=11, n=2, max_tokens=16, output_kind=final),
         SamplingParams(temperature=0, max_tokens=20, stop_token_ids=[tokens2[5]], output_kind=final),
         SamplingParams(temperature=0, max_tokens=24, output_kind=RequestOutputKind.CUMULATIVE),  # aborted
@@ -79,7 +85,10 @@ def test_async_scheduling_equals_the_synchronous_loop(llama_dir, probe):
         results[mode] = run(engine, workload(probe), abort_id="3")
         results[mode] += (engine.core.scheduler.num_preemptions,)
         engine.shutdown()
-    (sync_finals, sync_aborted, sync_preempt), (async_finals, async_aborted, async_preempt) = results[False], results[True]
+    (sync_finals, sync_aborted, sync_preempt), (async_finals, async_aborted, async_preempt) = (
+        results[False],
+        results[True],
+    )
     assert sync_preempt > 0 and async_preempt > 0  # the cache is too small for the whole batch
     assert async_finals == sync_finals
     assert async_aborted == sync_aborted and len(sync_aborted) >= 3

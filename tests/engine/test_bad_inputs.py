@@ -1,5 +1,6 @@
 """Bad input fails before any work starts, names the problem, and leaves the
 engine serving the next call."""
+
 from __future__ import annotations
 
 import logging
@@ -82,7 +83,9 @@ def test_preset_without_weights_says_how_to_proceed(tmp_path, monkeypatch):
         LLM(model="opt-125m")
 
 
-@pytest.mark.parametrize("kwargs,field", [({"max_tokens": "ten"}, "max_tokens"), ({"temperature": None}, "temperature")])
+@pytest.mark.parametrize(
+    "kwargs,field", [({"max_tokens": "ten"}, "max_tokens"), ({"temperature": None}, "temperature")]
+)
 def test_wrong_types_name_the_field(kwargs, field):
     with pytest.raises(ValueError, match=f"^{field}=.*must be a number"):
         SamplingParams(**kwargs)

@@ -1,4 +1,5 @@
 """LoadBalancer: fewest unfinished requests first; a remembered prefix goes back to its replica."""
+
 from __future__ import annotations
 
 from minivllm.engine.balancer import LoadBalancer

@@ -1,5 +1,6 @@
 """The incremental detokenizer: text equal to decoding the whole sequence, stop strings
 across token boundaries, held-back streaming text, min_tokens, and special tokens."""
+
 from __future__ import annotations
 
 import pytest

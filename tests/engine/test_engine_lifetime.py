@@ -4,6 +4,7 @@ The engine freezes the collector's view of long-lived objects (``gc.freeze``) to
 keep per-step collections short; a dropped engine held in a reference cycle would
 stay frozen forever unless the next engine unfreezes first.
 """
+
 from __future__ import annotations
 
 import gc

@@ -16,8 +16,15 @@ class FakeClock:
 
 
 def sched_stats(**kw) -> SchedulerStats:
-    base = dict(num_running=3, num_waiting=5, num_preempted=1, kv_cache_usage=0.5, num_preemptions=2,
-                prefix_cache_queries=200, prefix_cache_hits=50)
+    base = dict(
+        num_running=3,
+        num_waiting=5,
+        num_preempted=1,
+        kv_cache_usage=0.5,
+        num_preemptions=2,
+        prefix_cache_queries=200,
+        prefix_cache_hits=50,
+    )
     return SchedulerStats(**{**base, **kw})
 
 
@@ -52,8 +59,14 @@ def test_interval_zero_never_logs(caplog):
 
 def test_engine_stats_after_a_shared_prefix_workload(llama_dir, caplog):
     caplog.set_level(logging.INFO, logger="minivllm.engine.stats")
-    llm = LLM(model=str(llama_dir), dtype="float32", block_size=4, num_gpu_blocks_override=64,
-              max_num_batched_tokens=32, overrides=["scheduler.log_stats_interval=1e-6"])
+    llm = LLM(
+        model=str(llama_dir),
+        dtype="float32",
+        block_size=4,
+        num_gpu_blocks_override=64,
+        max_num_batched_tokens=32,
+        overrides=["scheduler.log_stats_interval=1e-6"],
+    )
     system = list(range(20, 44))
     prompts = [{"prompt_token_ids": system + [50 + i, 60 + i]} for i in range(6)]
     try:
@@ -61,7 +74,9 @@ def test_engine_stats_after_a_shared_prefix_workload(llama_dir, caplog):
         stats = llm.llm_engine.get_stats()
     finally:
         llm.shutdown()
-    assert stats.num_prompt_tokens == 6 * 26 and stats.num_generation_tokens == sum(len(o.outputs[0].token_ids) for o in outs)
+    assert stats.num_prompt_tokens == 6 * 26 and stats.num_generation_tokens == sum(
+        len(o.outputs[0].token_ids) for o in outs
+    )
     assert stats.num_running == stats.num_waiting == 0 and stats.kv_cache_usage == 0.0
     # Request 0 computes the 24-token system prompt (6 blocks); requests 1-5 find it, even those
     # admitted in the same step, and compute their last 2 tokens only.

@@ -2,6 +2,7 @@
 64 sequences running, a request that arrives after it finishes within a bounded
 number of engine steps (first-come-first-served would make it wait for all 16
 rounds of the huge one)."""
+
 from __future__ import annotations
 
 from minivllm import LLM, SamplingParams
@@ -17,7 +18,9 @@ def test_small_request_finishes_within_bounded_steps_beside_a_huge_n(llama_dir):
         huge = SamplingParams(n=HUGE_N, max_tokens=HUGE_TOKENS, temperature=0, ignore_eos=True)
         engine.add_request("huge", "def f(x):", huge)
         engine.step()  # the huge request holds every seat
-        engine.add_request("small", "import os", SamplingParams(max_tokens=SMALL_TOKENS, temperature=0, ignore_eos=True))
+        engine.add_request(
+            "small", "import os", SamplingParams(max_tokens=SMALL_TOKENS, temperature=0, ignore_eos=True)
+        )
         finished: dict[str, int] = {}
         steps = 1
         while "small" not in finished:
@@ -43,7 +46,9 @@ def test_a_batch_of_prompts_in_one_group_takes_turns_too(llama_dir):
         for i in range(HUGE_N // 4):
             engine.add_request(f"batch-{i}", f"x = {i}", params, group_id="batch")
         engine.step()
-        engine.add_request("small", "import os", SamplingParams(max_tokens=SMALL_TOKENS, temperature=0, ignore_eos=True))
+        engine.add_request(
+            "small", "import os", SamplingParams(max_tokens=SMALL_TOKENS, temperature=0, ignore_eos=True)
+        )
         steps = 1
         while not any(o.request_id == "small" and o.finished for o in engine.step()):
             steps += 1

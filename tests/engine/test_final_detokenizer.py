@@ -1,6 +1,7 @@
 """Final-only text decoded in one call equals the incremental detokenizer's text (the
 oracle: what streaming the same tokens shows), for byte-level and metaspace tokenizers,
 special and added tokens, ids past the vocabulary and unfinished characters."""
+
 from __future__ import annotations
 
 import numpy as np

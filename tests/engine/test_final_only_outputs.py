@@ -1,6 +1,7 @@
 """Final-only requests: the engine core reports them only with their first token and when
 they finish, yet the final outputs and the per-step token counts equal those of the same
 requests streamed as deltas (the engine without the shortcut)."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,5 +1,6 @@
 """The fp8 KV cache inside the engine: close to a bf16 cache on the trained demo model,
 the same tokens from both backends, and twice the blocks for the same memory."""
+
 from __future__ import annotations
 
 import pytest
@@ -7,7 +8,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from minivllm import LLM, SamplingParams
-from minivllm.engine.tokenizer import DEMO_TOKENIZER as DEMO_MODEL_DIR
+from minivllm.tokenizer import DEMO_TOKENIZER as DEMO_MODEL_DIR
 from minivllm.worker.worker import Worker
 
 PROMPTS = ["def fibonacci(n):", "class Stack:\n    def push(self", "for line in open(", "import os\nimport"]
@@ -57,8 +58,13 @@ def test_fp8_cache_gives_the_same_tokens_on_both_backends(llama_dir):
     results = {}
     for backend in ("torch", "triton"):
         llm = LLM(
-            model=str(llama_dir), dtype="float32", kv_cache_dtype="fp8_e4m3", block_size=8,
-            num_gpu_blocks_override=32, attention_backend=backend, max_num_batched_tokens=16,
+            model=str(llama_dir),
+            dtype="float32",
+            kv_cache_dtype="fp8_e4m3",
+            block_size=8,
+            num_gpu_blocks_override=32,
+            attention_backend=backend,
+            max_num_batched_tokens=16,
         )
         results[backend] = llm.generate(PROMPTS[:2], params, use_tqdm=False)
     for a, b in zip(results["torch"], results["triton"]):

@@ -1,6 +1,7 @@
 """A front end learns the KV cache (its sliding window included) from the engine process's
 ready message, so it never builds the model itself: here an AsyncLLM over a
 sliding-window checkpoint, with model building made to fail in the test's process."""
+
 from __future__ import annotations
 
 import pytest
@@ -30,10 +31,17 @@ def no_model_here(monkeypatch):
 
 def test_async_front_end_gets_the_window_from_the_engine_without_a_model(make_checkpoint, no_model_here):
     ckpt = make_checkpoint("mistral-window5-mqa", mistral_config())
-    cfg = VllmConfig.from_dictconfig(config_from_kwargs(
-        str(ckpt), dtype="float32", device="cpu", block_size=BLOCK_SIZE, num_gpu_blocks_override=NUM_BLOCKS,
-        max_model_len=128, max_num_batched_tokens=8,
-    ))  # fmt: skip
+    cfg = VllmConfig.from_dictconfig(
+        config_from_kwargs(
+            str(ckpt),
+            dtype="float32",
+            device="cpu",
+            block_size=BLOCK_SIZE,
+            num_gpu_blocks_override=NUM_BLOCKS,
+            max_model_len=128,
+            max_num_batched_tokens=8,
+        )
+    )
     harness = EngineHarness(cfg)
     try:
         engine = harness.engine
@@ -41,8 +49,9 @@ def test_async_front_end_gets_the_window_from_the_engine_without_a_model(make_ch
         # 8 + 56 tokens outgrow the 24-token cache: admitted (and run) only because the
         # blocks behind the window go back to the pool
         assert PROMPT_LEN + MAX_TOKENS > NUM_BLOCKS * BLOCK_SIZE
-        params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True,
-                                output_kind=RequestOutputKind.FINAL_ONLY)
+        params = SamplingParams(
+            temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True, output_kind=RequestOutputKind.FINAL_ONLY
+        )
 
         async def run():
             outs = [o async for o in engine.generate({"prompt_token_ids": list(range(4, 12))}, params, "w")]

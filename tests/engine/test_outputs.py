@@ -1,5 +1,6 @@
 """End to end through the engine: stop strings, the three output kinds with n > 1,
 and the SamplingParams checks that need the model."""
+
 from __future__ import annotations
 
 import pytest
@@ -51,8 +52,9 @@ def test_stop_string_split_across_output_tokens(llm, include):
 
 def _stream(llm, kind: RequestOutputKind, stop: list[str]):
     engine = llm.llm_engine
-    params = SamplingParams(n=2, temperature=1.0, seed=5, max_tokens=10, stop=stop, prompt_logprobs=1,
-                            logprobs=1, output_kind=kind)
+    params = SamplingParams(
+        n=2, temperature=1.0, seed=5, max_tokens=10, stop=stop, prompt_logprobs=1, logprobs=1, output_kind=kind
+    )
     engine.add_request("stream", PROMPT, params)
     outs = []
     while engine.has_unfinished_requests():

@@ -1,5 +1,6 @@
 """n completions per prompt, and per-request seeds that make sampling reproducible
 whatever else shares the batch."""
+
 from __future__ import annotations
 
 import pytest

@@ -4,6 +4,7 @@ For a batch of prompts of different lengths in fp32: greedy tokens identical
 and the chosen tokens' logprobs within 1e-4 of transformers', across block
 sizes and under a cache small enough to force preemption.
 """
+
 from __future__ import annotations
 
 import pytest

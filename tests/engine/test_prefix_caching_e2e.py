@@ -1,6 +1,7 @@
 """End to end on a tiny Llama: a cache that holds only a few requests, a token budget
 smaller than the longest prompt, prefix caching and preemption, against a run with a
 huge cache and no prefix caching. Greedy outputs must be identical."""
+
 import random
 
 import pytest
@@ -55,8 +56,7 @@ def generate_tracking_usage(llm: LLM, prompts, params, **kwargs):
 
 
 def reference_tokens(ckpt, prompts, params) -> list[list[int]]:
-    llm = LLM(model=str(ckpt), dtype="float32", block_size=4, num_gpu_blocks_override=4096,
-              enable_prefix_caching=False)
+    llm = LLM(model=str(ckpt), dtype="float32", block_size=4, num_gpu_blocks_override=4096, enable_prefix_caching=False)
     try:
         return [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
     finally:
@@ -66,8 +66,14 @@ def reference_tokens(ckpt, prompts, params) -> list[list[int]]:
 def test_200_requests_under_memory_pressure_match_an_unconstrained_run(tiny_llama):
     prompts, params = workload(200, seed=0)
     assert max(len(p["prompt_token_ids"]) for p in prompts) > 16  # the budget below
-    llm = LLM(model=str(tiny_llama), dtype="float32", block_size=4, num_gpu_blocks_override=40,
-              max_num_batched_tokens=16, max_num_seqs=16)
+    llm = LLM(
+        model=str(tiny_llama),
+        dtype="float32",
+        block_size=4,
+        num_gpu_blocks_override=40,
+        max_num_batched_tokens=16,
+        max_num_seqs=16,
+    )
     try:
         outs, usage = generate_tracking_usage(llm, prompts, params)
         stats = llm.llm_engine.scheduler_stats()
@@ -84,8 +90,15 @@ def test_200_requests_under_memory_pressure_match_an_unconstrained_run(tiny_llam
 def test_priority_policy_under_pressure_matches_an_unconstrained_run(tiny_llama):
     prompts, params = workload(60, seed=1)
     priorities = [random.Random(i).randrange(4) for i in range(60)]
-    llm = LLM(model=str(tiny_llama), dtype="float32", block_size=4, num_gpu_blocks_override=30,
-              max_num_batched_tokens=24, max_num_seqs=6, scheduling_policy="priority")
+    llm = LLM(
+        model=str(tiny_llama),
+        dtype="float32",
+        block_size=4,
+        num_gpu_blocks_override=30,
+        max_num_batched_tokens=24,
+        max_num_seqs=6,
+        scheduling_policy="priority",
+    )
     try:
         outs, _ = generate_tracking_usage(llm, prompts, params, priority=priorities)
         stats = llm.llm_engine.scheduler_stats()

@@ -5,6 +5,7 @@ prompt logprobs against transformers' log_softmax of the same logits.
 All configurations run in one mixed batch (each row keeps its own parameters).
 Every feature test also checks that the feature changed the output, so a feature
 that silently does nothing fails."""
+
 from __future__ import annotations
 
 import pytest
@@ -54,20 +55,26 @@ def _theirs(llm, hf, **kwargs) -> list[list[int]]:
 
 @pytest.fixture(scope="module")
 def ours(llm):
-    first = _run(llm, {
-        "plain": {},
-        "repetition 1.3": dict(repetition_penalty=1.3),
-        "repetition 0.4": dict(repetition_penalty=0.4),
-        "min_tokens": dict(min_tokens=4, logit_bias={EOS: 30.0}),  # EOS would win every step once allowed
-        "presence+frequency": dict(presence_penalty=0.8, frequency_penalty=0.6),
-        "allowed": dict(allowed_token_ids=list(range(100, 200))),
-    })
+    first = _run(
+        llm,
+        {
+            "plain": {},
+            "repetition 1.3": dict(repetition_penalty=1.3),
+            "repetition 0.4": dict(repetition_penalty=0.4),
+            "min_tokens": dict(min_tokens=4, logit_bias={EOS: 30.0}),  # EOS would win every step once allowed
+            "presence+frequency": dict(presence_penalty=0.8, frequency_penalty=0.6),
+            "allowed": dict(allowed_token_ids=list(range(100, 200))),
+        },
+    )
     plain = first["plain"]
     tok = llm.get_tokenizer()
-    second = _run(llm, {
-        "logit_bias": dict(logit_bias={plain[0][0]: -100.0, plain[1][2]: -100.0, 77: 4.0}),
-        "bad_words": dict(bad_words=[tok.decode([plain[0][1]]), tok.decode(plain[1][3:5])]),
-    })
+    second = _run(
+        llm,
+        {
+            "logit_bias": dict(logit_bias={plain[0][0]: -100.0, plain[1][2]: -100.0, 77: 4.0}),
+            "bad_words": dict(bad_words=[tok.decode([plain[0][1]]), tok.decode(plain[1][3:5])]),
+        },
+    )
     return first | second
 
 
@@ -141,16 +148,24 @@ def test_logprobs_and_prompt_logprobs_match_transformers_log_softmax(llm, hf):
     out = outs[0]
     ids = out.prompt_token_ids
     assert len(ids) > 16  # longer than the token budget: its prompt logprobs come from several steps
-    gen = hf.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=6, repetition_penalty=0.4,
-                      pad_token_id=0, output_logits=True, return_dict_in_generate=True)
+    gen = hf.generate(
+        torch.tensor([ids]),
+        do_sample=False,
+        max_new_tokens=6,
+        repetition_penalty=0.4,
+        pad_token_id=0,
+        output_logits=True,
+        return_dict_in_generate=True,
+    )
     completion = out.outputs[0]
     assert completion.token_ids == gen.sequences[0, len(ids) :].tolist()
     raw = [step[0].log_softmax(-1) for step in gen.logits]  # raw logits: before the repetition penalty
     assert len(completion.logprobs) == 6
     for token, entry, ref in zip(completion.token_ids, completion.logprobs, raw):
         _assert_entry(entry, token, ref, k)
-    assert completion.cumulative_logprob == pytest.approx(sum(r[t].item() for t, r in zip(completion.token_ids, raw)),
-                                                         abs=1e-3)
+    assert completion.cumulative_logprob == pytest.approx(
+        sum(r[t].item() for t, r in zip(completion.token_ids, raw)), abs=1e-3
+    )
     plp = out.prompt_logprobs
     assert len(plp) == len(ids) and plp[0] is None
     ref = hf(torch.tensor([ids])).logits[0].log_softmax(-1)  # (P, V); row p predicts token p + 1

@@ -1,5 +1,6 @@
 """One admission path: ``Processor.process`` checks and tokenizes each prompt once,
 and the engine queues the processed request without doing either again."""
+
 from __future__ import annotations
 
 from multiprocessing import Pipe
@@ -7,10 +8,10 @@ from multiprocessing import Pipe
 import pytest
 
 from minivllm import LLM, SamplingParams
+from minivllm.config.llm_kwargs import config_from_kwargs
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.engine.engine_proc import EngineMessage, _drain
 from minivllm.engine.llm_engine import LLMEngine
-from minivllm.config.llm_kwargs import config_from_kwargs
 
 KWARGS = dict(dtype="float32", block_size=8, num_gpu_blocks_override=64, max_model_len=128, disable_log_stats=True)
 PROMPTS = ["def f(x):", "import os", "class Stack:"]

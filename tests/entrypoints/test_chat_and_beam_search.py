@@ -1,5 +1,6 @@
 """LLM.chat against apply_chat_template + generate; LLM.beam_search against transformers'
 beam search (sequences and scores) on two test models."""
+
 from __future__ import annotations
 
 import shutil
@@ -93,13 +94,21 @@ def test_beam_search_matches_transformers(beam_models, width, length_penalty):
         assert len(out.sequences) == width
         with torch.no_grad():
             ref = hf.generate(
-                torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long), num_beams=width,
-                num_return_sequences=width, do_sample=False, max_new_tokens=7, length_penalty=length_penalty,
-                output_scores=True, output_logits=True, return_dict_in_generate=True, pad_token_id=0,
-            )  # fmt: skip
+                torch.tensor([ids]),
+                attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                num_beams=width,
+                num_return_sequences=width,
+                do_sample=False,
+                max_new_tokens=7,
+                length_penalty=length_penalty,
+                output_scores=True,
+                output_logits=True,
+                return_dict_in_generate=True,
+                pad_token_id=0,
+            )
         best = out.sequences[0]
         if width == 1:  # transformers runs greedy search: score it the same way
-            logprobs = [torch.log_softmax(s[0], -1)[t].item() for s, t in zip(ref.logits, ref.sequences[0, len(ids):])]
+            logprobs = [torch.log_softmax(s[0], -1)[t].item() for s, t in zip(ref.logits, ref.sequences[0, len(ids) :])]
             ref_scores = [sum(logprobs) / len(logprobs) ** length_penalty]
         else:
             ref_scores = ref.sequences_scores.tolist()

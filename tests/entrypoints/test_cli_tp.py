@@ -1,6 +1,7 @@
 """``python -m minivllm parallel.tp=2 ...`` end to end, as a user runs it: the same
 tokens as tp=1, the resolved config naming the executor, and no process left
 behind when the CLI ends or is interrupted (Ctrl-C)."""
+
 from __future__ import annotations
 
 import json
@@ -23,14 +24,25 @@ TAG_KEY = "MINIVLLM_TEST_RUN"
 
 def _cli(ckpt: Path, out_dir: Path, prompts_file: Path, *extra: str) -> tuple[list[str], dict[str, str]]:
     cmd = [
-        sys.executable, "-m", "minivllm",
-        f"model.path={ckpt}", "model.dtype=float32", "model.max_model_len=128",
-        "parallel.tp=2", "cache.block_size=8", "cache.num_gpu_blocks_override=64",
-        f"prompts_file={prompts_file}", "sampling.temperature=0",
-        f"hydra.run.dir={out_dir}", *extra,
-    ]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
-           TAG_KEY: uuid.uuid4().hex}  # fmt: skip
+        sys.executable,
+        "-m",
+        "minivllm",
+        f"model.path={ckpt}",
+        "model.dtype=float32",
+        "model.max_model_len=128",
+        "parallel.tp=2",
+        "cache.block_size=8",
+        "cache.num_gpu_blocks_override=64",
+        f"prompts_file={prompts_file}",
+        "sampling.temperature=0",
+        f"hydra.run.dir={out_dir}",
+        *extra,
+    ]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+        TAG_KEY: uuid.uuid4().hex,
+    }
     return cmd, env
 
 
@@ -65,7 +77,12 @@ def test_ctrl_c_leaves_no_worker_behind(opt_dir, tmp_path):
     prompts = _write_prompts(tmp_path / "prompts.jsonl", [f"x{i}" for i in range(400)])
     cmd, env = _cli(opt_dir, tmp_path / "run", prompts, "sampling.max_tokens=110", "+sampling.ignore_eos=true")
     proc = subprocess.Popen(
-        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        cmd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
         preexec_fn=_sigint_as_in_a_terminal,
     )
     try:

@@ -1,6 +1,7 @@
 """vLLM's small conveniences on ``LLM``: Logprob objects, logprobs=-1, num_cached_tokens,
 detokenize / truncate_prompt_tokens / logits_processors, prompt TypedDicts,
 reset_prefix_cache and get_metrics. The oracle is the engine without the feature."""
+
 from __future__ import annotations
 
 import math

@@ -1,4 +1,5 @@
 """vLLM's constructor keywords are accepted and honoured; generation_config.json defaults."""
+
 from __future__ import annotations
 
 import json
@@ -8,12 +9,12 @@ import pytest
 import torch
 
 from minivllm import LLM, SamplingParams
+from minivllm.attention.backend import AttentionMetadata
 from minivllm.config.generation_defaults import generation_defaults
-from minivllm.config.schema import ModelConfig
 from minivllm.config.llm_kwargs import config_from_kwargs
+from minivllm.config.schema import ModelConfig
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.worker.cuda_graphs import CUDAGraphRunner
-from minivllm.attention.backend import AttentionMetadata
 
 
 @pytest.fixture(scope="module")
@@ -87,9 +88,12 @@ def test_trust_remote_code_and_code_revision_reach_transformers(llama_dir, monke
 
 def test_other_keywords_land_on_their_keys(llama_dir):
     cfg = config_from_kwargs(
-        str(llama_dir), served_model_name=["tiny", "alias"], disable_log_stats=True, max_seq_len_to_capture=64,
+        str(llama_dir),
+        served_model_name=["tiny", "alias"],
+        disable_log_stats=True,
+        max_seq_len_to_capture=64,
         task="embed",
-    )  # fmt: skip
+    )
     assert cfg.serve.served_model_name == "tiny,alias"
     assert cfg.scheduler.log_stats_interval == 0.0
     assert cfg.compilation.max_seq_len_to_capture == 64
@@ -104,9 +108,15 @@ def test_graphs_do_not_cover_sequences_longer_than_max_seq_len_to_capture():
     def decode_meta(num_reqs: int, max_seq_len: int) -> AttentionMetadata:
         seq_lens = [max_seq_len] * num_reqs
         return AttentionMetadata(
-            slot_mapping=None, query_start_loc=None, seq_lens=None, block_tables=None, max_query_len=1,
-            max_seq_len=max_seq_len, query_lens_cpu=[1] * num_reqs, seq_lens_cpu=seq_lens,
-        )  # fmt: skip
+            slot_mapping=None,
+            query_start_loc=None,
+            seq_lens=None,
+            block_tables=None,
+            max_query_len=1,
+            max_seq_len=max_seq_len,
+            query_lens_cpu=[1] * num_reqs,
+            seq_lens_cpu=seq_lens,
+        )
 
     assert graphs.covers(decode_meta(2, 64))
     assert not graphs.covers(decode_meta(2, 65))

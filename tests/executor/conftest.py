@@ -1,4 +1,5 @@
 """Every executor test module checks that no worker process outlives it."""
+
 import gc
 
 import pytest

@@ -1,4 +1,5 @@
 """A Worker that fails on rank 1 at its first model step (for the fault tests)."""
+
 from __future__ import annotations
 
 from minivllm.worker.worker import Worker

@@ -1,5 +1,6 @@
 """parallel.backend=external_launcher: under ``torchrun --nproc-per-node 2`` (tp=2,
 one engine per process) the example script's outputs equal tp=1's."""
+
 from __future__ import annotations
 
 import json
@@ -28,11 +29,27 @@ def _torchrun() -> list[str]:
 @pytest.mark.timeout(240)
 def test_tp2_under_torchrun_equals_tp1(opt_dir, tmp_path):
     out = tmp_path / "outputs.json"
-    cmd = [*_torchrun(), "--standalone", "--nproc-per-node", "2", str(EXAMPLE), "--model", str(opt_dir),
-           "--max-tokens", str(h.GREEDY.max_tokens), "--logprobs", str(h.GREEDY.logprobs), "--out", str(out)]
+    cmd = [
+        *_torchrun(),
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        str(EXAMPLE),
+        "--model",
+        str(opt_dir),
+        "--max-tokens",
+        str(h.GREEDY.max_tokens),
+        "--logprobs",
+        str(h.GREEDY.logprobs),
+        "--out",
+        str(out),
+    ]
     cmd += [arg for o in OVERRIDES for arg in ("--override", o)]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
-           "OMP_NUM_THREADS": "1"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+        "OMP_NUM_THREADS": "1",
+    }
     run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=220)
     assert run.returncode == 0, run.stderr[-4000:]
     records = json.loads(out.read_text())
@@ -48,7 +65,9 @@ def test_outside_a_launcher_is_a_clear_error(opt_dir, monkeypatch):
     for key in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(key, raising=False)
     with pytest.raises(ValueError, match=r"parallel.backend=external_launcher: RANK, WORLD_SIZE.* not set; .*torchrun"):
-        LLM(model=str(opt_dir), tensor_parallel_size=2, distributed_executor_backend="external_launcher", **h.LLM_KWARGS)
+        LLM(
+            model=str(opt_dir), tensor_parallel_size=2, distributed_executor_backend="external_launcher", **h.LLM_KWARGS
+        )
 
 
 def test_a_world_size_that_disagrees_is_refused(opt_dir, monkeypatch):
@@ -57,4 +76,6 @@ def test_a_world_size_that_disagrees_is_refused(opt_dir, monkeypatch):
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", "1")
     with pytest.raises(ValueError, match=r"WORLD_SIZE=3 processes, but parallel.tp x parallel.pp = 2"):
-        LLM(model=str(opt_dir), tensor_parallel_size=2, distributed_executor_backend="external_launcher", **h.LLM_KWARGS)
+        LLM(
+            model=str(opt_dir), tensor_parallel_size=2, distributed_executor_backend="external_launcher", **h.LLM_KWARGS
+        )

@@ -1,5 +1,6 @@
 """A worker that dies or raises fails the engine fast, naming the rank; no process
 is left behind; a rendezvous port taken by someone else is retried."""
+
 from __future__ import annotations
 
 import socket

@@ -1,5 +1,6 @@
 """A MoE model at tp=2, experts sliced (tensor parallel) or placed whole on ranks
 (expert parallel), gives tp=1's tokens and logprobs."""
+
 from __future__ import annotations
 
 import pytest

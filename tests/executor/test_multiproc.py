@@ -1,6 +1,7 @@
 """MultiprocExecutor: tp=2 in worker processes gives tp=1's tokens, each rank holding its
 shard; a user's lambda (LLM.collective_rpc, LLM.apply_model) reaches every rank, and an
 error on a rank comes back naming it while the engine keeps serving."""
+
 from __future__ import annotations
 
 import os
@@ -132,7 +133,6 @@ def test_kv_heads_are_replicated_when_tp_exceeds_them(llama_kv1_tp2):
 
 def test_ranks_share_the_cores(opt_tp2):
     assert _executor(opt_tp2).collective_rpc(h.num_threads) == [threads_per_rank(2)] * 2
-
 
 
 def test_mp_lambda_returns_one_result_per_rank(opt_tp2):

@@ -2,6 +2,7 @@
 pp=2 give exactly the tokens of pp=1's synchronous loop (greedy and seeded sampling,
 stop strings and stop tokens, an abort mid-run, preemption, prefix caching), and the
 batches in flight hold disjoint requests."""
+
 from __future__ import annotations
 
 import pytest
@@ -13,17 +14,21 @@ from tests.engine.test_async_scheduling import PROMPTS, run, workload
 
 
 def make_engine(llama_dir, *overrides: str, num_blocks: int = 14) -> LLMEngine:
-    return LLMEngine(build_config([
-        f"model.path={llama_dir}",
-        "model.dtype=float32",
-        "cache.block_size=4",
-        f"cache.num_gpu_blocks_override={num_blocks}",
-        "cache.enable_prefix_caching=true",
-        "scheduler.max_num_seqs=6",
-        "scheduler.max_num_batched_tokens=32",
-        "scheduler.log_stats_interval=0",
-        *overrides,
-    ]))  # fmt: skip
+    return LLMEngine(
+        build_config(
+            [
+                f"model.path={llama_dir}",
+                "model.dtype=float32",
+                "cache.block_size=4",
+                f"cache.num_gpu_blocks_override={num_blocks}",
+                "cache.enable_prefix_caching=true",
+                "scheduler.max_num_seqs=6",
+                "scheduler.max_num_batched_tokens=32",
+                "scheduler.log_stats_interval=0",
+                *overrides,
+            ]
+        )
+    )
 
 
 @pytest.mark.parametrize(

@@ -2,6 +2,7 @@
 only its layers' weights and KV cache (the embeddings on the first stage, the final
 norm and LM head on the last); a killed stage fails the engine fast; bad partitions
 fail when the config is built."""
+
 from __future__ import annotations
 
 import math
@@ -16,6 +17,7 @@ from minivllm.models.llama import LlamaForCausalLM
 from minivllm.models.registry import ModelRegistry
 from tests.executor import tp_helpers as h
 from tests.model_configs import gpt2_config, gpt_neox_config, llama_config
+
 
 def layer_types(model) -> list[str]:
     """Runs in each worker (apply_model): the class of each decoder layer slot."""
@@ -61,8 +63,12 @@ def test_bad_pipeline_configs_fail_when_built(llama3_dir):
     with pytest.raises(ValueError, match=r"parallel.pp=4: the model has only 3 decoder layers"):
         LLM(model=str(llama3_dir), pipeline_parallel_size=4, **h.LLM_KWARGS)
     with pytest.raises(ValueError, match=r"parallel.pp_layer_partition=\[1, 1\]"):
-        LLM(model=str(llama3_dir), pipeline_parallel_size=2, overrides=["parallel.pp_layer_partition=[1,1]"],
-            **h.LLM_KWARGS)  # fmt: skip
+        LLM(
+            model=str(llama3_dir),
+            pipeline_parallel_size=2,
+            overrides=["parallel.pp_layer_partition=[1,1]"],
+            **h.LLM_KWARGS,
+        )
     with pytest.raises(ValueError, match=r"parallel.pp=2: needs parallel.backend auto, mp or ray \(not uni\)"):
         LLM(model=str(llama3_dir), pipeline_parallel_size=2, distributed_executor_backend="uni", **h.LLM_KWARGS)
 
@@ -81,8 +87,12 @@ def test_a_model_class_without_stages_is_refused_before_any_worker_starts(llama3
 
     monkeypatch.setattr(MultiprocExecutor, "__init__", no_workers)
     with pytest.raises(ValueError, match=r"parallel.pp=2: NoStagesLlama does not support pipeline parallelism"):
-        LLM(model=str(llama3_dir), pipeline_parallel_size=2, overrides=["model.architecture=NoStagesLlama"],
-            **h.LLM_KWARGS)  # fmt: skip
+        LLM(
+            model=str(llama3_dir),
+            pipeline_parallel_size=2,
+            overrides=["model.architecture=NoStagesLlama"],
+            **h.LLM_KWARGS,
+        )
 
 
 @pytest.mark.slow
@@ -91,7 +101,10 @@ def test_opt_pp2_matches_pp1_each_stage_holding_its_layers_and_a_killed_stage_fa
     llm = LLM(model=str(opt_dir), pipeline_parallel_size=2, **h.LLM_KWARGS)
     try:
         h.assert_same_outputs(h.reference(opt_dir), h.generate(llm))
-        assert llm.apply_model(layer_types) == [["OPTDecoderLayer", "MissingLayer"], ["MissingLayer", "OPTDecoderLayer"]]
+        assert llm.apply_model(layer_types) == [
+            ["OPTDecoderLayer", "MissingLayer"],
+            ["MissingLayer", "OPTDecoderLayer"],
+        ]
         assert llm.collective_rpc(kv_layers) == [1, 1]  # each stage caches only its own layer
         first, last = llm.apply_model(param_numels)
         assert not any(".layers.1." in n for n in first) and not any(".layers.0." in n for n in last)
@@ -112,13 +125,21 @@ def test_opt_pp2_matches_pp1_each_stage_holding_its_layers_and_a_killed_stage_fa
 @pytest.mark.timeout(300)
 def test_llama_tp2_x_pp2_odd_layers_explicit_partition_matches_tp1(llama3_dir):
     """4 processes: stage 0 holds layer 0, stage 1 layers 1 and 2, each split over 2 tp ranks."""
-    llm = LLM(model=str(llama3_dir), tensor_parallel_size=2, pipeline_parallel_size=2,
-              overrides=["parallel.pp_layer_partition=[1,2]"], **h.LLM_KWARGS)  # fmt: skip
+    llm = LLM(
+        model=str(llama3_dir),
+        tensor_parallel_size=2,
+        pipeline_parallel_size=2,
+        overrides=["parallel.pp_layer_partition=[1,2]"],
+        **h.LLM_KWARGS,
+    )
     try:
         h.assert_same_outputs(h.reference(llama3_dir), h.generate(llm))
         assert llm.collective_rpc(kv_layers) == [1, 1, 2, 2]
-        shapes = llm.apply_model(lambda model: [tuple(layer.mlp.gate_up_proj.weight.shape)
-                                                for layer in model.model.layers if hasattr(layer, "mlp")])  # fmt: skip
+        shapes = llm.apply_model(
+            lambda model: [
+                tuple(layer.mlp.gate_up_proj.weight.shape) for layer in model.model.layers if hasattr(layer, "mlp")
+            ]
+        )
         assert shapes == [[(128, 64)]] * 2 + [[(128, 64)] * 2] * 2  # half of gate and up per tp rank
         names = [set(n) for n in llm.apply_model(param_numels)]
         for rank, held in enumerate(names):

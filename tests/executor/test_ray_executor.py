@@ -1,5 +1,6 @@
 """RayDistributedExecutor on a local Ray instance: tp=2 and pp=2 actors give one rank's
 tokens, and a dead actor fails the engine fast. Skipped only where Ray is not installed."""
+
 from __future__ import annotations
 
 import gc

@@ -4,6 +4,7 @@ loads back exactly its own parameters; at tp=1 the round trip generates what saf
 (One tp=2 engine serves the tp=2 checks: its workers load the saved shards with
 ShardedStateLoader and compare them with the parameters they serve, which
 test_multiproc shows give tp=1's tokens.)"""
+
 from __future__ import annotations
 
 import pytest

@@ -1,6 +1,7 @@
 """LLM.collective_rpc and LLM.apply_model under the uni executor: a user's lambda or
 closure runs in this process. The mp ranks are in test_multiproc.py (on its tp=2
 engine), Ray's in test_ray_executor.py."""
+
 from __future__ import annotations
 
 import os

@@ -1,6 +1,7 @@
 """Executors reach the model runner only through the Worker: a user's Worker subclass
 (``parallel.worker._target_``) sees every step, synchronous or launched ahead (async
 scheduling), and the Worker alone decides which ranks return a step's output."""
+
 from __future__ import annotations
 
 import pytest
@@ -26,9 +27,15 @@ class StepRecordingWorker(Worker):
 
 @pytest.mark.parametrize("async_scheduling", [False, True])
 def test_a_users_worker_sees_every_step_the_executor_runs(llama_dir, async_scheduling):
-    llm = LLM(model=str(llama_dir), dtype="float32", num_gpu_blocks_override=16,
-              overrides=[f"parallel.worker._target_={__name__}.StepRecordingWorker",
-                         f"scheduler.async_scheduling={str(async_scheduling).lower()}"])
+    llm = LLM(
+        model=str(llama_dir),
+        dtype="float32",
+        num_gpu_blocks_override=16,
+        overrides=[
+            f"parallel.worker._target_={__name__}.StepRecordingWorker",
+            f"scheduler.async_scheduling={str(async_scheduling).lower()}",
+        ],
+    )
     try:
         engine = llm.llm_engine
         executor = engine.core.executor
@@ -39,12 +46,14 @@ def test_a_users_worker_sees_every_step_the_executor_runs(llama_dir, async_sched
             def launch_recorded(sched):
                 sent.append(sched.total_num_scheduled_tokens)
                 return launch(sched)
+
             return launch_recorded
 
         for name in ("execute_model", "execute_model_async"):  # what the engine core hands the executor
             setattr(executor, name, recorded(getattr(executor, name)))
-        engine.add_request("a", {"prompt_token_ids": list(range(3, 13))},
-                           SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+        engine.add_request(
+            "a", {"prompt_token_ids": list(range(3, 13))}, SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+        )
         finals = []
         while engine.has_unfinished_requests():
             finals += [out for out in engine.step() if out.finished]

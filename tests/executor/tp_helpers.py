@@ -3,6 +3,7 @@ finding processes (the tests check that none outlives its engine).
 
 The functions taking a ``worker`` first run inside the worker processes
 (through ``collective_rpc``), so they live in an importable module."""
+
 from __future__ import annotations
 
 import os

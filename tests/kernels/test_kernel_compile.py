@@ -12,6 +12,7 @@ compiled, and only such a variant may be. Kernels are found by reading the
 package's source: a ``@triton.jit`` function that is launched (``name[grid](...)``)
 must have variants in the report, so a new kernel without any fails here.
 """
+
 from __future__ import annotations
 
 import json
@@ -76,8 +77,12 @@ def report(tmp_path_factory) -> list[dict]:
 def test_kernel_compiles_without_spills_within_shared_memory(report: list[dict], kernel: str, arch: int) -> None:
     rows = [r for r in report if r["kernel"] == kernel and r["arch"] == arch]
     assert rows, f"{kernel} has no variant in tools/kernel_report.py: add the launches its wrapper makes"
-    failed = [f"{r['variant']}: regs {r['registers']}, shared {r['shared']}/{r['shared_limit']} B, "
-              f"spills {r['spill_stores']}/{r['spill_loads']} B: {r['why']}" for r in rows if r["result"] == "failed"]
+    failed = [
+        f"{r['variant']}: regs {r['registers']}, shared {r['shared']}/{r['shared_limit']} B, "
+        f"spills {r['spill_stores']}/{r['spill_loads']} B: {r['why']}"
+        for r in rows
+        if r["result"] == "failed"
+    ]
     assert not failed, f"{kernel} on sm_{arch}:\n" + "\n".join(failed)
     for r in rows:
         assert r["result"] == ("refused" if fp8_kv_refusal(arch) and r["fp8_kv"] else "ok"), r

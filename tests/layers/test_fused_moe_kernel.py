@@ -1,5 +1,6 @@
 """The fused-MoE pieces: routing against transformers' routers, the expert-sorted
 layout, and the Triton kernel against the torch reference (interpreter on the CPU)."""
+
 from __future__ import annotations
 
 import os
@@ -17,8 +18,9 @@ from minivllm.layers.fused_moe.router import to_local_ids
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 DEVICES = [
     pytest.param("cpu", marks=pytest.mark.skipif(not INTERPRETED, reason="CPU runs need TRITON_INTERPRET=1")),
-    pytest.param("cuda", marks=[pytest.mark.gpu,
-                                pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]),
+    pytest.param(
+        "cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+    ),
 ]
 
 

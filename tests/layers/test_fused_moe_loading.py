@@ -1,15 +1,16 @@
 """FusedMoE loads per-expert checkpoint tensors into its stacked parameters:
 each expert's intermediate dim sliced over ranks (tensor parallel), or whole
 experts per rank (expert parallel). Ranks are faked, as in test_tp_sharding."""
+
 from __future__ import annotations
 
 import pytest
 import torch
 
-from minivllm.config.store import build_config
 from minivllm.config.llm_kwargs import config_from_kwargs
-from minivllm.layers.fused_moe import layer as moe_layer
+from minivllm.config.store import build_config
 from minivllm.layers.fused_moe import FusedMoE, expert_weight_target
+from minivllm.layers.fused_moe import layer as moe_layer
 
 E, H, I = 4, 6, 8
 
@@ -17,8 +18,10 @@ E, H, I = 4, 6, 8
 @pytest.fixture
 def experts():
     gen = torch.Generator().manual_seed(0)
-    return [{w: torch.randn(*((H, I) if w == "w2" else (I, H)), generator=gen) for w in ("w1", "w3", "w2")}
-            for _ in range(E)]
+    return [
+        {w: torch.randn(*((H, I) if w == "w2" else (I, H)), generator=gen) for w in ("w1", "w3", "w2")}
+        for _ in range(E)
+    ]
 
 
 class Unreadable:
@@ -67,9 +70,13 @@ def test_expert_parallel_places_whole_experts_and_skips_the_rest_unread(monkeypa
 
 def test_checkpoint_names_map_to_stacked_parameters():
     assert expert_weight_target("model.layers.3.mlp.experts.17.up_proj.weight") == (
-        "model.layers.3.mlp.experts.w13", (17, "w3"))
+        "model.layers.3.mlp.experts.w13",
+        (17, "w3"),
+    )
     assert expert_weight_target("model.layers.0.mlp.experts.2.w2.weight") == (
-        "model.layers.0.mlp.experts.w2", (2, "w2"))
+        "model.layers.0.mlp.experts.w2",
+        (2, "w2"),
+    )
     assert expert_weight_target("model.layers.0.mlp.gate.weight") is None
     assert expert_weight_target("model.layers.0.mlp.gate_proj.weight") is None  # a dense MLP
 
@@ -80,8 +87,9 @@ def test_expert_parallel_config_is_checked_when_built():
     with pytest.raises(ValueError, match="parallel.enable_expert_parallel=true: the model has no experts"):
         build_config(["model=qwen3-0.6b", "load.format=dummy", "device=cpu", "parallel.enable_expert_parallel=true"])
     with pytest.raises(ValueError, match=r"parallel.tp=4: with parallel.enable_expert_parallel=true the model's 6"):
-        build_config([*base, "parallel.tp=4", "parallel.enable_expert_parallel=true",
-                      "+model.hf_overrides.num_local_experts=6"])
+        build_config(
+            [*base, "parallel.tp=4", "parallel.enable_expert_parallel=true", "+model.hf_overrides.num_local_experts=6"]
+        )
     qwen = ["model=qwen3-30b-a3b", "load.format=dummy", "device=cpu", "+model.hf_overrides.moe_intermediate_size=767"]
     with pytest.raises(ValueError, match="parallel.tp=2: each expert's intermediate size 767 is not divisible"):
         build_config([*qwen, "parallel.tp=2"])

@@ -1,5 +1,6 @@
 """The Triton RMSNorm (+ residual) and in-place rotary kernels against the torch
 layers they replace on CUDA, run through Triton's interpreter on the CPU."""
+
 from __future__ import annotations
 
 import pytest

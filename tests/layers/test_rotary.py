@@ -1,4 +1,5 @@
 """RoPE against transformers' own rotary modules, at positions past the original context."""
+
 from __future__ import annotations
 
 import math
@@ -10,8 +11,8 @@ from transformers import LlamaConfig, Phi3Config
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 from transformers.models.phi3.modeling_phi3 import Phi3RotaryEmbedding
 
-from minivllm.config.store import build_config
 from minivllm.config.rope import rope_parameters
+from minivllm.config.store import build_config
 from minivllm.layers.rotary import get_rope
 from tests.model_configs import llama_config
 
@@ -21,7 +22,10 @@ HEAD_DIM = 32
 
 def _llama(rope: dict) -> LlamaConfig:
     return LlamaConfig(
-        hidden_size=128, num_attention_heads=4, head_dim=HEAD_DIM, max_position_embeddings=ORIGINAL,
+        hidden_size=128,
+        num_attention_heads=4,
+        head_dim=HEAD_DIM,
+        max_position_embeddings=ORIGINAL,
         rope_parameters=rope,
     )
 
@@ -45,13 +49,23 @@ def _assert_same(ours, positions, hf_rotary, atol=2e-5):
 ROPES = {
     "linear": {"rope_type": "linear", "factor": 4.0, "rope_theta": 10000.0},
     "llama3": {
-        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-        "original_max_position_embeddings": 16, "rope_theta": 500000.0,
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 16,
+        "rope_theta": 500000.0,
     },
     "yarn": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": ORIGINAL, "rope_theta": 1e6},
     "yarn-mscale-beta": {
-        "rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": ORIGINAL, "rope_theta": 10000.0,
-        "mscale": 0.707, "mscale_all_dim": 1.0, "beta_fast": 16, "beta_slow": 2,
+        "rope_type": "yarn",
+        "factor": 8.0,
+        "original_max_position_embeddings": ORIGINAL,
+        "rope_theta": 10000.0,
+        "mscale": 0.707,
+        "mscale_all_dim": 1.0,
+        "beta_fast": 16,
+        "beta_slow": 2,
     },
 }
 
@@ -94,8 +108,11 @@ def _phi3_longrope(max_position_embeddings: int, **rope) -> Phi3Config:
         **rope,
     }
     return Phi3Config(
-        hidden_size=128, num_attention_heads=4, max_position_embeddings=max_position_embeddings,
-        original_max_position_embeddings=ORIGINAL, rope_parameters=rope,
+        hidden_size=128,
+        num_attention_heads=4,
+        max_position_embeddings=max_position_embeddings,
+        original_max_position_embeddings=ORIGINAL,
+        rope_parameters=rope,
     )
 
 
@@ -136,8 +153,14 @@ def test_an_unsupported_rope_type_fails_when_the_config_is_built(make_checkpoint
 def test_rope_scaling_override_without_theta_keeps_the_checkpoint_base(type_key, make_checkpoint):
     """``hf_overrides={"rope_scaling": {...}}`` without rope_theta used to leave it None (TypeError)."""
     ckpt = make_checkpoint("llama-theta5e4", llama_config(rope_parameters={"rope_type": "default", "rope_theta": 5e4}))
-    cfg = build_config([f"model.path={ckpt}", "device=cpu", f"+model.hf_overrides.rope_scaling.{type_key}=linear",
-                        "+model.hf_overrides.rope_scaling.factor=2.0"])
+    cfg = build_config(
+        [
+            f"model.path={ckpt}",
+            "device=cpu",
+            f"+model.hf_overrides.rope_scaling.{type_key}=linear",
+            "+model.hf_overrides.rope_scaling.factor=2.0",
+        ]
+    )
     params = cfg.hf_config.rope_parameters
     assert (params["rope_type"], params["factor"], params["rope_theta"]) == ("linear", 2.0, 5e4)
     reference = llama_config(rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 5e4})

@@ -1,6 +1,7 @@
 """The CPU's shortcuts for small batches give the reference's exact bits: RMSNorm as
 torch's fused ``rms_norm`` in fp32, a whole-head fp32 rotation without split and casts, and
 q and k rotated together by the shared rotation table."""
+
 from __future__ import annotations
 
 import pytest

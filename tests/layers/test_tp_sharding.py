@@ -4,6 +4,7 @@ or columns from a lazy safetensors slice.
 The rank and size are faked (the layers read them when built), so this runs in
 one process; tests/executor checks the sharded layers compute the same model.
 """
+
 from __future__ import annotations
 
 import pytest

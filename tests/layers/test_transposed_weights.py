@@ -1,5 +1,6 @@
 """GPT-2's Conv1D weights, stored (in, out), load through ``Transposed`` into the
 shared linear layers, including the shard a tensor-parallel rank would read."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,4 +1,5 @@
 """PEFT adapters made on the spot for tiny base checkpoints, and transformers+peft greedy decoding."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -11,8 +12,16 @@ ALL_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "
 
 
 @torch.no_grad()
-def make_adapter(base: Path, out: Path, *, rank: int = 8, alpha: int = 16, seed: int = 0,
-                 targets: list[str] = ALL_TARGETS, use_rslora: bool = False) -> Path:  # fmt: skip
+def make_adapter(
+    base: Path,
+    out: Path,
+    *,
+    rank: int = 8,
+    alpha: int = 16,
+    seed: int = 0,
+    targets: list[str] = ALL_TARGETS,
+    use_rslora: bool = False,
+) -> Path:
     """A LoRA adapter with random, non-zero A and B (PEFT initialises B to zero)."""
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
     cfg = LoraConfig(r=rank, lora_alpha=alpha, target_modules=targets, use_rslora=use_rslora, lora_dropout=0.0)
@@ -35,8 +44,12 @@ def peft_greedy(base: Path, adapter: Path | None, prompts: list[list[int]], max_
     outs = []
     for ids in prompts:
         seq = model.generate(
-            input_ids=torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-            max_new_tokens=max_tokens, min_new_tokens=max_tokens, do_sample=False, pad_token_id=0,
-        )  # fmt: skip
+            input_ids=torch.tensor([ids]),
+            attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+            max_new_tokens=max_tokens,
+            min_new_tokens=max_tokens,
+            do_sample=False,
+            pad_token_id=0,
+        )
         outs.append(seq[0, len(ids) :].tolist())
     return outs

@@ -1,4 +1,5 @@
 """LoRA in the engine: prefix caching per adapter, the scheduler's cap, bad adapters and config."""
+
 from __future__ import annotations
 
 import json
@@ -27,8 +28,16 @@ def adapters(llama_dir, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def llm(llama_dir):
-    llm = LLM(str(llama_dir), dtype="float32", device="cpu", block_size=4, num_gpu_blocks_override=64,
-              enable_lora=True, max_loras=2, max_lora_rank=8)  # fmt: skip
+    llm = LLM(
+        str(llama_dir),
+        dtype="float32",
+        device="cpu",
+        block_size=4,
+        num_gpu_blocks_override=64,
+        enable_lora=True,
+        max_loras=2,
+        max_lora_rank=8,
+    )
     yield llm
     llm.shutdown()
 

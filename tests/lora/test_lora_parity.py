@@ -1,4 +1,5 @@
 """LoRA adapters against transformers + peft: greedy tokens identical, alone and mixed in one batch."""
+
 from __future__ import annotations
 
 import pytest
@@ -44,8 +45,9 @@ def test_adapter_matches_peft(arch, llama_base, qwen2_base, tmp_path):
 
 
 def test_rslora_and_partial_targets_match_peft(llama_base, tmp_path):
-    adapter = make_adapter(llama_base, tmp_path / "rs", rank=4, alpha=8, seed=2,
-                           targets=["q_proj", "v_proj", "down_proj"], use_rslora=True)  # fmt: skip
+    adapter = make_adapter(
+        llama_base, tmp_path / "rs", rank=4, alpha=8, seed=2, targets=["q_proj", "v_proj", "down_proj"], use_rslora=True
+    )
     expected = peft_greedy(llama_base, adapter, PROMPTS, MAX_TOKENS)
     outs = _llm(llama_base).generate(PROMPTS, GREEDY, use_tqdm=False, lora_request=LoRARequest("rs", 1, str(adapter)))
     assert _tokens(outs) == expected

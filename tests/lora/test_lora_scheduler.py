@@ -1,12 +1,13 @@
 """The scheduler runs at most ``lora.max_loras`` distinct adapters at once; others wait their turn."""
+
 from __future__ import annotations
 
 import copy
 
 from minivllm.core.scheduler import Scheduler
 from minivllm.kv_cache_spec import KVCacheSpec
-from minivllm.outputs import ModelRunnerOutput
 from minivllm.lora import LoRARequest
+from minivllm.outputs import ModelRunnerOutput
 from tests.core.scheduler_helpers import base_config, make_request
 
 
@@ -28,8 +29,11 @@ def test_at_most_max_loras_adapters_run_and_the_rest_wait():
             assert set(out.num_scheduled_tokens) == {"r0", "r1", "r2", "r4", "r5"}
             first = False
         seen_adapter_3 |= 3 in running
-        done = {r: [7] for r, n in out.num_scheduled_tokens.items()
-                if sched.requests[r].num_computed_tokens == sched.requests[r].num_tokens}  # fmt: skip
+        done = {
+            r: [7]
+            for r, n in out.num_scheduled_tokens.items()
+            if sched.requests[r].num_computed_tokens == sched.requests[r].num_tokens
+        }
         sched.update_from_output(out, ModelRunnerOutput(sampled_token_ids=done))
     assert seen_adapter_3
 

@@ -1,6 +1,7 @@
 """LoRA through the server with the official openai client: adapters chosen by the
 ``model`` field, listed in /v1/models, loaded and unloaded at run time. The oracle is
 the offline LLM with the same adapter (itself checked against peft)."""
+
 from __future__ import annotations
 
 import httpx
@@ -8,8 +9,8 @@ import openai
 import pytest
 
 from minivllm import LLM, SamplingParams
-from minivllm.config.vllm_config import VllmConfig
 from minivllm.config.llm_kwargs import config_from_kwargs
+from minivllm.config.vllm_config import VllmConfig
 from minivllm.lora import LoRARequest
 from tests.lora.adapters import make_adapter
 from tests.serve.harness import ENGINE_KWARGS, EngineHarness
@@ -29,8 +30,12 @@ def server(llama_dir, adapters):
     cfg = VllmConfig.from_dictconfig(config_from_kwargs(str(llama_dir), **ENGINE_KWARGS, **LORA_KWARGS))
     harness = EngineHarness(cfg)
     template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
-    handle = harness.start_server(served_model_name="tiny", lora_modules=[f"sql={adapters[0]}"],
-                                  enable_lora_runtime_updates=True, chat_template=template)  # fmt: skip
+    handle = harness.start_server(
+        served_model_name="tiny",
+        lora_modules=[f"sql={adapters[0]}"],
+        enable_lora_runtime_updates=True,
+        chat_template=template,
+    )
     yield handle
     handle.stop()
     harness.close()
@@ -56,8 +61,9 @@ def offline(llama_dir, adapters):
 
 
 def _complete(client, model):
-    out = client.completions.create(model=model, prompt=PROMPT, max_tokens=8, temperature=0,
-                                    extra_body={"ignore_eos": True})  # fmt: skip
+    out = client.completions.create(
+        model=model, prompt=PROMPT, max_tokens=8, temperature=0, extra_body={"ignore_eos": True}
+    )
     assert out.model == model
     return out.choices[0].text
 

@@ -1,4 +1,5 @@
 """The Triton shrink/expand kernels (the interpreter on a CPU machine) against the torch reference."""
+
 from __future__ import annotations
 
 import numpy as np

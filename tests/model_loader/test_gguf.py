@@ -1,5 +1,6 @@
 """load.format=gguf: llama.cpp files written here with the ``gguf`` package, checked
 against transformers' own GGUF loader on the same file."""
+
 from __future__ import annotations
 
 import pytest
@@ -39,7 +40,7 @@ def _transformers_greedy(gguf_file, prompt_ids: list[int]) -> tuple[list[int], l
         last = model(torch.tensor([ids])).logits[0, -1].log_softmax(-1)  # (vocab,)
         ids.append(int(last.argmax()))
         logprobs.append(float(last.max()))
-    return ids[len(prompt_ids):], logprobs
+    return ids[len(prompt_ids) :], logprobs
 
 
 def test_greedy_tokens_match_transformers_gguf_loader(gguf_file, llama_ffn256):

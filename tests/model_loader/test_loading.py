@@ -1,4 +1,5 @@
 """Load formats and dtypes: the same weights whichever way they are stored."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,5 +1,6 @@
 """load.format=tensorizer: a checkpoint serialized with tools/serialize_tensorizer.py
 generates what the safetensors original generates, token for token."""
+
 from __future__ import annotations
 
 import pytest
@@ -13,8 +14,9 @@ PROMPTS = ["def f(x):", "import"]
 
 def _outputs(llm: LLM) -> list[tuple[list[int], list[float]]]:
     outs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
-    return [(o.outputs[0].token_ids, [lp[t] for lp, t in zip(o.outputs[0].logprobs, o.outputs[0].token_ids)])
-            for o in outs]
+    return [
+        (o.outputs[0].token_ids, [lp[t] for lp, t in zip(o.outputs[0].logprobs, o.outputs[0].token_ids)]) for o in outs
+    ]
 
 
 def test_tensorizer_round_trip_equals_safetensors(llama_dir, tmp_path):

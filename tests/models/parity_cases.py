@@ -3,6 +3,7 @@ to exercise that family's quirks, and checked against transformers by test_parit
 
 ``test_registry`` fails when a registered architecture has no entry here.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -18,8 +19,8 @@ from tests.model_configs import (
     granite_config,
     llama_config,
     mistral_config,
-    olmo2_config,
     mixtral_config,
+    olmo2_config,
     opt_config,
     phi3_config,
     phi3_longrope_config,

@@ -1,5 +1,6 @@
 """Older hub checkpoints name and pack tensors differently from what transformers
 writes today; both layouts must load into the same parameters."""
+
 from __future__ import annotations
 
 import torch

@@ -4,6 +4,7 @@ receives no token at all (its GEMM must be skipped, not run on garbage).
 
 The routing is recorded inside minivllm's own run of the parity prompts, so
 these properties hold for the very steps that test_parity checks."""
+
 from __future__ import annotations
 
 import pytest

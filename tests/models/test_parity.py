@@ -7,6 +7,7 @@ generated tokens: at every generated position its argmax must be the token
 minivllm chose (so transformers' greedy decoding yields the same sequence) and
 its log_softmax of that token must match minivllm's logprob to 1e-4 in fp32.
 """
+
 from __future__ import annotations
 
 import pytest

@@ -1,5 +1,6 @@
 """Model presets under conf/model/: each names a real checkpoint and carries its
 published shape, so it runs offline with load.format=dummy."""
+
 from __future__ import annotations
 
 import math
@@ -81,9 +82,13 @@ def test_fewer_layers_keep_the_per_layer_types_transformers_checks(tmp_path):
     (so the hf baseline cannot share the weights of) a config whose list is longer."""
     from minivllm.config.store import build_config
 
-    cfg = build_config(["model=qwen3-0.6b", "load.format=dummy", "device=cpu", "+model.hf_overrides.num_hidden_layers=2"])
+    cfg = build_config(
+        ["model=qwen3-0.6b", "load.format=dummy", "device=cpu", "+model.hf_overrides.num_hidden_layers=2"]
+    )
     assert cfg.hf_config.num_hidden_layers == 2
     assert cfg.hf_config.layer_types == ["full_attention", "full_attention"]
     cfg.hf_config.save_pretrained(tmp_path)  # validates the per-layer lists
-    gemma = build_config(["model=gemma-3-1b", "load.format=dummy", "device=cpu", "+model.hf_overrides.num_hidden_layers=8"])
+    gemma = build_config(
+        ["model=gemma-3-1b", "load.format=dummy", "device=cpu", "+model.hf_overrides.num_hidden_layers=8"]
+    )
     assert gemma.hf_config.layer_types == 5 * ["sliding_attention"] + ["full_attention"] + 2 * ["sliding_attention"]

@@ -1,4 +1,5 @@
 """The architecture registry: coverage by parity tests, out-of-tree models, overrides."""
+
 from __future__ import annotations
 
 import json
@@ -46,9 +47,17 @@ def test_every_registered_architecture_has_a_parity_test():
 
 def test_registry_lists_the_model_zoo():
     expected = {
-        "OPTForCausalLM", "LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM",
-        "GPT2LMHeadModel", "GPTNeoXForCausalLM", "Phi3ForCausalLM", "Qwen3MoeForCausalLM", "MixtralForCausalLM",
-    }  # fmt: skip
+        "OPTForCausalLM",
+        "LlamaForCausalLM",
+        "Qwen2ForCausalLM",
+        "Qwen3ForCausalLM",
+        "MistralForCausalLM",
+        "GPT2LMHeadModel",
+        "GPTNeoXForCausalLM",
+        "Phi3ForCausalLM",
+        "Qwen3MoeForCausalLM",
+        "MixtralForCausalLM",
+    }
     assert expected <= set(ModelRegistry.get_supported_archs())
     for arch in expected:  # every entry's "module:Class" string imports
         assert ModelRegistry.resolve(arch).__name__ == arch

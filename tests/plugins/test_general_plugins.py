@@ -1,6 +1,7 @@
 """General plugins: a package installed into a temporary site declares entry points
 in ``minivllm.general_plugins``; one registers an out-of-tree architecture, which
 then loads in tp=2 worker processes (each worker calls the plugin itself)."""
+
 from __future__ import annotations
 
 import json
@@ -24,7 +25,8 @@ def plugin_site(tmp_path_factory):
     site = tmp_path_factory.mktemp("site")
     pkg = site / "toy_plugin"
     pkg.mkdir()
-    (pkg / "__init__.py").write_text(textwrap.dedent(f"""
+    (pkg / "__init__.py").write_text(
+        textwrap.dedent(f"""
         from minivllm.models.registry import ModelRegistry
 
         CALLS = []
@@ -35,13 +37,16 @@ def plugin_site(tmp_path_factory):
 
         def broken():
             raise ImportError("toy_plugin needs a library that is not installed")
-    """))
-    (pkg / "model.py").write_text(textwrap.dedent(f"""
+    """)
+    )
+    (pkg / "model.py").write_text(
+        textwrap.dedent(f"""
         from minivllm.models.llama import LlamaForCausalLM
 
         class {TOY_ARCH}(LlamaForCausalLM):
             '''Llama under another name: stands for an out-of-tree model.'''
-    """))
+    """)
+    )
     dist = site / "toy_plugin-0.1.dist-info"
     dist.mkdir()
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: toy-plugin\nVersion: 0.1\n")

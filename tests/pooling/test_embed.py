@@ -1,4 +1,5 @@
 """LLM.embed / LLM.encode against transformers' AutoModel hidden states pooled the same way (fp32)."""
+
 from __future__ import annotations
 
 import pytest
@@ -6,8 +7,8 @@ import torch
 from transformers import AutoModel, BertConfig
 
 from minivllm import LLM, SamplingParams
-from minivllm.config.vllm_config import VllmConfig
 from minivllm.config.llm_kwargs import config_from_kwargs
+from minivllm.config.vllm_config import VllmConfig
 from minivllm.pooling import PoolingParams
 from tests.model_configs import llama_config, mistral_config, qwen2_config, qwen3_config
 
@@ -41,8 +42,13 @@ def checkpoint(request, make_checkpoint):
 @pytest.mark.parametrize(("pooling", "normalize"), [("LAST", True), ("MEAN", False)])
 def test_embeddings_match_transformers(checkpoint, pooling, normalize):
     # a 16-token step budget splits the long prompt into prefill chunks
-    llm = LLM(str(checkpoint), runner="pooling", max_num_batched_tokens=16, **ENGINE,
-              overrides=[f"model.pooler_config.pooling_type={pooling}", f"model.pooler_config.normalize={normalize}"])
+    llm = LLM(
+        str(checkpoint),
+        runner="pooling",
+        max_num_batched_tokens=16,
+        **ENGINE,
+        overrides=[f"model.pooler_config.pooling_type={pooling}", f"model.pooler_config.normalize={normalize}"],
+    )
     tok = llm.get_tokenizer()
     ids = [tok.encode(t) for t in TEXTS]
     assert len(ids[1]) > 16
@@ -62,8 +68,13 @@ def test_embeddings_match_transformers(checkpoint, pooling, normalize):
 @pytest.mark.parametrize("pooling", ["LAST", "MEAN"])
 def test_pooling_under_async_scheduling(llama_dir, pooling):
     """Overlapped steps (the default on CUDA) pool the same vectors, chunked prompts included."""
-    llm = LLM(str(llama_dir), runner="pooling", max_num_batched_tokens=16, **ENGINE,
-              overrides=[f"model.pooler_config.pooling_type={pooling}", "scheduler.async_scheduling=true"])
+    llm = LLM(
+        str(llama_dir),
+        runner="pooling",
+        max_num_batched_tokens=16,
+        **ENGINE,
+        overrides=[f"model.pooler_config.pooling_type={pooling}", "scheduler.async_scheduling=true"],
+    )
     assert llm.cfg.async_scheduling
     ids = [llm.get_tokenizer().encode(t) for t in TEXTS]
     outs = llm.embed(TEXTS, use_tqdm=False)
@@ -90,15 +101,24 @@ def test_wrong_runner_dimensions_and_encoder_only_are_clear_errors(llama_dir, tm
     with pytest.raises(ValueError, match="dimensions=8.*Matryoshka"):
         pool.embed("x", PoolingParams(dimensions=8), use_tqdm=False)
     assert pool.embed("x", use_tqdm=False)[0].outputs.hidden_size == 64  # the engine still serves
-    BertConfig(vocab_size=512, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
-               architectures=["BertModel"]).save_pretrained(tmp_path)  # fmt: skip
+    BertConfig(
+        vocab_size=512,
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
+        architectures=["BertModel"],
+    ).save_pretrained(tmp_path)
     with pytest.raises(ValueError, match="encoder-only.*not supported"):
         VllmConfig.from_dictconfig(config_from_kwargs(str(tmp_path), runner="pooling"))
 
 
 BASE_MODEL_CASES = {
-    "LlamaModel": llama_config, "Qwen2Model": qwen2_config, "Qwen3Model": qwen3_config, "MistralModel": mistral_config,
-}  # fmt: skip
+    "LlamaModel": llama_config,
+    "Qwen2Model": qwen2_config,
+    "Qwen3Model": qwen3_config,
+    "MistralModel": mistral_config,
+}
 """Pooling-only architectures -> the config of a checkpoint saved with AutoModel."""
 
 
@@ -117,4 +137,3 @@ def test_base_model_checkpoints_embed(architecture, tmp_path, tokenizer_dir):
     torch.testing.assert_close(torch.tensor(got), _reference(tmp_path, [ids], "LAST", True)[0], atol=1e-4, rtol=0)
     with pytest.raises(ValueError, match="no LM head.*runner=pooling"):
         VllmConfig.from_dictconfig(config_from_kwargs(str(tmp_path)))
-

@@ -1,12 +1,13 @@
 """The runner-side Pooler on hand-made batches: chunked prompts, two requests in one batch,
 and a preemption that restarts a request's prompt; the oracle is torch's mean / indexing."""
+
 from __future__ import annotations
 
 import pytest
 import torch
 
-from minivllm.request import RequestId
 from minivllm.pooling.pooler import PLACEHOLDER_TOKEN, Pooler
+from minivllm.request import RequestId
 
 A, B = RequestId("a"), RequestId("b")
 

@@ -1,4 +1,5 @@
 """Quantized checkpoints built from the shared small Llama (GQA, untied), once per session."""
+
 from __future__ import annotations
 
 import pytest
@@ -9,10 +10,13 @@ AWQ_CONFIG = {"quant_method": "awq", "bits": 4, "group_size": 32, "zero_point": 
 
 
 def _ct_config(weights: dict, acts: dict | None, fmt: str) -> dict:
-    group = {"targets": ["Linear"], "weights": {"num_bits": 8, "symmetric": True, **weights},
-             "input_activations": acts}
-    return {"quant_method": "compressed-tensors", "format": fmt, "config_groups": {"group_0": group},
-            "ignore": ["lm_head"]}
+    group = {"targets": ["Linear"], "weights": {"num_bits": 8, "symmetric": True, **weights}, "input_activations": acts}
+    return {
+        "quant_method": "compressed-tensors",
+        "format": fmt,
+        "config_groups": {"group_0": group},
+        "ignore": ["lm_head"],
+    }
 
 
 CASES = {
@@ -26,13 +30,19 @@ CASES = {
     ),
     "ct-fp8-tensor-static": (
         lambda: pk.fp8_quantizer(per_channel=False, input_scale=True, scale_shape="one"),
-        _ct_config({"type": "float", "strategy": "tensor"},
-                   {"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False}, "float-quantized"),
+        _ct_config(
+            {"type": "float", "strategy": "tensor"},
+            {"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False},
+            "float-quantized",
+        ),
     ),
     "ct-fp8-channel-token": (
         lambda: pk.fp8_quantizer(per_channel=True, input_scale=False),
-        _ct_config({"type": "float", "strategy": "channel"},
-                   {"num_bits": 8, "type": "float", "strategy": "token", "dynamic": True}, "float-quantized"),
+        _ct_config(
+            {"type": "float", "strategy": "channel"},
+            {"num_bits": 8, "type": "float", "strategy": "token", "dynamic": True},
+            "float-quantized",
+        ),
     ),
     "ct-int8-w8a16": (
         lambda: pk.int8_channel_quantizer,

@@ -5,6 +5,7 @@ Each ``write_*`` reads a plain fp32 checkpoint and writes two: the quantized one
 (what a user downloads, with config.json's ``quantization_config``) and a plain
 one holding the DEQUANTIZED weights, on which transformers is the reference.
 """
+
 from __future__ import annotations
 
 import json

@@ -1,6 +1,7 @@
 """The CUDA matmuls of the quantized layers against their own dequantize reference:
 fp8 through ``torch._scaled_mm`` (activations quantized to fp8 too, so a looser
 tolerance) and int4 through the Triton kernel."""
+
 from __future__ import annotations
 
 import pytest
@@ -56,8 +57,8 @@ def test_int4_layer_uses_the_kernel_and_matches_dequantize():
     layer = ReplicatedLinear(128, 64, bias=False)
     layer.set_quant_method(AWQLinearMethod(32), torch.bfloat16)
     layer = layer.cuda()
-    layer.qweight.data.copy_(torch.randint(-2**31, 2**31 - 1, layer.qweight.shape, dtype=torch.int32))
-    layer.qzeros.data.copy_(torch.randint(-2**31, 2**31 - 1, layer.qzeros.shape, dtype=torch.int32))
+    layer.qweight.data.copy_(torch.randint(-(2**31), 2**31 - 1, layer.qweight.shape, dtype=torch.int32))
+    layer.qzeros.data.copy_(torch.randint(-(2**31), 2**31 - 1, layer.qzeros.shape, dtype=torch.int32))
     layer.scales.data.copy_(torch.rand(layer.scales.shape) * 0.01)
     layer.quant_method.process_weights_after_loading(layer)
     x = torch.randn(5, 128, device="cuda", dtype=torch.bfloat16)

@@ -1,5 +1,6 @@
 """What a user sees for a quantized checkpoint that cannot be loaded: a ValueError
 naming the problem, never a silent load."""
+
 from __future__ import annotations
 
 import json
@@ -8,8 +9,8 @@ import pytest
 from safetensors.torch import load_file, save_file
 
 from minivllm import LLM
-from minivllm.config.store import compose
 from minivllm.config.quantization import QUANT_METHODS
+from minivllm.config.store import compose
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.quantization import QUANTIZATION_METHODS
 
@@ -46,7 +47,9 @@ def test_int4_keyword_on_an_unquantized_checkpoint_is_refused(llama_dir):
 def test_awq_config_over_plain_weights_names_the_stray_tensor(llama_dir, tmp_path):
     config = {"quant_method": "awq", "bits": 4, "group_size": 32, "zero_point": True, "version": "gemm"}
     ckpt = _with_quant_config(llama_dir, tmp_path / "plain", config)
-    with pytest.raises(ValueError, match=r"checkpoint tensor 'model\.layers\.\d\.\w+\.\w+_proj\.weight' matches no parameter"):
+    with pytest.raises(
+        ValueError, match=r"checkpoint tensor 'model\.layers\.\d\.\w+\.\w+_proj\.weight' matches no parameter"
+    ):
         LLM(model=str(ckpt), dtype="float32", num_gpu_blocks_override=8)
 
 
@@ -62,16 +65,31 @@ def test_awq_checkpoint_with_missing_tensors_names_them(quantized_pair, tmp_path
 @pytest.mark.parametrize(
     ("quant_config", "message"),
     [
-        ({"quant_method": "awq", "bits": 4, "group_size": 16},
-         r"awq quantization_config.group_size=16: allowed \[32, 64, 128\]"),
+        (
+            {"quant_method": "awq", "bits": 4, "group_size": 16},
+            r"awq quantization_config.group_size=16: allowed \[32, 64, 128\]",
+        ),
         ({"quant_method": "awq", "bits": 8, "group_size": 32}, "awq quantization_config.bits=8: only 4"),
-        ({"quant_method": "gptq", "bits": 4, "group_size": 32, "checkpoint_format": "marlin"}, "checkpoint_format='marlin'"),
+        (
+            {"quant_method": "gptq", "bits": 4, "group_size": 32, "checkpoint_format": "marlin"},
+            "checkpoint_format='marlin'",
+        ),
         ({"quant_method": "fp8", "activation_scheme": "static", "weight_block_size": [128, 128]}, "weight_block_size"),
         ({"quant_method": "fp8", "activation_scheme": "sometimes"}, "activation_scheme='sometimes'"),
         ({"quant_method": "compressed-tensors", "format": "marlin-24", "config_groups": {}}, "format='marlin-24'"),
-        ({"quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups": {"g": {
-            "targets": ["Linear"], "weights": {"type": "int", "num_bits": 4, "strategy": "group", "group_size": 16}}}},
-         "pack-quantized weights .*group_size: 16"),
+        (
+            {
+                "quant_method": "compressed-tensors",
+                "format": "pack-quantized",
+                "config_groups": {
+                    "g": {
+                        "targets": ["Linear"],
+                        "weights": {"type": "int", "num_bits": 4, "strategy": "group", "group_size": 16},
+                    }
+                },
+            },
+            "pack-quantized weights .*group_size: 16",
+        ),
     ],
 )
 def test_unsupported_settings_fail_when_the_config_is_built(llama_dir, tmp_path, quant_config, message):

@@ -7,6 +7,7 @@ stand well above what the profile's activation peak varies by (the CPU path
 dequantizes one layer's weight at a time, and the resident-memory high-water
 mark moves by tens of MiB with the allocator).
 """
+
 from __future__ import annotations
 
 import pytest
@@ -20,8 +21,15 @@ LINEAR_PARAMS = LAYERS * 512 * (1024 + 512 + 2 * 1024 + 1024)  # per layer: qkv 
 
 def _profile(ckpt) -> tuple[int, int, int]:
     """(KV blocks, bytes of all weights, bytes of the linear layers' weights)."""
-    llm = LLM(model=str(ckpt), dtype="float32", load_format="dummy", hf_overrides=WIDE, cpu_memory_gb=0.5,
-              max_num_batched_tokens=256, max_model_len=256)
+    llm = LLM(
+        model=str(ckpt),
+        dtype="float32",
+        load_format="dummy",
+        hf_overrides=WIDE,
+        cpu_memory_gb=0.5,
+        max_num_batched_tokens=256,
+        max_model_len=256,
+    )
     try:
         model = llm.llm_engine.core.executor.worker.model_runner.model
         total = sum(p.numel() * p.element_size() for p in model.parameters())

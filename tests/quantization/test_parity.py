@@ -7,6 +7,7 @@ an fp8 or 4-bit integer times an fp16-representable or fp32 scale), so the only
 differences are matmul summation order: greedy tokens must be identical and
 logprobs within the 1e-4 of the unquantized parity tests.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -64,13 +65,21 @@ def test_online_fp8_quantizes_an_unquantized_checkpoint_per_channel(llama_dir, q
     assert_matches(outputs, hf_greedy(quantized_pair("fp8-channel-dynamic")[1], prompts, MAX_TOKENS))
 
 
-STORED = {"fp8": ("weight", "float8_e4m3fn"), "ct-fp8": ("weight", "float8_e4m3fn"), "ct-int8": ("weight", "int8"),
-          "ct-w4a16": ("qweight", "int32"), "ct-w8a16": ("weight", "int8"),
-          "awq": ("qweight", "int32"), "gptq": ("qweight", "int32")}
+STORED = {
+    "fp8": ("weight", "float8_e4m3fn"),
+    "ct-fp8": ("weight", "float8_e4m3fn"),
+    "ct-int8": ("weight", "int8"),
+    "ct-w4a16": ("qweight", "int32"),
+    "ct-w8a16": ("weight", "int8"),
+    "awq": ("qweight", "int32"),
+    "gptq": ("qweight", "int32"),
+}
 
 
-@pytest.mark.parametrize("case", ["fp8-tensor-static", "ct-int8-w8a16", "ct-w4a16-packed-g32",
-                                  "ct-w8a16-packed-channel", "awq-g32", "gptq-g32"])
+@pytest.mark.parametrize(
+    "case",
+    ["fp8-tensor-static", "ct-int8-w8a16", "ct-w4a16-packed-g32", "ct-w8a16-packed-channel", "awq-g32", "gptq-g32"],
+)
 def test_layers_hold_the_quantized_tensors(quantized_pair, case):
     llm = LLM(model=str(quantized_pair(case)[0]), dtype="float32", num_gpu_blocks_override=8)
     model = llm.llm_engine.core.executor.worker.model_runner.model
@@ -87,7 +96,9 @@ def test_static_input_scales_of_fused_members_keep_the_largest(quantized_pair):
 
     quant_dir, _ = quantized_pair("ct-fp8-tensor-static")
     with safe_open(str(quant_dir / "model.safetensors"), "pt") as f:
-        scales = [f.get_tensor(f"model.layers.0.self_attn.{m}.input_scale").item() for m in ("q_proj", "k_proj", "v_proj")]
+        scales = [
+            f.get_tensor(f"model.layers.0.self_attn.{m}.input_scale").item() for m in ("q_proj", "k_proj", "v_proj")
+        ]
     llm = LLM(model=str(quant_dir), dtype="float32", num_gpu_blocks_override=8)
     qkv = llm.llm_engine.core.executor.worker.model_runner.model.model.layers[0].self_attn.qkv_proj
     assert qkv.input_scale.tolist() == pytest.approx([max(scales)])

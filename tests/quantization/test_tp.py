@@ -5,6 +5,7 @@ scales and zeros (their rows may use any group), column-parallel ranks take
 their slice of packed zeros, and fused q/k/v members land on each rank's rows.
 (One case only: two worker processes cost tens of seconds on a loaded machine.)
 """
+
 from __future__ import annotations
 
 from tests.hf_reference import hf_greedy

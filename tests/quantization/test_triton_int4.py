@@ -1,5 +1,6 @@
 """The Triton int4 dequantize-GEMM (through the interpreter on a CPU machine) against
 the torch dequantize reference, on the layout AWQ and GPTQ are converted to."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,5 +1,6 @@
 """Batched logit edits (penalties, logit_bias, allowed/bad tokens, min_tokens) against
 transformers' logits processors and hand-computed values, row by row in a mixed batch."""
+
 from __future__ import annotations
 
 import torch

@@ -1,6 +1,7 @@
 """The sampler's distributions: masks never leak, frequencies follow the softmax, and a
 seeded row draws the same token whatever else is in the batch. Fixed seeds throughout,
 so every statistical check is deterministic."""
+
 from __future__ import annotations
 
 import pytest

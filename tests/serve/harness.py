@@ -4,6 +4,7 @@ Starting an engine process costs seconds, so the serving tests share one
 engine (session fixture ``async_engine``) and each test module starts and stops
 its own server on it. Everything waits with a deadline.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -15,9 +16,9 @@ import time
 from pathlib import Path
 from typing import Any, Awaitable, Iterator, TypeVar
 
+from minivllm.config.llm_kwargs import config_from_kwargs
 from minivllm.config.vllm_config import ServeConfig, VllmConfig
 from minivllm.engine.async_llm import AsyncLLM
-from minivllm.config.llm_kwargs import config_from_kwargs
 
 T = TypeVar("T")
 ENGINE_KWARGS = dict(dtype="float32", block_size=8, num_gpu_blocks_override=256, device="cpu", max_num_seqs=64)

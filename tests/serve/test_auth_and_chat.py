@@ -1,5 +1,6 @@
 """A server with serve.api_key and serve.chat_template: 401 without the key, and chat
 completions that equal a plain completion of the template's rendering."""
+
 from __future__ import annotations
 
 import httpx
@@ -52,7 +53,9 @@ def test_the_key_opens_the_routes(client):
 
 def test_chat_equals_completion_of_the_rendered_template(server, client):
     tokenizer = server.harness.engine.tokenizer
-    rendered = tokenizer.apply_chat_template(MESSAGES, chat_template=TEMPLATE, add_generation_prompt=True, tokenize=False)
+    rendered = tokenizer.apply_chat_template(
+        MESSAGES, chat_template=TEMPLATE, add_generation_prompt=True, tokenize=False
+    )
     assert rendered.endswith("<|assistant|>\n")
     ids = tokenizer.encode(rendered, add_special_tokens=False)
     plain = client.completions.create(model=server.model_name, prompt=ids, max_tokens=8, temperature=0)
@@ -67,10 +70,14 @@ def test_chat_stream_equals_chat(server, client):
     full = client.chat.completions.create(model=server.model_name, messages=MESSAGES, max_tokens=10, temperature=0)
     chunks = list(
         client.chat.completions.create(
-            model=server.model_name, messages=MESSAGES, max_tokens=10, temperature=0, stream=True,
+            model=server.model_name,
+            messages=MESSAGES,
+            max_tokens=10,
+            temperature=0,
+            stream=True,
             stream_options={"include_usage": True},
         )
-    )  # fmt: skip
+    )
     assert chunks[0].choices[0].delta.role == "assistant"
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == full.choices[0].message.content

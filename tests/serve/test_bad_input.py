@@ -1,5 +1,6 @@
 """Bad requests get a 400 naming the field (never a 500) and the server keeps serving;
 a client that hangs up has its request aborted and its KV blocks freed."""
+
 from __future__ import annotations
 
 import json
@@ -53,7 +54,9 @@ BAD_COMPLETIONS = [
 ]
 
 
-@pytest.mark.parametrize("body,param,words", BAD_COMPLETIONS, ids=[f"{i}-{b[1]}" for i, b in enumerate(BAD_COMPLETIONS)])
+@pytest.mark.parametrize(
+    "body,param,words", BAD_COMPLETIONS, ids=[f"{i}-{b[1]}" for i, b in enumerate(BAD_COMPLETIONS)]
+)
 def test_bad_completion_request_is_a_400_naming_the_field(http, body, param, words):
     res = http.post("/v1/completions", json=body)
     assert res.status_code == 400, res.text

@@ -1,5 +1,6 @@
 """``python -m minivllm task=serve``: serves on the port it prints, and on SIGTERM lets
 the in-flight stream finish, exits 0 and releases the port."""
+
 from __future__ import annotations
 
 import json
@@ -44,11 +45,21 @@ def wait_for_line(lines: queue.Queue, pattern: str, timeout: float, seen: list[s
 @pytest.mark.slow
 def test_serve_task_streams_and_shuts_down_gracefully_on_sigterm(llama_dir, tmp_path):
     cmd = [
-        sys.executable, "-m", "minivllm", "task=serve", f"model.path={llama_dir}", "model.dtype=float32",
-        "cache.block_size=8", "cache.num_gpu_blocks_override=64", "device=cpu",
-        "serve.host=127.0.0.1", "serve.port=0", "serve.served_model_name=tiny", "serve.shutdown_timeout=60",
+        sys.executable,
+        "-m",
+        "minivllm",
+        "task=serve",
+        f"model.path={llama_dir}",
+        "model.dtype=float32",
+        "cache.block_size=8",
+        "cache.num_gpu_blocks_override=64",
+        "device=cpu",
+        "serve.host=127.0.0.1",
+        "serve.port=0",
+        "serve.served_model_name=tiny",
+        "serve.shutdown_timeout=60",
         f"hydra.run.dir={tmp_path}",
-    ]  # fmt: skip
+    ]
     env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     lines: queue.Queue = queue.Queue()
@@ -56,8 +67,15 @@ def test_serve_task_streams_and_shuts_down_gracefully_on_sigterm(llama_dir, tmp_
     seen: list[str] = []
     try:
         port = int(wait_for_line(lines, r"serving 'tiny' on http://127\.0\.0\.1:(\d+)/v1", 180, seen).group(1))
-        body = {"model": "tiny", "prompt": "def f(x):", "max_tokens": 24, "temperature": 0, "ignore_eos": True,
-                "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
+        body = {
+            "model": "tiny",
+            "prompt": "def f(x):",
+            "max_tokens": 24,
+            "temperature": 0,
+            "ignore_eos": True,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as http:
             with http.stream("POST", "/v1/completions", json=body) as res:
                 events = res.iter_lines()

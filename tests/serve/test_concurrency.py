@@ -1,5 +1,6 @@
 """64 concurrent streaming clients: each gets the text a lone client gets, and the
 Prometheus counters add up to what the clients received."""
+
 from __future__ import annotations
 
 import asyncio
@@ -24,9 +25,13 @@ async def stream_one(client: openai.AsyncOpenAI, model: str, prompt: str) -> tup
     """(text, chunks with text, prompt tokens, completion tokens) of one streamed request."""
     text, chunks, usage = "", 0, None
     stream = await client.completions.create(
-        model=model, prompt=prompt, max_tokens=MAX_TOKENS, temperature=0, stream=True,
+        model=model,
+        prompt=prompt,
+        max_tokens=MAX_TOKENS,
+        temperature=0,
+        stream=True,
         stream_options={"include_usage": True},
-    )  # fmt: skip
+    )
     async for chunk in stream:
         if chunk.choices:
             text += chunk.choices[0].text

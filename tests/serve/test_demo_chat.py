@@ -1,13 +1,14 @@
 """Chat out of the box: the default (demo) model ships a ChatML-style chat template,
 so a server started with no serve.chat_template answers /v1/chat/completions; the
 answer is the plain completion of the template's rendering."""
+
 from __future__ import annotations
 
 import openai
 import pytest
 
-from minivllm.config.vllm_config import VllmConfig
 from minivllm.config.llm_kwargs import config_from_kwargs
+from minivllm.config.vllm_config import VllmConfig
 from tests.serve.harness import EngineHarness
 
 MESSAGES = [{"role": "system", "content": "You write Python."}, {"role": "user", "content": "A stack class, please."}]

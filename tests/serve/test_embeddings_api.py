@@ -1,5 +1,6 @@
 """/v1/embeddings with the official openai client (float and base64) against LLM.embed,
 which tests/pooling checks against transformers."""
+
 from __future__ import annotations
 
 import base64
@@ -11,8 +12,8 @@ import pytest
 import torch
 
 from minivllm import LLM
-from minivllm.config.vllm_config import VllmConfig
 from minivllm.config.llm_kwargs import config_from_kwargs
+from minivllm.config.vllm_config import VllmConfig
 from tests.serve.harness import ENGINE_KWARGS, EngineHarness
 
 TEXTS = ["def fibonacci(n):", "import os\nimport sys\n"]

@@ -1,4 +1,5 @@
 """When the engine process dies, the server says so (503s, /health) instead of hanging."""
+
 from __future__ import annotations
 
 import os

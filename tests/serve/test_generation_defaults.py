@@ -1,5 +1,6 @@
 """The server fills the sampling fields a request leaves out from the checkpoint's generation
 config (as vLLM does); fields the client sends win."""
+
 from __future__ import annotations
 
 from minivllm.serve.params import to_sampling_params

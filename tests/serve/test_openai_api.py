@@ -1,5 +1,6 @@
 """The official openai client against the server: completions, streaming, logprobs,
 usage, n, batches and vLLM's extra parameters. The oracle is the offline LLM."""
+
 from __future__ import annotations
 
 import math
@@ -62,7 +63,9 @@ def test_token_id_prompt_and_batch_of_prompts(client, offline):
     assert [c.index for c in res.choices] == [0, 1]
     assert [c.text for c in res.choices] == [w.outputs[0].text for w in wants]
     assert res.usage.prompt_tokens == sum(len(w.prompt_token_ids) for w in wants)
-    by_ids = client.completions.create(model="tiny-llama", prompt=wants[1].prompt_token_ids, max_tokens=6, temperature=0)
+    by_ids = client.completions.create(
+        model="tiny-llama", prompt=wants[1].prompt_token_ids, max_tokens=6, temperature=0
+    )
     assert by_ids.choices[0].text == wants[1].outputs[0].text
 
 
@@ -70,10 +73,14 @@ def test_stream_text_equals_non_streamed_text(client):
     full = client.completions.create(model="tiny-llama", prompt=PROMPT, max_tokens=12, temperature=0)
     chunks = list(
         client.completions.create(
-            model="tiny-llama", prompt=PROMPT, max_tokens=12, temperature=0, stream=True,
+            model="tiny-llama",
+            prompt=PROMPT,
+            max_tokens=12,
+            temperature=0,
+            stream=True,
             stream_options={"include_usage": True},
         )
-    )  # fmt: skip
+    )
     text_chunks = [c for c in chunks if c.choices]
     assert len(text_chunks) > 1
     assert "".join(c.choices[0].text for c in text_chunks) == full.choices[0].text
@@ -104,9 +111,13 @@ def test_vllm_parameters_at_the_top_level(client, offline):
     stop = greedy[3:6]
     assert len(stop) == 3
     cut = client.completions.create(
-        model="tiny-llama", prompt=PROMPT, max_tokens=8, temperature=0, stop=[stop],
+        model="tiny-llama",
+        prompt=PROMPT,
+        max_tokens=8,
+        temperature=0,
+        stop=[stop],
         extra_body={"include_stop_str_in_output": True},
-    )  # fmt: skip
+    )
     assert cut.choices[0].text == greedy[: greedy.index(stop) + len(stop)]
     assert cut.choices[0].finish_reason == "stop"
 

@@ -1,4 +1,5 @@
 """Tool-call and reasoning parsers on fixed text, whole and streamed."""
+
 from __future__ import annotations
 
 import json
@@ -11,8 +12,10 @@ from minivllm.serve.tool_parsers import TOOL_PARSERS
 
 
 def test_hermes_parses_blocks_and_keeps_the_content():
-    text = 'Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n' \
-           '<tool_call>{"name": "get_time", "arguments": {}}</tool_call>'  # fmt: skip
+    text = (
+        'Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
+        '<tool_call>{"name": "get_time", "arguments": {}}</tool_call>'
+    )
     content, calls = TOOL_PARSERS["hermes"]().parse(text)
     assert content == "Let me check."
     assert [(c.name, json.loads(c.arguments)) for c in calls] == [("get_weather", {"city": "Paris"}), ("get_time", {})]
@@ -30,7 +33,9 @@ def test_hermes_leaves_plain_or_malformed_text_alone():
 
 def test_llama3_json_parses_one_or_more_calls():
     parser = TOOL_PARSERS["llama3_json"]()
-    content, calls = parser.parse('<|python_tag|>{"name": "f", "parameters": {"x": 1}}; {"name": "g", "parameters": {}}')
+    content, calls = parser.parse(
+        '<|python_tag|>{"name": "f", "parameters": {"x": 1}}; {"name": "g", "parameters": {}}'
+    )
     assert content is None and [(c.name, json.loads(c.arguments)) for c in calls] == [("f", {"x": 1}), ("g", {})]
     assert parser.parse("Paris is sunny.") == ("Paris is sunny.", [])
     assert parser.parse('{"no_name": 1}') == ('{"no_name": 1}', [])

@@ -1,5 +1,6 @@
 """Completions return prompt logprobs, echo them with logprobs, honour truncate_prompt_tokens
 and add_special_tokens; chat returns prompt logprobs. The oracle is the offline LLM."""
+
 from __future__ import annotations
 
 import httpx
@@ -44,8 +45,9 @@ def test_prompt_logprobs_are_returned_in_vllm_shape(server, offline):
 
 def test_echo_with_logprobs_puts_the_prompt_first(server, offline):
     ids = offline.get_tokenizer().encode(PROMPT)
-    want = offline.generate(PROMPT, SamplingParams(temperature=0, max_tokens=3, prompt_logprobs=1, logprobs=1),
-                            use_tqdm=False)[0]  # fmt: skip
+    want = offline.generate(
+        PROMPT, SamplingParams(temperature=0, max_tokens=3, prompt_logprobs=1, logprobs=1), use_tqdm=False
+    )[0]
     choice = _complete(server, prompt=PROMPT, echo=True, logprobs=1)["choices"][0]
     lp = choice["logprobs"]
     assert choice["text"].startswith(PROMPT) and len(lp["tokens"]) == len(ids) + 3
@@ -59,8 +61,9 @@ def test_echo_with_logprobs_puts_the_prompt_first(server, offline):
 def test_truncate_prompt_tokens(server, offline):
     ids = offline.get_tokenizer().encode(PROMPT)
     res = _complete(server, prompt=PROMPT, truncate_prompt_tokens=3)
-    tail = offline.generate({"prompt_token_ids": ids[-3:]}, SamplingParams(temperature=0, max_tokens=3),
-                            use_tqdm=False)[0]  # fmt: skip
+    tail = offline.generate(
+        {"prompt_token_ids": ids[-3:]}, SamplingParams(temperature=0, max_tokens=3), use_tqdm=False
+    )[0]
     assert res["usage"]["prompt_tokens"] == 3 and res["choices"][0]["text"] == tail.outputs[0].text
 
 

@@ -2,6 +2,7 @@
 well-formed request completes or is reported failed (503), no 500, the engine ends
 idle, and memory and file descriptors are flat after warm-up.
 (``benchmarks/soak.py`` runs the same for 10 minutes.)"""
+
 from __future__ import annotations
 
 import asyncio

@@ -3,6 +3,7 @@
 model, 400 for non-integer ``n`` and for messages without content, content-type
 errors that say so, usage on every chunk with ``continuous_usage_stats``, and the
 limits (``serve.max_n``: 400, ``serve.max_waiting``: 503 with Retry-After)."""
+
 from __future__ import annotations
 
 import contextlib
@@ -87,9 +88,14 @@ def test_a_body_that_is_not_json_says_so(http):
 
 def test_continuous_usage_is_on_every_chunk(server, client):
     stream = client.completions.create(
-        model=server.model_name, prompt="def f(x):", max_tokens=5, temperature=0, n=2, stream=True,
+        model=server.model_name,
+        prompt="def f(x):",
+        max_tokens=5,
+        temperature=0,
+        n=2,
+        stream=True,
         stream_options={"include_usage": True, "continuous_usage_stats": True},
-    )  # fmt: skip
+    )
     chunks = list(stream)
     assert all(c.usage is not None for c in chunks)
     completion = [c.usage.completion_tokens for c in chunks]
@@ -97,10 +103,14 @@ def test_continuous_usage_is_on_every_chunk(server, client):
     assert {c.usage.prompt_tokens for c in chunks} == {chunks[-1].usage.prompt_tokens}
     chat = list(
         client.chat.completions.create(
-            model=server.model_name, messages=[{"role": "user", "content": "hi"}], max_tokens=4, temperature=0,
-            stream=True, stream_options={"continuous_usage_stats": True},
+            model=server.model_name,
+            messages=[{"role": "user", "content": "hi"}],
+            max_tokens=4,
+            temperature=0,
+            stream=True,
+            stream_options={"continuous_usage_stats": True},
         )
-    )  # fmt: skip
+    )
     assert all(c.usage is not None for c in chat)
     assert chat[0].usage.completion_tokens == 0 and chat[-1].usage.completion_tokens == 4
 

@@ -1,5 +1,6 @@
 """Structured outputs, tool calling and reasoning through the server, with the
 official openai client, on the demo model (its free text is never valid JSON)."""
+
 from __future__ import annotations
 
 import json
@@ -10,7 +11,7 @@ import jsonschema
 import openai
 import pytest
 
-from minivllm.engine.tokenizer import DEMO_TOKENIZER
+from minivllm.tokenizer import DEMO_TOKENIZER
 from tests.serve.harness import EngineHarness, engine_config
 
 TEMPLATE = (
@@ -73,8 +74,16 @@ def _streamed_texts(stream) -> dict[int, str]:
 @pytest.mark.parametrize("stream", [False, True])
 def test_completions_guided_json_n2(client, server, stream):
     extra = {"structured_outputs": {"json": SCHEMA, **COMPACT}}
-    res = client.completions.create(model=server.model_name, prompt="Once upon a time", n=2, max_tokens=80,
-                                    temperature=1.0, seed=1, stream=stream, extra_body=extra)  # fmt: skip
+    res = client.completions.create(
+        model=server.model_name,
+        prompt="Once upon a time",
+        n=2,
+        max_tokens=80,
+        temperature=1.0,
+        seed=1,
+        stream=stream,
+        extra_body=extra,
+    )
     texts = _streamed_texts(res) if stream else {c.index: c.text for c in res.choices}
     assert sorted(texts) == [0, 1]
     for text in texts.values():
@@ -84,8 +93,16 @@ def test_completions_guided_json_n2(client, server, stream):
 @pytest.mark.parametrize("stream", [False, True])
 def test_chat_response_format_json_schema_n2(client, server, stream):
     fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": SCHEMA, "strict": True}}
-    res = client.chat.completions.create(model=server.model_name, messages=MESSAGES, n=2, max_tokens=150,
-                                         temperature=1.0, seed=2, stream=stream, response_format=fmt)  # fmt: skip
+    res = client.chat.completions.create(
+        model=server.model_name,
+        messages=MESSAGES,
+        n=2,
+        max_tokens=150,
+        temperature=1.0,
+        seed=2,
+        stream=stream,
+        response_format=fmt,
+    )
     texts = _streamed_texts(res) if stream else {c.index: c.message.content for c in res.choices}
     assert sorted(texts) == [0, 1]
     for text in texts.values():
@@ -94,16 +111,33 @@ def test_chat_response_format_json_schema_n2(client, server, stream):
 
 def test_guided_regex_choice_and_json_object(client, server):
     date = r"20[0-9]{2}-(0[1-9]|1[0-2])-[0-2][0-9]"
-    res = client.completions.create(model=server.model_name, prompt="Today is", max_tokens=20, temperature=1.0,
-                                    seed=3, n=2, extra_body={"guided_regex": date})  # fmt: skip
+    res = client.completions.create(
+        model=server.model_name,
+        prompt="Today is",
+        max_tokens=20,
+        temperature=1.0,
+        seed=3,
+        n=2,
+        extra_body={"guided_regex": date},
+    )
     assert all(re.fullmatch(date, c.text) for c in res.choices)
     for stream in (False, True):
-        res = client.chat.completions.create(model=server.model_name, messages=MESSAGES, max_tokens=10, stream=stream,
-                                             extra_body={"guided_choice": ["sunny", "rainy"]})  # fmt: skip
+        res = client.chat.completions.create(
+            model=server.model_name,
+            messages=MESSAGES,
+            max_tokens=10,
+            stream=stream,
+            extra_body={"guided_choice": ["sunny", "rainy"]},
+        )
         texts = _streamed_texts(res) if stream else {0: res.choices[0].message.content}
         assert texts[0] in ("sunny", "rainy")
-    res = client.chat.completions.create(model=server.model_name, messages=MESSAGES, max_tokens=120, temperature=0,
-                                         response_format={"type": "json_object"})  # fmt: skip
+    res = client.chat.completions.create(
+        model=server.model_name,
+        messages=MESSAGES,
+        max_tokens=120,
+        temperature=0,
+        response_format={"type": "json_object"},
+    )
     assert isinstance(json.loads(res.choices[0].message.content), dict)
 
 
@@ -113,12 +147,27 @@ def _check_weather_call(call) -> None:
 
 
 def test_tool_choice_named_and_required(client, server):
-    res = client.chat.completions.create(model=server.model_name, messages=MESSAGES, tools=[WEATHER, TIME],
-                                         tool_choice=NAMED, max_tokens=60, temperature=1.0, seed=4)  # fmt: skip
+    res = client.chat.completions.create(
+        model=server.model_name,
+        messages=MESSAGES,
+        tools=[WEATHER, TIME],
+        tool_choice=NAMED,
+        max_tokens=60,
+        temperature=1.0,
+        seed=4,
+    )
     (call,) = res.choices[0].message.tool_calls
     _check_weather_call(call)
-    res = client.chat.completions.create(model=server.model_name, messages=MESSAGES, tools=[WEATHER], n=2,
-                                         tool_choice="required", max_tokens=120, temperature=1.0, seed=5)  # fmt: skip
+    res = client.chat.completions.create(
+        model=server.model_name,
+        messages=MESSAGES,
+        tools=[WEATHER],
+        n=2,
+        tool_choice="required",
+        max_tokens=120,
+        temperature=1.0,
+        seed=5,
+    )
     for choice in res.choices:
         assert choice.finish_reason == "tool_calls" and choice.message.tool_calls
         for call in choice.message.tool_calls:
@@ -127,9 +176,17 @@ def test_tool_choice_named_and_required(client, server):
 
 @pytest.mark.parametrize("tool_choice", ["required", NAMED])
 def test_tool_choice_streamed(client, server, tool_choice):
-    stream = client.chat.completions.create(model=server.model_name, messages=MESSAGES, tools=[WEATHER],
-                                            tool_choice=tool_choice, max_tokens=120, temperature=1.0, seed=6,
-                                            stream=True, parallel_tool_calls=False)  # fmt: skip
+    stream = client.chat.completions.create(
+        model=server.model_name,
+        messages=MESSAGES,
+        tools=[WEATHER],
+        tool_choice=tool_choice,
+        max_tokens=120,
+        temperature=1.0,
+        seed=6,
+        stream=True,
+        parallel_tool_calls=False,
+    )
     calls, reasons, ids = {}, [], set()
     for chunk in stream:
         for choice in chunk.choices:
@@ -151,8 +208,14 @@ BLOCK = 'Checking.<tool_call>{"name": "get_weather", "arguments": {"city": "Pari
 @pytest.mark.parametrize("stream", [False, True])
 def test_tool_choice_auto_parses_a_tool_call_block(client, server, stream):
     # The demo model never writes a tool call by itself: a choice makes it write one.
-    res = client.chat.completions.create(model=server.model_name, messages=MESSAGES, tools=[WEATHER], max_tokens=150,
-                                         stream=stream, extra_body={"guided_choice": [BLOCK]})  # fmt: skip
+    res = client.chat.completions.create(
+        model=server.model_name,
+        messages=MESSAGES,
+        tools=[WEATHER],
+        max_tokens=150,
+        stream=stream,
+        extra_body={"guided_choice": [BLOCK]},
+    )
     if not stream:
         message = res.choices[0].message
         assert message.content == "Checking." and res.choices[0].finish_reason == "tool_calls"
@@ -171,8 +234,13 @@ def test_tool_choice_auto_parses_a_tool_call_block(client, server, stream):
 @pytest.mark.parametrize("stream", [False, True])
 def test_reasoning_content_is_split(client, server, stream):
     forced = "<think>\nParis is in France.\n</think>\n\nIt is sunny."
-    res = client.chat.completions.create(model=server.model_name, messages=MESSAGES, max_tokens=150, stream=stream,
-                                         extra_body={"guided_choice": [forced]})  # fmt: skip
+    res = client.chat.completions.create(
+        model=server.model_name,
+        messages=MESSAGES,
+        max_tokens=150,
+        stream=stream,
+        extra_body={"guided_choice": [forced]},
+    )
     if stream:
         reasoning = content = ""
         for chunk in res:
@@ -186,12 +254,14 @@ def test_reasoning_content_is_split(client, server, stream):
 
 
 def test_chat_template_receives_tools(client, server):
-    plain = client.chat.completions.create(model=server.model_name, messages=MESSAGES, max_tokens=1, tool_choice="none",
-                                           tools=[WEATHER])  # fmt: skip
+    plain = client.chat.completions.create(
+        model=server.model_name, messages=MESSAGES, max_tokens=1, tool_choice="none", tools=[WEATHER]
+    )
     bare = client.chat.completions.create(model=server.model_name, messages=MESSAGES, max_tokens=1)
     tokenizer = server.harness.engine.tokenizer
-    rendered = tokenizer.apply_chat_template(MESSAGES, tools=[WEATHER], chat_template=TEMPLATE,
-                                             add_generation_prompt=True, tokenize=False)  # fmt: skip
+    rendered = tokenizer.apply_chat_template(
+        MESSAGES, tools=[WEATHER], chat_template=TEMPLATE, add_generation_prompt=True, tokenize=False
+    )
     assert rendered.startswith("<|tools|>get_weather;")
     assert plain.usage.prompt_tokens == len(tokenizer.encode(rendered, add_special_tokens=False))
     assert plain.usage.prompt_tokens > bare.usage.prompt_tokens
@@ -201,19 +271,36 @@ def test_chat_template_receives_tools(client, server):
     "route, body, param",
     [
         ("/v1/completions", {"prompt": "x", "max_tokens": 2, "frobnicate": 1}, "frobnicate"),
-        ("/v1/completions", {"prompt": "x", "max_tokens": 2, "guided_decoding_backend": "outlines"}, "guided_decoding_backend"),
+        (
+            "/v1/completions",
+            {"prompt": "x", "max_tokens": 2, "guided_decoding_backend": "outlines"},
+            "guided_decoding_backend",
+        ),
         ("/v1/chat/completions", {"messages": MESSAGES, "functions": [WEATHER["function"]]}, "functions"),
         ("/v1/chat/completions", {"messages": MESSAGES, "audio": {"voice": "alloy"}}, "audio"),
-        ("/v1/chat/completions", {"messages": MESSAGES, "stream": True, "stream_options": {"include_obfuscation": True}},
-         "stream_options"),  # fmt: skip
+        (
+            "/v1/chat/completions",
+            {"messages": MESSAGES, "stream": True, "stream_options": {"include_obfuscation": True}},
+            "stream_options",
+        ),
         ("/v1/chat/completions", {"messages": MESSAGES, "guided_regex": "a", "guided_choice": ["a"]}, "guided_regex"),
         ("/v1/chat/completions", {"messages": MESSAGES, "guided_regex": "(unclosed"}, "guided_regex"),
         ("/v1/chat/completions", {"messages": MESSAGES, "response_format": {"type": "yaml"}}, "response_format"),
         ("/v1/chat/completions", {"messages": MESSAGES, "tool_choice": "required"}, "tool_choice"),
-        ("/v1/chat/completions", {"messages": MESSAGES, "tools": [WEATHER], "tool_choice": {"type": "function",
-                                  "function": {"name": "nope"}}}, "tool_choice"),  # fmt: skip
-        ("/v1/chat/completions", {"messages": MESSAGES, "structured_outputs": {"json": SCHEMA, "backend": "x"}},
-         "structured_outputs"),  # fmt: skip
+        (
+            "/v1/chat/completions",
+            {
+                "messages": MESSAGES,
+                "tools": [WEATHER],
+                "tool_choice": {"type": "function", "function": {"name": "nope"}},
+            },
+            "tool_choice",
+        ),
+        (
+            "/v1/chat/completions",
+            {"messages": MESSAGES, "structured_outputs": {"json": SCHEMA, "backend": "x"}},
+            "structured_outputs",
+        ),
     ],
 )
 def test_unimplemented_or_bad_fields_are_a_400_naming_them(server, route, body, param):

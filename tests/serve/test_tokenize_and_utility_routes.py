@@ -1,5 +1,6 @@
 """/tokenize, /detokenize (prompt and chat messages), /version, /ping and /v1/models names;
 the oracle is the tokenizer and LLM.chat's template rendering."""
+
 from __future__ import annotations
 
 import httpx

@@ -1,4 +1,5 @@
 """A transformers reference of an EAGLE head's greedy drafts (heads: tools/make_eagle_head.py)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -19,8 +20,9 @@ class EagleReference:
         config._attn_implementation = "eager"
         self.layer = LlamaDecoderLayer(config, layer_idx=0).eval()
         weights = load_file(head / "model.safetensors")
-        self.layer.load_state_dict({k.removeprefix("layers.0."): v for k, v in weights.items()
-                                    if k.startswith("layers.0.")}, strict=False)  # fmt: skip
+        self.layer.load_state_dict(
+            {k.removeprefix("layers.0."): v for k, v in weights.items() if k.startswith("layers.0.")}, strict=False
+        )
         self.layer.input_layernorm = torch.nn.Identity()
         self.fc = weights["fc.weight"]
         self.rope = LlamaRotaryEmbedding(config)
@@ -45,6 +47,10 @@ class EagleReference:
         n = x.shape[0]
         positions = torch.arange(n).unsqueeze(0)
         mask = torch.full((n, n), float("-inf")).triu(1)[None, None]
-        result = self.layer(x.unsqueeze(0), attention_mask=mask, position_ids=positions,
-                            position_embeddings=self.rope(x.unsqueeze(0), positions))  # fmt: skip
+        result = self.layer(
+            x.unsqueeze(0),
+            attention_mask=mask,
+            position_ids=positions,
+            position_embeddings=self.rope(x.unsqueeze(0), positions),
+        )
         return (result[0] if isinstance(result, tuple) else result)[0]

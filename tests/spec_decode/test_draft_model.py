@@ -3,6 +3,7 @@
 is the target itself has every draft accepted (its KV over the shared blocks is exact),
 a 2-layer cut of the demo model reports its mean accepted length, seeded sampling is
 reproducible, and bad drafts are clear config errors."""
+
 from __future__ import annotations
 
 import json
@@ -22,8 +23,11 @@ def demo_draft(tmp_path_factory):
 
 
 def draft_keys(path, k: int = 3) -> dict:
-    return {"speculative.method": "draft_model", "speculative.model": str(path),
-            "speculative.num_speculative_tokens": k}  # fmt: skip
+    return {
+        "speculative.method": "draft_model",
+        "speculative.model": str(path),
+        "speculative.num_speculative_tokens": k,
+    }
 
 
 def test_greedy_equals_no_speculation_on_the_demo_model_with_preemption(demo_draft):
@@ -58,8 +62,10 @@ def test_the_target_as_its_own_draft_has_every_draft_accepted(name, request):
 
 
 def test_seeded_sampling_with_a_draft_model_is_reproducible(llama_dir):
-    params = [SamplingParams(temperature=0.8, top_k=30, seed=11 + i, max_tokens=16, ignore_eos=True)
-              for i in range(len(PROMPTS))]
+    params = [
+        SamplingParams(temperature=0.8, top_k=30, seed=11 + i, max_tokens=16, ignore_eos=True)
+        for i in range(len(PROMPTS))
+    ]
     keys = draft_keys(llama_dir)
     first = run(make_engine([f"model.path={llama_dir}"], spec=False, num_blocks=24, **keys), params)
     engine = make_engine([f"model.path={llama_dir}"], spec=False, num_blocks=24, **keys)  # with preemptions
@@ -73,8 +79,14 @@ def test_seeded_sampling_with_a_draft_model_is_reproducible(llama_dir):
 def test_bad_draft_models_are_clear_config_errors(llama_dir, demo_draft, tmp_path):
     demo = ["model=demo"]
     with pytest.raises(ValueError, match="draft_tensor_parallel_size=2: only 1"):
-        build_config([*demo, "speculative.method=draft_model", f"speculative.model={demo_draft}",
-                      "speculative.draft_tensor_parallel_size=2"])  # fmt: skip
+        build_config(
+            [
+                *demo,
+                "speculative.method=draft_model",
+                f"speculative.model={demo_draft}",
+                "speculative.draft_tensor_parallel_size=2",
+            ]
+        )
     with pytest.raises(ValueError, match="speculative.model: is required with speculative.method=draft_model"):
         build_config([*demo, "speculative.method=draft_model"])
     with pytest.raises(ValueError, match="vocab_size .* differs from the target's"):
@@ -92,5 +104,11 @@ def test_bad_draft_models_are_clear_config_errors(llama_dir, demo_draft, tmp_pat
     with pytest.raises(ValueError, match="speculative.model=.*only used by speculative.method=draft_model"):
         build_config([*demo, "speculative.method=ngram", f"speculative.model={demo_draft}"])
     with pytest.raises(ValueError, match="parallel.tp=2 is not supported"):
-        build_config([f"model.path={llama_dir}", "speculative.method=draft_model",
-                      f"speculative.model={llama_dir}", "parallel.tp=2"])  # fmt: skip
+        build_config(
+            [
+                f"model.path={llama_dir}",
+                "speculative.method=draft_model",
+                f"speculative.model={llama_dir}",
+                "parallel.tp=2",
+            ]
+        )

@@ -2,6 +2,7 @@
 token (preemption forced, prefix caching on); its drafts equal a transformers reference of
 the head (so its KV, shifted inputs and hidden-state plumbing are exact); sampled drafts
 carry their distributions to the verifier; bad heads are clear config errors."""
+
 from __future__ import annotations
 
 import pytest
@@ -9,9 +10,9 @@ import torch
 
 from minivllm.config.store import ASSETS_DIR, build_config
 from minivllm.sampling_params import SamplingParams
-from tools.make_eagle_head import make_eagle_head
 from tests.spec_decode.eagle_heads import EagleReference
 from tests.spec_decode.test_engine import PROMPTS, check_block_tables_each_step, greedy_params, make_engine, run
+from tools.make_eagle_head import make_eagle_head
 
 DEMO = ASSETS_DIR / "demo-llama"
 
@@ -53,8 +54,9 @@ def test_greedy_equals_no_speculation_with_preemption_and_prefix_caching(head):
 def test_drafts_equal_a_transformers_reference_of_the_head(head):
     """Prefix caching off: a cached block's last head entry reads the first token of the next
     block, which may differ between the requests that share it (drafts only, never outputs)."""
-    engine = make_engine(["model=demo"], spec=False, num_blocks=64, **eagle_keys(head),
-                         **{"cache.enable_prefix_caching": "false"})  # fmt: skip
+    engine = make_engine(
+        ["model=demo"], spec=False, num_blocks=64, **eagle_keys(head), **{"cache.enable_prefix_caching": "false"}
+    )
     seen = record_proposals(engine)
     run(engine, [SamplingParams(temperature=0, max_tokens=10, ignore_eos=True) for _ in PROMPTS])
     reference = EagleReference(DEMO, head)
@@ -64,8 +66,10 @@ def test_drafts_equal_a_transformers_reference_of_the_head(head):
 
 
 def test_sampled_drafts_carry_their_distributions_and_seeds_reproduce(head):
-    params = [SamplingParams(temperature=0.9, top_k=40, seed=3 + i, max_tokens=12, ignore_eos=True)
-              for i in range(len(PROMPTS))]
+    params = [
+        SamplingParams(temperature=0.9, top_k=40, seed=3 + i, max_tokens=12, ignore_eos=True)
+        for i in range(len(PROMPTS))
+    ]
     outputs = []
     for _ in range(2):
         engine = make_engine(["model=demo"], spec=False, num_blocks=24, **eagle_keys(head))

@@ -2,6 +2,7 @@
 (parity model and demo model, preemption forced, prefix caching on), n-gram
 drafts are accepted on repetitive text, seeded sampling is reproducible, and
 the counters reach get_stats() and the stats line."""
+
 from __future__ import annotations
 
 import pytest
@@ -18,23 +19,31 @@ PROMPTS = [
     "import os\nimport sys\n",
     "def fibonacci(n):\n    if n < 2:\n",  # shares a prefix with the first
 ]
-SPEC = ["speculative=ngram", "speculative.prompt_lookup_min=2", "speculative.prompt_lookup_max=4",
-        "speculative.num_speculative_tokens=3"]
+SPEC = [
+    "speculative=ngram",
+    "speculative.prompt_lookup_min=2",
+    "speculative.prompt_lookup_max=4",
+    "speculative.num_speculative_tokens=3",
+]
 
 
 def make_engine(model: list[str], spec: bool, num_blocks: int, **keys) -> LLMEngine:
-    return LLMEngine(build_config([
-        *model,
-        "model.dtype=float32",
-        "cache.block_size=4",
-        f"cache.num_gpu_blocks_override={num_blocks}",
-        "cache.enable_prefix_caching=true",
-        "scheduler.max_num_seqs=5",
-        "scheduler.max_num_batched_tokens=32",
-        "scheduler.log_stats_interval=0",
-        *[f"{k}={v}" for k, v in keys.items()],
-        *(SPEC if spec else []),
-    ]))
+    return LLMEngine(
+        build_config(
+            [
+                *model,
+                "model.dtype=float32",
+                "cache.block_size=4",
+                f"cache.num_gpu_blocks_override={num_blocks}",
+                "cache.enable_prefix_caching=true",
+                "scheduler.max_num_seqs=5",
+                "scheduler.max_num_batched_tokens=32",
+                "scheduler.log_stats_interval=0",
+                *[f"{k}={v}" for k, v in keys.items()],
+                *(SPEC if spec else []),
+            ]
+        )
+    )
 
 
 def run(engine: LLMEngine, params: list[SamplingParams]) -> dict[str, list[int]]:
@@ -69,10 +78,16 @@ def check_block_tables_each_step(engine: LLMEngine) -> list[int]:
 
 def greedy_params(stop_token: int | None = None, stop: str | None = None) -> list[SamplingParams]:
     """Request 2 stops on ``stop_token``, request 1 on the string ``stop``."""
-    return [SamplingParams(temperature=0, max_tokens=24 + 3 * i, ignore_eos=True,
-                           stop_token_ids=[stop_token] if stop_token is not None and i == 2 else [],
-                           stop=[stop] if stop is not None and i == 1 else None)
-            for i in range(len(PROMPTS))]
+    return [
+        SamplingParams(
+            temperature=0,
+            max_tokens=24 + 3 * i,
+            ignore_eos=True,
+            stop_token_ids=[stop_token] if stop_token is not None and i == 2 else [],
+            stop=[stop] if stop is not None and i == 1 else None,
+        )
+        for i in range(len(PROMPTS))
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -115,8 +130,10 @@ def test_ngram_accepts_many_drafts_on_repetitive_code():
 
 
 def test_seeded_sampling_is_reproducible_with_top_k_top_p(models):
-    params = [SamplingParams(temperature=0.9, top_k=20, top_p=0.9, seed=7 + i, max_tokens=20, ignore_eos=True)
-              for i in range(len(PROMPTS))]
+    params = [
+        SamplingParams(temperature=0.9, top_k=20, top_p=0.9, seed=7 + i, max_tokens=20, ignore_eos=True)
+        for i in range(len(PROMPTS))
+    ]
     first = run(make_engine(models["demo"], spec=True, num_blocks=64), params)
     second = run(make_engine(models["demo"], spec=True, num_blocks=24), params)  # with preemptions
     assert first == second
@@ -125,11 +142,14 @@ def test_seeded_sampling_is_reproducible_with_top_k_top_p(models):
 
 def test_requests_that_may_not_speculate_match_the_plain_engine(models):
     """Logprobs and penalties read the raw distribution or the history: no drafts, same outputs."""
-    params = [SamplingParams(temperature=0, max_tokens=16, logprobs=2, ignore_eos=True),
-              SamplingParams(temperature=0, max_tokens=16, repetition_penalty=1.3, ignore_eos=True),
-              *greedy_params()[2:]]
+    params = [
+        SamplingParams(temperature=0, max_tokens=16, logprobs=2, ignore_eos=True),
+        SamplingParams(temperature=0, max_tokens=16, repetition_penalty=1.3, ignore_eos=True),
+        *greedy_params()[2:],
+    ]
     assert run(make_engine(models["demo"], spec=True, num_blocks=64), params) == run(
-        make_engine(models["demo"], spec=False, num_blocks=64), params)
+        make_engine(models["demo"], spec=False, num_blocks=64), params
+    )
 
 
 def test_async_scheduling_with_speculation_is_a_clear_error(models):
@@ -161,9 +181,10 @@ def test_a_grammar_request_beside_drafted_ones_matches_the_plain_engine():
     from minivllm.structured_output import StructuredOutputsParams
 
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
-    params = [SamplingParams(temperature=0, max_tokens=24,
-                             structured_outputs=StructuredOutputsParams(json=schema)),
-              SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)]
+    params = [
+        SamplingParams(temperature=0, max_tokens=24, structured_outputs=StructuredOutputsParams(json=schema)),
+        SamplingParams(temperature=0, max_tokens=24, ignore_eos=True),
+    ]
     prompts = ["The answer is", REPEATING]
     results = []
     for spec in (None, {"method": "ngram", "prompt_lookup_min": 2, "prompt_lookup_max": 4}):
@@ -179,10 +200,12 @@ def test_data_parallel_stats_add_up_the_spec_counters():
     from minivllm.core.stats import SchedulerStats
     from minivllm.engine.core_client import merge_stats
 
-    one = SchedulerStats(num_blocks=8, spec_decoding=True, spec_num_drafts=2, spec_num_draft_tokens=6,
-                         spec_num_accepted_tokens=4)
-    two = SchedulerStats(num_blocks=8, spec_decoding=True, spec_num_drafts=1, spec_num_draft_tokens=3,
-                         spec_num_accepted_tokens=1)
+    one = SchedulerStats(
+        num_blocks=8, spec_decoding=True, spec_num_drafts=2, spec_num_draft_tokens=6, spec_num_accepted_tokens=4
+    )
+    two = SchedulerStats(
+        num_blocks=8, spec_decoding=True, spec_num_drafts=1, spec_num_draft_tokens=3, spec_num_accepted_tokens=1
+    )
     total = merge_stats([one, two])
     assert total.spec_decoding
     assert (total.spec_num_drafts, total.spec_num_draft_tokens, total.spec_num_accepted_tokens) == (3, 9, 5)

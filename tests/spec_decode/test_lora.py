@@ -3,6 +3,7 @@ position (the LoRA token slots cover the drafts), so outputs equal transformers 
 
 The proposer is replaced by one that drafts the oracle's own continuation, so drafts
 are accepted exactly where the adapted model agrees with peft at the draft positions."""
+
 from __future__ import annotations
 
 from minivllm import SamplingParams
@@ -16,9 +17,17 @@ PROMPTS = [[10, 11, 12, 13, 40, 41, 42], [7, 8, 9, 30, 31]]
 def test_ngram_speculation_under_adapters_equals_peft(llama_dir, tmp_path):
     adapter = make_adapter(llama_dir, tmp_path / "a", rank=4, alpha=8, seed=3)
     expected = peft_greedy(llama_dir, adapter, PROMPTS[:1], 16) + peft_greedy(llama_dir, None, PROMPTS[1:], 16)
-    llm = LLM(str(llama_dir), dtype="float32", device="cpu", block_size=4, num_gpu_blocks_override=64,
-              enable_lora=True, max_loras=1, max_lora_rank=8,
-              speculative_config={"method": "ngram", "prompt_lookup_min": 2, "prompt_lookup_max": 4})  # fmt: skip
+    llm = LLM(
+        str(llama_dir),
+        dtype="float32",
+        device="cpu",
+        block_size=4,
+        num_gpu_blocks_override=64,
+        enable_lora=True,
+        max_loras=1,
+        max_lora_rank=8,
+        speculative_config={"method": "ngram", "prompt_lookup_min": 2, "prompt_lookup_max": 4},
+    )
 
     def oracle(token_ids, max_num_drafts=None):
         for prompt, out in zip(PROMPTS, expected):

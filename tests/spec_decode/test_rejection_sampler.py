@@ -1,6 +1,7 @@
 """Rejection sampling keeps the target distribution: a chi-square test on many
 draws of a small vocabulary (temperature, top-k and top-p applied by the plain
 sampler's processing), greedy acceptance, and the emitted-token rule."""
+
 from __future__ import annotations
 
 import pytest
@@ -29,11 +30,14 @@ def _processed(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     return Sampler().process(logits.unsqueeze(0), meta).softmax(dim=-1)[0]
 
 
-@pytest.mark.parametrize("params", [
-    SamplingParams(temperature=1.0),
-    SamplingParams(temperature=0.7, top_k=5),
-    SamplingParams(temperature=1.3, top_p=0.8),
-])
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(temperature=1.0),
+        SamplingParams(temperature=0.7, top_k=5),
+        SamplingParams(temperature=1.3, top_p=0.8),
+    ],
+)
 @pytest.mark.parametrize("rank", [0, 1, V - 1])
 def test_first_and_second_tokens_follow_the_target_distribution(params, rank):
     """The draft is the target's ``rank``-th likeliest token (the last may have probability zero)."""
@@ -100,7 +104,8 @@ def test_the_same_noise_gives_the_same_tokens():
     logits = torch.randn(4, V, generator=gen)
     probs = logits.softmax(dim=-1)
     make = lambda: VerifyInputs(  # noqa: E731
-        torch.tensor([1, 2, 3, -1]), torch.zeros(4, dtype=torch.bool),
+        torch.tensor([1, 2, 3, -1]),
+        torch.zeros(4, dtype=torch.bool),
         torch.rand(4, generator=torch.Generator().manual_seed(5)),
         torch.empty(4, V).exponential_(generator=torch.Generator().manual_seed(6)),
     )
@@ -111,7 +116,10 @@ def test_the_same_noise_gives_the_same_tokens():
 def test_greedy_accepts_exactly_the_argmax():
     logits = torch.tensor([[0.0, 5.0, 1.0], [3.0, 0.0, 1.0], [0.0, 0.0, 9.0]])
     inputs = VerifyInputs(
-        torch.tensor([1, 2, -1]), torch.ones(3, dtype=torch.bool), torch.zeros(3), torch.ones(3, 3),
+        torch.tensor([1, 2, -1]),
+        torch.ones(3, dtype=torch.bool),
+        torch.zeros(3),
+        torch.ones(3, 3),
     )
     own, accepted = rejection_sample(logits, logits.softmax(dim=-1), inputs)
     assert own.tolist() == [1, 0, 2]

@@ -1,28 +1,36 @@
 """The scheduler's side: drafts get KV slots, and rejected drafts are rolled back
 (num_computed_tokens and blocks), with exact values."""
+
 from __future__ import annotations
 
 import pytest
 
+from minivllm.config.speculative import SpeculativeConfig
 from minivllm.config.store import build_config
 from minivllm.core.scheduler import Scheduler
+from minivllm.core.spec_decode import SpecDecodeScheduling
 from minivllm.kv_cache_spec import KVCacheSpec
 from minivllm.outputs import ModelRunnerOutput
 from minivllm.request import Request, RequestId
 from minivllm.sampling_params import SamplingParams
-from minivllm.config.speculative import SpeculativeConfig
-from minivllm.core.spec_decode import SpecDecodeScheduling
 
 PROMPT = [5, 6, 7, 8, 5, 6, 7]  # after a sampled 8, the suffix "6 7 8" occurred before, followed by "5 6 7"
 
 
 @pytest.fixture(scope="module")
 def cfg():
-    return build_config([
-        "model=opt-125m", "load.format=dummy", "cache.block_size=4", "cache.enable_prefix_caching=false",
-        "speculative=ngram", "speculative.prompt_lookup_min=2", "speculative.prompt_lookup_max=3",
-        "speculative.num_speculative_tokens=3",
-    ])
+    return build_config(
+        [
+            "model=opt-125m",
+            "load.format=dummy",
+            "cache.block_size=4",
+            "cache.enable_prefix_caching=false",
+            "speculative=ngram",
+            "speculative.prompt_lookup_min=2",
+            "speculative.prompt_lookup_max=3",
+            "speculative.num_speculative_tokens=3",
+        ]
+    )
 
 
 def _request(max_tokens: int = 16) -> Request:
@@ -98,8 +106,13 @@ def test_all_accepted_plus_the_bonus_token(cfg):
 
 def test_drafts_never_pass_max_tokens(cfg):
     scheduler = Scheduler(cfg, KVCacheSpec(cfg.cache.block_size, num_blocks=8))
-    request = Request(RequestId("a"), list(PROMPT),
-                      SamplingParams(temperature=0, max_tokens=3, ignore_eos=True), eos_token_id=None, max_tokens=3)
+    request = Request(
+        RequestId("a"),
+        list(PROMPT),
+        SamplingParams(temperature=0, max_tokens=3, ignore_eos=True),
+        eos_token_id=None,
+        max_tokens=3,
+    )
     scheduler.add_request(request)
     scheduler.update_from_output(scheduler.schedule(), ModelRunnerOutput(sampled_token_ids={"a": [8]}))
     out = scheduler.schedule()

@@ -1,5 +1,6 @@
 """Speculative decoding under tensor parallelism (tp=2, two CPU processes): the ranks
 agree on the verified tokens, and the outputs equal tp=1's."""
+
 from __future__ import annotations
 
 import gc
@@ -7,10 +8,14 @@ import gc
 from minivllm import LLM, SamplingParams
 from tests.executor import tp_helpers as h
 
-PROMPTS = ["class Stack:\n    def push(self, x):\n        self.items.append(x)\n    def push(self, x):\n",
-           "def fibonacci(n):\n"]
-PARAMS = [SamplingParams(temperature=0, max_tokens=24, ignore_eos=True),
-          SamplingParams(temperature=0.8, seed=3, max_tokens=24, ignore_eos=True)]
+PROMPTS = [
+    "class Stack:\n    def push(self, x):\n        self.items.append(x)\n    def push(self, x):\n",
+    "def fibonacci(n):\n",
+]
+PARAMS = [
+    SamplingParams(temperature=0, max_tokens=24, ignore_eos=True),
+    SamplingParams(temperature=0.8, seed=3, max_tokens=24, ignore_eos=True),
+]
 SPEC = {"method": "ngram", "prompt_lookup_min": 2, "prompt_lookup_max": 4}
 
 

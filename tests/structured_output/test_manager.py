@@ -1,6 +1,7 @@
 """The scheduler's side of structured outputs with the real xgrammar backend on the
 demo tokenizer: compiles off the step loop, cached per constraint; bitmask rows for
 the step's sampling requests; matchers that never see a token twice."""
+
 from __future__ import annotations
 
 import threading
@@ -10,11 +11,11 @@ import pytest
 from transformers import AutoTokenizer
 
 from minivllm.outputs import ModelRunnerOutput
-from minivllm.engine.tokenizer import DEMO_TOKENIZER
 from minivllm.sampling_params import SamplingParams
 from minivllm.structured_output import StructuredOutputsParams
 from minivllm.structured_output.backend import XGrammarBackend
 from minivllm.structured_output.manager import StructuredOutputManager
+from minivllm.tokenizer import DEMO_TOKENIZER
 from tests.core.scheduler_helpers import base_config, make_request, make_scheduler
 
 EOS = 2
@@ -47,7 +48,9 @@ def _scheduler(backend: XGrammarBackend):
 
 def _constrained(tokens: list[int], so: StructuredOutputsParams, max_tokens: int = 8):
     request = make_request(tokens, max_tokens=max_tokens)
-    request.sampling_params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True, structured_outputs=so)
+    request.sampling_params = SamplingParams(
+        temperature=0, max_tokens=max_tokens, ignore_eos=True, structured_outputs=so
+    )
     request.eos_token_id = EOS
     return request
 

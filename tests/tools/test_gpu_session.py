@@ -1,4 +1,5 @@
 """tools/gpu_session.sh tried on the CPU: a fake nvidia-smi, GPU_SESSION_CPU_TRY=1, a temp $OUT."""
+
 from __future__ import annotations
 
 import json
@@ -23,8 +24,14 @@ def _session(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProc
     smi.write_text('#!/bin/sh\necho "NVIDIA H100 80GB HBM3, 81559 MiB, 580.159.04"\n')
     smi.chmod(0o755)
     full_env = {
-        **os.environ, "PATH": f"{fake}:{os.environ['PATH']}", "PYTHON": sys.executable, "OUT": str(tmp_path / "out"),
-        "GPU_SESSION_WORK": str(tmp_path / "work"), "GPU_SESSION_CPU_TRY": "1", "OMP_NUM_THREADS": "1", **env,
+        **os.environ,
+        "PATH": f"{fake}:{os.environ['PATH']}",
+        "PYTHON": sys.executable,
+        "OUT": str(tmp_path / "out"),
+        "GPU_SESSION_WORK": str(tmp_path / "work"),
+        "GPU_SESSION_CPU_TRY": "1",
+        "OMP_NUM_THREADS": "1",
+        **env,
     }
     return subprocess.run(["bash", str(SCRIPT), *args], env=full_env, capture_output=True, text=True, timeout=240)
 
@@ -52,9 +59,17 @@ def test_cpu_try_records_a_failed_stage_and_goes_on(tmp_path):
 
 
 def test_results_draft_has_one_row_per_configuration(tmp_path):
-    row = dict(status="ok", output_tokens_per_s=18000.0, roofline_percent=71.5, decode_roofline_percent=80.0,
-               num_preemptions=0, num_kv_blocks=1200,
-               single_decode_tokens_per_s=400.0, speedup_vs_hf=None, hf_output_tokens_per_s=None)
+    row = dict(
+        status="ok",
+        output_tokens_per_s=18000.0,
+        roofline_percent=71.5,
+        decode_roofline_percent=80.0,
+        num_preemptions=0,
+        num_kv_blocks=1200,
+        single_decode_tokens_per_s=400.0,
+        speedup_vs_hf=None,
+        hf_output_tokens_per_s=None,
+    )
     d1 = {"runs": [dict(row, run="graphs"), {"run": "eager", "status": "no metrics"}]}
     d3 = {"runs": [dict(row, run="hf_vs_minivllm", speedup_vs_hf=16.0, hf_output_tokens_per_s=1125.0)]}
     summary = tmp_path / "summary.json"
@@ -62,7 +77,10 @@ def test_results_draft_has_one_row_per_configuration(tmp_path):
     lines = render(load_stages([summary]), "2026-11-24").splitlines()
     assert lines[0] == "## GPU session: GPU (name not recorded), 2026-11-24"
     rows = [line for line in lines if line.startswith("| `")]
-    assert rows[0] == "| `(defaults: CUDA graphs, async scheduling)` | 18000 | 71.5 (80.0) | n/a of n/a | 0 | 1200 | 400 |  |"
+    assert (
+        rows[0]
+        == "| `(defaults: CUDA graphs, async scheduling)` | 18000 | 71.5 (80.0) | n/a of n/a | 0 | 1200 | 400 |  |"
+    )
     assert rows[1].startswith("| `compilation.cudagraph=false` | no metrics |")
     assert rows[2].endswith("| 16.0x (transformers 1125 tok/s) |")
 
@@ -71,12 +89,23 @@ def test_bench_runs_of_later_calls_merge_by_name_and_are_labelled_by_their_overr
     """One session may run graphs in one call and eager in the next: both rows stay. The label
     is what Hydra recorded, the base command's keys left out and a repeated key's last value kept."""
     base = ["task=bench", "bench=nanovllm", "model=qwen3-0.6b", "load.format=dummy", "bench.progress=false"]
-    row = dict(status="ok", output_tokens_per_s=1.0, roofline_percent=1.0, num_preemptions=0, num_kv_blocks=1,
-               single_decode_tokens_per_s=1.0, prefill_step_time_s=0.5, total_time_s=2.0)
+    row = dict(
+        status="ok",
+        output_tokens_per_s=1.0,
+        roofline_percent=1.0,
+        num_preemptions=0,
+        num_kv_blocks=1,
+        single_decode_tokens_per_s=1.0,
+        prefill_step_time_s=0.5,
+        total_time_s=2.0,
+    )
     first = {"runs": [dict(row, run="graphs", overrides=base + ["hydra.run.dir=/x"], output_tokens_per_s=100.0)]}
-    second = {"runs": [dict(row, run="eager", overrides=base + ["compilation.cudagraph=false"],
-                            output_tokens_per_s=50.0),
-                       dict(row, run="hf", overrides=base + ["bench.num_prompts=32", "bench.num_prompts=16"])]}
+    second = {
+        "runs": [
+            dict(row, run="eager", overrides=base + ["compilation.cudagraph=false"], output_tokens_per_s=50.0),
+            dict(row, run="hf", overrides=base + ["bench.num_prompts=32", "bench.num_prompts=16"]),
+        ]
+    }
     paths = []
     for i, d1 in enumerate((first, second)):
         paths.append(tmp_path / f"summary{i}.json")
@@ -89,8 +118,9 @@ def test_bench_runs_of_later_calls_merge_by_name_and_are_labelled_by_their_overr
 
 def test_kernel_stage_and_chosen_bench_runs_on_the_cpu(tmp_path):
     """d6 writes both kernel benchmarks' rows; GPU_SESSION_RUNS_D1 picks the bench runs."""
-    proc = _session(tmp_path, "--stages", "d1,d6", GPU_SESSION_RUNS_D1="sync",
-                    GPU_SESSION_BENCH_ARGS="bench.single_request=false")
+    proc = _session(
+        tmp_path, "--stages", "d1,d6", GPU_SESSION_RUNS_D1="sync", GPU_SESSION_BENCH_ARGS="bench.single_request=false"
+    )
     assert proc.returncode == 0, proc.stderr
     d1, d6 = (s["metrics"] for s in json.loads((tmp_path / "out" / "summary.json").read_text())["stages"])
     assert [r["run"] for r in d1["runs"]] == ["sync"] and d1["runs"][0]["status"] == "ok"
@@ -119,9 +149,21 @@ def test_a_missing_package_skips_its_tests_and_a_missing_project_module_still_fa
     (tmp_path / "test_inside.py").write_text(
         "def test_pkg():\n    import surely_not_installed_pkg.sub\n\n"
         "def test_project():\n    import minivllm.surely_not_a_module\n\n"
-        "def test_fine():\n    assert 1 + 1 == 2\n")
-    code = pytest.main(["-q", "-rfs", "-p", "tools.gpu_session.skip_missing", "-p", "no:cacheprovider",
-                        "--rootdir", str(tmp_path), str(tmp_path)])
+        "def test_fine():\n    assert 1 + 1 == 2\n"
+    )
+    code = pytest.main(
+        [
+            "-q",
+            "-rfs",
+            "-p",
+            "tools.gpu_session.skip_missing",
+            "-p",
+            "no:cacheprovider",
+            "--rootdir",
+            str(tmp_path),
+            str(tmp_path),
+        ]
+    )
     out = capsys.readouterr().out
     assert code == pytest.ExitCode.TESTS_FAILED
     assert "1 failed, 1 passed, 2 skipped" in out, out

@@ -1,5 +1,6 @@
 """The persistent batch: rows added, removed, compacted and reused, block tables
 grown in place, sampled tokens appended; exact arrays asserted."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -105,10 +106,13 @@ def test_a_full_batch_and_an_overlong_request_are_errors():
         raise AssertionError("a 5-token request fitted max_model_len=4")
 
 
-@pytest.mark.parametrize("new_block_ids", [
-    [[5], None, [6], []],  # a decode step: some rows filled a block, one each
-    [[5], None, [6, 7], []],  # a row given two blocks (a chunk): row by row
-])
+@pytest.mark.parametrize(
+    "new_block_ids",
+    [
+        [[5], None, [6], []],  # a decode step: some rows filled a block, one each
+        [[5], None, [6, 7], []],  # a row given two blocks (a chunk): row by row
+    ],
+)
 def test_append_rows_equals_appending_row_by_row(new_block_ids):
     def filled() -> BlockTable:
         table = BlockTable(4, 5)

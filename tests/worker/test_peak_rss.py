@@ -1,5 +1,6 @@
 """The CPU memory profile measures the profile's own peak: not an earlier peak of
 the process, and not the parent's (which ``ru_maxrss`` inherits through spawn)."""
+
 from __future__ import annotations
 
 import resource

@@ -1,6 +1,7 @@
 """A step's sampled tokens held by the persistent batch: where the next step's
 placeholders find each request's token, by batch row while the batch is unchanged
 and by id once rows moved; and when the batch stores them in its rows."""
+
 from __future__ import annotations
 
 import numpy as np

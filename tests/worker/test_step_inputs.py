@@ -1,5 +1,6 @@
 """One step's flat inputs from the persistent batch: exact ids, positions, slots,
 query starts, sequence lengths, block tables and sampling rows."""
+
 from __future__ import annotations
 
 import numpy as np

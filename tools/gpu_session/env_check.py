@@ -10,6 +10,7 @@ and the config tree it holds, free disk, and which optional packages are install
 (tests needing a missing one are skipped). Exits 1 when a check the later stages
 need fails; with ``--cpu-try`` the GPU checks are skipped and reported so.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,8 +26,20 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("torch", "triton", "transformers", "hydra-core", "omegaconf", "safetensors", "tokenizers", "numpy")
-OPTIONAL = ("fastapi", "uvicorn", "xgrammar", "gguf", "tensorizer", "httpx", "openai", "jsonschema", "peft",
-            "matplotlib", "cloudpickle", "prometheus_client")
+OPTIONAL = (
+    "fastapi",
+    "uvicorn",
+    "xgrammar",
+    "gguf",
+    "tensorizer",
+    "httpx",
+    "openai",
+    "jsonschema",
+    "peft",
+    "matplotlib",
+    "cloudpickle",
+    "prometheus_client",
+)
 
 
 def _run(cmd: list[str]) -> str | None:
@@ -43,8 +56,13 @@ def gpu_info(cpu_try: bool) -> dict[str, Any]:
     out: dict[str, Any] = {"nvidia_smi": smi, "cuda_available": torch.cuda.is_available()}
     if out["cuda_available"]:
         props = torch.cuda.get_device_properties(0)
-        out.update(gpu=props.name, gpu_memory_gib=props.total_memory / 2**30, sm_count=props.multi_processor_count,
-                   capability=f"{props.major}.{props.minor}", torch_cuda=torch.version.cuda)
+        out.update(
+            gpu=props.name,
+            gpu_memory_gib=props.total_memory / 2**30,
+            sm_count=props.multi_processor_count,
+            capability=f"{props.major}.{props.minor}",
+            torch_cuda=torch.version.cuda,
+        )
     out["ok"] = bool(smi) and out["cuda_available"] or cpu_try
     if cpu_try and not out["cuda_available"]:
         out["skipped"] = "CPU try: no CUDA device expected"
@@ -69,8 +87,13 @@ def launcher_toolchain(cpu_try: bool) -> dict[str, Any]:
     header = Path(sysconfig.get_paths()["include"]) / "Python.h"
     version = _run([cc, "--version"]) if cc else None
     found = bool(cc) and header.is_file()
-    return {"compiler": cc, "compiler_version": version.splitlines()[0] if version else None,
-            "python_h": str(header), "python_h_found": header.is_file(), "ok": found or cpu_try}
+    return {
+        "compiler": cc,
+        "compiler_version": version.splitlines()[0] if version else None,
+        "python_h": str(header),
+        "python_h_found": header.is_file(),
+        "ok": found or cpu_try,
+    }
 
 
 def triton_smoke(cpu_try: bool) -> dict[str, Any]:
@@ -95,8 +118,11 @@ def triton_smoke(cpu_try: bool) -> dict[str, Any]:
 def conf_link() -> dict[str, Any]:
     """``minivllm/conf`` must lead to the YAML tree (a link to ../conf in the source tree)."""
     link = ROOT / "minivllm" / "conf"
-    out: dict[str, Any] = {"path": str(link), "is_link": link.is_symlink(),
-                           "has_config": (link / "config.yaml").is_file()}
+    out: dict[str, Any] = {
+        "path": str(link),
+        "is_link": link.is_symlink(),
+        "has_config": (link / "config.yaml").is_file(),
+    }
     try:
         from minivllm.config.store import build_config
 

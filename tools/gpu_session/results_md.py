@@ -9,6 +9,7 @@ draft holds the device, the commands and one table per measurement (nanovllm
 configurations, transformers vs minivllm, attention bandwidth, decode profile,
 fused MoE and quantized GEMMs); the commentary on goals is left to the reader.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,8 +22,10 @@ from typing import Any
 BENCH = "python3 -m minivllm task=bench bench=nanovllm model=qwen3-0.6b load.format=dummy"
 BASE_OVERRIDES = {"task", "bench", "model", "load.format", "bench.progress", "hydra.run.dir"}
 CONFIGS = {
-    "graphs": "(defaults: CUDA graphs, async scheduling)", "eager": "compilation.cudagraph=false",
-    "compile": "compilation.torch_compile=true", "sync": "scheduler.async_scheduling=false",
+    "graphs": "(defaults: CUDA graphs, async scheduling)",
+    "eager": "compilation.cudagraph=false",
+    "compile": "compilation.torch_compile=true",
+    "sync": "scheduler.async_scheduling=false",
     "hf_vs_minivllm": "bench.baseline=hf bench.num_prompts=32 bench.max_output_len=512 bench.hf_batch_size=8",
 }
 
@@ -60,45 +63,66 @@ def _config_label(run: dict[str, Any]) -> str:
 
 
 def _bench_table(stages: dict[str, dict[str, Any]]) -> list[str]:
-    lines = ["| configuration | output tok/s | % of roofline floor (decode steps) | prefill steps: s of total s "
-             "| preemptions | KV blocks | single-request decode tok/s | vs transformers |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        "| configuration | output tok/s | % of roofline floor (decode steps) | prefill steps: s of total s "
+        "| preemptions | KV blocks | single-request decode tok/s | vs transformers |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for stage in ("d1", "d2", "d3"):
         for r in stages.get(stage, {}).get("runs", []):
             config = f"`{_config_label(r)}`"
             if r.get("status") != "ok":
                 lines.append(f"| {config} | {r.get('status')} | | | | | | |")
                 continue
-            versus = "" if r.get("speedup_vs_hf") is None else (
-                f"{_f(r['speedup_vs_hf'], '.1f')}x (transformers {_f(r['hf_output_tokens_per_s'])} tok/s)")
+            versus = (
+                ""
+                if r.get("speedup_vs_hf") is None
+                else (f"{_f(r['speedup_vs_hf'], '.1f')}x (transformers {_f(r['hf_output_tokens_per_s'])} tok/s)")
+            )
             roof = f"{_f(r['roofline_percent'], '.1f')} ({_f(r.get('decode_roofline_percent'), '.1f')})"
             prefill = f"{_f(r.get('prefill_step_time_s'), '.2f')} of {_f(r.get('total_time_s'), '.2f')}"
-            lines.append(f"| {config} | {_f(r['output_tokens_per_s'])} | {roof} | {prefill} | "
-                         f"{r['num_preemptions']} | {r['num_kv_blocks']} | "
-                         f"{_f(r['single_decode_tokens_per_s'])} | {versus} |")
+            lines.append(
+                f"| {config} | {_f(r['output_tokens_per_s'])} | {roof} | {prefill} | "
+                f"{r['num_preemptions']} | {r['num_kv_blocks']} | "
+                f"{_f(r['single_decode_tokens_per_s'])} | {versus} |"
+            )
     return lines
 
 
 def _attention_table(m: dict[str, Any]) -> list[str]:
-    lines = [f"Copy bandwidth {_f(m.get('copy_bandwidth_gb_s'))} GB/s; {m.get('dtype')}, "
-             f"{m.get('num_heads')}/{m.get('num_kv_heads')} heads, head_dim {m.get('head_dim')}, "
-             f"block_size {m.get('block_size')}.",
-             "", "| case | ms | KV GB/s | % of copy | TFLOP/s |", "| --- | --- | --- | --- | --- |"]
-    lines += [f"| {r['case']} | {_f(r['triton ms'], '.3f')} | {_f(r['KV GB/s'])} | {_f(r['% copy bw'], '.1f')} | "
-              f"{_f(r['TFLOP/s'], '.1f')} |" for r in m.get("rows", [])]
+    lines = [
+        f"Copy bandwidth {_f(m.get('copy_bandwidth_gb_s'))} GB/s; {m.get('dtype')}, "
+        f"{m.get('num_heads')}/{m.get('num_kv_heads')} heads, head_dim {m.get('head_dim')}, "
+        f"block_size {m.get('block_size')}.",
+        "",
+        "| case | ms | KV GB/s | % of copy | TFLOP/s |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    lines += [
+        f"| {r['case']} | {_f(r['triton ms'], '.3f')} | {_f(r['KV GB/s'])} | {_f(r['% copy bw'], '.1f')} | "
+        f"{_f(r['TFLOP/s'], '.1f')} |"
+        for r in m.get("rows", [])
+    ]
     return lines
 
 
 def _profile_table(m: dict[str, Any], top: int = 10) -> list[str]:
-    lines = [f"Batch {m.get('batch')} x {m.get('context')} context, CUDA graphs {m.get('cudagraph')}: step "
-             f"{_f(m.get('step_ms'), '.2f')} ms unprofiled ({_f(m.get('decode_tokens_per_s'))} tok/s), kernels "
-             f"{_f(m.get('kernel_ms_per_step'), '.2f')} ms/step.", "",
-             "| group | ms/step | % |", "| --- | --- | --- |"]
-    lines += [f"| {g} | {_f(v['ms_per_step'], '.3f')} | {_f(v['percent'], '.1f')} |"
-              for g, v in m.get("groups", {}).items()]
+    lines = [
+        f"Batch {m.get('batch')} x {m.get('context')} context, CUDA graphs {m.get('cudagraph')}: step "
+        f"{_f(m.get('step_ms'), '.2f')} ms unprofiled ({_f(m.get('decode_tokens_per_s'))} tok/s), kernels "
+        f"{_f(m.get('kernel_ms_per_step'), '.2f')} ms/step.",
+        "",
+        "| group | ms/step | % |",
+        "| --- | --- | --- |",
+    ]
+    lines += [
+        f"| {g} | {_f(v['ms_per_step'], '.3f')} | {_f(v['percent'], '.1f')} |" for g, v in m.get("groups", {}).items()
+    ]
     lines += ["", "| kernel | group | ms/step | % |", "| --- | --- | --- | --- |"]
-    lines += [f"| `{k['name'][:90]}` | {k['group']} | {_f(k['ms_per_step'], '.3f')} | {_f(k['percent'], '.1f')} |"
-              for k in m.get("top", [])[:top]]
+    lines += [
+        f"| `{k['name'][:90]}` | {k['group']} | {_f(k['ms_per_step'], '.3f')} | {_f(k['percent'], '.1f')} |"
+        for k in m.get("top", [])[:top]
+    ]
     return lines
 
 
@@ -106,34 +130,55 @@ def _kernel_tables(m: dict[str, Any]) -> list[str]:
     out: list[str] = []
     moe = m.get("moe") or {}
     if moe.get("rows"):
-        out += [f"Fused MoE (`benchmarks/moe.py`), {moe.get('dtype')}: the Triton kernel against the torch loop "
-                "over experts.", "", "| layer | tokens | torch ms | triton ms | speedup | weight GB/s | max err |",
-                "| --- | --- | --- | --- | --- | --- | --- |"]
-        out += [f"| {r['shape']} | {r['tokens']} | {_f(r['torch_ms'], '.3f')} | {_f(r.get('triton_ms'), '.3f')} | "
-                f"{_f(r['torch_ms'] / r['triton_ms'] if r.get('triton_ms') else None, '.2f')}x | "
-                f"{_f(r['weight_gbs'])} | {_f(r.get('max_err'), '.1e')} |" for r in moe["rows"]]
+        out += [
+            f"Fused MoE (`benchmarks/moe.py`), {moe.get('dtype')}: the Triton kernel against the torch loop "
+            "over experts.",
+            "",
+            "| layer | tokens | torch ms | triton ms | speedup | weight GB/s | max err |",
+            "| --- | --- | --- | --- | --- | --- | --- |",
+        ]
+        out += [
+            f"| {r['shape']} | {r['tokens']} | {_f(r['torch_ms'], '.3f')} | {_f(r.get('triton_ms'), '.3f')} | "
+            f"{_f(r['torch_ms'] / r['triton_ms'] if r.get('triton_ms') else None, '.2f')}x | "
+            f"{_f(r['weight_gbs'])} | {_f(r.get('max_err'), '.1e')} |"
+            for r in moe["rows"]
+        ]
     quant = m.get("quant_gemm") or {}
     if quant.get("rows"):
-        out += ["", f"Quantized GEMMs (`benchmarks/quant_gemm.py`), int4 group {quant.get('group')}: time against "
-                "bf16 `F.linear` (a ratio above 1 is faster than bf16).", "",
-                "| weight | M | bf16 ms | int4 ms (vs bf16) | int4 torch ref ms | fp8 ms (vs bf16) | err int4 / fp8 |",
-                "| --- | --- | --- | --- | --- | --- | --- |"]
+        out += [
+            "",
+            f"Quantized GEMMs (`benchmarks/quant_gemm.py`), int4 group {quant.get('group')}: time against "
+            "bf16 `F.linear` (a ratio above 1 is faster than bf16).",
+            "",
+            "| weight | M | bf16 ms | int4 ms (vs bf16) | int4 torch ref ms | fp8 ms (vs bf16) | err int4 / fp8 |",
+            "| --- | --- | --- | --- | --- | --- | --- |",
+        ]
         for r in quant["rows"]:
-            def vs(key: str) -> str:
-                return f"{_f(r.get(key), '.4f')} ({_f(r['bf16_ms'] / r[key] if r.get(key) else None, '.2f')}x)"
-            out.append(f"| {r['shape']} | {r['tokens']} | {_f(r['bf16_ms'], '.4f')} | {vs('int4_ms')} | "
-                       f"{_f(r['int4_torch_ms'], '.4f')} | {vs('fp8_ms')} | "
-                       f"{_f(r.get('int4_err'), '.1e')} / {_f(r.get('fp8_err'), '.1e')} |")
+            out.append(
+                f"| {r['shape']} | {r['tokens']} | {_f(r['bf16_ms'], '.4f')} | {_against_bf16(r, 'int4_ms')} | "
+                f"{_f(r['int4_torch_ms'], '.4f')} | {_against_bf16(r, 'fp8_ms')} | "
+                f"{_f(r.get('int4_err'), '.1e')} / {_f(r.get('fp8_err'), '.1e')} |"
+            )
     return out
+
+
+def _against_bf16(row: dict[str, Any], key: str) -> str:
+    """A quantized time and its ratio to bf16's (above 1: faster than bf16)."""
+    ratio = row["bf16_ms"] / row[key] if row.get(key) else None
+    return f"{_f(row.get(key), '.4f')} ({_f(ratio, '.2f')}x)"
 
 
 def render(stages: dict[str, dict[str, Any]], date: str) -> str:
     gpu = (stages.get("a", {}).get("gpu") or {}).get("gpu") or stages.get("d5", {}).get("device")
     versions = stages.get("a", {}).get("versions") or {}
-    out = [f"## GPU session: {gpu or 'GPU (name not recorded)'}, {date}", "",
-           f"`bash tools/gpu_session.sh` (docs/gpu.md); torch {versions.get('torch')}, "
-           f"triton {versions.get('triton')}, transformers {versions.get('transformers')}. "
-           f"Throughput: `{BENCH}` plus the overrides in the first column.", ""]
+    out = [
+        f"## GPU session: {gpu or 'GPU (name not recorded)'}, {date}",
+        "",
+        f"`bash tools/gpu_session.sh` (docs/gpu.md); torch {versions.get('torch')}, "
+        f"triton {versions.get('triton')}, transformers {versions.get('transformers')}. "
+        f"Throughput: `{BENCH}` plus the overrides in the first column.",
+        "",
+    ]
     out += _bench_table(stages)
     if "d4" in stages:
         out += ["", "Paged attention (`benchmarks/attention.py`):", ""] + _attention_table(stages["d4"])

@@ -9,6 +9,7 @@ test that fails because such an import fails inside it. The skip reason names
 the missing package. A missing module of the project itself is never skipped:
 that is a real error.
 """
+
 from __future__ import annotations
 
 import re

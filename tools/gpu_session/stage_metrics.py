@@ -8,6 +8,7 @@
 Each writes STAGE_DIR/metrics.json and exits 1 when the stage's own verdict is a
 failure (a failed test, different texts, a bench run without metrics).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -58,10 +59,13 @@ def demo_metrics(stage: Path, first: str, second: str) -> dict[str, Any]:
     mismatches = []
     for i, (x, y) in enumerate(zip(a, b)):
         if x["token_ids"] != y["token_ids"]:
-            at = next((j for j, (s, t) in enumerate(zip(x["token_ids"], y["token_ids"])) if s != t),
-                      min(len(x["token_ids"]), len(y["token_ids"])))
-            mismatches.append({"prompt": i, "first_different_token": at,
-                               first: x["text"][:200], second: y["text"][:200]})
+            at = next(
+                (j for j, (s, t) in enumerate(zip(x["token_ids"], y["token_ids"])) if s != t),
+                min(len(x["token_ids"]), len(y["token_ids"])),
+            )
+            mismatches.append(
+                {"prompt": i, "first_different_token": at, first: x["text"][:200], second: y["text"][:200]}
+            )
     out["same_text"] = bool(a) and len(a) == len(b) and not mismatches
     out["mismatches"] = mismatches
     for name in (first, second):
@@ -90,8 +94,12 @@ def bench_row(run: Path) -> dict[str, Any]:
     """The numbers of one ``task=bench`` run that the results table needs."""
     m = _read(run / "metrics.json")
     if m.get("status") != "ok":
-        return {"run": run.name, "status": m.get("status", "no metrics"), "error": m.get("error"),
-                "overrides": _overrides(run)}
+        return {
+            "run": run.name,
+            "status": m.get("status", "no metrics"),
+            "error": m.get("error"),
+            "overrides": _overrides(run),
+        }
     roof, single, base = m.get("roofline") or {}, m.get("single_request") or {}, m.get("baseline") or {}
     engine = m.get("engine") or {}
     pct, decode_pct = roof.get("achieved_fraction"), roof.get("decode_achieved_fraction")
@@ -140,7 +148,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("kind", choices=("pytest", "demo", "bench", "kernels"))
     p.add_argument("stage_dir", type=Path)
-    p.add_argument("runs", nargs="*", help="demo: two run folders; bench: the run folders, in table order; kernels: JSON files")
+    p.add_argument(
+        "runs", nargs="*", help="demo: two run folders; bench: the run folders, in table order; kernels: JSON files"
+    )
     p.add_argument("--expect-passes", action="store_true", help="pytest: no passed test is a failure")
     args = p.parse_args(argv)
     if args.kind == "pytest":

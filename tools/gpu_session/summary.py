@@ -10,6 +10,7 @@ the stage's ``timeout`` fired), ``failed`` (any other code) or ``skipped``.
 prints a table of stage, status, seconds and the stage's key numbers
 (also written to OUT_DIR/summary.txt).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -66,8 +67,10 @@ def _env(m: dict[str, Any]) -> str:
     v = m.get("versions") or {}
     name = gpu.get("gpu") or gpu.get("skipped") or "no GPU"
     failed = ", ".join(m.get("failed_checks") or []) or "none"
-    return (f"{name}; torch {v.get('torch')}, triton {v.get('triton')}, transformers {v.get('transformers')}; "
-            f"failed checks: {failed}")
+    return (
+        f"{name}; torch {v.get('torch')}, triton {v.get('triton')}, transformers {v.get('transformers')}; "
+        f"failed checks: {failed}"
+    )
 
 
 def _pytest(m: dict[str, Any]) -> str:
@@ -86,8 +89,10 @@ def _bench(m: dict[str, Any]) -> str:
         if r.get("status") != "ok":
             parts.append(f"{r['run']}: {r.get('status')}")
             continue
-        text = (f"{r['run']}: {_num(r['output_tokens_per_s'])} tok/s, {_num(r['roofline_percent'], '.1f')}% roofline, "
-                f"{r['num_preemptions']} preempt, {r['num_kv_blocks']} blocks")
+        text = (
+            f"{r['run']}: {_num(r['output_tokens_per_s'])} tok/s, {_num(r['roofline_percent'], '.1f')}% roofline, "
+            f"{r['num_preemptions']} preempt, {r['num_kv_blocks']} blocks"
+        )
         if r.get("speedup_vs_hf") is not None:
             text += f"; hf {_num(r['hf_output_tokens_per_s'])} tok/s -> {_num(r['speedup_vs_hf'], '.1f')}x"
         parts.append(text)
@@ -125,7 +130,14 @@ def _kernels(m: dict[str, Any]) -> str:
 
 
 KEY_NUMBERS: dict[str, Callable[[dict[str, Any]], str]] = {
-    "a": _env, "b": _pytest, "c": _demo, "d1": _bench, "d2": _bench, "d3": _bench, "d4": _attention, "d5": _profile,
+    "a": _env,
+    "b": _pytest,
+    "c": _demo,
+    "d1": _bench,
+    "d2": _bench,
+    "d3": _bench,
+    "d4": _attention,
+    "d5": _profile,
     "d6": _kernels,
 }
 
@@ -148,13 +160,22 @@ def write(work: Path, out: Path, stages: list[str]) -> str:
     rows = []
     for stage in stages:
         m = _read(work / stage / "metrics.json")
-        rows.append({"stage": stage, "what": STAGES.get(stage, ""), "status": m.get("status", "not run"),
-                     "seconds": m.get("seconds"), "key_numbers": key_numbers(stage, m) if m else "", "metrics": m})
+        rows.append(
+            {
+                "stage": stage,
+                "what": STAGES.get(stage, ""),
+                "status": m.get("status", "not run"),
+                "seconds": m.get("seconds"),
+                "key_numbers": key_numbers(stage, m) if m else "",
+                "metrics": m,
+            }
+        )
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.json").write_text(json.dumps({"stages": rows}, indent=2))
     lines = [f"{'stage':6}{'what':36}{'status':9}{'s':>7}  key numbers"]
-    lines += [f"{r['stage']:6}{r['what']:36}{r['status']:9}{_num(r['seconds'], '.0f'):>7}  {r['key_numbers']}"
-              for r in rows]
+    lines += [
+        f"{r['stage']:6}{r['what']:36}{r['status']:9}{_num(r['seconds'], '.0f'):>7}  {r['key_numbers']}" for r in rows
+    ]
     table = "\n".join(lines)
     (out / "summary.txt").write_text(table + "\n")
     return table

@@ -1,4 +1,5 @@
 """Input checks shared by the Triton kernel wrappers: clear ValueErrors before a launch."""
+
 from __future__ import annotations
 
 import torch
@@ -16,8 +17,9 @@ def check_tensor(t: torch.Tensor, name: str, device: torch.device, dims: int) ->
     """Same device as the other inputs, the expected rank, unit stride in the last dim."""
     require(t.device == device, f"{name} is on {t.device}, expected {device} (the device of the other inputs)")
     require(t.dim() == dims, f"{name} must be {dims}-D, got shape {tuple(t.shape)}")
-    require(t.shape[-1] <= 1 or t.stride(-1) == 1,
-            f"{name} must have unit stride in its last dim, got strides {t.stride()}")
+    require(
+        t.shape[-1] <= 1 or t.stride(-1) == 1, f"{name} must have unit stride in its last dim, got strides {t.stride()}"
+    )
 
 
 def is_interpreted(kernel: object) -> bool:
@@ -28,20 +30,29 @@ def is_interpreted(kernel: object) -> bool:
 def check_launchable(device: torch.device, kernel: object) -> None:
     """CUDA tensors, or CPU tensors when ``kernel`` was defined under TRITON_INTERPRET=1."""
     interpreted = is_interpreted(kernel)
-    require(device.type == "cuda" or (device.type == "cpu" and interpreted),
-            f"Triton kernels need CUDA tensors, or CPU tensors with TRITON_INTERPRET=1 set "
-            f"before the kernels are imported; got {device} tensors (interpreter "
-            f"{'on' if interpreted else 'off'})")
+    require(
+        device.type == "cuda" or (device.type == "cpu" and interpreted),
+        f"Triton kernels need CUDA tensors, or CPU tensors with TRITON_INTERPRET=1 set "
+        f"before the kernels are imported; got {device} tensors (interpreter "
+        f"{'on' if interpreted else 'off'})",
+    )
 
 
-def check_cache(kv_cache: torch.Tensor, device: torch.device, dtype: torch.dtype,
-                num_kv_heads: int | None, head_dim: int) -> None:
+def check_cache(
+    kv_cache: torch.Tensor, device: torch.device, dtype: torch.dtype, num_kv_heads: int | None, head_dim: int
+) -> None:
     """kv_cache: (2, num_blocks, block_size, num_kv_heads, head_dim) of the inputs' dtype, or fp8."""
     check_tensor(kv_cache, "kv_cache", device, dims=5)
-    require(kv_cache.shape[0] == 2,
-            f"kv_cache must be (2, num_blocks, block_size, num_kv_heads, head_dim), got {tuple(kv_cache.shape)}")
+    require(
+        kv_cache.shape[0] == 2,
+        f"kv_cache must be (2, num_blocks, block_size, num_kv_heads, head_dim), got {tuple(kv_cache.shape)}",
+    )
     require(kv_cache.shape[4] == head_dim, f"kv_cache head_dim {kv_cache.shape[4]} != inputs' {head_dim}")
-    require(num_kv_heads is None or kv_cache.shape[3] == num_kv_heads,
-            f"kv_cache has {kv_cache.shape[3]} KV heads, inputs have {num_kv_heads}")
-    require(kv_cache.dtype in (dtype, torch.float8_e4m3fn),
-            f"kv_cache dtype {kv_cache.dtype} must be the inputs' {dtype} or torch.float8_e4m3fn")
+    require(
+        num_kv_heads is None or kv_cache.shape[3] == num_kv_heads,
+        f"kv_cache has {kv_cache.shape[3]} KV heads, inputs have {num_kv_heads}",
+    )
+    require(
+        kv_cache.dtype in (dtype, torch.float8_e4m3fn),
+        f"kv_cache dtype {kv_cache.dtype} must be the inputs' {dtype} or torch.float8_e4m3fn",
+    )

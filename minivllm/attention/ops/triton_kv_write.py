@@ -1,4 +1,5 @@
 """Triton kernel that stores a step's new keys and values in the paged KV cache."""
+
 from __future__ import annotations
 
 import torch
@@ -6,8 +7,14 @@ import triton
 import triton.language as tl
 
 from minivllm.attention.kv_quant import FP8_KV_DTYPE
-from minivllm.attention.ops._validation import (SUPPORTED_DTYPES, check_cache, check_launchable, check_tensor,
-                                                is_interpreted, require)
+from minivllm.attention.ops._validation import (
+    SUPPORTED_DTYPES,
+    check_cache,
+    check_launchable,
+    check_tensor,
+    is_interpreted,
+    require,
+)
 
 FP8_MAX = tl.constexpr(448.0)  # largest float8_e4m3fn value
 
@@ -30,14 +37,26 @@ def _round_to_e4m3(x):
 
 @triton.jit
 def _write_kv_kernel(
-    key_ptr, value_ptr,  # (T, Hkv, D)
+    key_ptr,
+    value_ptr,  # (T, Hkv, D)
     kv_ptr,  # (2, num_blocks, block_size, Hkv, D)
     slot_mapping_ptr,  # (T,)
-    k_scale, v_scale,
-    stride_kt, stride_kh, stride_vt, stride_vh,
-    stride_kv, stride_cb, stride_cs, stride_ch,
-    NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_SIZE: tl.constexpr, FP8: tl.constexpr,
+    k_scale,
+    v_scale,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_kv,
+    stride_cb,
+    stride_cs,
+    stride_ch,
+    NUM_KV_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    FP8: tl.constexpr,
     ROUND_FP8: tl.constexpr,
 ):
     """One program per token: copy all of its KV heads into its slot (an fp8 cache
@@ -67,8 +86,15 @@ def _write_kv_kernel(
 def launch_constexprs(num_kv_heads: int, head_dim: int, block_size: int, fp8: bool, round_fp8: bool) -> dict:
     """The kernel's compile-time arguments: a program holds all KV heads of one token
     (also read by ``tools/kernel_report.py``)."""
-    return dict(NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim, BLOCK_H=triton.next_power_of_2(num_kv_heads),
-                BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_SIZE=block_size, FP8=fp8, ROUND_FP8=round_fp8)
+    return dict(
+        NUM_KV_HEADS=num_kv_heads,
+        HEAD_DIM=head_dim,
+        BLOCK_H=triton.next_power_of_2(num_kv_heads),
+        BLOCK_D=triton.next_power_of_2(head_dim),
+        BLOCK_SIZE=block_size,
+        FP8=fp8,
+        ROUND_FP8=round_fp8,
+    )
 
 
 def write_kv(
@@ -94,18 +120,31 @@ def write_kv(
     check_tensor(slot_mapping, "slot_mapping", device, dims=1)
     num_tokens, num_kv_heads, head_dim = key.shape
     require(value.shape == key.shape, f"value shape {tuple(value.shape)} != key shape {tuple(key.shape)}")
-    require(key.dtype in SUPPORTED_DTYPES and value.dtype == key.dtype,
-            f"key/value dtypes must match and be one of {SUPPORTED_DTYPES}, got {key.dtype}/{value.dtype}")
+    require(
+        key.dtype in SUPPORTED_DTYPES and value.dtype == key.dtype,
+        f"key/value dtypes must match and be one of {SUPPORTED_DTYPES}, got {key.dtype}/{value.dtype}",
+    )
     check_cache(kv_cache, device, key.dtype, num_kv_heads, head_dim)
     require(k_scale > 0 and v_scale > 0, f"k_scale/v_scale must be > 0, got {k_scale}/{v_scale}")
-    require(slot_mapping.shape[0] == num_tokens and slot_mapping.dtype in (torch.int32, torch.int64),
-            f"slot_mapping must be ({num_tokens},) int64, got {tuple(slot_mapping.shape)} {slot_mapping.dtype}")
+    require(
+        slot_mapping.shape[0] == num_tokens and slot_mapping.dtype in (torch.int32, torch.int64),
+        f"slot_mapping must be ({num_tokens},) int64, got {tuple(slot_mapping.shape)} {slot_mapping.dtype}",
+    )
     if num_tokens == 0:
         return
     _write_kv_kernel[(num_tokens,)](
-        key, value, kv_cache, slot_mapping, float(k_scale), float(v_scale),
-        key.stride(0), key.stride(1), value.stride(0), value.stride(1),
+        key,
+        value,
+        kv_cache,
+        slot_mapping,
+        float(k_scale),
+        float(v_scale),
+        key.stride(0),
+        key.stride(1),
+        value.stride(0),
+        value.stride(1),
         *kv_cache.stride()[:4],
-        **launch_constexprs(num_kv_heads, head_dim, kv_cache.shape[2], kv_cache.dtype == FP8_KV_DTYPE,
-                            is_interpreted(_write_kv_kernel)),
+        **launch_constexprs(
+            num_kv_heads, head_dim, kv_cache.shape[2], kv_cache.dtype == FP8_KV_DTYPE, is_interpreted(_write_kv_kernel)
+        ),
     )

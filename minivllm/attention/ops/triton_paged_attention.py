@@ -24,6 +24,7 @@ programs, so each request's keys are cut into NUM_SPLITS ranges of
 ``split_len`` keys; every split writes an unnormalized partial result with its
 running max and sum, and ``_combine_splits_kernel`` merges them.
 """
+
 from __future__ import annotations
 
 import functools
@@ -32,8 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
-from minivllm.attention.ops._validation import (SUPPORTED_DTYPES, check_cache, check_launchable, check_tensor,
-                                                require)
+from minivllm.attention.ops._validation import SUPPORTED_DTYPES, check_cache, check_launchable, check_tensor, require
 
 LOG2E = tl.constexpr(1.4426950408889634)
 MIN_KEYS_PER_SPLIT = 256
@@ -59,19 +59,43 @@ def _tanh(x):
 @triton.jit
 def _paged_attention_kernel(
     out_ptr,  # (T, H, D)
-    part_acc_ptr, part_max_ptr, part_sum_ptr,  # (NUM_SPLITS, T, H, D), (NUM_SPLITS, T, H) x2; split-KV only
+    part_acc_ptr,
+    part_max_ptr,
+    part_sum_ptr,  # (NUM_SPLITS, T, H, D), (NUM_SPLITS, T, H) x2; split-KV only
     q_ptr,  # (T, H, D)
     kv_ptr,  # (2, num_blocks, block_size, Hkv, D)
     block_tables_ptr,  # (B, max_blocks)
     seq_lens_ptr,  # (B,)
     query_start_loc_ptr,  # (B + 1,)
-    scale, soft_cap, window, split_len, num_tokens, num_heads, k_scale, v_scale,
-    stride_qt, stride_qh, stride_ot, stride_oh,
-    stride_kv, stride_cb, stride_cs, stride_ch, stride_bt,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
-    BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
-    USE_WINDOW: tl.constexpr, USE_SOFT_CAP: tl.constexpr, FP32_DOT: tl.constexpr, FP8_KV: tl.constexpr,
+    scale,
+    soft_cap,
+    window,
+    split_len,
+    num_tokens,
+    num_heads,
+    k_scale,
+    v_scale,
+    stride_qt,
+    stride_qh,
+    stride_ot,
+    stride_oh,
+    stride_kv,
+    stride_cb,
+    stride_cs,
+    stride_ch,
+    stride_bt,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    GROUP: tl.constexpr,
+    GROUP_PAD: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    USE_WINDOW: tl.constexpr,
+    USE_SOFT_CAP: tl.constexpr,
+    FP32_DOT: tl.constexpr,
+    FP8_KV: tl.constexpr,
 ):
     req = tl.program_id(0)
     tile_start = (tl.program_id(1) // NUM_SPLITS) * BLOCK_Q
@@ -94,8 +118,9 @@ def _paged_attention_kernel(
     d = tl.arange(0, BLOCK_D)
     d_ok = d < HEAD_DIM
     io_mask = row_ok[:, None] & d_ok[None, :]
-    q = tl.load(q_ptr + (q_begin + q_idx)[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
-                mask=io_mask, other=0.0)  # (BLOCK_M, BLOCK_D)
+    q = tl.load(
+        q_ptr + (q_begin + q_idx)[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :], mask=io_mask, other=0.0
+    )  # (BLOCK_M, BLOCK_D)
 
     # Keys this program reads: [kv_lo, kv_hi), its split of those the tile can see.
     kv_lo = split * split_len
@@ -115,10 +140,12 @@ def _paged_attention_kernel(
         k_ok = k_pos < kv_hi
         block_id = tl.load(block_row + k_pos // BLOCK_SIZE, mask=k_ok, other=0).to(tl.int64)
         slot_off = block_id * stride_cb + (k_pos % BLOCK_SIZE) * stride_cs + head_off  # (BLOCK_N,)
-        k_t = tl.load(kv_ptr + slot_off[None, :] + d[:, None],
-                      mask=d_ok[:, None] & k_ok[None, :], other=0.0)  # (BLOCK_D, BLOCK_N)
-        v = tl.load(kv_ptr + stride_kv + slot_off[:, None] + d[None, :],
-                    mask=k_ok[:, None] & d_ok[None, :], other=0.0)  # (BLOCK_N, BLOCK_D)
+        k_t = tl.load(
+            kv_ptr + slot_off[None, :] + d[:, None], mask=d_ok[:, None] & k_ok[None, :], other=0.0
+        )  # (BLOCK_D, BLOCK_N)
+        v = tl.load(
+            kv_ptr + stride_kv + slot_off[:, None] + d[None, :], mask=k_ok[:, None] & d_ok[None, :], other=0.0
+        )  # (BLOCK_N, BLOCK_D)
         if FP8_KV:  # stored / scale: scale back up in the queries' dtype
             k_t = (k_t.to(tl.float32) * k_scale).to(q.dtype)
             v = (v.to(tl.float32) * v_scale).to(q.dtype)
@@ -140,8 +167,11 @@ def _paged_attention_kernel(
 
     if NUM_SPLITS == 1:
         out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # padding rows may see no key at all
-        tl.store(out_ptr + (q_begin + q_idx)[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :],
-                 out.to(out_ptr.dtype.element_ty), mask=io_mask)
+        tl.store(
+            out_ptr + (q_begin + q_idx)[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :],
+            out.to(out_ptr.dtype.element_ty),
+            mask=io_mask,
+        )
     else:
         part = (split * num_tokens + q_begin + q_idx) * num_heads + head  # (BLOCK_M,) row of the partials
         tl.store(part_acc_ptr + part[:, None] * HEAD_DIM + d[None, :], acc, mask=io_mask)
@@ -152,10 +182,18 @@ def _paged_attention_kernel(
 @triton.jit
 def _combine_splits_kernel(
     out_ptr,  # (T, H, D)
-    part_acc_ptr, part_max_ptr, part_sum_ptr,  # (NUM_SPLITS, T, H, D), (NUM_SPLITS, T, H) x2
+    part_acc_ptr,
+    part_max_ptr,
+    part_sum_ptr,  # (NUM_SPLITS, T, H, D), (NUM_SPLITS, T, H) x2
     query_start_loc_ptr,  # (B + 1,)
-    num_reqs, num_tokens, num_heads, stride_ot, stride_oh,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    num_reqs,
+    num_tokens,
+    num_heads,
+    stride_ot,
+    stride_oh,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
 ):
     """One program per (token, head): rescale each split to the common max and normalize."""
     t = tl.program_id(0)
@@ -166,29 +204,36 @@ def _combine_splits_kernel(
     m = tl.load(part_max_ptr + part)
     weight = tl.exp2(m - tl.max(m, 0))  # (NUM_SPLITS,); 0 for empty splits
     d = tl.arange(0, BLOCK_D)
-    acc = tl.load(part_acc_ptr + part[:, None] * HEAD_DIM + d[None, :],
-                  mask=d[None, :] < HEAD_DIM, other=0.0)  # (NUM_SPLITS, BLOCK_D)
+    acc = tl.load(
+        part_acc_ptr + part[:, None] * HEAD_DIM + d[None, :], mask=d[None, :] < HEAD_DIM, other=0.0
+    )  # (NUM_SPLITS, BLOCK_D)
     total = tl.sum(tl.load(part_sum_ptr + part) * weight, 0)
     out = tl.sum(acc * weight[:, None], 0) / total
     tl.store(out_ptr + t * stride_ot + h * stride_oh + d, out.to(out_ptr.dtype.element_ty), mask=d < HEAD_DIM)
 
 
-def _check_metadata(query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_tables: torch.Tensor,
-                    device: torch.device) -> None:
+def _check_metadata(
+    query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_tables: torch.Tensor, device: torch.device
+) -> None:
     check_tensor(query_start_loc, "query_start_loc", device, dims=1)
     check_tensor(seq_lens, "seq_lens", device, dims=1)
     check_tensor(block_tables, "block_tables", device, dims=2)
     num_reqs = seq_lens.shape[0]
-    require(query_start_loc.shape[0] == num_reqs + 1,
-            f"query_start_loc must be (B + 1,) = ({num_reqs + 1},), got {tuple(query_start_loc.shape)}")
-    require(block_tables.shape[0] == num_reqs,
-            f"block_tables must have B = {num_reqs} rows, got {tuple(block_tables.shape)}")
+    require(
+        query_start_loc.shape[0] == num_reqs + 1,
+        f"query_start_loc must be (B + 1,) = ({num_reqs + 1},), got {tuple(query_start_loc.shape)}",
+    )
+    require(
+        block_tables.shape[0] == num_reqs,
+        f"block_tables must have B = {num_reqs} rows, got {tuple(block_tables.shape)}",
+    )
     for name, t in (("query_start_loc", query_start_loc), ("seq_lens", seq_lens), ("block_tables", block_tables)):
         require(t.dtype == torch.int32, f"{name} must be int32, got {t.dtype}")
 
 
-def _tile_config(head_dim: int, group_pad: int, max_query_len: int, fp32: bool,
-                 capability: tuple[int, int] | None = None) -> tuple[int, int, int]:
+def _tile_config(
+    head_dim: int, group_pad: int, max_query_len: int, fp32: bool, capability: tuple[int, int] | None = None
+) -> tuple[int, int, int]:
     """(BLOCK_Q, BLOCK_N, num_warps) for a GPU of compute ``capability`` (None: the CPU
     interpreter, which takes the Hopper tiles). A tile holds at least 16 rows (tl.dot's minimum).
 
@@ -236,7 +281,8 @@ def check_fp8_kv_capability(capability: tuple[int, int], cache_dtype: str = "fp8
         raise ValueError(
             f"cache.cache_dtype={cache_dtype}: the Triton attention kernels need a GPU of compute capability "
             f"{need} or newer for an fp8 KV cache (this one is {capability[0]}.{capability[1]}); "
-            f"use cache.cache_dtype=auto (or float16/bfloat16), or attention.name=torch")
+            f"use cache.cache_dtype=auto (or float16/bfloat16), or attention.name=torch"
+        )
 
 
 def default_num_splits(num_sms: int, programs: int, max_query_len: int, max_seq_len: int) -> int:
@@ -249,26 +295,41 @@ def default_num_splits(num_sms: int, programs: int, max_query_len: int, max_seq_
     return min(wanted, affordable, MAX_SPLITS)
 
 
-def _check_args(query: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor | None, max_query_len: int,
-                max_seq_len: int, sliding_window: int | None, logits_soft_cap: float | None,
-                num_splits: int | None) -> None:
+def _check_args(
+    query: torch.Tensor,
+    kv_cache: torch.Tensor,
+    out: torch.Tensor | None,
+    max_query_len: int,
+    max_seq_len: int,
+    sliding_window: int | None,
+    logits_soft_cap: float | None,
+    num_splits: int | None,
+) -> None:
     device = query.device
     check_launchable(device, _paged_attention_kernel)
     check_tensor(query, "query", device, dims=3)
     require(query.dtype in SUPPORTED_DTYPES, f"query dtype must be one of {SUPPORTED_DTYPES}, got {query.dtype}")
     check_cache(kv_cache, device, query.dtype, None, query.shape[2])
-    require(query.shape[1] % kv_cache.shape[3] == 0,
-            f"num_heads {query.shape[1]} must be a multiple of the cache's num_kv_heads {kv_cache.shape[3]}")
-    require(max_query_len >= 0 and max_seq_len >= max_query_len,
-            f"need 0 <= max_query_len <= max_seq_len, got {max_query_len} and {max_seq_len}")
+    require(
+        query.shape[1] % kv_cache.shape[3] == 0,
+        f"num_heads {query.shape[1]} must be a multiple of the cache's num_kv_heads {kv_cache.shape[3]}",
+    )
+    require(
+        max_query_len >= 0 and max_seq_len >= max_query_len,
+        f"need 0 <= max_query_len <= max_seq_len, got {max_query_len} and {max_seq_len}",
+    )
     require(sliding_window is None or sliding_window > 0, f"sliding_window must be > 0, got {sliding_window}")
     require(logits_soft_cap is None or logits_soft_cap > 0, f"logits_soft_cap must be > 0, got {logits_soft_cap}")
-    require(num_splits is None or (num_splits >= 1 and num_splits & (num_splits - 1) == 0),
-            f"num_splits must be a power of two, got {num_splits}")
+    require(
+        num_splits is None or (num_splits >= 1 and num_splits & (num_splits - 1) == 0),
+        f"num_splits must be a power of two, got {num_splits}",
+    )
     if out is not None:
         check_tensor(out, "out", device, dims=3)
-        require(out.shape == query.shape and out.dtype == query.dtype,
-                f"out must be {tuple(query.shape)} {query.dtype}, got {tuple(out.shape)} {out.dtype}")
+        require(
+            out.shape == query.shape and out.dtype == query.dtype,
+            f"out must be {tuple(query.shape)} {query.dtype}, got {tuple(out.shape)} {out.dtype}",
+        )
 
 
 def paged_attention(
@@ -309,31 +370,73 @@ def paged_attention(
         return out
     group = num_heads // num_kv_heads
     capability = _capability(query.device) if query.device.type == "cuda" else None
-    block_q, block_n, num_warps = _tile_config(head_dim, triton.next_power_of_2(group), max_query_len,
-                                               query.dtype == torch.float32, capability)
+    block_q, block_n, num_warps = _tile_config(
+        head_dim, triton.next_power_of_2(group), max_query_len, query.dtype == torch.float32, capability
+    )
     num_q_tiles = triton.cdiv(max_query_len, block_q)
     if num_splits is None:  # the interpreter runs programs one by one: no point splitting there
-        num_splits = 1 if query.device.type != "cuda" else default_num_splits(
-            _num_sms(query.device), num_reqs * num_q_tiles * num_kv_heads, max_query_len, max_seq_len)
+        num_splits = (
+            1
+            if query.device.type != "cuda"
+            else default_num_splits(
+                _num_sms(query.device), num_reqs * num_q_tiles * num_kv_heads, max_query_len, max_seq_len
+            )
+        )
     split_len = triton.cdiv(triton.cdiv(max_seq_len, num_splits), block_n) * block_n
     partials = [out] * 3  # never touched without splits
     if num_splits > 1:
-        partials = [torch.empty(num_splits, num_tokens, num_heads, *shape, dtype=torch.float32, device=query.device)
-                    for shape in ((head_dim,), (), ())]  # unnormalized acc, running max, running sum
+        partials = [
+            torch.empty(num_splits, num_tokens, num_heads, *shape, dtype=torch.float32, device=query.device)
+            for shape in ((head_dim,), (), ())
+        ]  # unnormalized acc, running max, running sum
     _paged_attention_kernel[(num_reqs, num_q_tiles * num_splits, num_kv_heads)](
-        out, *partials, query, kv_cache, block_tables, seq_lens, query_start_loc,
-        scale, logits_soft_cap or 0.0, sliding_window or 0, split_len, num_tokens, num_heads,
-        float(k_scale), float(v_scale), query.stride(0), query.stride(1), out.stride(0), out.stride(1),
-        *kv_cache.stride()[:4], block_tables.stride(0),
-        HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_SIZE=kv_cache.shape[2],
-        GROUP=group, GROUP_PAD=triton.next_power_of_2(group), BLOCK_Q=block_q, BLOCK_N=block_n,
-        NUM_SPLITS=num_splits, USE_WINDOW=sliding_window is not None, USE_SOFT_CAP=logits_soft_cap is not None,
+        out,
+        *partials,
+        query,
+        kv_cache,
+        block_tables,
+        seq_lens,
+        query_start_loc,
+        scale,
+        logits_soft_cap or 0.0,
+        sliding_window or 0,
+        split_len,
+        num_tokens,
+        num_heads,
+        float(k_scale),
+        float(v_scale),
+        query.stride(0),
+        query.stride(1),
+        out.stride(0),
+        out.stride(1),
+        *kv_cache.stride()[:4],
+        block_tables.stride(0),
+        HEAD_DIM=head_dim,
+        BLOCK_D=triton.next_power_of_2(head_dim),
+        BLOCK_SIZE=kv_cache.shape[2],
+        GROUP=group,
+        GROUP_PAD=triton.next_power_of_2(group),
+        BLOCK_Q=block_q,
+        BLOCK_N=block_n,
+        NUM_SPLITS=num_splits,
+        USE_WINDOW=sliding_window is not None,
+        USE_SOFT_CAP=logits_soft_cap is not None,
         FP32_DOT=query.device.type != "cuda" or query.dtype == torch.float32,
-        FP8_KV=kv_cache.dtype == torch.float8_e4m3fn, num_warps=num_warps,
+        FP8_KV=kv_cache.dtype == torch.float8_e4m3fn,
+        num_warps=num_warps,
     )
     if num_splits > 1:
         _combine_splits_kernel[(num_tokens, num_heads)](
-            out, *partials, query_start_loc, num_reqs, num_tokens, num_heads, out.stride(0), out.stride(1),
-            HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), NUM_SPLITS=num_splits,
+            out,
+            *partials,
+            query_start_loc,
+            num_reqs,
+            num_tokens,
+            num_heads,
+            out.stride(0),
+            out.stride(1),
+            HEAD_DIM=head_dim,
+            BLOCK_D=triton.next_power_of_2(head_dim),
+            NUM_SPLITS=num_splits,
         )
     return out

@@ -1,4 +1,5 @@
 """Mixture-of-experts: top-k routing, stacked experts, a Triton fused kernel and a torch reference."""
+
 from minivllm.layers.fused_moe.checkpoint import expert_weight_target
 from minivllm.layers.fused_moe.layer import FusedMoE, SparseMoeBlock, fused_experts
 from minivllm.layers.fused_moe.router import route

@@ -14,6 +14,7 @@ Everything is computed on the device without reading a value back to the host
 ``N + E * (BLOCK_M - 1)`` and blocks past ``num_padded`` carry expert -1.
 Entries with id -1 (experts on other ranks) are left out.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -8,6 +8,7 @@ Hugging Face checkpoints store each expert's projections separately::
 Both land in ``...experts.w13`` (gate = w1, up = w3) and ``...experts.w2``
 with shard id ``(e, "w1" | "w3" | "w2")`` for ``FusedMoE.weight_loader``.
 """
+
 from __future__ import annotations
 
 import re

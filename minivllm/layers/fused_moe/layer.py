@@ -18,6 +18,7 @@ every expert, or its whole experts and zero for the rest), and one all-reduce
 gives every rank the full output. Every rank routes every token: activations
 are replicated in the tensor-parallel group.
 """
+
 from __future__ import annotations
 
 from typing import Any

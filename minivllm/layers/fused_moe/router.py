@@ -5,6 +5,7 @@ keep the k largest probabilities. Mixtral then renormalizes the k kept weights
 to sum to 1; Qwen3-MoE does so only when ``norm_topk_prob`` is set, otherwise
 the weights are the raw softmax probabilities (summing to less than 1).
 """
+
 from __future__ import annotations
 
 import torch

@@ -5,6 +5,7 @@ that received any: gather its tokens, run its SwiGLU MLP on those only, scale
 by the routing weight and add into the tokens' outputs. Experts that receive
 no token cost nothing, and neither do pairs whose expert is on another rank (id -1).
 """
+
 from __future__ import annotations
 
 import torch

@@ -13,6 +13,7 @@ copy of the activations is ever materialised::
 
 Rows of C2 whose expert lives on another rank are never written and stay zero.
 """
+
 from __future__ import annotations
 
 import torch
@@ -26,13 +27,29 @@ from minivllm.layers.fused_moe.torch_experts import silu_and_mul
 
 @triton.jit
 def _grouped_gemm_kernel(
-    a_ptr, w_ptr, c_ptr, weights_ptr, sorted_ids_ptr, block_experts_ptr, num_padded_ptr,
-    N, K, num_valid,
-    stride_am, stride_ak, stride_we, stride_wn, stride_wk, stride_cm, stride_cn,
+    a_ptr,
+    w_ptr,
+    c_ptr,
+    weights_ptr,
+    sorted_ids_ptr,
+    block_experts_ptr,
+    num_padded_ptr,
+    N,
+    K,
+    num_valid,
+    stride_am,
+    stride_ak,
+    stride_we,
+    stride_wn,
+    stride_wk,
+    stride_cm,
+    stride_cn,
     A_ROWS_PER_ROW: tl.constexpr,  # k for GEMM 1 (row t*k+s reads hidden[t]); 1 for GEMM 2
     MUL_WEIGHT: tl.constexpr,
     FP32_DOT: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
 ):
     pid = tl.program_id(0)
     num_n_blocks = tl.cdiv(N, BLOCK_N)
@@ -66,19 +83,43 @@ def _grouped_gemm_kernel(
 
 
 def _grouped_gemm(
-    a: torch.Tensor, w: torch.Tensor, out: torch.Tensor, routing: AlignedRouting,
-    weights: torch.Tensor, a_rows_per_row: int, mul_weight: bool, block: tuple[int, int, int],
+    a: torch.Tensor,
+    w: torch.Tensor,
+    out: torch.Tensor,
+    routing: AlignedRouting,
+    weights: torch.Tensor,
+    a_rows_per_row: int,
+    mul_weight: bool,
+    block: tuple[int, int, int],
 ) -> None:
     """out[rows] = a[rows // a_rows_per_row] @ w[expert]^T (times the routing weight when asked)."""
     block_m, block_n, block_k = block
     num_n = triton.cdiv(w.shape[1], block_n)
     grid = (routing.block_experts.numel() * num_n,)
     _grouped_gemm_kernel[grid](
-        a, w, out, weights, routing.sorted_ids, routing.block_experts, routing.num_padded,
-        w.shape[1], w.shape[2], out.shape[0],
-        a.stride(0), a.stride(1), w.stride(0), w.stride(1), w.stride(2), out.stride(0), out.stride(1),
-        A_ROWS_PER_ROW=a_rows_per_row, MUL_WEIGHT=mul_weight, FP32_DOT=a.dtype == torch.float32,
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+        a,
+        w,
+        out,
+        weights,
+        routing.sorted_ids,
+        routing.block_experts,
+        routing.num_padded,
+        w.shape[1],
+        w.shape[2],
+        out.shape[0],
+        a.stride(0),
+        a.stride(1),
+        w.stride(0),
+        w.stride(1),
+        w.stride(2),
+        out.stride(0),
+        out.stride(1),
+        A_ROWS_PER_ROW=a_rows_per_row,
+        MUL_WEIGHT=mul_weight,
+        FP32_DOT=a.dtype == torch.float32,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        BLOCK_K=block_k,
     )
 
 
@@ -121,12 +162,18 @@ def _check_inputs(hidden, w13, w2, topk_weights, topk_ids) -> None:
     check_tensor(topk_weights, "topk_weights", device, dims=2)
     check_tensor(topk_ids, "topk_ids", device, dims=2)
     E, two_i, H = w13.shape
-    require(w13.dtype == hidden.dtype and w2.dtype == hidden.dtype,
-            f"w13/w2 dtypes {w13.dtype}/{w2.dtype} must equal hidden's {hidden.dtype}")
+    require(
+        w13.dtype == hidden.dtype and w2.dtype == hidden.dtype,
+        f"w13/w2 dtypes {w13.dtype}/{w2.dtype} must equal hidden's {hidden.dtype}",
+    )
     require(hidden.shape[1] == H, f"hidden has {hidden.shape[1]} features, w13 expects {H}")
-    require(two_i % 2 == 0 and tuple(w2.shape) == (E, H, two_i // 2),
-            f"w2 must be (E, H, I) = {(E, H, two_i // 2)} for w13 {tuple(w13.shape)}, got {tuple(w2.shape)}")
-    require(topk_ids.shape == topk_weights.shape and topk_ids.shape[0] == hidden.shape[0],
-            f"topk_ids {tuple(topk_ids.shape)} and topk_weights {tuple(topk_weights.shape)} must both be "
-            f"(tokens={hidden.shape[0]}, k)")
+    require(
+        two_i % 2 == 0 and tuple(w2.shape) == (E, H, two_i // 2),
+        f"w2 must be (E, H, I) = {(E, H, two_i // 2)} for w13 {tuple(w13.shape)}, got {tuple(w2.shape)}",
+    )
+    require(
+        topk_ids.shape == topk_weights.shape and topk_ids.shape[0] == hidden.shape[0],
+        f"topk_ids {tuple(topk_ids.shape)} and topk_weights {tuple(topk_weights.shape)} must both be "
+        f"(tokens={hidden.shape[0]}, k)",
+    )
     require(not topk_ids.is_floating_point(), f"topk_ids must be integer, got {topk_ids.dtype}")

@@ -10,6 +10,7 @@ on it. This kernel reads each row once and writes both results in place::
 The arithmetic follows ``layers.norm.RMSNorm`` step by step (fp32 statistics,
 roundings at the same points), so both paths agree to the last bit or close.
 """
+
 from __future__ import annotations
 
 import torch
@@ -21,10 +22,15 @@ from minivllm.attention.ops._validation import SUPPORTED_DTYPES, check_launchabl
 
 @triton.jit
 def _rms_norm_kernel(
-    x_ptr, residual_ptr, weight_ptr,  # x, residual: (N, H); weight: (H,)
-    stride_x, stride_r,
+    x_ptr,
+    residual_ptr,
+    weight_ptr,  # x, residual: (N, H); weight: (H,)
+    stride_x,
+    stride_r,
     eps,
-    HIDDEN: tl.constexpr, BLOCK: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+    HIDDEN: tl.constexpr,
+    BLOCK: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
 ):
     """One program per row."""
     row = tl.program_id(0).to(tl.int64)
@@ -58,17 +64,24 @@ def rms_norm_(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch
     check_tensor(weight, "weight", device, dims=1)
     n, hidden = x.shape
     require(x.dtype in SUPPORTED_DTYPES, f"x dtype must be one of {SUPPORTED_DTYPES}, got {x.dtype}")
-    require(weight.shape[0] == hidden and weight.dtype == x.dtype,
-            f"weight must be ({hidden},) {x.dtype}, got {tuple(weight.shape)} {weight.dtype}")
+    require(
+        weight.shape[0] == hidden and weight.dtype == x.dtype,
+        f"weight must be ({hidden},) {x.dtype}, got {tuple(weight.shape)} {weight.dtype}",
+    )
     if residual is not None:
         check_tensor(residual, "residual", device, dims=2)
-        require(residual.shape == x.shape and residual.dtype == x.dtype,
-                f"residual must be {tuple(x.shape)} {x.dtype}, got {tuple(residual.shape)} {residual.dtype}")
+        require(
+            residual.shape == x.shape and residual.dtype == x.dtype,
+            f"residual must be {tuple(x.shape)} {x.dtype}, got {tuple(residual.shape)} {residual.dtype}",
+        )
     if n == 0:
         return
     _rms_norm_kernel[(n,)](
-        x, residual if residual is not None else x, weight,
-        x.stride(0), residual.stride(0) if residual is not None else 0,
+        x,
+        residual if residual is not None else x,
+        weight,
+        x.stride(0),
+        residual.stride(0) if residual is not None else 0,
         eps,
         **launch_constexprs(hidden, residual is not None),
     )

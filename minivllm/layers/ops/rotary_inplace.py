@@ -10,6 +10,7 @@ the cosines in the first half of a row, the sines in the second)::
 Features past ``rotary_dim`` (partial rotary) are left as they are. The math is
 fp32 with one rounding at the end, like ``layers.rotary.RotaryEmbedding``.
 """
+
 from __future__ import annotations
 
 import torch
@@ -24,8 +25,11 @@ def _rotary_kernel(
     x_ptr,  # (T, H, D)
     positions_ptr,  # (T,)
     cache_ptr,  # (max_position, ROT_DIM) fp32
-    stride_xt, stride_xh,
-    ROT_DIM: tl.constexpr, HALF_BLOCK: tl.constexpr, NEOX: tl.constexpr,
+    stride_xt,
+    stride_xh,
+    ROT_DIM: tl.constexpr,
+    HALF_BLOCK: tl.constexpr,
+    NEOX: tl.constexpr,
 ):
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
@@ -67,9 +71,11 @@ def rotary_embedding_(
     check_tensor(positions, "positions", device, dims=1)
     check_tensor(cos_sin_cache, "cos_sin_cache", device, dims=2)
     rot_dim = cos_sin_cache.shape[1]
-    require(cos_sin_cache.dtype == torch.float32 and rot_dim % 2 == 0,
-            f"cos_sin_cache must be (max_position, even rotary_dim) fp32, got {tuple(cos_sin_cache.shape)} "
-            f"{cos_sin_cache.dtype}")
+    require(
+        cos_sin_cache.dtype == torch.float32 and rot_dim % 2 == 0,
+        f"cos_sin_cache must be (max_position, even rotary_dim) fp32, got {tuple(cos_sin_cache.shape)} "
+        f"{cos_sin_cache.dtype}",
+    )
     for name, x in (("q", q), ("k", k)):
         check_tensor(x, name, device, dims=3)
         require(x.dtype in SUPPORTED_DTYPES, f"{name} dtype must be one of {SUPPORTED_DTYPES}, got {x.dtype}")
@@ -79,6 +85,10 @@ def rotary_embedding_(
         return
     for x in (q, k):
         _rotary_kernel[(x.shape[0], x.shape[1])](
-            x, positions, cos_sin_cache, x.stride(0), x.stride(1),
+            x,
+            positions,
+            cos_sin_cache,
+            x.stride(0),
+            x.stride(1),
             **launch_constexprs(rot_dim, neox_style),
         )

@@ -1,4 +1,5 @@
 """Reasoning parsers by ``serve.reasoning_parser`` name (vLLM's names)."""
+
 from __future__ import annotations
 
 from minivllm.serve.reasoning.think import ThinkParser, ThinkStream

@@ -6,6 +6,7 @@ inside the reasoning with no opening tag (``starts_in_prompt``): there, text wit
 no ``</think>`` yet is reasoning. For Qwen3, output that does not open with
 ``<think>`` is plain content (thinking switched off).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -1,4 +1,5 @@
 """Tool-call parsers by ``serve.tool_call_parser`` name (vLLM's names)."""
+
 from __future__ import annotations
 
 from minivllm.serve.tool_parsers.base import ToolCall, ToolParser

@@ -1,5 +1,6 @@
 """What every tool-call parser shares: the parsed call, and holding back streamed
 text that may turn out to be a tool call."""
+
 from __future__ import annotations
 
 import json

@@ -1,5 +1,6 @@
 """Hermes / Qwen tool calls: ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``
 blocks anywhere in the output; the text around them is the content."""
+
 from __future__ import annotations
 
 import json

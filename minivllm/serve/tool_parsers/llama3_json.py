@@ -1,5 +1,6 @@
 """Llama 3.x JSON tool calls: the whole output is ``{"name": ..., "parameters": {...}}``
 (optionally after ``<|python_tag|>``; several calls separated by ``;``)."""
+
 from __future__ import annotations
 
 import json
@@ -35,6 +36,11 @@ class Llama3JsonToolParser(ToolParser):
 
     def safe_prefix(self, text: str) -> int:
         body = text.lstrip()
-        if not body or body.startswith("{") or PYTHON_TAG.startswith(body[: len(PYTHON_TAG)]) or body.startswith(PYTHON_TAG):
+        if (
+            not body
+            or body.startswith("{")
+            or PYTHON_TAG.startswith(body[: len(PYTHON_TAG)])
+            or body.startswith(PYTHON_TAG)
+        ):
             return 0  # may be a call: hold everything back until the end
         return len(text)

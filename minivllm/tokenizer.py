@@ -1,4 +1,5 @@
 """Loading the tokenizer, offline."""
+
 from __future__ import annotations
 
 import logging
@@ -6,9 +7,9 @@ from pathlib import Path
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
+from minivllm.config.gguf_config import find_gguf_file
 from minivllm.config.model_source import find_local_checkpoint
 from minivllm.config.vllm_config import VllmConfig
-from minivllm.config.gguf_config import find_gguf_file
 
 logger = logging.getLogger(__name__)
 DEMO_TOKENIZER = Path(__file__).resolve().parents[1] / "assets" / "demo-llama"
