@@ -7,7 +7,7 @@ from typing import Any
 from hydra.utils import instantiate
 
 
-def build(node: Any, **runtime_kwargs: Any) -> Any:
+def instantiate_target(node: Any, **runtime_kwargs: Any) -> Any:
     """Instantiate a ``_target_`` node, adding arguments only known at run time.
 
     The node's own keys become keyword arguments too, so a user's class can take

@@ -33,7 +33,7 @@ from minivllm.models.registry import check_pipeline_parallel
 from minivllm.outputs import EngineCoreOutput, StepResult
 from minivllm.plugins import load_general_plugins
 from minivllm.request import Request, RequestId
-from minivllm.utils import build
+from minivllm.utils import instantiate_target
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +44,7 @@ class EngineCore:
         if cfg.parallel.pp > 1:  # the model class must split into stages; the config cannot tell
             load_general_plugins(cfg.plugins)  # in an engine process, a plugin may register the class
             check_pipeline_parallel(cfg.architecture, cfg.parallel.pp)
-        self.executor: Executor = build(cfg.parallel.executor, cfg=cfg)
+        self.executor: Executor = instantiate_target(cfg.parallel.executor, cfg=cfg)
         try:
             self.kv_spec: KVCacheSpec = self.executor.determine_kv_cache_spec()
             """The cache the workers allocated, and the loaded model's sliding window."""

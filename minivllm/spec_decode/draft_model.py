@@ -44,7 +44,7 @@ from minivllm.layers.rotary import share_cos_sin_caches
 from minivllm.request import RequestId
 from minivllm.sample.metadata import SamplingMetadata, may_speculate
 from minivllm.sample.sampler import Sampler
-from minivllm.utils import build, cdiv
+from minivllm.utils import cdiv, instantiate_target
 
 if TYPE_CHECKING:  # the worker hands its builders in: spec_decode imports nothing from it at run time
     from minivllm.worker.input_batch import InputBatch
@@ -94,7 +94,7 @@ class DraftModelProposer:
     def load_model(self, backend: AttentionBackend, target: nn.Module) -> None:
         """Load the draft (``target``: the target model, which an EAGLE head shares weights with)."""
         self.backend = backend
-        self.model = build(self.cfg.load.loader).load_model(self.cfg, backend, self.device)
+        self.model = instantiate_target(self.cfg.load.loader).load_model(self.cfg, backend, self.device)
         share_cos_sin_caches(self.model, self.cfg.max_model_len, self.device)
         self.layers = attention_layers(self.model)
 

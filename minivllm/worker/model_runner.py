@@ -42,7 +42,7 @@ from minivllm.sampling_params import SamplingParams
 from minivllm.spec_decode.eagle import model_proposer
 from minivllm.spec_decode.verifier import DraftVerifier
 from minivllm.structured_output.bitmask import bitmask_for_rows
-from minivllm.utils import build, cdiv
+from minivllm.utils import cdiv, instantiate_target
 from minivllm.worker.batch_sampling import BatchSampling
 from minivllm.worker.cuda_graphs import CUDAGraphRunner
 from minivllm.worker.input_batch import InputBatch
@@ -89,9 +89,9 @@ class ModelRunner:
 
     # ---- set-up -------------------------------------------------------------------
     def load_model(self) -> None:
-        self.attn_backend = build(self.cfg.attention.backend)
+        self.attn_backend = instantiate_target(self.cfg.attention.backend)
         self._check_kv_cache_dtype()
-        loader = build(self.cfg.load.loader)
+        loader = instantiate_target(self.cfg.load.loader)
         self.model = loader.load_model(self.cfg, self.attn_backend, self.device)
         share_cos_sin_caches(self.model, self.cfg.max_model_len, self.device)
         if self.cfg.torch_compile:

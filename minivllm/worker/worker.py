@@ -21,7 +21,7 @@ from minivllm.kv_cache_spec import KVCacheSpec
 from minivllm.layers.attention import uniform_sliding_window
 from minivllm.outputs import ModelRunnerOutput, StepResult
 from minivllm.plugins import load_general_plugins
-from minivllm.utils import build
+from minivllm.utils import instantiate_target
 
 logger = logging.getLogger(__name__)
 GiB = 1 << 30
@@ -59,7 +59,7 @@ class Worker:
         torch.manual_seed(self.cfg.model.seed)
 
     def load_model(self) -> None:
-        self.model_runner = build(self.cfg.parallel.model_runner, cfg=self.cfg, device=self.device)
+        self.model_runner = instantiate_target(self.cfg.parallel.model_runner, cfg=self.cfg, device=self.device)
         self.model_runner.load_model()
 
     def get_model(self) -> torch.nn.Module:
