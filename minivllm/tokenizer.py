@@ -12,7 +12,7 @@ from minivllm.config.model_source import find_local_checkpoint
 from minivllm.config.vllm_config import VllmConfig
 
 logger = logging.getLogger(__name__)
-DEMO_TOKENIZER = Path(__file__).resolve().parents[1] / "assets" / "demo-llama"
+DEMO_TOKENIZER = Path(__file__).resolve().parent / "assets" / "demo-llama"
 
 
 def get_tokenizer(cfg: VllmConfig) -> PreTrainedTokenizerBase:
