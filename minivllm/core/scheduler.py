@@ -161,10 +161,11 @@ class Scheduler:
         self._schedule_running(plan)
         if not plan.preempted:
             self._schedule_waiting(plan)
-        out = self._make_output(plan)
+        sampling = self._sampling_requests(plan) if self.structured.active else None
+        out = self._make_output(plan)  # advances the requests (and adds async scheduling's placeholders)
         self._num_steps = out.step_id = self._num_steps + 1
-        if self.structured.active:
-            self._attach_grammar_bitmask(out)
+        if sampling is not None:
+            self._attach_grammar_bitmask(out, sampling)
         return out
 
     def _batch_seats(self) -> int:
@@ -172,10 +173,20 @@ class Scheduler:
             return self.max_num_seqs
         return max(1, -(-self.num_unfinished_requests // self.num_microbatches))
 
-    def _attach_grammar_bitmask(self, out: SchedulerOutput) -> None:
-        """Bitmask rows for the requests that sample in this step (all their tokens computed)."""
-        sampling = [self.requests[r] for r in out.num_scheduled_tokens]
-        sampling = [r for r in sampling if r.num_computed_tokens == r.num_tokens + r.num_output_placeholders]
+    def _sampling_requests(self, plan: StepPlan) -> list[Request]:
+        """The requests that sample in this step: their scheduled tokens reach the end of what they
+        know (pending tokens included). Read before the step advances them: afterwards async
+        scheduling has counted the step's own token as a placeholder, and none would match."""
+        requests = self.requests
+        sampling = []
+        for req_id, num_new in plan.scheduled.items():
+            r = requests[req_id]
+            if r.num_computed_tokens + num_new == r.num_tokens + r.num_output_placeholders:
+                sampling.append(r)
+        return sampling
+
+    def _attach_grammar_bitmask(self, out: SchedulerOutput, sampling: list[Request]) -> None:
+        """Bitmask rows for the requests that sample in this step."""
         filled = self.structured.fill_bitmask(sampling)
         if filled is not None:
             out.grammar_bitmask, out.structured_output_request_ids = filled

@@ -217,3 +217,39 @@ def vars_of(params: SamplingParams) -> dict:
         max_tokens=params.max_tokens,
         structured_outputs=params.structured_outputs,
     )
+
+
+def test_async_scheduling_keeps_every_constraint(llm):
+    """Async scheduling (CUDA's default with one worker) must send the grammar bitmask: it once
+    counted the step's placeholder before choosing the requests that sample, sent no mask,
+    and the first token broke the grammar ("stop" after one off-grammar token)."""
+    choice = SamplingParams(
+        temperature=1.0,
+        seed=4,
+        max_tokens=10,
+        structured_outputs=StructuredOutputsParams(choice=["yes", "no", "maybe not"]),
+    )
+    json_params = SamplingParams(
+        temperature=1.0,
+        seed=9,
+        max_tokens=100,
+        structured_outputs=StructuredOutputsParams(json=SCHEMA, disable_any_whitespace=True),
+    )
+    expected = [_texts(llm, PROMPTS[:6], **vars_of(p)) for p in (choice, json_params)]
+    overlapped = LLM(
+        str(DEMO_TOKENIZER),
+        dtype="float32",
+        device="cpu",
+        block_size=8,
+        num_gpu_blocks_override=1024,
+        overrides=["scheduler.async_scheduling=true"],
+    )
+    try:
+        assert overlapped.cfg.async_scheduling
+        got = [_texts(overlapped, PROMPTS[:6], **vars_of(p)) for p in (choice, json_params)]
+    finally:
+        overlapped.shutdown()
+    assert got == expected
+    assert set(got[0]) <= {"yes", "no", "maybe not"}
+    for text in got[1]:
+        jsonschema.validate(json.loads(text), SCHEMA)
