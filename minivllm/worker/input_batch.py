@@ -75,6 +75,9 @@ class InputBatch:
         """The request's own noise source, for requests with a seed."""
         self._held: list[SampledTokens] = []
         """Steps' sampled ids not stored in the rows yet, oldest first (``hold_sampled``)."""
+        self.prev_sampled: SampledTokens | None = None
+        """The last held step's sampled ids while not stored (async scheduling): the tokens past
+        a row's known ones that the next step's inputs read on the device."""
 
     def rows_of(self, req_ids: list[RequestId]) -> Sequence[int]:
         """The rows of the given requests, in their order (all must be in the batch)."""
@@ -196,13 +199,8 @@ class InputBatch:
         batch stores them in the rows once they are read (``store_sampled``)."""
         sampled = SampledTokens(req_ids, rows, self.version, token_ids)
         self._held.append(sampled)
+        self.prev_sampled = sampled
         return sampled
-
-    @property
-    def prev_sampled(self) -> SampledTokens | None:
-        """The last step's sampled ids while not stored (async scheduling): the tokens past
-        a row's known ones that the next step's inputs read on the device."""
-        return self._held[-1] if self._held else None
 
     def store_sampled(self, wait: bool = False) -> None:
         """Store held sampled tokens in their requests' rows, oldest first: every step but the
@@ -212,10 +210,11 @@ class InputBatch:
         held = self._held
         if not held:
             return
-        n = len(held) if wait or held[-1].host is not None else len(held) - 1
-        for sampled in held[:n]:
+        stop = None if wait or held[-1].host is not None else -1  # -1: the last step stays held
+        for sampled in held[:stop]:
             self._store(sampled)
-        del held[:n]
+        del held[:stop]
+        self.prev_sampled = held[-1] if held else None
 
     def _store(self, sampled: SampledTokens) -> None:
         """The step's ``rows`` are its requests' while the batch is at its ``version`` (always
@@ -236,7 +235,7 @@ class InputBatch:
         requests, so a search in the ascending sampled rows tells (checked: a row
         that did not sample there falls through); otherwise, or then, by id (a
         request that did not sample there is a KeyError)."""
-        sampled = self._held[-1]
+        sampled = self.prev_sampled
         if self.version == sampled.version:
             held_rows = sampled.rows
             found = np.searchsorted(held_rows, rows)  # (P,)

@@ -45,11 +45,8 @@ class PendingOutput:
         return self._output is not None
 
     def result(self) -> ModelRunnerOutput:
-        if self._output is None:
-            self._output = self._collect()
-        return self._output
-
-    def _collect(self) -> ModelRunnerOutput:
+        if self._output is not None:
+            return self._output
         tokens = self.tokens.read()
         out = ModelRunnerOutput(
             sampled_token_ids={r: [t] for r, t in zip(self.req_ids, tokens.tolist())},
@@ -63,4 +60,5 @@ class PendingOutput:
                 if asked is not None:
                     pairs = dict(zip(ids[row][: 1 + asked], values[row][: 1 + asked]))
                     out.logprobs[req_id] = [PositionLogprobs(pairs, ranks[row])]
+        self._output = out
         return out
