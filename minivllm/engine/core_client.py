@@ -122,9 +122,6 @@ class EngineCoreClient:
             self.balancer.finished(routed.replica)
         return routed
 
-    def is_unfinished(self, request_id: str) -> bool:
-        return request_id in self._requests
-
     @property
     def num_unfinished(self) -> int:
         return len(self._requests)
