@@ -447,11 +447,11 @@ def test_fp8_kv_check_runs_before_the_weights_load_and_not_on_the_cpu(monkeypatc
     from minivllm.worker import model_runner
     from minivllm.worker.model_runner import ModelRunner
 
-    def build(node):  # the backend first, then the loader: never reached on an A100
+    def instantiate_target(node):  # the backend first, then the loader: never reached on an A100
         assert node["_target_"] == "triton", "the loader was built before the KV-cache dtype was checked"
         return SimpleNamespace(name="triton")
 
-    monkeypatch.setattr(model_runner, "build", build)
+    monkeypatch.setattr(model_runner, "instantiate_target", instantiate_target)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: SM80)
     runner = _runner(torch.float8_e4m3fn, "cuda:0")
     runner._check_kv_cache_dtype = lambda: ModelRunner._check_kv_cache_dtype(runner)
