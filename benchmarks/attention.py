@@ -23,13 +23,13 @@ import argparse
 import json
 import math
 import os
-import statistics
 import sys
 import time
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
+
+from minivllm.bench.timing import kernel_timer  # torch only: Triton's kernels load later
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -76,25 +76,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.batches, args.contexts, args.prefill, args.small_batch = [2], [33, 64], [2, 16, 48], 1
         args.num_heads, args.num_kv_heads, args.head_dim = 4, 2, 64
     return args
-
-
-def make_timer(device: torch.device) -> Callable[[Callable[[], object]], float]:
-    """fn -> median seconds per call: triton's do_bench on CUDA, wall clock on the CPU."""
-    if device.type == "cuda":
-        from triton.testing import do_bench
-
-        return lambda fn: do_bench(fn, return_mode="median") * 1e-3
-
-    def wall_clock(fn: Callable[[], object], runs: int = 3) -> float:
-        fn()
-        times = []
-        for _ in range(runs):
-            start = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - start)
-        return statistics.median(times)
-
-    return wall_clock
 
 
 def copy_bandwidth(device: torch.device, timer, nbytes: int) -> float:
@@ -200,7 +181,7 @@ def main() -> int:
             file=sys.stderr,
         )
         return 2
-    timer = make_timer(device)
+    timer = kernel_timer(device, time.perf_counter)
     copy_bw = copy_bandwidth(device, timer, nbytes=(1 << 30) if device.type == "cuda" else (64 << 20))
     reqs, chunk, context = args.prefill
     scenarios = [Scenario(f"decode {b}x{c}", b, c, 1) for b in args.batches for c in args.contexts]

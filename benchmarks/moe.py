@@ -16,13 +16,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
+from minivllm.bench.timing import kernel_timer
 from minivllm.layers.fused_moe import route, torch_fused_experts
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -52,27 +50,6 @@ def parse_args() -> argparse.Namespace:
     if args.cpu_smoke:
         args.tokens, args.dtype = [1, 16, 128], "fp32"
     return args
-
-
-def make_timer(device: torch.device) -> Callable[[Callable[[], object]], float]:
-    """fn -> median seconds per call: triton's do_bench on CUDA; on the CPU, this process's
-    CPU time (with one intra-op thread it equals the compute time, and other jobs on the
-    machine do not inflate it as they inflate wall-clock time)."""
-    if device.type == "cuda":
-        from triton.testing import do_bench
-
-        return lambda fn: do_bench(fn, return_mode="median") * 1e-3
-
-    def cpu_time(fn: Callable[[], object], runs: int = 5) -> float:
-        fn()
-        times = []
-        for _ in range(runs):
-            start = time.process_time()
-            fn()
-            times.append(time.process_time() - start)
-        return statistics.median(times)
-
-    return cpu_time
 
 
 def run_shape(shape: Shape, tokens: int, args, device: torch.device, timer) -> dict:
@@ -112,7 +89,7 @@ def format_row(r: dict) -> str:
 def main() -> None:
     args = parse_args()
     device = torch.device("cpu" if args.cpu_smoke or not torch.cuda.is_available() else "cuda")
-    timer = make_timer(device)
+    timer = kernel_timer(device, runs=5)
     shapes = TINY if args.cpu_smoke else SHAPES
     print(f"device={device} dtype={args.dtype} tp={args.tp} (best path counted in GFLOP/s and GB/s)")
     print(

@@ -23,14 +23,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
+from minivllm.bench.timing import kernel_timer
 from minivllm.layers.linear import ReplicatedLinear
 from minivllm.quantization.awq import AWQLinearMethod
 from minivllm.quantization.fp8 import FP8, Fp8LinearMethod, _scaled_mm_usable
@@ -62,25 +60,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.cpu_smoke:
         args.tokens = [1, 16]
     return args
-
-
-def make_timer(device: torch.device) -> Callable[[Callable[[], object]], float]:
-    """fn -> median seconds per call: triton's do_bench on CUDA, CPU time on the CPU."""
-    if device.type == "cuda":
-        from triton.testing import do_bench
-
-        return lambda fn: do_bench(fn, return_mode="median") * 1e-3
-
-    def cpu_time(fn: Callable[[], object], runs: int = 3) -> float:
-        fn()
-        times = []
-        for _ in range(runs):
-            start = time.process_time()
-            fn()
-            times.append(time.process_time() - start)
-        return statistics.median(times)
-
-    return cpu_time
 
 
 def int4_layer(shape: Shape, device: torch.device, gen: torch.Generator) -> ReplicatedLinear:
@@ -169,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     device = torch.device("cpu" if args.cpu_smoke or not torch.cuda.is_available() else "cuda")
     dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
-    timer = make_timer(device)
+    timer = kernel_timer(device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     print(f"device={name} dtype={dtype} int4 group={GROUP}; ratios are bf16 time / quantized time")
     print(
