@@ -38,7 +38,7 @@ test: lint
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(PY) -m pytest -q --timeout=600
 
 # The suite without the tests marked `slow` (more than a few seconds each on a 2-core CPU).
-test-fast: install
+test-fast: lint
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(PY) -m pytest -q --timeout=600 -m "not slow"
 
 docs: install
