@@ -4,6 +4,7 @@ dp=1's outputs for the same seeds, and both replicas receive requests."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -30,6 +31,16 @@ def reference(llama_dir):
     llm.shutdown()
 
 
+def _still_alive(replicas, within_s: float = 10.0) -> list:
+    """The replicas whose process is still alive ``within_s`` after shutdown returned. shutdown()
+    kills a replica that does not stop in time; the bound only absorbs the moment it takes the
+    process's exit status to reach this process (seen once on a loaded machine)."""
+    deadline = time.monotonic() + within_s
+    while (alive := [c for c in replicas if c.is_alive()]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return alive
+
+
 def _same(expected, actual) -> None:
     for want, got in zip(expected, actual, strict=True):
         assert got.prompt == want.prompt and got.prompt_token_ids == want.prompt_token_ids
@@ -51,7 +62,7 @@ def test_llm_dp2_equals_dp1_and_uses_both_replicas(llama_dir, reference):
         assert llm.collective_rpc(lambda worker: worker.cfg.parallel.dp_rank) == [0, 1]  # one rank per replica
     finally:
         llm.shutdown()
-    assert not any(c.is_alive() for c in engine.replicas)
+    assert not _still_alive(engine.replicas)
 
 
 @pytest.mark.timeout(240)
