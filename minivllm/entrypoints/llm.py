@@ -11,6 +11,7 @@ from tqdm.auto import tqdm
 from minivllm.beam_search import BeamSearchOutput, run_beam_search
 from minivllm.config.generation_defaults import generation_defaults
 from minivllm.config.llm_kwargs import config_from_kwargs
+from minivllm.config.served_names import served_model_names
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.data_parallel.engine import DataParallelEngine
 from minivllm.engine.llm_engine import LLMEngine
@@ -73,8 +74,8 @@ class LLM:
     def get_metrics(self) -> list[Metric]:
         """vLLM-named counters and gauges (``vllm:prompt_tokens``, ``vllm:kv_cache_usage_perc``, ...)."""
         engine = self.llm_engine
-        name = self.cfg.serve.served_model_name or self.cfg.model.path
-        return engine_metrics(engine.get_stats(), engine.counters.num_finished_requests, name.split(",")[0])
+        name = served_model_names(self.cfg.serve.served_model_name, self.cfg.model.path)[0]
+        return engine_metrics(engine.get_stats(), engine.counters.num_finished_requests, name)
 
     def generate(
         self,
