@@ -16,7 +16,7 @@ from typing import Any, Union
 from transformers import PreTrainedTokenizerBase
 
 from minivllm.config.vllm_config import VllmConfig
-from minivllm.engine.context_length import check_pooling_fits, check_prompt_fits
+from minivllm.context_length import check_pooling_fits, check_prompt_fits
 from minivllm.kv_cache_spec import KVCacheSpec
 from minivllm.lora.checker import LoRAChecker
 from minivllm.lora.request import LoRARequest

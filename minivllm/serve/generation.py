@@ -17,8 +17,8 @@ from typing import Any, AsyncIterator, Awaitable, TypeVar
 from fastapi import Request
 from pydantic import BaseModel
 
+from minivllm.context_length import ContextLengthExceeded, check_request_fits
 from minivllm.engine.async_llm import AsyncLLM
-from minivllm.engine.context_length import ContextLengthExceeded, check_request_fits
 from minivllm.engine.outputs import RequestOutput
 from minivllm.engine.processor import ProcessedRequest
 from minivllm.engine.request_stream import RequestStream
