@@ -68,3 +68,17 @@ def memory_report(worker) -> dict[str, int]:
         "kv_bytes": sum(t.untyped_storage().nbytes() for t in runner.kv_caches),
         "weight_bytes": weight_bytes(runner.model),
     }
+
+
+def memory(llm) -> list[dict[str, int]]:
+    """Each rank's ``memory_report``, measured in its own process."""
+    return llm.collective_rpc(memory_report)
+
+
+def assert_released(before: list[dict], after: list[dict], weights: bool) -> None:
+    """Each rank's KV cache (and, with ``weights``, its weights) freed, and its process shrunk by the KV's size."""
+    for b, a in zip(before, after, strict=True):
+        assert b["pid"] == a["pid"]
+        assert b["kv_bytes"] >= (16 << 20) and a["kv_bytes"] == 0
+        assert b["rss"] - a["rss"] >= 0.8 * b["kv_bytes"], (b, a)  # the process really shrank
+        assert a["weight_bytes"] == (0 if weights else b["weight_bytes"])

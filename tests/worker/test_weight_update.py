@@ -33,7 +33,7 @@ def _tokens(outs) -> list[list[int]]:
 
 
 def _engine(ckpt, **kwargs) -> LLM:
-    return LLM(model=str(ckpt), worker_extension_cls=rl.EXTENSION, **h.LLM_KWARGS, **kwargs)
+    return LLM(model=str(ckpt), worker_extension_cls=rl.EXTENSION, **{**h.LLM_KWARGS, **kwargs})
 
 
 def _sync_over_gloo(llm: LLM, ckpt_b, num_ranks: int) -> None:
@@ -80,14 +80,20 @@ def test_update_over_gloo_from_a_trainer_process(llama_dir, ckpt_b, outputs_b):
 
 
 @pytest.mark.slow
-def test_both_ways_at_tp2(llama_dir, ckpt_b, outputs_a, outputs_b):
-    llm = _engine(llama_dir, tensor_parallel_size=2)
+def test_both_ways_and_sleep_at_tp2(llama_dir, ckpt_b, outputs_a, outputs_b):
+    """Under mp: B over gloo; then a level-2 sleep (each rank measures its own process) and A by path."""
+    kwargs = dict(tensor_parallel_size=2, enable_sleep_mode=True, num_gpu_blocks_override=8192)
+    llm = _engine(llama_dir, **kwargs)
     try:
         _sync_over_gloo(llm, ckpt_b, num_ranks=2)
         assert llm.reset_prefix_cache()
         h.assert_same_outputs(outputs_b, h.generate(llm))
+        before = rl.memory(llm)
+        llm.sleep(level=2)
+        rl.assert_released(before, rl.memory(llm), weights=True)
+        llm.wake_up(tags=["weights"])
         llm.collective_rpc("update_weights_from_path", args=(str(llama_dir),))  # and back to A
-        assert llm.reset_prefix_cache()
+        llm.wake_up(tags=["kv_cache"])
         h.assert_same_outputs(outputs_a, h.generate(llm))
     finally:
         llm.shutdown()
