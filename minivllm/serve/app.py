@@ -30,6 +30,7 @@ from minivllm.serve.chat import create_chat_completion
 from minivllm.serve.completions import create_completion
 from minivllm.serve.embeddings import add_embedding_routes
 from minivllm.serve.errors import ClientDisconnected, ModelNotFound, Overloaded
+from minivllm.serve.dev_routes import add_dev_routes
 from minivllm.serve.lora_routes import add_lora_routes
 from minivllm.serve.metrics import CONTENT_TYPE
 from minivllm.serve.params import BadRequest, param_of
@@ -86,6 +87,8 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
 
     if state.cfg.serve.enable_lora_runtime_updates:
         add_lora_routes(app, state)
+    if state.cfg.serve.dev_mode:
+        add_dev_routes(app, state)
 
     @app.get("/health")
     async def health() -> Response:
