@@ -28,9 +28,9 @@ from minivllm.engine.async_llm import AsyncLLM
 from minivllm.engine.request_stream import EngineDeadError
 from minivllm.serve.chat import create_chat_completion
 from minivllm.serve.completions import create_completion
+from minivllm.serve.dev_routes import add_dev_routes
 from minivllm.serve.embeddings import add_embedding_routes
 from minivllm.serve.errors import ClientDisconnected, ModelNotFound, Overloaded
-from minivllm.serve.dev_routes import add_dev_routes
 from minivllm.serve.lora_routes import add_lora_routes
 from minivllm.serve.metrics import CONTENT_TYPE
 from minivllm.serve.params import BadRequest, param_of

@@ -11,6 +11,8 @@ when asked for. A refusal (sleep mode off, requests running, a bad level or tag)
 
 from __future__ import annotations
 
+from typing import Annotated
+
 from fastapi import FastAPI, Query
 from fastapi.responses import JSONResponse, Response
 
@@ -28,7 +30,7 @@ def add_dev_routes(app: FastAPI, state: ServerState) -> None:
         return Response(status_code=200)
 
     @app.post("/wake_up")
-    async def wake_up(tags: list[str] | None = Query(None)) -> Response:
+    async def wake_up(tags: Annotated[list[str] | None, Query()] = None) -> Response:
         try:
             await state.engine.wake_up(tags)
         except ValueError as err:
