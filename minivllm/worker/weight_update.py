@@ -94,6 +94,7 @@ class WeightUpdateExtension:
 
     def update_weights_from_path(self, path: str) -> int:
         """Load every tensor of the checkpoint at ``path``; returns how many."""
+        self._check_weights_awake("update_weights_from_path")
         model = self.model_runner.model
         return load_weights_in_place(model, checkpoint_weights(path), self.cfg.quant_spec is not None)
 
@@ -114,8 +115,13 @@ class WeightUpdateExtension:
         if group is None:
             raise ValueError("update_weight: call init_weight_update_group first")
         tensor = torch.empty(tuple(shape), dtype=dtype, device=self.device)
-        group.broadcast(tensor, src=0)
+        group.broadcast(tensor, src=0)  # received even when refused below: the trainer's broadcast must complete
+        self._check_weights_awake("update_weight")
         load_weights_in_place(self.model_runner.model, [(name, tensor)], self.cfg.quant_spec is not None)
+
+    def _check_weights_awake(self, method: str) -> None:
+        if "weights" in self.sleep_state.asleep:
+            raise ValueError(f"{method}: the weights are asleep; call wake_up(tags=['weights']) first")
 
     def close_weight_update_group(self) -> None:
         """Leave the group; the trainer calls ``StatelessGroup.close`` at the same time."""

@@ -42,6 +42,8 @@ def test_level2_round_trip_reloads_weights(sleepy, llama_dir):
     before = rl.memory(sleepy)
     sleepy.sleep(level=2)
     rl.assert_released(before, rl.memory(sleepy), weights=True)
+    with pytest.raises(RuntimeError, match=r"the weights are asleep; call wake_up\(tags=\['weights'\]\) first"):
+        sleepy.collective_rpc("update_weights_from_path", args=(str(llama_dir),))
     sleepy.wake_up(tags=["weights"])  # uninitialised until the caller loads them
     assert sleepy.llm_engine.is_sleeping()  # the KV cache still sleeps
     sleepy.apply_model(lambda model: [p.data.zero_() for p in model.parameters()] and None)  # whatever was there
