@@ -58,6 +58,8 @@ KWARG_KEYS = {
     "max_loras": "lora.max_loras",
     "max_lora_rank": "lora.max_lora_rank",
     "max_cpu_loras": "lora.max_cpu_loras",
+    "worker_extension_cls": "parallel.worker_extension_cls",
+    "enable_sleep_mode": "model.enable_sleep_mode",
 }
 
 

@@ -9,11 +9,14 @@ allowed set next to them.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from minivllm.config.quantization import QUANT_METHODS
 from minivllm.config.validation import check_choice, check_range
+
+_QUALNAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*[.:][A-Za-z_]\w*")
 
 MODEL_DTYPES = ("auto", "float32", "float16", "bfloat16")
 DTYPE_ALIASES = {"half": "float16", "float": "float32"}
@@ -81,6 +84,8 @@ class ModelConfig:
     """generate (sample tokens) or pooling (return pooled hidden states: LLM.embed / LLM.encode)."""
     pooler_config: PoolerConfig = field(default_factory=PoolerConfig)
     """Pooling type and normalization for runner=pooling."""
+    enable_sleep_mode: bool = False
+    """Allow LLM.sleep / wake_up (free the KV cache and the weights' memory between rollouts)."""
 
     def __post_init__(self) -> None:
         self.dtype = DTYPE_ALIASES.get(self.dtype, self.dtype)
@@ -120,6 +125,8 @@ class ParallelConfig:
     """``_target_`` node of the worker class (one device, one rank)."""
     model_runner: Any = field(default_factory=lambda: {"_target_": "minivllm.worker.model_runner.ModelRunner"})
     """``_target_`` node of the model runner (prepares inputs, runs the model, samples)."""
+    worker_extension_cls: str = ""
+    """Qualified name of a class whose methods every worker gains (called by LLM.collective_rpc); empty: none."""
 
     def __post_init__(self) -> None:
         check_range("parallel.tp", self.tp, low=1)
@@ -136,6 +143,11 @@ class ParallelConfig:
                     "leave it null or 1"
                 )
         check_choice("parallel.backend", self.backend, PARALLEL_BACKENDS)
+        if self.worker_extension_cls and not _QUALNAME.fullmatch(self.worker_extension_cls):
+            raise ValueError(
+                f"parallel.worker_extension_cls={self.worker_extension_cls!r}: must be a qualified class name "
+                "('pkg.module.Class' or 'pkg.module:Class'), or empty"
+            )
         check_range("parallel.dp", self.dp, low=1)
         check_range("parallel.dp_rank", self.dp_rank, low=0, high=self.dp - 1)
         if self.dp > 1 and self.backend == "external_launcher":

@@ -44,6 +44,8 @@ class ServeConfig:
     """LoRA adapters served from the start, as name=path; a request picks one by its ``model`` field."""
     enable_lora_runtime_updates: bool = False
     """Offer /v1/load_lora_adapter and /v1/unload_lora_adapter."""
+    dev_mode: bool = False
+    """Offer development routes: /sleep, /wake_up, /is_sleeping (vLLM's VLLM_SERVER_DEV_MODE); never on a public port."""
 
     def __post_init__(self) -> None:
         check_range("serve.port", self.port, low=0, high=65535)

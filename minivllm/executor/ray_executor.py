@@ -27,7 +27,7 @@ from minivllm.core.scheduler_output import SchedulerOutput
 from minivllm.distributed.utils import get_open_port, retry_on_address_in_use, threads_per_rank
 from minivllm.executor.base import Executor, WorkerFailedError, run_method
 from minivllm.outputs import ModelRunnerOutput
-from minivllm.utils import instantiate_target
+from minivllm.worker.extension import build_worker
 
 logger = logging.getLogger(__name__)
 PLACEMENT_TIMEOUT_S = 120.0
@@ -61,9 +61,8 @@ class RayWorkerWrapper:
         return get_open_port()
 
     def build_worker(self, init_method: str, num_local_ranks: int) -> None:
-        self.worker = instantiate_target(
-            self.cfg.parallel.worker,
-            cfg=self.cfg,
+        self.worker = build_worker(
+            self.cfg,
             rank=self.rank,
             distributed_init_method=init_method,
             num_threads=threads_per_rank(num_local_ranks),

@@ -28,6 +28,7 @@ from minivllm.engine.async_llm import AsyncLLM
 from minivllm.engine.request_stream import EngineDeadError
 from minivllm.serve.chat import create_chat_completion
 from minivllm.serve.completions import create_completion
+from minivllm.serve.dev_routes import add_dev_routes
 from minivllm.serve.embeddings import add_embedding_routes
 from minivllm.serve.errors import ClientDisconnected, ModelNotFound, Overloaded
 from minivllm.serve.lora_routes import add_lora_routes
@@ -79,6 +80,8 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
 
     if state.cfg.serve.enable_lora_runtime_updates:
         add_lora_routes(app, state)
+    if state.cfg.serve.dev_mode:
+        add_dev_routes(app, state)
 
     @app.get("/health")
     async def health() -> Response:

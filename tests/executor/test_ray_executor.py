@@ -29,8 +29,8 @@ def local_ray():
     assert h.wait_until(lambda: not (h.child_pids() - before), timeout=15), h.child_pids() - before
 
 
-def _ray_llm(ckpt) -> LLM:
-    return LLM(model=str(ckpt), tensor_parallel_size=2, distributed_executor_backend="ray", **h.LLM_KWARGS)
+def _ray_llm(ckpt, **kwargs) -> LLM:
+    return LLM(model=str(ckpt), tensor_parallel_size=2, distributed_executor_backend="ray", **h.LLM_KWARGS, **kwargs)
 
 
 @pytest.mark.timeout(180)
@@ -48,7 +48,7 @@ def test_opt_tp2_on_ray_matches_tp1(opt_dir):
 
 @pytest.mark.timeout(180)
 def test_llama_tp2_on_ray_matches_tp1(llama_dir):
-    llm = _ray_llm(llama_dir)
+    llm = _ray_llm(llama_dir, worker_extension_cls="tests.worker.extensions.RankInfo")
     try:
         h.assert_same_outputs(h.reference(llama_dir), h.generate(llm))
         caches = llm.llm_engine.core.executor.collective_rpc(h.kv_cache_shape)
@@ -57,6 +57,7 @@ def test_llama_tp2_on_ray_matches_tp1(llama_dir):
         results = llm.collective_rpc(lambda worker: (worker.rank + offset, os.getpid()))
         pids = llm.llm_engine.core.executor.worker_pids
         assert results == [(7, pids[0]), (8, pids[1])]
+        assert llm.collective_rpc("rank_and_pid") == [(0, pids[0]), (1, pids[1])]  # the worker extension's
         up = llm.apply_model(lambda model: tuple(model.model.layers[0].mlp.gate_up_proj.weight.shape))
         assert up == [(128, 64), (128, 64)]  # gate and up, 64 of 128 rows each per rank
     finally:
