@@ -10,6 +10,8 @@ abort, step, stats, collective_rpc), over ``dp`` engine processes, through the
 
 The replicas step on their own, concurrently; ``step()`` waits until at least
 one of them reports, then returns every output that has arrived.
+With ``parallel.dp_backend=ray`` the replicas are Ray actors (``ray_replica.py``):
+``RayReplicas`` places them and is the factory ``EngineCoreClient`` starts them with.
 """
 
 from __future__ import annotations
