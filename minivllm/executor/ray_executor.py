@@ -118,12 +118,13 @@ class RayDistributedExecutor(Executor):
         described = self._call_each([a.describe.remote() for a in self._actors], "start-up")
         self._nodes = [(node_id, ip) for node_id, ip, _ in described]
         self._pids = [pid for _, _, pid in described]
-        per_node = Counter(node_id for node_id, _ in self._nodes)
+        per_host = Counter(ip for _, ip in self._nodes)  # ranks sharing a machine's cores (Ray nodes may share one)
         port = self._call_each([self._actors[0].open_port.remote()], "start-up")[0]
         init_method = f"tcp://{self._nodes[0][1]}:{port}"
-        builds = [a.build_worker.remote(init_method, per_node[n]) for a, (n, _) in zip(self._actors, self._nodes)]
+        builds = [a.build_worker.remote(init_method, per_host[ip]) for a, (_, ip) in zip(self._actors, self._nodes)]
         self._call_each(builds, "start-up")
-        logger.info("started %d Ray workers on %d node(s), rendezvous %s", self.world_size, len(per_node), init_method)
+        num_nodes = len({node_id for node_id, _ in self._nodes})
+        logger.info("started %d Ray workers on %d node(s), rendezvous %s", self.world_size, num_nodes, init_method)
         self.collective_rpc("init_device")
 
     def collective_rpc(self, method: str | Callable, args: tuple = (), kwargs: dict | None = None) -> list[Any]:

@@ -9,6 +9,8 @@ logprob for logprob. Skipped only where Ray is not installed."""
 from __future__ import annotations
 
 import gc
+import os
+import signal
 import threading
 import time
 
@@ -83,6 +85,9 @@ def test_dp2_replicas_are_ray_actors_on_both_nodes(cluster, opt_dir, opt_referen
         h.assert_same_outputs(opt_reference, h.generate(llm))
         assert all(n > 0 for n in engine.balancer.routed), engine.balancer.routed  # both replicas served
         assert [s.num_running for s in engine.replica_stats()] == [0, 0]
+        os.kill(replicas[1].pid, signal.SIGKILL)  # a replica's actor dies: the next call fails naming it
+        with pytest.raises(RuntimeError, match=r"data-parallel replica 1: Ray actor on node \w+ \(.+\) died"):
+            h.generate(llm)
     finally:
         llm.shutdown()
     assert h.wait_until(lambda: not any(r.is_alive() for r in replicas), timeout=10)
