@@ -24,19 +24,25 @@ and ``EngineCoreClient`` names the replica.
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import threading
 import time
-import traceback
 import weakref
 from collections import deque
 from typing import Any, Callable
 
 from minivllm.config.vllm_config import VllmConfig
-from minivllm.engine.engine_proc import EngineInfo, EngineMessage, _drain, step_once
-from minivllm.executor.ray_cluster import RayInstance, bundle_nodes, import_ray, node_of_this_process, reserve
+from minivllm.engine.engine_proc import EngineInfo, EngineMessage, _describe, _drain, step_once
+from minivllm.executor.ray_cluster import (
+    RayInstance,
+    bundle_nodes,
+    first_line,
+    import_ray,
+    node_of_this_process,
+    reserve,
+)
 
-logger = logging.getLogger(__name__)
 RAY_EXECUTOR = "minivllm.executor.ray_executor.RayDistributedExecutor"
 
 
@@ -50,8 +56,6 @@ class EngineActor:
 
     def where(self) -> tuple[str, str, int]:
         """(Ray node id, node IP, process id) of this actor."""
-        import os
-
         return (*node_of_this_process(), os.getpid())
 
     def start(self) -> EngineMessage:
@@ -154,7 +158,7 @@ class RayReplicaClient:
             ready: EngineMessage = ray.get(actor.start.remote())
         except ray.exceptions.RayError as err:
             self._finalizer()
-            raise RuntimeError(f"replica actor died while starting: {_first_line(err)}") from None
+            raise RuntimeError(f"replica actor died while starting: {first_line(err)}") from None
         if ready.ready is None:
             self._finalizer()
             raise (ValueError if ready.fatal_is_config_error else RuntimeError)(ready.fatal)
@@ -173,7 +177,7 @@ class RayReplicaClient:
             except self.ray.exceptions.RayError as err:
                 self._finalizer()
                 where = f"node {self.node_id[:12]} ({self.node_ip})"
-                return self._on_exit(f"Ray actor on {where} died: {_first_line(err)}")
+                return self._on_exit(f"Ray actor on {where} died: {first_line(err)}")
             now = time.monotonic()
             for msg in messages:
                 self._on_message(msg, now)
@@ -233,14 +237,3 @@ def _release(ray: Any, group: Any) -> None:
 
         remove_placement_group(group)
     RayInstance.release(ray)
-
-
-def _describe(err: BaseException) -> str:
-    if isinstance(err, ValueError):
-        return str(err)
-    return "".join(traceback.format_exception(type(err), err, err.__traceback__))
-
-
-def _first_line(err: BaseException) -> str:
-    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
-    return lines[0] if lines else type(err).__name__

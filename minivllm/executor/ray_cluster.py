@@ -33,6 +33,12 @@ def node_of_this_process() -> tuple[str, str]:
     return ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address()
 
 
+def first_line(err: BaseException) -> str:
+    """The first non-blank line of an error (Ray's carry a traceback after it)."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    return lines[0] if lines else type(err).__name__
+
+
 def reserve(ray: Any, bundle: Bundle, count: int, strategy: str, timeout_s: float, what: str) -> Any:
     """A ready placement group of ``count`` copies of ``bundle``; ValueError when the cluster
     can never hold them, RuntimeError when it has no room within ``timeout_s``."""

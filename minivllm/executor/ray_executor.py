@@ -28,7 +28,7 @@ from minivllm.config.vllm_config import VllmConfig
 from minivllm.core.scheduler_output import SchedulerOutput
 from minivllm.distributed.utils import get_open_port, retry_on_address_in_use, threads_per_rank
 from minivllm.executor.base import Executor, WorkerFailedError, run_method
-from minivllm.executor.ray_cluster import RayInstance, import_ray, node_of_this_process, reserve
+from minivllm.executor.ray_cluster import RayInstance, first_line, import_ray, node_of_this_process, reserve
 from minivllm.outputs import ModelRunnerOutput
 from minivllm.utils import instantiate_target
 
@@ -163,7 +163,7 @@ class RayDistributedExecutor(Executor):
             try:
                 results[rank] = ray.get(ready[0])
             except ray.exceptions.RayActorError as err:
-                self._fail(rank, f"died{self._where(rank)} ({_first_line(err)})", what)
+                self._fail(rank, f"died{self._where(rank)} ({first_line(err)})", what)
             except ray.exceptions.RayTaskError as err:
                 cause = err.cause if err.cause is not None else err
                 logger.error("worker rank %d failed in %s:\n%s", rank, what, err)
@@ -224,8 +224,3 @@ def _release(ray: Any, actors: list[Any], group: Any) -> None:
         _kill(ray, actors)
         remove_placement_group(group)
     RayInstance.release(ray)
-
-
-def _first_line(err: BaseException) -> str:
-    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
-    return lines[0] if lines else type(err).__name__
