@@ -17,6 +17,7 @@ import time
 import pytest
 
 from minivllm import LLM
+from minivllm.executor.ray_executor import RayDistributedExecutor
 from tests.executor import tp_helpers as h
 
 ray = pytest.importorskip("ray", reason="Ray is an optional extra (pip install 'minivllm[ray]'); CI installs it")
@@ -67,11 +68,14 @@ def test_a_job_the_cluster_can_never_hold_fails_at_once(cluster, opt_dir):
 def test_pp2_strict_spread_puts_a_stage_on_each_node(cluster, opt_dir, opt_reference):
     llm = _ray_llm(opt_dir, "parallel.placement_strategy=STRICT_SPREAD", pipeline_parallel_size=2)
     try:
-        node_ids = llm.llm_engine.core.executor.worker_node_ids
-        assert len(set(node_ids)) == 2 and _worker_node(cluster) in node_ids
+        executor = llm.llm_engine.core.executor
+        assert type(executor) is RayDistributedExecutor
+        assert len(set(executor.worker_node_ids)) == 2 and _worker_node(cluster) in executor.worker_node_ids
+        assert len(set(executor.worker_pids)) == 2 and os.getpid() not in executor.worker_pids
         h.assert_same_outputs(opt_reference, h.generate(llm))
     finally:
         llm.shutdown()
+    assert h.wait_until(lambda: not any(h.alive(p) for p in executor.worker_pids), timeout=10)
 
 
 @pytest.mark.timeout(180)
