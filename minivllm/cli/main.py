@@ -83,7 +83,12 @@ def _hydra_main(cfg: DictConfig) -> Any:
     if _multirun():  # a failing job is recorded in its metrics.json; the sweep goes on
         from minivllm.bench.sweep_callback import run_sweep_job
 
-        return run_sweep_job(run, cfg, output_dir())
+        result = run_sweep_job(run, cfg, output_dir())
+        if cfg.tune.enabled:  # +tune=...: the sweeper maximizes this job's score
+            from minivllm.tune.objective import sweeper_value
+
+            return sweeper_value(result, OmegaConf.to_object(cfg.tune.slo), str(output_dir().name))
+        return result
     try:
         return run(cfg)
     except (ValueError, FileNotFoundError) as err:
