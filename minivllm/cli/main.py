@@ -83,6 +83,10 @@ def _hydra_main(cfg: DictConfig) -> Any:
     if _multirun():  # a failing job is recorded in its metrics.json; the sweep goes on
         from minivllm.bench.sweep_callback import run_sweep_job
 
+        if cfg.tune.enabled and cfg.tune.devices:  # one GPU per trial process, before CUDA starts
+            from minivllm.tune.devices import claim_device
+
+            claim_device(cfg.tune.devices, Path(HydraConfig.get().sweep.dir) / ".devices")
         result = run_sweep_job(run, cfg, output_dir())
         if cfg.tune.enabled:  # +tune=...: the sweeper maximizes this job's score
             from minivllm.tune.objective import sweeper_value

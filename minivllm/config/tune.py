@@ -49,6 +49,9 @@ class TuneConfig:
     """Seed of the sampler (offset by the trials already run when a study resumes)."""
     slo: SloConfig = field(default_factory=SloConfig)
     """Latency targets every chosen config must meet."""
+    devices: int = 0
+    """Parallel trials on one machine: each launcher worker claims one of GPUs 0..devices-1 (0: no claim)."""
 
     def __post_init__(self) -> None:
         check_range("tune.trials", self.trials, low=1)
+        check_range("tune.devices", self.devices, low=0)

@@ -4,9 +4,11 @@ A trial that meets every target scores its output tokens/s (> 0). One that misse
 scores ``-miss``, the sum over targets of how far past each it landed, relative to
 the target (p99 TTFT at 150 ms against 100 ms misses by 0.5): below every feasible
 trial, and less bad the closer it came, so the sampler moves toward the feasible
-region. A trial whose engine did not start (a bad combination, no room for the KV
-cache, out of memory) has no score: the sweeper records it as failed, with its
-reason in the job's metrics.json, and the sweep goes on.
+region. A trial whose engine did not start or crashed (a bad combination, no room
+for the KV cache, out of memory) is a failed trial: its reason is in the job's
+metrics.json and the trials table, and it scores ``FAILED_SCORE``, below every trial
+that ran, so the sampler learns to avoid its region too (a trial the sweeper itself
+marks failed teaches TPE nothing), and the sweep goes on.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from minivllm.config.tune import SloConfig
 logger = logging.getLogger("minivllm")
 
 THROUGHPUT = "output_tokens_per_s"
+FAILED_SCORE = -1e6
+"""The score of a failed trial: below any miss of the targets that a trial which ran could score."""
 
 
 @dataclass(frozen=True)
@@ -49,16 +53,14 @@ def judge(metrics: Mapping[str, Any], slo: SloConfig) -> Verdict:
     return Verdict(ok=True, feasible=feasible, miss=miss, score=metrics[THROUGHPUT] if feasible else -miss)
 
 
-def sweeper_value(metrics: Mapping[str, Any], slo: SloConfig, job: str) -> float | str:
-    """The job's return value for the Optuna sweeper: its score, or (a failed trial) a text
-    that is no number, which the sweeper records as a failed trial and goes on."""
+def sweeper_value(metrics: Mapping[str, Any], slo: SloConfig, job: str) -> float:
+    """The job's return value for the Optuna sweeper: its score (``FAILED_SCORE`` when it failed)."""
     verdict = judge(metrics, slo)
     if not verdict.ok:
-        reason = metrics.get("error", "no metrics")
-        logger.warning("trial %s failed: %s", job, reason)
-        return f"failed: {reason}"
+        logger.warning("job %s failed (the sweep goes on): %s", job, metrics.get("error", "no metrics"))
+        return FAILED_SCORE
     logger.info(
-        "trial %s: %.1f output tok/s, p99 TTFT %.1f ms, ITL %.1f ms, E2E %.1f ms -> %s, score %.4g",
+        "job %s: %.1f output tok/s, p99 TTFT %.1f ms, ITL %.1f ms, E2E %.1f ms -> %s, score %.4g",
         job,
         metrics[THROUGHPUT],
         metrics.get("ttft_p99_ms", float("nan")),

@@ -73,7 +73,7 @@ def trial_rows(trials: list[Any], records: dict[int, dict[str, Any]], slo: SloCo
         rows.append(
             {
                 "trial": trial.number,
-                "state": "stopped" if trial.state.name == "RUNNING" else trial.state.name.lower(),
+                "state": _state(trial.state.name, record),
                 **trial.params,
                 **{key: record.get(key) for key in METRICS},
                 "feasible": verdict.feasible,
@@ -84,6 +84,15 @@ def trial_rows(trials: list[Any], records: dict[int, dict[str, Any]], slo: SloCo
             }
         )
     return rows
+
+
+def _state(optuna_state: str, record: dict[str, Any]) -> str:
+    """complete; failed (the job ran and failed, or the sweeper marked it); stopped (never finished)."""
+    if optuna_state == "RUNNING":
+        return "stopped"
+    if optuna_state == "FAIL" or record.get("status", "ok") != "ok":
+        return "failed"
+    return optuna_state.lower()
 
 
 def select_best(rows: list[dict[str, Any]]) -> dict[str, Any] | None:

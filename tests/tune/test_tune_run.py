@@ -52,7 +52,7 @@ def test_tune_reports_resumes_and_chooses_a_config_that_meets_the_target(tmp_pat
     sweep = tmp_path / "sweep"
     rows = _tune(sweep, "tune.trials=4")
     assert [r["trial"] for r in rows] == ["0", "1", "2", "3"]
-    failed = [r for r in rows if r["state"] == "fail"]
+    failed = [r for r in rows if r["state"] == "failed"]
     assert failed and all("leaves no room for the KV" in r["error"] for r in failed)  # reported, the sweep went on
     assert len(_ok(rows)) >= 2 and all(float(r["output_tokens_per_s"]) > 0 for r in _ok(rows))
     for name in ("best.yaml", "trials.md", "study.db"):
