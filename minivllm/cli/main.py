@@ -94,6 +94,8 @@ def _hydra_main(cfg: DictConfig) -> Any:
             return sweeper_value(result, OmegaConf.to_object(cfg.tune.slo), str(output_dir().name))
         return result
     try:
+        if cfg.tune.enabled:
+            raise ValueError("+tune=...: tuning is a sweep; run it with -m (python -m minivllm -m +tune=serving ...)")
         return run(cfg)
     except (ValueError, FileNotFoundError) as err:
         if _verbose():

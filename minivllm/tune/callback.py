@@ -14,6 +14,7 @@ After: trials.csv, trials.md, best.yaml, pareto.png and importance.png.
 from __future__ import annotations
 
 import logging
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,15 @@ class TuneCallback(Callback):
         self.first_trial = 0
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        """Hydra turns a callback's exception into a warning and goes on; a tuning run that
+        cannot be set up (bad keys, unreadable storage) must stop here, before any trial."""
+        try:
+            self._prepare(config)
+        except Exception as err:  # noqa: BLE001 - every cause stops the sweep with its message
+            print(f"error: {str(err).splitlines()[0] if str(err) else type(err).__name__}", file=sys.stderr)
+            sys.exit(2)
+
+    def _prepare(self, config: DictConfig) -> None:
         slo = _slo(config)
         if slo.targets() and config.bench.mode != "serving":
             raise ValueError(f"tune.slo: latency targets need bench.mode=serving (not {config.bench.mode})")

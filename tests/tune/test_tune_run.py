@@ -94,3 +94,24 @@ def _defaults(keys: list[str]) -> dict[str, str]:
 
     default = build_config().to_dictconfig()
     return {k: "null" if OmegaConf.select(default, k) is None else OmegaConf.select(default, k) for k in keys}
+
+
+def test_tuning_without_multirun_or_with_targets_but_no_latencies_is_refused(tmp_path, capsys):
+    with mock.patch.object(sys, "argv", ["minivllm", "+tune=serving", f"hydra.run.dir={tmp_path / 'run'}"]):
+        with pytest.raises(SystemExit):
+            main()
+    assert "run it with -m" in capsys.readouterr().err
+    sweep = tmp_path / "sweep"
+    argv = [
+        "minivllm",
+        "-m",
+        "+tune=serving",
+        "bench.mode=throughput",
+        "tune.slo.itl_p99_ms=5",
+        f"hydra.sweep.dir={sweep}",
+    ]
+    with mock.patch.object(sys, "argv", argv):
+        with pytest.raises(SystemExit):
+            main()
+    assert "latency targets need bench.mode=serving" in capsys.readouterr().err
+    assert not sweep.exists()  # refused before the sweep began
