@@ -46,3 +46,15 @@ def claim_device(count: int, lock_dir: Path) -> int:
         f"tune.devices={count}: every device is taken by another trial process; "
         "run at most tune.devices trials at once (hydra.launcher.n_jobs)"
     )
+
+
+def release_memory() -> None:
+    """After a trial failed (out of memory, a half-built engine): free what its objects held, so
+    that the next trial in this process finds the device's memory as the first one did."""
+    import gc
+
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
