@@ -59,6 +59,7 @@ from minivllm.config.schema import (
 )
 from minivllm.config.serve_config import ServeConfig
 from minivllm.config.speculative import SpeculativeConfig
+from minivllm.config.tune import TuneConfig
 
 logger = logging.getLogger(__name__)
 
@@ -101,6 +102,8 @@ class VllmConfig:
     """HTTP server of task=serve."""
     lora: LoRAConfig = field(default_factory=LoRAConfig)
     """Multi-LoRA serving: adapter slots and ranks."""
+    tune: TuneConfig = field(default_factory=TuneConfig)
+    """Auto-tuning (``-m +tune=serving``): trial budget, seed, latency targets (docs/tuning.md)."""
     plugins: Optional[list[str]] = None
     """Entry points of the group minivllm.general_plugins to call at start-up, by name; null: all installed."""
 
