@@ -111,6 +111,8 @@ class VllmConfig:
         if self.load.format == "auto" and self.model.path.endswith(".gguf"):
             self.load.format = "gguf"
         self.hf_config, self.checkpoint_dir = self._load_hf_config()
+        self.hf_text_config: Any = getattr(self.hf_config, "text_config", None) or self.hf_config
+        """The language model's config: ``text_config`` of a multimodal checkpoint, else ``hf_config``."""
         if not self.load.loader:
             self.load.loader = {"_target_": LOADER_TARGETS.get(self.load.format, DEFAULT_LOADER)}
         if self.model.architecture:
@@ -118,7 +120,7 @@ class VllmConfig:
         self.architecture: str = architecture_of(self.hf_config)
         refuse_encoder_only(self.hf_config, self.architecture)
         SUPPORTED_ARCHITECTURES.check_supported(self.architecture)  # plugins register theirs before this
-        check_rope_types(self.hf_config)
+        check_rope_types(self.hf_text_config)
         self.quant_spec: QuantizationSpec | None = resolve_quantization(
             self.model.quantization, self.hf_config, self.architecture
         )
@@ -126,7 +128,7 @@ class VllmConfig:
         self.kv_cache_dtype: torch.dtype = (
             self.dtype if self.cache.cache_dtype == "auto" else KV_DTYPES[self.cache.cache_dtype]
         )
-        self.max_model_len: int = resolve_max_model_len(self.model.max_model_len, self.hf_config)
+        self.max_model_len: int = resolve_max_model_len(self.model.max_model_len, self.hf_text_config)
         self.parallel.executor = {"_target_": executor_target(self.parallel)}
         check_tensor_parallel(self.parallel.tp, self.hf_config)
         self._check_pipeline_parallel()

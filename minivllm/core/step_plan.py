@@ -55,6 +55,7 @@ def new_request_data(request: Request, block_ids: list[BlockId]) -> NewRequestDa
         block_ids=block_ids,
         num_computed_tokens=request.num_computed_tokens,
         lora_request=request.lora_request,
+        mm_features=request.mm_features,
     )
 
 

@@ -70,14 +70,14 @@ class Processor:
         self.kv_spec = kv_spec
         """The engine's KV cache (the smallest replica's with data parallelism): what a request must fit."""
         self.kv_capacity_tokens = kv_spec.num_tokens
-        self.vocab_size = cfg.hf_config.vocab_size
+        self.vocab_size = cfg.hf_text_config.vocab_size
         self.lora = LoRAChecker(cfg.lora, cfg.hf_config)
         """``self.lora.check(lora_request)`` validates a request's adapter."""
 
     @property
     def eos_token_id(self) -> int | None:
         """The model config's EOS (its first, when it names several), else the tokenizer's."""
-        eos = getattr(self.cfg.hf_config, "eos_token_id", None)
+        eos = getattr(self.cfg.hf_config, "eos_token_id", None) or getattr(self.cfg.hf_text_config, "eos_token_id", None)
         if isinstance(eos, list):
             eos = eos[0] if eos else None
         return self.tokenizer.eos_token_id if eos is None else eos
