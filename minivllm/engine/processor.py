@@ -91,7 +91,9 @@ class Processor:
     @property
     def eos_token_id(self) -> int | None:
         """The model config's EOS (its first, when it names several), else the tokenizer's."""
-        eos = getattr(self.cfg.hf_config, "eos_token_id", None) or getattr(self.cfg.hf_text_config, "eos_token_id", None)
+        eos = getattr(self.cfg.hf_config, "eos_token_id", None) or getattr(
+            self.cfg.hf_text_config, "eos_token_id", None
+        )
         if isinstance(eos, list):
             eos = eos[0] if eos else None
         return self.tokenizer.eos_token_id if eos is None else eos
