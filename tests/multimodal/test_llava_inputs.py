@@ -70,12 +70,13 @@ BAD_INPUTS = [
     ({"prompt": PROMPT, "multi_modal_data": {"image": [random_image(1)] * 3}}, "limit_mm_per_prompt"),
     ({"prompt": PROMPT, "multi_modal_data": {"image": "not an image"}}, "PIL.Image"),
     ({"prompt": PROMPT, "multi_modal_data": {"video": random_image(1)}}, "'video'"),
+    ({"prompt": PROMPT}, "no image was given"),
 ]
 
 
 @pytest.mark.parametrize("prompt,needle", BAD_INPUTS)
 def test_bad_inputs_are_refused_and_the_engine_keeps_serving(llm, prompt, needle):
-    with pytest.raises(ValueError, match="multi_modal_data") as err:
+    with pytest.raises(ValueError, match="multi_modal_data|prompt") as err:
         llm.generate(prompt, GREEDY)
     assert needle in str(err.value)
     ok = llm.generate({"prompt": PROMPT, "multi_modal_data": {"image": random_image(0)}}, GREEDY)[0]
