@@ -23,7 +23,7 @@ from typing import Any, Optional
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from minivllm.config.architectures import POOLING_ONLY, SUPPORTED_ARCHITECTURES
+from minivllm.config.architectures import MULTIMODAL, POOLING_ONLY, SUPPORTED_ARCHITECTURES
 from minivllm.config.bench import BenchConfig
 from minivllm.config.draft_config import draft_model_config
 from minivllm.config.gguf_config import find_gguf_file, gguf_hf_config
@@ -139,6 +139,7 @@ class VllmConfig:
         self._check_lora()
         self._check_pooling()
         self._check_speculative()
+        self._check_multimodal()
         self.async_scheduling: bool = resolve_async_scheduling(self.scheduler.async_scheduling, self)
         self.torch_compile: bool = resolve_torch_compile(self.compilation.torch_compile, self.device_type)
 
@@ -216,6 +217,19 @@ class VllmConfig:
             if self.cache.enable_prefix_caching:
                 logger.warning("model.pooler_config.pooling_type=MEAN: turning prefix caching off (it skips tokens)")
                 self.cache.enable_prefix_caching = False
+
+    def _check_multimodal(self) -> None:
+        """What image-taking models do not support yet is refused by name (docs/multimodal.md)."""
+        if self.architecture not in MULTIMODAL:
+            return
+        refused = {
+            "lora.enable_lora=true": self.lora.enable_lora,
+            "model.runner=pooling": self.model.runner == "pooling",
+            f"speculative.method={self.speculative.method}": self.speculative.enabled,
+        }
+        for key, on in refused.items():
+            if on:
+                raise ValueError(f"{key}: not supported with {self.architecture} (a model that takes images)")
 
     def _check_speculative(self) -> None:
         """The verifier runs on the last pipeline stage's sampled tokens of a generating runner;

@@ -117,3 +117,16 @@ def test_text_only_model_refuses_images(llama_dir):
     with pytest.raises(ValueError, match="multi_modal_data: LlamaForCausalLM takes no images"):
         llm.generate({"prompt": "hi", "multi_modal_data": {"image": random_image(0)}}, GREEDY)
     assert len(llm.generate("hi", GREEDY)[0].outputs[0].token_ids) == 5
+
+
+@pytest.mark.parametrize(
+    "kwargs,key",
+    [
+        (dict(enable_lora=True), "lora.enable_lora"),
+        (dict(runner="pooling"), "model.runner=pooling"),
+        (dict(speculative_config={"method": "ngram", "num_speculative_tokens": 2}), "speculative.method"),
+    ],
+)
+def test_unsupported_combinations_are_refused(llava_dir, kwargs, key):
+    with pytest.raises(ValueError, match=key):
+        LLM(str(llava_dir), num_gpu_blocks_override=16, max_model_len=128, **kwargs)
