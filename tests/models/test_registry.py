@@ -38,9 +38,8 @@ def registry():
 
 def test_every_registered_architecture_has_a_parity_test():
     from minivllm.models.registry import POOLING_ONLY
-    from tests.pooling.test_embed import BASE_MODEL_CASES  # pooling-only ones are checked by embedding
-
     from tests.multimodal.cases import MULTIMODAL_PARITY  # image-taking ones are checked with images
+    from tests.pooling.test_embed import BASE_MODEL_CASES  # pooling-only ones are checked by embedding
 
     covered = {case.architecture for case in PARITY_CASES} | (POOLING_ONLY & set(BASE_MODEL_CASES))
     covered |= set(MULTIMODAL_PARITY)
