@@ -15,6 +15,7 @@ from typing import Any, Union
 
 from transformers import PreTrainedTokenizerBase
 
+from minivllm.config.architectures import MULTIMODAL
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.kv_cache_spec import KVCacheSpec
 from minivllm.lora.checker import LoRAChecker
@@ -80,13 +81,12 @@ class Processor:
         self.vocab_size = cfg.hf_text_config.vocab_size
         self.lora = LoRAChecker(cfg.lora, cfg.hf_config)
         """``self.lora.check(lora_request)`` validates a request's adapter."""
-        model_cls = ModelRegistry.resolve(cfg.architecture)
-        self.mm: MultiModalProcessor | None = (
-            load_multimodal_processor(cfg, model_cls.image_token_id(cfg.hf_config))
-            if supports_multimodal(model_cls)
-            else None
-        )
+        self.mm: MultiModalProcessor | None = None
         """The checkpoint's image processor and the per-prompt limits; None for a text-only model."""
+        if cfg.architecture in MULTIMODAL:  # the front end imports a model class only for these
+            model_cls = ModelRegistry.resolve(cfg.architecture)
+            if supports_multimodal(model_cls):
+                self.mm = load_multimodal_processor(cfg, model_cls.image_token_id(cfg.hf_config))
 
     @property
     def eos_token_id(self) -> int | None:
