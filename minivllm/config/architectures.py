@@ -38,8 +38,6 @@ ARCHITECTURES: dict[str, Any] = {
 One dict per process, shared by every ``ArchitectureTable`` (registrations included)."""
 POOLING_ONLY = frozenset({"LlamaModel", "Qwen2Model", "Qwen3Model", "MistralModel"})
 """Architectures without an LM head: they can only embed."""
-MULTIMODAL = frozenset({"LlavaForConditionalGeneration"})
-"""Architectures that take images (``minivllm/multimodal/``): generate only, without LoRA or draft models."""
 
 
 class ArchitectureTable:

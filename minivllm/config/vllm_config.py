@@ -23,7 +23,7 @@ from typing import Any, Optional
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from minivllm.config.architectures import MULTIMODAL, POOLING_ONLY, SUPPORTED_ARCHITECTURES
+from minivllm.config.architectures import POOLING_ONLY, SUPPORTED_ARCHITECTURES
 from minivllm.config.bench import BenchConfig
 from minivllm.config.draft_config import draft_model_config
 from minivllm.config.gguf_config import find_gguf_file, gguf_hf_config
@@ -113,6 +113,8 @@ class VllmConfig:
         self.hf_config, self.checkpoint_dir = self._load_hf_config()
         self.hf_text_config: Any = getattr(self.hf_config, "text_config", None) or self.hf_config
         """The language model's config: ``text_config`` of a multimodal checkpoint, else ``hf_config``."""
+        self.is_multimodal: bool = getattr(self.hf_config, "vision_config", None) is not None
+        """The checkpoint has a vision tower (its model takes images: ``minivllm/multimodal/``)."""
         if not self.load.loader:
             self.load.loader = {"_target_": LOADER_TARGETS.get(self.load.format, DEFAULT_LOADER)}
         if self.model.architecture:
@@ -220,7 +222,7 @@ class VllmConfig:
 
     def _check_multimodal(self) -> None:
         """What image-taking models do not support yet is refused by name (docs/multimodal.md)."""
-        if self.architecture not in MULTIMODAL:
+        if not self.is_multimodal:
             return
         refused = {
             "lora.enable_lora=true": self.lora.enable_lora,

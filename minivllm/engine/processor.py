@@ -15,7 +15,6 @@ from typing import Any, Union
 
 from transformers import PreTrainedTokenizerBase
 
-from minivllm.config.architectures import MULTIMODAL
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.kv_cache_spec import KVCacheSpec
 from minivllm.lora.checker import LoRAChecker
@@ -83,7 +82,7 @@ class Processor:
         """``self.lora.check(lora_request)`` validates a request's adapter."""
         self.mm: MultiModalProcessor | None = None
         """The checkpoint's image processor and the per-prompt limits; None for a text-only model."""
-        if cfg.architecture in MULTIMODAL:  # the front end imports a model class only for these
+        if cfg.is_multimodal:  # the front end imports a model class only for these
             model_cls = ModelRegistry.resolve(cfg.architecture)
             if supports_multimodal(model_cls):
                 self.mm = load_multimodal_processor(cfg, model_cls.image_token_id(cfg.hf_config))
