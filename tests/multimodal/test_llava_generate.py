@@ -105,3 +105,25 @@ def test_chunked_prefill_through_an_image(llava_dir, hf):
 
 def _image_id(llm: LLM) -> int:
     return llm.llm_engine.processor.mm.image_token_id
+
+
+def test_preempted_requests_encode_their_image_again(llava_dir, hf):
+    """Seven 8-token blocks for three 46-token requests: running requests are preempted
+    (their encoder outputs freed) and recomputed, images included; tokens stay exact."""
+    llm = LLM(
+        str(llava_dir),
+        max_model_len=128,
+        block_size=8,
+        num_gpu_blocks_override=7,
+        max_num_batched_tokens=8,
+        enable_prefix_caching=False,
+        overrides=[f"scheduler.max_num_encoder_input_tokens={NUM_IMAGE_TOKENS}", "scheduler.encoder_cache_size=32"],
+    )
+    images = [random_image(50 + i) for i in range(3)]
+    outs = llm.generate([{"prompt": PROMPT, "multi_modal_data": {"image": im}} for im in images], GREEDY)
+    scheduler, mm = llm.llm_engine.core.scheduler, _runner(llm).mm
+    assert scheduler.num_preemptions > 0
+    assert mm.num_encoded > len(images)  # a preempted request's image ran again
+    for out, image in zip(outs, images):
+        assert list(out.outputs[0].token_ids) == hf.greedy(PROMPT, [image], MAX_TOKENS)[1]
+    assert not scheduler.encoder.cached and scheduler.encoder.num_free == 32 and not mm.encoder_cache
