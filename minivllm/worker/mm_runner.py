@@ -10,8 +10,9 @@ token is an image placeholder, embeds the step's token ids
 (``model.embed_input_ids``) and writes each image's rows over its placeholders:
 the slice of the image that this step's chunk covers. The model then runs on
 ``inputs_embeds``; such steps run eagerly (no CUDA graph). A step without
-placeholder tokens (every decode step) passes None and costs one dict lookup per
-scheduled request that has images.
+placeholder tokens passes None. A request leaves ``features`` once its chunk
+passed its last image (a preempted request comes back in full), so once every
+running request is past its images the runner skips all of this.
 
 M-RoPE models (Qwen2-VL, ``SupportsMRoPE``) need (3, T) positions: they are
 computed from the same per-request features; ``ModelRunner._prepare_inputs`` is
@@ -35,9 +36,9 @@ class MultiModalRunner:
         self.model = model
         self.device = device
         self.features: dict[RequestId, list[MultiModalFeature]] = {}
-        """The images of each request the worker holds that has any."""
-        self.encoder_cache: dict[tuple[RequestId, int], torch.Tensor] = {}
-        """(request, feature index) -> (length, hidden) encoder output on the device."""
+        """The images of each request whose placeholders are not all computed yet."""
+        self.encoder_cache: dict[RequestId, dict[int, torch.Tensor]] = {}
+        """request -> feature index -> (length, hidden) encoder output on the device."""
         self.num_encoded = 0
         """Images encoded since start-up (tests read it)."""
 
@@ -47,13 +48,16 @@ class MultiModalRunner:
             self.features[new.req_id] = new.mm_features
 
     def remove_request(self, req_id: RequestId) -> None:
-        features = self.features.pop(req_id, None)
-        for index in range(len(features or ())):
-            self.encoder_cache.pop((req_id, index), None)
+        self.features.pop(req_id, None)
+        self.encoder_cache.pop(req_id, None)
 
     def free(self, ids: list[tuple[RequestId, int]]) -> None:
-        for key in ids:
-            self.encoder_cache.pop(key, None)
+        for req_id, index in ids:
+            held = self.encoder_cache.get(req_id)
+            if held is not None:
+                held.pop(index, None)
+                if not held:
+                    del self.encoder_cache[req_id]
 
     # ---- one step -------------------------------------------------------------------------
     def encode(self, sched: SchedulerOutput) -> None:
@@ -69,13 +73,13 @@ class MultiModalRunner:
                         f"request {req_id} image {index}: the encoder gave {out.shape[0]} rows "
                         f"for {feature.length} placeholder tokens"
                     )
-                self.encoder_cache[(req_id, index)] = out
+                self.encoder_cache.setdefault(req_id, {})[index] = out
                 self.num_encoded += 1
 
     def inputs_embeds(self, step: StepInputs, batch: InputBatch) -> torch.Tensor | None:
         """(T, hidden) input embeddings with the image rows merged in; None when no scheduled
         token of this step is an image placeholder (the model embeds the ids itself)."""
-        merges = []
+        merges, passed = [], []
         starts = step.query_start
         for i, row in enumerate(step.rows.tolist()):
             req_id = batch.req_ids[row]
@@ -88,8 +92,12 @@ class MultiModalRunner:
             for index, feature in enumerate(features):
                 if feature.overlaps(start, stop):
                     lo, hi = max(start, feature.offset), min(stop, feature.end)
-                    rows = self.encoder_cache[(req_id, index)][lo - feature.offset : hi - feature.offset]
+                    rows = self.encoder_cache[req_id][index][lo - feature.offset : hi - feature.offset]
                     merges.append((flat + lo - start, flat + hi - start, rows))
+            if stop >= features[-1].end:
+                passed.append(req_id)
+        for req_id in passed:  # every placeholder computed: nothing more to merge for it
+            del self.features[req_id]
         if not merges:
             return None
         embeds = self.model.embed_input_ids(step.input_ids)  # (T, hidden)

@@ -101,6 +101,7 @@ def test_chunked_prefill_through_an_image(llava_dir, hf):
     mm = _runner(llm).mm
     assert mm.num_encoded == 2
     assert not mm.encoder_cache  # every output freed once its placeholders were computed
+    assert not mm.features  # and no request left for the runner to look at
 
 
 def _image_id(llm: LLM) -> int:
