@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from typing import Any, AsyncIterator
 
@@ -75,10 +76,12 @@ async def create_chat_completion(state: ServerState, body: ChatCompletionRequest
         structured_outputs=_constraint(body, tools),
     )
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
+    # image URLs may be fetched over the network: off the event loop, so other requests keep streaming
+    rendered = await asyncio.to_thread(render, state, body, tools) if _has_images(body) else render(state, body, tools)
     prompt = check_prompt(
         state.engine,
         f"{request_id}-0",
-        render(state, body, tools),
+        rendered,
         params,
         body.priority,
         lora,
@@ -97,6 +100,12 @@ async def create_chat_completion(state: ServerState, body: ChatCompletionRequest
     shown = prompt_logprobs_json(outs[0].prompt_logprobs) if body.prompt_logprobs is not None else None
     return ChatCompletionResponse(
         id=request_id, model=model, choices=choices, usage=usage([prompt], outs), prompt_logprobs=shown
+    )
+
+
+def _has_images(body: ChatCompletionRequest) -> bool:
+    return any(
+        isinstance(m.content, list) and any(part.type == "image_url" for part in m.content) for m in body.messages
     )
 
 
