@@ -28,12 +28,14 @@ from minivllm.engine.async_llm import AsyncLLM
 from minivllm.engine.request_stream import EngineDeadError
 from minivllm.serve.chat import create_chat_completion
 from minivllm.serve.completions import create_completion
+from minivllm.serve.dev_routes import add_dev_routes
 from minivllm.serve.embeddings import add_embedding_routes
 from minivllm.serve.errors import ClientDisconnected, ModelNotFound, Overloaded
 from minivllm.serve.lora_routes import add_lora_routes
 from minivllm.serve.metrics import CONTENT_TYPE
+from minivllm.serve.models_route import add_model_routes
 from minivllm.serve.params import BadRequest, param_of
-from minivllm.serve.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
+from minivllm.serve.protocol import ChatCompletionRequest, CompletionRequest
 from minivllm.serve.state import ServerState
 from minivllm.serve.tokenize import add_tokenize_routes
 
@@ -74,18 +76,12 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
     async def chat_completions(body: ChatCompletionRequest, raw: Request) -> Any:
         return await create_chat_completion(state, body, raw)
 
-    @app.get("/v1/models")
-    async def models() -> ModelList:
-        root, max_len = state.cfg.model.path, state.cfg.max_model_len
-        cards = [ModelCard(id=name, root=root, max_model_len=max_len) for name in state.model_names]
-        adapters = [
-            ModelCard(id=name, root=lora.lora_path, parent=state.model_name, max_model_len=max_len)
-            for name, lora in state.adapters.by_name.items()
-        ]
-        return ModelList(data=[*cards, *adapters])
+    add_model_routes(app, state)
 
     if state.cfg.serve.enable_lora_runtime_updates:
         add_lora_routes(app, state)
+    if state.cfg.serve.dev_mode:
+        add_dev_routes(app, state)
 
     @app.get("/health")
     async def health() -> Response:
