@@ -229,9 +229,8 @@ class Scheduler:
             num_new = num_known + pending - request.num_computed_tokens
             if num_new > budget:
                 num_new = budget
-            encode = None
             if request.mm_features:  # stop before an image that cannot be encoded in this step
-                encode, num_new = self.encoder.plan(request, request.num_computed_tokens, num_new, plan.encoder)
+                num_new = self.encoder.fit(request, request.num_computed_tokens, num_new, plan.encoder)
                 if not num_new:
                     continue
             drafts, num_slots = None, num_new
@@ -244,8 +243,8 @@ class Scheduler:
                     continue  # the request itself was preempted
                 if new_blocks:
                     new_blocks_of[request.request_id] = new_blocks
-            if encode:
-                self.encoder.commit(request, encode, plan.encoder)
+            if request.mm_features:
+                self.encoder.commit(request, plan.encoder, request.num_computed_tokens, num_new)
             if drafts:
                 plan.spec_tokens[request.request_id] = drafts
                 num_new += len(drafts)
@@ -316,17 +315,16 @@ class Scheduler:
             if num_new > plan.budget and not self.chunked_prefill:
                 break
             num_new = min(num_new, plan.budget)
-            encode = None
             if request.mm_features:
-                encode, fitting = self.encoder.plan(request, num_cached, num_new, plan.encoder)
+                fitting = self.encoder.fit(request, num_cached, num_new, plan.encoder)
                 if not fitting or (fitting < num_new and not self.chunked_prefill):
                     break  # its next image waits for encoder budget or cache
                 num_new = fitting
             if self.kv.allocate_slots(request, num_new, cached) is None:
                 break
             self.waiting.popleft()
-            if encode:
-                self.encoder.commit(request, encode, plan.encoder)
+            if request.mm_features:
+                self.encoder.commit(request, plan.encoder, num_cached, num_new)
             if request.lora_int_id is not None:
                 adapters.add(request.lora_int_id)
             request.status = RequestStatus.RUNNING
@@ -344,7 +342,7 @@ class Scheduler:
         self.running.remove(request)
         self.kv.free(request)
         if request.mm_features:
-            self.encoder.free(request.request_id)
+            self.encoder.free(request)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
         request.num_preemptions += 1
@@ -372,7 +370,7 @@ class Scheduler:
         self._forget = set()
         self._advance(plan.continuing, plan.scheduled)
         self._advance(plan.newly_admitted, plan.scheduled)
-        if self.encoder.cached:  # images whose placeholders all have KV now: freed with the next step
+        if self.encoder.held:  # images whose placeholders all have KV now: freed with the next step
             for request in (*plan.continuing, *plan.newly_admitted):
                 if request.mm_features:
                     self.encoder.free_consumed(request)
@@ -512,7 +510,7 @@ class Scheduler:
             self.waiting.remove(request)
         self.kv.free(request)
         if request.mm_features:
-            self.encoder.free(request.request_id)
+            self.encoder.free(request)
         self._forget.add(request.request_id)
         self.structured.remove(request.request_id)
         del self.requests[request.request_id]

@@ -78,9 +78,10 @@ class SchedulerOutput:
     scheduled_encoder_inputs: dict[RequestId, list[int]] = field(default_factory=dict)
     """Images whose vision encoder runs in this step: request -> indices into its ``mm_features``
     (the step's tokens reach their placeholders, and their features are not cached yet)."""
-    free_encoder_input_ids: list[tuple[RequestId, int]] = field(default_factory=list)
-    """(request, feature index) whose encoder outputs the workers may drop: their placeholders
-    are all computed, or the request finished or was preempted."""
+    free_encoder_input_ids: list[str] = field(default_factory=list)
+    """Identifiers (``MultiModalFeature.identifier``) of encoder outputs the workers may drop: no
+    request needs them any more (placeholders all computed, or finished or preempted). Applied
+    before this step's encoder inputs run."""
 
     @property
     def total_num_scheduled_tokens(self) -> int:

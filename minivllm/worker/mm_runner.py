@@ -37,8 +37,9 @@ class MultiModalRunner:
         self.device = device
         self.features: dict[RequestId, list[MultiModalFeature]] = {}
         """The images of each request whose placeholders are not all computed yet."""
-        self.encoder_cache: dict[RequestId, dict[int, torch.Tensor]] = {}
-        """request -> feature index -> (length, hidden) encoder output on the device."""
+        self.encoder_cache: dict[str, torch.Tensor] = {}
+        """Image identifier -> (length, hidden) encoder output on the device, shared by the
+        requests holding the same image; the scheduler says when to drop one."""
         self.num_encoded = 0
         """Images encoded since start-up (tests read it)."""
 
@@ -48,16 +49,11 @@ class MultiModalRunner:
             self.features[new.req_id] = new.mm_features
 
     def remove_request(self, req_id: RequestId) -> None:
-        self.features.pop(req_id, None)
-        self.encoder_cache.pop(req_id, None)
+        self.features.pop(req_id, None)  # its cached outputs go when the scheduler frees them
 
-    def free(self, ids: list[tuple[RequestId, int]]) -> None:
-        for req_id, index in ids:
-            held = self.encoder_cache.get(req_id)
-            if held is not None:
-                held.pop(index, None)
-                if not held:
-                    del self.encoder_cache[req_id]
+    def free(self, identifiers: list[str]) -> None:
+        for identifier in identifiers:
+            self.encoder_cache.pop(identifier, None)
 
     # ---- one step -------------------------------------------------------------------------
     def encode(self, sched: SchedulerOutput) -> None:
@@ -73,7 +69,7 @@ class MultiModalRunner:
                         f"request {req_id} image {index}: the encoder gave {out.shape[0]} rows "
                         f"for {feature.length} placeholder tokens"
                     )
-                self.encoder_cache.setdefault(req_id, {})[index] = out
+                self.encoder_cache[feature.identifier] = out
                 self.num_encoded += 1
 
     def inputs_embeds(self, step: StepInputs, batch: InputBatch) -> torch.Tensor | None:
@@ -89,10 +85,10 @@ class MultiModalRunner:
             flat = int(starts[i])
             start = int(step.token_positions[flat])  # the chunk covers positions start .. stop - 1
             stop = start + int(step.query_lens[i])
-            for index, feature in enumerate(features):
+            for feature in features:
                 if feature.overlaps(start, stop):
                     lo, hi = max(start, feature.offset), min(stop, feature.end)
-                    rows = self.encoder_cache[req_id][index][lo - feature.offset : hi - feature.offset]
+                    rows = self.encoder_cache[feature.identifier][lo - feature.offset : hi - feature.offset]
                     merges.append((flat + lo - start, flat + hi - start, rows))
             if stop >= features[-1].end:
                 passed.append(req_id)

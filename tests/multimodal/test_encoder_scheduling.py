@@ -10,12 +10,13 @@ from tests.core.scheduler_helpers import FakeRunner, base_config, make_request, 
 IMG = 99
 
 
-def _request(req_id: str, length: int, images: list[tuple[int, int]]):
+def _request(req_id: str, length: int, images: list[tuple[int, int]], names: list[str] | None = None):
+    """``images``: (offset, length) each; ``names``: their identifiers (default: unique per request)."""
     tokens = list(range(1, length + 1))
     features = []
     for i, (offset, n) in enumerate(images):
         tokens[offset : offset + n] = [IMG] * n
-        features.append(MultiModalFeature(f"{req_id}-img{i}", "image", offset, n))
+        features.append(MultiModalFeature(names[i] if names else f"{req_id}-img{i}", "image", offset, n))
     request = make_request(tokens, max_tokens=2, req_id=req_id)
     request.mm_features = features
     return request
@@ -40,12 +41,12 @@ def test_images_encoded_in_the_step_that_reaches_them_and_freed_after():
     s1 = step(sched, runner)  # tokens 0..7 reach image 0 (2..7)
     assert s1.scheduled_encoder_inputs == {a: [0]} and s1.num_scheduled_tokens[a] == 8
     s2 = step(sched, runner)  # tokens 8..15 reach image 1 (12..17); image 0 is all computed
-    assert s2.free_encoder_input_ids == [(a, 0)]
+    assert s2.free_encoder_input_ids == ["a-img0"]
     assert s2.scheduled_encoder_inputs == {a: [1]}
     s3 = step(sched, runner)  # tokens 16..19: image 1's tail, from the cache
     assert s3.scheduled_encoder_inputs == {} and s3.free_encoder_input_ids == []
     s4 = step(sched, runner)  # a decode step; image 1 was freed after step 3
-    assert s4.free_encoder_input_ids == [(a, 1)] and s4.scheduled_encoder_inputs == {}
+    assert s4.free_encoder_input_ids == ["a-img1"] and s4.scheduled_encoder_inputs == {}
     assert sched.encoder.num_free == 8 and not sched.encoder.cached
 
 
@@ -59,7 +60,7 @@ def test_chunk_stops_before_an_image_the_cache_cannot_hold():
     assert s1.scheduled_encoder_inputs == {b: [0]}
     assert s1.num_scheduled_tokens == {b: 10, c: 4}  # c stops just before its image (2 cache tokens free)
     s2 = step(sched, runner)
-    assert s2.free_encoder_input_ids == [(b, 0)]
+    assert s2.free_encoder_input_ids == ["b-img0"]
     assert s2.scheduled_encoder_inputs == {c: [0]} and s2.num_scheduled_tokens[c] == 6
 
 
@@ -86,8 +87,27 @@ def test_abort_and_preemption_free_the_entries():
     assert sched.encoder.num_free == 8
     sched.add_request(_request("g", 12, [(2, 6)]))
     s2 = sched.schedule()
-    assert (f, 0) in s2.free_encoder_input_ids and f in s2.forget_req_ids
+    assert "f-img0" in s2.free_encoder_input_ids and f in s2.forget_req_ids
     victim = sched.running[0]
     sched._preempt(victim)  # the KV cache ran out: its encoder output goes too
     assert sched.encoder.num_free == 8 and not sched.encoder.cached
-    assert (victim.request_id, 0) in sched.encoder.take_freed()
+    assert "g-img0" in sched.encoder.take_freed()
+
+
+def test_requests_with_the_same_image_share_one_encoder_output():
+    """Two requests holding image X: encoded once, kept while either still needs it."""
+    sched = _scheduler(budget=8, encoder_budget=8, cache=8)
+    runner = FakeRunner(sched.kv.block_size)
+    h, k = RequestId("h"), RequestId("k")
+    sched.add_request(_request("h", 12, [(4, 6)], names=["X"]))
+    sched.add_request(_request("k", 8, [(0, 6)], names=["X"]))
+    s1 = step(sched, runner)  # h: tokens 0..7 reach X: encoded; no budget left for k
+    assert s1.scheduled_encoder_inputs == {h: [0]} and s1.num_scheduled_tokens == {h: 8}
+    s2 = step(sched, runner)  # h: 8..11 (done with X); k: 0..3 reaches X: the cached output
+    assert s2.num_scheduled_tokens == {h: 4, k: 4}
+    assert s2.scheduled_encoder_inputs == {} and s2.free_encoder_input_ids == []
+    assert sched.encoder.users["X"] == {k}  # h let go of it; k holds it
+    s3 = step(sched, runner)  # k: 4..7, the rest of X
+    assert s3.scheduled_encoder_inputs == {} and s3.free_encoder_input_ids == []
+    s4 = step(sched, runner)
+    assert s4.free_encoder_input_ids == ["X"] and sched.encoder.num_free == 8

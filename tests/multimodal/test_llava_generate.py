@@ -128,3 +128,15 @@ def test_preempted_requests_encode_their_image_again(llava_dir, hf):
     for out, image in zip(outs, images):
         assert list(out.outputs[0].token_ids) == hf.greedy(PROMPT, [image], MAX_TOKENS)[1]
     assert not scheduler.encoder.cached and scheduler.encoder.num_free == 32 and not mm.encoder_cache
+
+
+def test_requests_with_the_same_image_encode_it_once(llm, hf):
+    image = random_image(8)
+    prompts = [PROMPT, "USER: <image>\nDescribe the colours. ASSISTANT:"]
+    mm = _runner(llm).mm
+    before = mm.num_encoded
+    outs = llm.generate([{"prompt": p, "multi_modal_data": {"image": image}} for p in prompts], GREEDY)
+    assert mm.num_encoded - before == 1  # one encoder output, referenced by both requests
+    for out, prompt in zip(outs, prompts):
+        assert list(out.outputs[0].token_ids) == hf.greedy(prompt, [image], MAX_TOKENS)[1]
+    assert not mm.encoder_cache
