@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from dataclasses import replace
 from typing import Any, AsyncIterator
@@ -12,6 +13,7 @@ from fastapi.responses import StreamingResponse
 from minivllm.engine.outputs import CompletionOutput
 from minivllm.engine.request_stream import EngineDeadError, RequestStream
 from minivllm.entrypoints.chat_utils import render_chat
+from minivllm.multimodal.media import MediaConnector
 from minivllm.sampling_params import RequestOutputKind
 from minivllm.serve.chat_output import ChatOutputParser
 from minivllm.serve.completions import prompt_logprobs_json
@@ -76,10 +78,12 @@ async def create_chat_completion(state: ServerState, body: ChatCompletionRequest
         structured_outputs=constraint,
     )
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
+    # image URLs may be fetched over the network: off the event loop, so other requests keep streaming
+    rendered = await asyncio.to_thread(render, state, body, tools) if _has_images(body) else render(state, body, tools)
     prompt = check_prompt(
         state.engine,
         f"{request_id}-0",
-        render(state, body, tools),
+        rendered,
         params,
         body.priority,
         lora,
@@ -97,6 +101,12 @@ async def create_chat_completion(state: ServerState, body: ChatCompletionRequest
     shown = prompt_logprobs_json(outs[0].prompt_logprobs) if body.prompt_logprobs is not None else None
     return ChatCompletionResponse(
         id=request_id, model=model, choices=choices, usage=usage([prompt], outs), prompt_logprobs=shown
+    )
+
+
+def _has_images(body: ChatCompletionRequest) -> bool:
+    return any(
+        isinstance(m.content, list) and any(part.type == "image_url" for part in m.content) for m in body.messages
     )
 
 
@@ -137,6 +147,7 @@ def render(state: ServerState, body: ChatCompletionRequest, tools: ToolPlan | No
             continue_final_message=body.continue_final_message,
             tools=tools.tools if tools is not None else None,
             chat_template_kwargs=body.chat_template_kwargs,
+            media=MediaConnector(state.cfg.model.allowed_local_media_path),
         )
     except ValueError as err:
         raise BadRequest("messages", str(err)) from None
