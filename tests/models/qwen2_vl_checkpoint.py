@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import numpy as np
 import torch
+from PIL import Image
 from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
 
 from minivllm.multimodal.feature import MultiModalFeature
@@ -69,3 +73,77 @@ def image_prompt(text_lens: list[int], grids: list[tuple[int, int, int]], seed: 
             features.append(MultiModalFeature(f"img{i}", "image", len(ids), length, {"image_grid_thw": grid}))
             ids += [IMAGE_TOKEN] * length + [VISION_END]
     return ids, features
+
+
+SPECIAL_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
+VISION = "<|vision_start|><|image_pad|><|vision_end|>"
+CHAT_TEMPLATE = (
+    "{% for m in messages %}{{ m['role'] }}: "
+    "{% if m['content'] is string %}{{ m['content'] }}{% else %}{% for c in m['content'] %}"
+    "{% if c['type'] == 'image' %}" + VISION + "{% else %}{{ c['text'] }}{% endif %}{% endfor %}{% endif %}\n"
+    "{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}"
+)
+MIN_PIXELS, MAX_PIXELS = 56 * 56, 112 * 112  # images of 2x2 to 4x4 merged tokens (28-pixel blocks)
+
+
+def build_qwen2_vl(out: Path, tokenizer_dir: Path, seed: int = 0) -> Path:
+    """A saved checkpoint: weights and config (transformers' layout), the tokenizer with
+    Qwen2-VL's vision tokens and a chat template, and the (PIL) image processor's config."""
+    from transformers import PreTrainedTokenizerFast
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    out.mkdir(parents=True, exist_ok=True)
+    tok = PreTrainedTokenizerFast.from_pretrained(tokenizer_dir)
+    tok.add_special_tokens({"additional_special_tokens": SPECIAL_TOKENS})
+    tok.chat_template = CHAT_TEMPLATE
+    start, end, image, video = tok.convert_tokens_to_ids(SPECIAL_TOKENS)
+    config = tiny_qwen2_vl_config(
+        vocab_size=len(tok),
+        tie=True,
+        image_token_id=image,
+        video_token_id=video,
+        vision_start_token_id=start,
+        vision_end_token_id=end,
+    )
+    tiny_hf_model(config, seed).save_pretrained(out)
+    Qwen2VLImageProcessorPil(min_pixels=MIN_PIXELS, max_pixels=MAX_PIXELS).save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+def random_image(seed: int, height: int, width: int) -> Image.Image:
+    return Image.fromarray(np.random.RandomState(seed).randint(0, 255, (height, width, 3), dtype=np.uint8))
+
+
+class HFQwen2VL:
+    """The oracle: transformers' image processor and ``generate`` on the saved checkpoint. Each
+    ``<|image_pad|>`` of the text becomes ``t * h * w / 4`` of them, as transformers' processor
+    expands it (which itself needs torchvision to be built)."""
+
+    def __init__(self, checkpoint: Path) -> None:
+        from transformers import AutoImageProcessor, AutoTokenizer
+
+        self.tokenizer = AutoTokenizer.from_pretrained(checkpoint)
+        self.image_processor = AutoImageProcessor.from_pretrained(checkpoint)
+        self.model = Qwen2VLForConditionalGeneration.from_pretrained(checkpoint, dtype=torch.float32).eval()
+        self.image_token_id = self.model.config.image_token_id
+
+    def greedy(self, prompt: str, images: list[Image.Image], max_tokens: int) -> tuple[list[int], list[int]]:
+        """(prompt ids with the placeholders expanded, greedy output tokens)."""
+        pixels = self.image_processor(images=images, return_tensors="pt")
+        counts = (pixels["image_grid_thw"].prod(-1) // MERGE**2).tolist()
+        pieces = prompt.split("<|image_pad|>")
+        text = pieces[0] + "".join("<|image_pad|>" * n + piece for n, piece in zip(counts, pieces[1:]))
+        ids = self.tokenizer(text, return_tensors="pt")["input_ids"]
+        with torch.no_grad():
+            out = self.model.generate(
+                input_ids=ids,
+                attention_mask=torch.ones_like(ids),
+                mm_token_type_ids=(ids == self.image_token_id).int(),
+                **pixels,
+                max_new_tokens=max_tokens,
+                min_new_tokens=max_tokens,
+                do_sample=False,
+                pad_token_id=0,
+            )
+        return ids[0].tolist(), out[0, ids.shape[1] :].tolist()
