@@ -26,7 +26,7 @@ from transformers.activations import ACT2FN
 from minivllm.attention.backend import AttentionBackend, AttentionMetadata
 from minivllm.layers.weight_utils import default_weight_loader
 from minivllm.models.llama import LlamaForCausalLM
-from minivllm.models.vision.clip import CLIPVisionTransformer
+from minivllm.models.vision.clip import CLIPVisionTransformer, Linear
 
 _RENAMES = (
     ("model.language_model.", "language_model.model."),
@@ -50,9 +50,9 @@ class LlavaMultiModalProjector(nn.Module):
         super().__init__()
         bias = getattr(config, "multimodal_projector_bias", True)
         vision, text = config.vision_config.hidden_size, config.text_config.hidden_size
-        self.linear_1 = nn.Linear(vision * num_feature_layers, text, bias=bias)
+        self.linear_1 = Linear(vision * num_feature_layers, text, bias=bias)
         self.act = ACT2FN[config.projector_hidden_act]
-        self.linear_2 = nn.Linear(text, text, bias=bias)
+        self.linear_2 = Linear(text, text, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.linear_2(self.act(self.linear_1(x)))

@@ -4,6 +4,8 @@ The tower is small next to the language model, so every tensor-parallel rank
 holds all of it (replicated, plain ``nn.Linear``); its parameter names are
 transformers' ``CLIPVisionModel`` names without the ``vision_model.`` level, so a
 checkpoint loads by name. Attention is bidirectional over one image's patches.
+Layers skip torch's random init: the loader fills every parameter (and random
+init on the meta device costs seconds).
 """
 
 from __future__ import annotations
@@ -16,14 +18,34 @@ from torch import nn
 from transformers.activations import ACT2FN
 
 
+class Linear(nn.Linear):
+    def reset_parameters(self) -> None:  # the checkpoint fills it
+        pass
+
+
+class LayerNorm(nn.LayerNorm):
+    def reset_parameters(self) -> None:
+        pass
+
+
+class _Conv2d(nn.Conv2d):
+    def reset_parameters(self) -> None:
+        pass
+
+
+class _Embedding(nn.Embedding):
+    def reset_parameters(self) -> None:
+        pass
+
+
 class CLIPVisionEmbeddings(nn.Module):
     def __init__(self, config: Any) -> None:
         super().__init__()
         hidden, patch = config.hidden_size, config.patch_size
         self.class_embedding = nn.Parameter(torch.empty(hidden))
-        self.patch_embedding = nn.Conv2d(config.num_channels, hidden, patch, stride=patch, bias=False)
+        self.patch_embedding = _Conv2d(config.num_channels, hidden, patch, stride=patch, bias=False)
         self.num_positions = (config.image_size // patch) ** 2 + 1
-        self.position_embedding = nn.Embedding(self.num_positions, hidden)
+        self.position_embedding = _Embedding(self.num_positions, hidden)
 
     def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:  # (B, C, H, W) -> (B, 1 + patches, hidden)
         dtype = self.patch_embedding.weight.dtype
@@ -44,8 +66,8 @@ class CLIPAttention(nn.Module):
         hidden = config.hidden_size
         self.num_heads = config.num_attention_heads
         self.head_dim = hidden // self.num_heads
-        self.q_proj, self.k_proj, self.v_proj = (nn.Linear(hidden, hidden) for _ in range(3))
-        self.out_proj = nn.Linear(hidden, hidden)
+        self.q_proj, self.k_proj, self.v_proj = (Linear(hidden, hidden) for _ in range(3))
+        self.out_proj = Linear(hidden, hidden)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, S, hidden)
         B, S, _ = x.shape
@@ -60,8 +82,8 @@ class CLIPAttention(nn.Module):
 class CLIPMLP(nn.Module):
     def __init__(self, config: Any) -> None:
         super().__init__()
-        self.fc1 = nn.Linear(config.hidden_size, config.intermediate_size)
-        self.fc2 = nn.Linear(config.intermediate_size, config.hidden_size)
+        self.fc1 = Linear(config.hidden_size, config.intermediate_size)
+        self.fc2 = Linear(config.intermediate_size, config.hidden_size)
         self.act = ACT2FN[config.hidden_act]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -71,9 +93,9 @@ class CLIPMLP(nn.Module):
 class CLIPEncoderLayer(nn.Module):
     def __init__(self, config: Any) -> None:
         super().__init__()
-        self.layer_norm1 = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.layer_norm1 = LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.self_attn = CLIPAttention(config)
-        self.layer_norm2 = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.layer_norm2 = LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.mlp = CLIPMLP(config)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -95,9 +117,9 @@ class CLIPVisionTransformer(nn.Module):
     def __init__(self, config: Any) -> None:
         super().__init__()
         self.embeddings = CLIPVisionEmbeddings(config)
-        self.pre_layrnorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)  # transformers' spelling
+        self.pre_layrnorm = LayerNorm(config.hidden_size, eps=config.layer_norm_eps)  # transformers' spelling
         self.encoder = CLIPEncoder(config)
-        self.post_layernorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.post_layernorm = LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         """Loaded with the checkpoint but unused: LLaVA reads a hidden layer, not the pooled output."""
 
     def hidden_states(self, pixel_values: torch.Tensor, layers: list[int]) -> list[torch.Tensor]:
