@@ -1,7 +1,7 @@
 """Qwen2-VL offline, end to end: greedy tokens equal transformers' ``generate`` on the same
-checkpoint and images, for one image, two images of different sizes in one prompt, and
-chunked prefill cutting through the image placeholders (M-RoPE positions and image rows
-then arrive in pieces)."""
+checkpoint and images, for one image, two images of different sizes in one prompt, the
+same prompts again from the prefix cache, and chunked prefill cutting through the image
+placeholders (M-RoPE positions and image rows then arrive in pieces)."""
 
 from __future__ import annotations
 
@@ -38,8 +38,18 @@ def test_greedy_tokens_match_transformers(checkpoint, hf):
     prompts = [(ONE, [small]), (ONE, [tall]), (TWO, [wide, tall]), (TWO, [tall, small])]
     expected = [hf.greedy(p, ims, MAX_TOKENS) for p, ims in prompts]
     assert len({tuple(tokens) for _, tokens in expected}) > 1, "the images should steer the model apart"
-    whole = LLM(str(checkpoint), max_model_len=128, block_size=8, limit_mm_per_prompt={"image": 2}, seed=0)
+    whole = LLM(
+        str(checkpoint),
+        max_model_len=128,
+        block_size=8,
+        limit_mm_per_prompt={"image": 2},
+        enable_prefix_caching=True,
+        seed=0,
+    )
     assert _generate(whole, prompts) == expected
+    hits = whole.llm_engine.core.scheduler.kv.prefix_cache_stats.hits
+    assert _generate(whole, prompts) == expected  # again, from cached blocks: their M-RoPE positions still hold
+    assert whole.llm_engine.core.scheduler.kv.prefix_cache_stats.hits > hits
     whole.shutdown()
     # 8-token steps: every image's placeholders (and M-RoPE positions) are split across steps
     chunked = LLM(
