@@ -184,7 +184,13 @@ class Processor:
         """``tokenize``, then a prompt's ``multi_modal_data`` through the model's processor."""
         mm_data = prompt.get("multi_modal_data") if isinstance(prompt, dict) else None
         if mm_data is None:
-            return (*self.tokenize(prompt, truncate_prompt_tokens), [])
+            text, ids = self.tokenize(prompt, truncate_prompt_tokens)
+            if self.mm is not None and self.mm.image_token_id in ids:
+                raise ValueError(
+                    f"prompt: holds image placeholder tokens ({self.mm.image_token!r}) but no image was given; "
+                    "pass the images in multi_modal_data (or image_url content parts)"
+                )
+            return text, ids, []
         if self.mm is None:
             raise ValueError(f"multi_modal_data: {self.cfg.architecture} takes no images; send text only")
         if truncate_prompt_tokens is not None:

@@ -11,6 +11,7 @@ from fastapi.responses import StreamingResponse
 from minivllm.engine.outputs import CompletionOutput
 from minivllm.engine.request_stream import EngineDeadError, RequestStream
 from minivllm.entrypoints.chat_utils import render_chat
+from minivllm.multimodal.media import MediaConnector
 from minivllm.sampling_params import RequestOutputKind
 from minivllm.serve.chat_output import ChatOutputParser
 from minivllm.serve.completions import prompt_logprobs_json
@@ -125,6 +126,7 @@ def render(state: ServerState, body: ChatCompletionRequest, tools: ToolPlan | No
             continue_final_message=body.continue_final_message,
             tools=tools.tools if tools is not None else None,
             chat_template_kwargs=body.chat_template_kwargs,
+            media=MediaConnector(state.cfg.model.allowed_local_media_path),
         )
     except ValueError as err:
         raise BadRequest("messages", str(err)) from None
