@@ -1,6 +1,6 @@
 """Qwen2-VL offline, end to end: greedy tokens equal transformers' ``generate`` on the same
 checkpoint and images, for one image, two images of different sizes in one prompt, the
-same prompts again from the prefix cache, and chunked prefill cutting through the image
+same prompts again from the prefix cache, a chat message with an image_url part, and chunked prefill cutting through the image
 placeholders (M-RoPE positions and image rows then arrive in pieces)."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ import pytest
 
 from minivllm import LLM, SamplingParams
 from tests.models.qwen2_vl_checkpoint import VISION, HFQwen2VL, build_qwen2_vl, random_image
+from tests.multimodal.llava_checkpoint import data_url
 
 MAX_TOKENS = 6
 GREEDY = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
@@ -50,6 +51,14 @@ def test_greedy_tokens_match_transformers(checkpoint, hf):
     hits = whole.llm_engine.core.scheduler.kv.prefix_cache_stats.hits
     assert _generate(whole, prompts) == expected  # again, from cached blocks: their M-RoPE positions still hold
     assert whole.llm_engine.core.scheduler.kv.prefix_cache_stats.hits > hits
+    image_part = {"type": "image_url", "image_url": {"url": data_url(small)}}
+    chat = whole.chat([{"role": "user", "content": [image_part, {"type": "text", "text": "what is it?"}]}], GREEDY)
+    rendered = hf.tokenizer.apply_chat_template(
+        [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "what is it?"}]}],
+        tokenize=False,
+        add_generation_prompt=True,
+    )
+    assert (chat[0].prompt_token_ids, list(chat[0].outputs[0].token_ids)) == hf.greedy(rendered, [small], MAX_TOKENS)
     whole.shutdown()
     # 8-token steps: every image's placeholders (and M-RoPE positions) are split across steps
     chunked = LLM(
