@@ -73,3 +73,10 @@ def test_greedy_tokens_match_transformers(checkpoint, hf):
     )
     assert _generate(chunked, prompts) == expected
     chunked.shutdown()
+
+
+def test_speculative_decoding_is_refused_at_start(checkpoint):
+    """Its proposers build (T,) positions; M-RoPE needs (3, T)."""
+    ngram = {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 3}
+    with pytest.raises(ValueError, match="speculative decoding: Qwen2VLForConditionalGeneration takes M-RoPE"):
+        LLM(str(checkpoint), max_model_len=128, speculative_config=ngram)
