@@ -76,11 +76,3 @@ PARITY_CASES = [
         lambda: gpt_neox_config(use_parallel_residual=False, rotary_pct=0.5),
     ),
 ]
-
-
-MULTIMODAL_TESTS = {
-    "LlavaForConditionalGeneration": "tests/multimodal/test_llava_generate.py",
-    "Qwen2VLForConditionalGeneration": "tests/models/test_qwen2_vl_generate.py",
-}
-"""Vision-language models take images, which the token-id prompts above cannot give them: each
-is checked against transformers' ``generate`` with images in its own test file."""

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import shutil
-from pathlib import Path
 
 import pytest
 import torch
@@ -13,7 +12,7 @@ from minivllm import LLM, SamplingParams
 from minivllm.config.store import build_config
 from minivllm.models.llama import LlamaForCausalLM
 from minivllm.models.registry import ModelRegistry
-from tests.models.parity_cases import MULTIMODAL_TESTS, PARITY_CASES
+from tests.models.parity_cases import PARITY_CASES
 
 FAVOURITE = 7
 
@@ -39,10 +38,11 @@ def registry():
 
 def test_every_registered_architecture_has_a_parity_test():
     from minivllm.models.registry import POOLING_ONLY
+    from tests.multimodal.cases import MULTIMODAL_PARITY  # image-taking ones are checked with images
     from tests.pooling.test_embed import BASE_MODEL_CASES  # pooling-only ones are checked by embedding
 
     covered = {case.architecture for case in PARITY_CASES} | (POOLING_ONLY & set(BASE_MODEL_CASES))
-    covered |= {arch for arch, test in MULTIMODAL_TESTS.items() if (Path(__file__).parents[2] / test).is_file()}
+    covered |= set(MULTIMODAL_PARITY)
     missing = sorted(set(ModelRegistry.get_supported_archs()) - covered)
     assert not missing, f"architectures without an entry in tests/models/parity_cases.py: {missing}"
 
