@@ -13,6 +13,7 @@ becomes a ``MultiModalFeature`` at its offset.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +22,7 @@ import torch
 from PIL import Image
 
 from minivllm.multimodal.feature import MultiModalFeature
+from minivllm.multimodal.image_only_processor import TOKENS_PER_IMAGE, ImageOnlyProcessor
 
 TENSOR_KEYS_DROPPED = ("input_ids", "attention_mask")
 
@@ -185,10 +187,8 @@ def _runs_of(ids: list[int], token: int) -> list[tuple[int, int]]:
 
 def load_multimodal_processor(cfg: Any, image_token_id: int) -> MultiModalProcessor:
     """The processor of ``cfg``'s checkpoint (a ``VllmConfig`` of a model that takes images)."""
-    from transformers import AutoProcessor
-
     path = str(cfg.checkpoint_dir) if cfg.checkpoint_dir is not None else cfg.model.path
-    hf_processor = AutoProcessor.from_pretrained(path, trust_remote_code=cfg.model.trust_remote_code)
+    hf_processor = _hf_processor(path, cfg.architecture, image_token_id, cfg.model.trust_remote_code)
     sched = cfg.scheduler
     budget = sched.max_num_encoder_input_tokens or sched.max_num_batched_tokens
     cache_size = sched.encoder_cache_size or sched.max_num_batched_tokens
@@ -200,3 +200,13 @@ def load_multimodal_processor(cfg: Any, image_token_id: int) -> MultiModalProces
         cache_bytes=int(cfg.model.mm_processor_cache_gb * 2**30),
         identity=f"{path}:{cfg.architecture}",
     )
+
+
+def _hf_processor(path: str, architecture: str, image_token_id: int, trust_remote_code: bool) -> Any:
+    """The checkpoint's ``AutoProcessor``; without torchvision, where transformers cannot build
+    it (Qwen2-VL's video half), the tokenizer and image processor alone (``image_only_processor.py``)."""
+    if architecture in TOKENS_PER_IMAGE and importlib.util.find_spec("torchvision") is None:
+        return ImageOnlyProcessor.from_pretrained(path, architecture, image_token_id)
+    from transformers import AutoProcessor
+
+    return AutoProcessor.from_pretrained(path, trust_remote_code=trust_remote_code)

@@ -33,7 +33,7 @@ from minivllm.layers.attention import attention_layers
 from minivllm.layers.compile import compile_small_ops
 from minivllm.layers.rotary import share_cos_sin_caches
 from minivllm.lora.manager import LoRAModelManager
-from minivllm.models.interfaces import supports_multimodal
+from minivllm.models.interfaces import supports_mrope, supports_multimodal
 from minivllm.outputs import DoneOutput, ModelRunnerOutput
 from minivllm.pooling.pooler import Pooler
 from minivllm.request import RequestId
@@ -48,6 +48,7 @@ from minivllm.worker.batch_sampling import BatchSampling
 from minivllm.worker.cuda_graphs import CUDAGraphRunner
 from minivllm.worker.input_batch import InputBatch
 from minivllm.worker.mm_runner import MultiModalRunner
+from minivllm.worker.mrope_positions import MRopePositions
 from minivllm.worker.pending_output import PendingOutput
 from minivllm.worker.sampling_metadata import from_batch
 from minivllm.worker.step_inputs import StepInputBuilder, StepInputs
@@ -88,6 +89,8 @@ class ModelRunner:
         """This rank's link to its neighbouring stages (set in ``load_model`` when parallel.pp > 1)."""
         self.lora: LoRAModelManager | None = None
         """Adapter slots and per-token slot indices (set in ``load_model`` when lora.enable_lora; then pp == 1)."""
+        self.mrope: MRopePositions | None = None
+        """(3, T) positions per step (set in ``load_model`` for a model that ``supports_mrope``); None otherwise."""
         self.mm: MultiModalRunner | None = None
         """Images: the vision encoder's outputs and their merge (set in ``load_model`` for a model that takes them)."""
 
@@ -108,6 +111,14 @@ class ModelRunner:
             self.lora = LoRAModelManager(self.model, self.cfg.lora, self.cfg.hf_config, self.cfg.dtype, self.device)
         if self.drafter is not None:
             self.drafter.load_model(self.attn_backend, self.model)
+        if supports_mrope(self.model):
+            self._check_mrope()
+            self.mrope = MRopePositions(self.model, self.device)
+
+    def _check_mrope(self) -> None:
+        """Speculative decoding builds (T,) positions of its own (pipeline stages are refused by ``supports_pp``)."""
+        if self.cfg.speculative.enabled:
+            raise ValueError(f"speculative decoding: {self.cfg.architecture} takes M-RoPE positions; turn it off")
 
     def _check_kv_cache_dtype(self) -> None:
         """An fp8 KV cache on a GPU whose Triton cannot compile the fp8 kernels (below sm_89):
@@ -154,6 +165,7 @@ class ModelRunner:
         """Graphs need CUDA and a backend with no host work per step (Triton); never on the CPU,
         nor with pipeline stages or LoRA (its token groups change per step)."""
         graphs = self.cfg.compilation.cudagraph and self.cfg.parallel.pp == 1 and not self.cfg.lora.enable_lora
+        graphs = graphs and self.mrope is None  # (3, T) positions: no captured (T,) buffers for them
         return graphs and self.device.type == "cuda" and self.attn_backend.name == "triton"
 
     def capture_cuda_graphs(self) -> None:
@@ -291,6 +303,8 @@ class ModelRunner:
                 mm.remove_request(req_id)
             if self.lora is not None:
                 self.lora.remove_request(req_id)
+            if self.mrope is not None:
+                self.mrope.remove(req_id)
         for new in sched.new_reqs:
             batch.add(new, self.device)
             if mm is not None:
@@ -298,6 +312,8 @@ class ModelRunner:
             self._track_prompt_logprobs(new)
             if self.lora is not None:
                 self.lora.add_request(new.req_id, new.lora_request)
+            if self.mrope is not None:
+                self.mrope.add(new)
         cached = sched.cached_reqs
         if len(cached):
             rows = batch.rows_of(cached.req_ids)
@@ -344,6 +360,8 @@ class ModelRunner:
         if self.lora is not None:
             self.lora.prepare_step([self.batch.req_ids[r] for r in rows.tolist()], query_lens)
         step.meta.backend_data = self.attn_backend.prepare(step.meta, self.block_size)
+        if self.mrope is not None:
+            step.positions = self.mrope.positions(self.batch, step)  # (3, T)
         if step.placeholders is not None:
             dst, src = step.placeholders
             step.input_ids[dst] = prev.device[src]
