@@ -76,7 +76,9 @@ def test_greedy_tokens_match_transformers(checkpoint, hf):
 
 
 def test_speculative_decoding_is_refused_at_start(checkpoint):
-    """Its proposers build (T,) positions; M-RoPE needs (3, T)."""
+    """Refused at config time for every model that takes images (proposers build (T,) positions)."""
     ngram = {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 3}
-    with pytest.raises(ValueError, match="speculative decoding: Qwen2VLForConditionalGeneration takes M-RoPE"):
+    with pytest.raises(
+        ValueError, match="speculative.method=ngram: not supported with Qwen2VLForConditionalGeneration"
+    ):
         LLM(str(checkpoint), max_model_len=128, speculative_config=ngram)
