@@ -109,10 +109,12 @@ def test_the_cells_cover_every_allowed_pair_and_no_refused_one():
 
 @pytest.mark.parametrize("refusal", REFUSED, ids=[f"{r.first[0]}-{r.second[0]}" for r in REFUSED])
 def test_refused_pair_fails_when_the_config_is_built(refusal, llama_dir):
-    """Before any worker starts: no process is spawned for a pp=2 config that is refused."""
+    """Before any worker starts: a refused pp=2 config spawns no process."""
     kwargs = engine_kwargs(plain_cell(**dict([refusal.first, refusal.second])))
+    before = h.child_pids()
     with pytest.raises(ValueError, match=refusal.match):
         LLM(str(llama_dir), **kwargs)
+    assert h.child_pids() == before
 
 
 def test_an_adapter_on_an_engine_without_lora_is_refused(llama_dir, adapter, specs):
