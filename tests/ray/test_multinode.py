@@ -107,7 +107,8 @@ def test_dp2_replicas_are_ray_actors_on_both_nodes(cluster, opt_dir, opt_referen
 
 @pytest.mark.timeout(180)
 def test_server_dp2_replicas_are_ray_actors_and_a_killed_one_fails_its_request(cluster, opt_dir, opt_reference):
-    """task=serve's engine (AsyncLLM, over HTTP for health) with a replica actor on each node."""
+    """task=serve's engine (AsyncLLM, over HTTP for health) with a replica actor on each node:
+    dp=1's outputs, both replicas used, aborts and stats reach the actors, a dead one fails clearly."""
     cfg = VllmConfig.from_dictconfig(
         config_from_kwargs(str(opt_dir), data_parallel_size=2, data_parallel_backend="ray", **h.LLM_KWARGS)
     )
@@ -119,6 +120,7 @@ def test_server_dp2_replicas_are_ray_actors_and_a_killed_one_fails_its_request(c
         assert sorted(engine.engine_pids) == sorted(r.pid for r in replicas) and os.getpid() not in engine.engine_pids
         h.assert_same_outputs(opt_reference, harness.run(_generate_all(engine, h.PROMPTS, h.GREEDY)))
         assert all(n > 0 for n in engine.balancer.routed), engine.balancer.routed  # both replicas served
+        harness.run(_abort_mid_request(engine))
         server = harness.start_server()
         with httpx.Client(base_url=server.base_url, timeout=30) as http:
             assert http.get("/health").status_code == 200
@@ -142,11 +144,24 @@ async def _generate_all(engine: AsyncLLM, prompts: list[str], params: SamplingPa
     return await asyncio.gather(*(final(i, p) for i, p in enumerate(prompts)))
 
 
+LONG = SamplingParams(temperature=0, max_tokens=100, ignore_eos=True)
+
+
+async def _abort_mid_request(engine: AsyncLLM) -> None:
+    """An abort reaches the replica actor: its stream ends at once, and the replicas' stats,
+    answered after the abort, show nothing left running."""
+    stream = await engine.add_request("aborted", h.PROMPTS[1], LONG)
+    await stream.__anext__()
+    await engine.abort("aborted")
+    rest = [out async for out in stream]
+    assert rest[-1].outputs[0].finish_reason == "abort"
+    assert [s.num_running + s.num_waiting for s in await engine.replica_stats()] == [0, 0]
+
+
 async def _kill_replica_mid_request(engine: AsyncLLM) -> int:
     """SIGKILL the actor of the replica running a long request once its first token is out:
     the stream fails naming that replica. Returns the replica."""
-    long = SamplingParams(temperature=0, max_tokens=100, ignore_eos=True)
-    stream = await engine.add_request("long", h.PROMPTS[0], long)
+    stream = await engine.add_request("long", h.PROMPTS[0], LONG)
     victim = engine.balancer.load.index(1)
     await stream.__anext__()
     os.kill(engine.engine_pids[victim], signal.SIGKILL)
