@@ -16,8 +16,11 @@ engine and hands its messages to the event loop, where each request's
 ``RequestStream`` receives its outputs.
 
 With ``parallel.dp > 1`` there is one engine process per data-parallel
-replica, and each request goes to the replica ``LoadBalancer`` picks (fewest
-unfinished requests; the one holding its prefix when prefix caching is on).
+replica (a Ray actor each, on any node, with ``parallel.dp_backend=ray``:
+``ray_replica.py``; the same messages arrive the same way), and each request goes
+to the replica ``LoadBalancer`` picks (fewest unfinished requests; the one holding
+its prefix when prefix caching is on). A replica that dies fails every request
+and makes the engine dead (``errored`` names the replica), as one engine process's death does.
 
 One ``AsyncLLM`` serves one event loop at a time; call ``shutdown()`` when done.
 """
@@ -320,7 +323,7 @@ class AsyncLLM:
 
     @property
     def engine_pids(self) -> list[int | None]:
-        """One engine process per data-parallel replica."""
+        """One engine process per data-parallel replica (its actor's process with ``dp_backend=ray``)."""
         return self.client.pids
 
     @property

@@ -1,6 +1,7 @@
 """``EngineCoreClient``: the front end's side of ``parallel.dp`` engine processes
-(one when dp=1), shared by ``AsyncLLM`` and ``DataParallelEngine`` (vLLM keeps
-its core clients in ``v1/engine/core_client.py``)::
+(one when dp=1), or, with ``parallel.dp_backend=ray``, of ``dp`` Ray actors
+(``ray_replica.py``), shared by ``AsyncLLM`` and ``DataParallelEngine`` (vLLM
+keeps its core clients in ``v1/engine/core_client.py``)::
 
     Processor.process ─> EngineCoreClient.add ─ LoadBalancer.pick ─┬─> EngineClient 0 ─> engine process 0
     (check, tokenize once)                                           └─> EngineClient 1 ─> engine process 1
@@ -34,6 +35,7 @@ from minivllm.engine.engine_client import EXIT_PRIORITY, EngineClient
 from minivllm.engine.engine_proc import EngineMessage, unpack_output
 from minivllm.engine.outputs import RequestOutput
 from minivllm.engine.processor import ProcessedRequest, Processor
+from minivllm.engine.ray_replica import RayReplicas
 from minivllm.engine.request_stream import EngineDeadError
 from minivllm.kv_cache_spec import KVCacheSpec
 from minivllm.pooling.outputs import PoolingRequestOutput
@@ -47,7 +49,7 @@ OnExit = Callable[[int, str], None]
 """``(replica, reason)``, called when the replica's engine process has exited."""
 StartReplica = Callable[[VllmConfig, Callable[[EngineMessage, float], None], Callable[[str], None]], Any]
 """Starts one replica, ``(its config, on_message, on_exit)``, and returns once its model is loaded:
-``EngineClient`` (an engine process), or a front end's own (``data_parallel/ray_replica.py``)."""
+``EngineClient`` (an engine process), or ``RayReplicas.start`` (a Ray actor, ``ray_replica.py``)."""
 
 
 @dataclass(slots=True)
@@ -74,19 +76,19 @@ class Arrival:
 
 
 class EngineCoreClient:
-    def __init__(
-        self, cfg: VllmConfig, on_message: OnMessage, on_exit: OnExit, start_replica: StartReplica | None = None
-    ) -> None:
-        """Start every replica (returns once each model is loaded) with ``start_replica``
-        (an engine process each by default); raises as ``start_engines``."""
-        if start_replica is None and cfg.parallel.dp_backend != "mp":
-            raise ValueError(
-                f"parallel.dp_backend={cfg.parallel.dp_backend}: only the offline LLM runs replicas on Ray; "
-                "the server's replicas are processes (parallel.dp_backend=mp)"
-            )
+    def __init__(self, cfg: VllmConfig, on_message: OnMessage, on_exit: OnExit) -> None:
+        """Start every replica (returns once each model is loaded): an engine process each, or a
+        Ray actor each with ``parallel.dp_backend=ray``; raises as ``start_engines``."""
         self.cfg = cfg
         self.tokenizer = get_tokenizer(cfg)
-        self.engines = start_engines(cfg, on_message, on_exit, start_replica or EngineClient)
+        self.ray_replicas = RayReplicas(cfg) if cfg.parallel.dp_backend == "ray" else None
+        """parallel.dp_backend=ray: the replicas' placement group (released by ``shutdown``)."""
+        try:
+            start = self.ray_replicas.start if self.ray_replicas is not None else EngineClient
+            self.engines = start_engines(cfg, on_message, on_exit, start)
+        except BaseException:
+            self._release_ray()
+            raise
         kv_spec = KVCacheSpec.merge(c.info.kv_spec for c in self.engines)  # a request must fit any replica
         self.num_kv_blocks = kv_spec.num_blocks
         self.processor = Processor(cfg, self.tokenizer, kv_spec)
@@ -185,9 +187,10 @@ class EngineCoreClient:
         if self.failure is not None:
             raise EngineDeadError(self.failure)
 
-    # ---- the processes ----------------------------------------------------------------------
+    # ---- the processes (or actors) ------------------------------------------------------------
     @property
     def pids(self) -> list[int | None]:
+        """Each replica's engine process (its actor's process with ``dp_backend=ray``)."""
         return [c.pid for c in self.engines]
 
     @property
@@ -195,12 +198,17 @@ class EngineCoreClient:
         return self.failure is None and all(c.is_alive() for c in self.engines)
 
     def shutdown(self, timeout: float = 10.0) -> None:
-        """Stop every engine process (idempotent); later calls raise EngineDeadError."""
+        """Stop every engine process or actor (idempotent); later calls raise EngineDeadError."""
         self._closing = True
         _request_stops(self.engines)  # all at once; each then takes seconds to exit
         for engine in self.engines:
             engine.shutdown(timeout)
         self.failure = self.failure or "engine shut down"
+        self._release_ray()
+
+    def _release_ray(self) -> None:
+        if self.ray_replicas is not None:
+            self.ray_replicas.release()  # idempotent
 
 
 def _request_stops(engines: list[EngineClient]) -> None:

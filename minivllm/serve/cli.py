@@ -62,6 +62,8 @@ def run_serve(cfg: VllmConfig, out_dir: Path) -> dict[str, Any]:
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     started = time.time()
     engine = AsyncLLM(cfg)
+    for sig in previous:  # again: starting Ray (parallel.dp_backend=ray) replaces the SIGTERM handler
+        signal.signal(sig, on_signal)
     try:
         app = build_app(engine, cfg)
         sock = bind_socket(cfg.serve.host, cfg.serve.port)

@@ -88,14 +88,6 @@ def test_vllm_data_parallel_backend_keyword_maps_onto_dp_backend():
     assert (cfg.parallel.dp, cfg.parallel.dp_backend) == (2, "ray")
 
 
-def test_the_server_refuses_ray_replicas_before_starting_any(llama_dir):
-    from minivllm.engine.core_client import EngineCoreClient
-
-    cfg = _cfg(llama_dir, "parallel.dp=2", "parallel.dp_backend=ray")
-    with pytest.raises(ValueError, match=r"parallel.dp_backend=ray: only the offline LLM runs replicas on Ray"):
-        EngineCoreClient(cfg, lambda *a: None, lambda *a: None)
-
-
 CPU1 = {"CPU": 1.0}
 
 

@@ -1,24 +1,32 @@
 """minivllm on a two-node Ray cluster, simulated on this machine with Ray's own
 ``ray.cluster_utils.Cluster``: a head and a worker node of one CPU each, so two ranks
 (or two replicas) of one CPU each must land on different nodes. One cluster serves the
-whole module (starting one costs seconds); the test that loses a node runs last.
+whole module (starting one costs seconds), and the server's engine with replicas on
+Ray runs on it too; the test that loses a node runs last.
 
 Oracle: the same checkpoint at tp=1 in this process, greedy, token for token and
 logprob for logprob. Skipped only where Ray is not installed."""
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import os
 import signal
 import threading
 import time
 
+import httpx
 import pytest
 
-from minivllm import LLM
+from minivllm import LLM, SamplingParams
+from minivllm.config.llm_kwargs import config_from_kwargs
+from minivllm.config.vllm_config import VllmConfig
+from minivllm.engine.async_llm import AsyncLLM
+from minivllm.engine.request_stream import EngineDeadError
 from minivllm.executor.ray_executor import RayDistributedExecutor
 from tests.executor import tp_helpers as h
+from tests.serve.harness import EngineHarness
 
 ray = pytest.importorskip("ray", reason="Ray is an optional extra (pip install 'minivllm[ray]'); CI installs it")
 from ray.cluster_utils import Cluster  # noqa: E402
@@ -95,6 +103,72 @@ def test_dp2_replicas_are_ray_actors_on_both_nodes(cluster, opt_dir, opt_referen
     finally:
         llm.shutdown()
     assert h.wait_until(lambda: not any(r.is_alive() for r in replicas), timeout=10)
+
+
+@pytest.mark.timeout(180)
+def test_server_dp2_replicas_are_ray_actors_and_a_killed_one_fails_its_request(cluster, opt_dir, opt_reference):
+    """task=serve's engine (AsyncLLM, over HTTP for health) with a replica actor on each node:
+    dp=1's outputs, both replicas used, aborts and stats reach the actors, a dead one fails clearly."""
+    cfg = VllmConfig.from_dictconfig(
+        config_from_kwargs(str(opt_dir), data_parallel_size=2, data_parallel_backend="ray", **h.LLM_KWARGS)
+    )
+    harness = EngineHarness(cfg)
+    engine, server = harness.engine, None
+    replicas = engine.client.engines
+    try:
+        assert {r.node_id for r in replicas} == {cluster.head_node.node_id, _worker_node(cluster)}
+        assert sorted(engine.engine_pids) == sorted(r.pid for r in replicas) and os.getpid() not in engine.engine_pids
+        h.assert_same_outputs(opt_reference, harness.run(_generate_all(engine, h.PROMPTS, h.GREEDY)))
+        assert all(n > 0 for n in engine.balancer.routed), engine.balancer.routed  # both replicas served
+        harness.run(_abort_mid_request(engine))
+        server = harness.start_server()
+        with httpx.Client(base_url=server.base_url, timeout=30) as http:
+            assert http.get("/health").status_code == 200
+            victim = harness.run(_kill_replica_mid_request(engine))
+            health = http.get("/health")
+        assert health.status_code == 503
+        assert f"data-parallel replica {victim}: Ray actor on node" in health.json()["error"]["message"]
+    finally:
+        if server is not None:
+            server.stop()
+        harness.close()
+    assert h.wait_until(lambda: not any(r.is_alive() for r in replicas), timeout=10)
+
+
+async def _generate_all(engine: AsyncLLM, prompts: list[str], params: SamplingParams) -> list:
+    async def final(i: int, prompt: str):
+        async for out in engine.generate(prompt, params, f"greedy-{i}"):
+            last = out
+        return last
+
+    return await asyncio.gather(*(final(i, p) for i, p in enumerate(prompts)))
+
+
+LONG = SamplingParams(temperature=0, max_tokens=100, ignore_eos=True)
+
+
+async def _abort_mid_request(engine: AsyncLLM) -> None:
+    """An abort reaches the replica actor: its stream ends at once, and the replicas' stats,
+    answered after the abort, show nothing left running."""
+    stream = await engine.add_request("aborted", h.PROMPTS[1], LONG)
+    await stream.__anext__()
+    await engine.abort("aborted")
+    rest = [out async for out in stream]
+    assert rest[-1].outputs[0].finish_reason == "abort"
+    assert [s.num_running + s.num_waiting for s in await engine.replica_stats()] == [0, 0]
+
+
+async def _kill_replica_mid_request(engine: AsyncLLM) -> int:
+    """SIGKILL the actor of the replica running a long request once its first token is out:
+    the stream fails naming that replica. Returns the replica."""
+    stream = await engine.add_request("long", h.PROMPTS[0], LONG)
+    victim = engine.balancer.load.index(1)
+    await stream.__anext__()
+    os.kill(engine.engine_pids[victim], signal.SIGKILL)
+    with pytest.raises(EngineDeadError, match=rf"data-parallel replica {victim}: Ray actor on node \w+ \(.+\) died"):
+        async for _ in stream:
+            pass
+    return victim
 
 
 @pytest.mark.timeout(240)

@@ -5,8 +5,10 @@ replica's tp x pp devices: ``{"GPU": tp*pp}`` on CUDA, ``{"CPU": tp*pp}`` on the
 CPU; none when the replica's own ranks are Ray actors, which reserve their own),
 placed with ``parallel.placement_strategy``, and starts replica ``i``'s
 ``EngineActor`` in bundle ``i``. Each actor holds a whole ``LLMEngine``.
+``EngineCoreClient`` (``core_client.py``) owns it, so both front ends, ``LLM``
+(through ``DataParallelEngine``) and the server's ``AsyncLLM``, get Ray replicas alike.
 
-``RayReplicaClient`` offers ``EngineClient``'s interface (``engine/engine_client.py``)
+``RayReplicaClient`` offers ``EngineClient``'s interface (``engine_client.py``)
 to ``EngineCoreClient``, which routes requests to it as to an engine process. A
 driver thread per replica plays the engine process's loop remotely::
 
@@ -15,8 +17,10 @@ driver thread per replica plays the engine process's loop remotely::
 
 Each ``run`` applies the queued commands the way the engine process drains its
 pipe (``engine_proc._drain``: same commands, same replies), then runs one step
-if a request is unfinished. While the engine is idle the thread blocks on the
-outbox. A dead actor (its process killed, its node lost) fails the thread's
+if a request is unfinished. While the engine is idle the thread waits on the
+outbox, and every ``idle_check_s`` without a command it runs an empty ``run``,
+so an idle replica's death is noticed within that time, as a process's is at once.
+A dead actor (its process killed, its node lost) fails the thread's
 ``ray.get`` at once; the thread reports it through ``on_exit``, naming the node,
 and ``EngineCoreClient`` names the replica.
 """
@@ -44,6 +48,8 @@ from minivllm.executor.ray_cluster import (
 )
 
 RAY_EXECUTOR = "minivllm.executor.ray_executor.RayDistributedExecutor"
+IDLE_CHECK_S = 1.0
+"""How long an idle replica's driver waits for a command before checking that its actor lives."""
 
 
 class EngineActor:
@@ -148,10 +154,12 @@ class RayReplicaClient:
         actor: Any,
         on_message: Callable[[EngineMessage, float], None],
         on_exit: Callable[[str], None],
+        idle_check_s: float = IDLE_CHECK_S,
     ) -> None:
         """Wait until the actor's model is loaded. Raises ValueError for a config the engine
         refused, RuntimeError if it crashed or its actor died."""
         self.ray, self._actor = ray, actor
+        self._idle_check_s = idle_check_s
         self._finalizer = weakref.finalize(self, _kill, ray, actor)
         try:
             self.node_id, self.node_ip, self.pid = ray.get(actor.where.remote())
@@ -186,8 +194,14 @@ class RayReplicaClient:
                 return self._on_exit("engine actor stopped")
 
     def _take(self, block: bool) -> list[tuple]:
-        """Every queued command; waits for the first while ``block``."""
-        commands = [self._outbox.get()] if block else []
+        """Every queued command. While ``block``, waits for the first up to ``idle_check_s``;
+        none then (an empty ``run`` follows: it checks that the actor lives)."""
+        commands = []
+        if block:
+            try:
+                commands.append(self._outbox.get(timeout=self._idle_check_s))
+            except queue.Empty:
+                return commands
         while True:
             try:
                 commands.append(self._outbox.get_nowait())
