@@ -107,7 +107,9 @@ def _fmt_nodes(nodes: dict[str, Bundle]) -> str:
 class RayInstance:
     """Counts the users (executors, replicas) of the Ray instance; one started here is
     shut down (with its daemons) when the last of them is. Joins the instance already
-    initialised in the process, else the cluster named by ``RAY_ADDRESS``, else starts one."""
+    initialised in the process, else the cluster ``ray.init()`` finds (the one named by
+    ``RAY_ADDRESS``, else the newest started on this machine by ``ray start``), else starts
+    one; ``RAY_ADDRESS=local`` always starts a fresh one."""
 
     _lock = threading.Lock()
     _users = 0
