@@ -21,12 +21,13 @@ from minivllm.serve.generation import (
     continuous_usage,
     final_outputs,
     merged,
+    off_loop,
     sse,
     start_requests,
     unless_disconnected,
     usage,
 )
-from minivllm.serve.limits import admit
+from minivllm.serve.limits import admit, check_text_length, message_texts
 from minivllm.serve.params import BadRequest, to_sampling_params
 from minivllm.serve.protocol import (
     ChatChoice,
@@ -74,10 +75,11 @@ async def create_chat_completion(state: ServerState, body: ChatCompletionRequest
         structured_outputs=_constraint(body, tools),
     )
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
-    prompt = check_prompt(
+    check_text_length(state, "messages", message_texts(body.messages), body.truncate_prompt_tokens)
+    prompt = await check_prompt(
         state.engine,
         f"{request_id}-0",
-        render(state, body, tools),
+        await off_loop(render, state, body, tools),
         params,
         body.priority,
         lora,

@@ -18,12 +18,13 @@ from minivllm.serve.generation import (
     continuous_usage,
     final_outputs,
     merged,
+    off_loop,
     sse,
     start_requests,
     unless_disconnected,
     usage,
 )
-from minivllm.serve.limits import admit
+from minivllm.serve.limits import admit, check_text_length, prompt_texts
 from minivllm.serve.params import BadRequest, to_sampling_params
 from minivllm.serve.protocol import CompletionChoice, CompletionLogProbs, CompletionRequest
 from minivllm.serve.state import ServerState
@@ -35,6 +36,8 @@ async def create_completion(state: ServerState, body: CompletionRequest, raw: Re
     _check_unsupported(body)
     raw_prompts = _prompt_list(body.prompt)
     admit(state, body.n, len(raw_prompts))
+    for p in raw_prompts:  # each prompt gets its own context
+        check_text_length(state, "prompt", prompt_texts(p), body.truncate_prompt_tokens)
     kind = RequestOutputKind.DELTA if body.stream else RequestOutputKind.FINAL_ONLY
     params = to_sampling_params(
         body,
@@ -48,10 +51,10 @@ async def create_completion(state: ServerState, body: CompletionRequest, raw: Re
         params.prompt_logprobs = max(params.prompt_logprobs or 0, body.logprobs)
     request_id = f"cmpl-{uuid.uuid4().hex}"
     prompts = [
-        check_prompt(
+        await check_prompt(
             state.engine,
             f"{request_id}-{i}",
-            _encoded(state, p, body),
+            await off_loop(_encoded, state, p, body),
             params,
             body.priority,
             lora,
