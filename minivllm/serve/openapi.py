@@ -17,6 +17,7 @@ the generated schemas state as ``additionalProperties: false``.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +28,11 @@ from minivllm.serve.protocol import ErrorResponse
 
 ERROR_REF = {"$ref": "#/components/schemas/ErrorResponse"}
 EVENT_STREAM = {
-    "schema": {"type": "string"},
+    "schema": {  # one event (OpenAPI 3.1 reads an event stream's schema per event)
+        "type": "object",
+        "properties": {"data": {"type": "string", "description": "a chunk as JSON, an error as JSON, or [DONE]"}},
+        "required": ["data"],
+    },
     "description": "with stream=true: server-sent events, `data: <chunk JSON>` each, then `data: [DONE]`",
 }
 MEANING = {
@@ -70,7 +75,9 @@ def install_openapi(app: FastAPI, api_key_set: bool) -> None:
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
-            schema = get_openapi(title=app.title, version=app.version, summary=app.summary, routes=app.routes)
+            with warnings.catch_warnings():  # one route, several methods: made unique in ``corrected``
+                warnings.filterwarnings("ignore", message="Duplicate Operation ID")
+                schema = get_openapi(title=app.title, version=app.version, summary=app.summary, routes=app.routes)
             app.openapi_schema = corrected(schema, api_key_set)
         return app.openapi_schema
 
@@ -84,8 +91,12 @@ def corrected(schema: dict[str, Any], api_key_set: bool) -> dict[str, Any]:
     components["ErrorResponse"] = ErrorResponse.model_json_schema(ref_template="#/components/schemas/{model}")
     for name, sub in components["ErrorResponse"].pop("$defs", {}).items():
         components.setdefault(name, sub)
+    seen: set[str] = set()
     for path, methods in schema.get("paths", {}).items():
         for method, operation in methods.items():
+            if operation.get("operationId") in seen:
+                operation["operationId"] = f"{operation['operationId']}_{method}"
+            seen.add(operation.get("operationId"))
             doc = ROUTES.get((path, method), RouteDoc())
             responses = operation.setdefault("responses", {})
             responses.pop("422", None)

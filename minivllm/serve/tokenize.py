@@ -80,15 +80,11 @@ def add_tokenize_routes(app: FastAPI, state: ServerState) -> None:
     async def version() -> dict[str, str]:
         return {"version": minivllm.__version__}
 
+    @app.api_route("/ping", methods=["GET", "POST"], response_class=Response)
     async def ping() -> Response:
         if state.engine.is_running:
             return Response(status_code=200)
         return Response(status_code=503, headers={"Retry-After": str(DEAD_ENGINE_RETRY_AFTER_S)})
-
-    for method in ("GET", "POST"):
-        app.add_api_route(
-            "/ping", ping, methods=[method], response_class=Response, operation_id=f"ping_{method.lower()}"
-        )
 
 
 def _token_ids(state: ServerState, body: TokenizeRequest) -> list[int]:
