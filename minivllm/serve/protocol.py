@@ -124,10 +124,14 @@ class CompletionRequest(SamplingRequest):
 
 
 class ContentPart(OpenAIModel):
-    """A text part (any other ``type`` is refused by the chat renderer, naming it)."""
+    """A content part. Only text parts are supported: the chat renderer refuses the others,
+    naming their ``type`` (OpenAI's other parts' fields are declared so that it can)."""
 
     type: str
     text: Optional[str] = None
+    image_url: Optional[dict[str, Any]] = None
+    input_audio: Optional[dict[str, Any]] = None
+    file: Optional[dict[str, Any]] = None
 
 
 class ChatMessage(OpenAIModel):

@@ -18,7 +18,7 @@ from transformers import AutoTokenizer
 
 @pytest.fixture(scope="module")
 def server(async_engine):
-    handle = async_engine.start_server()
+    handle = async_engine.start_server(chat_template="{% for m in messages %}{{ m['content'] }}\n{% endfor %}")
     yield handle
     handle.stop()
 
@@ -74,6 +74,15 @@ def test_unknown_fields_are_a_400_naming_them(server, body, param, where):
     assert res.status_code == 400
     error = res.json()["error"]
     assert error["param"] == param and where in error["message"] and "unknown" in error["message"]
+
+
+def test_a_non_text_content_part_is_refused_by_its_type(server):
+    part = {"type": "image_url", "image_url": {"url": "http://x/cat.png"}}
+    body = {"messages": [{"role": "user", "content": [part]}], "max_tokens": 1}
+    res = httpx.post(f"{server.base_url}/v1/chat/completions", json=body, timeout=30)
+    assert res.status_code == 400
+    error = res.json()["error"]
+    assert error["param"] == "messages" and "only text parts" in error["message"] and "image_url" in error["message"]
 
 
 def test_allowed_token_ids_work_though_not_named_in_protocol(server):
