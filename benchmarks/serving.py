@@ -184,17 +184,20 @@ def print_report(s: dict) -> None:
         print("error:", err)
 
 
-def launch(model_dir: str, overrides: list[str]) -> tuple[subprocess.Popen, str]:
-    """Start ``python -m minivllm task=serve`` on a free port; return it and its URL."""
+def launch(model_dir: str, overrides: list[str], log: list[str] | None = None) -> tuple[subprocess.Popen, str]:
+    """Start ``python -m minivllm task=serve`` on a free port; return it and its URL.
+    ``log`` (if given) receives every line the server prints."""
     model = f"model.path={model_dir}" if Path(model_dir).is_dir() else f"model={model_dir}"
     cmd = [sys.executable, "-m", "minivllm", "task=serve", model, "serve.port=0", *overrides]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 600
+    keep = log.append if log is not None else (lambda _: None)
     for line in proc.stdout:
         sys.stderr.write(line)
+        keep(line)
         m = re.search(r"on (http://[^\s]+)/v1", line)
         if m:  # keep draining its output (access logs) so it never blocks on a full pipe
-            threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()
+            threading.Thread(target=lambda: [keep(rest) for rest in proc.stdout], daemon=True).start()
             return proc, m.group(1)
         if time.monotonic() > deadline:
             break

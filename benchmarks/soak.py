@@ -1,12 +1,14 @@
 """Soak and fault test of the HTTP server: 10 minutes (by default) of mixed traffic on
-loopback, with random disconnects, bad bodies and an occasional huge ``n``.
+loopback, with structured outputs and tool calls (some cut short), random
+disconnects, bad bodies, over-limit prompts and an occasional huge ``n``.
 
 Starts ``python -m minivllm task=serve`` for the default demo model on a free
 loopback port (or ``--launch MODEL_DIR``, extra ``key=value`` overrides after
 ``--``), watches the API server's and the engine's memory and open file
-descriptors, and prints a summary; exits 1 if the report lists a problem::
+descriptors, counts tracebacks in the server's output, and prints a summary; exits 1
+if the report lists a problem::
 
-    OMP_NUM_THREADS=1 python benchmarks/soak.py --duration 600 --concurrency 8
+    OMP_NUM_THREADS=1 python benchmarks/soak.py --duration 120 --concurrency 8
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import signal
 import sys
 from pathlib import Path
 
-from minivllm.bench.soak import SoakConfig, run_soak
+from minivllm.bench.soak import SoakConfig, count_tracebacks, run_soak
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from serving import launch, process_tree  # noqa: E402 - the sibling benchmark script
@@ -35,8 +37,10 @@ def main() -> int:
     p.add_argument("--result-json", type=Path, help="write the report here")
     p.add_argument("overrides", nargs="*", help="config overrides for the server (after --)")
     args = p.parse_args()
-    overrides = ["serve.host=127.0.0.1", *args.overrides]
-    proc, base_url = launch(args.launch, overrides)
+    tools = [] if args.no_chat else ["serve.tool_call_parser=hermes"]
+    overrides = ["serve.host=127.0.0.1", *tools, *args.overrides]
+    log: list[str] = []
+    proc, base_url = launch(args.launch, overrides, log)
     try:
         pids = process_tree(proc.pid)
         cfg = SoakConfig(
@@ -50,6 +54,7 @@ def main() -> int:
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(60)
+    report.tracebacks = count_tracebacks("".join(log))
     print(report.summary())
     if args.result_json:
         args.result_json.write_text(json.dumps(report.to_json(), indent=2))

@@ -14,12 +14,14 @@ if TYPE_CHECKING:
     from minivllm.engine.outputs import CompletionOutput, RequestOutput
     from minivllm.entrypoints.llm import LLM
     from minivllm.models.registry import ModelRegistry
+    from minivllm.pooling.params import PoolingParams
     from minivllm.sampling_params import RequestOutputKind, SamplingParams
 
 _LAZY = {
     "LLM": "minivllm.entrypoints.llm",
     "CompletionOutput": "minivllm.engine.outputs",
     "ModelRegistry": "minivllm.models.registry",
+    "PoolingParams": "minivllm.pooling.params",
     "RequestOutput": "minivllm.engine.outputs",
     "RequestOutputKind": "minivllm.sampling_params",
     "SamplingParams": "minivllm.sampling_params",
@@ -31,6 +33,7 @@ __all__ = [
     "LLM",
     "CompletionOutput",
     "ModelRegistry",
+    "PoolingParams",
     "RequestOutput",
     "RequestOutputKind",
     "SamplingParams",

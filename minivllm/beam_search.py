@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from tqdm.auto import tqdm
 
+from minivllm.context_length import check_request_fits
 from minivllm.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
 
 if TYPE_CHECKING:
@@ -193,10 +194,5 @@ def _start(engine: "LLMEngine", prompt: Any, params: BeamSearchParams) -> BeamSe
     """A search for one prompt, after the checks that need the model (``engine.process``, which
     queues nothing, and one of beam search's own: prompt + max_tokens must fit, not be capped)."""
     request = engine.process(None, prompt, SamplingParams(max_tokens=params.max_tokens))
-    num_prompt = len(request.prompt_token_ids)
-    if num_prompt + params.max_tokens > engine.cfg.max_model_len:
-        raise ValueError(
-            f"max_tokens={params.max_tokens}: the prompt has {num_prompt} tokens; prompt + max_tokens must fit "
-            f"max_model_len={engine.cfg.max_model_len}"
-        )
+    check_request_fits(len(request.prompt_token_ids), params.max_tokens, engine.cfg.max_model_len)
     return BeamSearch(request.prompt_token_ids, params, engine.eos_token_id)

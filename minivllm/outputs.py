@@ -3,10 +3,16 @@ per-request ``EngineCoreOutput``, and the future a launched step returns.
 
 These types cross the boundaries between workers, executor, scheduler and engine,
 so they sit at the bottom of the package graph next to ``minivllm/request.py``.
+
+vLLM's user-facing import path works too: ``from minivllm.outputs import
+RequestOutput, CompletionOutput, PoolingRequestOutput`` (and the embedding
+classes) gives the front end's classes, imported on first use, so this module
+stays free of the engine.
 """
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
@@ -81,3 +87,20 @@ class DoneOutput:
 
     def result(self) -> ModelRunnerOutput:
         return self._output
+
+
+_FRONT_END = {
+    "RequestOutput": "minivllm.engine.outputs",
+    "CompletionOutput": "minivllm.engine.outputs",
+    "PoolingRequestOutput": "minivllm.pooling.outputs",
+    "PoolingOutput": "minivllm.pooling.outputs",
+    "EmbeddingRequestOutput": "minivllm.pooling.outputs",
+    "EmbeddingOutput": "minivllm.pooling.outputs",
+}
+"""What ``LLM.generate`` / ``LLM.encode`` / ``LLM.embed`` return, by vLLM's module path."""
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _FRONT_END:
+        raise AttributeError(f"module 'minivllm.outputs' has no attribute {name!r}")
+    return getattr(importlib.import_module(_FRONT_END[name]), name)

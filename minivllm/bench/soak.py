@@ -5,12 +5,15 @@
 
 ``concurrency`` clients send mixed traffic (``soak_traffic.py``: streamed and
 not, n > 1, stop strings, seeds, chat, random disconnects, bad bodies, an
-occasional huge ``n``) for ``duration_s``. A warm-up phase (``warmup_frac`` of
+occasional huge ``n``; ``soak_constrained.py``: structured outputs, tool calls
+some of them cut short, over-limit prompts and bad chat fields) for ``duration_s``. A warm-up phase (``warmup_frac`` of
 the time) comes first; then the server is let go idle and its processes' memory
 (RSS) and open file descriptors are measured, and again after the traffic. The
 report's ``problems()`` lists what went wrong: any unexpected outcome, a 500 in
 /metrics, an engine not idle at the end (running, waiting, KV blocks in use), or
-memory or descriptors that grew after warm-up.
+memory or descriptors that grew after warm-up, a stream that did not end with a
+finish_reason for every choice and ``[DONE]``, or a traceback in the server's log
+(``tracebacks``, counted by the caller with ``count_tracebacks``).
 """
 
 from __future__ import annotations
@@ -23,8 +26,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+import openai
 from prometheus_client.parser import text_string_to_metric_families
 
+from minivllm.bench.soak_constrained import ConstrainedTraffic
 from minivllm.bench.soak_traffic import Traffic, Unexpected
 
 
@@ -41,6 +46,9 @@ class SoakConfig:
     seed: int = 0
     chat: bool = True
     """Send chat requests too (the server needs a chat template)."""
+    constrained: bool = True
+    """Send the constrained and over-limit chat kinds too (needs ``chat``; tool_choice=auto
+    needs the server's serve.tool_call_parser)."""
     rss_slack: float = 0.10
     """Allowed RSS growth after warm-up, as a fraction of the baseline (plus 16 MiB)."""
     request_timeout_s: float = 120.0
@@ -64,12 +72,20 @@ class SoakReport:
     baseline: dict[str, ProcessSample] = field(default_factory=dict)
     end: dict[str, ProcessSample] = field(default_factory=dict)
     http_500: float = 0.0
+    stats: Counter = field(default_factory=Counter)
+    """streams, streams_complete, tool_calls_parsed, cut_short."""
+    tracebacks: int = 0
+    """Tracebacks in the server's log during the run (set by the caller)."""
     idle: dict[str, float] = field(default_factory=dict)
     """Engine gauges after the traffic: running, waiting, KV usage."""
     rss_slack: float = 0.10
 
     def problems(self) -> list[str]:
         out = [f"unexpected: {u}" for u in self.unexpected]
+        if self.stats["streams"] != self.stats["streams_complete"]:
+            out.append(f"{self.stats['streams'] - self.stats['streams_complete']} streams did not complete")
+        if self.tracebacks:
+            out.append(f"{self.tracebacks} tracebacks in the server's log")
         if self.http_500:
             out.append(f"/metrics counts {self.http_500:.0f} answers with status 500")
         out += [f"not idle at the end: {k}={v}" for k, v in self.idle.items() if v != 0]
@@ -92,6 +108,8 @@ class SoakReport:
             "outcomes": dict(self.outcomes),
             "unexpected": self.unexpected,
             "http_500": self.http_500,
+            "stats": dict(self.stats),
+            "tracebacks": self.tracebacks,
             "idle": self.idle,
             "baseline": {k: vars(v) for k, v in self.baseline.items()},
             "end": {k: vars(v) for k, v in self.end.items()},
@@ -105,7 +123,8 @@ class SoakReport:
         for name, start in self.baseline.items():
             end = self.end.get(name, ProcessSample(float("nan"), -1))
             lines.append(f"  {name}: RSS {start.rss_mib:.0f} -> {end.rss_mib:.0f} MiB, fds {start.fds} -> {end.fds}")
-        lines.append(f"  http 500s: {self.http_500:.0f}; at the end: {self.idle}")
+        lines.append("  checks:     " + ", ".join(f"{k}={v}" for k, v in sorted(self.stats.items())))
+        lines.append(f"  http 500s: {self.http_500:.0f}; tracebacks: {self.tracebacks}; at the end: {self.idle}")
         problems = self.problems()
         lines.append("  problems: " + ("; ".join(problems) if problems else "none"))
         return "\n".join(lines)
@@ -123,23 +142,30 @@ async def run_soak(base_url: str, cfg: SoakConfig, pids: dict[str, int]) -> Soak
     report = SoakReport(rss_slack=cfg.rss_slack)
     started = time.monotonic()
     limits = httpx.Limits(max_connections=4 * cfg.concurrency, max_keepalive_connections=cfg.concurrency)
+    client = openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key="none", max_retries=0, timeout=cfg.request_timeout_s)
     async with httpx.AsyncClient(base_url=base_url, timeout=cfg.request_timeout_s, limits=limits) as http:
-        model = (await http.get("/v1/models")).json()["data"][0]["id"]
-        traffic = Traffic(http, model, random.Random(cfg.seed), cfg.max_tokens, cfg.chat)
-        await _drive(traffic, cfg, report, cfg.duration_s * cfg.warmup_frac)
+        card = (await http.get("/v1/models")).json()["data"][0]
+        traffic = Traffic(http, card["id"], random.Random(cfg.seed), cfg.max_tokens, cfg.chat, report.stats)
+        constrained = ConstrainedTraffic(traffic, client, card["max_model_len"])
+        await _drive(traffic, constrained, cfg, report, cfg.duration_s * cfg.warmup_frac)
     await _wait_idle(base_url, report)
     report.baseline = {name: sample_process(pid) for name, pid in pids.items()}
     async with httpx.AsyncClient(base_url=base_url, timeout=cfg.request_timeout_s, limits=limits) as http:
         traffic.http = http
-        await _drive(traffic, cfg, report, cfg.duration_s * (1 - cfg.warmup_frac))
+        await _drive(traffic, constrained, cfg, report, cfg.duration_s * (1 - cfg.warmup_frac))
+    await client.close()
     report.idle = await _wait_idle(base_url, report)
     report.end = {name: sample_process(pid) for name, pid in pids.items()}
     report.seconds = time.monotonic() - started
     return report
 
 
-async def _drive(traffic: Traffic, cfg: SoakConfig, report: SoakReport, seconds: float) -> None:
+async def _drive(
+    traffic: Traffic, constrained: ConstrainedTraffic, cfg: SoakConfig, report: SoakReport, seconds: float
+) -> None:
     kinds = traffic.kinds()
+    if cfg.chat and cfg.constrained:
+        kinds |= constrained.kinds()
     names, weights = list(kinds), [w for w, _ in kinds.values()]
     deadline = time.monotonic() + seconds
 
@@ -149,7 +175,7 @@ async def _drive(traffic: Traffic, cfg: SoakConfig, report: SoakReport, seconds:
             report.requests[kind] += 1
             try:
                 outcome = await kinds[kind][1]()
-            except (Unexpected, httpx.HTTPError) as err:
+            except (Unexpected, httpx.HTTPError, ValueError) as err:
                 outcome = "unexpected"
                 if len(report.unexpected) < 20:
                     report.unexpected.append(f"{kind}: {type(err).__name__}: {err}")
@@ -173,6 +199,11 @@ async def _wait_idle(base_url: str, report: SoakReport, timeout: float = 60.0) -
             if not any(idle.values()) or time.monotonic() > deadline:
                 return idle
             await asyncio.sleep(0.1)
+
+
+def count_tracebacks(log: str) -> int:
+    """Python tracebacks in a server's log text."""
+    return log.count("Traceback (most recent call last)")
 
 
 def _metrics(text: str) -> dict[tuple[str, str | None], float]:

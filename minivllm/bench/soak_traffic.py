@@ -16,7 +16,8 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
 import httpx
@@ -45,6 +46,8 @@ class Traffic:
     max_tokens: int
     chat: bool
     """Whether the server has a chat template (chat kinds are sent only then)."""
+    stats: Counter = field(default_factory=Counter)
+    """streams (read to their end) and streams_complete (every choice finished, then ``[DONE]``)."""
 
     def kinds(self) -> dict[str, tuple[float, Callable[[], Awaitable[str]]]]:
         kinds = {
@@ -59,6 +62,32 @@ class Traffic:
             kinds["chat"] = (1.5, lambda: self.chat_completion(stream=False))
             kinds["chat_stream"] = (1.5, lambda: self.chat_completion(stream=True))
         return kinds
+
+    async def read_stream(self, res: httpx.Response, n: int) -> list[dict[str, Any]]:
+        """A 200 stream's events, checked: no error event, a finish_reason for each of the
+        ``n`` choices, and ``[DONE]`` last."""
+        self.stats["streams"] += 1
+        events, done = [], False
+        async for line in sse_lines(res):
+            if not line.startswith("data: "):
+                continue
+            if done:
+                raise Unexpected(f"{res.request.url.path}: data after [DONE]: {line[:80]}")
+            if line == "data: [DONE]":
+                done = True
+                continue
+            event = json.loads(line[len("data: ") :])
+            if "error" in event:
+                raise Unexpected(f"error event in a stream: {event['error']}")
+            events.append(event)
+        finished = {c["index"] for e in events for c in e["choices"] if c.get("finish_reason")}
+        if len(finished) != n or not done:
+            raise Unexpected(
+                f"{res.request.url.path}: stream ended with {len(finished)} of {n} choices finished, "
+                f"{'with' if done else 'without'} [DONE]"
+            )
+        self.stats["streams_complete"] += 1
+        return events
 
     # ---- well-formed requests ---------------------------------------------------------
     def _sampling(self, n: int) -> dict[str, Any]:
@@ -88,16 +117,12 @@ class Traffic:
                 if res.status_code != 200:
                     await res.aread()
                     return _status_outcome(res)
-                finished = set()
-                async for line in sse_lines(res):
-                    finished |= _finished_choices(line)
-                if len(finished) != n:
-                    raise Unexpected(f"{path}: stream ended with {len(finished)} of {n} choices finished")
+                await self.read_stream(res, n)
                 return "ok"
         res = await self.http.post(path, json=body)
         if res.status_code != 200:
             return _status_outcome(res)
-        choices = res.json()["choices"]
+        choices = parsed_body(res)["choices"]
         if len(choices) != n or any(c["finish_reason"] not in ("stop", "length") for c in choices):
             raise Unexpected(f"{path}: {res.text[:200]}")
         return "ok"
@@ -169,10 +194,9 @@ async def sse_lines(res: httpx.Response):
         yield pending.decode()
 
 
-def _finished_choices(line: str) -> set[int]:
-    if not line.startswith("data: {"):
-        return set()
-    event = json.loads(line[len("data: ") :])
-    if "error" in event:
-        raise Unexpected(f"error event in a stream: {event['error']}")
-    return {c["index"] for c in event["choices"] if c.get("finish_reason")}
+def parsed_body(res: httpx.Response) -> dict[str, Any]:
+    """A non-streamed answer's JSON body (Unexpected if it does not parse)."""
+    try:
+        return res.json()
+    except ValueError as err:
+        raise Unexpected(f"{res.request.url.path}: the body is not JSON ({err}): {res.text[:120]!r}") from None

@@ -36,6 +36,7 @@ KWARG_KEYS = {
     "tensor_parallel_size": "parallel.tp",
     "pipeline_parallel_size": "parallel.pp",
     "data_parallel_size": "parallel.dp",
+    "data_parallel_backend": "parallel.dp_backend",
     "distributed_executor_backend": "parallel.backend",
     "enable_expert_parallel": "parallel.enable_expert_parallel",
     "gpu_memory_utilization": "cache.gpu_memory_utilization",
@@ -58,6 +59,8 @@ KWARG_KEYS = {
     "max_loras": "lora.max_loras",
     "max_lora_rank": "lora.max_lora_rank",
     "max_cpu_loras": "lora.max_cpu_loras",
+    "worker_extension_cls": "parallel.worker_extension_cls",
+    "enable_sleep_mode": "model.enable_sleep_mode",
 }
 
 

@@ -9,11 +9,14 @@ allowed set next to them.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from minivllm.config.quantization import QUANT_METHODS
 from minivllm.config.validation import check_choice, check_range
+
+_QUALNAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*[.:][A-Za-z_]\w*")
 
 MODEL_DTYPES = ("auto", "float32", "float16", "bfloat16")
 DTYPE_ALIASES = {"half": "float16", "float": "float32"}
@@ -21,6 +24,9 @@ DTYPE_ALIASES = {"half": "float16", "float": "float32"}
 RUNNERS = ("generate", "pooling")
 POOLING_TYPES = ("LAST", "MEAN")
 PARALLEL_BACKENDS = ("auto", "uni", "mp", "ray", "external_launcher")
+DP_BACKENDS = ("mp", "ray")
+PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
+"""Ray's placement group strategies."""
 CACHE_DTYPES = ("auto", "float32", "float16", "bfloat16", "fp8", "fp8_e4m3")
 LOAD_FORMATS = ("auto", "safetensors", "pt", "dummy", "gguf", "tensorizer", "sharded_state")
 SCHEDULER_POLICIES = ("fcfs", "priority")
@@ -81,6 +87,8 @@ class ModelConfig:
     """generate (sample tokens) or pooling (return pooled hidden states: LLM.embed / LLM.encode)."""
     pooler_config: PoolerConfig = field(default_factory=PoolerConfig)
     """Pooling type and normalization for runner=pooling."""
+    enable_sleep_mode: bool = False
+    """Allow LLM.sleep / wake_up (free the KV cache and the weights' memory between rollouts)."""
 
     def __post_init__(self) -> None:
         self.dtype = DTYPE_ALIASES.get(self.dtype, self.dtype)
@@ -110,6 +118,12 @@ class ParallelConfig:
     """Data-parallel size: independent engine replicas, each of tp x pp ranks (vLLM: data_parallel_size)."""
     dp_rank: int = 0
     """This replica's index in [0, dp); set by the data-parallel front end (it picks the replica's devices)."""
+    dp_backend: str = "mp"
+    """Where data-parallel replicas run: mp (an engine process each, this machine) or ray (a Ray actor each, any node) (vLLM: data_parallel_backend)."""
+    placement_strategy: str = "PACK"
+    """Ray placement group strategy for the ranks (backend=ray) and the replicas (dp_backend=ray): PACK, SPREAD, STRICT_PACK, STRICT_SPREAD."""
+    placement_timeout_s: float = 120.0
+    """Ray: how long to wait for the cluster to have room for every rank or replica before failing, naming what is missing."""
     enable_expert_parallel: bool = False
     """MoE models: place whole experts on the tensor-parallel ranks instead of slicing every expert."""
     backend: str = "auto"
@@ -120,6 +134,8 @@ class ParallelConfig:
     """``_target_`` node of the worker class (one device, one rank)."""
     model_runner: Any = field(default_factory=lambda: {"_target_": "minivllm.worker.model_runner.ModelRunner"})
     """``_target_`` node of the model runner (prepares inputs, runs the model, samples)."""
+    worker_extension_cls: str = ""
+    """Qualified name of a class whose methods every worker gains (called by LLM.collective_rpc); empty: none."""
 
     def __post_init__(self) -> None:
         check_range("parallel.tp", self.tp, low=1)
@@ -136,12 +152,32 @@ class ParallelConfig:
                     "leave it null or 1"
                 )
         check_choice("parallel.backend", self.backend, PARALLEL_BACKENDS)
+        if self.worker_extension_cls and not _QUALNAME.fullmatch(self.worker_extension_cls):
+            raise ValueError(
+                f"parallel.worker_extension_cls={self.worker_extension_cls!r}: must be a qualified class name "
+                "('pkg.module.Class' or 'pkg.module:Class'), or empty"
+            )
         check_range("parallel.dp", self.dp, low=1)
         check_range("parallel.dp_rank", self.dp_rank, low=0, high=self.dp - 1)
         if self.dp > 1 and self.backend == "external_launcher":
             raise ValueError(
                 f"parallel.dp={self.dp}: not supported with parallel.backend=external_launcher "
                 "(launch one engine per replica yourself); use auto, uni, mp or ray"
+            )
+        self._check_ray_fields()
+
+    def _check_ray_fields(self) -> None:
+        check_choice("parallel.dp_backend", self.dp_backend, DP_BACKENDS)
+        check_choice("parallel.placement_strategy", self.placement_strategy, PLACEMENT_STRATEGIES)
+        if not self.placement_timeout_s > 0:
+            raise ValueError(f"parallel.placement_timeout_s={self.placement_timeout_s}: must be > 0 seconds")
+        if self.dp_backend == "ray" and self.dp == 1:
+            raise ValueError("parallel.dp_backend=ray: only applies with parallel.dp > 1; leave it mp")
+        on_ray = self.backend == "ray" or self.dp_backend == "ray"
+        if self.placement_strategy != "PACK" and not on_ray:
+            raise ValueError(
+                f"parallel.placement_strategy={self.placement_strategy}: only applies with parallel.backend=ray "
+                "or parallel.dp_backend=ray; leave it PACK"
             )
 
     @property

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 from minivllm.config.lora import parse_lora_modules
+from minivllm.config.served_names import check_served_model_name
 from minivllm.config.validation import check_range
 
 TOOL_CALL_PARSERS = ("hermes", "llama3_json")
@@ -22,8 +23,9 @@ class ServeConfig:
     """Port the HTTP server binds."""
     api_key: Optional[str] = None
     """When set, every /v1 route needs ``Authorization: Bearer <api_key>``."""
-    served_model_name: Optional[str] = None
-    """Model name(s) the server answers to, comma-separated (the first is reported); defaults to model.path."""
+    served_model_name: Optional[Any] = None
+    """Model name(s) the server answers to: a name, a list (``[a,b]``) or comma-separated names; the first
+    is reported. Defaults to model.path (``demo`` for the bundled demo model)."""
     chat_template: Optional[str] = None
     """Jinja chat template (or a file holding one) for models whose tokenizer has none."""
     shutdown_timeout: float = 30.0
@@ -52,9 +54,12 @@ class ServeConfig:
     """Seconds an idle keep-alive connection stays open between requests."""
     max_header_bytes: int = 64 * 1024
     """Largest request line plus headers; more is a 400 and the connection closes."""
+    dev_mode: bool = False
+    """Offer development routes: /sleep, /wake_up, /is_sleeping (vLLM's VLLM_SERVER_DEV_MODE); never on a public port."""
 
     def __post_init__(self) -> None:
         check_range("serve.port", self.port, low=0, high=65535)
+        check_served_model_name(self.served_model_name)
         check_range("serve.shutdown_timeout", self.shutdown_timeout, low=0.0)
         check_range("serve.max_n", self.max_n, low=1)
         parse_lora_modules(list(self.lora_modules))

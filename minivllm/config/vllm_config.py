@@ -45,7 +45,7 @@ from minivllm.config.resolve import (
     resolve_max_model_len,
     resolve_torch_compile,
 )
-from minivllm.config.rope import check_rope_types
+from minivllm.config.rope import check_rope_types, choose_longrope_factors
 from minivllm.config.schema import (
     AttentionConfig,
     CacheConfig,
@@ -127,6 +127,7 @@ class VllmConfig:
             self.dtype if self.cache.cache_dtype == "auto" else KV_DTYPES[self.cache.cache_dtype]
         )
         self.max_model_len: int = resolve_max_model_len(self.model.max_model_len, self.hf_config)
+        choose_longrope_factors(self.hf_config, self.max_model_len)
         self.parallel.executor = {"_target_": executor_target(self.parallel)}
         check_tensor_parallel(self.parallel.tp, self.hf_config)
         self._check_pipeline_parallel()

@@ -1,7 +1,8 @@
 """Data parallelism: ``parallel.dp`` independent engine replicas behind one front end.
 
 Each replica is a whole engine (scheduler, KV cache, executor with its own
-tp x pp ranks) in its own process (``engine/engine_proc.py``). The front end
+tp x pp ranks) in its own process (``engine/engine_proc.py``), or, with
+``parallel.dp_backend=ray``, in its own Ray actor on any node (``ray_replica.py``). The front end
 (``LLM`` through ``DataParallelEngine``, the server through ``AsyncLLM``)
 checks and tokenizes each request once (``Processor.process``) and hands it to
 ``EngineCoreClient`` (``engine/core_client.py``), which picks a replica with

@@ -10,6 +10,8 @@ abort, step, stats, collective_rpc), over ``dp`` engine processes, through the
 
 The replicas step on their own, concurrently; ``step()`` waits until at least
 one of them reports, then returns every output that has arrived.
+With ``parallel.dp_backend=ray`` the replicas are Ray actors (``ray_replica.py``):
+``RayReplicas`` places them and is the factory ``EngineCoreClient`` starts them with.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import cloudpickle
 
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.core.stats import SchedulerStats
+from minivllm.data_parallel.ray_replica import RayReplicas
 from minivllm.engine.balancer import LoadBalancer
 from minivllm.engine.core_client import EngineCoreClient, merge_stats
 from minivllm.engine.engine_client import EngineClient
@@ -38,7 +41,14 @@ class DataParallelEngine:
     def __init__(self, cfg: VllmConfig) -> None:
         self.cfg = cfg
         self._inbox: queue.SimpleQueue[tuple[int, EngineMessage | str]] = queue.SimpleQueue()
-        self.client = EngineCoreClient(cfg, self._on_message, self._on_exit)
+        self.ray_replicas = RayReplicas(cfg) if cfg.parallel.dp_backend == "ray" else None
+        """parallel.dp_backend=ray: the replicas' placement (each replica is a Ray actor)."""
+        try:
+            start = self.ray_replicas.start if self.ray_replicas is not None else None
+            self.client = EngineCoreClient(cfg, self._on_message, self._on_exit, start)
+        except BaseException:
+            self._release_ray()
+            raise
         self.tokenizer = self.client.tokenizer
         self.processor: Processor = self.client.processor
         self.num_kv_blocks = self.client.num_kv_blocks
@@ -172,3 +182,8 @@ class DataParallelEngine:
 
     def shutdown(self) -> None:
         self.client.shutdown()
+        self._release_ray()
+
+    def _release_ray(self) -> None:
+        if self.ray_replicas is not None:
+            self.ray_replicas.release()

@@ -309,6 +309,24 @@ class AsyncLLM:
         replies = [self._pending.setdefault(token, self._loop.create_future()) for token in tokens]
         return list(await asyncio.gather(*replies))
 
+    # ---- sleep mode (every replica; LLMEngine.sleep) ------------------------------------
+    async def sleep(self, level: int = 1) -> None:
+        """Free the KV cache and offload (1) or discard (2) the weights; ValueError while requests run."""
+        await self._call_engines("sleep", level)
+
+    async def wake_up(self, tags: list[str] | None = None) -> None:
+        await self._call_engines("wake_up", tags)
+
+    async def is_sleeping(self) -> bool:
+        return any(await self._call_engines("is_sleeping"))
+
+    async def _call_engines(self, name: str, *args: Any) -> list[Any]:
+        """``LLMEngine.<name>(*args)`` in every replica's process (``engine_proc.ENGINE_CALLS``)."""
+        self._bind_loop()
+        tokens = self.client.ask_all(lambda token: ("call", token, name, args))
+        replies = [self._pending.setdefault(token, self._loop.create_future()) for token in tokens]
+        return list(await asyncio.gather(*replies))
+
     @property
     def engine_pid(self) -> int | None:
         """The (first) engine process's id (for monitoring)."""

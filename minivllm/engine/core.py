@@ -34,6 +34,7 @@ from minivllm.outputs import EngineCoreOutput, StepResult
 from minivllm.plugins import load_general_plugins
 from minivllm.request import Request, RequestId
 from minivllm.utils import instantiate_target
+from minivllm.worker.sleep import check_level, check_tags
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +60,8 @@ class EngineCore:
         self.max_batches = cfg.parallel.num_microbatches
         self._batches: deque[tuple[SchedulerOutput, StepResult]] = deque()
         """Micro-batching: submitted batches whose outputs are not processed yet, oldest first."""
+        self.asleep: set[str] = set()
+        """Sleep mode: what the workers have put away ("weights", "kv_cache"); empty while awake."""
 
     def _log_capacity(self) -> None:
         spec = self.kv_spec
@@ -107,6 +110,34 @@ class EngineCore:
     def reset_prefix_cache(self) -> bool:
         """Forget every cached prefix block; False (nothing changed) while requests hold blocks."""
         return self.scheduler.reset_prefix_cache()
+
+    # ---- sleep mode (worker/sleep.py) ----------------------------------------------------
+    def sleep(self, level: int = 1) -> None:
+        """Free the workers' KV cache and weights' device memory (see ``Worker.sleep``). Refused
+        while requests are unfinished; the prefix cache is forgotten (its KV is gone)."""
+        if not self.cfg.model.enable_sleep_mode:
+            raise ValueError("sleep: sleep mode is off; build the engine with enable_sleep_mode=True")
+        check_level(level)
+        if self.has_unfinished_requests():
+            raise ValueError(
+                f"sleep: {self.num_unfinished_requests} request(s) unfinished; let them finish or abort them first"
+            )
+        if self.asleep:
+            raise ValueError(f"sleep: already asleep ({', '.join(sorted(self.asleep))}); wake_up first")
+        self.scheduler.reset_prefix_cache()  # cannot fail: no request holds a block
+        self.executor.collective_rpc("sleep", (level,))
+        self.asleep = {"weights", "kv_cache"}
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """Bring back the weights and/or the KV cache (both when ``tags`` is None)."""
+        if not self.cfg.model.enable_sleep_mode:
+            raise ValueError("wake_up: sleep mode is off; build the engine with enable_sleep_mode=True")
+        tags = check_tags(tags)
+        self.executor.collective_rpc("wake_up", (tags,))
+        self.asleep.difference_update(tags)
+
+    def is_sleeping(self) -> bool:
+        return bool(self.asleep)
 
     def step(self) -> list[EngineCoreOutput]:
         if self.cfg.async_scheduling:

@@ -45,6 +45,9 @@ OnMessage = Callable[[int, EngineMessage, float], None]
 """``(replica, message, arrival_time)``, called on the replica's reader thread."""
 OnExit = Callable[[int, str], None]
 """``(replica, reason)``, called when the replica's engine process has exited."""
+StartReplica = Callable[[VllmConfig, Callable[[EngineMessage, float], None], Callable[[str], None]], Any]
+"""Starts one replica, ``(its config, on_message, on_exit)``, and returns once its model is loaded:
+``EngineClient`` (an engine process), or a front end's own (``data_parallel/ray_replica.py``)."""
 
 
 @dataclass(slots=True)
@@ -71,11 +74,19 @@ class Arrival:
 
 
 class EngineCoreClient:
-    def __init__(self, cfg: VllmConfig, on_message: OnMessage, on_exit: OnExit) -> None:
-        """Start every replica (returns once each model is loaded); raises as ``start_engines``."""
+    def __init__(
+        self, cfg: VllmConfig, on_message: OnMessage, on_exit: OnExit, start_replica: StartReplica | None = None
+    ) -> None:
+        """Start every replica (returns once each model is loaded) with ``start_replica``
+        (an engine process each by default); raises as ``start_engines``."""
+        if start_replica is None and cfg.parallel.dp_backend != "mp":
+            raise ValueError(
+                f"parallel.dp_backend={cfg.parallel.dp_backend}: only the offline LLM runs replicas on Ray; "
+                "the server's replicas are processes (parallel.dp_backend=mp)"
+            )
         self.cfg = cfg
         self.tokenizer = get_tokenizer(cfg)
-        self.engines = start_engines(cfg, on_message, on_exit)
+        self.engines = start_engines(cfg, on_message, on_exit, start_replica or EngineClient)
         kv_spec = KVCacheSpec.merge(c.info.kv_spec for c in self.engines)  # a request must fit any replica
         self.num_kv_blocks = kv_spec.num_blocks
         self.processor = Processor(cfg, self.tokenizer, kv_spec)
@@ -206,8 +217,10 @@ def replica_config(cfg: VllmConfig, replica: int) -> VllmConfig:
     return own
 
 
-def start_engines(cfg: VllmConfig, on_message: OnMessage, on_exit: OnExit) -> list[EngineClient]:
-    """One engine process per replica, started together; returns once every model is loaded.
+def start_engines(
+    cfg: VllmConfig, on_message: OnMessage, on_exit: OnExit, start_replica: StartReplica = EngineClient
+) -> list[EngineClient]:
+    """One engine (``start_replica``) per replica, started together; returns once every model is loaded.
 
     If one fails to start, the others are stopped and its error is raised
     (a ValueError, a bad config, as is; a crash naming the replica).
@@ -215,7 +228,7 @@ def start_engines(cfg: VllmConfig, on_message: OnMessage, on_exit: OnExit) -> li
     dp = cfg.parallel.dp
 
     def start(replica: int) -> EngineClient:
-        return EngineClient(replica_config(cfg, replica), partial(on_message, replica), partial(on_exit, replica))
+        return start_replica(replica_config(cfg, replica), partial(on_message, replica), partial(on_exit, replica))
 
     if dp == 1:
         return [start(0)]

@@ -11,6 +11,7 @@ one-way pipes of pickled messages:
     ("abort", [ids])                                ──► LLMEngine.abort_request (blocks freed now)
     ("stats", token)                                ──► scheduler_stats()
     ("rpc", token, call)                            ──► collective_rpc (call: cloudpickled method, args, kwargs)
+    ("call", token, name, args)                     ──► LLMEngine.<name>(*args), name in ENGINE_CALLS
     ("shutdown", None)                              ──► leave the loop
                                                     ◄── EngineMessage(added, add_errors, replies)
                                                     ◄── EngineMessage(outputs=[RequestOutput (DELTA)])
@@ -44,6 +45,8 @@ _FRONT_END_FIELDS = ("prompt", "prompt_token_ids", "outputs", "metrics")
 _REQUEST_FIELDS = tuple(f.name for f in dataclasses.fields(RequestOutput) if f.name not in _FRONT_END_FIELDS)
 PackedOutput = tuple[tuple, list[tuple]]
 _request_head, _completion = attrgetter(*_REQUEST_FIELDS), attrgetter(*_COMPLETION_FIELDS)
+ENGINE_CALLS = ("sleep", "wake_up", "is_sleeping")
+"""The LLMEngine methods a front end may call by name (sleep mode, for the server's dev routes)."""
 
 
 def pack_output(out: RequestOutput) -> PackedOutput:
@@ -166,6 +169,9 @@ def _drain(engine: Any, commands: Connection, msg: EngineMessage) -> bool:
         elif kind == "rpc":
             token, call = args
             msg.replies[token] = _run_rpc(engine, call)
+        elif kind == "call":
+            token, name, call_args = args
+            msg.replies[token] = _call_engine(engine, name, call_args)
         elif kind == "shutdown":
             return False
         else:
@@ -180,6 +186,16 @@ def _run_rpc(engine: Any, call: bytes) -> Any:
         return engine.collective_rpc(method, args, kwargs)
     except Exception as err:  # noqa: BLE001 - the caller raises it
         return RuntimeError(str(err))
+
+
+def _call_engine(engine: Any, name: str, args: tuple) -> Any:
+    """``engine.<name>(*args)``; the ValueError it raises comes back as the reply."""
+    if name not in ENGINE_CALLS:
+        return ValueError(f"engine process: {name!r} is not one of {', '.join(ENGINE_CALLS)}")
+    try:
+        return getattr(engine, name)(*args)
+    except ValueError as err:
+        return ValueError(str(err))
 
 
 def _describe(err: BaseException) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import atexit
 import gc
 import itertools
+import logging
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -26,6 +27,8 @@ from minivllm.pooling.params import PoolingParams
 from minivllm.request import Request, RequestId
 from minivllm.sampling_params import RequestOutputKind, SamplingParams
 from minivllm.tokenizer import get_tokenizer
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -130,6 +133,11 @@ class LLMEngine:
         this process): nothing is tokenized or checked again. Raises ValueError (nothing queued)
         if its id is in use by an unfinished request."""
         req_id = RequestId(request.request_id)
+        if self.core.asleep:
+            raise ValueError(
+                f"request {req_id!r}: the engine is sleeping ({', '.join(sorted(self.core.asleep))} put away); "
+                "call wake_up() first"
+            )
         if request.pooling_params is not None:
             return self._add_pooling_request(req_id, request)
         ids = request.prompt_token_ids
@@ -277,8 +285,27 @@ class LLMEngine:
             core_out.prompt_logprobs = build(core_out.prompt_logprobs, params.prompt_logprobs, params.detokenize)
 
     def reset_prefix_cache(self) -> bool:
-        """Forget every cached prefix block; False (nothing changed) while requests hold blocks."""
-        return self.core.reset_prefix_cache()
+        """Forget every cached prefix block; False (nothing changed, a warning logged) while
+        requests hold blocks."""
+        if self.core.reset_prefix_cache():
+            return True
+        logger.warning(
+            "reset_prefix_cache: %d request(s) unfinished hold KV blocks; nothing was reset",
+            self.get_num_unfinished_requests(),
+        )
+        return False
+
+    def sleep(self, level: int = 1) -> None:
+        """Sleep mode (``EngineCore.sleep``): level 1 frees the KV cache and offloads the weights,
+        level 2 discards both."""
+        self.core.sleep(level)
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """Bring back "weights" and/or "kv_cache" (both when None)."""
+        self.core.wake_up(tags)
+
+    def is_sleeping(self) -> bool:
+        return self.core.is_sleeping()
 
     def shutdown(self) -> None:
         self.core.shutdown()

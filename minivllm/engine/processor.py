@@ -16,6 +16,7 @@ from typing import Any, Union
 from transformers import PreTrainedTokenizerBase
 
 from minivllm.config.vllm_config import VllmConfig
+from minivllm.context_length import check_pooling_fits, check_prompt_fits
 from minivllm.kv_cache_spec import KVCacheSpec
 from minivllm.lora.checker import LoRAChecker
 from minivllm.lora.request import LoRARequest
@@ -42,7 +43,8 @@ class ProcessedRequest:
     prompt: str | None
     """The prompt's text, when it was given as text (None for token ids only)."""
     prompt_token_ids: list[int]
-    """After ``truncate_prompt_tokens``; never empty, inside the vocabulary, shorter than max_model_len."""
+    """After ``truncate_prompt_tokens``; never empty, inside the vocabulary, shorter than max_model_len
+    (pooling: no longer than it)."""
     params: SamplingParams
     """The processor's own copy, prepared for the workers (stop and bad-word token ids filled in);
     a front end may still change its ``output_kind``. A pooling request's is one greedy step."""
@@ -104,6 +106,7 @@ class Processor:
         self._check_priority_and_salt(priority, cache_salt)
         self.lora.check(lora_request)
         text, ids = self.tokenize(prompt, params.truncate_prompt_tokens)
+        check_prompt_fits(len(ids), params.max_tokens, self.cfg.max_model_len)
         max_tokens = self.max_output_tokens(len(ids), params)
         eos = self.eos_token_id
         return ProcessedRequest(
@@ -137,6 +140,7 @@ class Processor:
         self._check_priority_and_salt(priority, cache_salt)
         params.check(self.cfg.hf_config, self.cfg.hf_config.hidden_size)
         text, ids = self.tokenize(prompt, params.truncate_prompt_tokens)
+        check_pooling_fits(len(ids), self.cfg.max_model_len)
         one_step = self.prepare_params(SamplingParams(max_tokens=1, temperature=0.0, detokenize=False), None)
         return ProcessedRequest(
             str(request_id),
@@ -191,7 +195,7 @@ class Processor:
         return text, ids
 
     def _encode(self, text: str) -> list[int]:
-        """Token ids; transformers' too-long warning is off (``_check_ids`` says it better)."""
+        """Token ids; transformers' too-long warning is off (the context checks say it better)."""
         return self.tokenizer.encode(text, add_special_tokens=True, verbose=False)
 
     def _check_ids(self, ids: list[int]) -> None:
@@ -200,11 +204,6 @@ class Processor:
         bad = [t for t in ids if not isinstance(t, int) or not 0 <= t < self.vocab_size]
         if bad:
             raise ValueError(f"prompt_token_ids: {bad[:5]} outside the vocabulary [0, {self.vocab_size})")
-        if len(ids) >= self.cfg.max_model_len:
-            raise ValueError(
-                f"prompt: {len(ids)} tokens leave no room to generate within max_model_len={self.cfg.max_model_len}; "
-                f"shorten it or raise model.max_model_len"
-            )
 
     def max_output_tokens(self, num_prompt_tokens: int, params: SamplingParams) -> int:
         room = self.cfg.max_model_len - num_prompt_tokens

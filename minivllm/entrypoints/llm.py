@@ -11,6 +11,7 @@ from tqdm.auto import tqdm
 from minivllm.beam_search import BeamSearchOutput, run_beam_search
 from minivllm.config.generation_defaults import generation_defaults
 from minivllm.config.llm_kwargs import config_from_kwargs
+from minivllm.config.served_names import served_model_names
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.data_parallel.engine import DataParallelEngine
 from minivllm.engine.llm_engine import LLMEngine
@@ -67,14 +68,33 @@ class LLM:
         return SamplingParams(**self.default_sampling_params)
 
     def reset_prefix_cache(self) -> bool:
-        """Forget the prefix cache; False (nothing changed) while requests are running."""
+        """Forget the prefix cache (after a weight update: its KV was computed with the old weights);
+        False, with a warning, and nothing changed while requests are running."""
         return self.llm_engine.reset_prefix_cache()
+
+    def sleep(self, level: int = 1) -> None:
+        """Give back memory between rollouts (``LLM(enable_sleep_mode=True)``; docs/rl.md).
+
+        Level 1 frees the KV cache and moves the weights to host memory; level 2 frees the
+        weights too (load new ones after ``wake_up(tags=["weights"])``). The prefix cache is
+        forgotten. Refused while requests are unfinished; generating while asleep is an error.
+        """
+        self._single_engine("sleep").sleep(level)
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """Bring back what ``sleep`` put away: ``tags`` among "weights", "kv_cache"; None: both."""
+        self._single_engine("wake_up").wake_up(tags)
+
+    def _single_engine(self, method: str) -> LLMEngine:
+        if not isinstance(self.llm_engine, LLMEngine):
+            raise ValueError(f"{method}(): not supported with parallel.dp > 1 (data_parallel_size)")
+        return self.llm_engine
 
     def get_metrics(self) -> list[Metric]:
         """vLLM-named counters and gauges (``vllm:prompt_tokens``, ``vllm:kv_cache_usage_perc``, ...)."""
         engine = self.llm_engine
-        name = self.cfg.serve.served_model_name or self.cfg.model.path
-        return engine_metrics(engine.get_stats(), engine.counters.num_finished_requests, name.split(",")[0])
+        name = served_model_names(self.cfg.serve.served_model_name, self.cfg.model.path)[0]
+        return engine_metrics(engine.get_stats(), engine.counters.num_finished_requests, name)
 
     def generate(
         self,

@@ -15,6 +15,7 @@ from minivllm.config.vllm_config import VllmConfig
 from minivllm.core.scheduler_output import SchedulerOutput
 from minivllm.kv_cache_spec import KVCacheSpec
 from minivllm.outputs import DoneOutput, ModelRunnerOutput, StepResult
+from minivllm.worker.extension import check_worker_extension
 
 
 class WorkerFailedError(RuntimeError):
@@ -28,6 +29,7 @@ class WorkerFailedError(RuntimeError):
 
 class Executor(ABC):
     def __init__(self, cfg: VllmConfig) -> None:
+        check_worker_extension(cfg)  # here, before any worker starts, rather than in each rank
         self.cfg = cfg
 
     @abstractmethod

@@ -32,7 +32,7 @@ from minivllm.core.scheduler_output import SchedulerOutput
 from minivllm.executor.base import Executor, run_method
 from minivllm.kv_cache_spec import KVCacheSpec
 from minivllm.outputs import ModelRunnerOutput
-from minivllm.utils import instantiate_target
+from minivllm.worker.extension import build_worker
 
 LAUNCHER_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
@@ -59,7 +59,7 @@ class ExecutorWithExternalLauncher(Executor):
     def __init__(self, cfg: VllmConfig) -> None:
         super().__init__(cfg)
         self.rank = launcher_rank(cfg.world_size)
-        self.worker = instantiate_target(cfg.parallel.worker, cfg=cfg, rank=self.rank, distributed_init_method="env://")
+        self.worker = build_worker(cfg, rank=self.rank, distributed_init_method="env://")
         self.worker.reports_output = True  # every rank's own scheduler advances with the sampled tokens
         try:
             self.worker.init_device()

@@ -3,20 +3,22 @@
 Ray is an optional extra (``pip install 'minivllm[ray]'``). The executor joins
 the Ray instance already running in the process, else the cluster named by
 ``RAY_ADDRESS``, else starts a local one. It reserves one bundle per rank in a
-placement group (``{"GPU": 1}`` on CUDA, ``{"CPU": 1}`` on the CPU; packed onto
-as few nodes as possible), builds one ``Worker`` per actor, and rendezvous at
-rank 0's node. A call reaches all actors at once (``execute_model_async``
+placement group (``{"GPU": 1}`` on CUDA, ``{"CPU": 1}`` on the CPU) placed with
+``parallel.placement_strategy`` (PACK, as vLLM: as few nodes as possible;
+STRICT_SPREAD: a node per rank), failing clearly when the cluster cannot hold it
+(``ray_cluster.reserve``). Actor ``i`` takes bundle ``i`` and builds one
+``Worker``; the ranks rendezvous at rank 0's node. A call reaches all actors at once (``execute_model_async``
 returns before the step's output is there: each actor runs its calls in the
 order sent, so several steps may be in flight); as in ``MultiprocExecutor``,
 the first rank to die or raise stops every actor and raises
-``WorkerFailedError`` naming it.
+``WorkerFailedError`` naming it and its node (a lost node kills its actors, so
+its ranks are reported dead within seconds, while their peers' collectives fail).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import threading
 import time
 import weakref
 from collections import Counter
@@ -26,22 +28,11 @@ from minivllm.config.vllm_config import VllmConfig
 from minivllm.core.scheduler_output import SchedulerOutput
 from minivllm.distributed.utils import get_open_port, retry_on_address_in_use, threads_per_rank
 from minivllm.executor.base import Executor, WorkerFailedError, run_method
+from minivllm.executor.ray_cluster import RayInstance, first_line, import_ray, node_of_this_process, reserve
 from minivllm.outputs import ModelRunnerOutput
-from minivllm.utils import instantiate_target
+from minivllm.worker.extension import build_worker
 
 logger = logging.getLogger(__name__)
-PLACEMENT_TIMEOUT_S = 120.0
-"""How long to wait for the cluster to have room for every rank."""
-
-
-def _import_ray() -> Any:
-    try:
-        import ray
-    except ImportError:
-        raise ValueError(
-            "parallel.backend=ray: Ray is not installed; pip install 'minivllm[ray]', or use parallel.backend=mp"
-        ) from None
-    return ray
 
 
 class RayWorkerWrapper:
@@ -51,19 +42,16 @@ class RayWorkerWrapper:
         self.cfg, self.rank = cfg, rank
         self.worker: Any = None
 
-    def describe(self) -> tuple[str, int]:
-        """(node IP, process id) of this actor."""
-        import ray
-
-        return ray.util.get_node_ip_address(), os.getpid()
+    def describe(self) -> tuple[str, str, int]:
+        """(Ray node id, node IP, process id) of this actor."""
+        return (*node_of_this_process(), os.getpid())
 
     def open_port(self) -> int:
         return get_open_port()
 
     def build_worker(self, init_method: str, num_local_ranks: int) -> None:
-        self.worker = instantiate_target(
-            self.cfg.parallel.worker,
-            cfg=self.cfg,
+        self.worker = build_worker(
+            self.cfg,
             rank=self.rank,
             distributed_init_method=init_method,
             num_threads=threads_per_rank(num_local_ranks),
@@ -80,16 +68,23 @@ class RayDistributedExecutor(Executor):
 
     def __init__(self, cfg: VllmConfig) -> None:
         super().__init__(cfg)
-        self.ray = _import_ray()
+        self.ray = import_ray()
         self.world_size = cfg.world_size
         self._actors: list[Any] = []
         self._pids: list[int] = []
+        self._nodes: list[tuple[str, str]] = []
+        """(node id, IP) of each rank's actor."""
         self._failure: str | None = None
-        _RayInstance.acquire(self.ray)
+        RayInstance.acquire(self.ray)
         try:
-            self._placement = _reserve(self.ray, self.world_size, cfg.device_type == "cuda")
+            bundle = {"GPU": 1.0} if cfg.device_type == "cuda" else {"CPU": 1.0}
+            par = cfg.parallel
+            what = f"parallel.backend=ray with parallel.tp={par.tp} x parallel.pp={par.pp}"
+            self._placement = reserve(
+                self.ray, bundle, self.world_size, par.placement_strategy, par.placement_timeout_s, what
+            )
         except BaseException:
-            _RayInstance.release(self.ray)
+            RayInstance.release(self.ray)
             raise
         self._finalizer = weakref.finalize(self, _release, self.ray, self._actors, self._placement)
         try:
@@ -103,6 +98,11 @@ class RayDistributedExecutor(Executor):
     def worker_pids(self) -> list[int]:
         return list(self._pids)
 
+    @property
+    def worker_node_ids(self) -> list[str]:
+        """The Ray node id of each rank's actor, in rank order."""
+        return [node_id for node_id, _ in self._nodes]
+
     def _start_workers(self) -> None:
         ray, cuda = self.ray, self.cfg.device_type == "cuda"
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -114,14 +114,16 @@ class RayDistributedExecutor(Executor):
             options = {"num_gpus": 1, "num_cpus": 0} if cuda else {"num_cpus": 1}
             actor = actor_cls.options(scheduling_strategy=strategy, max_restarts=0, **options)
             self._actors.append(actor.remote(self.cfg, rank))
-        nodes = self._call_each([a.describe.remote() for a in self._actors], "start-up")
-        self._pids = [pid for _, pid in nodes]
-        per_node = Counter(ip for ip, _ in nodes)
+        described = self._call_each([a.describe.remote() for a in self._actors], "start-up")
+        self._nodes = [(node_id, ip) for node_id, ip, _ in described]
+        self._pids = [pid for _, _, pid in described]
+        per_host = Counter(ip for _, ip in self._nodes)  # ranks sharing a machine's cores (Ray nodes may share one)
         port = self._call_each([self._actors[0].open_port.remote()], "start-up")[0]
-        init_method = f"tcp://{nodes[0][0]}:{port}"
-        builds = [a.build_worker.remote(init_method, per_node[ip]) for a, (ip, _) in zip(self._actors, nodes)]
+        init_method = f"tcp://{self._nodes[0][1]}:{port}"
+        builds = [a.build_worker.remote(init_method, per_host[ip]) for a, (_, ip) in zip(self._actors, self._nodes)]
         self._call_each(builds, "start-up")
-        logger.info("started %d Ray workers on %d node(s), rendezvous %s", self.world_size, len(per_node), init_method)
+        num_nodes = len({node_id for node_id, _ in self._nodes})
+        logger.info("started %d Ray workers on %d node(s), rendezvous %s", self.world_size, num_nodes, init_method)
         self.collective_rpc("init_device")
 
     def collective_rpc(self, method: str | Callable, args: tuple = (), kwargs: dict | None = None) -> list[Any]:
@@ -160,7 +162,7 @@ class RayDistributedExecutor(Executor):
             try:
                 results[rank] = ray.get(ready[0])
             except ray.exceptions.RayActorError as err:
-                self._fail(rank, f"died ({_first_line(err)})", what)
+                self._fail(rank, f"died{self._where(rank)} ({first_line(err)})", what)
             except ray.exceptions.RayTaskError as err:
                 cause = err.cause if err.cause is not None else err
                 logger.error("worker rank %d failed in %s:\n%s", rank, what, err)
@@ -170,6 +172,12 @@ class RayDistributedExecutor(Executor):
         if raised is not None:
             self._fail(*raised, what)
         return results
+
+    def _where(self, rank: int) -> str:
+        if rank >= len(self._nodes):
+            return ""
+        node_id, ip = self._nodes[rank]
+        return f" on node {node_id[:12]} ({ip})"
 
     def _fail(self, rank: int, cause: str, what: str) -> None:
         err = WorkerFailedError(rank, cause, what)
@@ -202,23 +210,6 @@ class RayPendingStep:
         return self._output
 
 
-def _reserve(ray: Any, world_size: int, cuda: bool) -> Any:
-    """A placement group with one bundle per rank, ready (or a clear error)."""
-    from ray.util.placement_group import placement_group, remove_placement_group
-
-    bundle = {"GPU": 1.0} if cuda else {"CPU": 1.0}
-    group = placement_group([dict(bundle) for _ in range(world_size)], strategy="PACK")
-    try:
-        ray.get(group.ready(), timeout=PLACEMENT_TIMEOUT_S)
-    except ray.exceptions.GetTimeoutError:
-        remove_placement_group(group)
-        raise RuntimeError(
-            f"parallel.backend=ray: the cluster has no room for {world_size} workers of {bundle} each after "
-            f"{PLACEMENT_TIMEOUT_S:.0f} s (available: {ray.available_resources()})"
-        ) from None
-    return group
-
-
 def _kill(ray: Any, actors: list[Any]) -> None:
     for actor in actors:
         ray.kill(actor, no_restart=True)
@@ -231,34 +222,4 @@ def _release(ray: Any, actors: list[Any], group: Any) -> None:
     if ray.is_initialized():  # else Ray shut down first and took its actors with it
         _kill(ray, actors)
         remove_placement_group(group)
-    _RayInstance.release(ray)
-
-
-def _first_line(err: BaseException) -> str:
-    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
-    return lines[0] if lines else type(err).__name__
-
-
-class _RayInstance:
-    """Counts the executors using the Ray instance; one this module started is
-    shut down (with its daemons) when the last of them is."""
-
-    _lock = threading.Lock()
-    _users = 0
-    _started_here = False
-
-    @classmethod
-    def acquire(cls, ray: Any) -> None:
-        with cls._lock:
-            if not ray.is_initialized():
-                ray.init(include_dashboard=False, log_to_driver=True)  # RAY_ADDRESS, if set, names a cluster
-                cls._started_here = True
-            cls._users += 1
-
-    @classmethod
-    def release(cls, ray: Any) -> None:
-        with cls._lock:
-            cls._users = max(0, cls._users - 1)
-            if cls._users == 0 and cls._started_here:
-                ray.shutdown()
-                cls._started_here = False
+    RayInstance.release(ray)

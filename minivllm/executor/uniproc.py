@@ -8,13 +8,13 @@ from minivllm.config.vllm_config import VllmConfig
 from minivllm.core.scheduler_output import SchedulerOutput
 from minivllm.executor.base import Executor, run_method
 from minivllm.outputs import StepResult
-from minivllm.utils import instantiate_target
+from minivllm.worker.extension import build_worker
 
 
 class UniProcExecutor(Executor):
     def __init__(self, cfg: VllmConfig) -> None:
         super().__init__(cfg)
-        self.worker = instantiate_target(cfg.parallel.worker, cfg=cfg, rank=0)
+        self.worker = build_worker(cfg, rank=0)
         self.worker.init_device()
         self.worker.load_model()
 

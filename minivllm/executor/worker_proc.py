@@ -30,7 +30,7 @@ from typing import Any
 
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.executor.base import run_method
-from minivllm.utils import instantiate_target
+from minivllm.worker.extension import build_worker
 
 SHUTDOWN = pickle.dumps((-1, None))
 
@@ -55,9 +55,7 @@ def worker_main(
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _exit_with_parent(parent_pid)
     try:
-        worker = instantiate_target(
-            cfg.parallel.worker, cfg=cfg, rank=rank, distributed_init_method=init_method, num_threads=num_threads
-        )
+        worker = build_worker(cfg, rank=rank, distributed_init_method=init_method, num_threads=num_threads)
     except BaseException as err:
         conn.send(error_reply(0, err))
         _exit_now(1)

@@ -9,13 +9,16 @@ the keys in the paged KV cache never need re-rotating:
   (``factor * max_position_embeddings``), as vLLM does, instead of
   re-deriving it from each batch's longest sequence as transformers does.
 - ``longrope`` (Phi-3/3.5 128k, Phi-4-mini) uses its long factors at every
-  position when the checkpoint's context (``max_position_embeddings``) exceeds
-  ``original_max_position_embeddings``, its short factors otherwise.
-  transformers picks per forward pass (long once the sequence is longer than
-  the original context), which would leave keys cached with short factors
-  wrong once a sequence crosses it; vLLM makes the same fixed choice at its
-  default ``max_model_len``. Sequences longer than the original context
-  therefore match transformers exactly; shorter ones use the long factors here.
+  position when the engine's context (``max_model_len``, chosen in
+  ``config/rope.py``; without an engine config, the checkpoint's
+  ``max_position_embeddings``) exceeds ``original_max_position_embeddings``,
+  its short factors otherwise, as vLLM does. transformers picks per forward
+  pass (long once the sequence is longer than the original context), which
+  would leave keys cached with short factors wrong once a sequence crosses it.
+  A context capped at the original one therefore matches transformers exactly,
+  as do sequences longer than it; with a longer context, shorter sequences use
+  the long factors here. The attention factor always follows the checkpoint's
+  context, as in transformers.
 """
 
 from __future__ import annotations
@@ -112,6 +115,7 @@ def _longrope(inv_freq: torch.Tensor, params: dict[str, Any], max_position_embed
     attention = params.get("attention_factor")
     if attention is None:
         attention = 1.0 if factor <= 1 else math.sqrt(1 + math.log(factor) / math.log(old_len))
-    factors = params["long_factor"] if max_position_embeddings > old_len else params["short_factor"]
+    use_long = params.get("use_long_factors", max_position_embeddings > old_len)
+    factors = params["long_factor"] if use_long else params["short_factor"]
     factors = torch.tensor(factors, dtype=torch.float64, device="cpu")  # (rotary_dim / 2,)
     return RopeFrequencies((inv_freq / factors).tolist(), float(attention))

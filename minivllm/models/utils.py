@@ -15,6 +15,15 @@ Resolver = Callable[[str], "tuple[str, Any] | None"]
 """checkpoint name -> (parameter name, shard id), or None to fall back on ``packed``."""
 
 
+class MissingWeightsError(ValueError):
+    """Some parameters received no tensor. Raised after every given tensor was loaded, so a
+    partial update of a running model (``worker/weight_update.py``) may catch it and carry on."""
+
+    def __init__(self, missing: set[str]) -> None:
+        super().__init__(f"checkpoint has no tensors for: {', '.join(sorted(missing)[:8])}")
+        self.missing = missing
+
+
 def load_weights(
     model: nn.Module,
     weights: Iterable[tuple[str, Any]],
@@ -26,8 +35,8 @@ def load_weights(
 
     Names containing any of ``skip`` are ignored (e.g. rotary caches, a tied
     ``lm_head.weight``). ``resolve`` maps names ``packed`` cannot express (per-expert
-    tensors into stacked parameters) and is asked first. Raises when a checkpoint name matches no parameter or
-    when a parameter received nothing.
+    tensors into stacked parameters) and is asked first. Raises ValueError when a checkpoint name matches no parameter,
+    and ``MissingWeightsError`` (after loading every tensor given) when a parameter received nothing.
     """
     params = dict(model.named_parameters())
     loaded_names: set[str] = set()
@@ -47,7 +56,7 @@ def load_weights(
         loaded_names.add(target)
     missing = set(params) - loaded_names
     if missing:
-        raise ValueError(f"checkpoint has no tensors for: {', '.join(sorted(missing)[:8])}")
+        raise MissingWeightsError(missing)
     return loaded_names
 
 

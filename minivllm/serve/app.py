@@ -31,10 +31,12 @@ from minivllm.engine.request_stream import EngineDeadError, one_line
 from minivllm.serve.body_limits import BodyLimits
 from minivllm.serve.chat import create_chat_completion
 from minivllm.serve.completions import create_completion
+from minivllm.serve.dev_routes import add_dev_routes
 from minivllm.serve.embeddings import add_embedding_routes
 from minivllm.serve.errors import DEAD_ENGINE_RETRY_AFTER_S, ClientDisconnected, ModelNotFound, Overloaded
 from minivllm.serve.lora_routes import add_lora_routes
 from minivllm.serve.metrics import CONTENT_TYPE
+from minivllm.serve.models_route import add_model_routes
 from minivllm.serve.openapi import install_openapi
 from minivllm.serve.params import BadRequest, param_of
 from minivllm.serve.protocol import (
@@ -42,8 +44,6 @@ from minivllm.serve.protocol import (
     ChatCompletionResponse,
     CompletionRequest,
     CompletionResponse,
-    ModelCard,
-    ModelList,
 )
 from minivllm.serve.state import ServerState
 from minivllm.serve.tokenize import add_tokenize_routes
@@ -97,18 +97,12 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
     async def chat_completions(body: ChatCompletionRequest, raw: Request) -> Any:
         return await create_chat_completion(state, body, raw)
 
-    @app.get("/v1/models")
-    async def models() -> ModelList:
-        root, max_len = state.cfg.model.path, state.cfg.max_model_len
-        cards = [ModelCard(id=name, root=root, max_model_len=max_len) for name in state.model_names]
-        adapters = [
-            ModelCard(id=name, root=lora.lora_path, parent=state.model_name, max_model_len=max_len)
-            for name, lora in state.adapters.by_name.items()
-        ]
-        return ModelList(data=[*cards, *adapters])
+    add_model_routes(app, state)
 
     if state.cfg.serve.enable_lora_runtime_updates:
         add_lora_routes(app, state)
+    if state.cfg.serve.dev_mode:
+        add_dev_routes(app, state)
 
     @app.get("/health", response_class=Response)
     async def health() -> Response:

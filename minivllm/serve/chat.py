@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from dataclasses import replace
 from typing import Any, AsyncIterator
 
 from fastapi import Request
@@ -42,7 +43,7 @@ from minivllm.serve.protocol import (
     TopLogProb,
     UsageInfo,
 )
-from minivllm.serve.reasoning import REASONING_PARSERS
+from minivllm.serve.reasoning import REASONING_PARSERS, ThinkParser
 from minivllm.serve.state import ServerState
 from minivllm.serve.structured import structured_outputs_of
 from minivllm.serve.tools import ToolPlan, plan_tools
@@ -66,13 +67,14 @@ async def create_chat_completion(state: ServerState, body: ChatCompletionRequest
     kind = RequestOutputKind.DELTA if body.stream else RequestOutputKind.FINAL_ONLY
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     tools = plan_tools(body, state.cfg.serve.tool_call_parser)
+    constraint = _constraint(body, tools)
     params = to_sampling_params(
         body,
         state.default_sampling_params,
         max_tokens=max_tokens,
         logprobs=logprobs,
         output_kind=kind,
-        structured_outputs=_constraint(body, tools),
+        structured_outputs=constraint,
     )
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     check_text_length(state, "messages", message_texts(body.messages), body.truncate_prompt_tokens)
@@ -88,8 +90,7 @@ async def create_chat_completion(state: ServerState, body: ChatCompletionRequest
         prompt_field="messages",
     )
     streams = await start_requests(state.engine, [prompt], "messages")
-    reasoning = state.cfg.serve.reasoning_parser
-    fmt = _Formatter(state, body, prompt, ChatOutputParser(tools, REASONING_PARSERS[reasoning] if reasoning else None))
+    fmt = _Formatter(state, body, prompt, ChatOutputParser(tools, _reasoning_parser(state, constraint)))
     if body.stream:
         return StreamingResponse(_stream(body, request_id, streams, fmt), media_type="text/event-stream")
     outs = await unless_disconnected(raw, final_outputs(streams))
@@ -111,6 +112,17 @@ def _constraint(body: ChatCompletionRequest, tools: ToolPlan | None) -> Structur
             f"tool_choice={body.tool_choice!r}: cannot be combined with response_format or another output constraint",
         )
     return enforced or asked
+
+
+def _reasoning_parser(state: ServerState, constraint: StructuredOutputsParams | None) -> ThinkParser | None:
+    """serve.reasoning_parser; under an output constraint, reasoning is only what the output itself
+    opens with ``<think>``: the constraint holds from the first token, so the output never begins
+    inside reasoning the prompt opened (DeepSeek-R1), and JSON or tool calls stay the content."""
+    name = state.cfg.serve.reasoning_parser
+    if not name:
+        return None
+    parser = REASONING_PARSERS[name]
+    return parser if constraint is None else replace(parser, starts_in_prompt=False)
 
 
 def render(state: ServerState, body: ChatCompletionRequest, tools: ToolPlan | None = None) -> dict[str, Any]:

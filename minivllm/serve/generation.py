@@ -20,6 +20,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
 from fastapi import Request
 from pydantic import BaseModel
 
+from minivllm.context_length import ContextLengthExceeded, check_request_fits
 from minivllm.engine.async_llm import AsyncLLM
 from minivllm.engine.outputs import RequestOutput
 from minivllm.engine.processor import ProcessedRequest
@@ -27,7 +28,7 @@ from minivllm.engine.request_stream import RequestStream
 from minivllm.lora.request import LoRARequest
 from minivllm.sampling_params import SamplingParams
 from minivllm.serve.errors import ClientDisconnected
-from minivllm.serve.params import BadRequest, bad_request
+from minivllm.serve.params import bad_request
 from minivllm.serve.protocol import UsageInfo
 
 T = TypeVar("T")
@@ -67,13 +68,12 @@ async def check_prompt(
         request = await off_loop(engine.process, request_id, prompt, params, priority, group_id, lora_request)
     except ValueError as err:
         raise bad_request(err, {"prompt": prompt_field, "prompt_token_ids": prompt_field}) from None
-    ids, max_len = request.prompt_token_ids, engine.cfg.max_model_len
-    if max_tokens is not None and len(ids) + max_tokens > max_len:
-        raise BadRequest(
-            "max_tokens",
-            f"max_tokens={max_tokens}: too large; the prompt has {len(ids)} tokens and max_model_len is "
-            f"{max_len}, so at most {max_len - len(ids)} tokens can be generated",
-        )
+    ids = request.prompt_token_ids
+    if max_tokens is not None:
+        try:
+            check_request_fits(len(ids), max_tokens, engine.cfg.max_model_len)
+        except ContextLengthExceeded as err:
+            raise bad_request(err, {"prompt": prompt_field}) from None
     return Prompt(request.prompt, ids, request)
 
 

@@ -36,7 +36,7 @@ EVENT_STREAM = {
     "description": "with stream=true: server-sent events, `data: <chunk JSON>` each, then `data: [DONE]`",
 }
 MEANING = {
-    "400": "A field is missing, unknown, of the wrong type or out of range (the message and `param` name it)",
+    "400": "A field or parameter is missing, unknown, of the wrong type or out of range (the message and `param` name it)",
     "401": "Missing or wrong API key (`Authorization: Bearer <serve.api_key>`)",
     "404": "The `model` (or adapter) is not served here",
     "408": "The request body stalled for longer than serve.body_timeout",
@@ -63,6 +63,9 @@ ROUTES: dict[tuple[str, str], RouteDoc] = {
     ("/detokenize", "post"): RouteDoc((*BODY_ERRORS, "404")),
     ("/v1/load_lora_adapter", "post"): RouteDoc(BODY_ERRORS, "text"),
     ("/v1/unload_lora_adapter", "post"): RouteDoc((*BODY_ERRORS, "404"), "text"),
+    ("/v1/models/{model_id}", "get"): RouteDoc(("404",)),
+    ("/sleep", "post"): RouteDoc(("400",), "empty", "The engine sleeps (no body)"),
+    ("/wake_up", "post"): RouteDoc(("400",), "empty", "The engine is awake (no body)"),
     ("/health", "get"): RouteDoc(("503",), "empty", "The engine is running (no body)"),
     ("/ping", "get"): RouteDoc(("503",), "empty", "The engine is running (no body)"),
     ("/ping", "post"): RouteDoc(("503",), "empty", "The engine is running (no body)"),

@@ -81,7 +81,7 @@ def bad_request(err: ValueError, rename: dict[str, str] | None = None) -> BadReq
     """Wrap an engine ValueError; ``rename`` maps engine names to request names (prompt -> messages)."""
     if isinstance(err, BadRequest):
         return err
-    param = param_of(str(err))
+    param = getattr(err, "param", None) or param_of(str(err))
     return BadRequest((rename or {}).get(param, param) if param else None, str(err))
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from minivllm.config.generation_defaults import generation_defaults
+from minivllm.config.served_names import served_model_names
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.engine.async_llm import AsyncLLM
 from minivllm.lora.request import LoRARequest
@@ -20,7 +21,7 @@ class ServerState:
     def __init__(self, engine: AsyncLLM, cfg: VllmConfig) -> None:
         self.engine = engine
         self.cfg = cfg
-        self.model_names = (cfg.serve.served_model_name or cfg.model.path).split(",")
+        self.model_names = served_model_names(cfg.serve.served_model_name, cfg.model.path)
         """Every name the model answers to; the first is reported in responses."""
         self.model_name = self.model_names[0]
         self.api_key = cfg.serve.api_key

@@ -6,10 +6,12 @@ output into OpenAI ``tool_calls``.
 - ``auto`` (the default when tools are given): the model decides; its output is
   read by ``serve.tool_call_parser``.
 - ``required``: the output is constrained to a JSON array of
-  ``{"name": <a tool>, "parameters": <its arguments>}`` (at least one), so it
-  always parses.
+  ``{"name": <a tool>, "parameters": <its arguments>}`` (at least one).
 - a named function: the output is constrained to that tool's parameters schema;
   it is the call's arguments.
+
+Constrained output that finished parses; output cut short (``finish_reason``
+"length") does not, and is returned as content with no calls.
 """
 
 from __future__ import annotations
@@ -50,11 +52,16 @@ class ToolPlan:
         return None
 
     def parse(self, text: str) -> tuple[str | None, list[ToolCall]]:
-        """(content, calls) of a finished output."""
-        if self.mode == "named":
-            return None, [ToolCall(self.named, text)]
-        if self.mode == "required":
-            return None, [ToolCall.from_object(obj, "parameters") for obj in json.loads(text)]
+        """(content, calls) of a finished output. Constrained output cut short (by
+        ``max_tokens``, a stop string) is not JSON: it stays content, with no calls."""
+        if self.mode in ("named", "required"):
+            try:  # the grammar lets raw control characters into strings: accept them, re-encode below
+                parsed = json.loads(text, strict=False)
+            except ValueError:
+                return text, []
+            if self.mode == "named":
+                return None, [ToolCall(self.named, json.dumps(parsed, ensure_ascii=False))]
+            return None, [ToolCall.from_object(obj, "parameters") for obj in parsed]
         if self.mode == "auto":
             content, calls = self.parser.parse(text)
             return content, calls if self.parallel else calls[:1]

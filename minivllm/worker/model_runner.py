@@ -133,6 +133,16 @@ class ModelRunner:
         if self.drafter is not None:  # its own tensors over the same block ids
             self.drafter.init_kv_cache(num_blocks)
 
+    def release_kv_cache(self) -> None:
+        """Drop the KV cache and the CUDA graphs that read it (sleep mode); ``init_kv_cache``
+        and ``capture_cuda_graphs`` bring them back."""
+        self.kv_caches = []
+        for layer in self.attention_layers:
+            layer.kv_cache = None
+        if self.drafter is not None:
+            self.drafter.release_kv_cache()
+        self.cuda_graphs = None
+
     @property
     def cuda_graphs_enabled(self) -> bool:
         """Graphs need CUDA and a backend with no host work per step (Triton); never on the CPU,
@@ -189,10 +199,7 @@ class ModelRunner:
             self.model.compute_logits(hidden[step.logits_index])
         if self.drafter is not None:
             self.drafter.catch_up(step)
-            self.drafter.release_kv_cache()
-        self.kv_caches = []
-        for layer in self.attention_layers:
-            layer.kv_cache = None
+        self.release_kv_cache()
         if self.cfg.torch_compile:
             logger.info("Profile run with torch.compile of the small ops: %.1f s", time.perf_counter() - start)
 

@@ -22,6 +22,14 @@ from minivllm.layers.attention import uniform_sliding_window
 from minivllm.outputs import ModelRunnerOutput, StepResult
 from minivllm.plugins import load_general_plugins
 from minivllm.utils import instantiate_target
+from minivllm.worker.sleep import (
+    SleepState,
+    bring_weights_back,
+    check_level,
+    check_tags,
+    put_weights_away,
+    release_freed_memory,
+)
 
 logger = logging.getLogger(__name__)
 GiB = 1 << 30
@@ -42,6 +50,9 @@ class Worker:
         """Whether this rank's steps return their output (None otherwise). The output rank's only,
         unless the executor needs every rank's and sets it (the external launcher: each process's
         own scheduler advances with it)."""
+        self.num_blocks = 0
+        """KV blocks ``initialize_cache`` allocated (sleep mode allocates as many on waking)."""
+        self.sleep_state = SleepState()
 
     def init_device(self) -> None:
         if self.cfg.device_type == "cuda":
@@ -113,8 +124,40 @@ class Worker:
         return self.cfg.cache.cpu_memory_gb * GiB, float(weights + activations)
 
     def initialize_cache(self, num_blocks: int) -> None:
+        self.num_blocks = num_blocks
         self.model_runner.init_kv_cache(num_blocks)
         self.model_runner.capture_cuda_graphs()
+
+    # ---- sleep mode (worker/sleep.py) ----------------------------------------------------
+    def sleep(self, level: int = 1) -> None:
+        """Free the KV cache, and offload (level 1) or discard (level 2) the weights."""
+        check_level(level)
+        state = self.sleep_state
+        if state.asleep:
+            raise ValueError(f"sleep: already asleep ({', '.join(sorted(state.asleep))}); wake_up first")
+        self.model_runner.release_kv_cache()
+        put_weights_away(self.model_runner.model, level, state)
+        state.asleep, state.level = {"weights", "kv_cache"}, level
+        release_freed_memory(self.device)
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """Bring back the weights and/or the KV cache (both when ``tags`` is None); once both are
+        back, capture the CUDA graphs again (they point at the new tensors)."""
+        state = self.sleep_state
+        for tag in check_tags(tags):
+            if tag not in state.asleep:
+                continue
+            if tag == "weights":
+                bring_weights_back(self.model_runner.model, self.device, state)
+            else:
+                self.model_runner.init_kv_cache(self.num_blocks)
+            state.asleep.discard(tag)
+        if not state.asleep and state.level:
+            state.level = 0
+            self.model_runner.capture_cuda_graphs()
+
+    def is_sleeping(self) -> bool:
+        return bool(self.sleep_state.asleep)
 
     def execute_model_async(self, sched: SchedulerOutput) -> StepResult | None:
         """Launch one step; where this rank ``reports_output`` the result's ``result()`` waits

@@ -30,7 +30,11 @@ def _still_serves(llm: LLM) -> None:
     [
         ("", SamplingParams(max_tokens=4), "prompt: is empty"),
         ({"prompt_token_ids": []}, SamplingParams(max_tokens=4), "prompt: is empty"),
-        ({"prompt_token_ids": list(range(5, 135))}, SamplingParams(max_tokens=4), "max_model_len=128"),
+        (
+            {"prompt_token_ids": list(range(5, 135))},
+            SamplingParams(max_tokens=4),
+            r"maximum context length is 128 tokens\. However, you requested 134 tokens \(130 in the messages, 4",
+        ),
         ({"prompt_token_ids": [1, 99999]}, SamplingParams(max_tokens=4), "outside the vocabulary"),
         ({"prompt_token_ids": [5] * 60}, SamplingParams(max_tokens=27), "can never fit the KV cache"),
         (3.5, SamplingParams(max_tokens=4), "prompt: expected"),
@@ -96,7 +100,7 @@ def test_an_over_long_prompt_gets_our_error_without_the_tokenizer_warning(llm, c
     before, tokenizer.model_max_length = tokenizer.model_max_length, 16
     tokenizer.deprecation_warnings.clear()
     try:
-        with caplog.at_level(logging.WARNING), pytest.raises(ValueError, match="max_model_len=128"):
+        with caplog.at_level(logging.WARNING), pytest.raises(ValueError, match="maximum context length is 128 tokens"):
             llm.generate("x = 1\n" * 200, SamplingParams(max_tokens=4), use_tqdm=False)
     finally:
         tokenizer.model_max_length = before

@@ -1,5 +1,6 @@
 """RayDistributedExecutor on a local Ray instance: tp=2 and pp=2 actors give one rank's
-tokens, and a dead actor fails the engine fast. Skipped only where Ray is not installed."""
+tokens, and a dead actor fails the engine fast. Skipped only where Ray is not installed.
+Several nodes (opt tp=2 and pp=2 across two, placement, a lost node): tests/ray/."""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ import time
 import pytest
 
 from minivllm import LLM
-from minivllm.executor.ray_executor import RayDistributedExecutor
 from tests.executor import tp_helpers as h
 
 ray = pytest.importorskip("ray", reason="Ray is an optional extra (pip install 'minivllm[ray]'); CI installs it")
@@ -29,26 +29,14 @@ def local_ray():
     assert h.wait_until(lambda: not (h.child_pids() - before), timeout=15), h.child_pids() - before
 
 
-def _ray_llm(ckpt) -> LLM:
-    return LLM(model=str(ckpt), tensor_parallel_size=2, distributed_executor_backend="ray", **h.LLM_KWARGS)
-
-
-@pytest.mark.timeout(180)
-def test_opt_tp2_on_ray_matches_tp1(opt_dir):
-    llm = _ray_llm(opt_dir)  # each test's LLM holds both CPUs of the instance: one at a time
-    try:
-        executor = llm.llm_engine.core.executor
-        assert type(executor) is RayDistributedExecutor
-        assert len(set(executor.worker_pids)) == 2 and os.getpid() not in executor.worker_pids
-        h.assert_same_outputs(h.reference(opt_dir), h.generate(llm))
-    finally:
-        llm.shutdown()
-    assert h.wait_until(lambda: not any(h.alive(p) for p in executor.worker_pids), timeout=10)
+def _ray_llm(ckpt, **kwargs) -> LLM:
+    return LLM(model=str(ckpt), tensor_parallel_size=2, distributed_executor_backend="ray", **h.LLM_KWARGS, **kwargs)
 
 
 @pytest.mark.timeout(180)
 def test_llama_tp2_on_ray_matches_tp1(llama_dir):
-    llm = _ray_llm(llama_dir)
+    # holds both CPUs of the instance: one engine at a time
+    llm = _ray_llm(llama_dir, worker_extension_cls="tests.worker.extensions.RankInfo")
     try:
         h.assert_same_outputs(h.reference(llama_dir), h.generate(llm))
         caches = llm.llm_engine.core.executor.collective_rpc(h.kv_cache_shape)
@@ -57,6 +45,7 @@ def test_llama_tp2_on_ray_matches_tp1(llama_dir):
         results = llm.collective_rpc(lambda worker: (worker.rank + offset, os.getpid()))
         pids = llm.llm_engine.core.executor.worker_pids
         assert results == [(7, pids[0]), (8, pids[1])]
+        assert llm.collective_rpc("rank_and_pid") == [(0, pids[0]), (1, pids[1])]  # the worker extension's
         up = llm.apply_model(lambda model: tuple(model.model.layers[0].mlp.gate_up_proj.weight.shape))
         assert up == [(128, 64), (128, 64)]  # gate and up, 64 of 128 rows each per rank
     finally:

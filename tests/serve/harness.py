@@ -21,8 +21,11 @@ from minivllm.config.vllm_config import ServeConfig, VllmConfig
 from minivllm.engine.async_llm import AsyncLLM
 
 T = TypeVar("T")
-ENGINE_KWARGS = dict(dtype="float32", block_size=8, num_gpu_blocks_override=256, device="cpu", max_num_seqs=64)
-"""256 blocks of 8 tokens: 64 concurrent short requests fit without preemption."""
+ENGINE_KWARGS = dict(
+    dtype="float32", block_size=8, num_gpu_blocks_override=256, device="cpu", max_num_seqs=64, enable_sleep_mode=True
+)
+"""256 blocks of 8 tokens: 64 concurrent short requests fit without preemption. Sleep mode is allowed
+(it costs nothing until used) for test_dev_routes.py, which wakes the engine before it returns."""
 
 
 def engine_config(model_dir: Path) -> VllmConfig:

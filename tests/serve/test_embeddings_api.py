@@ -68,3 +68,20 @@ def test_dimensions_token_ids_and_bad_input(client, server, offline):
     assert unknown.status_code == 400 and unknown.json()["error"]["param"] == "frobnicate"
     gen = httpx.post(f"{server.base_url}/v1/completions", json={"prompt": "x"}, timeout=30)
     assert gen.status_code == 400 and "pooling" in gen.json()["error"]["message"]
+
+
+def test_an_input_filling_the_context_is_embedded_and_a_longer_one_refused(client, server, offline):
+    """Pooling generates nothing: max_model_len tokens fit; one more is OpenAI's context-window error."""
+    max_len = server.harness.cfg.max_model_len
+    ids = [5 + i % 50 for i in range(max_len)]
+    res = client.embeddings.create(model="tiny-embed", input=[ids])
+    assert res.usage.prompt_tokens == max_len
+    (want,) = offline.embed([{"prompt_token_ids": ids}], use_tqdm=False)
+    torch.testing.assert_close(
+        torch.tensor(res.data[0].embedding), torch.tensor(want.outputs.embedding), atol=1e-5, rtol=0
+    )
+    bad = httpx.post(f"{server.base_url}/v1/embeddings", json={"input": [ids + [5]]}, timeout=30)
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "input"
+    assert bad.json()["error"]["message"].startswith(
+        f"This model's maximum context length is {max_len} tokens. However, you requested {max_len + 1} tokens"
+    )

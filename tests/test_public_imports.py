@@ -1,0 +1,34 @@
+"""vLLM's import paths for the user-facing classes work, and give the classes the
+engine returns (not look-alikes)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+
+def test_top_level_names():
+    from minivllm import PoolingParams
+    from minivllm.pooling.params import PoolingParams as Engine
+
+    assert PoolingParams is Engine and PoolingParams(normalize=False).normalize is False
+
+
+def test_minivllm_outputs_gives_the_front_end_classes():
+    from minivllm.engine import outputs as engine_outputs
+    from minivllm.outputs import CompletionOutput, EmbeddingRequestOutput, PoolingRequestOutput, RequestOutput
+    from minivllm.pooling import outputs as pooling_outputs
+
+    assert RequestOutput is engine_outputs.RequestOutput and CompletionOutput is engine_outputs.CompletionOutput
+    assert PoolingRequestOutput is pooling_outputs.PoolingRequestOutput
+    assert EmbeddingRequestOutput is pooling_outputs.EmbeddingRequestOutput
+    with pytest.raises(ImportError):
+        from minivllm.outputs import NoSuchOutput  # noqa: F401
+
+
+def test_importing_minivllm_outputs_does_not_import_the_engine():
+    code = "import sys, minivllm.outputs; print('minivllm.engine' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
