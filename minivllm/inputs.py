@@ -18,6 +18,8 @@ class TextPrompt(TypedDict):
     """A prompt given as text; the engine tokenizes it."""
 
     prompt: str
+    multi_modal_data: NotRequired[dict]
+    """Images for a model that takes them: ``{"image": PIL.Image | [PIL.Image, ...]}``."""
 
 
 class TokensPrompt(TypedDict):
@@ -25,6 +27,7 @@ class TokensPrompt(TypedDict):
 
     prompt_token_ids: list[int]
     prompt: NotRequired[str]
+    multi_modal_data: NotRequired[dict]
 
 
 PromptType = Union[str, list[int], TextPrompt, TokensPrompt]

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, NewType
 
 if TYPE_CHECKING:  # annotations only: neither is needed at run time
     from minivllm.lora.request import LoRARequest
+    from minivllm.multimodal.feature import MultiModalFeature
     from minivllm.sampling_params import SamplingParams
 
 RequestId = NewType("RequestId", str)
@@ -94,6 +95,9 @@ class Request:
     """With async scheduling: tokens that scheduled steps sample but whose values are not
     known yet (at most one per step in flight). The scheduler already counts them as the
     request's next inputs; see ``Scheduler``."""
+    mm_features: list[MultiModalFeature] = field(default_factory=list)
+    """The prompt's images, sorted by ``offset`` (empty for a text prompt); the scheduler
+    runs their encoder when its scheduled tokens first reach their placeholders."""
 
     @property
     def lora_int_id(self) -> int | None:

@@ -29,12 +29,19 @@ def format_report(m: dict[str, Any]) -> str:
         f"KV blocks {m['num_kv_blocks']} x {m['block_size']} tokens, preemptions {m['num_preemptions']}, "
         f"peak memory {_num(m['peak_memory_gib'], '.2f')} GiB"
     )
+    if "ttft_p99_ms" in m:  # bench.mode=serving
+        lines.append(
+            f"arrivals at {m['request_rate']} req/s; latency ms p50/p99: TTFT {_num(m['ttft_p50_ms'])}/"
+            f"{_num(m['ttft_p99_ms'])}, ITL {_num(m['itl_p50_ms'])}/{_num(m['itl_p99_ms'])}, "
+            f"E2E {_num(m['e2e_p50_ms'])}/{_num(m['e2e_p99_ms'])}"
+        )
     eng = m.get("engine") or {}
-    lines.append(
-        f"engine: {eng.get('num_steps')} steps ({eng.get('num_prefill_steps')} with prefill: "
-        f"{_num(eng.get('prefill_step_time_s'), '.2f')} s), overhead {_num(eng.get('overhead_per_step_ms'), '.2f')} "
-        f"ms/step ({_num(_pct(eng.get('overhead_fraction')))}% of step time)"
-    )
+    if eng:
+        lines.append(
+            f"engine: {eng.get('num_steps')} steps ({eng.get('num_prefill_steps')} with prefill: "
+            f"{_num(eng.get('prefill_step_time_s'), '.2f')} s), overhead {_num(eng.get('overhead_per_step_ms'), '.2f')} "
+            f"ms/step ({_num(_pct(eng.get('overhead_fraction')))}% of step time)"
+        )
     single = m.get("single_request")
     if single:
         line = (

@@ -1,4 +1,5 @@
-"""task=bench: offline throughput of a workload, optionally against transformers.
+"""task=bench: offline throughput of a workload, optionally against transformers
+(``bench=serving``: requests arriving over time, with latency percentiles: replay.py).
 
     python -m minivllm task=bench model=opt-125m load.format=dummy bench.baseline=hf
 
@@ -24,9 +25,11 @@ from tqdm.auto import tqdm
 
 from minivllm.bench import hf_baseline
 from minivllm.bench.memory import PeakMemory
+from minivllm.bench.replay import bench_serving
 from minivllm.bench.report import format_report
 from minivllm.bench.roofline import roofline
 from minivllm.bench.step_timer import StepTimer
+from minivllm.bench.warmup import model_runner, warm_up
 from minivllm.bench.workloads import BenchRequest, build_workload
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.entrypoints.llm import LLM
@@ -40,7 +43,10 @@ def run_bench(cfg: VllmConfig, out_dir: Path) -> dict[str, Any]:
         if cfg.bench.baseline == "hf":
             cfg = hf_baseline.shared_checkpoint(cfg, Path(tmp))
         metrics = _describe(cfg, requests)
-        metrics.update(bench_minivllm(cfg, requests, single))
+        if cfg.bench.mode == "serving":
+            metrics.update(bench_serving(cfg, requests))
+        else:
+            metrics.update(bench_minivllm(cfg, requests, single))
         if cfg.bench.baseline == "hf":
             bench_transformers(cfg, requests, single, metrics)
     (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2))
@@ -58,7 +64,7 @@ def _workload(cfg: VllmConfig) -> tuple[list[BenchRequest], BenchRequest | None]
         encode = lambda text: tokenizer.encode(text, add_special_tokens=True)  # noqa: E731
     requests = build_workload(cfg.bench, cfg.hf_config.vocab_size, cfg.max_model_len, encode)
     single = None
-    if cfg.bench.single_request:
+    if cfg.bench.single_request and cfg.bench.mode == "throughput":
         rng = np.random.default_rng(cfg.bench.seed + 1)
         ids = rng.integers(0, cfg.hf_config.vocab_size, size=cfg.bench.single_input_len).tolist()
         single = BenchRequest(ids, cfg.bench.single_output_len)
@@ -79,6 +85,7 @@ def _describe(cfg: VllmConfig, requests: list[BenchRequest]) -> dict[str, Any]:
         "dtype": str(cfg.dtype).removeprefix("torch."),
         "attention_backend": cfg.attention.backend["_target_"].rsplit(".", 1)[-1],
         "workload": cfg.bench.workload,
+        "mode": cfg.bench.mode,
         "num_requests": len(requests),
         "input_tokens": sum(len(r.prompt_token_ids) for r in requests),
         "requested_output_tokens": sum(r.max_tokens for r in requests),
@@ -116,46 +123,6 @@ def _drive(
     return time.perf_counter() - start, produced, time.process_time() - start_cpu
 
 
-def _warm_up(llm: LLM, prompt: list[int], cfg: VllmConfig, timer: StepTimer) -> int:
-    """Run every kind of step the timed run will, once, so one-time costs (Triton compiling
-    each kernel variant, allocator growth, torch.compile's shapes) stay out of the timings:
-    a short prefill, a decode, a prefill chunk mixed with decodes, and a step at the full
-    token budget over many sequences (the shape of the timed run's first steps).
-    Returns the most tokens one warm-up step scheduled (the timer is reset afterwards)."""
-    engine = llm.llm_engine
-    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, output_kind=RequestOutputKind.FINAL_ONLY)
-    engine.add_request("warmup-0", {"prompt_token_ids": prompt[:16]}, params)
-    timer.run_step(engine.step)  # prefill
-    timer.run_step(engine.step)  # decode
-    engine.add_request("warmup-1", {"prompt_token_ids": prompt}, params)
-    while engine.has_unfinished_requests():  # mixed prefill + decode, then decodes of two
-        timer.run_step(engine.step)
-    kv_tokens = engine.scheduler_stats().num_blocks * cfg.cache.block_size
-    for i, ids in enumerate(_budget_prompts(cfg, len(prompt), kv_tokens)):
-        engine.add_request(f"warmup-budget-{i}", {"prompt_token_ids": ids}, params)
-    while engine.has_unfinished_requests():
-        timer.run_step(engine.step)
-    most = max(s.num_tokens for s in timer.steps)
-    timer.reset()
-    return most
-
-
-def _budget_prompts(cfg: VllmConfig, length: int, kv_tokens: int) -> list[list[int]]:
-    """Random prompts (no prefix-cache hits with the timed ones), enough of them to fill one
-    step's token budget within the sequence limit, all of them fitting the KV cache at once."""
-    sched = cfg.scheduler
-    budget = min(sched.max_num_batched_tokens, kv_tokens // 2)
-    length = min(max(length, -(-budget // sched.max_num_seqs)), cfg.max_model_len - 8, budget)
-    count = min(sched.max_num_seqs, -(-budget // max(1, length)))
-    rng = np.random.default_rng(cfg.bench.seed + 2)
-    return rng.integers(0, cfg.hf_config.vocab_size, size=(count, length)).tolist()
-
-
-def _model_runner(llm: LLM) -> Any | None:
-    worker = getattr(llm.llm_engine.core.executor, "worker", None)
-    return getattr(worker, "model_runner", None)
-
-
 def bench_minivllm(cfg: VllmConfig, requests: list[BenchRequest], single: BenchRequest | None) -> dict[str, Any]:
     if cfg.parallel.dp > 1:
         raise ValueError(
@@ -165,12 +132,12 @@ def bench_minivllm(cfg: VllmConfig, requests: list[BenchRequest], single: BenchR
     peak = PeakMemory(torch.device(cfg.device_type))
     llm = LLM.from_config(cfg)
     try:
-        runner = _model_runner(llm)
+        runner = model_runner(llm)
         device = runner.device if runner is not None else torch.device(cfg.device_type)
         timer = StepTimer(llm.llm_engine.core.executor, runner, device).attach()
         out: dict[str, Any] = {}
         if cfg.bench.warmup:
-            out["warmup_max_step_tokens"] = _warm_up(llm, requests[0].prompt_token_ids, cfg, timer)
+            out["warmup_max_step_tokens"] = warm_up(llm, requests[0].prompt_token_ids, cfg, timer)
         if single is not None:
             timer.reset()
             _drive(llm, [single], cfg, timer, None)

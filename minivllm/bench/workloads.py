@@ -59,10 +59,16 @@ def shared_prefix_requests(cfg: BenchConfig, vocab_size: int, rng: np.random.Gen
     prefixes = [_random_ids(cfg.prefix_len, vocab_size, rng) for _ in range(cfg.num_prefixes)]
     suffix_lens = rng.integers(cfg.min_input_len, cfg.max_input_len + 1, size=cfg.num_prompts).tolist()
     outputs = _output_lens(cfg, cfg.num_prompts, rng)
-    return [
-        BenchRequest(prefixes[i % cfg.num_prefixes] + _random_ids(n, vocab_size, rng), m)
-        for i, (n, m) in enumerate(zip(suffix_lens, outputs))
-    ]
+    requests = []
+    for i, (n, m) in enumerate(zip(suffix_lens, outputs)):
+        prefix = prefixes[i % cfg.num_prefixes] if _shares_prefix(i, cfg.prefix_ratio) else []
+        requests.append(BenchRequest(prefix + _random_ids(n + cfg.prefix_len - len(prefix), vocab_size, rng), m))
+    return requests
+
+
+def _shares_prefix(i: int, ratio: float) -> bool:
+    """Whether request i starts with a common prefix: ``ratio`` of them, spread evenly (all at 1.0)."""
+    return int((i + 1) * ratio) > int(i * ratio)
 
 
 def jsonl_requests(

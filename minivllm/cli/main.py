@@ -78,13 +78,30 @@ def _multirun() -> bool:
         return False
 
 
+def _sweep_job(cfg: DictConfig) -> Any:
+    """One multirun job; under a tune preset (``+tune=...``), its score for the sweeper."""
+    from minivllm.bench.sweep_callback import run_sweep_job
+
+    if not cfg.tune.enabled:
+        return run_sweep_job(run, cfg, output_dir())
+    from minivllm.tune.devices import claim_device, release_memory
+    from minivllm.tune.objective import sweeper_value
+
+    if cfg.tune.devices:  # one GPU per trial process, claimed before CUDA starts
+        claim_device(cfg.tune.devices, Path(HydraConfig.get().sweep.dir) / ".devices")
+    result = run_sweep_job(run, cfg, output_dir())
+    if result.get("status") == "failed":
+        release_memory()
+    return sweeper_value(result, OmegaConf.to_object(cfg.tune.slo), output_dir().name)
+
+
 @hydra.main(config_path="pkg://minivllm.conf", config_name="config", version_base="1.3")
 def _hydra_main(cfg: DictConfig) -> Any:
     if _multirun():  # a failing job is recorded in its metrics.json; the sweep goes on
-        from minivllm.bench.sweep_callback import run_sweep_job
-
-        return run_sweep_job(run, cfg, output_dir())
+        return _sweep_job(cfg)
     try:
+        if cfg.tune.enabled:
+            raise ValueError("+tune=...: tuning is a sweep; run it with -m (python -m minivllm -m +tune=serving ...)")
         return run(cfg)
     except (ValueError, FileNotFoundError) as err:
         if _verbose():

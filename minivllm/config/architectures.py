@@ -26,6 +26,9 @@ ARCHITECTURES: dict[str, Any] = {
     "GraniteForCausalLM": "minivllm.models.granite:GraniteForCausalLM",
     "GPT2LMHeadModel": "minivllm.models.gpt2:GPT2LMHeadModel",
     "GPTNeoXForCausalLM": "minivllm.models.gpt_neox:GPTNeoXForCausalLM",
+    # vision-language models (images in the prompt: minivllm/multimodal/)
+    "LlavaForConditionalGeneration": "minivllm.models.llava:LlavaForConditionalGeneration",
+    "Qwen2VLForConditionalGeneration": "minivllm.models.qwen2_vl:Qwen2VLForConditionalGeneration",
     # decoder-only base models (no LM head): model.runner=pooling only
     "LlamaModel": "minivllm.pooling.base_models:LlamaBaseModel",
     "Qwen2Model": "minivllm.pooling.base_models:Qwen2BaseModel",

@@ -1,7 +1,8 @@
 """Schema of the ``bench`` group: the workload and the baseline of ``task=bench``.
 
 Options live in ``conf/bench/`` (``default``: sized for a small CPU run;
-``nanovllm``: nano-vllm's published GPU workload; ``shared_prefix``).
+``nanovllm``: nano-vllm's published GPU workload; ``shared_prefix``; ``serving``:
+requests arriving over time, with latency percentiles).
 Lengths are inclusive ranges drawn uniformly per request with ``seed``.
 """
 
@@ -14,10 +15,15 @@ from minivllm.config.validation import check_choice, check_range
 
 BENCH_WORKLOADS = ("random", "shared_prefix", "jsonl")
 BENCH_BASELINES = ("none", "hf")
+BENCH_MODES = ("throughput", "serving")
+BENCH_ARRIVALS = ("poisson", "uniform")
 
 
 @dataclass
 class BenchConfig:
+    mode: str = "throughput"
+    """throughput (every request queued at once, tokens/s) or serving (requests arrive over time at request_rate:
+    tokens/s with TTFT, ITL and end-to-end latency percentiles; conf/bench/serving.yaml)."""
     workload: str = "random"
     """random (random token ids), shared_prefix (common prefixes + random suffixes), jsonl (prompts_file)."""
     num_prompts: int = 32
@@ -36,6 +42,12 @@ class BenchConfig:
     """shared_prefix: tokens of each common prefix."""
     num_prefixes: int = 1
     """shared_prefix: distinct prefixes; request i starts with prefix i % num_prefixes."""
+    prefix_ratio: float = 1.0
+    """shared_prefix: the share of requests that start with a common prefix (spread evenly); the rest are random."""
+    request_rate: float = float("inf")
+    """serving: requests per second arriving (inf: all at once at the start)."""
+    arrival: str = "poisson"
+    """serving: poisson (exponential gaps at request_rate) or uniform (evenly spaced at request_rate)."""
     prompts_file: Optional[str] = None
     """jsonl: lines of {"prompt": str} or {"prompt_token_ids": [...]}, with an optional "max_tokens"."""
     temperature: float = 0.0
@@ -56,7 +68,13 @@ class BenchConfig:
     """Show progress bars (only on a terminal)."""
 
     def __post_init__(self) -> None:
+        check_choice("bench.mode", self.mode, BENCH_MODES)
         check_choice("bench.workload", self.workload, BENCH_WORKLOADS)
+        check_choice("bench.arrival", self.arrival, BENCH_ARRIVALS)
+        check_range("bench.request_rate", self.request_rate, low=0.0, low_open=True)
+        check_range("bench.prefix_ratio", self.prefix_ratio, low=0.0, high=1.0)
+        if self.mode == "serving" and self.baseline != "none":
+            raise ValueError(f"bench.baseline={self.baseline}: only with bench.mode=throughput")
         check_choice("bench.baseline", self.baseline, BENCH_BASELINES)
         check_range("bench.num_prompts", self.num_prompts, low=1)
         for name in ("min_input_len", "min_output_len", "hf_batch_size", "single_input_len", "single_output_len"):

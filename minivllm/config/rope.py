@@ -26,6 +26,8 @@ def rope_parameters(hf_config: Any, layer_type: str | None = None) -> dict[str, 
     if params.get("rope_theta") is None:
         params["rope_theta"] = getattr(hf_config, "rope_theta", None) or 10000.0
     params["rope_type"] = params.get("rope_type") or params.get("type") or "default"
+    if params["rope_type"] == "mrope":  # older Qwen2-VL configs: default frequencies, sectioned by mrope_section
+        params["rope_type"] = "default"
     if params.get("original_max_position_embeddings") is None:
         original = getattr(hf_config, "original_max_position_embeddings", None)
         params["original_max_position_embeddings"] = original or getattr(hf_config, "max_position_embeddings", None)

@@ -22,6 +22,7 @@ MODEL_DTYPES = ("auto", "float32", "float16", "bfloat16")
 DTYPE_ALIASES = {"half": "float16", "float": "float32"}
 """vLLM's other names for the same dtypes."""
 RUNNERS = ("generate", "pooling")
+MODALITIES = ("image",)
 POOLING_TYPES = ("LAST", "MEAN")
 PARALLEL_BACKENDS = ("auto", "uni", "mp", "ray", "external_launcher")
 DP_BACKENDS = ("mp", "ray")
@@ -87,6 +88,12 @@ class ModelConfig:
     """generate (sample tokens) or pooling (return pooled hidden states: LLM.embed / LLM.encode)."""
     pooler_config: PoolerConfig = field(default_factory=PoolerConfig)
     """Pooling type and normalization for runner=pooling."""
+    limit_mm_per_prompt: dict[str, int] = field(default_factory=dict)
+    """Most items per prompt by modality, e.g. {image: 2}; a model that takes images allows 1 by default."""
+    allowed_local_media_path: str = ""
+    """Folder whose files a chat message may name as file:// image URLs; empty: local files are refused."""
+    mm_processor_cache_gb: float = 4.0
+    """Size of the front end's cache of processed images (keyed by content hash); 0 turns it off."""
     enable_sleep_mode: bool = False
     """Allow LLM.sleep / wake_up (free the KV cache and the weights' memory between rollouts)."""
 
@@ -100,6 +107,10 @@ class ModelConfig:
         if self.max_logprobs != -1:
             check_range("model.max_logprobs", self.max_logprobs, low=0)
         check_choice("model.runner", self.runner, RUNNERS)
+        for modality, limit in dict(self.limit_mm_per_prompt).items():
+            check_choice("model.limit_mm_per_prompt", modality, MODALITIES)
+            check_range(f"model.limit_mm_per_prompt.{modality}", limit, low=0)
+        check_range("model.mm_processor_cache_gb", self.mm_processor_cache_gb, low=0.0)
 
 
 @dataclass
@@ -238,9 +249,16 @@ class SchedulerConfig:
     """Seconds between engine stats log lines; 0 turns them off."""
     async_scheduling: Optional[bool] = None
     """Schedule step k+1 while the device runs step k (null: on for CUDA with one worker, off on the CPU)."""
+    max_num_encoder_input_tokens: Optional[int] = None
+    """Multimodal models: encoder outputs (image placeholder tokens) computed per step; null: max_num_batched_tokens."""
+    encoder_cache_size: Optional[int] = None
+    """Multimodal models: encoder outputs held between steps, in tokens; null: max_num_batched_tokens."""
 
     def __post_init__(self) -> None:
         check_range("scheduler.max_num_seqs", self.max_num_seqs, low=1)
+        for key in ("max_num_encoder_input_tokens", "encoder_cache_size"):
+            if getattr(self, key) is not None:
+                check_range(f"scheduler.{key}", getattr(self, key), low=1)
         check_range("scheduler.max_num_batched_tokens", self.max_num_batched_tokens, low=1)
         check_choice("scheduler.policy", self.policy, SCHEDULER_POLICIES)
         check_range("scheduler.log_stats_interval", self.log_stats_interval, low=0.0)

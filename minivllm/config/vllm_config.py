@@ -59,6 +59,7 @@ from minivllm.config.schema import (
 )
 from minivllm.config.serve_config import ServeConfig
 from minivllm.config.speculative import SpeculativeConfig
+from minivllm.config.tune import TuneConfig
 
 logger = logging.getLogger(__name__)
 
@@ -101,6 +102,8 @@ class VllmConfig:
     """HTTP server of task=serve."""
     lora: LoRAConfig = field(default_factory=LoRAConfig)
     """Multi-LoRA serving: adapter slots and ranks."""
+    tune: TuneConfig = field(default_factory=TuneConfig)
+    """Auto-tuning (``-m +tune=serving``): trial budget, seed, latency targets (docs/tuning.md)."""
     plugins: Optional[list[str]] = None
     """Entry points of the group minivllm.general_plugins to call at start-up, by name; null: all installed."""
 
@@ -111,6 +114,10 @@ class VllmConfig:
         if self.load.format == "auto" and self.model.path.endswith(".gguf"):
             self.load.format = "gguf"
         self.hf_config, self.checkpoint_dir = self._load_hf_config()
+        self.hf_text_config: Any = getattr(self.hf_config, "text_config", None) or self.hf_config
+        """The language model's config: ``text_config`` of a multimodal checkpoint, else ``hf_config``."""
+        self.is_multimodal: bool = getattr(self.hf_config, "vision_config", None) is not None
+        """The checkpoint has a vision tower (its model takes images: ``minivllm/multimodal/``)."""
         if not self.load.loader:
             self.load.loader = {"_target_": LOADER_TARGETS.get(self.load.format, DEFAULT_LOADER)}
         if self.model.architecture:
@@ -118,7 +125,7 @@ class VllmConfig:
         self.architecture: str = architecture_of(self.hf_config)
         refuse_encoder_only(self.hf_config, self.architecture)
         SUPPORTED_ARCHITECTURES.check_supported(self.architecture)  # plugins register theirs before this
-        check_rope_types(self.hf_config)
+        check_rope_types(self.hf_text_config)
         self.quant_spec: QuantizationSpec | None = resolve_quantization(
             self.model.quantization, self.hf_config, self.architecture
         )
@@ -126,8 +133,8 @@ class VllmConfig:
         self.kv_cache_dtype: torch.dtype = (
             self.dtype if self.cache.cache_dtype == "auto" else KV_DTYPES[self.cache.cache_dtype]
         )
-        self.max_model_len: int = resolve_max_model_len(self.model.max_model_len, self.hf_config)
-        choose_longrope_factors(self.hf_config, self.max_model_len)
+        self.max_model_len: int = resolve_max_model_len(self.model.max_model_len, self.hf_text_config)
+        choose_longrope_factors(self.hf_text_config, self.max_model_len)
         self.parallel.executor = {"_target_": executor_target(self.parallel)}
         check_tensor_parallel(self.parallel.tp, self.hf_config)
         self._check_pipeline_parallel()
@@ -138,6 +145,7 @@ class VllmConfig:
         self._check_lora()
         self._check_pooling()
         self._check_speculative()
+        self._check_multimodal()
         self.async_scheduling: bool = resolve_async_scheduling(self.scheduler.async_scheduling, self)
         self.torch_compile: bool = resolve_torch_compile(self.compilation.torch_compile, self.device_type)
 
@@ -215,6 +223,19 @@ class VllmConfig:
             if self.cache.enable_prefix_caching:
                 logger.warning("model.pooler_config.pooling_type=MEAN: turning prefix caching off (it skips tokens)")
                 self.cache.enable_prefix_caching = False
+
+    def _check_multimodal(self) -> None:
+        """What image-taking models do not support yet is refused by name (docs/multimodal.md)."""
+        if not self.is_multimodal:
+            return
+        refused = {
+            "lora.enable_lora=true": self.lora.enable_lora,
+            "model.runner=pooling": self.model.runner == "pooling",
+            f"speculative.method={self.speculative.method}": self.speculative.enabled,
+        }
+        for key, on in refused.items():
+            if on:
+                raise ValueError(f"{key}: not supported with {self.architecture} (a model that takes images)")
 
     def _check_speculative(self) -> None:
         """The verifier runs on the last pipeline stage's sampled tokens of a generating runner;

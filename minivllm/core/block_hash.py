@@ -8,7 +8,10 @@ A block's hash covers everything its keys and values depend on::
 Chaining through the parent makes a hash name the whole prefix up to and
 including its block, so two blocks with the same tokens after different
 prefixes never match. The extra keys carry what else changes the KV of the
-same tokens: a request's ``cache_salt`` and its LoRA adapter id, so requests that must not share, never do.
+same tokens: a request's ``cache_salt`` and its LoRA adapter id, so requests that must not share, never do,
+and, per block, the identifier (content hash) of each image whose placeholder tokens the
+block holds: two prompts with the same text and different images have the same token ids
+but never share KV.
 
 The bytes hashed are the parent's 32 bytes, the number of tokens, the tokens
 as little-endian int64 and, only when there are extra keys, their pickle: every
@@ -27,11 +30,16 @@ import hashlib
 import json
 import pickle
 import struct
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from minivllm.request import BlockHash
 
+if TYPE_CHECKING:
+    from minivllm.multimodal.feature import MultiModalFeature
+
 ExtraKeys = tuple[Any, ...]
+BlockKeys = Callable[[int], ExtraKeys]
+"""Block index -> extra keys of that block alone (the images its tokens hold)."""
 
 _PICKLE_PROTOCOL = 5
 
@@ -70,6 +78,16 @@ def request_extra_keys(cache_salt: str | None, lora_int_id: int | None = None) -
     return keys if lora_int_id is None else (*keys, ("lora", lora_int_id))
 
 
+def mm_block_keys(features: list[MultiModalFeature], block_size: int) -> BlockKeys:
+    """Per block: ``("mm", identifier)`` of each image with placeholders in the block."""
+
+    def keys(block: int) -> ExtraKeys:
+        start = block * block_size
+        return tuple(("mm", f.identifier) for f in features if f.overlaps(start, start + block_size))
+
+    return keys
+
+
 def extend_block_hashes(
     hashes: list[BlockHash],
     token_ids: Sequence[int],
@@ -77,6 +95,7 @@ def extend_block_hashes(
     root: BlockHash,
     extra_keys: ExtraKeys = (),
     offset: int = 0,
+    block_keys: BlockKeys | None = None,
 ) -> list[BlockHash]:
     """Append to ``hashes`` the hashes of the full blocks of the sequence it lacks.
 
@@ -85,7 +104,7 @@ def extend_block_hashes(
     passes only the tail that holds the new blocks, not a copy of the whole
     sequence. ``hashes`` must already hold the hashes of the first ``len(hashes)``
     blocks of these same tokens, so calling this as a sequence grows costs one
-    hash per newly filled block.
+    hash per newly filled block. ``block_keys`` adds each block's own keys (its images).
     """
     if offset % block_size or offset > len(hashes) * block_size:
         raise ValueError(f"offset={offset}: must be a multiple of {block_size} at most {len(hashes) * block_size}")
@@ -93,5 +112,6 @@ def extend_block_hashes(
     for i in range(len(hashes), num_full):
         parent = hashes[i - 1] if i > 0 else root
         start = i * block_size - offset
-        hashes.append(hash_block_tokens(parent, token_ids[start : start + block_size], extra_keys))
+        keys = extra_keys + block_keys(i) if block_keys is not None else extra_keys
+        hashes.append(hash_block_tokens(parent, token_ids[start : start + block_size], keys))
     return hashes

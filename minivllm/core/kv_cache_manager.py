@@ -33,7 +33,7 @@ not block ids, so later blocks still hash and hit as before.
 
 from __future__ import annotations
 
-from minivllm.core.block_hash import extend_block_hashes, request_extra_keys, root_hash
+from minivllm.core.block_hash import extend_block_hashes, mm_block_keys, request_extra_keys, root_hash
 from minivllm.core.block_pool import BlockId, BlockPool, KVCacheBlock
 from minivllm.core.sliding_window import num_blocks_out_of_window
 from minivllm.core.stats import PrefixCacheStats
@@ -128,7 +128,10 @@ class KVCacheManager:
     def _block_hashes(self, request: Request, token_ids: list[int], offset: int = 0) -> list[BlockHash]:
         """The request's block hashes, extended over ``token_ids`` (its tokens from ``offset`` on)."""
         extra_keys = request_extra_keys(request.cache_salt, request.lora_int_id)
-        return extend_block_hashes(request.block_hashes, token_ids, self.block_size, self.hash_root, extra_keys, offset)
+        block_keys = mm_block_keys(request.mm_features, self.block_size) if request.mm_features else None
+        return extend_block_hashes(
+            request.block_hashes, token_ids, self.block_size, self.hash_root, extra_keys, offset, block_keys
+        )
 
     # ---- allocation -----------------------------------------------------------------
     def has_room(self, request: Request, num_new_tokens: int) -> bool:

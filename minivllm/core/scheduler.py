@@ -58,6 +58,7 @@ import logging
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.core.block_hash import model_identity, root_hash
 from minivllm.core.block_pool import BlockId
+from minivllm.core.encoder_scheduling import EncoderCacheManager
 from minivllm.core.kv_cache_manager import KVCacheManager
 from minivllm.core.request_queue import make_waiting_queue
 from minivllm.core.scheduler_output import SchedulerOutput
@@ -108,6 +109,12 @@ class Scheduler:
         self.in_flight: set[RequestId] | None = set() if self.num_microbatches > 1 else None
         """Micro-batching: requests in a batch whose output has not come back (None when off)."""
         self.send_token_ids = cfg.parallel.pp > 1
+        sched = cfg.scheduler
+        self.encoder = EncoderCacheManager(
+            sched.max_num_encoder_input_tokens or sched.max_num_batched_tokens,
+            sched.encoder_cache_size or sched.max_num_batched_tokens,
+        )
+        """Images: which step runs each one's vision encoder (``encoder_scheduling.py``); idle for text."""
         """Pipeline stages other than the last learn sampled tokens from the scheduler."""
 
     # ---- requests in and out --------------------------------------------------------
@@ -156,6 +163,7 @@ class Scheduler:
     # ---- one step -----------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
         plan = StepPlan(budget=self.max_num_batched_tokens, max_reqs=self._batch_seats())
+        plan.encoder = self.encoder.new_step()
         if self.policy == "priority":
             self._preempt_for_waiting_priority()
         self._schedule_running(plan)
@@ -221,6 +229,10 @@ class Scheduler:
             num_new = num_known + pending - request.num_computed_tokens
             if num_new > budget:
                 num_new = budget
+            if request.mm_features:  # stop before an image that cannot be encoded in this step
+                num_new = self.encoder.fit(request, request.num_computed_tokens, num_new, plan.encoder)
+                if not num_new:
+                    continue
             drafts, num_slots = None, num_new
             if spec is not None:
                 drafts, lookahead = spec.plan(self.kv, request, num_new, budget)
@@ -231,6 +243,8 @@ class Scheduler:
                     continue  # the request itself was preempted
                 if new_blocks:
                     new_blocks_of[request.request_id] = new_blocks
+            if request.mm_features:
+                self.encoder.commit(request, plan.encoder, request.num_computed_tokens, num_new)
             if drafts:
                 plan.spec_tokens[request.request_id] = drafts
                 num_new += len(drafts)
@@ -301,9 +315,16 @@ class Scheduler:
             if num_new > plan.budget and not self.chunked_prefill:
                 break
             num_new = min(num_new, plan.budget)
+            if request.mm_features:
+                fitting = self.encoder.fit(request, num_cached, num_new, plan.encoder)
+                if not fitting or (fitting < num_new and not self.chunked_prefill):
+                    break  # its next image waits for encoder budget or cache
+                num_new = fitting
             if self.kv.allocate_slots(request, num_new, cached) is None:
                 break
             self.waiting.popleft()
+            if request.mm_features:
+                self.encoder.commit(request, plan.encoder, num_cached, num_new)
             if request.lora_int_id is not None:
                 adapters.add(request.lora_int_id)
             request.status = RequestStatus.RUNNING
@@ -320,6 +341,8 @@ class Scheduler:
     def _preempt(self, request: Request) -> None:
         self.running.remove(request)
         self.kv.free(request)
+        if request.mm_features:
+            self.encoder.free(request)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
         request.num_preemptions += 1
@@ -341,10 +364,16 @@ class Scheduler:
             num_scheduled_tokens=plan.scheduled,
             forget_req_ids=self._forget,
             scheduled_spec_decode_tokens=plan.spec_tokens,
+            scheduled_encoder_inputs=plan.encoder.inputs,
+            free_encoder_input_ids=self.encoder.take_freed(),
         )
         self._forget = set()
         self._advance(plan.continuing, plan.scheduled)
         self._advance(plan.newly_admitted, plan.scheduled)
+        if self.encoder.held:  # images whose placeholders all have KV now: freed with the next step
+            for request in (*plan.continuing, *plan.newly_admitted):
+                if request.mm_features:
+                    self.encoder.free_consumed(request)
         if self.in_flight is not None:
             self.in_flight.update(plan.scheduled)
         return out
@@ -480,6 +509,8 @@ class Scheduler:
         elif request in self.waiting:
             self.waiting.remove(request)
         self.kv.free(request)
+        if request.mm_features:
+            self.encoder.free(request)
         self._forget.add(request.request_id)
         self.structured.remove(request.request_id)
         del self.requests[request.request_id]

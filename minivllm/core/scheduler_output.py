@@ -14,6 +14,7 @@ import numpy as np
 
 from minivllm.core.block_pool import BlockId
 from minivllm.lora.request import LoRARequest
+from minivllm.multimodal.feature import MultiModalFeature
 from minivllm.request import RequestId
 from minivllm.sampling_params import SamplingParams
 
@@ -28,6 +29,8 @@ class NewRequestData:
     block_ids: list[BlockId]
     num_computed_tokens: int
     lora_request: LoRARequest | None = None
+    mm_features: list[MultiModalFeature] = field(default_factory=list)
+    """The prompt's images (their processed tensors travel once, with the request)."""
 
 
 @dataclass(slots=True)
@@ -72,6 +75,13 @@ class SchedulerOutput:
     step_id: int | None = None
     """The scheduler's count of ``schedule()`` calls when it built this step (None: built
     elsewhere). Its tokens go only to requests added before it."""
+    scheduled_encoder_inputs: dict[RequestId, list[int]] = field(default_factory=dict)
+    """Images whose vision encoder runs in this step: request -> indices into its ``mm_features``
+    (the step's tokens reach their placeholders, and their features are not cached yet)."""
+    free_encoder_input_ids: list[str] = field(default_factory=list)
+    """Identifiers (``MultiModalFeature.identifier``) of encoder outputs the workers may drop: no
+    request needs them any more (placeholders all computed, or finished or preempted). Applied
+    before this step's encoder inputs run."""
 
     @property
     def total_num_scheduled_tokens(self) -> int:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from minivllm.core.block_pool import BlockId
+from minivllm.core.encoder_scheduling import EncoderStep
 from minivllm.core.scheduler_output import CachedRequestData, NewRequestData
 from minivllm.request import Request, RequestId
 
@@ -30,6 +31,8 @@ class StepPlan:
     """Running requests scheduled in this step, in ``scheduled`` order."""
     newly_admitted: list[Request] = field(default_factory=list)
     preempted: bool = False
+    encoder: EncoderStep | None = None
+    """Images encoded in this step, and the encoder budget left."""
 
 
 def cached_request_data(plan: StepPlan, send_token_ids: bool) -> CachedRequestData:
@@ -55,6 +58,7 @@ def new_request_data(request: Request, block_ids: list[BlockId]) -> NewRequestDa
         block_ids=block_ids,
         num_computed_tokens=request.num_computed_tokens,
         lora_request=request.lora_request,
+        mm_features=request.mm_features,
     )
 
 

@@ -158,6 +158,7 @@ class LLMEngine:
                 group_id=request.group_id,
                 lora_request=request.lora_request,
                 final_output_only=_reads_only_final_output(child_params),
+                mm_features=request.mm_features,
             )
             if wants_final_text_only(child_params):
                 detok = FinalDetokenizer(self.final_text, child_params, ids)

@@ -10,7 +10,7 @@ fails before any work starts and the engine keeps serving the others.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Union
 
 from transformers import PreTrainedTokenizerBase
@@ -20,15 +20,20 @@ from minivllm.context_length import check_pooling_fits, check_prompt_fits
 from minivllm.kv_cache_spec import KVCacheSpec
 from minivllm.lora.checker import LoRAChecker
 from minivllm.lora.request import LoRARequest
+from minivllm.models.interfaces import supports_multimodal
+from minivllm.models.registry import ModelRegistry
+from minivllm.multimodal.feature import MultiModalFeature
+from minivllm.multimodal.processing import MultiModalProcessor, load_multimodal_processor
 from minivllm.pooling.params import PoolingParams
 from minivllm.sample.custom_processors import check_picklable
 from minivllm.sampling_params import SamplingParams
 from minivllm.structured_output.backend import check_grammar
 
 PromptType = Union[str, dict[str, Any], list[int]]
-"""A string, ``{"prompt": str}``, ``{"prompt_token_ids": [...]}`` or a list of token ids."""
-PROMPT_KEYS = ("prompt", "prompt_token_ids")
-"""The keys of a prompt dict the engine handles; any other (e.g. ``multi_modal_data``) is refused."""
+"""A string, ``{"prompt": str}``, ``{"prompt_token_ids": [...]}`` (either with ``"multi_modal_data"``)
+or a list of token ids."""
+PROMPT_KEYS = ("prompt", "prompt_token_ids", "multi_modal_data")
+"""The keys of a prompt dict the engine handles; any other is refused."""
 
 
 @dataclass
@@ -59,6 +64,8 @@ class ProcessedRequest:
     """Set for a pooling request (model.runner=pooling): it returns the prompt's pooled vector."""
     eos_token_id: int | None = None
     """The token that ends generation (None for pooling requests)."""
+    mm_features: list[MultiModalFeature] = field(default_factory=list)
+    """The prompt's images, processed; their placeholders are expanded in ``prompt_token_ids``."""
 
 
 class Processor:
@@ -72,14 +79,22 @@ class Processor:
         self.kv_spec = kv_spec
         """The engine's KV cache (the smallest replica's with data parallelism): what a request must fit."""
         self.kv_capacity_tokens = kv_spec.num_tokens
-        self.vocab_size = cfg.hf_config.vocab_size
+        self.vocab_size = cfg.hf_text_config.vocab_size
         self.lora = LoRAChecker(cfg.lora, cfg.hf_config)
         """``self.lora.check(lora_request)`` validates a request's adapter."""
+        self.mm: MultiModalProcessor | None = None
+        """The checkpoint's image processor and the per-prompt limits; None for a text-only model."""
+        if cfg.is_multimodal:  # the front end imports a model class only for these
+            model_cls = ModelRegistry.resolve(cfg.architecture)
+            if supports_multimodal(model_cls):
+                self.mm = load_multimodal_processor(cfg, model_cls.image_token_id(cfg.hf_config))
 
     @property
     def eos_token_id(self) -> int | None:
         """The model config's EOS (its first, when it names several), else the tokenizer's."""
-        eos = getattr(self.cfg.hf_config, "eos_token_id", None)
+        eos = getattr(self.cfg.hf_config, "eos_token_id", None) or getattr(
+            self.cfg.hf_text_config, "eos_token_id", None
+        )
         if isinstance(eos, list):
             eos = eos[0] if eos else None
         return self.tokenizer.eos_token_id if eos is None else eos
@@ -105,7 +120,7 @@ class Processor:
         params = SamplingParams() if params is None else params
         self._check_priority_and_salt(priority, cache_salt)
         self.lora.check(lora_request)
-        text, ids = self.tokenize(prompt, params.truncate_prompt_tokens)
+        text, ids, mm_features = self._tokenize_with_images(prompt, params.truncate_prompt_tokens)
         check_prompt_fits(len(ids), params.max_tokens, self.cfg.max_model_len)
         max_tokens = self.max_output_tokens(len(ids), params)
         eos = self.eos_token_id
@@ -120,6 +135,7 @@ class Processor:
             cache_salt,
             lora_request,
             eos_token_id=eos,
+            mm_features=mm_features,
         )
 
     def _process_pooling(
@@ -164,6 +180,28 @@ class Processor:
             raise ValueError(f"cache_salt={cache_salt!r}: must be a non-empty string or None")
         if cache_salt is not None and self.cfg.parallel.dp > 1:
             raise ValueError("cache_salt: not supported with parallel.dp > 1; leave it None")
+
+    def _tokenize_with_images(
+        self, prompt: PromptType, truncate_prompt_tokens: int | None
+    ) -> tuple[str | None, list[int], list[MultiModalFeature]]:
+        """``tokenize``, then a prompt's ``multi_modal_data`` through the model's processor."""
+        mm_data = prompt.get("multi_modal_data") if isinstance(prompt, dict) else None
+        if mm_data is None:
+            text, ids = self.tokenize(prompt, truncate_prompt_tokens)
+            if self.mm is not None and self.mm.image_token_id in ids:
+                raise ValueError(
+                    f"prompt: holds image placeholder tokens ({self.mm.image_token!r}) but no image was given; "
+                    "pass the images in multi_modal_data (or image_url content parts)"
+                )
+            return text, ids, []
+        if self.mm is None:
+            raise ValueError(f"multi_modal_data: {self.cfg.architecture} takes no images; send text only")
+        if truncate_prompt_tokens is not None:
+            raise ValueError("truncate_prompt_tokens: cannot be combined with multi_modal_data (it could cut an image)")
+        text, ids = self._split(prompt)
+        ids, features = self.mm.process(ids, mm_data)
+        self._check_ids(ids)
+        return text, ids, features
 
     def tokenize(self, prompt: PromptType, truncate_prompt_tokens: int | None = None) -> tuple[str | None, list[int]]:
         """(text, token ids); ``truncate_prompt_tokens`` keeps only the last k ids (before the checks)."""

@@ -1,9 +1,14 @@
 """Conversations -> prompts through a chat template; shared by ``LLM.chat`` and the server.
 
 A conversation is a list of ``{"role", "content"}`` messages; ``content`` is a
-string or a list of ``{"type": "text", "text": ...}`` parts (joined by newlines;
-other part types are refused). The template's text already holds any BOS it
-wants, so it is tokenized without adding special tokens.
+string or a list of ``{"type": "text", "text": ...}`` parts (joined by newlines)
+and ``{"type": "image_url", "image_url": {"url": ...}}`` parts (OpenAI's; other
+part types are refused). A message with images keeps its parts as a list, each
+image as ``{"type": "image"}``, which a multimodal chat template renders as the
+model's image token; the images themselves (loaded by ``MediaConnector``: data
+URLs, allowed local files, http(s)) go with the prompt as ``multi_modal_data``.
+The template's text already holds any BOS it wants, so it is tokenized without
+adding special tokens.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from typing import Any, Sequence
 from transformers import PreTrainedTokenizerBase
 
 from minivllm.inputs import TokensPrompt
+from minivllm.multimodal.media import MediaConnector
 
 Conversation = list[dict[str, Any]]
 
@@ -36,14 +42,17 @@ def render_chat(
     continue_final_message: bool = False,
     tools: list[dict[str, Any]] | None = None,
     chat_template_kwargs: dict[str, Any] | None = None,
+    media: MediaConnector | None = None,
 ) -> TokensPrompt:
-    """The prompt (text and ids) the template makes of ``messages``; ValueError naming the problem."""
+    """The prompt (text and ids, and its images as ``multi_modal_data``) the template makes of
+    ``messages``; ValueError naming the problem. ``media`` loads image URLs (None: default rules)."""
     template = chat_template or getattr(tokenizer, "chat_template", None)
     if not template:
         raise ValueError(NO_TEMPLATE)
     if add_generation_prompt and continue_final_message:
         raise ValueError("continue_final_message: cannot be combined with add_generation_prompt=True")
-    conversation = [_message(i, m) for i, m in enumerate(messages)]
+    images: list[Any] = []
+    conversation = [_message(i, m, images, media or MediaConnector()) for i, m in enumerate(messages)]
     if not conversation:
         raise ValueError("messages: is empty; give at least one message")
     if continue_final_message and conversation[-1]["role"] != "assistant":
@@ -60,20 +69,34 @@ def render_chat(
         )
     except Exception as err:  # noqa: BLE001 - a template error is the caller's problem
         raise ValueError(f"messages: the chat template failed: {err}") from None
-    return TokensPrompt(prompt=text, prompt_token_ids=tokenizer.encode(text, add_special_tokens=False, verbose=False))
+    prompt = TokensPrompt(prompt=text, prompt_token_ids=tokenizer.encode(text, add_special_tokens=False, verbose=False))
+    if images:
+        prompt["multi_modal_data"] = {"image": images}
+    return prompt
 
 
-def _message(i: int, message: Any) -> dict[str, Any]:
+def _message(i: int, message: Any, images: list[Any], media: MediaConnector) -> dict[str, Any]:
+    """The message as the template sees it; its images are appended to ``images``."""
     if not isinstance(message, dict) or "role" not in message:
         raise ValueError(f"messages[{i}]: must be a dict with 'role' and 'content'")
     out = dict(message)
     content = out.get("content")
     if isinstance(content, list):
-        texts = []
-        for part in content:
-            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-                raise ValueError(f"messages[{i}].content: only text parts are supported, got {kind!r}")
-            texts.append(part["text"])
-        out["content"] = "\n".join(texts)
+        parts = [_part(i, j, part, images, media) for j, part in enumerate(content)]
+        if any(p["type"] == "image" for p in parts):
+            out["content"] = parts
+        else:
+            out["content"] = "\n".join(p["text"] for p in parts)
     return out
+
+
+def _part(i: int, j: int, part: Any, images: list[Any], media: MediaConnector) -> dict[str, Any]:
+    kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+    if kind == "text" and isinstance(part.get("text"), str):
+        return {"type": "text", "text": part["text"]}
+    if kind == "image_url":
+        url = part.get("image_url")
+        url = url.get("url") if isinstance(url, dict) else url
+        images.append(media.load_image(url, f"messages[{i}].content[{j}].image_url"))
+        return {"type": "image"}
+    raise ValueError(f"messages[{i}].content[{j}]: only text and image_url parts are supported, got {kind!r}")

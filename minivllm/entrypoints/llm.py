@@ -28,6 +28,7 @@ from minivllm.entrypoints.llm_args import (
 )
 from minivllm.executor.user_calls import apply_to_model
 from minivllm.lora.request import LoRARequest
+from minivllm.multimodal.media import MediaConnector
 from minivllm.plugins import load_general_plugins
 from minivllm.pooling.outputs import EmbeddingRequestOutput, PoolingRequestOutput
 from minivllm.pooling.params import PoolingParams
@@ -146,6 +147,7 @@ class LLM:
                 continue_final_message=continue_final_message,
                 tools=tools,
                 chat_template_kwargs=chat_template_kwargs,
+                media=MediaConnector(self.cfg.model.allowed_local_media_path),
             )
             for conversation in conversations
         ]

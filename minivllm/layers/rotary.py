@@ -125,6 +125,55 @@ class RotaryEmbedding(nn.Module):
         return torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
 
 
+class MRotaryEmbedding(RotaryEmbedding):
+    """Multimodal RoPE (Qwen2-VL): the rotary frequencies split into three sections
+    (``mrope_section``, summing to ``rotary_dim / 2``), the first rotated by a token's
+    temporal position, the second by its height, the third by its width.
+
+    ``positions`` is (3, T): rows temporal, height, width. A text token has one
+    position in all three rows, and then the rotation is plain RoPE; so (T,)
+    positions take the parent's path unchanged (a text-only forward, the profile run).
+    """
+
+    def __init__(self, head_dim: int, rotary_dim: int, params: dict[str, Any], mrope_section: list[int], **kw) -> None:
+        super().__init__(head_dim, rotary_dim, params, **kw)
+        if sum(mrope_section) != rotary_dim // 2 or len(mrope_section) != 3:
+            raise ValueError(
+                f"rope_parameters.mrope_section={list(mrope_section)}: expected three sections summing to "
+                f"rotary_dim / 2 = {rotary_dim // 2}"
+            )
+        self.mrope_section = list(mrope_section)
+
+    def cache_key(self) -> tuple:
+        return (*super().cache_key(), tuple(self.mrope_section))
+
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if positions.dim() == 1:
+            return super().forward(positions, q, k)
+        cos, sin = self._sectioned_cos_sin(positions)  # (T, rotary_dim / 2) each
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        return self._rotate(q, cos, sin), self._rotate(k, cos, sin)
+
+    def forward_qk(
+        self, positions: torch.Tensor, qk: torch.Tensor, num_q_heads: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if positions.dim() == 1:
+            return super().forward_qk(positions, qk, num_q_heads)
+        return self.forward(positions, qk[:, :num_q_heads], qk[:, num_q_heads:])
+
+    def _sectioned_cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """positions (3, T) -> cos, sin (T, rotary_dim / 2): section i of the frequencies
+        takes its angles from row i."""
+        if self.cos_sin_cache is not None:
+            cos, sin = self.cos_sin_cache[positions].chunk(2, dim=-1)  # (3, T, rotary_dim / 2) each
+        else:
+            cos, sin = self.cos_sin(positions)
+        return self._by_section(cos), self._by_section(sin)
+
+    def _by_section(self, table: torch.Tensor) -> torch.Tensor:  # (3, T, rotary_dim / 2) -> (T, rotary_dim / 2)
+        return torch.cat([part[row] for row, part in enumerate(table.split(self.mrope_section, dim=-1))], dim=-1)
+
+
 def share_cos_sin_caches(model: nn.Module, max_positions: int, device: torch.device) -> int:
     """Give every rotary embedding of ``model`` its cos/sin table, computed once per
     distinct embedding (usually once per model); returns how many tables were made.
@@ -183,4 +232,13 @@ def get_rope(
         factor = params.get("partial_rotary_factor", getattr(hf_config, "partial_rotary_factor", None)) or 1.0
         rotary_dim = int(head_dim * factor)
     max_pos = getattr(hf_config, "max_position_embeddings", None)
+    if params.get("mrope_section"):
+        return MRotaryEmbedding(
+            head_dim,
+            rotary_dim,
+            params,
+            params["mrope_section"],
+            neox_style=neox_style,
+            max_position_embeddings=max_pos,
+        )
     return RotaryEmbedding(head_dim, rotary_dim, params, neox_style, max_pos)

@@ -145,9 +145,13 @@ class LlamaModel(nn.Module):
         positions: torch.Tensor,
         meta: AttentionMetadata,
         intermediate: IntermediateTensors | None = None,
+        inputs_embeds: torch.Tensor | None = None,
     ) -> torch.Tensor | IntermediateTensors:
-        """Hidden states (T, hidden); a non-last pipeline stage returns its intermediate tensors instead."""
-        if intermediate is None:
+        """Hidden states (T, hidden); a non-last pipeline stage returns its intermediate tensors instead.
+        ``inputs_embeds`` (T, hidden) replaces the token embeddings (a multimodal model's merged inputs)."""
+        if inputs_embeds is not None:
+            hidden, residual = inputs_embeds, None
+        elif intermediate is None:
             hidden, residual = self.embed(input_ids), None  # (T, hidden)
         else:  # from the previous pipeline stage
             hidden, residual = intermediate["hidden"], intermediate["residual"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from dataclasses import replace
 from typing import Any, AsyncIterator
@@ -12,6 +13,7 @@ from fastapi.responses import StreamingResponse
 from minivllm.engine.outputs import CompletionOutput
 from minivllm.engine.request_stream import EngineDeadError, RequestStream
 from minivllm.entrypoints.chat_utils import render_chat
+from minivllm.multimodal.media import MediaConnector
 from minivllm.sampling_params import RequestOutputKind
 from minivllm.serve.chat_output import ChatOutputParser
 from minivllm.serve.completions import prompt_logprobs_json
@@ -78,10 +80,12 @@ async def create_chat_completion(state: ServerState, body: ChatCompletionRequest
     )
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     check_text_length(state, "messages", message_texts(body.messages), body.truncate_prompt_tokens)
+    # off the event loop: on the tokenizer thread, or (image URLs may be fetched over the network) on another one
+    render_there = asyncio.to_thread if _has_images(body) else off_loop
     prompt = await check_prompt(
         state.engine,
         f"{request_id}-0",
-        await off_loop(render, state, body, tools),
+        await render_there(render, state, body, tools),
         params,
         body.priority,
         lora,
@@ -99,6 +103,12 @@ async def create_chat_completion(state: ServerState, body: ChatCompletionRequest
     shown = prompt_logprobs_json(outs[0].prompt_logprobs) if body.prompt_logprobs is not None else None
     return ChatCompletionResponse(
         id=request_id, model=model, choices=choices, usage=usage([prompt], outs), prompt_logprobs=shown
+    )
+
+
+def _has_images(body: ChatCompletionRequest) -> bool:
+    return any(
+        isinstance(m.content, list) and any(part.type == "image_url" for part in m.content) for m in body.messages
     )
 
 
@@ -139,6 +149,7 @@ def render(state: ServerState, body: ChatCompletionRequest, tools: ToolPlan | No
             continue_final_message=body.continue_final_message,
             tools=tools.tools if tools is not None else None,
             chat_template_kwargs=body.chat_template_kwargs,
+            media=MediaConnector(state.cfg.model.allowed_local_media_path),
         )
     except ValueError as err:
         raise BadRequest("messages", str(err)) from None

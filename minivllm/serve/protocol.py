@@ -124,8 +124,8 @@ class CompletionRequest(SamplingRequest):
 
 
 class ContentPart(OpenAIModel):
-    """A content part. Only text parts are supported: the chat renderer refuses the others,
-    naming their ``type`` (OpenAI's other parts' fields are declared so that it can)."""
+    """A content part: ``text`` or ``image_url`` (``{"url": ...}``). The chat renderer refuses the
+    others naming their ``type`` (OpenAI's other parts' fields are declared so that it can)."""
 
     type: str
     text: Optional[str] = None

@@ -17,6 +17,7 @@ from pydantic import BaseModel
 
 import minivllm
 from minivllm.entrypoints.chat_utils import render_chat
+from minivllm.multimodal.media import MediaConnector
 from minivllm.serve.errors import DEAD_ENGINE_RETRY_AFTER_S
 from minivllm.serve.generation import off_loop
 from minivllm.serve.limits import check_text_length, message_texts
@@ -103,6 +104,7 @@ def _token_ids(state: ServerState, body: TokenizeRequest) -> list[int]:
             continue_final_message=body.continue_final_message,
             tools=body.tools,
             chat_template_kwargs=body.chat_template_kwargs,
+            media=MediaConnector(state.cfg.model.allowed_local_media_path),
         )
     except ValueError as err:
         raise BadRequest("messages", str(err)) from None

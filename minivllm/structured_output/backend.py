@@ -108,4 +108,4 @@ def backend_for(cfg: Any) -> XGrammarBackend:
     stop_ids = [eos] if isinstance(eos, int) else list(eos or [])
     if not stop_ids and tokenizer.eos_token_id is not None:
         stop_ids = [tokenizer.eos_token_id]
-    return XGrammarBackend(tokenizer, cfg.hf_config.vocab_size, stop_ids)
+    return XGrammarBackend(tokenizer, cfg.hf_text_config.vocab_size, stop_ids)

@@ -33,6 +33,7 @@ from minivllm.layers.attention import attention_layers
 from minivllm.layers.compile import compile_small_ops
 from minivllm.layers.rotary import share_cos_sin_caches
 from minivllm.lora.manager import LoRAModelManager
+from minivllm.models.interfaces import supports_mrope, supports_multimodal
 from minivllm.outputs import DoneOutput, ModelRunnerOutput
 from minivllm.pooling.pooler import Pooler
 from minivllm.request import RequestId
@@ -46,6 +47,8 @@ from minivllm.utils import cdiv, instantiate_target
 from minivllm.worker.batch_sampling import BatchSampling
 from minivllm.worker.cuda_graphs import CUDAGraphRunner
 from minivllm.worker.input_batch import InputBatch
+from minivllm.worker.mm_runner import MultiModalRunner
+from minivllm.worker.mrope_positions import MRopePositions
 from minivllm.worker.pending_output import PendingOutput
 from minivllm.worker.sampling_metadata import from_batch
 from minivllm.worker.step_inputs import StepInputBuilder, StepInputs
@@ -86,6 +89,10 @@ class ModelRunner:
         """This rank's link to its neighbouring stages (set in ``load_model`` when parallel.pp > 1)."""
         self.lora: LoRAModelManager | None = None
         """Adapter slots and per-token slot indices (set in ``load_model`` when lora.enable_lora; then pp == 1)."""
+        self.mrope: MRopePositions | None = None
+        """(3, T) positions per step (set in ``load_model`` for a model that ``supports_mrope``); None otherwise."""
+        self.mm: MultiModalRunner | None = None
+        """Images: the vision encoder's outputs and their merge (set in ``load_model`` for a model that takes them)."""
 
     # ---- set-up -------------------------------------------------------------------
     def load_model(self) -> None:
@@ -97,11 +104,21 @@ class ModelRunner:
         if self.cfg.torch_compile:
             compile_small_ops(self.model)
         self.attention_layers = attention_layers(self.model)
+        if supports_multimodal(self.model):
+            self.mm = MultiModalRunner(self.model, self.device)
         self.pipeline = pipeline_stage(self.cfg, self.model, self.device)  # None unless parallel.pp > 1
         if self.cfg.lora.enable_lora:
             self.lora = LoRAModelManager(self.model, self.cfg.lora, self.cfg.hf_config, self.cfg.dtype, self.device)
         if self.drafter is not None:
             self.drafter.load_model(self.attn_backend, self.model)
+        if supports_mrope(self.model):
+            self._check_mrope()
+            self.mrope = MRopePositions(self.model, self.device)
+
+    def _check_mrope(self) -> None:
+        """Speculative decoding builds (T,) positions of its own (pipeline stages are refused by ``supports_pp``)."""
+        if self.cfg.speculative.enabled:
+            raise ValueError(f"speculative decoding: {self.cfg.architecture} takes M-RoPE positions; turn it off")
 
     def _check_kv_cache_dtype(self) -> None:
         """An fp8 KV cache on a GPU whose Triton cannot compile the fp8 kernels (below sm_89):
@@ -148,6 +165,7 @@ class ModelRunner:
         """Graphs need CUDA and a backend with no host work per step (Triton); never on the CPU,
         nor with pipeline stages or LoRA (its token groups change per step)."""
         graphs = self.cfg.compilation.cudagraph and self.cfg.parallel.pp == 1 and not self.cfg.lora.enable_lora
+        graphs = graphs and self.mrope is None  # (3, T) positions: no captured (T,) buffers for them
         return graphs and self.device.type == "cuda" and self.attn_backend.name == "triton"
 
     def capture_cuda_graphs(self) -> None:
@@ -167,8 +185,12 @@ class ModelRunner:
         positions: torch.Tensor,
         meta: AttentionMetadata,
         intermediate: IntermediateTensors | None = None,
+        inputs_embeds: torch.Tensor | None = None,
     ) -> torch.Tensor | IntermediateTensors:
-        """Replay a captured graph for decode-only steps that fit one; run eagerly otherwise."""
+        """Replay a captured graph for decode-only steps that fit one; run eagerly otherwise
+        (always with ``inputs_embeds``: a step holding image placeholders)."""
+        if inputs_embeds is not None:
+            return self.model(input_ids, positions, meta, inputs_embeds=inputs_embeds)
         graphs = self.cuda_graphs
         if graphs is not None and meta.max_query_len == 1 and graphs.covers(meta):
             return graphs.run(input_ids, positions, meta)
@@ -217,7 +239,11 @@ class ModelRunner:
         rows, query_lens = self._scheduled_rows(sched, num_tokens)
         step = self._prepare_inputs(rows, query_lens, num_tokens)
         intermediate = self.pipeline.recv(len(step.input_ids)) if self.pipeline is not None else None
-        hidden = self._forward(step.input_ids, step.positions, step.meta, intermediate)  # (T, hidden)
+        embeds = None
+        if self.mm is not None and self.mm.features:  # images: encode this step's, merge their rows
+            self.mm.encode(sched)
+            embeds = self.mm.inputs_embeds(step, self.batch)
+        hidden = self._forward(step.input_ids, step.positions, step.meta, intermediate, embeds)  # (T, hidden)
         if self.pipeline is not None and not self.pipeline.is_last:  # hand on to the next stage; it samples
             self.pipeline.send(hidden)  # and the scheduler sends its tokens back with the next step
             return DoneOutput(ModelRunnerOutput())
@@ -267,16 +293,27 @@ class ModelRunner:
     def _update_states(self, sched: SchedulerOutput) -> None:
         batch = self.batch
         batch.store_sampled()  # the tokens of earlier steps whose outputs were taken
+        mm = self.mm
+        if mm is not None and sched.free_encoder_input_ids:
+            mm.free(sched.free_encoder_input_ids)
         for req_id in sched.forget_req_ids:
             batch.remove(req_id)
             self.prompt_logprobs.pop(req_id, None)
+            if mm is not None:
+                mm.remove_request(req_id)
             if self.lora is not None:
                 self.lora.remove_request(req_id)
+            if self.mrope is not None:
+                self.mrope.remove(req_id)
         for new in sched.new_reqs:
             batch.add(new, self.device)
+            if mm is not None:
+                mm.add_request(new)
             self._track_prompt_logprobs(new)
             if self.lora is not None:
                 self.lora.add_request(new.req_id, new.lora_request)
+            if self.mrope is not None:
+                self.mrope.add(new)
         cached = sched.cached_reqs
         if len(cached):
             rows = batch.rows_of(cached.req_ids)
@@ -323,6 +360,8 @@ class ModelRunner:
         if self.lora is not None:
             self.lora.prepare_step([self.batch.req_ids[r] for r in rows.tolist()], query_lens)
         step.meta.backend_data = self.attn_backend.prepare(step.meta, self.block_size)
+        if self.mrope is not None:
+            step.positions = self.mrope.positions(self.batch, step)  # (3, T)
         if step.placeholders is not None:
             dst, src = step.placeholders
             step.input_ids[dst] = prev.device[src]

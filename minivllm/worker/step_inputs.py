@@ -36,7 +36,7 @@ class StepInputs:
     input_ids: torch.Tensor
     """(T,) int64 on the device."""
     positions: torch.Tensor
-    """(T,) int64 on the device."""
+    """(T,) int64 on the device; (3, T) for an M-RoPE model (the runner's ``MRopePositions``)."""
     meta: AttentionMetadata
     rows: np.ndarray
     """(B,) the batch rows scheduled this step, in step order."""

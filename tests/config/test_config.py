@@ -25,7 +25,8 @@ def _options(group: str) -> list[str]:
 
 @pytest.mark.parametrize("group,option", [(g, o) for g in GROUPS for o in _options(g)])
 def test_every_option_composes_and_validates(group, option, llama_dir):
-    overrides = [f"{group}={option}", f"model.path={llama_dir}"]
+    appended = "+" if group == "tune" else ""  # the tune presets are added to the defaults list: +tune=serving
+    overrides = [f"{appended}{group}={option}", f"model.path={llama_dir}"]
     if (group, option) == ("bench", "nanovllm"):  # a global preset asking for a 4,096-token context
         overrides.append("model.max_model_len=256")
     if group == "device" and option == "cuda" and not torch.cuda.is_available():

@@ -1,5 +1,6 @@
-"""The fp8 KV cache inside the engine: close to a bf16 cache on the trained demo model,
-the same tokens from both backends, and twice the blocks for the same memory."""
+"""The fp8 KV cache inside the engine: greedy tokens that leave the full-precision cache's
+only at near ties (demo model and two other architectures), the same tokens from both
+backends, and twice the blocks for the same memory."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from safetensors.torch import load_file, save_file
 from minivllm import LLM, SamplingParams
 from minivllm.tokenizer import DEMO_TOKENIZER as DEMO_MODEL_DIR
 from minivllm.worker.worker import Worker
+from tests.engine.fp8_agreement import measure
+from tests.model_configs import qwen3_config
 
 PROMPTS = ["def fibonacci(n):", "class Stack:\n    def push(self", "for line in open(", "import os\nimport"]
 
@@ -18,39 +21,47 @@ def _runner(llm: LLM):
     return llm.llm_engine.core.executor.worker.model_runner
 
 
-TIE = 0.1
-"""Top-2 logprob gap (nats) under which a greedy pick is a tie: e4m3's 3 mantissa bits move
-this model's chosen-token logprobs by ~0.02 nat on average, ~0.1 at most (measured)."""
+GAP_BOUND = 0.35
+"""Nats. A greedy pick can flip only where the fp8 cache moves the reference's top-2 logprob
+gap by more than the gap itself. Where both runs agree, the gap moved by at most 0.22 nat
+(demo model, bf16), 0.17 (OPT, fp32) and 0.30 (Qwen3, fp32) over 8 prompts x 32 tokens
+(benchmarks/RESULTS.md); 0.35 covers that noise. A divergence where the reference's gap is
+above it is not rounding but a bug. A quarter to a third of the reference's positions have
+a gap below it, so divergences landing only there is not chance."""
+AGREEMENT_PROMPTS = [*PROMPTS, "The weather today", "Once upon a time", "x = [", "return self."]
 
 
-def _positions_before_divergence(expected: list, actual: list) -> float:
-    """Share of all positions before each prompt's first differing token; a prompt whose
-    first difference is a tie in the reference counts as agreeing throughout. Also checks
-    that the logprobs of the agreeing positions stay within rounding noise on average."""
-    agreed, total, noise = 0, 0, []
-    for e, a in zip(expected, actual, strict=True):
-        ref, got = e.outputs[0], a.outputs[0]
-        n = len(ref.token_ids)
-        first = next((i for i, (x, y) in enumerate(zip(ref.token_ids, got.token_ids)) if x != y), n)
-        noise += [abs(ref.logprobs[p][ref.token_ids[p]] - got.logprobs[p][ref.token_ids[p]]) for p in range(first)]
-        if first < n:
-            top2 = sorted(ref.logprobs[first].values(), reverse=True)[:2]
-            first = n if top2[0] - top2[1] < TIE else first
-        agreed, total = agreed + first, total + n
-    assert sum(noise) / len(noise) < TIE / 2
-    return agreed / total
+@pytest.fixture(scope="module")
+def qwen3_dir(make_checkpoint):
+    return make_checkpoint("qwen3", qwen3_config())
 
 
-def test_fp8_cache_follows_the_bf16_cache_on_the_trained_demo_model():
-    """Random test models have near-tied logits that any rounding flips; the trained demo
-    model has real margins, as served models do."""
-    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, logprobs=2)
-    outputs = {}
-    for kv in ("auto", "fp8"):
-        llm = LLM(model=str(DEMO_MODEL_DIR), dtype="bfloat16", kv_cache_dtype=kv, num_gpu_blocks_override=32)
-        assert _runner(llm).kv_caches[0].dtype == (torch.bfloat16 if kv == "auto" else torch.float8_e4m3fn)
-        outputs[kv] = llm.generate(PROMPTS, params, use_tqdm=False)
-    assert _positions_before_divergence(outputs["auto"], outputs["fp8"]) >= 0.9
+def _greedy_outputs(path, dtype: str, kv: str) -> list:
+    llm = LLM(model=str(path), dtype=dtype, kv_cache_dtype=kv, num_gpu_blocks_override=128)
+    assert _runner(llm).kv_caches[0].dtype == (llm.cfg.dtype if kv == "auto" else torch.float8_e4m3fn)
+    params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True, logprobs=2)
+    try:
+        return llm.generate(AGREEMENT_PROMPTS, params, use_tqdm=False)
+    finally:
+        llm.shutdown()
+
+
+@pytest.mark.parametrize("model", ["demo", "opt", "qwen3"])
+def test_fp8_cache_diverges_from_the_full_precision_cache_only_at_near_ties(model, request):
+    """The trained demo model in bf16 (real margins, as served models have) and two random
+    architectures in fp32 (OPT: LayerNorm, learned positions; Qwen3: q/k norms, head_dim 24).
+    Prints the strict agreement: tokens identical before each prompt's first divergence."""
+    if model == "demo":
+        path, dtype = DEMO_MODEL_DIR, "bfloat16"
+    else:
+        path, dtype = request.getfixturevalue(f"{model}_dir"), "float32"
+    agreement = measure(_greedy_outputs(path, dtype, "auto"), _greedy_outputs(path, dtype, "fp8"))
+    print(agreement.report(f"{model} ({dtype} vs fp8 KV cache, 8 prompts x 32 tokens)"))
+    assert sum(agreement.logprob_shifts) / len(agreement.logprob_shifts) < 0.1
+    assert agreement.max_gap_shift < GAP_BOUND
+    assert all(gap < GAP_BOUND for gap in agreement.divergence_gaps()), agreement.report(model)
+    if model == "demo":
+        assert agreement.strict >= 0.7  # 79.7% measured
 
 
 def test_fp8_cache_gives_the_same_tokens_on_both_backends(llama_dir):

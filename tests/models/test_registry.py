@@ -38,9 +38,11 @@ def registry():
 
 def test_every_registered_architecture_has_a_parity_test():
     from minivllm.models.registry import POOLING_ONLY
+    from tests.multimodal.cases import MULTIMODAL_PARITY  # image-taking ones are checked with images
     from tests.pooling.test_embed import BASE_MODEL_CASES  # pooling-only ones are checked by embedding
 
     covered = {case.architecture for case in PARITY_CASES} | (POOLING_ONLY & set(BASE_MODEL_CASES))
+    covered |= set(MULTIMODAL_PARITY)
     missing = sorted(set(ModelRegistry.get_supported_archs()) - covered)
     assert not missing, f"architectures without an entry in tests/models/parity_cases.py: {missing}"
 

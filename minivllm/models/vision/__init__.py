@@ -1,0 +1,1 @@
+"""Vision encoders shared by the vision-language models."""

@@ -1,0 +1,102 @@
+"""The worker's half of multimodal inputs: run the vision encoder, keep its outputs,
+and merge them into the step's input embeddings.
+
+The scheduler decides which images are encoded in a step
+(``SchedulerOutput.scheduled_encoder_inputs``, see ``core/encoder_scheduling.py``)
+and when their outputs may go (``free_encoder_input_ids``, or the request being
+forgotten). Per step this runs the scheduled encoder inputs
+(``model.embed_multimodal``, one image at a time), then, when some scheduled
+token is an image placeholder, embeds the step's token ids
+(``model.embed_input_ids``) and writes each image's rows over its placeholders:
+the slice of the image that this step's chunk covers. The model then runs on
+``inputs_embeds``; such steps run eagerly (no CUDA graph). A step without
+placeholder tokens passes None. A request leaves ``features`` once its chunk
+passed its last image (a preempted request comes back in full), so once every
+running request is past its images the runner skips all of this.
+
+M-RoPE models (Qwen2-VL, ``SupportsMRoPE``) need (3, T) positions: they are
+computed from the same per-request features; ``ModelRunner._prepare_inputs`` is
+where they replace the (T,) positions.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from minivllm.core.scheduler_output import NewRequestData, SchedulerOutput
+from minivllm.multimodal.feature import MultiModalFeature
+from minivllm.request import RequestId
+from minivllm.worker.input_batch import InputBatch
+from minivllm.worker.step_inputs import StepInputs
+
+
+class MultiModalRunner:
+    def __init__(self, model: nn.Module, device: torch.device) -> None:
+        self.model = model
+        self.device = device
+        self.features: dict[RequestId, list[MultiModalFeature]] = {}
+        """The images of each request whose placeholders are not all computed yet."""
+        self.encoder_cache: dict[str, torch.Tensor] = {}
+        """Image identifier -> (length, hidden) encoder output on the device, shared by the
+        requests holding the same image; the scheduler says when to drop one."""
+        self.num_encoded = 0
+        """Images encoded since start-up (tests read it)."""
+
+    # ---- requests in and out ----------------------------------------------------------
+    def add_request(self, new: NewRequestData) -> None:
+        if new.mm_features:
+            self.features[new.req_id] = new.mm_features
+
+    def remove_request(self, req_id: RequestId) -> None:
+        self.features.pop(req_id, None)  # its cached outputs go when the scheduler frees them
+
+    def free(self, identifiers: list[str]) -> None:
+        for identifier in identifiers:
+            self.encoder_cache.pop(identifier, None)
+
+    # ---- one step -------------------------------------------------------------------------
+    def encode(self, sched: SchedulerOutput) -> None:
+        """Run the vision encoder on this step's scheduled images."""
+        for req_id, indices in sched.scheduled_encoder_inputs.items():
+            features = self.features[req_id]
+            for index in indices:
+                feature = features[index]
+                data = {k: v.to(self.device) for k, v in feature.data.items()}
+                out = self.model.embed_multimodal(**data)  # (length, hidden)
+                if out.shape[0] != feature.length:
+                    raise RuntimeError(
+                        f"request {req_id} image {index}: the encoder gave {out.shape[0]} rows "
+                        f"for {feature.length} placeholder tokens"
+                    )
+                self.encoder_cache[feature.identifier] = out
+                self.num_encoded += 1
+
+    def inputs_embeds(self, step: StepInputs, batch: InputBatch) -> torch.Tensor | None:
+        """(T, hidden) input embeddings with the image rows merged in; None when no scheduled
+        token of this step is an image placeholder (the model embeds the ids itself)."""
+        merges, passed = [], []
+        starts = step.query_start
+        for i, row in enumerate(step.rows.tolist()):
+            req_id = batch.req_ids[row]
+            features = self.features.get(req_id)
+            if not features:
+                continue
+            flat = int(starts[i])
+            start = int(step.token_positions[flat])  # the chunk covers positions start .. stop - 1
+            stop = start + int(step.query_lens[i])
+            for feature in features:
+                if feature.overlaps(start, stop):
+                    lo, hi = max(start, feature.offset), min(stop, feature.end)
+                    rows = self.encoder_cache[feature.identifier][lo - feature.offset : hi - feature.offset]
+                    merges.append((flat + lo - start, flat + hi - start, rows))
+            if stop >= features[-1].end:
+                passed.append(req_id)
+        for req_id in passed:  # every placeholder computed: nothing more to merge for it
+            del self.features[req_id]
+        if not merges:
+            return None
+        embeds = self.model.embed_input_ids(step.input_ids)  # (T, hidden)
+        for lo, hi, rows in merges:
+            embeds[lo:hi] = rows.to(embeds.dtype)
+        return embeds

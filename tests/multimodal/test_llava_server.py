@@ -1,0 +1,61 @@
+"""The OpenAI chat endpoint with images: the official client sending a base64 data URL
+gets the offline engine's reply; bad image data is a 400 and the server keeps serving."""
+
+from __future__ import annotations
+
+import openai
+import pytest
+
+from minivllm import LLM, SamplingParams
+from tests.multimodal.llava_checkpoint import data_url, random_image
+from tests.serve.harness import EngineHarness, engine_config
+
+pytestmark = pytest.mark.slow  # an engine process of its own: about 20 s to start on a busy CPU
+
+
+@pytest.fixture(scope="module")
+def server(llava_dir):
+    harness = EngineHarness(engine_config(llava_dir))
+    handle = harness.start_server()
+    yield handle
+    handle.stop()
+    harness.close()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    with openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="none", max_retries=0, timeout=60) as c:
+        yield c
+
+
+def _messages(url: str) -> list[dict]:
+    parts = [{"type": "text", "text": "What is this?"}, {"type": "image_url", "image_url": {"url": url}}]
+    return [{"role": "user", "content": parts}]
+
+
+def test_chat_with_a_base64_image_equals_offline(client, llava_dir):
+    image = random_image(21)
+    reply = client.chat.completions.create(
+        model=str(llava_dir), messages=_messages(data_url(image)), max_tokens=6, temperature=0.0
+    )
+    llm = LLM(str(llava_dir), max_model_len=256, num_gpu_blocks_override=32)
+    offline = llm.chat(_messages(data_url(image)), SamplingParams(max_tokens=6, temperature=0.0))[0]
+    assert reply.choices[0].message.content == offline.outputs[0].text
+    assert reply.usage.prompt_tokens == len(offline.prompt_token_ids)
+
+
+def test_bad_image_data_is_a_400_and_the_server_keeps_serving(client, llava_dir):
+    with pytest.raises(openai.BadRequestError, match="could not decode"):
+        client.chat.completions.create(
+            model=str(llava_dir), messages=_messages("data:image/png;base64,aGVsbG8="), max_tokens=2
+        )
+    with pytest.raises(openai.BadRequestError, match="no image was given"):
+        client.chat.completions.create(
+            model=str(llava_dir),
+            messages=[{"role": "user", "content": [{"type": "text", "text": "<image> <image>"}]}],
+            max_tokens=2,
+        )
+    ok = client.chat.completions.create(
+        model=str(llava_dir), messages=_messages(data_url(random_image(22))), max_tokens=3, temperature=0.0
+    )
+    assert ok.usage.completion_tokens == 3
