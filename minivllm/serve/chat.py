@@ -82,10 +82,12 @@ async def create_chat_completion(state: ServerState, body: ChatCompletionRequest
     check_text_length(state, "messages", message_texts(body.messages), body.truncate_prompt_tokens)
     # off the event loop: on the tokenizer thread, or (image URLs may be fetched over the network) on another one
     render_there = asyncio.to_thread if _has_images(body) else off_loop
-    prompt = await check_prompt(
+    rendered = await render_there(render, state, body, tools)
+    prompt = await off_loop(
+        check_prompt,
         state.engine,
         f"{request_id}-0",
-        await render_there(render, state, body, tools),
+        rendered,
         params,
         body.priority,
         lora,

@@ -50,11 +50,30 @@ async def create_completion(state: ServerState, body: CompletionRequest, raw: Re
     if body.echo and body.logprobs is not None:  # the echoed prompt's logprobs come from prompt logprobs
         params.prompt_logprobs = max(params.prompt_logprobs or 0, body.logprobs)
     request_id = f"cmpl-{uuid.uuid4().hex}"
-    prompts = [
-        await check_prompt(
+    prompts = await off_loop(_check_prompts, state, body, raw_prompts, params, lora, request_id)
+    streams = await start_requests(state.engine, prompts)
+    fmt = _Formatter(state, body, prompts)
+    if body.stream:
+        return StreamingResponse(_stream(state, body, request_id, streams, fmt), media_type="text/event-stream")
+    outs = await unless_disconnected(raw, final_outputs(streams))
+    choices = [fmt.choice(i, c, out.prompt_logprobs) for i, out in enumerate(outs) for c in out.outputs]
+    return state.completion_response(request_id, choices, usage(prompts, outs), body.model)
+
+
+def _check_prompts(
+    state: ServerState,
+    body: CompletionRequest,
+    raw_prompts: list[Any],
+    params: Any,
+    lora: Any,
+    request_id: str,
+) -> list[Prompt]:
+    """Every prompt tokenized and checked, in one trip to the tokenizer thread."""
+    return [
+        check_prompt(
             state.engine,
             f"{request_id}-{i}",
-            await off_loop(_encoded, state, p, body),
+            _encoded(state, p, body),
             params,
             body.priority,
             lora,
@@ -63,13 +82,6 @@ async def create_completion(state: ServerState, body: CompletionRequest, raw: Re
         )
         for i, p in enumerate(raw_prompts)
     ]
-    streams = await start_requests(state.engine, prompts)
-    fmt = _Formatter(state, body, prompts)
-    if body.stream:
-        return StreamingResponse(_stream(state, body, request_id, streams, fmt), media_type="text/event-stream")
-    outs = await unless_disconnected(raw, final_outputs(streams))
-    choices = [fmt.choice(i, c, out.prompt_logprobs) for i, out in enumerate(outs) for c in out.outputs]
-    return state.completion_response(request_id, choices, usage(prompts, outs), body.model)
 
 
 def _check_unsupported(body: CompletionRequest) -> None:

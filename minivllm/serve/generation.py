@@ -49,7 +49,7 @@ class Prompt:
     """What ``start_requests`` queues."""
 
 
-async def check_prompt(
+def check_prompt(
     engine: AsyncLLM,
     request_id: str,
     prompt: Any,
@@ -63,9 +63,9 @@ async def check_prompt(
 ) -> Prompt:
     """The request for one prompt, checked and tokenized by the engine's rules (a 400 naming
     ``prompt_field`` for the prompt's faults); refuse a ``max_tokens`` the client sent that cannot
-    fit the context (the engine would cap it). Tokenizes off the event loop."""
+    fit the context (the engine would cap it). It tokenizes: call it through ``off_loop``."""
     try:
-        request = await off_loop(engine.process, request_id, prompt, params, priority, group_id, lora_request)
+        request = engine.process(request_id, prompt, params, priority, group_id, lora_request)
     except ValueError as err:
         raise bad_request(err, {"prompt": prompt_field, "prompt_token_ids": prompt_field}) from None
     ids = request.prompt_token_ids
