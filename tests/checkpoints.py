@@ -8,43 +8,12 @@ implementation is the reference for every parity test.
 from __future__ import annotations
 
 import json
-import sysconfig
 from pathlib import Path
 
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import AutoModelForCausalLM, PretrainedConfig, PreTrainedTokenizerFast
+from transformers import AutoModelForCausalLM, PretrainedConfig
 
-SPECIAL = {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>"}
-
-
-def local_corpus(max_chars: int = 400_000) -> list[str]:
-    """Text that exists on every machine with Python: the standard library's source."""
-    stdlib = Path(sysconfig.get_paths()["stdlib"])
-    texts, total = [], 0
-    for path in sorted(stdlib.glob("*.py")):
-        text = path.read_text(encoding="utf-8", errors="ignore")
-        texts.append(text)
-        total += len(text)
-        if total > max_chars:
-            break
-    return texts
-
-
-def train_tokenizer(out_dir: Path, vocab_size: int = 512) -> PreTrainedTokenizerFast:
-    tok = Tokenizer(models.BPE(unk_token=SPECIAL["unk_token"]))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=[SPECIAL["pad_token"], SPECIAL["bos_token"], SPECIAL["eos_token"], SPECIAL["unk_token"]],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(local_corpus(), trainer=trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, **SPECIAL)
-    fast.save_pretrained(out_dir)
-    return fast
+from tools.tiny_vlm import SPECIAL, local_corpus, train_tokenizer  # noqa: F401 (the tests' tokenizer)
 
 
 def save_checkpoint(

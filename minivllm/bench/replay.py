@@ -132,7 +132,7 @@ def bench_serving(cfg: VllmConfig, requests: list[BenchRequest]) -> dict[str, An
         device = runner.device if runner is not None else torch.device(cfg.device_type)
         timer = StepTimer(llm.llm_engine.core.executor, runner, device).attach()
         if cfg.bench.warmup:
-            warm_up(llm, requests[0].prompt_token_ids, cfg, timer)
+            warm_up(llm, requests[0], cfg, timer)
         timer.detach()
         before = llm.llm_engine.scheduler_stats().num_preemptions
         timings = replay(llm, requests, arrival_times(cfg.bench, len(requests)), cfg.bench.temperature)

@@ -36,6 +36,12 @@ def format_report(m: dict[str, Any]) -> str:
             f"E2E {_num(m['e2e_p50_ms'])}/{_num(m['e2e_p99_ms'])}"
         )
     eng = m.get("engine") or {}
+    if "images_per_s" in m:  # bench.workload=images
+        lines.append(
+            f"images: {m['images']} sent, {m.get('images_encoded')} encoded, {_num(m['images_per_s'], '.2f')} images/s; "
+            f"vision encoder {_num(eng.get('encoder_time_s'), '.2f')} s, "
+            f"{_num(_pct(eng.get('encoder_fraction')))}% of step time"
+        )
     if eng:
         lines.append(
             f"engine: {eng.get('num_steps')} steps ({eng.get('num_prefill_steps')} with prefill: "

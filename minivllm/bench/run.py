@@ -24,13 +24,14 @@ import torch
 from tqdm.auto import tqdm
 
 from minivllm.bench import hf_baseline
+from minivllm.bench.images import image_requests, placeholder_token_ids
 from minivllm.bench.memory import PeakMemory
 from minivllm.bench.replay import bench_serving
 from minivllm.bench.report import format_report
 from minivllm.bench.roofline import roofline
 from minivllm.bench.step_timer import StepTimer
 from minivllm.bench.warmup import model_runner, warm_up
-from minivllm.bench.workloads import BenchRequest, build_workload
+from minivllm.bench.workloads import BenchRequest, build_workload, random_ids
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.entrypoints.llm import LLM
 from minivllm.sampling_params import RequestOutputKind, SamplingParams
@@ -62,11 +63,15 @@ def _workload(cfg: VllmConfig) -> tuple[list[BenchRequest], BenchRequest | None]
 
         tokenizer = get_tokenizer(cfg)
         encode = lambda text: tokenizer.encode(text, add_special_tokens=True)  # noqa: E731
-    requests = build_workload(cfg.bench, cfg.hf_config.vocab_size, cfg.max_model_len, encode)
+    vocab_size, exclude = cfg.hf_text_config.vocab_size, placeholder_token_ids(cfg)
+    if cfg.bench.workload == "images":
+        requests = image_requests(cfg)
+    else:
+        requests = build_workload(cfg.bench, vocab_size, cfg.max_model_len, encode, exclude)
     single = None
     if cfg.bench.single_request and cfg.bench.mode == "throughput":
         rng = np.random.default_rng(cfg.bench.seed + 1)
-        ids = rng.integers(0, cfg.hf_config.vocab_size, size=cfg.bench.single_input_len).tolist()
+        ids = random_ids(cfg.bench.single_input_len, vocab_size, rng, exclude)
         single = BenchRequest(ids, cfg.bench.single_output_len)
         if single.num_tokens > cfg.max_model_len:
             raise ValueError(
@@ -89,6 +94,7 @@ def _describe(cfg: VllmConfig, requests: list[BenchRequest]) -> dict[str, Any]:
         "num_requests": len(requests),
         "input_tokens": sum(len(r.prompt_token_ids) for r in requests),
         "requested_output_tokens": sum(r.max_tokens for r in requests),
+        "images": sum(len(r.images) for r in requests),
         "block_size": cfg.cache.block_size,
         "gpu_memory_utilization": cfg.cache.gpu_memory_utilization,
     }
@@ -105,22 +111,24 @@ def _params(request: BenchRequest, temperature: float) -> SamplingParams:
 
 def _drive(
     llm: LLM, requests: list[BenchRequest], cfg: VllmConfig, timer: StepTimer, desc: str | None
-) -> tuple[float, int, float]:
-    """Queue every request, step until all finish; returns (seconds, output tokens, CPU seconds)."""
+) -> tuple[float, int, float, int]:
+    """Queue every request, step until all finish; returns (seconds, output tokens, CPU seconds,
+    prompt tokens: image placeholders expanded)."""
     engine = llm.llm_engine
     show = desc is not None and cfg.bench.progress
     bar = tqdm(total=len(requests), desc=desc, unit="req", disable=not show or None)
-    produced = 0
+    produced = prompt_tokens = 0
     start, start_cpu = time.perf_counter(), time.process_time()
     with bar:
         for r in requests:
-            engine.add_request(None, {"prompt_token_ids": r.prompt_token_ids}, _params(r, cfg.bench.temperature))
+            engine.add_request(None, r.prompt, _params(r, cfg.bench.temperature))
         while engine.has_unfinished_requests():
             for out in timer.run_step(engine.step):
                 if out.finished:
                     produced += len(out.outputs[0].token_ids)
+                    prompt_tokens += len(out.prompt_token_ids)
                     bar.update(1)
-    return time.perf_counter() - start, produced, time.process_time() - start_cpu
+    return time.perf_counter() - start, produced, time.process_time() - start_cpu, prompt_tokens
 
 
 def bench_minivllm(cfg: VllmConfig, requests: list[BenchRequest], single: BenchRequest | None) -> dict[str, Any]:
@@ -137,16 +145,19 @@ def bench_minivllm(cfg: VllmConfig, requests: list[BenchRequest], single: BenchR
         timer = StepTimer(llm.llm_engine.core.executor, runner, device).attach()
         out: dict[str, Any] = {}
         if cfg.bench.warmup:
-            out["warmup_max_step_tokens"] = warm_up(llm, requests[0].prompt_token_ids, cfg, timer)
+            out["warmup_max_step_tokens"] = warm_up(llm, requests[0], cfg, timer)
         if single is not None:
             timer.reset()
             _drive(llm, [single], cfg, timer, None)
             out["single_request"] = _single_summary(single, timer)
         timer.reset()
         before = llm.llm_engine.scheduler_stats().num_preemptions
-        seconds, produced, cpu_s = _drive(llm, requests, cfg, timer, "minivllm")
+        encoded = runner.mm.num_encoded if getattr(runner, "mm", None) is not None else None
+        seconds, produced, cpu_s, prompt_tokens = _drive(llm, requests, cfg, timer, "minivllm")
         stats = llm.llm_engine.scheduler_stats()
-        out.update(_throughput(requests, seconds, produced), cpu_time_s=cpu_s)
+        out.update(_throughput(requests, seconds, produced, prompt_tokens), cpu_time_s=cpu_s)
+        if cfg.bench.workload == "images":
+            out.update(_image_rates(requests, seconds, runner, encoded))
         out.update(num_kv_blocks=stats.num_blocks, num_preemptions=stats.num_preemptions - before)
         out["peak_memory_gib"] = peak.read_gib()
         out["engine"] = timer.summary()
@@ -176,9 +187,10 @@ def _single_summary(single: BenchRequest, timer: StepTimer) -> dict[str, Any]:
     return out
 
 
-def _throughput(requests: list[BenchRequest], seconds: float, produced: int) -> dict[str, Any]:
-    input_tokens = sum(len(r.prompt_token_ids) for r in requests)
+def _throughput(requests: list[BenchRequest], seconds: float, produced: int, input_tokens: int) -> dict[str, Any]:
+    """Rates over the run; ``input_tokens`` counts the prompts as the engine ran them (images expanded)."""
     return {
+        "input_tokens": input_tokens,
         "output_tokens": produced,
         "total_time_s": seconds,
         "requests_per_s": len(requests) / seconds,
@@ -186,6 +198,14 @@ def _throughput(requests: list[BenchRequest], seconds: float, produced: int) -> 
         "output_tokens_per_s": produced / seconds,
         "total_tokens_per_s": (input_tokens + produced) / seconds,
     }
+
+
+def _image_rates(requests: list[BenchRequest], seconds: float, runner: Any, encoded_before: int | None) -> dict:
+    """Images per second; ``images_encoded``: vision-encoder calls of the run (None with workers
+    in other processes), equal to the images sent since every request's images differ."""
+    images = sum(len(r.images) for r in requests)
+    encoded = None if encoded_before is None else runner.mm.num_encoded - encoded_before
+    return {"images_per_s": images / seconds, "images_encoded": encoded}
 
 
 def bench_transformers(

@@ -7,7 +7,10 @@ modules, so module hooks would miss it) and on ``compute_logits`` time the
 model. Whatever else a step spends (scheduling, input preparation, sampling,
 output processing, detokenizing) is the engine's overhead::
 
-    step wall time = model forward + logits  +  engine overhead
+    step wall time = model forward + logits  +  vision encoder  +  engine overhead
+
+The vision encoder (an image model's ``MultiModalRunner.encode``) is timed apart
+from the model: ``encoder_s`` per step, and its share of the step time.
 
 With the model out of reach (workers in other processes), only wall times and
 shapes are recorded.
@@ -40,6 +43,8 @@ class StepRecord:
     kv_tokens: int
     """Context tokens the step's attention reads (sum of seq_lens)."""
     decode_only: bool
+    encoder_s: float = 0.0
+    """Time in the vision encoder (image models; 0 for the others)."""
 
 
 @dataclass
@@ -48,12 +53,13 @@ class StepTimer:
     model_runner: Any | None
     device: torch.device
     _steps: list[StepRecord] = field(default_factory=list)
-    _model_s: float = 0.0
-    _started: float | None = None
-    _events: list[tuple[Any, Any]] = field(default_factory=list)
-    """CUDA: (start, end) events of the model's calls in the current step."""
-    _unread: list[tuple[int, list[tuple[Any, Any]]]] = field(default_factory=list)
-    """CUDA: (step index, its events) not yet read into the step's model_s."""
+    _seconds: dict[str, float] = field(default_factory=dict)
+    """CPU: seconds of the current step per timed part ("model", "encoder")."""
+    _started: Any = None
+    _events: dict[str, list[tuple[Any, Any]]] = field(default_factory=dict)
+    """CUDA: (start, end) events per timed part of the current step."""
+    _unread: list[tuple[int, str, list[tuple[Any, Any]]]] = field(default_factory=list)
+    """CUDA: (step index, part, its events) not yet read into the step's ``<part>_s``."""
     _shape: tuple[int, int, int, bool] | None = None
     _undo: list[Callable[[], None]] = field(default_factory=list)
 
@@ -62,11 +68,16 @@ class StepTimer:
         return self.model_runner is not None and getattr(self.model_runner, "model", None) is not None
 
     @property
+    def times_encoder(self) -> bool:
+        """An image model in this process: its vision encoder is timed."""
+        return self.sees_model and getattr(self.model_runner, "mm", None) is not None
+
+    @property
     def steps(self) -> list[StepRecord]:
         """The records so far (reading the model times of CUDA events waits for them)."""
-        for index, events in self._unread:
+        for index, part, events in self._unread:
             events[-1][1].synchronize()  # elapsed_time refuses events the device has not reached
-            self._steps[index].model_s = sum(start.elapsed_time(end) for start, end in events) / 1e3
+            setattr(self._steps[index], f"{part}_s", sum(start.elapsed_time(end) for start, end in events) / 1e3)
         self._unread = []
         return self._steps
 
@@ -90,9 +101,11 @@ class StepTimer:
 
     def _time_model(self, runner: Any) -> None:
         for owner, name in ((runner, "_forward"), (runner.model, "compute_logits")):
-            self._undo.append(self._wrap(owner, name))
+            self._undo.append(self._wrap(owner, name, "model"))
+        if self.times_encoder:
+            self._undo.append(self._wrap(runner.mm, "encode", "encoder"))
 
-    def _wrap(self, owner: Any, name: str) -> Callable[[], None]:
+    def _wrap(self, owner: Any, name: str, part: str) -> Callable[[], None]:
         inner = getattr(owner, name)
 
         def timed(*args: Any, **kwargs: Any) -> Any:
@@ -100,7 +113,7 @@ class StepTimer:
             try:
                 return inner(*args, **kwargs)
             finally:
-                self._stop()
+                self._stop(part)
 
         setattr(owner, name, timed)
         return lambda: delattr(owner, name)
@@ -117,27 +130,28 @@ class StepTimer:
         else:
             self._started = time.perf_counter()
 
-    def _stop(self) -> None:
+    def _stop(self, part: str) -> None:
         if self._started is None:
             return
         if self.device.type == "cuda":
             end = torch.cuda.Event(enable_timing=True)
             end.record()
-            self._events.append((self._started, end))
+            self._events.setdefault(part, []).append((self._started, end))
         else:
-            self._model_s += time.perf_counter() - self._started
+            self._seconds[part] = self._seconds.get(part, 0.0) + time.perf_counter() - self._started
         self._started = None
 
     def run_step(self, step: Callable[[], list]) -> list:
         """Run one engine step and record its timings."""
-        self._model_s, self._shape, self._events = 0.0, None, []
+        self._seconds, self._shape, self._events = {}, None, {}
         start = time.perf_counter()
         outputs = step()
         wall = time.perf_counter() - start
         shape = self._shape or (0, 0, 0, False)
-        if self._events:
-            self._unread.append((len(self._steps), self._events))
-        self._steps.append(StepRecord(wall, self._model_s, *shape))
+        for part, events in self._events.items():
+            self._unread.append((len(self._steps), part, events))
+        seconds = self._seconds
+        self._steps.append(StepRecord(wall, seconds.get("model", 0.0), *shape, seconds.get("encoder", 0.0)))
         return outputs
 
     def reset(self) -> None:
@@ -157,12 +171,16 @@ class StepTimer:
             out.update(model_time_s=None, overhead_s=None, overhead_per_step_ms=None, overhead_fraction=None)
             return out
         model = sum(s.model_s for s in steps)
+        encoder = sum(s.encoder_s for s in steps)
+        overhead = wall - model - encoder
         out.update(
             model_time_s=model,
-            overhead_s=wall - model,
-            overhead_per_step_ms=1e3 * (wall - model) / len(steps),
-            overhead_fraction=(wall - model) / wall if wall > 0 else None,
+            overhead_s=overhead,
+            overhead_per_step_ms=1e3 * overhead / len(steps),
+            overhead_fraction=overhead / wall if wall > 0 else None,
         )
+        if self.times_encoder:
+            out.update(encoder_time_s=encoder, encoder_fraction=encoder / wall if wall > 0 else None)
         return out
 
 

@@ -6,20 +6,33 @@ from typing import Any
 
 import numpy as np
 
+from minivllm.bench.images import placeholder_token_ids, random_image
 from minivllm.bench.step_timer import StepTimer
+from minivllm.bench.workloads import BenchRequest, random_ids
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.entrypoints.llm import LLM
 from minivllm.sampling_params import RequestOutputKind, SamplingParams
 
 
-def warm_up(llm: LLM, prompt: list[int], cfg: VllmConfig, timer: StepTimer) -> int:
+def warm_up(llm: LLM, request: BenchRequest, cfg: VllmConfig, timer: StepTimer) -> int:
     """Run every kind of step the timed run will, once, so one-time costs (Triton compiling
     each kernel variant, allocator growth, torch.compile's shapes) stay out of the timings:
     a short prefill, a decode, a prefill chunk mixed with decodes, and a step at the full
     token budget over many sequences (the shape of the timed run's first steps).
+    With images (``request.images``), one request with other images of the same size warms the
+    vision encoder (the timed requests' images are not processed or cached by it).
     Returns the most tokens one warm-up step scheduled (the timer is reset afterwards)."""
     engine = llm.llm_engine
     params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, output_kind=RequestOutputKind.FINAL_ONLY)
+    exclude = placeholder_token_ids(cfg)
+    prompt = [t for t in request.prompt_token_ids if t not in exclude]
+    if request.images:
+        rng = np.random.default_rng(cfg.bench.seed + 3)
+        images = [random_image(im.width, rng) for im in request.images]
+        warm = BenchRequest(request.prompt_token_ids, 8, tuple(images))
+        engine.add_request("warmup-images", warm.prompt, params)
+        while engine.has_unfinished_requests():
+            timer.run_step(engine.step)
     engine.add_request("warmup-0", {"prompt_token_ids": prompt[:16]}, params)
     timer.run_step(engine.step)  # prefill
     timer.run_step(engine.step)  # decode
@@ -44,7 +57,8 @@ def budget_prompts(cfg: VllmConfig, length: int, kv_tokens: int) -> list[list[in
     length = min(max(length, -(-budget // sched.max_num_seqs)), cfg.max_model_len - 8, budget)
     count = min(sched.max_num_seqs, -(-budget // max(1, length)))
     rng = np.random.default_rng(cfg.bench.seed + 2)
-    return rng.integers(0, cfg.hf_config.vocab_size, size=(count, length)).tolist()
+    vocab_size, exclude = cfg.hf_text_config.vocab_size, placeholder_token_ids(cfg)
+    return [random_ids(length, vocab_size, rng, exclude) for _ in range(count)]
 
 
 def model_runner(llm: LLM) -> Any | None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, Collection
 
 import numpy as np
 
@@ -20,6 +20,15 @@ from minivllm.config.bench import BenchConfig
 class BenchRequest:
     prompt_token_ids: list[int]
     max_tokens: int
+    images: tuple[Any, ...] = ()
+    """PIL images whose placeholder tokens the prompt holds (bench.workload=images)."""
+
+    @property
+    def prompt(self) -> dict[str, Any]:
+        """The engine's prompt: token ids, with the images when there are some."""
+        if not self.images:
+            return {"prompt_token_ids": self.prompt_token_ids}
+        return {"prompt_token_ids": self.prompt_token_ids, "multi_modal_data": {"image": list(self.images)}}
 
     @property
     def num_tokens(self) -> int:
@@ -27,16 +36,24 @@ class BenchRequest:
 
 
 def build_workload(
-    cfg: BenchConfig, vocab_size: int, max_model_len: int, encode: Callable[[str], list[int]] | None = None
+    cfg: BenchConfig,
+    vocab_size: int,
+    max_model_len: int,
+    encode: Callable[[str], list[int]] | None = None,
+    exclude: Collection[int] = (),
 ) -> list[BenchRequest]:
-    """The requests of ``cfg.workload``; ``encode`` tokenizes text prompts (jsonl)."""
+    """The requests of ``cfg.workload`` (not images: ``images.image_requests``); ``encode``
+    tokenizes text prompts (jsonl); random ids never take a value in ``exclude`` (an image
+    model's placeholder tokens, which a prompt without images may not hold)."""
     rng = np.random.default_rng(cfg.seed)
     if cfg.workload == "random":
-        requests = random_requests(cfg, vocab_size, rng)
+        requests = random_requests(cfg, vocab_size, rng, exclude)
     elif cfg.workload == "shared_prefix":
-        requests = shared_prefix_requests(cfg, vocab_size, rng)
-    else:
+        requests = shared_prefix_requests(cfg, vocab_size, rng, exclude)
+    elif cfg.workload == "jsonl":
         requests = jsonl_requests(cfg, encode, rng)
+    else:
+        raise ValueError(f"bench.workload={cfg.workload}: not a text workload")
     check_fits(requests, max_model_len)
     return requests
 
@@ -45,24 +62,33 @@ def _output_lens(cfg: BenchConfig, n: int, rng: np.random.Generator) -> list[int
     return rng.integers(cfg.min_output_len, cfg.max_output_len + 1, size=n).tolist()
 
 
-def _random_ids(n: int, vocab_size: int, rng: np.random.Generator) -> list[int]:
-    return rng.integers(0, vocab_size, size=n).tolist()
+def random_ids(n: int, vocab_size: int, rng: np.random.Generator, exclude: Collection[int] = ()) -> list[int]:
+    """``n`` ids uniform over the vocabulary less ``exclude`` (the same draws as before when it is empty)."""
+    if not exclude:
+        return rng.integers(0, vocab_size, size=n).tolist()
+    allowed = np.setdiff1d(np.arange(vocab_size), np.fromiter(exclude, dtype=np.int64))
+    return allowed[rng.integers(0, len(allowed), size=n)].tolist()
 
 
-def random_requests(cfg: BenchConfig, vocab_size: int, rng: np.random.Generator) -> list[BenchRequest]:
+def random_requests(
+    cfg: BenchConfig, vocab_size: int, rng: np.random.Generator, exclude: Collection[int] = ()
+) -> list[BenchRequest]:
     input_lens = rng.integers(cfg.min_input_len, cfg.max_input_len + 1, size=cfg.num_prompts).tolist()
     outputs = _output_lens(cfg, cfg.num_prompts, rng)
-    return [BenchRequest(_random_ids(n, vocab_size, rng), m) for n, m in zip(input_lens, outputs)]
+    return [BenchRequest(random_ids(n, vocab_size, rng, exclude), m) for n, m in zip(input_lens, outputs)]
 
 
-def shared_prefix_requests(cfg: BenchConfig, vocab_size: int, rng: np.random.Generator) -> list[BenchRequest]:
-    prefixes = [_random_ids(cfg.prefix_len, vocab_size, rng) for _ in range(cfg.num_prefixes)]
+def shared_prefix_requests(
+    cfg: BenchConfig, vocab_size: int, rng: np.random.Generator, exclude: Collection[int] = ()
+) -> list[BenchRequest]:
+    prefixes = [random_ids(cfg.prefix_len, vocab_size, rng, exclude) for _ in range(cfg.num_prefixes)]
     suffix_lens = rng.integers(cfg.min_input_len, cfg.max_input_len + 1, size=cfg.num_prompts).tolist()
     outputs = _output_lens(cfg, cfg.num_prompts, rng)
     requests = []
     for i, (n, m) in enumerate(zip(suffix_lens, outputs)):
         prefix = prefixes[i % cfg.num_prefixes] if _shares_prefix(i, cfg.prefix_ratio) else []
-        requests.append(BenchRequest(prefix + _random_ids(n + cfg.prefix_len - len(prefix), vocab_size, rng), m))
+        suffix = random_ids(n + cfg.prefix_len - len(prefix), vocab_size, rng, exclude)
+        requests.append(BenchRequest(prefix + suffix, m))
     return requests
 
 

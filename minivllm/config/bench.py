@@ -13,7 +13,7 @@ from typing import Optional
 
 from minivllm.config.validation import check_choice, check_range
 
-BENCH_WORKLOADS = ("random", "shared_prefix", "jsonl")
+BENCH_WORKLOADS = ("random", "shared_prefix", "jsonl", "images")
 BENCH_BASELINES = ("none", "hf")
 BENCH_MODES = ("throughput", "serving")
 BENCH_ARRIVALS = ("poisson", "uniform")
@@ -25,7 +25,8 @@ class BenchConfig:
     """throughput (every request queued at once, tokens/s) or serving (requests arrive over time at request_rate:
     tokens/s with TTFT, ITL and end-to-end latency percentiles; conf/bench/serving.yaml)."""
     workload: str = "random"
-    """random (random token ids), shared_prefix (common prefixes + random suffixes), jsonl (prompts_file)."""
+    """random (random token ids), shared_prefix (common prefixes + random suffixes), jsonl (prompts_file),
+    images (random token ids after images_per_request random images of image_size pixels; a vision-language model)."""
     num_prompts: int = 32
     """Requests in the workload (jsonl: the file's first num_prompts lines)."""
     min_input_len: int = 12
@@ -50,6 +51,10 @@ class BenchConfig:
     """serving: poisson (exponential gaps at request_rate) or uniform (evenly spaced at request_rate)."""
     prompts_file: Optional[str] = None
     """jsonl: lines of {"prompt": str} or {"prompt_token_ids": [...]}, with an optional "max_tokens"."""
+    image_size: int = 112
+    """images: side in pixels of each request's random square image (the model's processor resizes it)."""
+    images_per_request: int = 1
+    """images: images per request, their placeholders ahead of the text (model.limit_mm_per_prompt must allow them)."""
     temperature: float = 0.0
     """Sampling temperature of every request (0 is greedy)."""
     baseline: str = "none"
@@ -76,6 +81,13 @@ class BenchConfig:
         if self.mode == "serving" and self.baseline != "none":
             raise ValueError(f"bench.baseline={self.baseline}: only with bench.mode=throughput")
         check_choice("bench.baseline", self.baseline, BENCH_BASELINES)
+        if self.workload == "images" and (self.mode, self.baseline) != ("throughput", "none"):
+            raise ValueError(
+                f"bench.workload=images: only with bench.mode=throughput and bench.baseline=none "
+                f"(got mode={self.mode}, baseline={self.baseline})"
+            )
+        check_range("bench.image_size", self.image_size, low=1)
+        check_range("bench.images_per_request", self.images_per_request, low=1)
         check_range("bench.num_prompts", self.num_prompts, low=1)
         for name in ("min_input_len", "min_output_len", "hf_batch_size", "single_input_len", "single_output_len"):
             check_range(f"bench.{name}", getattr(self, name), low=1)

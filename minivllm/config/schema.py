@@ -89,7 +89,7 @@ class ModelConfig:
     pooler_config: PoolerConfig = field(default_factory=PoolerConfig)
     """Pooling type and normalization for runner=pooling."""
     limit_mm_per_prompt: dict[str, int] = field(default_factory=dict)
-    """Most items per prompt by modality, e.g. {image: 2}; a model that takes images allows 1 by default."""
+    """Most items per prompt by modality (on the command line: +model.limit_mm_per_prompt.image=2); a model that takes images allows 1 by default."""
     allowed_local_media_path: str = ""
     """Folder whose files a chat message may name as file:// image URLs; empty: local files are refused."""
     mm_processor_cache_gb: float = 4.0

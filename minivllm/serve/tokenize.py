@@ -2,7 +2,8 @@
 
 ``/tokenize`` takes a ``prompt`` (``add_special_tokens`` defaults to true) or chat
 ``messages`` (rendered by the same chat template code as ``LLM.chat`` and
-/v1/chat/completions; ``add_special_tokens`` defaults to false) and answers
+/v1/chat/completions; ``add_special_tokens`` defaults to false; with images, each
+image's placeholder is expanded as generation expands it) and answers
 ``{"count", "max_model_len", "tokens", "token_strs"}``; ``/detokenize`` takes
 ``{"tokens": [...]}`` and answers ``{"prompt": text}``.
 """
@@ -108,6 +109,20 @@ def _token_ids(state: ServerState, body: TokenizeRequest) -> list[int]:
         )
     except ValueError as err:
         raise BadRequest("messages", str(err)) from None
+    ids = rendered["prompt_token_ids"]
     if body.add_special_tokens:
-        return tokenizer.encode(rendered["prompt"], add_special_tokens=True, verbose=False)
-    return rendered["prompt_token_ids"]
+        ids = tokenizer.encode(rendered["prompt"], add_special_tokens=True, verbose=False)
+    mm_data = rendered.get("multi_modal_data")
+    return ids if mm_data is None else _expand_images(state, ids, mm_data)
+
+
+def _expand_images(state: ServerState, ids: list[int], mm_data: dict[str, Any]) -> list[int]:
+    """The ids with each image placeholder repeated to the image's token count, as the
+    engine's front end expands them for generation."""
+    mm = state.engine.processor.mm
+    if mm is None:
+        raise BadRequest("messages", f"messages: hold images, but {state.cfg.architecture} takes no images")
+    try:
+        return mm.process(ids, mm_data)[0]
+    except ValueError as err:
+        raise BadRequest("messages", str(err)) from None

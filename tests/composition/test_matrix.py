@@ -65,11 +65,11 @@ def references(llama_dir, adapter, specs):
     """``references[key]``: the plain engine's outputs for a cell's output-changing options."""
     cache: dict[tuple, list] = {}
 
-    def get(cell: Cell) -> list:
-        key = cell.reference_key()
+    def get(cell: Cell, **device: str) -> list:
+        key = (cell.reference_key(), tuple(device.items()))
         if key not in cache:
             plain = plain_cell(**{name: cell[name] for name in ("kv_cache_dtype", "lora")})
-            llm = LLM(str(llama_dir), **engine_kwargs(plain))
+            llm = LLM(str(llama_dir), **engine_kwargs(plain), **device)
             try:
                 cache[key] = generate(llm, specs, adapter if plain["lora"] else None)
             finally:
@@ -81,9 +81,20 @@ def references(llama_dir, adapter, specs):
 
 @pytest.mark.parametrize("cell", [_cell_param(c) for c in CELLS])
 def test_cell_gives_the_reference_outputs(cell, llama_dir, adapter, specs, references):
+    check_cell(cell, llama_dir, adapter, specs, references)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cell", [c for c in CELLS if c["parallel"] == "tp1"], ids=lambda c: c.id)
+def test_cell_on_cuda_gives_the_cuda_reference(cell, llama_dir, adapter, specs, references):
+    """The same cells under CUDA's defaults (CUDA graphs, the Triton backend), one GPU."""
+    check_cell(cell, llama_dir, adapter, specs, references, device="cuda")
+
+
+def check_cell(cell: Cell, llama_dir, adapter, specs, references, **device: str) -> None:
     """With prefix caching the workload runs twice: the second time every prompt is cached."""
-    reference = references(cell)
-    llm = LLM(str(llama_dir), **engine_kwargs(cell))
+    reference = references(cell, **device)
+    llm = LLM(str(llama_dir), **engine_kwargs(cell), **device)
     try:
         rounds = 2 if cell["prefix_caching"] else 1
         runs = [generate(llm, specs, adapter if cell["lora"] else None) for _ in range(rounds)]

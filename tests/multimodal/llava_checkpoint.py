@@ -1,6 +1,6 @@
-"""A tiny random LLaVA-1.5 checkpoint: CLIP vision tower, projector, Llama text model,
-a tokenizer with the ``<image>`` token and a chat template, and the CLIP image
-processor's config, all saved with transformers (the oracle loads the same files)."""
+"""The tiny random LLaVA-1.5 checkpoint of the tests (built by ``tools/tiny_vlm.py``: CLIP
+vision tower, projector, Llama text model, tokenizer with ``<image>``, CLIP image processor),
+images for it, and transformers on the same files as the oracle."""
 
 from __future__ import annotations
 
@@ -11,83 +11,21 @@ from pathlib import Path
 import numpy as np
 import torch
 from PIL import Image
-from transformers import (
-    CLIPImageProcessor,
-    CLIPVisionConfig,
-    LlamaConfig,
-    LlavaConfig,
-    LlavaForConditionalGeneration,
-    LlavaProcessor,
-    PreTrainedTokenizerFast,
+from transformers import LlavaForConditionalGeneration
+
+from tools.tiny_vlm import (  # noqa: F401 (the builder lives with the tool; tests import it from here)
+    LLAVA_CHAT_TEMPLATE,
+    LLAVA_IMAGE_SIZE,
+    LLAVA_IMAGE_TOKEN,
+    LLAVA_NUM_IMAGE_TOKENS,
+    LLAVA_PATCH,
+    build_llava,
 )
 
-IMAGE_TOKEN = "<image>"
-IMAGE_SIZE, PATCH = 16, 4
-NUM_IMAGE_TOKENS = (IMAGE_SIZE // PATCH) ** 2  # the CLS row is dropped ("default" strategy)
-CHAT_TEMPLATE = (
-    "{% for m in messages %}{{ m['role'] }}: "
-    "{% if m['content'] is string %}{{ m['content'] }}{% else %}{% for c in m['content'] %}"
-    "{% if c['type'] == 'image' %}<image>\n{% else %}{{ c['text'] }}{% endif %}{% endfor %}{% endif %}\n"
-    "{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}"
-)
-
-
-def build_llava(out: Path, tokenizer_dir: Path, seed: int = 0) -> Path:
-    out.mkdir(parents=True, exist_ok=True)
-    tok = PreTrainedTokenizerFast.from_pretrained(tokenizer_dir)
-    tok.add_special_tokens({"additional_special_tokens": [IMAGE_TOKEN]})
-    tok.chat_template = CHAT_TEMPLATE
-    vision = CLIPVisionConfig(
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=3,
-        num_attention_heads=4,
-        image_size=IMAGE_SIZE,
-        patch_size=PATCH,
-        projection_dim=32,
-    )
-    text = LlamaConfig(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=len(tok),
-        max_position_embeddings=256,
-        bos_token_id=1,
-        eos_token_id=2,
-        pad_token_id=0,
-    )
-    config = LlavaConfig(
-        vision_config=vision,
-        text_config=text,
-        image_token_index=tok.convert_tokens_to_ids(IMAGE_TOKEN),
-        vision_feature_layer=-2,
-        vision_feature_select_strategy="default",
-        projector_hidden_act="gelu",
-        image_seq_length=NUM_IMAGE_TOKENS,
-    )
-    torch.manual_seed(seed)
-    model = LlavaForConditionalGeneration(config)
-    with torch.no_grad():  # wider weights than the default init, so different images give different tokens
-        for p in model.parameters():
-            if p.dim() > 1:
-                p.normal_(0, 0.2)
-    model.save_pretrained(out)
-    image_processor = CLIPImageProcessor(
-        size={"shortest_edge": IMAGE_SIZE}, crop_size={"height": IMAGE_SIZE, "width": IMAGE_SIZE}
-    )
-    processor = LlavaProcessor(
-        image_processor=image_processor,
-        tokenizer=tok,
-        patch_size=PATCH,
-        vision_feature_select_strategy="default",
-        num_additional_image_tokens=1,
-        chat_template=CHAT_TEMPLATE,
-    )
-    processor.save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
+IMAGE_TOKEN = LLAVA_IMAGE_TOKEN
+IMAGE_SIZE, PATCH = LLAVA_IMAGE_SIZE, LLAVA_PATCH
+NUM_IMAGE_TOKENS = LLAVA_NUM_IMAGE_TOKENS
+CHAT_TEMPLATE = LLAVA_CHAT_TEMPLATE
 
 
 def random_image(seed: int, size: int = 30) -> Image.Image:
