@@ -44,6 +44,16 @@ class ServeConfig:
     """LoRA adapters served from the start, as name=path; a request picks one by its ``model`` field."""
     enable_lora_runtime_updates: bool = False
     """Offer /v1/load_lora_adapter and /v1/unload_lora_adapter."""
+    max_request_bytes: int = 16 * 1024 * 1024
+    """Largest request body accepted; a bigger one is a 413 before it is read (or as soon as it goes past)."""
+    header_timeout: float = 30.0
+    """Seconds a connection may take to send a request's headers (from its start or the previous answer)."""
+    body_timeout: float = 60.0
+    """Seconds the server waits for the next piece of a request body before it answers 408 and closes."""
+    keep_alive_timeout: float = 5.0
+    """Seconds an idle keep-alive connection stays open between requests."""
+    max_header_bytes: int = 64 * 1024
+    """Largest request line plus headers; more is a 400 and the connection closes."""
     dev_mode: bool = False
     """Offer development routes: /sleep, /wake_up, /is_sleeping (vLLM's VLLM_SERVER_DEV_MODE); never on a public port."""
 
@@ -55,6 +65,10 @@ class ServeConfig:
         parse_lora_modules(list(self.lora_modules))
         check_range("serve.max_seqs_per_request", self.max_seqs_per_request, low=1)
         check_range("serve.max_waiting", self.max_waiting, low=0)
+        check_range("serve.max_request_bytes", self.max_request_bytes, low=1024)
+        check_range("serve.max_header_bytes", self.max_header_bytes, low=1024)
+        for key in ("header_timeout", "body_timeout", "keep_alive_timeout"):
+            check_range(f"serve.{key}", getattr(self, key), low=0.0, low_open=True)
         for key, allowed in (("tool_call_parser", TOOL_CALL_PARSERS), ("reasoning_parser", REASONING_PARSERS)):
             value = getattr(self, key)
             if value is not None and value not in allowed:

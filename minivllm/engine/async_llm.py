@@ -287,6 +287,20 @@ class AsyncLLM:
             for stat in self.stat_loggers:
                 stat.on_finished(stream, "abort", now)
 
+    def fail_requests(self, err: BaseException) -> int:
+        """End every unfinished request now: its consumer raises ``err`` (a server shutting down
+        tells its clients why) and the engine frees its KV blocks. Returns how many there were."""
+        ids = list(self._streams)
+        for request_id in ids:
+            self._streams[request_id].fail(err)
+        self._abort_now(ids)
+        pending = [key for key in self._pending if isinstance(key, tuple) and key[0] in ("add", "pooled")]
+        for key in pending:
+            fut = self._pending.pop(key)
+            if not fut.done():
+                fut.set_exception(err)
+        return len(ids) + sum(1 for key in pending if key[0] == "pooled")
+
     async def scheduler_stats(self) -> SchedulerStats:
         """Fresh from the engine (answered between two steps); the replicas' merged under data parallelism."""
         return merge_stats(await self.replica_stats())

@@ -17,7 +17,24 @@ from minivllm.sampling_params import RequestOutputKind, SamplingParams
 
 
 class EngineDeadError(RuntimeError):
-    """The engine process failed or exited; no request can make progress."""
+    """The engine process failed or exited; no request can make progress.
+
+    ``str(err)`` is one line (what a client may be shown); ``detail`` keeps the
+    whole report, a worker's traceback included (the engine client logs it once)."""
+
+    def __init__(self, reason: str | None = None) -> None:
+        self.detail = reason or "engine is not running"
+        super().__init__(one_line(self.detail))
+
+
+def one_line(reason: str) -> str:
+    """A failure report without its traceback: its first words and its last line
+    (``engine failed: Traceback ... RuntimeError: x`` -> ``engine failed: RuntimeError: x``)."""
+    lines = [line.strip() for line in reason.strip().splitlines() if line.strip()]
+    if len(lines) <= 1:
+        return lines[0] if lines else reason
+    head = lines[0].split("Traceback (most recent call last)")[0].strip()
+    return f"{head} {lines[-1]}" if head and head != lines[-1] else lines[-1]
 
 
 class RequestStream:

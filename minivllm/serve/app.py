@@ -4,10 +4,12 @@
 
 Every bad request is a 400 with an OpenAI-style body naming the field
 (``{"error": {"message", "type", "param", "code"}}``); the engine never sees it.
-An unknown model is a 404 (``NotFoundError``), a full queue a 503 with
-``Retry-After``; a client that hangs up gets its requests aborted and one log
-line. Only a server bug is a 500.
+An unknown model is a 404 (``NotFoundError``), a full queue or a dead engine a
+503 with ``Retry-After`` (one line, never a traceback); a client that hangs up
+gets its requests aborted and one log line. A body over ``serve.max_request_bytes``
+is a 413, a stalled one a 408 (``body_limits.py``). Only a server bug is a 500.
 With ``serve.api_key`` set, each /v1 route wants ``Authorization: Bearer <key>``.
+/openapi.json documents all of it (``openapi.py``).
 """
 
 from __future__ import annotations
@@ -19,25 +21,33 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.engine.async_llm import AsyncLLM
-from minivllm.engine.request_stream import EngineDeadError
+from minivllm.engine.request_stream import EngineDeadError, one_line
+from minivllm.serve.body_limits import BodyLimits
 from minivllm.serve.chat import create_chat_completion
 from minivllm.serve.completions import create_completion
 from minivllm.serve.dev_routes import add_dev_routes
 from minivllm.serve.embeddings import add_embedding_routes
-from minivllm.serve.errors import ClientDisconnected, ModelNotFound, Overloaded
+from minivllm.serve.errors import DEAD_ENGINE_RETRY_AFTER_S, ClientDisconnected, ModelNotFound, Overloaded
 from minivllm.serve.lora_routes import add_lora_routes
 from minivllm.serve.metrics import CONTENT_TYPE
 from minivllm.serve.models_route import add_model_routes
+from minivllm.serve.openapi import install_openapi
 from minivllm.serve.params import BadRequest, param_of
-from minivllm.serve.protocol import ChatCompletionRequest, CompletionRequest
+from minivllm.serve.protocol import (
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    CompletionRequest,
+    CompletionResponse,
+)
 from minivllm.serve.state import ServerState
 from minivllm.serve.tokenize import add_tokenize_routes
+from minivllm.serve.tokenizer_info import add_tokenizer_info_route
 
 logger = logging.getLogger(__name__)
 ROUTES = (
@@ -48,6 +58,7 @@ ROUTES = (
     "/metrics",
     "/tokenize",
     "/detokenize",
+    "/tokenizer_info",
     "/v1/embeddings",
     "/v1/load_lora_adapter",
     "/v1/unload_lora_adapter",
@@ -61,18 +72,28 @@ def build_app(engine: AsyncLLM, cfg: VllmConfig) -> FastAPI:
     _add_error_handlers(app, state)
     _add_routes(app, state)
     add_tokenize_routes(app, state)
+    add_tokenizer_info_route(app, state)
     add_embedding_routes(app, state)
+    install_openapi(app, api_key_set=state.api_key is not None)
+    serve = cfg.serve
+    app.add_middleware(BodyLimits, max_bytes=serve.max_request_bytes, timeout=serve.body_timeout)
     app.add_middleware(_Auth, api_key=state.api_key)
     app.add_middleware(_HttpMetrics, state=state)
     return app
 
 
+def dead_engine_error(reason: str | None) -> JSONResponse:
+    """The 503 for a dead engine: one line, never a traceback, and when to come back."""
+    message = one_line(reason or "engine is not running")
+    return _error(message, "engine_error", 503, headers={"Retry-After": str(DEAD_ENGINE_RETRY_AFTER_S)})
+
+
 def _add_routes(app: FastAPI, state: ServerState) -> None:
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", response_model=None, responses={200: {"model": CompletionResponse}})
     async def completions(body: CompletionRequest, raw: Request) -> Any:
         return await create_completion(state, body, raw)
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", response_model=None, responses={200: {"model": ChatCompletionResponse}})
     async def chat_completions(body: ChatCompletionRequest, raw: Request) -> Any:
         return await create_chat_completion(state, body, raw)
 
@@ -83,13 +104,13 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
     if state.cfg.serve.dev_mode:
         add_dev_routes(app, state)
 
-    @app.get("/health")
+    @app.get("/health", response_class=Response)
     async def health() -> Response:
         if not state.engine.is_running:
-            return _error(state.engine.errored or "engine is not running", "engine_error", 503)
+            return dead_engine_error(state.engine.errored)
         return Response(status_code=200)
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=PlainTextResponse)
     async def metrics() -> Response:
         try:
             stats = await asyncio.wait_for(state.engine.scheduler_stats(), timeout=5.0)
@@ -134,7 +155,7 @@ def _add_error_handlers(app: FastAPI, state: ServerState) -> None:
 
     @app.exception_handler(EngineDeadError)
     async def dead(_: Request, exc: EngineDeadError) -> JSONResponse:
-        return _error(str(exc), "engine_error", 503)
+        return dead_engine_error(str(exc))
 
     @app.exception_handler(Exception)
     async def internal(_: Request, exc: Exception) -> JSONResponse:
@@ -144,7 +165,8 @@ def _add_error_handlers(app: FastAPI, state: ServerState) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        return _error(str(exc.detail), kind, exc.status_code)
+        param = "body" if exc.status_code in (408, 413) else None
+        return _error(str(exc.detail), kind, exc.status_code, param, headers=exc.headers)  # keeps a 405's Allow
 
 
 def _wrong_content_type(request: Request) -> tuple[str, None] | None:
@@ -167,6 +189,9 @@ def _describe_validation(errors: list[dict[str, Any]]) -> tuple[str, str | None]
         return f"body: {err['msg']}; expected a JSON object", None
     param = loc[0]
     where = "".join(f"[{p}]" if p.isdigit() else f".{p}" for p in loc[1:])
+    if err.get("type") == "extra_forbidden":
+        what = "request field" if not where else "field"
+        return f"{param}{where}: unknown or unsupported {what}; this server does not implement it", param
     detail = f" (at {param}{where})" if where else ""
     return f"{param}: {err['msg']}{detail}", param
 

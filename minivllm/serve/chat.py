@@ -24,12 +24,13 @@ from minivllm.serve.generation import (
     continuous_usage,
     final_outputs,
     merged,
+    off_loop,
     sse,
     start_requests,
     unless_disconnected,
     usage,
 )
-from minivllm.serve.limits import admit
+from minivllm.serve.limits import admit, check_text_length, message_texts
 from minivllm.serve.params import BadRequest, to_sampling_params
 from minivllm.serve.protocol import (
     ChatChoice,
@@ -78,9 +79,12 @@ async def create_chat_completion(state: ServerState, body: ChatCompletionRequest
         structured_outputs=constraint,
     )
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
-    # image URLs may be fetched over the network: off the event loop, so other requests keep streaming
-    rendered = await asyncio.to_thread(render, state, body, tools) if _has_images(body) else render(state, body, tools)
-    prompt = check_prompt(
+    check_text_length(state, "messages", message_texts(body.messages), body.truncate_prompt_tokens)
+    # off the event loop: on the tokenizer thread, or (image URLs may be fetched over the network) on another one
+    render_there = asyncio.to_thread if _has_images(body) else off_loop
+    rendered = await render_there(render, state, body, tools)
+    prompt = await off_loop(
+        check_prompt,
         state.engine,
         f"{request_id}-0",
         rendered,

@@ -3,8 +3,10 @@
 Starts the engine process, then uvicorn on ``serve.host:serve.port`` (port 0
 picks a free one; the bound address is printed and written to serve.json).
 SIGTERM or Ctrl-C stops accepting connections, lets in-flight requests finish
-for up to ``serve.shutdown_timeout`` seconds (then cancels them, which aborts
-their engine requests), stops the engine and releases the port.
+for up to ``serve.shutdown_timeout`` seconds (then ends them with an error,
+which aborts their engine requests), stops the engine and releases the port.
+If the engine dies, the server shuts down the same way and the process exits
+with status 1 (server.py).
 """
 
 from __future__ import annotations
@@ -17,11 +19,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-import uvicorn
-
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.engine.async_llm import AsyncLLM
 from minivllm.serve.app import build_app
+from minivllm.serve.server import ApiServer
+from minivllm.serve.server import make_server as server_for
 
 logger = logging.getLogger(__name__)
 
@@ -40,18 +42,13 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def make_server(app: Any, cfg: VllmConfig, log_level: str = "info") -> uvicorn.Server:
-    config = uvicorn.Config(
-        app,
-        log_level=log_level,
-        timeout_graceful_shutdown=int(round(cfg.serve.shutdown_timeout)),
-        lifespan="off",
-    )
-    return uvicorn.Server(config)
+def make_server(app: Any, cfg: VllmConfig, log_level: str = "info") -> ApiServer:
+    """uvicorn over ``app`` (from ``build_app``), with the limits, timeouts and exit rules of server.py."""
+    return server_for(app, cfg, app.state.server.engine, log_level)
 
 
 def run_serve(cfg: VllmConfig, out_dir: Path) -> dict[str, Any]:
-    server: uvicorn.Server | None = None
+    server: ApiServer | None = None
 
     def on_signal(signum: int, _frame: Any) -> None:
         # Before uvicorn runs, stop at once; after it ran (it re-raises the signal
@@ -69,7 +66,7 @@ def run_serve(cfg: VllmConfig, out_dir: Path) -> dict[str, Any]:
         sock = bind_socket(cfg.serve.host, cfg.serve.port)
         host, port = sock.getsockname()[:2]
         server = make_server(app, cfg)
-        (out_dir / "serve.json").write_text(json.dumps({"host": host, "port": port}))
+        (out_dir / "serve.json").write_text(json.dumps({"host": host, "port": port, "engine_pids": engine.engine_pids}))
         print(f"minivllm: serving {app.state.server.model_name!r} on http://{host}:{port}/v1", flush=True)
         server.run(sockets=[sock])
     finally:
@@ -77,7 +74,11 @@ def run_serve(cfg: VllmConfig, out_dir: Path) -> dict[str, Any]:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     summary = {"host": host, "port": port, "seconds": time.time() - started, **_totals(app)}
+    summary["exit_code"] = server.exit_code
     (out_dir / "serve.json").write_text(json.dumps(summary, indent=2))
+    if server.exit_code:
+        print(f"minivllm: the engine died; server stopped after {summary['seconds']:.1f} s", flush=True)
+        raise SystemExit(server.exit_code)
     print(f"minivllm: server stopped after {summary['seconds']:.1f} s", flush=True)
     return summary
 

@@ -18,12 +18,13 @@ from minivllm.serve.generation import (
     continuous_usage,
     final_outputs,
     merged,
+    off_loop,
     sse,
     start_requests,
     unless_disconnected,
     usage,
 )
-from minivllm.serve.limits import admit
+from minivllm.serve.limits import admit, check_text_length, prompt_texts
 from minivllm.serve.params import BadRequest, to_sampling_params
 from minivllm.serve.protocol import CompletionChoice, CompletionLogProbs, CompletionRequest
 from minivllm.serve.state import ServerState
@@ -35,6 +36,8 @@ async def create_completion(state: ServerState, body: CompletionRequest, raw: Re
     _check_unsupported(body)
     raw_prompts = _prompt_list(body.prompt)
     admit(state, body.n, len(raw_prompts))
+    for p in raw_prompts:  # each prompt gets its own context
+        check_text_length(state, "prompt", prompt_texts(p), body.truncate_prompt_tokens)
     kind = RequestOutputKind.DELTA if body.stream else RequestOutputKind.FINAL_ONLY
     params = to_sampling_params(
         body,
@@ -47,7 +50,26 @@ async def create_completion(state: ServerState, body: CompletionRequest, raw: Re
     if body.echo and body.logprobs is not None:  # the echoed prompt's logprobs come from prompt logprobs
         params.prompt_logprobs = max(params.prompt_logprobs or 0, body.logprobs)
     request_id = f"cmpl-{uuid.uuid4().hex}"
-    prompts = [
+    prompts = await off_loop(_check_prompts, state, body, raw_prompts, params, lora, request_id)
+    streams = await start_requests(state.engine, prompts)
+    fmt = _Formatter(state, body, prompts)
+    if body.stream:
+        return StreamingResponse(_stream(state, body, request_id, streams, fmt), media_type="text/event-stream")
+    outs = await unless_disconnected(raw, final_outputs(streams))
+    choices = [fmt.choice(i, c, out.prompt_logprobs) for i, out in enumerate(outs) for c in out.outputs]
+    return state.completion_response(request_id, choices, usage(prompts, outs), body.model)
+
+
+def _check_prompts(
+    state: ServerState,
+    body: CompletionRequest,
+    raw_prompts: list[Any],
+    params: Any,
+    lora: Any,
+    request_id: str,
+) -> list[Prompt]:
+    """Every prompt tokenized and checked, in one trip to the tokenizer thread."""
+    return [
         check_prompt(
             state.engine,
             f"{request_id}-{i}",
@@ -60,13 +82,6 @@ async def create_completion(state: ServerState, body: CompletionRequest, raw: Re
         )
         for i, p in enumerate(raw_prompts)
     ]
-    streams = await start_requests(state.engine, prompts)
-    fmt = _Formatter(state, body, prompts)
-    if body.stream:
-        return StreamingResponse(_stream(state, body, request_id, streams, fmt), media_type="text/event-stream")
-    outs = await unless_disconnected(raw, final_outputs(streams))
-    choices = [fmt.choice(i, c, out.prompt_logprobs) for i, out in enumerate(outs) for c in out.outputs]
-    return state.completion_response(request_id, choices, usage(prompts, outs), body.model)
 
 
 def _check_unsupported(body: CompletionRequest) -> None:

@@ -19,9 +19,10 @@ import numpy as np
 from fastapi import FastAPI, Request
 from pydantic import BaseModel, Field
 
+from minivllm.engine.processor import ProcessedRequest
 from minivllm.pooling.params import PoolingParams
-from minivllm.serve.generation import unless_disconnected
-from minivllm.serve.limits import admit
+from minivllm.serve.generation import off_loop, unless_disconnected
+from minivllm.serve.limits import admit, check_text_length, prompt_texts
 from minivllm.serve.params import BadRequest, bad_request, refuse_unknown_fields
 from minivllm.serve.protocol import Int, OpenAIModel, UsageInfo
 from minivllm.serve.state import ServerState
@@ -72,13 +73,11 @@ async def create_embedding(state: ServerState, body: EmbeddingRequest, raw: Requ
         params = PoolingParams(body.dimensions, body.normalize, body.truncate_prompt_tokens)
     except ValueError as err:
         raise bad_request(err) from None
-    inputs = [_prompt(state, x, body.add_special_tokens) for x in raw_inputs]
+    for x in raw_inputs:
+        check_text_length(state, "input", prompt_texts(x), body.truncate_prompt_tokens)
     request_id = f"embd-{uuid.uuid4().hex}"
-    try:  # every input is checked (and tokenized, once) before any is queued
-        requests = [
-            state.engine.process(f"{request_id}-{i}", p, params, body.priority, group_id=request_id)
-            for i, p in enumerate(inputs)
-        ]
+    try:  # every input is checked (and tokenized, once, off the event loop) before any is queued
+        requests = await off_loop(_process_all, state, body, raw_inputs, params, request_id)
     except ValueError as err:
         raise bad_request(err, {"prompt": "input", "prompt_token_ids": "input"}) from None
     work = asyncio.gather(*(state.engine.encode_processed(r) for r in requests))
@@ -90,6 +89,16 @@ async def create_embedding(state: ServerState, body: EmbeddingRequest, raw: Requ
     num_prompt = sum(len(o.prompt_token_ids) for o in outs)
     usage = UsageInfo(prompt_tokens=num_prompt, total_tokens=num_prompt)
     return EmbeddingResponse(id=request_id, model=state.model_name, data=data, usage=usage)
+
+
+def _process_all(
+    state: ServerState, body: EmbeddingRequest, raw_inputs: list[object], params: PoolingParams, request_id: str
+) -> list[ProcessedRequest]:
+    inputs = [_prompt(state, x, body.add_special_tokens) for x in raw_inputs]
+    return [
+        state.engine.process(f"{request_id}-{i}", p, params, body.priority, group_id=request_id)
+        for i, p in enumerate(inputs)
+    ]
 
 
 def _input_list(value: object) -> list[object]:

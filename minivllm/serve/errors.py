@@ -4,12 +4,18 @@ its OpenAI status code, and the client that went away.
     raise ModelNotFound("gpt-4", served="demo-llama")       # 404, type NotFoundError
     raise Overloaded("...", retry_after=1)                  # 503 with Retry-After
     raise ClientDisconnected()                              # no answer: the abort is done
+    raise ShuttingDown(30.0)                                # serve.shutdown_timeout ran out (503)
 
 Each is turned into a response by ``app.py``'s handlers; none is logged with a
 traceback, since none is a server bug.
 """
 
 from __future__ import annotations
+
+from minivllm.engine.request_stream import EngineDeadError
+
+DEAD_ENGINE_RETRY_AFTER_S = 10
+"""``Retry-After`` on a 503 for a dead engine: the server exits, and a supervisor restarts it."""
 
 
 class ModelNotFound(Exception):
@@ -33,3 +39,14 @@ class ClientDisconnected(Exception):
 
     STATUS = 499
     """What the access log and /metrics record (nginx's "client closed request")."""
+
+
+class ShuttingDown(EngineDeadError):
+    """The server is shutting down and ``serve.shutdown_timeout`` ran out before the request
+    finished; handled as a dead engine (a 503, or an error event then ``[DONE]``)."""
+
+    def __init__(self, shutdown_timeout: float) -> None:
+        super().__init__(
+            f"the server is shutting down: serve.shutdown_timeout={shutdown_timeout:g} s ran out before this "
+            "request finished"
+        )

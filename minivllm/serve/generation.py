@@ -4,15 +4,18 @@ collecting or merging their outputs, and server-sent events.
 A handler first checks every request of its body (one per prompt, each
 tokenized and checked once by ``AsyncLLM.process``), then starts them all; any
 refusal aborts the ones already started and becomes a 400 before a byte is
-streamed.
+streamed. Tokenizing runs on one worker thread (``off_loop``), never on the
+event loop, so a long prompt does not stall other clients or ``/health``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Awaitable, TypeVar
+from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
 
 from fastapi import Request
 from pydantic import BaseModel
@@ -29,6 +32,13 @@ from minivllm.serve.params import bad_request
 from minivllm.serve.protocol import UsageInfo
 
 T = TypeVar("T")
+_TOKENIZER_THREAD = ThreadPoolExecutor(max_workers=1, thread_name_prefix="minivllm-tokenize")
+"""One thread: the tokenizer is never called from two threads at once, and requests are tokenized in order."""
+
+
+async def off_loop(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """``fn(*args, **kwargs)`` on the tokenizer thread (tokenizing, rendering a chat template)."""
+    return await asyncio.get_running_loop().run_in_executor(_TOKENIZER_THREAD, functools.partial(fn, *args, **kwargs))
 
 
 @dataclass
@@ -53,7 +63,7 @@ def check_prompt(
 ) -> Prompt:
     """The request for one prompt, checked and tokenized by the engine's rules (a 400 naming
     ``prompt_field`` for the prompt's faults); refuse a ``max_tokens`` the client sent that cannot
-    fit the context (the engine would cap it)."""
+    fit the context (the engine would cap it). It tokenizes: call it through ``off_loop``."""
     try:
         request = engine.process(request_id, prompt, params, priority, group_id, lora_request)
     except ValueError as err:

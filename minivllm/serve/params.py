@@ -19,6 +19,7 @@ from typing import Any
 from pydantic import TypeAdapter, ValidationError
 
 from minivllm.sampling_params import SamplingParams
+from minivllm.serve.protocol import SERVER_OWNED
 
 # Request fields that are about the request, not about sampling.
 NOT_SAMPLING = frozenset(
@@ -53,8 +54,6 @@ NOT_SAMPLING = frozenset(
 )
 # Declared fields that mean "off" at these values (OpenAI's defaults).
 NEUTRAL = {"presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0, "logit_bias": {}}
-# Never settable over HTTP.
-SERVER_OWNED = frozenset({"output_kind", "guided_decoding", "logits_processors"})
 
 
 class BadRequest(ValueError):

@@ -1,20 +1,25 @@
 """Request and response bodies of the OpenAI-compatible API (pydantic models).
 
 Requests accept OpenAI's fields plus vLLM's extra sampling fields at the top
-level (``top_k``, ``min_p``, ``repetition_penalty``, ...). Fields nobody declared
-are kept (``extra="allow"``): ``params.py`` maps every field whose name is a
-``SamplingParams`` field onto it, so a field added to ``SamplingParams`` works
-over HTTP without touching this file. Any other field is a 400 naming it: the
-server never drops what a client asked for. Only the fields in ``NO_OP_FIELDS``
-are accepted and ignored (documented in docs/serving.md).
+level (``top_k``, ``min_p``, ``repetition_penalty``, ...). Every other public
+``SamplingParams`` field is declared too, from the dataclass itself
+(``_with_sampling_fields``), so a field added to ``SamplingParams`` works over
+HTTP, and appears in the OpenAPI schema, without touching this file. Nothing
+else is accepted (``extra="forbid"``): an unknown field is a 400 naming it, and
+the schema says so (``additionalProperties: false``). Only the fields in
+``NO_OP_FIELDS`` are accepted and ignored (documented in docs/serving.md).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
+import typing
 from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, create_model, model_validator
+
+from minivllm.sampling_params import SamplingParams
 
 
 def _no_bool(value: Any) -> Any:
@@ -34,8 +39,14 @@ NO_OP_FIELDS = ("user",)
 """Accepted and documented as having no effect (OpenAI's end-user id)."""
 
 
+SERVER_OWNED = frozenset({"output_kind", "guided_decoding", "logits_processors"})
+"""``SamplingParams`` fields never settable over HTTP (the server sets them, or they are Python callables)."""
+
+
 class OpenAIModel(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    """A request body (or part of one): unknown fields are refused, never dropped."""
+
+    model_config = ConfigDict(extra="forbid")
 
 
 class StreamOptions(OpenAIModel):
@@ -86,7 +97,22 @@ class _SamplingRequest(OpenAIModel):
     """Scheduling priority (scheduler.policy=priority): lower runs first."""
 
 
-class CompletionRequest(_SamplingRequest):
+def _with_sampling_fields(base: type[BaseModel]) -> type[BaseModel]:
+    """``base`` plus every public ``SamplingParams`` field it does not declare (optional, default
+    unset: ``params.to_sampling_params`` passes what is sent on by name and type-checks it)."""
+    hints = typing.get_type_hints(SamplingParams)
+    extra = {
+        f.name: (Optional[hints[f.name]], None)
+        for f in dataclasses.fields(SamplingParams)
+        if not f.name.startswith("_") and f.name not in SERVER_OWNED and f.name not in base.model_fields
+    }
+    return create_model(base.__name__.lstrip("_"), __base__=base, __module__=__name__, **extra)
+
+
+SamplingRequest = _with_sampling_fields(_SamplingRequest)
+
+
+class CompletionRequest(SamplingRequest):
     prompt: Union[str, list[str], list[int], list[list[int]]]
     max_tokens: Optional[Int] = 16
     logprobs: Optional[Int] = None
@@ -98,26 +124,40 @@ class CompletionRequest(_SamplingRequest):
 
 
 class ContentPart(OpenAIModel):
+    """A content part: ``text`` or ``image_url`` (``{"url": ...}``). The chat renderer refuses the
+    others naming their ``type`` (OpenAI's other parts' fields are declared so that it can)."""
+
     type: str
     text: Optional[str] = None
+    image_url: Optional[dict[str, Any]] = None
+    input_audio: Optional[dict[str, Any]] = None
+    file: Optional[dict[str, Any]] = None
 
 
 class ChatMessage(OpenAIModel):
-    """One message; ``content`` is required except on an assistant message with ``tool_calls``."""
+    """One message; ``content`` is required except on an assistant message with ``tool_calls``.
+    Every field is handed to the chat template as it is."""
 
     role: Literal[ROLES]
     content: Optional[Union[str, list[ContentPart]]] = None
+    name: Optional[str] = None
+    tool_calls: Optional[list[dict[str, Any]]] = None
+    """An assistant message's calls: ``[{"id", "type": "function", "function": {"name", "arguments"}}]``."""
+    tool_call_id: Optional[str] = None
+    """A tool message: the call it answers."""
+    reasoning_content: Optional[str] = None
+    """An assistant message's reasoning, for templates that show it."""
 
     @model_validator(mode="after")
     def _content_required(self) -> "ChatMessage":
-        tool_calls = (self.model_extra or {}).get("tool_calls")
+        tool_calls = self.tool_calls
         if self.content is None and not (self.role == "assistant" and tool_calls):
             allowed = " (or tool_calls)" if self.role == "assistant" else ""
             raise ValueError(f"a {self.role} message needs content{allowed}")
         return self
 
 
-class ChatCompletionRequest(_SamplingRequest):
+class ChatCompletionRequest(SamplingRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: Optional[Int] = None
     max_completion_tokens: Optional[Int] = None

@@ -35,6 +35,8 @@ class ServerState:
         self.metrics = ServerMetrics(self.model_name)
         engine.stat_loggers.append(self.metrics)
         self.token_text = lru_cache(maxsize=65536)(self._token_text)
+        self.max_token_chars = longest_token_chars(engine.tokenizer)
+        """No token of the tokenizer is longer (limits.check_text_length bounds prompts with it)."""
 
     def check_model(self, model: str | None) -> LoRARequest | None:
         """The adapter ``model`` names (None: the base model, under any served name); 404 for a name not served."""
@@ -66,6 +68,19 @@ class ServerState:
         message: str, kind: str = "invalid_request_error", code: int = 400, param: Any = None
     ) -> ErrorResponse:
         return ErrorResponse(error=ErrorInfo(message=message, type=kind, param=param, code=code))
+
+
+UNKNOWN_TOKEN_CHARS = 1 << 20
+"""Used when the vocabulary cannot be read as strings: the bound then only stops absurd texts."""
+
+
+def longest_token_chars(tokenizer: Any) -> int:
+    """Characters in the tokenizer's longest token (added tokens included), as its vocabulary
+    spells it: byte-level ``Ġ`` and SentencePiece ``▁`` stand for one character each, and a
+    byte token for at most one, so no token decodes to more characters than this."""
+    tokens = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
+    lengths = [len(t) for t in tokens if isinstance(t, (str, bytes))]
+    return max(lengths) if lengths else UNKNOWN_TOKEN_CHARS
 
 
 def load_chat_template(value: str | None) -> str | None:

@@ -19,6 +19,9 @@ from pydantic import BaseModel
 import minivllm
 from minivllm.entrypoints.chat_utils import render_chat
 from minivllm.multimodal.media import MediaConnector
+from minivllm.serve.errors import DEAD_ENGINE_RETRY_AFTER_S
+from minivllm.serve.generation import off_loop
+from minivllm.serve.limits import check_text_length, message_texts
 from minivllm.serve.params import BadRequest, refuse_unknown_fields
 from minivllm.serve.protocol import Int, OpenAIModel
 from minivllm.serve.state import ServerState
@@ -58,7 +61,9 @@ def add_tokenize_routes(app: FastAPI, state: ServerState) -> None:
     async def tokenize(body: TokenizeRequest) -> TokenizeResponse:
         state.check_model(body.model)
         refuse_unknown_fields(body)
-        tokens = _token_ids(state, body)
+        texts = [body.prompt] if body.prompt is not None else message_texts(body.messages or [])
+        check_text_length(state, "prompt" if body.prompt is not None else "messages", texts)
+        tokens = await off_loop(_token_ids, state, body)
         strs = state.engine.tokenizer.convert_ids_to_tokens(tokens) if body.return_token_strs else None
         max_len = state.cfg.max_model_len
         return TokenizeResponse(count=len(tokens), max_model_len=max_len, tokens=tokens, token_strs=strs)
@@ -77,10 +82,11 @@ def add_tokenize_routes(app: FastAPI, state: ServerState) -> None:
     async def version() -> dict[str, str]:
         return {"version": minivllm.__version__}
 
-    @app.api_route("/ping", methods=["GET", "POST"])
+    @app.api_route("/ping", methods=["GET", "POST"], response_class=Response)
     async def ping() -> Response:
-        code = 200 if state.engine.is_running else 503
-        return Response(status_code=code)
+        if state.engine.is_running:
+            return Response(status_code=200)
+        return Response(status_code=503, headers={"Retry-After": str(DEAD_ENGINE_RETRY_AFTER_S)})
 
 
 def _token_ids(state: ServerState, body: TokenizeRequest) -> list[int]:

@@ -53,6 +53,10 @@ def check_grammar(params: StructuredOutputsParams) -> None:
     except RuntimeError as err:
         detail = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
         raise ValueError(f"structured_outputs.{params.kind}: cannot be compiled: {_strip_location(detail)}") from None
+    except UnicodeDecodeError:  # xgrammar's message cut a non-ASCII character in two
+        raise ValueError(
+            f"structured_outputs.{params.kind}: cannot be compiled: a syntax error (near a non-ASCII character)"
+        ) from None
 
 
 def _strip_location(message: str) -> str:

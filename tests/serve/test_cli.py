@@ -98,7 +98,17 @@ def test_serve_task_streams_and_shuts_down_gracefully_on_sigterm(llama_dir, tmp_
     assert summary["port"] == port and summary["generation_tokens"] == 24
 
 
-@pytest.mark.parametrize("override", ["serve.port=70000", "serve.port=-1", "serve.shutdown_timeout=-5"])
+@pytest.mark.parametrize(
+    "override",
+    [
+        "serve.port=70000",
+        "serve.port=-1",
+        "serve.shutdown_timeout=-5",
+        "serve.max_request_bytes=10",
+        "serve.header_timeout=0",
+        "serve.max_header_bytes=100",
+    ],
+)
 def test_bad_serve_values_fail_when_the_config_is_built(llama_dir, override):
     key = override.split("=")[0]
     with pytest.raises(ValueError, match=key.replace(".", r"\.")):

@@ -1,0 +1,115 @@
+"""uvicorn, made to fail safe: the server exits when its engine dies, ends cut
+streams properly at shutdown, and closes connections that stall.
+
+    server = make_server(app, cfg)        # an ApiServer; server.run(sockets=[sock])
+    sys.exit(server.exit_code)            # 1 once the engine died
+
+- **Engine death.** Every tick (0.1 s) the server checks the engine; once it is
+  dead (the engine process exited, or reported a failure such as a dead worker)
+  it logs one line and shuts down with ``exit_code = 1``. In-flight requests have
+  already failed with ``EngineDeadError`` (a 503, or an error event and
+  ``[DONE]``), so the graceful shutdown is quick, and a supervisor that restarts
+  on exit brings the service back.
+- **Shutdown.** SIGTERM stops accepting connections and lets in-flight requests
+  run for ``serve.shutdown_timeout`` seconds; then every unfinished request is
+  ended with ``ShuttingDown`` (streams get an error event and ``[DONE]``, the
+  others a 503), so no task is cancelled mid-write. uvicorn's own cancellation
+  stays as a backstop ``CUT_GRACE_S`` later.
+- **Stalled connections.** ``serve.header_timeout`` bounds how long a connection
+  may take to send a request's headers (``HeaderTimeoutH11``); the body's pieces
+  are timed by ``body_limits.BodyLimits``; idle keep-alive connections close after
+  ``serve.keep_alive_timeout``; headers beyond ``serve.max_header_bytes`` are a 400.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from typing import Any
+
+import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from minivllm.config.vllm_config import VllmConfig
+from minivllm.engine.async_llm import AsyncLLM
+from minivllm.serve.errors import ShuttingDown
+
+logger = logging.getLogger(__name__)
+
+CUT_GRACE_S = 5.0
+"""Seconds after the cut at ``serve.shutdown_timeout`` before uvicorn cancels what still runs."""
+
+
+class ApiServer(uvicorn.Server):
+    def __init__(self, config: uvicorn.Config, engine: AsyncLLM, shutdown_timeout: float) -> None:
+        super().__init__(config)
+        self.engine = engine
+        self.shutdown_timeout = shutdown_timeout
+        self.exit_code = 0
+        """1 once the server stopped because its engine died."""
+
+    async def on_tick(self, counter: int) -> bool:
+        if self.exit_code == 0 and not self.engine.is_running:
+            reason = self.engine.errored or "engine is not running"
+            logger.error("the engine is gone (%s); the server exits", reason.strip().splitlines()[-1])
+            self.exit_code = 1
+            return True
+        return await super().on_tick(counter)
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        cut = asyncio.get_running_loop().call_later(self.shutdown_timeout, self._cut_requests)
+        try:
+            await super().shutdown(sockets)
+        finally:
+            cut.cancel()
+
+    def _cut_requests(self) -> None:
+        err = ShuttingDown(self.shutdown_timeout)
+        if self.engine.is_running and (n := self.engine.fail_requests(err)):
+            logger.warning(
+                "serve.shutdown_timeout=%g s ran out: %d unfinished request(s) ended", self.shutdown_timeout, n
+            )
+
+
+class HeaderTimeoutH11(H11Protocol):
+    """uvicorn's h11 protocol, closing a connection (408) that has not sent a request's
+    headers within ``header_timeout`` seconds of its start or of the previous answer
+    (uvicorn times only idle keep-alive connections, not one that sent a few bytes)."""
+
+    header_timeout = 30.0
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm_header_timer()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self._arm_header_timer()
+
+    def _arm_header_timer(self) -> None:
+        if not self.transport.is_closing():
+            self.loop.call_later(self.header_timeout, self._header_timeout, self.cycle)
+
+    def _header_timeout(self, cycle_then: Any) -> None:
+        if self.transport.is_closing() or self.cycle is not cycle_then:
+            return  # closed, or a new request's headers arrived meanwhile
+        message = f"request headers not received within serve.header_timeout={self.header_timeout:g} s".encode()
+        head = f"HTTP/1.1 408 Request Timeout\r\ncontent-type: text/plain; charset=utf-8\r\nconnection: close\r\ncontent-length: {len(message)}\r\n\r\n"
+        self.transport.write(head.encode() + message)
+        self.transport.close()
+
+
+def make_server(app: Any, cfg: VllmConfig, engine: AsyncLLM, log_level: str = "info") -> ApiServer:
+    serve = cfg.serve
+    protocol = type("ServeH11", (HeaderTimeoutH11,), {"header_timeout": serve.header_timeout})
+    config = uvicorn.Config(
+        app,
+        log_level=log_level,
+        http=protocol,
+        timeout_keep_alive=serve.keep_alive_timeout,
+        h11_max_incomplete_event_size=serve.max_header_bytes,
+        timeout_graceful_shutdown=int(serve.shutdown_timeout + CUT_GRACE_S + 0.999),
+        lifespan="off",
+    )
+    return ApiServer(config, engine, serve.shutdown_timeout)
