@@ -103,14 +103,14 @@ class ConstrainedTraffic:
         for c in await self._chat(body, stream):
             calls = c["tool_calls"]
             if c["finish_reason"] == "length":
-                if calls and not (stream and mode == "named"):  # a named call's arguments stream as generated
+                if calls:
                     raise Unexpected(f"tools ({mode}): a choice cut short carries tool calls: {calls}")
                 self.base.stats["cut_short"] += 1
                 continue
             if mode != "auto" and not calls:
                 raise Unexpected(f"tools ({mode}): finished ({c['finish_reason']}) without a call: {c}")
-            for call in calls:  # streamed named arguments are the raw constrained text
-                args = _json(call["arguments"], strict=not (stream and mode == "named"))
+            for call in calls:
+                args = _json(call["arguments"])
                 if not isinstance(args, dict) or call["name"] not in ("get_weather", "get_time"):
                     raise Unexpected(f"tools ({mode}): a bad call {call}")
                 self.base.stats["tool_calls_parsed"] += 1

@@ -4,8 +4,10 @@ whole or streamed (deltas).
 The reasoning parser (``serve.reasoning_parser``) splits first; the tool plan
 then reads the content. Streamed content that may still turn into a tool call
 is held back until it is clear; calls are sent whole, one delta each, when the
-choice ends. A named function's arguments (the constrained output itself) stream
-as they are generated.
+choice ends. A named function's call too: its arguments are held until they
+parse, so a choice cut short by ``max_tokens`` never streams a call whose
+arguments do not parse (its text goes out as content, with ``finish_reason``
+"length").
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ from dataclasses import dataclass, field
 from minivllm.serve.protocol import DeltaFunctionCall, DeltaMessage, DeltaToolCall, FunctionCall, ToolCallOut
 from minivllm.serve.reasoning import ThinkParser
 from minivllm.serve.tool_parsers import ToolCall
-from minivllm.serve.tool_parsers.base import new_call_id
 from minivllm.serve.tools import ToolPlan
 
 
@@ -62,8 +63,6 @@ class ChoiceStream:
         self.sent = 0
         """Characters of ``content`` already sent."""
         self.has_calls = False
-        self.call_id: str | None = None
-        """A named function's call, once its first delta is sent."""
 
     def feed(self, delta: str, final: bool) -> DeltaMessage | None:
         reasoning, content = self.think.feed(delta, final) if self.think else ("", delta)
@@ -72,8 +71,6 @@ class ChoiceStream:
         tools = self.parser.tools
         if tools is None or tools.mode == "none":
             out.content = self._send(len(self.content))
-        elif tools.mode == "named":
-            out.tool_calls = self._named(tools.named, content)
         elif not final:
             safe = tools.parser.safe_prefix(self.content) if tools.mode == "auto" else 0
             out.content = self._send(safe)
@@ -91,16 +88,6 @@ class ChoiceStream:
             DeltaToolCall(index=i, id=c.id, function=DeltaFunctionCall(name=c.name, arguments=c.arguments))
             for i, c in enumerate(calls)
         ] or None
-
-    def _named(self, name: str, arguments: str) -> list[DeltaToolCall] | None:
-        """The first delta names the call; the following ones carry argument text."""
-        first = self.call_id is None
-        if first:
-            self.call_id, self.has_calls = new_call_id(), True
-        elif not arguments:
-            return None
-        function = DeltaFunctionCall(name=name if first else None, arguments=arguments)
-        return [DeltaToolCall(index=0, id=self.call_id if first else None, function=function)]
 
     def _send(self, upto: int) -> str | None:
         if upto <= self.sent:

@@ -75,12 +75,7 @@ def test_constrained_stream_cut_short_ends_with_finish_reason_and_done(server, e
     assert reasons == ["length"]
     text = "".join(c["delta"].get("content") or "" for e in events for c in e["choices"])
     calls = [t for e in events for c in e["choices"] for t in c["delta"].get("tool_calls") or []]
-    if extra.get("tool_choice") == "required":
-        assert text and not calls  # held back until the end, then not a call
-    elif "tool_choice" in extra:  # a named call's arguments stream as they are generated
-        assert calls[0]["function"]["name"] == "get_weather"
-    else:
-        assert text
+    assert text and not calls  # calls are held back until they parse; cut short, it is content
 
 
 @pytest.mark.parametrize("stream", [False, True])
