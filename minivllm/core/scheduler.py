@@ -53,13 +53,13 @@ so that the batches in flight stay of a size and every stage has work.
 
 from __future__ import annotations
 
-import logging
-
 from minivllm.config.vllm_config import VllmConfig
+from minivllm.core.admission import AdmissionLimits, admit_waiting
 from minivllm.core.block_hash import model_identity, root_hash
 from minivllm.core.block_pool import BlockId
 from minivllm.core.encoder_scheduling import EncoderCacheManager
 from minivllm.core.kv_cache_manager import KVCacheManager
+from minivllm.core.preemption import evict, priority_victim, running_order, warn_first_preemption
 from minivllm.core.request_queue import make_waiting_queue
 from minivllm.core.scheduler_output import SchedulerOutput
 from minivllm.core.spec_decode import SpecDecodeScheduling
@@ -71,8 +71,6 @@ from minivllm.outputs import EngineCoreOutput, ModelRunnerOutput
 from minivllm.request import Request, RequestId, RequestStatus
 from minivllm.structured_output.backend import backend_for
 from minivllm.structured_output.manager import StructuredOutputManager
-
-logger = logging.getLogger(__name__)
 
 
 class Scheduler:
@@ -109,13 +107,17 @@ class Scheduler:
         self.in_flight: set[RequestId] | None = set() if self.num_microbatches > 1 else None
         """Micro-batching: requests in a batch whose output has not come back (None when off)."""
         self.send_token_ids = cfg.parallel.pp > 1
+        """Pipeline stages other than the last learn sampled tokens from the scheduler."""
         sched = cfg.scheduler
         self.encoder = EncoderCacheManager(
             sched.max_num_encoder_input_tokens or sched.max_num_batched_tokens,
             sched.encoder_cache_size or sched.max_num_batched_tokens,
         )
         """Images: which step runs each one's vision encoder (``encoder_scheduling.py``); idle for text."""
-        """Pipeline stages other than the last learn sampled tokens from the scheduler."""
+        self.limits = AdmissionLimits(
+            self.max_num_seqs, self.max_num_batched_tokens, self.max_loras, self.chunked_prefill
+        )
+        """What bounds admission (``admission.py``)."""
 
     # ---- requests in and out --------------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -200,12 +202,7 @@ class Scheduler:
             out.grammar_bitmask, out.structured_output_request_ids = filled
 
     def _running_order(self) -> list[Request]:
-        """The order running requests get budget and blocks in; preemption victims
-        are taken from its end, so they are never already scheduled."""
-        if self.policy == "priority":
-            index = {id(r): i for i, r in enumerate(self.running)}
-            return sorted(self.running, key=lambda r: (r.priority, r.arrival_time, index[id(r)]))
-        return list(self.running)
+        return running_order(self.running, self.policy)
 
     def _schedule_running(self, plan: StepPlan) -> None:
         """Running requests first: their decodes and unfinished prefill chunks go
@@ -278,84 +275,20 @@ class Scheduler:
         if not self.waiting:
             return
         head = self.waiting[0]
-        while self.running and not self._could_admit(head):
-            victim = self._running_order()[-1]
-            if victim.priority <= head.priority:
-                return
+        while (victim := priority_victim(head, self.running, self.kv, self.limits)) is not None:
             self._preempt(victim)
 
-    def _could_admit(self, request: Request) -> bool:
-        if len(self.running) >= self.max_num_seqs:
-            return False
-        cached = self.kv.get_computed_blocks(request)
-        num_new = min(request.num_tokens - len(cached) * self.kv.block_size, self.max_num_batched_tokens)
-        return self.kv.can_allocate(request, num_new, cached)
-
     def _schedule_waiting(self, plan: StepPlan) -> None:
-        if not self.waiting:
-            return
-        set_aside: list[Request] = []
-        adapters = {r.lora_int_id for r in self.running} - {None} if self.max_loras else set()
-        while self.waiting and plan.budget > 0 and len(self.running) < self.max_num_seqs:
-            if len(plan.scheduled) >= plan.max_reqs:
-                break
-            request = self.waiting[0]
-            if request.num_output_placeholders or (self.in_flight and request.request_id in self.in_flight):
-                break  # preempted with a token (or its batch) in flight: readmit it once that is back
-            if self.structured.active and not self.structured.is_ready(request):
-                set_aside.append(self.waiting.popleft())  # let the others by
-                continue
-            if request.lora_int_id is not None and request.lora_int_id not in adapters:
-                if len(adapters) >= self.max_loras:
-                    set_aside.append(self.waiting.popleft())  # its adapter waits for a free slot
-                    continue
-            cached = self.kv.get_computed_blocks(request)
-            num_cached = len(cached) * self.kv.block_size
-            num_new = request.num_tokens - num_cached
-            if num_new > plan.budget and not self.chunked_prefill:
-                break
-            num_new = min(num_new, plan.budget)
-            if request.mm_features:
-                fitting = self.encoder.fit(request, num_cached, num_new, plan.encoder)
-                if not fitting or (fitting < num_new and not self.chunked_prefill):
-                    break  # its next image waits for encoder budget or cache
-                num_new = fitting
-            if self.kv.allocate_slots(request, num_new, cached) is None:
-                break
-            self.waiting.popleft()
-            if request.mm_features:
-                self.encoder.commit(request, plan.encoder, num_cached, num_new)
-            if request.lora_int_id is not None:
-                adapters.add(request.lora_int_id)
-            request.status = RequestStatus.RUNNING
-            request.num_computed_tokens = num_cached
-            if request.num_cached_tokens is None:
-                request.num_cached_tokens = num_cached
-            self.running.append(request)
-            plan.scheduled[request.request_id] = num_new
-            plan.newly_admitted.append(request)
-            plan.budget -= num_new
-        for request in reversed(set_aside):
-            self.waiting.appendleft(request)
+        admit_waiting(
+            plan, self.waiting, self.running, self.kv, self.encoder, self.structured, self.in_flight, self.limits
+        )
 
     def _preempt(self, request: Request) -> None:
-        self.running.remove(request)
-        self.kv.free(request)
-        if request.mm_features:
-            self.encoder.free(request)
-        request.status = RequestStatus.PREEMPTED
-        request.num_computed_tokens = 0
-        request.num_preemptions += 1
+        evict(request, self.running, self.waiting, self.kv, self.encoder)
         self.num_preemptions += 1
         if self.num_preemptions == 1:
-            logger.warning(
-                "Request %s was preempted: the KV cache is full. Preempted requests are recomputed later, "
-                "which costs time; give the cache more memory (cache.gpu_memory_utilization, "
-                "cache.cpu_memory_gb) or lower scheduler.max_num_seqs.",
-                request.request_id,
-            )
+            warn_first_preemption(request)
         self._forget.add(request.request_id)
-        self.waiting.appendleft(request)
 
     def _make_output(self, plan: StepPlan) -> SchedulerOutput:
         out = SchedulerOutput(
