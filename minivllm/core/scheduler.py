@@ -53,29 +53,26 @@ so that the batches in flight stay of a size and every stage has work.
 
 from __future__ import annotations
 
-import logging
-
 from minivllm.config.vllm_config import VllmConfig
+from minivllm.core.admission import AdmissionLimits, admit_waiting
 from minivllm.core.block_hash import model_identity, root_hash
 from minivllm.core.block_pool import BlockId
 from minivllm.core.encoder_scheduling import EncoderCacheManager
 from minivllm.core.kv_cache_manager import KVCacheManager
+from minivllm.core.preemption import evict, priority_victim, running_order, warn_first_preemption
 from minivllm.core.request_queue import make_waiting_queue
 from minivllm.core.scheduler_output import SchedulerOutput
 from minivllm.core.spec_decode import SpecDecodeScheduling
 from minivllm.core.stats import SchedulerStats
 from minivllm.core.step_plan import StepPlan, cached_request_data, new_request_data
-from minivllm.core.stop import check_stop, stop_reason
+from minivllm.core.step_results import StepResults
 from minivllm.kv_cache_spec import KVCacheSpec
-from minivllm.outputs import EngineCoreOutput, ModelRunnerOutput
 from minivllm.request import Request, RequestId, RequestStatus
 from minivllm.structured_output.backend import backend_for
 from minivllm.structured_output.manager import StructuredOutputManager
 
-logger = logging.getLogger(__name__)
 
-
-class Scheduler:
+class Scheduler(StepResults):
     def __init__(self, cfg: VllmConfig, kv_spec: KVCacheSpec) -> None:
         self.max_num_seqs = cfg.scheduler.max_num_seqs
         self.max_num_batched_tokens = cfg.scheduler.max_num_batched_tokens
@@ -109,13 +106,17 @@ class Scheduler:
         self.in_flight: set[RequestId] | None = set() if self.num_microbatches > 1 else None
         """Micro-batching: requests in a batch whose output has not come back (None when off)."""
         self.send_token_ids = cfg.parallel.pp > 1
+        """Pipeline stages other than the last learn sampled tokens from the scheduler."""
         sched = cfg.scheduler
         self.encoder = EncoderCacheManager(
             sched.max_num_encoder_input_tokens or sched.max_num_batched_tokens,
             sched.encoder_cache_size or sched.max_num_batched_tokens,
         )
         """Images: which step runs each one's vision encoder (``encoder_scheduling.py``); idle for text."""
-        """Pipeline stages other than the last learn sampled tokens from the scheduler."""
+        self.limits = AdmissionLimits(
+            self.max_num_seqs, self.max_num_batched_tokens, self.max_loras, self.chunked_prefill
+        )
+        """What bounds admission (``admission.py``)."""
 
     # ---- requests in and out --------------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -200,12 +201,7 @@ class Scheduler:
             out.grammar_bitmask, out.structured_output_request_ids = filled
 
     def _running_order(self) -> list[Request]:
-        """The order running requests get budget and blocks in; preemption victims
-        are taken from its end, so they are never already scheduled."""
-        if self.policy == "priority":
-            index = {id(r): i for i, r in enumerate(self.running)}
-            return sorted(self.running, key=lambda r: (r.priority, r.arrival_time, index[id(r)]))
-        return list(self.running)
+        return running_order(self.running, self.policy)
 
     def _schedule_running(self, plan: StepPlan) -> None:
         """Running requests first: their decodes and unfinished prefill chunks go
@@ -278,84 +274,20 @@ class Scheduler:
         if not self.waiting:
             return
         head = self.waiting[0]
-        while self.running and not self._could_admit(head):
-            victim = self._running_order()[-1]
-            if victim.priority <= head.priority:
-                return
+        while (victim := priority_victim(head, self.running, self.kv, self.limits)) is not None:
             self._preempt(victim)
 
-    def _could_admit(self, request: Request) -> bool:
-        if len(self.running) >= self.max_num_seqs:
-            return False
-        cached = self.kv.get_computed_blocks(request)
-        num_new = min(request.num_tokens - len(cached) * self.kv.block_size, self.max_num_batched_tokens)
-        return self.kv.can_allocate(request, num_new, cached)
-
     def _schedule_waiting(self, plan: StepPlan) -> None:
-        if not self.waiting:
-            return
-        set_aside: list[Request] = []
-        adapters = {r.lora_int_id for r in self.running} - {None} if self.max_loras else set()
-        while self.waiting and plan.budget > 0 and len(self.running) < self.max_num_seqs:
-            if len(plan.scheduled) >= plan.max_reqs:
-                break
-            request = self.waiting[0]
-            if request.num_output_placeholders or (self.in_flight and request.request_id in self.in_flight):
-                break  # preempted with a token (or its batch) in flight: readmit it once that is back
-            if self.structured.active and not self.structured.is_ready(request):
-                set_aside.append(self.waiting.popleft())  # let the others by
-                continue
-            if request.lora_int_id is not None and request.lora_int_id not in adapters:
-                if len(adapters) >= self.max_loras:
-                    set_aside.append(self.waiting.popleft())  # its adapter waits for a free slot
-                    continue
-            cached = self.kv.get_computed_blocks(request)
-            num_cached = len(cached) * self.kv.block_size
-            num_new = request.num_tokens - num_cached
-            if num_new > plan.budget and not self.chunked_prefill:
-                break
-            num_new = min(num_new, plan.budget)
-            if request.mm_features:
-                fitting = self.encoder.fit(request, num_cached, num_new, plan.encoder)
-                if not fitting or (fitting < num_new and not self.chunked_prefill):
-                    break  # its next image waits for encoder budget or cache
-                num_new = fitting
-            if self.kv.allocate_slots(request, num_new, cached) is None:
-                break
-            self.waiting.popleft()
-            if request.mm_features:
-                self.encoder.commit(request, plan.encoder, num_cached, num_new)
-            if request.lora_int_id is not None:
-                adapters.add(request.lora_int_id)
-            request.status = RequestStatus.RUNNING
-            request.num_computed_tokens = num_cached
-            if request.num_cached_tokens is None:
-                request.num_cached_tokens = num_cached
-            self.running.append(request)
-            plan.scheduled[request.request_id] = num_new
-            plan.newly_admitted.append(request)
-            plan.budget -= num_new
-        for request in reversed(set_aside):
-            self.waiting.appendleft(request)
+        admit_waiting(
+            plan, self.waiting, self.running, self.kv, self.encoder, self.structured, self.in_flight, self.limits
+        )
 
     def _preempt(self, request: Request) -> None:
-        self.running.remove(request)
-        self.kv.free(request)
-        if request.mm_features:
-            self.encoder.free(request)
-        request.status = RequestStatus.PREEMPTED
-        request.num_computed_tokens = 0
-        request.num_preemptions += 1
+        evict(request, self.running, self.waiting, self.kv, self.encoder)
         self.num_preemptions += 1
         if self.num_preemptions == 1:
-            logger.warning(
-                "Request %s was preempted: the KV cache is full. Preempted requests are recomputed later, "
-                "which costs time; give the cache more memory (cache.gpu_memory_utilization, "
-                "cache.cpu_memory_gb) or lower scheduler.max_num_seqs.",
-                request.request_id,
-            )
+            warn_first_preemption(request)
         self._forget.add(request.request_id)
-        self.waiting.appendleft(request)
 
     def _make_output(self, plan: StepPlan) -> SchedulerOutput:
         out = SchedulerOutput(
@@ -388,119 +320,6 @@ class Scheduler:
                 pending = request.num_output_placeholders
                 if computed == len(request.prompt_token_ids) + len(request.output_token_ids) + pending:
                     request.num_output_placeholders = pending + 1  # it samples in this step
-
-    # ---- after a step --------------------------------------------------------------
-    def update_from_output(self, sched: SchedulerOutput, output: ModelRunnerOutput) -> list[EngineCoreOutput]:
-        """A step's sampled tokens into its requests; runs once per step, after the workers return.
-
-        For each request that sampled it appends the new tokens (with speculative
-        decoding: the accepted drafts, then the target's own token) up to the first
-        one that finishes the request, runs the stop checks (``check_stop``: EOS
-        unless ignored, stop token ids, ``max_tokens``; ``min_tokens`` holds the first
-        two back) and advances a structured-output grammar, and reports the tokens as
-        ``EngineCoreOutput``s.
-
-        Async scheduling: the step being processed may be one behind the schedule. A
-        request that sampled in step k had a placeholder for that token
-        (``Request.num_output_placeholders``); the real token replaces it here and the
-        stop checks run as usual. A request that finished in step k may also be in step
-        k+1: it was finished and forgotten when step k's output was processed, so its
-        step-k+1 token finds no request and is dropped, and the output is exactly the
-        synchronous one. A new request that reuses the id meanwhile was added after
-        step k+1 was scheduled (``Request.added_after_step`` against
-        ``SchedulerOutput.step_id``), so the stale token is dropped for it too (the same
-        holds for micro-batches in flight).
-
-        A final-only request (``Request.final_output_only``) is reported with its first
-        token and when it finishes; the tokens in between travel with the last output.
-        """
-        results = []
-        num_generated = 0
-        requests, logprobs, prompt_logprobs = self.requests, output.logprobs, output.prompt_logprobs
-        pooler_output = output.pooler_output
-        placeholder = 1 if self.async_scheduling else 0
-        grammar, spec = self.structured.active, self.spec
-        if spec is not None:
-            spec.receive(output.spec_token_ids)
-        if self.in_flight is not None:
-            self.in_flight.difference_update(sched.num_scheduled_tokens)
-        step_id = sched.step_id if sched.step_id is not None else self._num_steps + 1
-        for req_id, new_tokens in output.sampled_token_ids.items():
-            request = requests.get(req_id)
-            if request is None or request.added_after_step >= step_id:
-                continue  # finished or aborted meanwhile (its id may be a newer request's now)
-            if placeholder:
-                request.num_output_placeholders -= 1
-            if len(new_tokens) == 1:  # a decode step: one token, appended whether or not it stops
-                appended, token, output_ids = new_tokens, new_tokens[0], request.output_token_ids
-                output_ids.append(token)
-                # Most tokens cannot stop their request: no length reached, not EOS, no stop ids
-                # (a cheap superset of check_stop's conditions; min_tokens is left to it).
-                stoppable = (
-                    len(output_ids) >= request.max_tokens
-                    or token == request.eos_token_id
-                    or request.sampling_params.stop_token_ids
-                )
-                finished = bool(stoppable) and self._stops(request, token)
-                if grammar and not finished:
-                    finished = self._check_grammar_end(request)
-            else:
-                appended, finished = self._append_output(request, new_tokens, grammar)
-            num_generated += len(appended)
-            if spec is not None:
-                drafts = sched.scheduled_spec_decode_tokens.get(req_id)
-                if drafts:
-                    spec.after_step(self.kv, request, len(drafts), len(new_tokens))
-            if request.final_output_only:
-                if request.num_reported_tokens and not finished:
-                    continue  # nobody reads it before the end
-                appended = request.output_token_ids[request.num_reported_tokens :]
-            request.num_reported_tokens += len(appended)
-            results.append(
-                EngineCoreOutput(
-                    req_id,
-                    appended,
-                    logprobs.get(req_id) if logprobs else None,
-                    request.status.finish_reason if finished else None,
-                    request.stop_reason,
-                    prompt_logprobs.get(req_id) if prompt_logprobs else None,
-                    request.num_cached_tokens or 0,
-                    pooler_output.get(req_id) if pooler_output else None,
-                )
-            )
-        self.num_generated_tokens += num_generated
-        return results
-
-    def _append_output(self, request: Request, new_tokens: list[int], grammar: bool) -> tuple[list[int], bool]:
-        """Append sampled tokens up to the first that finishes the request; returns those
-        appended and whether the request finished."""
-        appended = []
-        for token in new_tokens:
-            request.output_token_ids.append(token)
-            appended.append(token)
-            if self._stops(request, token) or (grammar and self._check_grammar_end(request)):
-                return appended, True
-        return appended, False
-
-    def _stops(self, request: Request, token: int) -> bool:
-        """Whether ``token``, the request's newest output, finishes it (``check_stop``);
-        if it does, the request is finished here."""
-        status = check_stop(request, token)
-        if status is None:
-            return False
-        if status is RequestStatus.FINISHED_STOPPED:
-            request.stop_reason = stop_reason(request, token)
-        self._finish(request, status)
-        return True
-
-    def _check_grammar_end(self, request: Request) -> bool:
-        """Advance the request's matcher; a grammar that reached its end finishes it ("stop"),
-        one that failed to compile aborts it."""
-        if self.structured.active and self.structured.accept_tokens(request):
-            failed = self.structured.failed(request)
-            self._finish(request, RequestStatus.FINISHED_ABORTED if failed else RequestStatus.FINISHED_STOPPED)
-            return True
-        return False
 
     def _finish(self, request: Request, status: RequestStatus) -> None:
         request.status = status

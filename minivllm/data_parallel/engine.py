@@ -16,7 +16,6 @@ which ``EngineCoreClient`` places and starts for the server's ``AsyncLLM`` alike
 
 from __future__ import annotations
 
-import itertools
 import queue
 from typing import Any, Callable
 
@@ -45,7 +44,6 @@ class DataParallelEngine:
         self.tokenizer = self.client.tokenizer
         self.processor: Processor = self.client.processor
         self.num_kv_blocks = self.client.num_kv_blocks
-        self._ids = itertools.count()
         self._replies: dict[int, Any] = {}
         self._ready: list[RequestOutput | PoolingRequestOutput] = []
         """Outputs that arrived while waiting for a reply; the next step returns them."""
@@ -105,7 +103,6 @@ class DataParallelEngine:
         lora_request: LoRARequest | None = None,
     ) -> ProcessedRequest:
         """``Processor.process`` under a new id of this engine's when ``request_id`` is None; queues nothing."""
-        request_id = str(next(self._ids)) if request_id is None else str(request_id)
         return self.processor.process(
             request_id,
             prompt,

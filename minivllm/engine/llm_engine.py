@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import atexit
 import gc
-import itertools
 import logging
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -54,7 +53,6 @@ class LLMEngine:
         self._parents: dict[RequestId, ParentRequest] = {}
         self._pooling: dict[RequestId, tuple[PoolingParams, list[int]]] = {}
         """runner=pooling: request id -> (its params, its prompt ids)."""
-        self._ids = itertools.count()
         self.stat_logger = StatLogger(cfg.scheduler.log_stats_interval)
         self.logprob_builder = LogprobBuilder(self.tokenizer)
         # The model, tokenizer and config are long-lived: move them out of the
@@ -117,7 +115,6 @@ class LLMEngine:
         lora_request: LoRARequest | None = None,
     ) -> ProcessedRequest:
         """``Processor.process`` under a new id of this engine's when ``request_id`` is None; queues nothing."""
-        request_id = str(next(self._ids)) if request_id is None else str(request_id)
         return self.processor.process(
             request_id,
             prompt,

@@ -10,6 +10,7 @@ fails before any work starts and the engine keeps serving the others.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from typing import Any, Union
 
@@ -79,6 +80,8 @@ class Processor:
         self.kv_spec = kv_spec
         """The engine's KV cache (the smallest replica's with data parallelism): what a request must fit."""
         self.kv_capacity_tokens = kv_spec.num_tokens
+        self._ids = itertools.count()
+        """The ids ``process`` gives requests that come without one (0, 1, ...)."""
         self.vocab_size = cfg.hf_text_config.vocab_size
         self.lora = LoRAChecker(cfg.lora, cfg.hf_config)
         """``self.lora.check(lora_request)`` validates a request's adapter."""
@@ -101,7 +104,7 @@ class Processor:
 
     def process(
         self,
-        request_id: str,
+        request_id: str | None,
         prompt: PromptType,
         params: SamplingParams | PoolingParams | None = None,
         *,
@@ -112,7 +115,9 @@ class Processor:
     ) -> ProcessedRequest:
         """Check and tokenize one request: the prompt (tokenized once, ``truncate_prompt_tokens``
         applied), its SamplingParams (None: the defaults) or PoolingParams, adapter, priority and
-        cache salt. Raises ValueError naming the field; nothing is queued anywhere."""
+        cache salt. ``request_id`` None: a new id of this processor's (its engine's). Raises
+        ValueError naming the field; nothing is queued anywhere."""
+        request_id = str(next(self._ids)) if request_id is None else str(request_id)
         if isinstance(params, PoolingParams):
             return self._process_pooling(request_id, prompt, params, lora_request, priority, cache_salt, group_id)
         if self.cfg.model.runner == "pooling":

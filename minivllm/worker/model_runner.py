@@ -36,10 +36,7 @@ from minivllm.lora.manager import LoRAModelManager
 from minivllm.models.interfaces import supports_mrope, supports_multimodal
 from minivllm.outputs import DoneOutput, ModelRunnerOutput
 from minivllm.pooling.pooler import Pooler
-from minivllm.request import RequestId
-from minivllm.sample.prompt_logprobs import PromptLogprobsState, add_prompt_logprobs
 from minivllm.sample.sampler import Sampler
-from minivllm.sampling_params import SamplingParams
 from minivllm.spec_decode.eagle import model_proposer
 from minivllm.spec_decode.verifier import DraftVerifier
 from minivllm.structured_output.bitmask import bitmask_for_rows
@@ -47,10 +44,14 @@ from minivllm.utils import cdiv, instantiate_target
 from minivllm.worker.batch_sampling import BatchSampling
 from minivllm.worker.cuda_graphs import CUDAGraphRunner
 from minivllm.worker.input_batch import InputBatch
+from minivllm.worker.kv_cache_tensors import bind_kv_caches, kv_cache_shape, unbind_kv_caches
 from minivllm.worker.mm_runner import MultiModalRunner
 from minivllm.worker.mrope_positions import MRopePositions
 from minivllm.worker.pending_output import PendingOutput
+from minivllm.worker.profile_batch import profile_batch
+from minivllm.worker.prompt_logprobs_requests import PromptLogprobsRequests
 from minivllm.worker.sampling_metadata import from_batch
+from minivllm.worker.scheduled_rows import ScheduledRows
 from minivllm.worker.step_inputs import StepInputBuilder, StepInputs
 
 logger = logging.getLogger(__name__)
@@ -71,13 +72,10 @@ class ModelRunner:
         self.inputs = StepInputBuilder(
             cfg.scheduler.max_num_batched_tokens, max_reqs, max_blocks, self.block_size, device
         )
-        self.prompt_logprobs: dict[RequestId, PromptLogprobsState] = {}
+        self.prompt_logprobs = PromptLogprobsRequests()
         self.sampling = BatchSampling(self.batch, device)
         """The sampler's metadata for a step's rows, cached while the batch is unchanged."""
-        self._all_rows = np.arange(max_reqs)
-        self._ones = np.ones(max_reqs, dtype=np.int32)
-        for shared in (self._all_rows, self._ones):  # slices of them are handed out as a step's rows and counts
-            shared.flags.writeable = False
+        self.rows_of = ScheduledRows(max_reqs)
         spec = cfg.speculative
         self.spec = DraftVerifier(self.sampler, self.block_size, device, from_batch) if spec.enabled else None
         """Speculative decoding: drafts into the batch, verified tokens out; None when off."""
@@ -131,8 +129,7 @@ class ModelRunner:
             check_fp8_kv_capability(torch.cuda.get_device_capability(self.device), self.cfg.cache.cache_dtype)
 
     def kv_cache_shape(self, num_blocks: int) -> tuple[int, ...]:
-        layer = self.attention_layers[0]
-        return (2, num_blocks, self.block_size, layer.num_kv_heads, layer.head_dim)
+        return kv_cache_shape(self.attention_layers, num_blocks, self.block_size)
 
     def kv_cache_bytes_per_block(self) -> int:
         per_layer = int(np.prod(self.kv_cache_shape(1)))
@@ -142,11 +139,7 @@ class ModelRunner:
     def init_kv_cache(self, num_blocks: int) -> None:
         """Allocate one (2, num_blocks, block_size, kv_heads, head_dim) tensor per layer and bind it."""
         shape = self.kv_cache_shape(num_blocks)
-        self.kv_caches = [
-            torch.zeros(shape, dtype=self.cfg.kv_cache_dtype, device=self.device) for _ in self.attention_layers
-        ]
-        for layer, cache in zip(self.attention_layers, self.kv_caches):
-            layer.kv_cache = cache
+        self.kv_caches = bind_kv_caches(self.attention_layers, shape, self.cfg.kv_cache_dtype, self.device)
         if self.drafter is not None:  # its own tensors over the same block ids
             self.drafter.init_kv_cache(num_blocks)
 
@@ -154,8 +147,7 @@ class ModelRunner:
         """Drop the KV cache and the CUDA graphs that read it (sleep mode); ``init_kv_cache``
         and ``capture_cuda_graphs`` bring them back."""
         self.kv_caches = []
-        for layer in self.attention_layers:
-            layer.kv_cache = None
+        unbind_kv_caches(self.attention_layers)
         if self.drafter is not None:
             self.drafter.release_kv_cache()
         self.cuda_graphs = None
@@ -204,16 +196,9 @@ class ModelRunner:
         so the caller can measure peak activation memory."""
         start = time.perf_counter()
         budget = self.cfg.scheduler.max_num_batched_tokens
-        num_seqs = max(1, min(self.cfg.scheduler.max_num_seqs, cdiv(budget, self.cfg.max_model_len)))
-        lens = [budget // num_seqs + (1 if i < budget % num_seqs else 0) for i in range(num_seqs)]
-        blocks_per_seq = [cdiv(n, self.block_size) for n in lens]
-        self.init_kv_cache(sum(blocks_per_seq))
-        batch = InputBatch(num_seqs, self.cfg.max_model_len, cdiv(self.cfg.max_model_len, self.block_size))
-        first_block = np.cumsum([0, *blocks_per_seq])
-        for i, n in enumerate(lens):
-            blocks = list(range(first_block[i], first_block[i + 1]))
-            batch.add(NewRequestData(RequestId(str(i)), [0] * n, n, SamplingParams(), blocks, 0), self.device)
-        step = self.inputs.build(batch, np.arange(num_seqs), np.asarray(lens, dtype=np.int32))
+        batch, lens, num_blocks = profile_batch(self.cfg, self.device)
+        self.init_kv_cache(num_blocks)
+        step = self.inputs.build(batch, np.arange(len(lens)), lens)
         step.meta.backend_data = self.attn_backend.prepare(step.meta, self.block_size)
         intermediate = self.pipeline.empty(budget) if self.pipeline and not self.pipeline.is_first else None
         hidden = self._forward(step.input_ids, step.positions, step.meta, intermediate)
@@ -298,7 +283,7 @@ class ModelRunner:
             mm.free(sched.free_encoder_input_ids)
         for req_id in sched.forget_req_ids:
             batch.remove(req_id)
-            self.prompt_logprobs.pop(req_id, None)
+            self.prompt_logprobs.remove(req_id)
             if mm is not None:
                 mm.remove_request(req_id)
             if self.lora is not None:
@@ -331,27 +316,12 @@ class ModelRunner:
             self.spec.write_drafts(batch, sched)
 
     def _track_prompt_logprobs(self, new: NewRequestData) -> None:
-        """Prompt logprobs are gathered during the first prefill only (after a
-        preemption they were already sent with the first output)."""
-        k = new.sampling_params.prompt_logprobs
-        if self.pipeline is not None and not self.pipeline.is_last:
-            return  # the last stage computes them
-        if k is not None and len(new.token_ids) == new.num_prompt_tokens:
-            self.prompt_logprobs[new.req_id] = PromptLogprobsState(list(new.token_ids), k)
+        if self.pipeline is None or self.pipeline.is_last:  # else the last stage computes them
+            self.prompt_logprobs.add(new)
 
     def _scheduled_rows(self, sched: SchedulerOutput, num_tokens: int) -> tuple[np.ndarray, np.ndarray]:
-        """(B,) batch rows with new tokens this step, in row order, and (B,) their counts
-        (``num_tokens`` in all)."""
-        counts = sched.num_scheduled_tokens
-        if len(counts) == self.batch.num_rows == num_tokens:
-            # Every request in the batch (scheduled ones all are) decodes one token.
-            return self._all_rows[:num_tokens], self._ones[:num_tokens]
-        ids = self.batch.req_ids[: self.batch.num_rows]
-        n = np.fromiter((counts.get(r, 0) for r in ids), dtype=np.int32, count=len(ids))
-        if n.all():
-            return self._all_rows[: len(ids)], n
-        rows = np.flatnonzero(n)
-        return rows, n[rows]
+        """(B,) batch rows with new tokens this step and (B,) their counts (``num_tokens`` in all)."""
+        return self.rows_of(self.batch, sched.num_scheduled_tokens, num_tokens)
 
     def _prepare_inputs(self, rows: np.ndarray, query_lens: np.ndarray, num_tokens: int) -> StepInputs:
         prev = self.batch.prev_sampled  # async scheduling: the last step's ids, not stored yet
@@ -368,23 +338,7 @@ class ModelRunner:
         return step
 
     def _gather_prompt_logprobs(self, hidden: torch.Tensor, step: StepInputs) -> dict:
-        """Add this step's chunk to each asking request's prompt logprobs; returns the
-        complete lists of the requests that sample now (and forgets them)."""
-        chunks, done = [], {}
-        sampling = set(step.sample_idx.tolist())
-        for i, row in enumerate(step.rows.tolist()):
-            req_id = self.batch.req_ids[row]
-            state = self.prompt_logprobs.get(req_id)
-            if state is None:
-                continue
-            computed = int(self.batch.num_computed_tokens[row])
-            chunks.append((state, int(step.query_start[i]), computed, int(step.query_lens[i])))
-            if i in sampling:
-                done[req_id] = state
-        add_prompt_logprobs(self.model.compute_logits, hidden, chunks)
-        for req_id in done:
-            del self.prompt_logprobs[req_id]
-        return {req_id: state.entries for req_id, state in done.items()}
+        return self.prompt_logprobs.gather(self.model.compute_logits, hidden, step, self.batch)
 
     def _sample_and_collect(
         self, hidden: torch.Tensor, step: StepInputs, prompt_logprobs: dict, sched: SchedulerOutput
