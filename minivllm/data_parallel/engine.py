@@ -28,15 +28,13 @@ from minivllm.engine.core_client import EngineCoreClient, merge_stats
 from minivllm.engine.engine_client import EngineClient
 from minivllm.engine.engine_proc import EngineMessage
 from minivllm.engine.outputs import RequestOutput
-from minivllm.engine.processor import ProcessedRequest, Processor, PromptType
+from minivllm.engine.processor import ProcessedRequest, Processor
 from minivllm.engine.ray_replica import RayReplicas
-from minivllm.lora.request import LoRARequest
+from minivllm.engine.request_intake import RequestIntake
 from minivllm.pooling.outputs import PoolingRequestOutput
-from minivllm.pooling.params import PoolingParams
-from minivllm.sampling_params import SamplingParams
 
 
-class DataParallelEngine:
+class DataParallelEngine(RequestIntake):
     def __init__(self, cfg: VllmConfig) -> None:
         self.cfg = cfg
         self._inbox: queue.SimpleQueue[tuple[int, EngineMessage | str]] = queue.SimpleQueue()
@@ -73,46 +71,6 @@ class DataParallelEngine:
         self._inbox.put((replica, reason))
 
     # ---- requests -------------------------------------------------------------------------
-    def add_request(
-        self,
-        request_id: str | None,
-        prompt: PromptType,
-        params: SamplingParams | None = None,
-        priority: int = 0,
-        cache_salt: str | None = None,
-        group_id: str | None = None,
-        lora_request: LoRARequest | None = None,
-        pooling_params: PoolingParams | None = None,
-    ) -> str:
-        """Validate, pick a replica and queue the request there; raises ValueError (nothing queued) on bad input.
-        ``group_id``: the client request it is part of (that replica's scheduler takes turns between them).
-        ``lora_request``: the adapter to run under (every replica loads it on first use).
-        ``pooling_params``: a pooling request (model.runner=pooling), balanced like the others."""
-        params = pooling_params if pooling_params is not None else params
-        request = self.process(request_id, prompt, params, priority, cache_salt, group_id, lora_request)
-        return self.add_processed(request)
-
-    def process(
-        self,
-        request_id: str | None,
-        prompt: PromptType,
-        params: SamplingParams | PoolingParams | None = None,
-        priority: int = 0,
-        cache_salt: str | None = None,
-        group_id: str | None = None,
-        lora_request: LoRARequest | None = None,
-    ) -> ProcessedRequest:
-        """``Processor.process`` under a new id of this engine's when ``request_id`` is None; queues nothing."""
-        return self.processor.process(
-            request_id,
-            prompt,
-            params,
-            lora_request=lora_request,
-            priority=priority,
-            cache_salt=cache_salt,
-            group_id=group_id,
-        )
-
     def add_processed(self, request: ProcessedRequest) -> str:
         """Send a processed request to the replica the balancer picks (its engine does not check it again)."""
         self.client.add(request)

@@ -16,10 +16,10 @@ from minivllm.engine.final_detokenizer import FinalDetokenizer, FinalTextDecoder
 from minivllm.engine.logprob import LogprobBuilder
 from minivllm.engine.outputs import RequestOutput
 from minivllm.engine.parent_request import CompletionState, ParentRequest
-from minivllm.engine.processor import ProcessedRequest, Processor, PromptType
+from minivllm.engine.processor import ProcessedRequest, Processor
+from minivllm.engine.request_intake import RequestIntake
 from minivllm.engine.stats import EngineStats, StatLogger
 from minivllm.executor.user_calls import user_collective_rpc
-from minivllm.lora.request import LoRARequest
 from minivllm.outputs import EngineCoreOutput
 from minivllm.pooling.outputs import PoolingOutput, PoolingRequestOutput
 from minivllm.pooling.params import PoolingParams
@@ -39,7 +39,7 @@ class EngineCounters:
     num_finished_requests: int = 0
 
 
-class LLMEngine:
+class LLMEngine(RequestIntake):
     def __init__(self, cfg: VllmConfig) -> None:
         self.cfg = cfg
         self.tokenizer = get_tokenizer(cfg)
@@ -81,50 +81,6 @@ class LLMEngine:
         return self.stat_logger.snapshot(self.scheduler_stats())
 
     # ---- requests -------------------------------------------------------------------
-    def add_request(
-        self,
-        request_id: str | None,
-        prompt: PromptType,
-        params: SamplingParams | None = None,
-        priority: int = 0,
-        cache_salt: str | None = None,
-        group_id: str | None = None,
-        pooling_params: PoolingParams | None = None,
-        lora_request: LoRARequest | None = None,
-    ) -> RequestId:
-        """Validate and queue a request (``params.n`` core requests); raises ValueError
-        (nothing queued) on bad input.
-
-        ``cache_salt``: only requests with the same salt share prefix-cache blocks.
-        ``group_id``: the client request it is part of (a server's request with several
-        prompts); the scheduler takes turns between groups. Default: its own id.
-        ``lora_request``: the adapter to run under (needs ``lora.enable_lora``).
-        """
-        params = pooling_params if pooling_params is not None else params
-        request = self.process(request_id, prompt, params, priority, cache_salt, group_id, lora_request)
-        return self.add_processed(request)
-
-    def process(
-        self,
-        request_id: str | None,
-        prompt: PromptType,
-        params: SamplingParams | PoolingParams | None = None,
-        priority: int = 0,
-        cache_salt: str | None = None,
-        group_id: str | None = None,
-        lora_request: LoRARequest | None = None,
-    ) -> ProcessedRequest:
-        """``Processor.process`` under a new id of this engine's when ``request_id`` is None; queues nothing."""
-        return self.processor.process(
-            request_id,
-            prompt,
-            params,
-            lora_request=lora_request,
-            priority=priority,
-            cache_salt=cache_salt,
-            group_id=group_id,
-        )
-
     def add_processed(self, request: ProcessedRequest) -> RequestId:
         """Queue a request ``Processor.process`` made (here, or in a front end whose engine runs in
         this process): nothing is tokenized or checked again. Raises ValueError (nothing queued)
