@@ -281,6 +281,24 @@ def write_kv_launch(
     )
 
 
+def _shape(
+    dtype: torch.dtype, num_reqs: int, query_len: int, context_len: int, block_size: int, *, heads, **extra
+) -> dict:
+    """``paged_attention_launches`` keywords of one shape; ``heads``: (num_heads, num_kv_heads, head_dim)."""
+    num_heads, num_kv_heads, head_dim = heads
+    return dict(
+        dtype=dtype,
+        num_reqs=num_reqs,
+        query_len=query_len,
+        context_len=context_len,
+        block_size=block_size,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        **extra,
+    )
+
+
 def attention_variants(arch: int) -> list[Variant]:
     """Qwen3-0.6B's attention on ``arch`` at the shapes of benchmarks/attention.py: decode at several
     batch sizes (and so several split counts), a prefill chunk, a mixed batch, 256-token
@@ -289,108 +307,37 @@ def attention_variants(arch: int) -> list[Variant]:
     m = model_shape()
     heads = dict(num_heads=m["num_heads"], num_kv_heads=m["num_kv_heads"], head_dim=m["head_dim"])
     context, (prefill_reqs, chunk, prefill_context) = 4096, (4, 512, 2048)  # benchmarks/attention.py defaults
-    bf16 = dict(arch=arch, dtype=m["dtype"], **heads)
-    out = []
-    for batch in (1, 16, 64, 256):
-        out += paged_attention_launches(
-            f"decode {batch}x{context}", num_reqs=batch, query_len=1, context_len=context, block_size=16, **bf16
-        )
-    out += paged_attention_launches(
-        f"prefill {prefill_reqs}x{chunk}@{prefill_context}",
-        num_reqs=prefill_reqs,
-        query_len=chunk,
-        context_len=prefill_context,
-        block_size=16,
-        **bf16,
-    )
-    # A mixed step: the tiles follow the longest query, so decode rows riding with a chunk
-    # take the prefill tiles.
-    out += paged_attention_launches(
-        f"mixed 63 decode + 1 chunk of {chunk}",
-        num_reqs=64,
-        query_len=chunk,
-        num_tokens=63 + chunk,
-        context_len=context,
-        block_size=16,
-        **bf16,
-    )
-    out += paged_attention_launches(
-        f"decode 1x{context}", num_reqs=1, query_len=1, context_len=context, block_size=256, **bf16
-    )
-    out += paged_attention_launches(
-        f"prefill {prefill_reqs}x{chunk}@{prefill_context}",
-        num_reqs=prefill_reqs,
-        query_len=chunk,
-        context_len=prefill_context,
-        block_size=256,
-        **bf16,
-    )
+    bf16 = dict(dtype=m["dtype"], **heads)
     fp8 = dict(bf16, kv_dtype=torch.float8_e4m3fn)
-    out += paged_attention_launches(
-        f"fp8-kv decode 64x{context}", num_reqs=64, query_len=1, context_len=context, block_size=16, **fp8
-    )
-    out += paged_attention_launches(
-        f"fp8-kv decode 1x{context}", num_reqs=1, query_len=1, context_len=context, block_size=16, **fp8
-    )
-    out += paged_attention_launches(
-        f"fp8-kv prefill {prefill_reqs}x{chunk}",
-        num_reqs=prefill_reqs,
-        query_len=chunk,
-        context_len=prefill_context,
-        block_size=16,
-        **fp8,
-    )
-    out += paged_attention_launches(
-        "fp16 h24/8 d80 prefill 2x64@300",
-        arch=arch,
-        dtype=torch.float16,
-        num_reqs=2,
-        query_len=64,
-        context_len=300,
-        block_size=8,
-        num_heads=24,
-        num_kv_heads=8,
-        head_dim=80,
-    )
-    out += paged_attention_launches(
-        "fp32 h4/4 d256 window prefill 2x64@512",
-        arch=arch,
-        dtype=torch.float32,
-        num_reqs=2,
-        query_len=64,
-        context_len=512,
-        block_size=64,
-        num_heads=4,
-        num_kv_heads=4,
-        head_dim=256,
-        sliding_window=128,
-    )
-    out += paged_attention_launches(
-        "fp32 h16/16 d128 prefill 2x64@512",
-        arch=arch,
-        dtype=torch.float32,
-        num_reqs=2,
-        query_len=64,
-        context_len=512,
-        block_size=16,
-        num_heads=16,
-        num_kv_heads=16,
-        head_dim=128,
-    )
-    out += paged_attention_launches(
-        "bf16 h32/8 window+softcap decode 2x1024",
-        arch=arch,
-        dtype=torch.bfloat16,
-        num_reqs=2,
-        query_len=1,
-        context_len=1024,
-        block_size=16,
-        num_heads=32,
-        num_kv_heads=8,
-        head_dim=128,
-        sliding_window=512,
-        soft_cap=50.0,
-    )
+    decode = dict(query_len=1, context_len=context)
+    prefill = dict(num_reqs=prefill_reqs, query_len=chunk, context_len=prefill_context)
+    prefill_label = f"prefill {prefill_reqs}x{chunk}@{prefill_context}"
+    shapes: list[tuple[str, dict]] = [
+        *((f"decode {b}x{context}", dict(bf16, **decode, num_reqs=b, block_size=16)) for b in (1, 16, 64, 256)),
+        (prefill_label, dict(bf16, **prefill, block_size=16)),
+        # A mixed step: the tiles follow the longest query, so decode rows riding with a chunk
+        # take the prefill tiles.
+        (
+            f"mixed 63 decode + 1 chunk of {chunk}",
+            dict(bf16, num_reqs=64, query_len=chunk, num_tokens=63 + chunk, context_len=context, block_size=16),
+        ),
+        (f"decode 1x{context}", dict(bf16, **decode, num_reqs=1, block_size=256)),
+        (prefill_label, dict(bf16, **prefill, block_size=256)),
+        (f"fp8-kv decode 64x{context}", dict(fp8, **decode, num_reqs=64, block_size=16)),
+        (f"fp8-kv decode 1x{context}", dict(fp8, **decode, num_reqs=1, block_size=16)),
+        (f"fp8-kv prefill {prefill_reqs}x{chunk}", dict(fp8, **prefill, block_size=16)),
+        ("fp16 h24/8 d80 prefill 2x64@300", _shape(torch.float16, 2, 64, 300, 8, heads=(24, 8, 80))),
+        (
+            "fp32 h4/4 d256 window prefill 2x64@512",
+            _shape(torch.float32, 2, 64, 512, 64, heads=(4, 4, 256), sliding_window=128),
+        ),
+        ("fp32 h16/16 d128 prefill 2x64@512", _shape(torch.float32, 2, 64, 512, 16, heads=(16, 16, 128))),
+        (
+            "bf16 h32/8 window+softcap decode 2x1024",
+            _shape(torch.bfloat16, 2, 1, 1024, 16, heads=(32, 8, 128), sliding_window=512, soft_cap=50.0),
+        ),
+    ]
+    out = [v for label, shape in shapes for v in paged_attention_launches(label, arch=arch, **shape)]
     kv = dict(dtype=m["dtype"], num_kv_heads=m["num_kv_heads"], head_dim=m["head_dim"])
     out.append(write_kv_launch("qwen3-0.6b 256 tokens", num_tokens=256, block_size=16, num_blocks=4096, **kv))
     out.append(write_kv_launch("qwen3-0.6b 256 tokens", num_tokens=256, block_size=256, num_blocks=256, **kv))
