@@ -60,9 +60,11 @@ def test_greedy_tokens_match_transformers(checkpoint, hf):
     )
     assert (chat[0].prompt_token_ids, list(chat[0].outputs[0].token_ids)) == hf.greedy(rendered, [small], MAX_TOKENS)
     whole.shutdown()
-    # 8-token steps: every image's placeholders (and M-RoPE positions) are split across steps
+    # 8-token steps: every image's placeholders (and M-RoPE positions) are split across steps;
+    # under async scheduling (CUDA's default), which schedules a step before the last one's tokens are back
     chunked = LLM(
         str(checkpoint),
+        async_scheduling=True,
         max_model_len=128,
         block_size=8,
         limit_mm_per_prompt={"image": 2},
@@ -72,6 +74,7 @@ def test_greedy_tokens_match_transformers(checkpoint, hf):
         seed=0,
     )
     assert _generate(chunked, prompts) == expected
+    assert chunked.cfg.async_scheduling
     chunked.shutdown()
 
 

@@ -78,13 +78,16 @@ def test_repeated_image_is_processed_once(llm):
     assert processor.num_processed - start == 1
 
 
-def test_chunked_prefill_through_an_image(llava_dir, hf):
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_chunked_prefill_through_an_image(llava_dir, hf, async_scheduling):
     """A 5-token budget splits the 16 placeholders over several steps; the encoder
     runs once per image and its output serves every chunk. The encoder cache holds one
-    image, so the second request's chunks stop before its image until the first is freed."""
+    image, so the second request's chunks stop before its image until the first is freed.
+    Async scheduling (CUDA's default) schedules each step before the last one's tokens are back."""
     assert NUM_IMAGE_TOKENS > 5
     llm = LLM(
         str(llava_dir),
+        async_scheduling=async_scheduling,
         max_model_len=256,
         max_num_batched_tokens=5,
         num_gpu_blocks_override=64,
@@ -98,6 +101,7 @@ def test_chunked_prefill_through_an_image(llava_dir, hf):
     outs = llm.generate([{"prompt": PROMPT, "multi_modal_data": {"image": im}} for im in images], GREEDY)
     for out, image in zip(outs, images):
         assert list(out.outputs[0].token_ids) == hf.greedy(PROMPT, [image], MAX_TOKENS)[1]
+    assert llm.cfg.async_scheduling == async_scheduling
     mm = _runner(llm).mm
     assert mm.num_encoded == 2
     assert not mm.encoder_cache  # every output freed once its placeholders were computed
