@@ -42,8 +42,9 @@ def wait_for_line(lines: queue.Queue, pattern: str, timeout: float, seen: list[s
     raise AssertionError(f"no line matching {pattern!r} within {timeout} s; output:\n{''.join(seen)}")
 
 
-@pytest.mark.slow
-def test_serve_task_streams_and_shuts_down_gracefully_on_sigterm(llama_dir, tmp_path):
+def start_serve(llama_dir: Path, run_dir: Path, *overrides: str) -> tuple[subprocess.Popen, queue.Queue]:
+    """``python -m minivllm task=serve`` on the tiny checkpoint (CPU, a free port), its
+    output read line by line into the returned queue."""
     cmd = [
         sys.executable,
         "-m",
@@ -51,19 +52,29 @@ def test_serve_task_streams_and_shuts_down_gracefully_on_sigterm(llama_dir, tmp_
         "task=serve",
         f"model.path={llama_dir}",
         "model.dtype=float32",
-        "cache.block_size=8",
         "cache.num_gpu_blocks_override=64",
         "device=cpu",
-        "serve.host=127.0.0.1",
         "serve.port=0",
-        "serve.served_model_name=tiny",
-        "serve.shutdown_timeout=60",
-        f"hydra.run.dir={tmp_path}",
+        f"hydra.run.dir={run_dir}",
+        *overrides,
     ]
     env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     lines: queue.Queue = queue.Queue()
     threading.Thread(target=read_lines_into, args=(proc, lines), daemon=True).start()
+    return proc, lines
+
+
+@pytest.mark.slow
+def test_serve_task_streams_and_shuts_down_gracefully_on_sigterm(llama_dir, tmp_path):
+    proc, lines = start_serve(
+        llama_dir,
+        tmp_path,
+        "cache.block_size=8",
+        "serve.host=127.0.0.1",
+        "serve.served_model_name=tiny",
+        "serve.shutdown_timeout=60",
+    )
     seen: list[str] = []
     try:
         port = int(wait_for_line(lines, r"serving 'tiny' on http://127\.0\.0\.1:(\d+)/v1", 180, seen).group(1))

@@ -6,18 +6,14 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import signal
-import subprocess
-import sys
-import threading
 import time
 
 import httpx
 import pytest
 
 from minivllm.engine.request_stream import EngineDeadError, one_line
-from tests.serve.test_cli import REPO, read_lines_into, wait_for_line
+from tests.serve.test_cli import start_serve, wait_for_line
 
 WORKER_TRACEBACK = (
     "engine failed: Traceback (most recent call last):\n"
@@ -82,22 +78,7 @@ def test_every_answer_about_a_dead_engine_is_one_line_with_retry_after(async_eng
 
 @pytest.mark.slow
 def test_task_serve_exits_with_status_1_when_its_engine_dies(llama_dir, tmp_path):
-    cmd = [
-        sys.executable,
-        "-m",
-        "minivllm",
-        "task=serve",
-        f"model.path={llama_dir}",
-        "model.dtype=float32",
-        "cache.num_gpu_blocks_override=64",
-        "device=cpu",
-        "serve.port=0",
-        f"hydra.run.dir={tmp_path}",
-    ]
-    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-    lines: queue.Queue = queue.Queue()
-    threading.Thread(target=read_lines_into, args=(proc, lines), daemon=True).start()
+    proc, lines = start_serve(llama_dir, tmp_path)
     seen: list[str] = []
     try:
         port = int(wait_for_line(lines, r"serving .* on http://127\.0\.0\.1:(\d+)/v1", 180, seen).group(1))
