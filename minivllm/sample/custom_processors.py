@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 import torch
 
+from minivllm.sample.history import TokenHistory
 from minivllm.sampling_params import SamplingParams
 
 
@@ -24,14 +25,8 @@ class CustomProcessors:
     """(row, the request's callables, its output token ids so far)."""
 
     @classmethod
-    def build(
-        cls, params: list[SamplingParams], token_ids: list[list[int]], num_prompt_tokens: list[int]
-    ) -> "CustomProcessors | None":
-        rows = [
-            (row, p.logits_processors, list(ids[n:]))
-            for row, (p, ids, n) in enumerate(zip(params, token_ids, num_prompt_tokens))
-            if p.logits_processors
-        ]
+    def build(cls, params: list[SamplingParams], history: TokenHistory) -> "CustomProcessors | None":
+        rows = [(row, p.logits_processors, history.output(row)) for row, p in enumerate(params) if p.logits_processors]
         return cls(rows) if rows else None
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from minivllm.sample.custom_processors import CustomProcessors
+from minivllm.sample.history import TokenHistory
 from minivllm.sample.penalties import PenaltyTensors, apply_penalties
 from minivllm.sampling_params import SamplingParams
 
@@ -35,21 +36,15 @@ class LogitsEdits:
 
     @classmethod
     def build(
-        cls,
-        params: list[SamplingParams],
-        token_ids: list[list[int]],
-        num_prompt_tokens: list[int],
-        vocab_size: int,
-        device: torch.device,
+        cls, params: list[SamplingParams], history: TokenHistory, vocab_size: int, device: torch.device
     ) -> "LogitsEdits | None":
-        """None when no row asks for any edit (the common case costs nothing).
-        ``token_ids[i]``: row i's prompt (its first ``num_prompt_tokens[i]``) and output so far."""
+        """None when no row asks for any edit (the common case costs nothing)."""
         edits = cls(
-            banned=_index(_banned_pairs(params, token_ids, num_prompt_tokens), device),
+            banned=_index(_banned_pairs(params, history), device),
             disallowed=_disallowed(params, vocab_size, device),
             bias=_bias(params, device),
-            penalties=PenaltyTensors.build(params, token_ids, num_prompt_tokens, vocab_size, device),
-            custom=CustomProcessors.build(params, token_ids, num_prompt_tokens),
+            penalties=PenaltyTensors.build(params, history, vocab_size, device),
+            custom=CustomProcessors.build(params, history),
         )
         parts = (edits.banned, edits.disallowed, edits.bias, edits.penalties, edits.custom)
         if all(part is None for part in parts):
@@ -73,13 +68,11 @@ class LogitsEdits:
         return logits
 
 
-def _banned_pairs(
-    params: list[SamplingParams], token_ids: list[list[int]], num_prompt_tokens: list[int]
-) -> list[tuple[int, int]]:
+def _banned_pairs(params: list[SamplingParams], history: TokenHistory) -> list[tuple[int, int]]:
     """Stop tokens while min_tokens is not reached; the last token of each bad word whose
     other tokens end the output (vLLM matches bad words against the output only)."""
     pairs = []
-    for row, (p, ids, num_prompt) in enumerate(zip(params, token_ids, num_prompt_tokens)):
+    for row, (p, ids, num_prompt) in enumerate(zip(params, history.token_ids, history.num_prompt_tokens)):
         num_out = len(ids) - num_prompt
         if num_out < p.min_tokens:
             pairs.extend((row, t) for t in p._all_stop_token_ids)

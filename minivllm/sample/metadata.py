@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from minivllm.sample.history import TokenHistory
 from minivllm.sample.logits_processors import LogitsEdits
 from minivllm.sampling_params import SamplingParams
 
@@ -65,7 +66,7 @@ class SamplingMetadata:
             generators=generators,
             all_greedy=all(t == 0.0 for t in temps),
             max_num_logprobs=max(asked) if asked else None,
-            edits=LogitsEdits.build(params, token_ids, num_prompt_tokens, vocab_size, device),
+            edits=LogitsEdits.build(params, TokenHistory(token_ids, num_prompt_tokens), vocab_size, device),
         )
 
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from minivllm.sample.history import TokenHistory
 from minivllm.sampling_params import SamplingParams
 
 
@@ -38,24 +39,18 @@ class PenaltyTensors:
 
     @classmethod
     def build(
-        cls,
-        params: list[SamplingParams],
-        token_ids: list[list[int]],
-        num_prompt_tokens: list[int],
-        vocab_size: int,
-        device: torch.device,
+        cls, params: list[SamplingParams], history: TokenHistory, vocab_size: int, device: torch.device
     ) -> "PenaltyTensors | None":
-        """None when no row uses a penalty; rows without penalties contribute no ids.
-        ``token_ids[i]``: row i's prompt (its first ``num_prompt_tokens[i]``) and output so far."""
+        """None when no row uses a penalty; rows without penalties contribute no ids."""
         uses = [p.needs_penalties for p in params]
         if not any(uses):
             return None
-        rows = list(zip(token_ids, num_prompt_tokens, uses))
-        output_ids = [ids[n:] if u else [] for ids, n, u in rows]
+        output_ids = [history.output(row) if u else [] for row, u in enumerate(uses)]
         repetition = _per_row([p.repetition_penalty for p in params], 1.0, device)
         prompt_mask = None
         if repetition is not None:
-            prompt_mask = token_counts([ids[:n] if u else [] for ids, n, u in rows], vocab_size, device) > 0
+            prompt_ids = [history.prompt(row) if u else [] for row, u in enumerate(uses)]
+            prompt_mask = token_counts(prompt_ids, vocab_size, device) > 0
         return cls(
             repetition=repetition,
             presence=_per_row([p.presence_penalty for p in params], 0.0, device),

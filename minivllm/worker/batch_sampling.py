@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from minivllm.sample.history import TokenHistory
 from minivllm.sample.logits_processors import LogitsEdits
 from minivllm.sample.metadata import SamplingMetadata, has_logits_edits
 from minivllm.sampling_params import SamplingParams
@@ -64,4 +65,4 @@ class BatchSampling:
             token_ids[i] = self.batch.tokens_of(int(rows[i]))
             num_prompt[i] = int(self.batch.num_prompt_tokens[rows[i]])
         params = [self.batch.params[r] for r in rows.tolist()]
-        return LogitsEdits.build(params, token_ids, num_prompt, vocab_size, self.device)
+        return LogitsEdits.build(params, TokenHistory(token_ids, num_prompt), vocab_size, self.device)

@@ -11,6 +11,7 @@ from transformers.generation import (
     SequenceBiasLogitsProcessor,
 )
 
+from minivllm.sample.history import TokenHistory
 from minivllm.sample.logits_processors import LogitsEdits
 from minivllm.sample.penalties import token_counts
 from minivllm.sampling_params import SamplingParams
@@ -24,12 +25,13 @@ def _logits(rows: int, seed: int = 0) -> torch.Tensor:
 
 
 def _edit(params, token_ids, num_prompt, logits):
-    edits = LogitsEdits.build(params, token_ids, num_prompt, V, CPU)
+    edits = LogitsEdits.build(params, TokenHistory(token_ids, num_prompt), V, CPU)
     return logits if edits is None else edits.apply(logits)
 
 
 def test_nothing_asked_builds_nothing():
-    assert LogitsEdits.build([SamplingParams(), SamplingParams(temperature=0)], [[1, 2], [3]], [1, 1], V, CPU) is None
+    history = TokenHistory([[1, 2], [3]], [1, 1])
+    assert LogitsEdits.build([SamplingParams(), SamplingParams(temperature=0)], history, V, CPU) is None
 
 
 def test_token_counts_scatter():
