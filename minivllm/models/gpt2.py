@@ -20,19 +20,17 @@ from minivllm.attention.backend import AttentionBackend, AttentionMetadata
 from minivllm.distributed.pipeline import (
     IntermediateTensors,
     build_stage_layers,
-    missing_module_names,
     on_first_stage,
     on_last_stage,
-    tie_where_held,
     tied_head_weights,
 )
 from minivllm.layers.activation import get_act_fn
 from minivllm.layers.attention import Attention
-from minivllm.layers.embedding import ParallelLMHead, VocabParallelEmbedding
+from minivllm.layers.embedding import VocabParallelEmbedding
 from minivllm.layers.linear import ColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from minivllm.layers.norm import LayerNorm
 from minivllm.layers.weight_utils import Transposed
-from minivllm.models.utils import load_weights
+from minivllm.models.utils import load_weights, stage_lm_head
 
 CONV1D_MODULES = ("c_attn", "c_proj", "c_fc")
 """GPT-2 modules whose checkpoint weights are stored (in, out)."""
@@ -121,9 +119,8 @@ class GPT2LMHeadModel(nn.Module):
         super().__init__()
         self.config = config
         self.transformer = GPT2Model(config, backend)
-        self.lm_head = on_last_stage(lambda: ParallelLMHead(config.vocab_size, config.hidden_size))
-        if getattr(config, "tie_word_embeddings", True):
-            tie_where_held(self.lm_head, self.transformer.wte)
+        tie = getattr(config, "tie_word_embeddings", True)
+        self.lm_head = stage_lm_head(config.vocab_size, config.hidden_size, self.transformer.wte, tie)
 
     def forward(
         self,
@@ -139,7 +136,7 @@ class GPT2LMHeadModel(nn.Module):
 
     def load_weights(self, weights: Iterable[tuple[str, Any]]) -> None:
         # ".attn.bias"/".attn.masked_bias" are causal-mask buffers saved by older checkpoints.
-        skip = (".attn.bias", ".attn.masked_bias", *missing_module_names(self))
+        skip = (".attn.bias", ".attn.masked_bias")
         renamed = (_rename(n, w) for n, w in weights)
         if getattr(self.config, "tie_word_embeddings", True):
             renamed = tied_head_weights(renamed, "transformer.wte.weight", self.lm_head, self.transformer.wte)

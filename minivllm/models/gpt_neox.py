@@ -21,20 +21,18 @@ from minivllm.attention.backend import AttentionBackend, AttentionMetadata
 from minivllm.distributed.pipeline import (
     IntermediateTensors,
     build_stage_layers,
-    missing_module_names,
     on_first_stage,
     on_last_stage,
-    tie_where_held,
     tied_head_weights,
 )
 from minivllm.layers.activation import get_act_fn
 from minivllm.layers.attention import Attention
-from minivllm.layers.embedding import ParallelLMHead, VocabParallelEmbedding
+from minivllm.layers.embedding import VocabParallelEmbedding
 from minivllm.layers.linear import ColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from minivllm.layers.norm import LayerNorm
 from minivllm.layers.rotary import get_rope
 from minivllm.layers.weight_utils import as_tensor
-from minivllm.models.utils import load_weights
+from minivllm.models.utils import load_weights, stage_lm_head
 
 
 class GPTNeoXAttention(nn.Module):
@@ -118,9 +116,8 @@ class GPTNeoXForCausalLM(nn.Module):
         super().__init__()
         self.config = config
         self.gpt_neox = GPTNeoXModel(config, backend)
-        self.embed_out = on_last_stage(lambda: ParallelLMHead(config.vocab_size, config.hidden_size))
-        if getattr(config, "tie_word_embeddings", False):
-            tie_where_held(self.embed_out, self.gpt_neox.embed_in)
+        tie = getattr(config, "tie_word_embeddings", False)
+        self.embed_out = stage_lm_head(config.vocab_size, config.hidden_size, self.gpt_neox.embed_in, tie)
 
     def forward(
         self,
@@ -136,7 +133,7 @@ class GPTNeoXForCausalLM(nn.Module):
 
     def load_weights(self, weights: Iterable[tuple[str, Any]]) -> None:
         # Older checkpoints also hold causal-mask and rotary buffers.
-        skip = (".attention.bias", ".attention.masked_bias", "rotary_emb.inv_freq", *missing_module_names(self))
+        skip = (".attention.bias", ".attention.masked_bias", "rotary_emb.inv_freq")
         heads = self.config.num_attention_heads
         regrouped = ((n, _regroup_qkv(n, w, heads)) for n, w in weights)
         if getattr(self.config, "tie_word_embeddings", False):

@@ -18,19 +18,17 @@ from minivllm.attention.backend import AttentionBackend, AttentionMetadata
 from minivllm.distributed.pipeline import (
     IntermediateTensors,
     build_stage_layers,
-    missing_module_names,
     on_first_stage,
     on_last_stage,
-    tie_where_held,
     tied_head_weights,
 )
 from minivllm.layers.activation import ActAndMul
 from minivllm.layers.attention import Attention
-from minivllm.layers.embedding import ParallelLMHead, VocabParallelEmbedding
+from minivllm.layers.embedding import VocabParallelEmbedding
 from minivllm.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from minivllm.layers.norm import RMSNorm
 from minivllm.layers.rotary import get_rope
-from minivllm.models.utils import load_weights
+from minivllm.models.utils import load_weights, stage_lm_head
 
 
 class LlamaAttention(nn.Module):
@@ -180,14 +178,16 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.config = config
         self.model = self.model_cls(config, backend, **self.attention_options(config), **layer_opts)
-        self.lm_head = on_last_stage(lambda: ParallelLMHead(config.vocab_size, config.hidden_size))
-        if getattr(config, "tie_word_embeddings", False):
-            tie_where_held(self.lm_head, self.model.embed_tokens)
+        tie = getattr(config, "tie_word_embeddings", False)
+        self.lm_head = stage_lm_head(config.vocab_size, config.hidden_size, self.model.embed_tokens, tie)
 
     @classmethod
     def attention_options(cls, config: PretrainedConfig) -> dict[str, Any]:
         """Keyword options of every LlamaAttention; subclasses add theirs."""
         return {"qkv_bias": getattr(config, "attention_bias", False)}
+
+    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:  # (N,) -> (N, hidden)
+        return self.model.embed(input_ids)
 
     def forward(
         self,
@@ -195,17 +195,18 @@ class LlamaForCausalLM(nn.Module):
         positions: torch.Tensor,
         meta: AttentionMetadata,
         intermediate: IntermediateTensors | None = None,
+        inputs_embeds: torch.Tensor | None = None,
     ) -> torch.Tensor | IntermediateTensors:
-        return self.model(input_ids, positions, meta, intermediate)
+        """``inputs_embeds`` (T, hidden): a multimodal model's merged inputs (``LlamaModel.forward``)."""
+        return self.model(input_ids, positions, meta, intermediate, inputs_embeds)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # (N, hidden) -> (N, vocab) fp32
         return self.lm_head.compute_logits(hidden)
 
     def load_weights(self, weights: Iterable[tuple[str, Any]]) -> None:
-        skip = ("rotary_emb.inv_freq", *missing_module_names(self))
         if getattr(self.config, "tie_word_embeddings", False):
             weights = tied_head_weights(weights, "model.embed_tokens.weight", self.lm_head, self.model.embed_tokens)
-        load_weights(self, weights, self.packed_modules_mapping, skip, resolve=self.resolve_weight)
+        load_weights(self, weights, self.packed_modules_mapping, ("rotary_emb.inv_freq",), resolve=self.resolve_weight)
 
     def resolve_weight(self, name: str) -> tuple[str, Any] | None:
         """(parameter, shard id) for checkpoint names ``packed_modules_mapping`` cannot express; None here."""

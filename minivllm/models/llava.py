@@ -87,7 +87,7 @@ class LlavaForConditionalGeneration(nn.Module):
         return self.multi_modal_projector(features)
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:  # (N,) -> (N, hidden)
-        return self.language_model.model.embed(input_ids)
+        return self.language_model.embed_input_ids(input_ids)
 
     def forward(
         self,
@@ -97,7 +97,7 @@ class LlavaForConditionalGeneration(nn.Module):
         intermediate: Any = None,
         inputs_embeds: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        return self.language_model.model(input_ids, positions, meta, intermediate, inputs_embeds=inputs_embeds)
+        return self.language_model(input_ids, positions, meta, intermediate, inputs_embeds)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.language_model.compute_logits(hidden)

@@ -14,18 +14,16 @@ from minivllm.attention.backend import AttentionBackend, AttentionMetadata
 from minivllm.distributed.pipeline import (
     IntermediateTensors,
     build_stage_layers,
-    missing_module_names,
     on_first_stage,
     on_last_stage,
-    tie_where_held,
     tied_head_weights,
 )
 from minivllm.layers.activation import get_act_fn
 from minivllm.layers.attention import Attention
-from minivllm.layers.embedding import ParallelLMHead, VocabParallelEmbedding
+from minivllm.layers.embedding import VocabParallelEmbedding
 from minivllm.layers.linear import ColumnParallelLinear, QKVParallelLinear, ReplicatedLinear, RowParallelLinear
 from minivllm.layers.norm import LayerNorm
-from minivllm.models.utils import load_weights
+from minivllm.models.utils import load_weights, stage_lm_head
 
 POSITION_OFFSET = 2
 """OPT's learned position table reserves its first two rows."""
@@ -130,8 +128,8 @@ class OPTForCausalLM(nn.Module):
         super().__init__()
         self.config = config
         self.model = OPTModel(config, backend)
-        self.lm_head = on_last_stage(lambda: ParallelLMHead(config.vocab_size, config.word_embed_proj_dim))
-        tie_where_held(self.lm_head, self.model.decoder.embed_tokens)  # OPT always ties
+        embedding = self.model.decoder.embed_tokens  # OPT always ties its head to it
+        self.lm_head = stage_lm_head(config.vocab_size, config.word_embed_proj_dim, embedding, tie=True)
 
     def forward(
         self,
@@ -149,4 +147,4 @@ class OPTForCausalLM(nn.Module):
         renamed = ((n if n.startswith(("model.", "lm_head")) else f"model.{n}", w) for n, w in weights)
         embedding = "model.decoder.embed_tokens.weight"
         tied = tied_head_weights(renamed, embedding, self.lm_head, self.model.decoder.embed_tokens)
-        load_weights(self, tied, self.packed_modules_mapping, skip=missing_module_names(self))
+        load_weights(self, tied, self.packed_modules_mapping)

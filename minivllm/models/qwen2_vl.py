@@ -30,7 +30,7 @@ from typing import Any, ClassVar, Iterable, Iterator
 import torch
 from transformers import PretrainedConfig
 
-from minivllm.attention.backend import AttentionBackend, AttentionMetadata
+from minivllm.attention.backend import AttentionBackend
 from minivllm.distributed.pipeline import tie_where_held, tied_head_weights
 from minivllm.models.qwen2 import Qwen2ForCausalLM
 from minivllm.models.utils import load_weights
@@ -50,7 +50,9 @@ def checkpoint_name(name: str) -> str:
 
 class Qwen2VLForConditionalGeneration(Qwen2ForCausalLM):
     """The language model is ``Qwen2ForCausalLM`` over ``text_config`` (its modules keep the
-    checkpoint's ``model.*`` / ``lm_head`` names); the vision tower sits beside it as ``visual``."""
+    checkpoint's ``model.*`` / ``lm_head`` names, and its ``forward`` and ``embed_input_ids``
+    serve as they are); the vision tower sits beside it as ``visual``. ``forward``'s positions
+    are (3, T) M-RoPE positions, or (T,) for text only (equal rows)."""
 
     supports_multimodal: ClassVar[bool] = True
     supports_mrope: ClassVar[bool] = True
@@ -77,20 +79,6 @@ class Qwen2VLForConditionalGeneration(Qwen2ForCausalLM):
         if pixel_values.shape[0] != patches:
             raise ValueError(f"pixel_values has {pixel_values.shape[0]} patches; image_grid_thw {grid} needs {patches}")
         return self.visual(pixel_values, grid)
-
-    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:  # (N,) -> (N, hidden)
-        return self.model.embed(input_ids)
-
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        positions: torch.Tensor,
-        meta: AttentionMetadata,
-        intermediate: Any = None,
-        inputs_embeds: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """positions: (3, T) M-RoPE positions, or (T,) for text only (equal rows)."""
-        return self.model(input_ids, positions, meta, intermediate, inputs_embeds=inputs_embeds)
 
     def get_mrope_input_positions(
         self, prompt_token_ids: list[int], mm_features: list[MultiModalFeature]

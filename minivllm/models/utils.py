@@ -1,4 +1,4 @@
-"""Loading checkpoint tensors into a model by name."""
+"""Loading checkpoint tensors into a model by name, and the LM head that loading ties to the embedding."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ from typing import Any, Callable, Iterable
 from torch import nn
 
 from minivllm.attention.kv_quant import load_kv_scale
+from minivllm.distributed.pipeline import missing_module_names, on_last_stage, tie_where_held
+from minivllm.layers.embedding import ParallelLMHead
 from minivllm.layers.weight_utils import default_weight_loader
 
 PackedMapping = dict[str, tuple[str, Any]]
@@ -34,10 +36,11 @@ def load_weights(
     """Copy each checkpoint tensor into its parameter; return the parameter names loaded.
 
     Names containing any of ``skip`` are ignored (e.g. rotary caches, a tied
-    ``lm_head.weight``). ``resolve`` maps names ``packed`` cannot express (per-expert
+    ``lm_head.weight``), and so are those of the modules another pipeline stage holds. ``resolve`` maps names ``packed`` cannot express (per-expert
     tensors into stacked parameters) and is asked first. Raises ValueError when a checkpoint name matches no parameter,
     and ``MissingWeightsError`` (after loading every tensor given) when a parameter received nothing.
     """
+    skip = (*skip, *missing_module_names(model))
     params = dict(model.named_parameters())
     loaded_names: set[str] = set()
     for name, tensor in weights:
@@ -58,6 +61,15 @@ def load_weights(
     if missing:
         raise MissingWeightsError(missing)
     return loaded_names
+
+
+def stage_lm_head(vocab_size: int, hidden_size: int, embedding: nn.Module, tie: bool) -> nn.Module:
+    """The LM head on the last pipeline stage (a ``MissingLayer`` elsewhere). With ``tie`` it shares
+    ``embedding``'s weight where this stage holds both; ``tied_head_weights`` loads it where not."""
+    head = on_last_stage(lambda: ParallelLMHead(vocab_size, hidden_size))
+    if tie:
+        tie_where_held(head, embedding)
+    return head
 
 
 def _packed_target(name: str, packed: PackedMapping) -> tuple[str, Any]:
