@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from functools import partial
-from typing import Any, Callable
+from typing import Any, Callable, NoReturn
 
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.core.scheduler_output import SchedulerOutput
+from minivllm.distributed.utils import retry_on_address_in_use
 from minivllm.kv_cache_spec import KVCacheSpec
 from minivllm.outputs import DoneOutput, ModelRunnerOutput, StepResult
 from minivllm.worker.extension import check_worker_extension
@@ -58,6 +59,54 @@ class Executor(ABC):
 
     def shutdown(self) -> None:  # noqa: B027 - a hook: executors without processes have nothing to release
         """Release workers and processes; safe to call more than once."""
+
+
+class ProcessExecutor(Executor):
+    """An executor whose workers live in other processes (multiproc, Ray): it starts them with
+    a retry when the rendezvous port was taken meanwhile, and fails for good once one dies or raises."""
+
+    _failure: str | None
+    """Why the executor failed (set by ``_fail``); every later call refuses with it."""
+
+    @abstractmethod
+    def _start_workers(self) -> None:
+        """Start every rank and wait for its rendezvous."""
+
+    @abstractmethod
+    def _kill_workers(self) -> None:
+        """Stop every rank now; idempotent."""
+
+    def _start_and_load(self, on_error: Callable[[], None]) -> None:
+        """Start the workers and load the model; on any failure, ``on_error()`` and re-raise."""
+        try:
+            retry_on_address_in_use(self._start_workers, self._kill_workers, type(self).__name__)
+            self.collective_rpc("load_model")
+        except BaseException:
+            on_error()
+            raise
+
+    def _fail(self, rank: int, cause: str, what: str) -> NoReturn:
+        err = WorkerFailedError(rank, cause, what)
+        self._failure = str(err)
+        self._kill_workers()
+        raise err
+
+
+class PendingStep:
+    """A step sent to workers in other processes: its output, collected when first asked for (at most once)."""
+
+    def __init__(self, collect: Callable[[], ModelRunnerOutput]) -> None:
+        self._collect = collect
+        self._output: ModelRunnerOutput | None = None
+
+    @property
+    def resolved(self) -> bool:
+        return self._output is not None
+
+    def result(self) -> ModelRunnerOutput:
+        if self._output is None:
+            self._output = self._collect()
+        return self._output
 
 
 def run_method(worker: Any, method: str | Callable, args: tuple, kwargs: dict | None) -> Any:

@@ -40,10 +40,9 @@ import cloudpickle
 
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.core.scheduler_output import SchedulerOutput
-from minivllm.distributed.utils import LOCALHOST, get_open_port, retry_on_address_in_use, threads_per_rank
-from minivllm.executor.base import Executor, WorkerFailedError
+from minivllm.distributed.utils import LOCALHOST, get_open_port, threads_per_rank
+from minivllm.executor.base import PendingStep, ProcessExecutor
 from minivllm.executor.worker_proc import SHUTDOWN, Reply, worker_main
-from minivllm.outputs import ModelRunnerOutput
 
 logger = logging.getLogger(__name__)
 START_UP = "start-up"
@@ -53,7 +52,7 @@ MAIN_GUARD_HINT = (
 )
 
 
-class MultiprocExecutor(Executor):
+class MultiprocExecutor(ProcessExecutor):
     shutdown_grace_s = 5.0
     """How long a clean shutdown waits for workers to exit before terminating them."""
     failure_grace_s = 1.0
@@ -72,12 +71,7 @@ class MultiprocExecutor(Executor):
         self._replies: dict[int, list[Any]] = {}
         """Collected replies of calls nobody has asked for yet, by seq."""
         self._finalizer = weakref.finalize(self, _stop_workers, self._procs, self._conns, 0.0)
-        try:
-            retry_on_address_in_use(self._start_workers, self._kill_workers, "MultiprocExecutor")
-            self.collective_rpc("load_model")
-        except BaseException:
-            self._kill_workers()
-            raise
+        self._start_and_load(on_error=self._kill_workers)
 
     @property
     def worker_pids(self) -> list[int]:
@@ -115,10 +109,11 @@ class MultiprocExecutor(Executor):
     def collective_rpc(self, method: str | Callable, args: tuple = (), kwargs: dict | None = None) -> list[Any]:
         return self._wait(self._send(method, args, kwargs))
 
-    def execute_model_async(self, sched: SchedulerOutput) -> "PendingCall":
+    def execute_model_async(self, sched: SchedulerOutput) -> PendingStep:
         """Send the step to every rank and return at once; the future's ``result()``
         is the output rank's ``ModelRunnerOutput``."""
-        return PendingCall(self, self._send("execute_model", (sched,), None), self.cfg.parallel.output_rank)
+        seq, rank = self._send("execute_model", (sched,), None), self.cfg.parallel.output_rank
+        return PendingStep(lambda: self._wait(seq)[rank])
 
     def _send(self, method: str | Callable, args: tuple, kwargs: dict | None) -> int:
         """Send one call to every rank; its seq."""
@@ -194,35 +189,12 @@ class MultiprocExecutor(Executor):
             return f"died: killed by {signal.Signals(-code).name} (exit code {code})"
         return f"died with exit code {code}" + (MAIN_GUARD_HINT if what == START_UP else "")
 
-    def _fail(self, rank: int, cause: str, what: str) -> None:
-        err = WorkerFailedError(rank, cause, what)
-        self._failure = str(err)
-        self._kill_workers()
-        raise err
-
     # ---- stop -------------------------------------------------------------------------
     def _kill_workers(self) -> None:
         _stop_workers(self._procs, self._conns, 0.0)
 
     def shutdown(self) -> None:
         _stop_workers(self._procs, self._conns, self.shutdown_grace_s)
-
-
-class PendingCall:
-    """A step sent to the workers: its output, once asked for (collected at most once)."""
-
-    def __init__(self, executor: MultiprocExecutor, seq: int, output_rank: int) -> None:
-        self._executor, self._seq, self._rank = executor, seq, output_rank
-        self._output: ModelRunnerOutput | None = None
-
-    @property
-    def resolved(self) -> bool:
-        return self._output is not None
-
-    def result(self) -> ModelRunnerOutput:
-        if self._output is None:
-            self._output = self._executor._wait(self._seq)[self._rank]
-        return self._output
 
 
 def _stop_workers(procs: list[BaseProcess], conns: list[Connection], grace_s: float) -> None:

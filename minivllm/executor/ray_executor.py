@@ -26,10 +26,9 @@ from typing import Any, Callable
 
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.core.scheduler_output import SchedulerOutput
-from minivllm.distributed.utils import get_open_port, retry_on_address_in_use, threads_per_rank
-from minivllm.executor.base import Executor, WorkerFailedError, run_method
+from minivllm.distributed.utils import get_open_port, threads_per_rank
+from minivllm.executor.base import PendingStep, ProcessExecutor, run_method
 from minivllm.executor.ray_cluster import RayInstance, first_line, import_ray, node_of_this_process, reserve
-from minivllm.outputs import ModelRunnerOutput
 from minivllm.worker.extension import build_worker
 
 logger = logging.getLogger(__name__)
@@ -62,7 +61,7 @@ class RayWorkerWrapper:
         return run_method(self.worker, method, args, kwargs)
 
 
-class RayDistributedExecutor(Executor):
+class RayDistributedExecutor(ProcessExecutor):
     failure_grace_s = 2.0
     """After a rank raises, how long to watch for another rank's death (the likelier cause)."""
 
@@ -87,12 +86,7 @@ class RayDistributedExecutor(Executor):
             RayInstance.release(self.ray)
             raise
         self._finalizer = weakref.finalize(self, _release, self.ray, self._actors, self._placement)
-        try:
-            retry_on_address_in_use(self._start_workers, self._kill_actors, "RayDistributedExecutor")
-            self.collective_rpc("load_model")
-        except BaseException:
-            self.shutdown()
-            raise
+        self._start_and_load(on_error=self.shutdown)
 
     @property
     def worker_pids(self) -> list[int]:
@@ -130,9 +124,10 @@ class RayDistributedExecutor(Executor):
         what = method if isinstance(method, str) else getattr(method, "__name__", repr(method))
         return self._call_each(self._send(method, args, kwargs, what), what)
 
-    def execute_model_async(self, sched: SchedulerOutput) -> "RayPendingStep":
+    def execute_model_async(self, sched: SchedulerOutput) -> PendingStep:
         """Send the step to every actor and return at once."""
-        return RayPendingStep(self, self._send("execute_model", (sched,), None, "execute_model"))
+        refs, rank = self._send("execute_model", (sched,), None, "execute_model"), self.cfg.parallel.output_rank
+        return PendingStep(lambda: self._call_each(refs, "execute_model")[rank])
 
     def _send(self, method: str | Callable, args: tuple, kwargs: dict | None, what: str) -> list[Any]:
         """One call to every actor; the result refs in rank order."""
@@ -179,35 +174,11 @@ class RayDistributedExecutor(Executor):
         node_id, ip = self._nodes[rank]
         return f" on node {node_id[:12]} ({ip})"
 
-    def _fail(self, rank: int, cause: str, what: str) -> None:
-        err = WorkerFailedError(rank, cause, what)
-        self._failure = str(err)
-        self._kill_actors()
-        raise err
-
-    def _kill_actors(self) -> None:
+    def _kill_workers(self) -> None:
         _kill(self.ray, self._actors)
 
     def shutdown(self) -> None:
         self._finalizer()  # runs once
-
-
-class RayPendingStep:
-    """A step sent to the actors: the output rank's result, once asked for."""
-
-    def __init__(self, executor: RayDistributedExecutor, refs: list[Any]) -> None:
-        self._executor, self._refs = executor, refs
-        self._output: ModelRunnerOutput | None = None
-
-    @property
-    def resolved(self) -> bool:
-        return self._output is not None
-
-    def result(self) -> ModelRunnerOutput:
-        if self._output is None:
-            outputs = self._executor._call_each(self._refs, "execute_model")
-            self._output = outputs[self._executor.cfg.parallel.output_rank]
-        return self._output
 
 
 def _kill(ray: Any, actors: list[Any]) -> None:
