@@ -199,16 +199,15 @@ def _merge_deltas(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{"finish_reason": reason, "content": content, "tool_calls": list(calls.values())}]
 
 
-def _json(text: str, strict: bool = True) -> Any:
+def _json(text: str) -> Any:
     try:
-        return json.loads(text, strict=strict)
+        return json.loads(text)
     except ValueError as err:
         raise Unexpected(f"not JSON ({err}): {text[:120]!r}") from None
 
 
 def _check_structured(kind: str, content: str) -> None:
-    # strict=False: the grammar library lets raw control characters into JSON strings
-    if kind == "json" and not isinstance(_json(content, strict=False), dict):
+    if kind == "json" and not isinstance(_json(content), dict):
         raise Unexpected(f"json_schema: not an object: {content[:120]!r}")
     if kind == "regex" and not re.fullmatch(REGEX, content):
         raise Unexpected(f"regex: {content[:120]!r} does not match {REGEX}")

@@ -55,12 +55,12 @@ class ToolPlan:
         """(content, calls) of a finished output. Constrained output cut short (by
         ``max_tokens``, a stop string) is not JSON: it stays content, with no calls."""
         if self.mode in ("named", "required"):
-            try:  # the grammar lets raw control characters into strings: accept them, re-encode below
-                parsed = json.loads(text, strict=False)
+            try:
+                parsed = json.loads(text)
             except ValueError:
                 return text, []
             if self.mode == "named":
-                return None, [ToolCall(self.named, json.dumps(parsed, ensure_ascii=False))]
+                return None, [ToolCall(self.named, text)]
             return None, [ToolCall.from_object(obj, "parameters") for obj in parsed]
         if self.mode == "auto":
             content, calls = self.parser.parse(text)

@@ -5,6 +5,9 @@ tokenizer (benchmarks/structured_output_mask.py, docs/structured_outputs.md):
 filling a JSON-schema mask and advancing the matcher costs about a third of
 llguidance's time at batch 1 and at batch 64. It is also vLLM's default.
 
+JSON schemas go through ``json_strings.py``, which keeps raw control characters
+out of length-bounded strings (xgrammar lets them in).
+
 The tokenizer's vocabulary is padded to the model's vocabulary size (the width
 of the logits, ``hf_config.vocab_size``): ids past the tokenizer's last token
 are never allowed.
@@ -15,6 +18,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from minivllm.structured_output.json_strings import strict_string_grammar
 from minivllm.structured_output.params import StructuredOutputsParams
 
 _JSON_OBJECT_SCHEMA = {"type": "object"}
@@ -81,12 +85,13 @@ class XGrammarBackend:
         how, source = grammar_source(params)
         if how == "json":
             compact = params.disable_any_whitespace
-            return self._compiler.compile_json_schema(
+            grammar = strict_string_grammar(
                 json.dumps(source),
                 any_whitespace=not compact,
                 separators=_COMPACT if compact else None,
                 max_whitespace_cnt=None if compact else MAX_WHITESPACE,
             )
+            return self._compiler.compile_grammar(grammar)
         if how == "regex":
             return self._compiler.compile_regex(source)
         return self._compiler.compile_grammar(source)
