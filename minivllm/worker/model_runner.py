@@ -1,11 +1,11 @@
 """The model runner: scheduler output in, sampled tokens out, on one device.
 
-Per step it (1) folds the scheduler's deltas into the persistent batch
-(``input_batch.py``: rows added, removed, compacted; block tables grown in
-place), (2) computes the flat step inputs with numpy and sends them to the
-device in one copy (``step_inputs.py``), (3) runs the model, and (4) samples
-for the requests whose known tokens are now all computed (a request mid-way
-through a chunked prefill samples nothing). The batch holds the sampled ids
+Per step it (1) folds the scheduler's deltas into the persistent batch and the
+other per-request stores (``request_states.py``; ``input_batch.py``: rows added,
+removed, compacted; block tables grown in place), (2) computes the flat step
+inputs with numpy and sends them to the device in one copy (``step_inputs.py``),
+(3) runs the model, and (4) samples for the requests whose known tokens are now
+all computed (a request mid-way through a chunked prefill samples nothing). The batch holds the sampled ids
 (``InputBatch.hold_sampled``); they come back to the host in the step's one
 synchronization (``pending_output.py``), which with async scheduling happens
 after the next step is already launched: the next step then reads those tokens
@@ -26,7 +26,7 @@ from minivllm.attention.backend import AttentionMetadata
 from minivllm.attention.kv_quant import FP8_KV_DTYPE
 from minivllm.attention.ops.triton_paged_attention import check_fp8_kv_capability
 from minivllm.config.vllm_config import VllmConfig
-from minivllm.core.scheduler_output import NewRequestData, SchedulerOutput
+from minivllm.core.scheduler_output import SchedulerOutput
 from minivllm.distributed.parallel_state import broadcast_from_first
 from minivllm.distributed.pipeline import IntermediateTensors, PipelineStage, pipeline_stage
 from minivllm.layers.attention import attention_layers
@@ -50,6 +50,7 @@ from minivllm.worker.mrope_positions import MRopePositions
 from minivllm.worker.pending_output import PendingOutput
 from minivllm.worker.profile_batch import profile_batch
 from minivllm.worker.prompt_logprobs_requests import PromptLogprobsRequests
+from minivllm.worker.request_states import update_states
 from minivllm.worker.sampling_metadata import from_batch
 from minivllm.worker.scheduled_rows import ScheduledRows
 from minivllm.worker.step_inputs import StepInputBuilder, StepInputs
@@ -276,48 +277,18 @@ class ModelRunner:
         )
 
     def _update_states(self, sched: SchedulerOutput) -> None:
-        batch = self.batch
-        batch.store_sampled()  # the tokens of earlier steps whose outputs were taken
-        mm = self.mm
-        if mm is not None and sched.free_encoder_input_ids:
-            mm.free(sched.free_encoder_input_ids)
-        for req_id in sched.forget_req_ids:
-            batch.remove(req_id)
-            self.prompt_logprobs.remove(req_id)
-            if mm is not None:
-                mm.remove_request(req_id)
-            if self.lora is not None:
-                self.lora.remove_request(req_id)
-            if self.mrope is not None:
-                self.mrope.remove(req_id)
-        for new in sched.new_reqs:
-            batch.add(new, self.device)
-            if mm is not None:
-                mm.add_request(new)
-            self._track_prompt_logprobs(new)
-            if self.lora is not None:
-                self.lora.add_request(new.req_id, new.lora_request)
-            if self.mrope is not None:
-                self.mrope.add(new)
-        cached = sched.cached_reqs
-        if len(cached):
-            rows = batch.rows_of(cached.req_ids)
-            batch.num_computed_tokens[np.asarray(rows)] = cached.num_computed_tokens
-            if self.spec is not None:
-                self.spec.roll_back_block_tables(batch, cached)
-            if any(cached.new_block_ids):
-                batch.block_table.append_rows(rows, cached.new_block_ids)
-            if cached.new_token_ids and not self.pipeline.is_last:  # tokens the last stage sampled
-                for row, computed, tokens in zip(rows, cached.num_computed_tokens, cached.new_token_ids):
-                    if tokens:
-                        batch.write_output_tokens(row, computed, tokens)
-        batch.condense()
-        if sched.scheduled_spec_decode_tokens:
-            self.spec.write_drafts(batch, sched)
-
-    def _track_prompt_logprobs(self, new: NewRequestData) -> None:
-        if self.pipeline is None or self.pipeline.is_last:  # else the last stage computes them
-            self.prompt_logprobs.add(new)
+        """Bring the batch and the per-request stores up to date (``request_states.py``)."""
+        update_states(
+            sched,
+            self.batch,
+            self.device,
+            self.prompt_logprobs,
+            self.spec,
+            self.pipeline,
+            self.mm,
+            self.lora,
+            self.mrope,
+        )
 
     def _scheduled_rows(self, sched: SchedulerOutput, num_tokens: int) -> tuple[np.ndarray, np.ndarray]:
         """(B,) batch rows with new tokens this step and (B,) their counts (``num_tokens`` in all)."""
