@@ -13,7 +13,9 @@ itself, once (``Processor.process``, the same rules as ``LLM``), so a bad reques
 raises ValueError before anything reaches the engine, which queues the processed
 request as it is. ``EngineCoreClient`` (``engine/core_client.py``) starts the
 engine and hands its messages to the event loop, where each request's
-``RequestStream`` receives its outputs.
+``RequestStream`` receives its outputs and each awaited reply its future
+(``async_requests.py``: what callers wait on, and how a message reaches it).
+This file binds the event loop, admits and aborts requests, and asks the engine.
 
 With ``parallel.dp > 1`` there is one engine process per data-parallel
 replica (a Ray actor each, on any node, with ``parallel.dp_backend=ray``:
@@ -31,11 +33,12 @@ import asyncio
 import copy
 import dataclasses
 import time
-from typing import Any, AsyncIterator, Protocol, Sequence
+from typing import Any, AsyncIterator, Sequence
 
 from minivllm.config.llm_kwargs import config_from_kwargs
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.core.scheduler import SchedulerStats
+from minivllm.engine.async_requests import AsyncRequests, StatLogger
 from minivllm.engine.balancer import LoadBalancer
 from minivllm.engine.core_client import EngineCoreClient, merge_stats
 from minivllm.engine.engine_proc import EngineMessage
@@ -49,21 +52,10 @@ from minivllm.pooling.params import PoolingParams
 from minivllm.sampling_params import RequestOutputKind, SamplingParams
 
 
-class StatLogger(Protocol):
-    """Receives per-request timings as outputs arrive (the server's metrics)."""
-
-    def on_tokens(self, stream: RequestStream, num_new_tokens: int, now: float) -> None:
-        """Called before ``stream.first_token_time``/``last_token_time`` move to ``now``."""
-
-    def on_finished(self, stream: RequestStream, finish_reason: str, now: float) -> None: ...
-
-
 class AsyncLLM:
     def __init__(self, cfg: VllmConfig, stat_loggers: Sequence[StatLogger] = ()) -> None:
         self.cfg = cfg
-        self.stat_loggers = list(stat_loggers)
-        self._streams: dict[str, RequestStream] = {}
-        self._pending: dict[Any, asyncio.Future] = {}
+        self._requests = AsyncRequests(stat_loggers)
         self._loop: asyncio.AbstractEventLoop | None = None
         self.client = EngineCoreClient(cfg, self._from_engine, self._engine_exited)
         self.tokenizer = self.client.tokenizer
@@ -74,6 +66,11 @@ class AsyncLLM:
     def errored(self) -> str | None:
         """Why the engine stopped, once it has."""
         return self.client.failure
+
+    @property
+    def stat_loggers(self) -> list[StatLogger]:
+        """The loggers told of each request's tokens and end (add and remove them here)."""
+        return self._requests.stat_loggers
 
     @property
     def balancer(self) -> LoadBalancer:
@@ -108,24 +105,14 @@ class AsyncLLM:
     def _bind_loop(self) -> None:
         loop = asyncio.get_running_loop()
         if self._loop is not loop:
-            if self._streams or self._pending:
+            if self._requests.streams or self._requests.pending:
                 raise RuntimeError("AsyncLLM: in use by requests on another event loop")
             self._loop = loop
 
     # ---- messages from the engine (on the event loop) ---------------------------------
     def _on_message(self, replica: int, msg: EngineMessage, now: float) -> None:
         arrival = self.client.absorb(replica, msg)
-        for request_id in arrival.added:
-            self._resolve(("add", request_id), None)
-        for request_id, reason in arrival.refused.items():
-            self._streams.pop(request_id, None)
-            self._resolve(("add", request_id), ValueError(reason))
-        for token, value in arrival.replies.items():
-            self._resolve(token, value)
-        for out in arrival.outputs:
-            self._on_output(out, now)
-        for pooled in arrival.pooled:
-            self._resolve(("pooled", pooled.request_id), pooled)
+        self._requests.deliver(arrival, now)
         if arrival.failure is not None:
             self._on_dead()
 
@@ -133,43 +120,9 @@ class AsyncLLM:
         self.client.fail(replica, reason)
         self._on_dead()
 
-    def _resolve(self, key: Any, value: Any) -> None:
-        fut = self._pending.pop(key, None)
-        if fut is None or fut.done():
-            return
-        if isinstance(value, BaseException):
-            fut.set_exception(value)
-        else:
-            fut.set_result(value)
-
-    def _on_output(self, out: RequestOutput, now: float) -> None:
-        stream = self._streams.get(out.request_id)
-        if stream is None:
-            return  # aborted meanwhile
-        new_tokens = sum(len(c.token_ids) for c in out.outputs)
-        if new_tokens:
-            for stat in self.stat_loggers:
-                stat.on_tokens(stream, new_tokens, now)
-            stream.first_token_time = stream.first_token_time or now
-            stream.last_token_time = now
-            stream.num_generation_tokens += new_tokens
-        stream.put(out)
-        if out.finished:
-            del self._streams[out.request_id]
-            reason = next((c.finish_reason for c in out.outputs if c.finish_reason), "stop")
-            for stat in self.stat_loggers:
-                stat.on_finished(stream, reason, now)
-
     def _on_dead(self) -> None:
         """Fail every stream and waiting call with the client's recorded failure."""
-        err = EngineDeadError(self.errored)
-        for stream in self._streams.values():
-            stream.fail(err)
-        self._streams.clear()
-        for fut in self._pending.values():
-            if not fut.done():
-                fut.set_exception(err)
-        self._pending.clear()
+        self._requests.fail_all(EngineDeadError(self.errored))
 
     # ---- public API ------------------------------------------------------------------
     async def add_request(
@@ -220,8 +173,8 @@ class AsyncLLM:
         stream = RequestStream(
             request.request_id, request.prompt, request.prompt_token_ids, params, self._abort_now, time.monotonic()
         )
-        self._streams[request.request_id] = stream
-        accepted = self._pending[("add", request.request_id)] = self._loop.create_future()
+        self._requests.streams[request.request_id] = stream
+        accepted = self._requests.expect(("add", request.request_id), self._loop)
         try:
             await accepted
         except asyncio.CancelledError:
@@ -261,13 +214,13 @@ class AsyncLLM:
             raise ValueError("params: encode() needs PoolingParams; generate with add_request()")
         request_id = request.request_id
         self.client.add(request)
-        accepted, pooled = self._loop.create_future(), self._loop.create_future()
-        self._pending[("add", request_id)], self._pending[("pooled", request_id)] = accepted, pooled
+        accepted = self._requests.expect(("add", request_id), self._loop)
+        pooled = self._requests.expect(("pooled", request_id), self._loop)
         try:
             await accepted
             return await pooled
         except BaseException:
-            self._pending.pop(("pooled", request_id), None)
+            self._requests.pending.pop(("pooled", request_id), None)
             self.client.abort([request_id])
             raise
 
@@ -279,27 +232,16 @@ class AsyncLLM:
     def _abort_now(self, request_ids: str | Sequence[str]) -> None:
         ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
         now = time.monotonic()
-        streams = [(r, s) for r in ids if (s := self._streams.pop(r, None)) is not None]
+        streams = self._requests.pop_streams(ids)
         self.client.abort([r for r, _ in streams])
-        for request_id, stream in streams:
-            self._resolve(("add", request_id), None)  # an add still waiting returns the ended stream
-            stream.put_aborted()
-            for stat in self.stat_loggers:
-                stat.on_finished(stream, "abort", now)
+        self._requests.end_aborted(streams, now)
 
     def fail_requests(self, err: BaseException) -> int:
         """End every unfinished request now: its consumer raises ``err`` (a server shutting down
         tells its clients why) and the engine frees its KV blocks. Returns how many there were."""
-        ids = list(self._streams)
-        for request_id in ids:
-            self._streams[request_id].fail(err)
+        ids = self._requests.fail_streams(err)
         self._abort_now(ids)
-        pending = [key for key in self._pending if isinstance(key, tuple) and key[0] in ("add", "pooled")]
-        for key in pending:
-            fut = self._pending.pop(key)
-            if not fut.done():
-                fut.set_exception(err)
-        return len(ids) + sum(1 for key in pending if key[0] == "pooled")
+        return len(ids) + self._requests.fail_waiting(err)
 
     async def scheduler_stats(self) -> SchedulerStats:
         """Fresh from the engine (answered between two steps); the replicas' merged under data parallelism."""
@@ -309,8 +251,7 @@ class AsyncLLM:
         """Each data-parallel replica's scheduler stats, in replica order."""
         self._bind_loop()
         tokens = self.client.ask_all(lambda token: ("stats", token))
-        replies = [self._pending.setdefault(token, self._loop.create_future()) for token in tokens]
-        return list(await asyncio.gather(*replies))
+        return list(await asyncio.gather(*self._requests.replies(tokens, self._loop)))
 
     # ---- sleep mode (every replica; LLMEngine.sleep) ------------------------------------
     async def sleep(self, level: int = 1) -> None:
@@ -327,8 +268,7 @@ class AsyncLLM:
         """``LLMEngine.<name>(*args)`` in every replica's process (``engine_proc.ENGINE_CALLS``)."""
         self._bind_loop()
         tokens = self.client.ask_all(lambda token: ("call", token, name, args))
-        replies = [self._pending.setdefault(token, self._loop.create_future()) for token in tokens]
-        return list(await asyncio.gather(*replies))
+        return list(await asyncio.gather(*self._requests.replies(tokens, self._loop)))
 
     @property
     def engine_pid(self) -> int | None:
@@ -345,12 +285,11 @@ class AsyncLLM:
         return self.client.is_running
 
     def get_num_unfinished_requests(self) -> int:
-        return len(self._streams)
+        return len(self._requests.streams)
 
     def get_num_unfinished_sequences(self) -> int:
         """Sequences (``n`` per request) of the unfinished requests: what the engine may still queue."""
-        pooling = sum(1 for key in self._pending if isinstance(key, tuple) and key[0] == "pooled")
-        return sum(stream.params.n for stream in self._streams.values()) + pooling
+        return self._requests.num_unfinished_sequences()
 
     def shutdown(self, timeout: float = 10.0) -> None:
         """Stop the engine process; in-flight requests fail with EngineDeadError."""
