@@ -6,7 +6,7 @@ report the registers, shared memory and register spills of each compiled variant
 
 A variant is one launch of a kernel as its wrapper makes it for a benchmark shape on a
 GPU of the architecture: the wrapper's own functions choose the tiles, warps and splits
-(``_tile_config`` with that compute capability, ``default_num_splits``, ``default_block``,
+(``tile_config`` with that compute capability, ``default_num_splits``, ``default_block``,
 ``launch_constexprs``, ...), and the arguments (stand-in tensors of the right dtype and
 shape, integers and floats of the benchmark's sizes) go through Triton's own launch-time
 specialization, so the compiled kernel is the one a launch on the GPU would compile
@@ -117,7 +117,7 @@ def capability(arch: int) -> tuple[int, int]:
 
 def start_up_refusal(variant: Variant, arch: int) -> str:
     """The engine's start-up error for the variant's configuration on ``arch``; "" if it starts."""
-    from minivllm.attention.ops.triton_paged_attention import check_fp8_kv_capability
+    from minivllm.attention.ops.fp8_capability import check_fp8_kv_capability
 
     if variant.fp8_kv:
         try:
@@ -147,15 +147,16 @@ def paged_attention_launches(
     """``paged_attention`` on a CUDA device of compute capability ``arch`` (80: 8.0) with NUM_SMS
     multiprocessors: requests of at most ``query_len`` new tokens (all of them: ``num_tokens``
     None) at the end of ``context_len`` tokens; ``num_splits`` left to the wrapper."""
-    from minivllm.attention.ops import triton_paged_attention as pa
+    from minivllm.attention.ops import paged_attention_kernels as kernels
+    from minivllm.attention.ops.paged_attention_tiles import default_num_splits, tile_config
 
     num_tokens = num_reqs * query_len if num_tokens is None else num_tokens
     group = num_heads // num_kv_heads
-    block_q, block_n, num_warps = pa._tile_config(
+    block_q, block_n, num_warps = tile_config(
         head_dim, triton.next_power_of_2(group), query_len, dtype == torch.float32, capability(arch)
     )
     num_q_tiles = triton.cdiv(query_len, block_q)
-    num_splits = pa.default_num_splits(NUM_SMS, num_reqs * num_q_tiles * num_kv_heads, query_len, context_len)
+    num_splits = default_num_splits(NUM_SMS, num_reqs * num_q_tiles * num_kv_heads, query_len, context_len)
     split_len = triton.cdiv(triton.cdiv(context_len, num_splits), block_n) * block_n
     blocks_per_req = triton.cdiv(context_len, block_size)
     query, out = Tensor(dtype, num_tokens, num_heads, head_dim), Tensor(dtype, num_tokens, num_heads, head_dim)
@@ -168,7 +169,7 @@ def paged_attention_launches(
     label = f"{label} bs{block_size} split{num_splits}"
     fp8_kv = kv_dtype == torch.float8_e4m3fn  # the whole launch: the engine refuses the cache, not one kernel
     attention = Variant(
-        pa._paged_attention_kernel,
+        kernels._paged_attention_kernel,
         label,
         dict(
             out_ptr=out,
@@ -216,7 +217,7 @@ def paged_attention_launches(
     if num_splits == 1:
         return [attention]
     combine = Variant(
-        pa._combine_splits_kernel,
+        kernels._combine_splits_kernel,
         label,
         dict(
             out_ptr=out,

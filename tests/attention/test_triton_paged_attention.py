@@ -22,7 +22,8 @@ from hydra.utils import instantiate
 from minivllm.attention import AttentionMetadata
 from minivllm.attention.ops import paged_attention, write_kv
 from minivllm.attention.ops import triton_paged_attention as pa
-from minivllm.attention.ops.triton_paged_attention import check_fp8_kv_capability, default_num_splits
+from minivllm.attention.ops.fp8_capability import check_fp8_kv_capability
+from minivllm.attention.ops.paged_attention_tiles import default_num_splits, tile_config
 from minivllm.attention.triton_backend import TritonAttentionBackend
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
@@ -353,11 +354,11 @@ def test_tile_config_per_architecture(
 ) -> None:
     """Hopper and later keep the tiles measured on an H200, as does the interpreter (None);
     sm_8x takes fewer keys per step where ptxas spills there (tools/kernel_report.py)."""
-    assert pa._tile_config(head_dim, group_pad, max_query_len, fp32) == sm90
-    assert pa._tile_config(head_dim, group_pad, max_query_len, fp32, SM90) == sm90
-    assert pa._tile_config(head_dim, group_pad, max_query_len, fp32, (10, 0)) == sm90
-    assert pa._tile_config(head_dim, group_pad, max_query_len, fp32, SM80) == sm80
-    assert pa._tile_config(head_dim, group_pad, max_query_len, fp32, (8, 6)) == sm80
+    assert tile_config(head_dim, group_pad, max_query_len, fp32) == sm90
+    assert tile_config(head_dim, group_pad, max_query_len, fp32, SM90) == sm90
+    assert tile_config(head_dim, group_pad, max_query_len, fp32, (10, 0)) == sm90
+    assert tile_config(head_dim, group_pad, max_query_len, fp32, SM80) == sm80
+    assert tile_config(head_dim, group_pad, max_query_len, fp32, (8, 6)) == sm80
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -381,13 +382,13 @@ def test_tile_config_per_architecture(
 )
 def test_sm8x_tiles_match_reference(case: Case, block_n: int, device: str, monkeypatch) -> None:
     """The kernel with the tiles the wrapper picks on an A100, whatever runs it."""
-    tile_config, picked = pa._tile_config, []
+    picked = []
 
     def sm80_tiles(*args):
         picked.append(tile_config(*args[:4], capability=SM80))
         return picked[-1]
 
-    monkeypatch.setattr(pa, "_tile_config", sm80_tiles)
+    monkeypatch.setattr(pa, "tile_config", sm80_tiles)
     batch = make_batch(case, device)
     assert_matches_reference(run_attention(batch, expected_cache(batch, batch.kv_cache)), batch)
     assert [tiles[1] for tiles in picked] == [block_n]

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from minivllm.attention.ops.triton_paged_attention import check_fp8_kv_capability
+from minivllm.attention.ops.fp8_capability import check_fp8_kv_capability
 
 ROOT = Path(__file__).resolve().parents[2]
 ARCHS = (80, 90)

@@ -1,0 +1,65 @@
+"""How a paged-attention launch is cut up: the tiles of one program and the KV splits.
+
+``tile_config`` gives (BLOCK_Q, BLOCK_N, num_warps) from the head size, the GQA group,
+the longest query and the GPU's compute capability; ``default_num_splits`` the split-KV
+factor of a decode batch from the multiprocessor count. Both are pure functions of their
+arguments, so ``tools/kernel_report.py`` calls them with each target's numbers and
+compiles exactly what a launch on that GPU would. The wrapper reads the device's
+capability and multiprocessor count once per device (``device_capability``, ``device_num_sms``).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+
+MIN_KEYS_PER_SPLIT = 256
+MAX_SPLITS = 16
+
+
+def tile_config(
+    head_dim: int, group_pad: int, max_query_len: int, fp32: bool, capability: tuple[int, int] | None = None
+) -> tuple[int, int, int]:
+    """(BLOCK_Q, BLOCK_N, num_warps) for a GPU of compute ``capability`` (None: the CPU
+    interpreter, which takes the Hopper tiles). A tile holds at least 16 rows (tl.dot's minimum).
+
+    Sized so that programs do not spill registers (``python -m tools.kernel_report``
+    compiles them for sm_80 and sm_90): fp32 products run on CUDA cores, not tensor cores,
+    and need smaller tiles. The Hopper (sm_90) tiles were measured on an H200 (decode at
+    94-100% of copy bandwidth). Before Hopper (sm_8x) ptxas needs more registers for the
+    same tile, so prefill tiles at head_dim <= 128 and fp32 tiles at head_dim > 128 take
+    half as many keys per step: a 64-row bf16/fp16 tile at BLOCK_N=64 there is 255
+    registers and spills (188 at 32), an fp32 32-row tile at BLOCK_N=32 spills too (116
+    registers at 16), and the 8-warp fp32 head_dim 256 tile spills at 32 (76 at 16)."""
+    big, decode = head_dim > 128, max_query_len == 1
+    if decode:
+        rows = 16
+    else:
+        rows = (16 if big else 32) if fp32 else (32 if big else 64)
+    block_n = 32 if big or fp32 else 64
+    num_warps = 8 if big and (fp32 or not decode) else 4
+    if capability is not None and capability < (9, 0) and ((fp32 and big) or (not big and not decode)):
+        block_n //= 2
+    return max(1, rows // group_pad), block_n, num_warps
+
+
+@functools.cache
+def device_num_sms(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+@functools.cache
+def device_capability(device: torch.device) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(device)
+
+
+def default_num_splits(num_sms: int, programs: int, max_query_len: int, max_seq_len: int) -> int:
+    """KV splits for a batch: decode batches whose ``programs`` would not fill the
+    ``num_sms`` multiprocessors twice over get more, each still >= 256 keys long."""
+    if max_query_len != 1:
+        return 1
+    wanted = triton.next_power_of_2(triton.cdiv(2 * num_sms, programs))
+    affordable = 1 << (max(1, max_seq_len // MIN_KEYS_PER_SPLIT).bit_length() - 1)  # power of two, rounded down
+    return min(wanted, affordable, MAX_SPLITS)
