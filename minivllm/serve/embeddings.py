@@ -11,20 +11,19 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import time
 import uuid
 from typing import Literal, Optional, Union
 
 import numpy as np
 from fastapi import FastAPI, Request
-from pydantic import BaseModel, Field
+from pydantic import BaseModel
 
 from minivllm.engine.processor import ProcessedRequest
 from minivllm.pooling.params import PoolingParams
 from minivllm.serve.generation import off_loop, unless_disconnected
 from minivllm.serve.limits import admit, check_text_length, prompt_texts
 from minivllm.serve.params import BadRequest, bad_request, refuse_unknown_fields
-from minivllm.serve.protocol import Int, OpenAIModel, UsageInfo
+from minivllm.serve.protocol import Int, OpenAIModel, OpenAIResponse, UsageInfo
 from minivllm.serve.state import ServerState
 
 
@@ -47,11 +46,8 @@ class EmbeddingData(BaseModel):
     embedding: Union[list[float], str]
 
 
-class EmbeddingResponse(BaseModel):
-    id: str
+class EmbeddingResponse(OpenAIResponse):
     object: Literal["list"] = "list"
-    created: int = Field(default_factory=lambda: int(time.time()))
-    model: str
     data: list[EmbeddingData]
     usage: UsageInfo
 
