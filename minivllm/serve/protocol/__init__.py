@@ -5,6 +5,8 @@
   error body;
 - ``sampling``: the sampling fields the two generation routes share, every public
   ``SamplingParams`` field among them;
+- ``ranges``: the numeric bounds request fields declare, read from the engine's own
+  tables (``sampling_params.RANGES``), so the schema and the engine agree;
 - ``requests``: the bodies of /v1/completions and /v1/chat/completions;
 - ``responses``: what those routes and /v1/models answer.
 

@@ -16,7 +16,7 @@ from typing import Annotated, Any, Optional
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict
 
 
-def _no_bool(value: Any) -> Any:
+def refuse_bool(value: Any) -> Any:
     if isinstance(value, bool):
         raise ValueError("Input should be a valid number, not a boolean")
     return value
@@ -24,7 +24,7 @@ def _no_bool(value: Any) -> Any:
 
 Int = Annotated[int, Strict()]
 """An integer as JSON writes it: ``true``, ``1.0`` and ``"1"`` are refused (OpenAI does too)."""
-Float = Annotated[float, BeforeValidator(_no_bool)]
+Float = Annotated[float, BeforeValidator(refuse_bool)]
 """A number (integers accepted), never a boolean."""
 
 

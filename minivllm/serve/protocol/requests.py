@@ -13,6 +13,7 @@ from typing import Any, Literal, Optional, Union
 from pydantic import Field, model_validator
 
 from minivllm.serve.protocol.base import Int, OpenAIModel
+from minivllm.serve.protocol.ranges import int_in
 from minivllm.serve.protocol.sampling import SamplingRequest
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -20,8 +21,8 @@ ROLES = ("system", "developer", "user", "assistant", "tool")
 
 class CompletionRequest(SamplingRequest):
     prompt: Union[str, list[str], list[int], list[list[int]]]
-    max_tokens: Optional[Int] = 16
-    logprobs: Optional[Int] = None
+    max_tokens: Optional[int_in("max_tokens")] = 16
+    logprobs: Optional[int_in("logprobs")] = None
     echo: bool = False
     add_special_tokens: bool = True
     """Add the tokenizer's special tokens (BOS) to text prompts."""
@@ -65,10 +66,10 @@ class ChatMessage(OpenAIModel):
 
 class ChatCompletionRequest(SamplingRequest):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: Optional[Int] = None
-    max_completion_tokens: Optional[Int] = None
+    max_tokens: Optional[int_in("max_tokens")] = None
+    max_completion_tokens: Optional[int_in("max_completion_tokens")] = None
     logprobs: bool = False
-    top_logprobs: Optional[Int] = None
+    top_logprobs: Optional[int_in("top_logprobs")] = None
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: Optional[dict[str, Any]] = None

@@ -6,7 +6,9 @@ field is declared too, from the dataclass itself (``_with_sampling_fields``),
 so a field added to ``SamplingParams`` works over HTTP, and appears in the
 OpenAPI schema, without touching this file. Only the fields in
 ``NO_OP_FIELDS`` are accepted and ignored (documented in docs/serving.md);
-those in ``SERVER_OWNED`` are never settable over HTTP.
+those in ``SERVER_OWNED`` are never settable over HTTP. Numeric fields declare the
+bounds the engine enforces (``ranges.py``), so the schema states them and a value
+out of range is refused when the body is parsed.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from pydantic import BaseModel, create_model
 
 from minivllm.sampling_params import SamplingParams
 from minivllm.serve.protocol.base import Float, Int, OpenAIModel
+from minivllm.serve.protocol.ranges import int_in, number_in
 
 NO_OP_FIELDS = ("user",)
 """Accepted and documented as having no effect (OpenAI's end-user id)."""
@@ -39,29 +42,29 @@ class _SamplingRequest(OpenAIModel):
     """Fields shared by /v1/completions and /v1/chat/completions."""
 
     model: Optional[str] = None
-    n: Int = 1
-    temperature: Optional[Float] = None
-    top_p: Optional[Float] = None
+    n: int_in("n") = 1
+    temperature: Optional[number_in("temperature")] = None
+    top_p: Optional[number_in("top_p")] = None
     seed: Optional[Int] = None
     stop: Optional[Union[str, list[str]]] = None
     stream: bool = False
     stream_options: Optional[StreamOptions] = None
-    presence_penalty: Optional[Float] = None
-    frequency_penalty: Optional[Float] = None
+    presence_penalty: Optional[number_in("presence_penalty")] = None
+    frequency_penalty: Optional[number_in("frequency_penalty")] = None
     logit_bias: Optional[dict[str, Float]] = None
     user: Optional[str] = None
     # vLLM's extra sampling fields, accepted at the top level
-    top_k: Optional[Int] = None
-    min_p: Optional[Float] = None
-    repetition_penalty: Optional[Float] = None
-    min_tokens: Optional[Int] = None
+    top_k: Optional[int_in("top_k")] = None
+    min_p: Optional[number_in("min_p")] = None
+    repetition_penalty: Optional[number_in("repetition_penalty")] = None
+    min_tokens: Optional[int_in("min_tokens")] = None
     ignore_eos: Optional[bool] = None
     stop_token_ids: Optional[list[Int]] = None
     include_stop_str_in_output: Optional[bool] = None
     skip_special_tokens: Optional[bool] = None
     spaces_between_special_tokens: Optional[bool] = None
-    prompt_logprobs: Optional[Int] = None
-    truncate_prompt_tokens: Optional[Int] = None
+    prompt_logprobs: Optional[int_in("prompt_logprobs")] = None
+    truncate_prompt_tokens: Optional[int_in("truncate_prompt_tokens")] = None
     """Keep only the last k prompt tokens."""
     detokenize: Optional[bool] = None
     """False: token ids (and logprobs) only, the text stays empty."""
