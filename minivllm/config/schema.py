@@ -31,29 +31,10 @@ from minivllm.config.parallel_config import DP_BACKENDS, PARALLEL_BACKENDS, PLAC
 from minivllm.config.scheduler_config import SCHEDULER_POLICIES, SchedulerConfig
 from minivllm.config.task_config import TASKS, TaskConfig
 
-__all__ = [
-    "ATTENTION_BACKENDS",
-    "CACHE_DTYPES",
-    "DEVICE_TYPES",
-    "DP_BACKENDS",
-    "DTYPE_ALIASES",
-    "LOAD_FORMATS",
-    "MODALITIES",
-    "MODEL_DTYPES",
-    "PARALLEL_BACKENDS",
-    "PLACEMENT_STRATEGIES",
-    "POOLING_TYPES",
-    "RUNNERS",
-    "SCHEDULER_POLICIES",
-    "TASKS",
-    "AttentionConfig",
-    "CacheConfig",
-    "CompilationConfig",
-    "DeviceConfig",
-    "LoadConfig",
-    "ModelConfig",
-    "ParallelConfig",
-    "PoolerConfig",
-    "SchedulerConfig",
-    "TaskConfig",
-]
+__all__ = (  # group by group, in the tree's order
+    ["ModelConfig", "PoolerConfig", "MODEL_DTYPES", "DTYPE_ALIASES", "RUNNERS", "MODALITIES", "POOLING_TYPES"]
+    + ["ParallelConfig", "PARALLEL_BACKENDS", "DP_BACKENDS", "PLACEMENT_STRATEGIES"]
+    + ["CacheConfig", "CACHE_DTYPES", "SchedulerConfig", "SCHEDULER_POLICIES"]
+    + ["LoadConfig", "LOAD_FORMATS", "CompilationConfig", "AttentionConfig", "ATTENTION_BACKENDS"]
+    + ["DeviceConfig", "DEVICE_TYPES", "TaskConfig", "TASKS"]
+)
