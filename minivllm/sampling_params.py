@@ -3,7 +3,8 @@
 Every field is checked in ``__post_init__``; a bad value raises ValueError naming
 the field and its allowed range, before the request reaches the engine. Checks
 that need the model (token ids inside the vocabulary, ``model.max_logprobs``)
-are in ``engine/processor.py`` and also run before any work.
+are in ``engine/request_checks.py`` and also run before any work. ``RANGES`` states
+every numeric field's bounds once, for these checks and for the server's schema.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Callable, Optional
 
-from minivllm.config.validation import check_range
+from minivllm.config.validation import Range, check_range
 from minivllm.structured_output.params import GuidedDecodingParams, StructuredOutputsParams
 
 _GREEDY_EPS = 1e-5
@@ -126,26 +127,12 @@ class SamplingParams:
             _check_int(name, getattr(self, name), optional=name in _OPTIONAL_INTS)
         for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty"):
             _check_number(name, getattr(self, name))
-        check_range("n", self.n, low=1)
-        check_range("temperature", self.temperature, low=0.0)
-        check_range("top_p", self.top_p, low=0.0, high=1.0, low_open=True)
-        if self.top_k < -1:
-            raise ValueError(f"top_k={self.top_k}: must be -1 (disable), 0 (disable) or at least 1")
-        check_range("min_p", self.min_p, low=0.0, high=1.0)
-        check_range("presence_penalty", self.presence_penalty, low=-2.0, high=2.0)
-        check_range("frequency_penalty", self.frequency_penalty, low=-2.0, high=2.0)
-        check_range("repetition_penalty", self.repetition_penalty, low=0.0, high=2.0, low_open=True)
-        if self.max_tokens is not None:
-            check_range("max_tokens", self.max_tokens, low=1)
-        check_range("min_tokens", self.min_tokens, low=0)
+        for name, allowed in RANGES.items():
+            value = getattr(self, name)
+            if value is not None:
+                allowed.check(name, value)
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise ValueError(f"min_tokens={self.min_tokens}: must be at most max_tokens={self.max_tokens}")
-        for name in ("logprobs", "prompt_logprobs"):
-            value = getattr(self, name)
-            if value is not None and value != -1:
-                check_range(name, value, low=0)  # -1: the whole vocabulary
-        if self.truncate_prompt_tokens is not None:
-            check_range("truncate_prompt_tokens", self.truncate_prompt_tokens, low=1)
         if not isinstance(self.detokenize, bool):
             raise ValueError(f"detokenize={self.detokenize!r}: must be true or false")
         if not self.detokenize and self.stop:
@@ -186,6 +173,25 @@ def _plain(value: Any) -> Any:
         return dict(value.items())  # an OmegaConf node
     return value
 
+
+_LOGPROBS = Range(low=-1, said="in [0, inf), or -1 (the whole vocabulary)")
+RANGES: dict[str, Range] = {
+    "n": Range(low=1),
+    "temperature": Range(low=0.0),
+    "top_p": Range(low=0.0, high=1.0, low_open=True),
+    "top_k": Range(low=-1, said="-1 (disable), 0 (disable) or at least 1"),
+    "min_p": Range(low=0.0, high=1.0),
+    "presence_penalty": Range(low=-2.0, high=2.0),
+    "frequency_penalty": Range(low=-2.0, high=2.0),
+    "repetition_penalty": Range(low=0.0, high=2.0, low_open=True),
+    "max_tokens": Range(low=1),
+    "min_tokens": Range(low=0),
+    "logprobs": _LOGPROBS,
+    "prompt_logprobs": _LOGPROBS,
+    "truncate_prompt_tokens": Range(low=1),
+}
+"""Each numeric field's allowed values (None passes where the field is optional). The server's
+request models declare the same bounds in its OpenAPI schema (``serve/protocol/ranges.py``)."""
 
 _INTS = ("n", "top_k", "min_tokens", "max_tokens", "logprobs", "prompt_logprobs", "seed", "truncate_prompt_tokens")
 _OPTIONAL_INTS = ("max_tokens", "logprobs", "prompt_logprobs", "seed", "truncate_prompt_tokens")

@@ -4,20 +4,33 @@
 ``LLMEngine`` runs it for offline requests, the front ends of engine processes
 (``AsyncLLM``, ``DataParallelEngine``, through ``EngineCoreClient``) run it before
 they send a request, and the engine process then queues the ``ProcessedRequest``
-as it is. Every rule here raises ValueError naming the problem, so a bad request
+as it is. Every rule raises ValueError naming the problem, so a bad request
 fails before any work starts and the engine keeps serving the others.
+
+The rules live beside it, and this module runs them in order (options, adapter,
+prompt, context, params, KV cache): ``prompt_tokens.py`` splits and tokenizes a
+prompt (once) and checks its ids, ``prompt_images.py`` runs a prompt's images
+through the model's processor, ``request_checks.py`` holds the checks that need
+the config or the model and prepares the params the workers get.
 """
 
 from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
-from typing import Any, Union
 
 from transformers import PreTrainedTokenizerBase
 
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.context_length import check_pooling_fits, check_prompt_fits
+from minivllm.engine.prompt_images import tokenize_with_images
+from minivllm.engine.prompt_tokens import PROMPT_KEYS, PromptTokenizer, PromptType
+from minivllm.engine.request_checks import (
+    check_fits_kv_cache,
+    check_params,
+    check_priority_and_salt,
+    prepare_params,
+)
 from minivllm.kv_cache_spec import KVCacheSpec
 from minivllm.lora.checker import LoRAChecker
 from minivllm.lora.request import LoRARequest
@@ -26,15 +39,9 @@ from minivllm.models.registry import ModelRegistry
 from minivllm.multimodal.feature import MultiModalFeature
 from minivllm.multimodal.processing import MultiModalProcessor, load_multimodal_processor
 from minivllm.pooling.params import PoolingParams
-from minivllm.sample.custom_processors import check_picklable
 from minivllm.sampling_params import SamplingParams
-from minivllm.structured_output.backend import check_grammar
 
-PromptType = Union[str, dict[str, Any], list[int]]
-"""A string, ``{"prompt": str}``, ``{"prompt_token_ids": [...]}`` (either with ``"multi_modal_data"``)
-or a list of token ids."""
-PROMPT_KEYS = ("prompt", "prompt_token_ids", "multi_modal_data")
-"""The keys of a prompt dict the engine handles; any other is refused."""
+__all__ = ["PROMPT_KEYS", "ProcessedRequest", "Processor", "PromptType"]
 
 
 @dataclass
@@ -83,6 +90,8 @@ class Processor:
         self._ids = itertools.count()
         """The ids ``process`` gives requests that come without one (0, 1, ...)."""
         self.vocab_size = cfg.hf_text_config.vocab_size
+        self.prompts = PromptTokenizer(tokenizer, self.vocab_size)
+        """Splits, tokenizes and checks prompts (``prompt_tokens.py``)."""
         self.lora = LoRAChecker(cfg.lora, cfg.hf_config)
         """``self.lora.check(lora_request)`` validates a request's adapter."""
         self.mm: MultiModalProcessor | None = None
@@ -123,9 +132,11 @@ class Processor:
         if self.cfg.model.runner == "pooling":
             raise ValueError("params: this engine pools (model.runner=pooling); generating needs runner=generate")
         params = SamplingParams() if params is None else params
-        self._check_priority_and_salt(priority, cache_salt)
+        check_priority_and_salt(self.cfg, priority, cache_salt)
         self.lora.check(lora_request)
-        text, ids, mm_features = self._tokenize_with_images(prompt, params.truncate_prompt_tokens)
+        text, ids, mm_features = tokenize_with_images(
+            self.prompts, self.mm, self.cfg.architecture, prompt, params.truncate_prompt_tokens
+        )
         check_prompt_fits(len(ids), params.max_tokens, self.cfg.max_model_len)
         max_tokens = self.max_output_tokens(len(ids), params)
         eos = self.eos_token_id
@@ -158,7 +169,7 @@ class Processor:
             raise ValueError("lora_request: pooling runs the base model; leave it None with pooling_params")
         if self.cfg.model.runner != "pooling":
             raise ValueError("pooling_params: this engine generates; pooling needs model.runner=pooling")
-        self._check_priority_and_salt(priority, cache_salt)
+        check_priority_and_salt(self.cfg, priority, cache_salt)
         params.check(self.cfg.hf_config, self.cfg.hf_config.hidden_size)
         text, ids = self.tokenize(prompt, params.truncate_prompt_tokens)
         check_pooling_fits(len(ids), self.cfg.max_model_len)
@@ -175,148 +186,25 @@ class Processor:
             pooling_params=params,
         )
 
-    def _check_priority_and_salt(self, priority: int, cache_salt: str | None) -> None:
-        policy = self.cfg.scheduler.policy
-        if not isinstance(priority, int):
-            raise ValueError(f"priority={priority!r}: must be an int")
-        if priority != 0 and policy != "priority":
-            raise ValueError(f"priority={priority}: needs scheduler.policy=priority (the policy is {policy})")
-        if cache_salt is not None and (not isinstance(cache_salt, str) or not cache_salt):
-            raise ValueError(f"cache_salt={cache_salt!r}: must be a non-empty string or None")
-        if cache_salt is not None and self.cfg.parallel.dp > 1:
-            raise ValueError("cache_salt: not supported with parallel.dp > 1; leave it None")
-
-    def _tokenize_with_images(
-        self, prompt: PromptType, truncate_prompt_tokens: int | None
-    ) -> tuple[str | None, list[int], list[MultiModalFeature]]:
-        """``tokenize``, then a prompt's ``multi_modal_data`` through the model's processor."""
-        mm_data = prompt.get("multi_modal_data") if isinstance(prompt, dict) else None
-        if mm_data is None:
-            text, ids = self.tokenize(prompt, truncate_prompt_tokens)
-            if self.mm is not None and self.mm.image_token_id in ids:
-                raise ValueError(
-                    f"prompt: holds image placeholder tokens ({self.mm.image_token!r}) but no image was given; "
-                    "pass the images in multi_modal_data (or image_url content parts)"
-                )
-            return text, ids, []
-        if self.mm is None:
-            raise ValueError(f"multi_modal_data: {self.cfg.architecture} takes no images; send text only")
-        if truncate_prompt_tokens is not None:
-            raise ValueError("truncate_prompt_tokens: cannot be combined with multi_modal_data (it could cut an image)")
-        text, ids = self._split(prompt)
-        ids, features = self.mm.process(ids, mm_data)
-        self._check_ids(ids)
-        return text, ids, features
-
     def tokenize(self, prompt: PromptType, truncate_prompt_tokens: int | None = None) -> tuple[str | None, list[int]]:
         """(text, token ids); ``truncate_prompt_tokens`` keeps only the last k ids (before the checks)."""
-        text, ids = self._split(prompt)
-        if truncate_prompt_tokens is not None:
-            ids = ids[-truncate_prompt_tokens:]
-        self._check_ids(ids)
-        return text, ids
-
-    def _split(self, prompt: PromptType) -> tuple[str | None, list[int]]:
-        if isinstance(prompt, dict) and (unknown := sorted(set(prompt) - set(PROMPT_KEYS))):
-            raise ValueError(
-                f"prompt: key(s) {', '.join(map(repr, unknown))} not supported by this engine; "
-                f"a prompt dict may hold {' and '.join(PROMPT_KEYS)}"
-            )
-        if isinstance(prompt, str):
-            text, ids = prompt, self._encode(prompt) if prompt else []
-        elif isinstance(prompt, dict) and "prompt_token_ids" in prompt:
-            text, ids = prompt.get("prompt"), list(prompt["prompt_token_ids"])
-        elif isinstance(prompt, dict) and "prompt" in prompt:
-            return self._split(prompt["prompt"])
-        elif isinstance(prompt, (list, tuple)) and all(isinstance(t, int) for t in prompt):
-            text, ids = None, list(prompt)
-        else:
-            raise ValueError(
-                f"prompt: expected a string, a list of token ids, or a dict with 'prompt' or 'prompt_token_ids'; "
-                f"got {type(prompt).__name__}"
-            )
-        return text, ids
-
-    def _encode(self, text: str) -> list[int]:
-        """Token ids; transformers' too-long warning is off (the context checks say it better)."""
-        return self.tokenizer.encode(text, add_special_tokens=True, verbose=False)
-
-    def _check_ids(self, ids: list[int]) -> None:
-        if not ids:
-            raise ValueError("prompt: is empty; give at least one token")
-        bad = [t for t in ids if not isinstance(t, int) or not 0 <= t < self.vocab_size]
-        if bad:
-            raise ValueError(f"prompt_token_ids: {bad[:5]} outside the vocabulary [0, {self.vocab_size})")
+        return self.prompts.tokenize(prompt, truncate_prompt_tokens)
 
     def max_output_tokens(self, num_prompt_tokens: int, params: SamplingParams) -> int:
+        """``params.max_tokens`` capped by the room left in max_model_len, after checking ``params``
+        and that the request can ever fit the KV cache."""
         room = self.cfg.max_model_len - num_prompt_tokens
         limit = room if params.max_tokens is None else min(params.max_tokens, room)
         self.check_params(params)
-        # A sliding-window model holds only its window's blocks (plus one step's) at once.
         step_tokens = self.cfg.scheduler.max_num_batched_tokens
-        held = self.kv_spec.max_blocks_per_request(num_prompt_tokens + limit, step_tokens) * self.kv_spec.block_size
-        if held > self.kv_capacity_tokens:
-            raise ValueError(
-                f"prompt ({num_prompt_tokens} tokens) + max_tokens ({limit}) can never fit the KV cache "
-                f"({self.kv_capacity_tokens} tokens); lower max_tokens or give the cache more memory"
-            )
+        check_fits_kv_cache(self.kv_spec, self.kv_capacity_tokens, step_tokens, num_prompt_tokens, limit)
         return limit
 
     def check_params(self, params: SamplingParams) -> None:
-        """The SamplingParams checks that need the model: logprob caps and token ids (bad words:
-        ``prepare_params``)."""
-        max_n = self.cfg.serve.max_n
-        if params.n > max_n:
-            raise ValueError(f"n={params.n}: must be in [1, {max_n}] (serve.max_n={max_n})")
-        cap = self.cfg.model.max_logprobs
-        for name in ("logprobs", "prompt_logprobs"):
-            value = getattr(params, name)
-            if value is None or cap == -1:
-                continue
-            if value == -1 or value > cap:
-                hint = "; -1 (the whole vocabulary) needs model.max_logprobs=-1" if value == -1 else ""
-                raise ValueError(f"{name}={value}: must be in [0, {cap}] (model.max_logprobs={cap}){hint}")
-        id_lists = {
-            "stop_token_ids": params.stop_token_ids,
-            "allowed_token_ids": params.allowed_token_ids or [],
-            "logit_bias": list(params.logit_bias or {}),
-        }
-        for name, ids in id_lists.items():
-            bad = [t for t in ids if t >= self.vocab_size]
-            if bad:
-                raise ValueError(f"{name}: token ids {bad[:5]} outside the vocabulary [0, {self.vocab_size})")
-        if self.cfg.world_size > 1 or self.engine_in_other_process:  # params travel to other processes
-            check_picklable(params)
-        if params.structured_outputs is not None:
-            check_grammar(params.structured_outputs)
+        """The SamplingParams checks that need the model (``request_checks.check_params``)."""
+        crosses_processes = self.cfg.world_size > 1 or self.engine_in_other_process
+        check_params(self.cfg, self.vocab_size, params, crosses_processes)
 
     def prepare_params(self, params: SamplingParams, eos_token_id: int | None) -> SamplingParams:
-        """A copy of ``params`` with the token ids the workers need filled in; raises ValueError
-        for bad words whose tokens fall outside the vocabulary (they are tokenized here, once)."""
-        params = params.clone()
-        for name in ("logprobs", "prompt_logprobs"):
-            if getattr(params, name) == -1:
-                setattr(params, name, self.vocab_size)
-        stop_ids = set(params.stop_token_ids)
-        if eos_token_id is not None and not params.ignore_eos:
-            stop_ids.add(eos_token_id)
-        params._all_stop_token_ids = stop_ids
-        params._bad_words_token_ids = self._bad_words_token_ids(params.bad_words or [])
-        return params
-
-    def _bad_words_token_ids(self, words: list[str]) -> list[list[int]]:
-        """Each word as token ids, alone and after a space. The spaced form is kept only
-        when the space merges into the first token (same length, different first id),
-        so a word is also banned mid-sentence without banning bare spaces."""
-        sequences: list[list[int]] = []
-        for word in words:
-            bare = self.tokenizer.encode(word.lstrip(), add_special_tokens=False)
-            spaced = self.tokenizer.encode(" " + word.lstrip(), add_special_tokens=False)
-            forms = [bare, spaced] if len(spaced) == len(bare) and spaced[:1] != bare[:1] else [bare]
-            for ids in forms:
-                if ids and ids not in sequences:
-                    sequences.append(ids)
-        too_big = [t for ids in sequences for t in ids if t >= self.vocab_size]
-        if too_big:
-            raise ValueError(f"bad_words: tokenize to ids {too_big[:5]} outside the vocabulary [0, {self.vocab_size})")
-        return sequences
+        """A copy of ``params`` with the token ids the workers need filled in (stop ids, bad words)."""
+        return prepare_params(params, eos_token_id, self.tokenizer, self.vocab_size)

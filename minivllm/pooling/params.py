@@ -7,7 +7,10 @@ from typing import Any, Optional
 
 import torch
 
-from minivllm.config.validation import check_range
+from minivllm.config.validation import Range
+
+RANGES = {"dimensions": Range(low=1), "truncate_prompt_tokens": Range(low=1)}
+"""The allowed values of the numeric fields (None passes); the server's schema declares them too."""
 
 
 @dataclass
@@ -25,7 +28,7 @@ class PoolingParams:
             if value is not None:
                 if isinstance(value, bool) or not isinstance(value, int):
                     raise ValueError(f"{name}={value!r}: must be an integer >= 1 or None")
-                check_range(name, value, low=1)
+                RANGES[name].check(name, value)
         if self.normalize is not None and not isinstance(self.normalize, bool):
             raise ValueError(f"normalize={self.normalize!r}: must be true, false or None")
 

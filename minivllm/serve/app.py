@@ -45,6 +45,7 @@ from minivllm.serve.protocol import (
     CompletionRequest,
     CompletionResponse,
 )
+from minivllm.serve.protocol.ranges import out_of_range as range_message
 from minivllm.serve.state import ServerState
 from minivllm.serve.tokenize import add_tokenize_routes
 from minivllm.serve.tokenizer_info import add_tokenizer_info_route
@@ -192,6 +193,9 @@ def _describe_validation(errors: list[dict[str, Any]]) -> tuple[str, str | None]
     if err.get("type") == "extra_forbidden":
         what = "request field" if not where else "field"
         return f"{param}{where}: unknown or unsupported {what}; this server does not implement it", param
+    out_of_range = range_message(err, param, where)
+    if out_of_range is not None:
+        return out_of_range, param
     detail = f" (at {param}{where})" if where else ""
     return f"{param}: {err['msg']}{detail}", param
 

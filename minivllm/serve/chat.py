@@ -8,28 +8,15 @@ from dataclasses import replace
 from typing import Any, AsyncIterator
 
 from fastapi import Request
-from fastapi.responses import StreamingResponse
 
 from minivllm.engine.outputs import CompletionOutput
-from minivllm.engine.request_stream import EngineDeadError, RequestStream
+from minivllm.engine.request_stream import RequestStream
 from minivllm.entrypoints.chat_utils import render_chat
 from minivllm.multimodal.media import MediaConnector
 from minivllm.sampling_params import RequestOutputKind
 from minivllm.serve.chat_output import ChatOutputParser
 from minivllm.serve.completions import prompt_logprobs_json
-from minivllm.serve.generation import (
-    SSE_DONE,
-    Prompt,
-    check_prompt,
-    continuous_usage,
-    final_outputs,
-    merged,
-    off_loop,
-    sse,
-    start_requests,
-    unless_disconnected,
-    usage,
-)
+from minivllm.serve.generation import Prompt, check_prompt, finished, off_loop, start_requests, usage
 from minivllm.serve.limits import admit, check_text_length, message_texts
 from minivllm.serve.params import BadRequest, to_sampling_params
 from minivllm.serve.protocol import (
@@ -47,6 +34,7 @@ from minivllm.serve.protocol import (
 )
 from minivllm.serve.reasoning import REASONING_PARSERS, ThinkParser
 from minivllm.serve.state import ServerState
+from minivllm.serve.streaming import StreamUsage, event_stream, merged, sse
 from minivllm.serve.structured import structured_outputs_of
 from minivllm.serve.tools import ToolPlan, plan_tools
 from minivllm.structured_output import StructuredOutputsParams
@@ -98,8 +86,8 @@ async def create_chat_completion(state: ServerState, body: ChatCompletionRequest
     streams = await start_requests(state.engine, [prompt], "messages")
     fmt = _Formatter(state, body, prompt, ChatOutputParser(tools, _reasoning_parser(state, constraint)))
     if body.stream:
-        return StreamingResponse(_stream(body, request_id, streams, fmt), media_type="text/event-stream")
-    outs = await unless_disconnected(raw, final_outputs(streams))
+        return event_stream(_stream(body, request_id, streams, fmt))
+    outs = await finished(raw, streams)
     choices = [fmt.choice(c) for c in outs[0].outputs]
     model = state.shown_model(body.model)
     shown = prompt_logprobs_json(outs[0].prompt_logprobs) if body.prompt_logprobs is not None else None
@@ -204,40 +192,32 @@ async def _stream(
     body: ChatCompletionRequest, request_id: str, streams: list[RequestStream], fmt: _Formatter
 ) -> AsyncIterator[str]:
     model = fmt.state.shown_model(body.model)
-    every_chunk = continuous_usage(body)
-    generated = 0
+    counted = StreamUsage(body, [fmt.prompt])
 
     def chunk(choices: list[ChatStreamChoice], so_far: UsageInfo | None = None) -> str:
-        if so_far is None and every_chunk:
-            so_far = usage([fmt.prompt], generated=generated)
+        so_far = counted.on_chunk() if so_far is None else so_far
         return sse(ChatCompletionChunk(id=request_id, model=model, choices=choices, usage=so_far))
 
     parsers = [fmt.parser.stream() for _ in range(body.n)]
-    try:
-        yield chunk(
-            [ChatStreamChoice(index=i, delta=DeltaMessage(role="assistant", content="")) for i in range(body.n)]
-        )
-        async for _, out in merged(streams):
-            choices = []
-            for c in out.outputs:
-                generated += len(c.token_ids)
-                parser = parsers[c.index]
-                delta = parser.feed(c.text, final=c.finish_reason is not None)
-                if delta is not None or c.token_ids or c.finish_reason is not None:
-                    reason = fmt.parser.finish_reason(c.finish_reason, parser.has_calls)
-                    choices.append(
-                        ChatStreamChoice(
-                            index=c.index,
-                            delta=delta or DeltaMessage(),
-                            logprobs=fmt.logprobs(c),
-                            finish_reason=reason,
-                            stop_reason=c.stop_reason,
-                        )
+    yield chunk([ChatStreamChoice(index=i, delta=DeltaMessage(role="assistant", content="")) for i in range(body.n)])
+    async for _, out in merged(streams):
+        counted.count(out.outputs)
+        choices = []
+        for c in out.outputs:
+            parser = parsers[c.index]
+            delta = parser.feed(c.text, final=c.finish_reason is not None)
+            if delta is not None or c.token_ids or c.finish_reason is not None:
+                reason = fmt.parser.finish_reason(c.finish_reason, parser.has_calls)
+                choices.append(
+                    ChatStreamChoice(
+                        index=c.index,
+                        delta=delta or DeltaMessage(),
+                        logprobs=fmt.logprobs(c),
+                        finish_reason=reason,
+                        stop_reason=c.stop_reason,
                     )
-            if choices:
-                yield chunk(choices)
-        if body.stream_options is not None and body.stream_options.include_usage:
-            yield chunk([], usage([fmt.prompt], generated=generated))
-    except EngineDeadError as err:
-        yield sse(fmt.state.error_body(str(err), "engine_error", 503))
-    yield SSE_DONE
+                )
+        if choices:
+            yield chunk(choices)
+    if counted.at_end:
+        yield chunk([], counted.so_far())

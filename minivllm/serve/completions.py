@@ -6,28 +6,16 @@ import uuid
 from typing import Any, AsyncIterator
 
 from fastapi import Request
-from fastapi.responses import StreamingResponse
 
 from minivllm.engine.outputs import CompletionOutput
-from minivllm.engine.request_stream import EngineDeadError, RequestStream
+from minivllm.engine.request_stream import RequestStream
 from minivllm.sampling_params import RequestOutputKind
-from minivllm.serve.generation import (
-    SSE_DONE,
-    Prompt,
-    check_prompt,
-    continuous_usage,
-    final_outputs,
-    merged,
-    off_loop,
-    sse,
-    start_requests,
-    unless_disconnected,
-    usage,
-)
+from minivllm.serve.generation import Prompt, check_prompt, finished, off_loop, start_requests, usage
 from minivllm.serve.limits import admit, check_text_length, prompt_texts
 from minivllm.serve.params import BadRequest, to_sampling_params
 from minivllm.serve.protocol import CompletionChoice, CompletionLogProbs, CompletionRequest
 from minivllm.serve.state import ServerState
+from minivllm.serve.streaming import StreamUsage, event_stream, merged, sse
 from minivllm.serve.structured import structured_outputs_of
 
 
@@ -54,8 +42,8 @@ async def create_completion(state: ServerState, body: CompletionRequest, raw: Re
     streams = await start_requests(state.engine, prompts)
     fmt = _Formatter(state, body, prompts)
     if body.stream:
-        return StreamingResponse(_stream(state, body, request_id, streams, fmt), media_type="text/event-stream")
-    outs = await unless_disconnected(raw, final_outputs(streams))
+        return event_stream(_stream(state, body, request_id, streams, fmt))
+    outs = await finished(raw, streams)
     choices = [fmt.choice(i, c, out.prompt_logprobs) for i, out in enumerate(outs) for c in out.outputs]
     return state.completion_response(request_id, choices, usage(prompts, outs), body.model)
 
@@ -161,23 +149,15 @@ class _Formatter:
 async def _stream(
     state: ServerState, body: CompletionRequest, request_id: str, streams: list[RequestStream], fmt: _Formatter
 ) -> AsyncIterator[str]:
-    generated = 0
-    every_chunk = continuous_usage(body)
-    try:
-        async for i, out in merged(streams):
-            choices = []
-            for c in out.outputs:
-                generated += len(c.token_ids)
-                if c.text or c.token_ids or c.finish_reason is not None:
-                    choices.append(fmt.choice(i, c, out.prompt_logprobs))
-            if choices:
-                so_far = usage(fmt.prompts, generated=generated) if every_chunk else None
-                yield sse(state.completion_response(request_id, choices, so_far, body.model))
-        if body.stream_options is not None and body.stream_options.include_usage:
-            yield sse(state.completion_response(request_id, [], usage(fmt.prompts, generated=generated), body.model))
-    except EngineDeadError as err:
-        yield sse(state.error_body(str(err), "engine_error", 503))
-    yield SSE_DONE
+    counted = StreamUsage(body, fmt.prompts)
+    async for i, out in merged(streams):
+        counted.count(out.outputs)
+        shown = [c for c in out.outputs if c.text or c.token_ids or c.finish_reason is not None]
+        choices = [fmt.choice(i, c, out.prompt_logprobs) for c in shown]
+        if choices:
+            yield sse(state.completion_response(request_id, choices, counted.on_chunk(), body.model))
+    if counted.at_end:
+        yield sse(state.completion_response(request_id, [], counted.so_far(), body.model))
 
 
 def prompt_logprobs_json(prompt_logprobs: Any) -> Any:

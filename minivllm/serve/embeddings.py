@@ -11,20 +11,20 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import time
 import uuid
 from typing import Literal, Optional, Union
 
 import numpy as np
 from fastapi import FastAPI, Request
-from pydantic import BaseModel, Field
+from pydantic import BaseModel
 
 from minivllm.engine.processor import ProcessedRequest
 from minivllm.pooling.params import PoolingParams
 from minivllm.serve.generation import off_loop, unless_disconnected
 from minivllm.serve.limits import admit, check_text_length, prompt_texts
 from minivllm.serve.params import BadRequest, bad_request, refuse_unknown_fields
-from minivllm.serve.protocol import Int, OpenAIModel, UsageInfo
+from minivllm.serve.protocol import Int, OpenAIModel, OpenAIResponse, UsageInfo
+from minivllm.serve.protocol.ranges import int_in
 from minivllm.serve.state import ServerState
 
 
@@ -32,10 +32,10 @@ class EmbeddingRequest(OpenAIModel):
     model: Optional[str] = None
     input: Union[str, list[str], list[Int], list[list[Int]]]
     encoding_format: Literal["float", "base64"] = "float"
-    dimensions: Optional[Int] = None
+    dimensions: Optional[int_in("dimensions")] = None
     user: Optional[str] = None
     """OpenAI's end-user id: accepted, no effect."""
-    truncate_prompt_tokens: Optional[Int] = None
+    truncate_prompt_tokens: Optional[int_in("truncate_prompt_tokens")] = None
     add_special_tokens: bool = True
     normalize: Optional[bool] = None
     priority: Int = 0
@@ -47,11 +47,8 @@ class EmbeddingData(BaseModel):
     embedding: Union[list[float], str]
 
 
-class EmbeddingResponse(BaseModel):
-    id: str
+class EmbeddingResponse(OpenAIResponse):
     object: Literal["list"] = "list"
-    created: int = Field(default_factory=lambda: int(time.time()))
-    model: str
     data: list[EmbeddingData]
     usage: UsageInfo
 

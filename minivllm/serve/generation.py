@@ -1,5 +1,5 @@
-"""What completions and chat share: checking prompts, starting their requests,
-collecting or merging their outputs, and server-sent events.
+"""What completions and chat share: checking prompts, starting their requests and
+collecting their outputs (streaming them: ``streaming.py``).
 
 A handler first checks every request of its body (one per prompt, each
 tokenized and checked once by ``AsyncLLM.process``), then starts them all; any
@@ -12,13 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
+from typing import Any, Awaitable, Callable, TypeVar
 
 from fastapi import Request
-from pydantic import BaseModel
 
 from minivllm.context_length import ContextLengthExceeded, check_request_fits
 from minivllm.engine.async_llm import AsyncLLM
@@ -108,42 +106,9 @@ async def final_outputs(streams: list[RequestStream]) -> list[RequestOutput]:
             s.abort()
 
 
-async def merged(streams: list[RequestStream]) -> AsyncIterator[tuple[int, RequestOutput]]:
-    """Outputs of all streams as they come, tagged with the stream's index.
-    Leaving early (a client that went away) aborts every stream."""
-    if len(streams) == 1:
-        try:
-            async for out in streams[0]:
-                yield 0, out
-        finally:
-            streams[0].abort()
-        return
-    queue: asyncio.Queue[tuple[int, RequestOutput | BaseException | None]] = asyncio.Queue()
-
-    async def pump(i: int, stream: RequestStream) -> None:
-        try:
-            async for out in stream:
-                queue.put_nowait((i, out))
-            queue.put_nowait((i, None))
-        except BaseException as err:  # noqa: BLE001 - re-raised by the consumer
-            queue.put_nowait((i, err))
-
-    tasks = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(streams)]
-    try:
-        remaining = len(streams)
-        while remaining:
-            i, item = await queue.get()
-            if item is None:
-                remaining -= 1
-            elif isinstance(item, BaseException):
-                raise item
-            else:
-                yield i, item
-    finally:
-        for t in tasks:
-            t.cancel()
-        for s in streams:
-            s.abort()
+async def finished(request: Request, streams: list[RequestStream]) -> list[RequestOutput]:
+    """The last output of each stream, unless the client hangs up first (ClientDisconnected)."""
+    return await unless_disconnected(request, final_outputs(streams))
 
 
 async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
@@ -174,16 +139,3 @@ def usage(prompts: list[Prompt], outputs: list[RequestOutput] = (), generated: i
     if generated is None:
         generated = sum(len(c.token_ids) for out in outputs for c in out.outputs)
     return UsageInfo(prompt_tokens=n_prompt, completion_tokens=generated, total_tokens=n_prompt + generated)
-
-
-def continuous_usage(body: Any) -> bool:
-    """stream_options.continuous_usage_stats: the usage so far on every chunk."""
-    return body.stream_options is not None and body.stream_options.continuous_usage_stats
-
-
-def sse(payload: BaseModel | dict[str, Any]) -> str:
-    body = payload.model_dump_json() if isinstance(payload, BaseModel) else json.dumps(payload)
-    return f"data: {body}\n\n"
-
-
-SSE_DONE = "data: [DONE]\n\n"

@@ -23,7 +23,8 @@ from minivllm.serve.errors import DEAD_ENGINE_RETRY_AFTER_S
 from minivllm.serve.generation import off_loop
 from minivllm.serve.limits import check_text_length, message_texts
 from minivllm.serve.params import BadRequest, refuse_unknown_fields
-from minivllm.serve.protocol import Int, OpenAIModel
+from minivllm.serve.protocol import OpenAIModel
+from minivllm.serve.protocol.ranges import int_in
 from minivllm.serve.state import ServerState
 
 
@@ -49,7 +50,7 @@ class TokenizeResponse(BaseModel):
 
 class DetokenizeRequest(OpenAIModel):
     model: Optional[str] = None
-    tokens: list[Int]
+    tokens: list[int_in("tokens")]
 
 
 class DetokenizeResponse(BaseModel):

@@ -1,6 +1,6 @@
 """/openapi.json tells the truth: the statuses each route answers (never 422), the
-OpenAI error body, request bodies that forbid unknown fields, response models, media
-types; and schemathesis finds nothing against it. Also: 405 keeps its Allow header,
+OpenAI error body, request bodies that forbid unknown fields, the numeric ranges the
+engine enforces, response models, media types; and schemathesis finds nothing against it. Also: 405 keeps its Allow header,
 a non-ASCII grammar is a plain 400, /tokenizer_info describes the tokenizer."""
 
 from __future__ import annotations
@@ -14,6 +14,9 @@ from pathlib import Path
 import httpx
 import pytest
 from transformers import AutoTokenizer
+
+from minivllm.sampling_params import RANGES as SAMPLING_RANGES
+from minivllm.serve.protocol import ChatCompletionRequest, CompletionRequest
 
 
 @pytest.fixture(scope="module")
@@ -60,6 +63,40 @@ def test_media_types_and_response_models(schema):
         assert components[name]["additionalProperties"] is False, name
     # every public SamplingParams field is declared, so it is documented and accepted
     assert {"allowed_token_ids", "bad_words"} <= set(components["CompletionRequest"]["properties"])
+
+
+def test_the_served_schema_states_the_engine_ranges(schema):
+    """What tests/serve/test_request_ranges.py checks against the engine is what /openapi.json says."""
+    components = schema["components"]["schemas"]
+    for name, model in (("CompletionRequest", CompletionRequest), ("ChatCompletionRequest", ChatCompletionRequest)):
+        served = components[name]["properties"]
+        own = model.model_json_schema()["properties"]
+        for field in SAMPLING_RANGES.keys() & served.keys():
+            types = [served[field].get("anyOf", served[field]), own[field].get("anyOf", own[field])]
+            assert types[0] == types[1], (name, field)
+    top_p = components["CompletionRequest"]["properties"]["top_p"]["anyOf"][0]
+    assert top_p == {"type": "number", "exclusiveMinimum": 0.0, "maximum": 1.0}
+
+
+@pytest.mark.parametrize(
+    "route, body, param, message",
+    [
+        ("/v1/completions", {"prompt": "x", "top_p": 0}, "top_p", "top_p=0: must be in (0.0, 1.0]"),
+        ("/v1/completions", {"prompt": "x", "top_k": -2}, "top_k", "top_k=-2: must be -1 (disable), 0 (disable)"),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 0},
+            "max_completion_tokens",
+            "max_completion_tokens=0: must be in [1, inf)",
+        ),
+        ("/detokenize", {"tokens": [3, -1]}, "tokens", "tokens[1]=-1: must be in [0, inf)"),
+    ],
+)
+def test_a_value_out_of_range_is_a_400_in_the_engine_words(server, route, body, param, message):
+    res = httpx.post(f"{server.base_url}{route}", json=body, timeout=30)
+    assert res.status_code == 400, res.text
+    error = res.json()["error"]
+    assert error["param"] == param and error["message"].startswith(message)
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,80 @@
+"""The request bodies of /v1/completions and /v1/chat/completions.
+
+Each is ``SamplingRequest`` (the shared sampling fields) plus its route's own
+fields. A chat message's fields are handed to the chat template as they are;
+only ``content`` is checked here (required, except on an assistant message that
+carries ``tool_calls``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Optional, Union
+
+from pydantic import Field, model_validator
+
+from minivllm.serve.protocol.base import Int, OpenAIModel
+from minivllm.serve.protocol.ranges import int_in
+from minivllm.serve.protocol.sampling import SamplingRequest
+
+ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
+class CompletionRequest(SamplingRequest):
+    prompt: Union[str, list[str], list[int], list[list[int]]]
+    max_tokens: Optional[int_in("max_tokens")] = 16
+    logprobs: Optional[int_in("logprobs")] = None
+    echo: bool = False
+    add_special_tokens: bool = True
+    """Add the tokenizer's special tokens (BOS) to text prompts."""
+    best_of: Optional[Int] = None
+    suffix: Optional[str] = None
+
+
+class ContentPart(OpenAIModel):
+    """A content part: ``text`` or ``image_url`` (``{"url": ...}``). The chat renderer refuses the
+    others naming their ``type`` (OpenAI's other parts' fields are declared so that it can)."""
+
+    type: str
+    text: Optional[str] = None
+    image_url: Optional[dict[str, Any]] = None
+    input_audio: Optional[dict[str, Any]] = None
+    file: Optional[dict[str, Any]] = None
+
+
+class ChatMessage(OpenAIModel):
+    """One message; ``content`` is required except on an assistant message with ``tool_calls``.
+    Every field is handed to the chat template as it is."""
+
+    role: Literal[ROLES]
+    content: Optional[Union[str, list[ContentPart]]] = None
+    name: Optional[str] = None
+    tool_calls: Optional[list[dict[str, Any]]] = None
+    """An assistant message's calls: ``[{"id", "type": "function", "function": {"name", "arguments"}}]``."""
+    tool_call_id: Optional[str] = None
+    """A tool message: the call it answers."""
+    reasoning_content: Optional[str] = None
+    """An assistant message's reasoning, for templates that show it."""
+
+    @model_validator(mode="after")
+    def _content_required(self) -> "ChatMessage":
+        tool_calls = self.tool_calls
+        if self.content is None and not (self.role == "assistant" and tool_calls):
+            allowed = " (or tool_calls)" if self.role == "assistant" else ""
+            raise ValueError(f"a {self.role} message needs content{allowed}")
+        return self
+
+
+class ChatCompletionRequest(SamplingRequest):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: Optional[int_in("max_tokens")] = None
+    max_completion_tokens: Optional[int_in("max_completion_tokens")] = None
+    logprobs: bool = False
+    top_logprobs: Optional[int_in("top_logprobs")] = None
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template_kwargs: Optional[dict[str, Any]] = None
+    tools: Optional[list[dict[str, Any]]] = None
+    tool_choice: Optional[Union[str, dict[str, Any]]] = None
+    parallel_tool_calls: Optional[bool] = None
+    add_special_tokens: bool = False
+    """Add the tokenizer's special tokens on top of the template's text (the template usually holds them)."""
