@@ -33,6 +33,9 @@ class Range:
         return f"{opening}{lo}, {hi}{closing}"
 
     def allows(self, value: float) -> bool:
+        """NaN is in no range: every comparison with it is false, so it would pass the bounds."""
+        if value != value:
+            return False
         too_low = self.low is not None and (value <= self.low if self.low_open else value < self.low)
         too_high = self.high is not None and (value >= self.high if self.high_open else value > self.high)
         return not (too_low or too_high)

@@ -83,6 +83,8 @@ def test_compose_is_callable_many_times():
         ("cache.block_size=12", "cache.block_size"),
         ("cache.gpu_memory_utilization=1.5", "cache.gpu_memory_utilization"),
         ("cache.gpu_memory_utilization=0", "cache.gpu_memory_utilization"),
+        ("cache.gpu_memory_utilization=nan", "cache.gpu_memory_utilization"),
+        ("serve.shutdown_timeout=nan", "serve.shutdown_timeout"),
         ("model.dtype=float8", "model.dtype"),
         ("parallel.tp=0", "parallel.tp"),
         ("parallel.backend=threads", "parallel.backend"),
