@@ -38,7 +38,8 @@ def format_report(m: dict[str, Any]) -> str:
     eng = m.get("engine") or {}
     if "images_per_s" in m:  # bench.workload=images
         lines.append(
-            f"images: {m['images']} sent, {m.get('images_encoded')} encoded, {_num(m['images_per_s'], '.2f')} images/s; "
+            f"images: {m['images']} sent, {m.get('images_encoded')} encoded in {m.get('encoder_calls')} encoder calls, "
+            f"{_num(m['images_per_s'], '.2f')} images/s; "
             f"vision encoder {_num(eng.get('encoder_time_s'), '.2f')} s, "
             f"{_num(_pct(eng.get('encoder_fraction')))}% of step time"
         )

@@ -152,7 +152,8 @@ def bench_minivllm(cfg: VllmConfig, requests: list[BenchRequest], single: BenchR
             out["single_request"] = _single_summary(single, timer)
         timer.reset()
         before = llm.llm_engine.scheduler_stats().num_preemptions
-        encoded = runner.mm.num_encoded if getattr(runner, "mm", None) is not None else None
+        mm = getattr(runner, "mm", None)
+        encoded = (mm.num_encoded, mm.num_encoder_calls) if mm is not None else None
         seconds, produced, cpu_s, prompt_tokens = _drive(llm, requests, cfg, timer, "minivllm")
         stats = llm.llm_engine.scheduler_stats()
         out.update(_throughput(requests, seconds, produced, prompt_tokens), cpu_time_s=cpu_s)
@@ -200,12 +201,15 @@ def _throughput(requests: list[BenchRequest], seconds: float, produced: int, inp
     }
 
 
-def _image_rates(requests: list[BenchRequest], seconds: float, runner: Any, encoded_before: int | None) -> dict:
-    """Images per second; ``images_encoded``: vision-encoder calls of the run (None with workers
-    in other processes), equal to the images sent since every request's images differ."""
+def _image_rates(requests: list[BenchRequest], seconds: float, runner: Any, before: tuple[int, int] | None) -> dict:
+    """Images per second; ``images_encoded``: images the vision encoder ran on in the run, equal to
+    the images sent since every request's images differ; ``encoder_calls``: its calls (a step's
+    images share one where the model batches them). Both None with workers in other processes."""
     images = sum(len(r.images) for r in requests)
-    encoded = None if encoded_before is None else runner.mm.num_encoded - encoded_before
-    return {"images_per_s": images / seconds, "images_encoded": encoded}
+    if before is None:
+        return {"images_per_s": images / seconds, "images_encoded": None, "encoder_calls": None}
+    encoded, calls = runner.mm.num_encoded - before[0], runner.mm.num_encoder_calls - before[1]
+    return {"images_per_s": images / seconds, "images_encoded": encoded, "encoder_calls": calls}
 
 
 def bench_transformers(

@@ -27,7 +27,16 @@ class SupportsMultiModal(Protocol):
         ...
 
     def embed_multimodal(self, **data: torch.Tensor) -> torch.Tensor:
-        """One feature's processed tensors (``MultiModalFeature.data``) -> (length, hidden) embeddings."""
+        """One feature's processed tensors (``MultiModalFeature.data``) -> (length, hidden) embeddings.
+        A class with ``batches_multimodal = True`` also takes several features' tensors concatenated
+        along dim 0 (``multimodal/encoder_batches.py``) and returns their rows concatenated in order."""
+        ...
+
+    @classmethod
+    def profile_image_size(cls, hf_config: Any, image_processor: Any, max_tokens: int) -> tuple[int, int] | None:
+        """(width, height) of an image that the processor turns into the most placeholder tokens,
+        at most ``max_tokens``; None when every image takes more. The start-up memory profile
+        encodes as many of these as one step may (``worker/encoder_profile.py``)."""
         ...
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -49,6 +58,11 @@ class SupportsMRoPE(Protocol):
 def supports_multimodal(model: Any) -> bool:
     """Whether a model (class or instance) takes images."""
     return bool(getattr(model, "supports_multimodal", False))
+
+
+def batches_multimodal(model: Any) -> bool:
+    """Whether one ``embed_multimodal`` call of a model (class or instance) may take several images."""
+    return bool(getattr(model, "batches_multimodal", False))
 
 
 def supports_mrope(model: Any) -> bool:

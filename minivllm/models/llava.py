@@ -60,6 +60,7 @@ class LlavaMultiModalProjector(nn.Module):
 
 class LlavaForConditionalGeneration(nn.Module):
     supports_multimodal: ClassVar[bool] = True
+    batches_multimodal: ClassVar[bool] = True
     supports_pp: ClassVar[bool] = False
 
     def __init__(self, config: PretrainedConfig, backend: AttentionBackend, **layer_opts: Any) -> None:
@@ -78,12 +79,22 @@ class LlavaForConditionalGeneration(nn.Module):
     def image_token_id(cls, hf_config: PretrainedConfig) -> int:
         return int(hf_config.image_token_index if hasattr(hf_config, "image_token_index") else hf_config.image_token_id)
 
+    @classmethod
+    def profile_image_size(
+        cls, hf_config: PretrainedConfig, image_processor: Any, max_tokens: int
+    ) -> tuple[int, int] | None:
+        """The processor resizes and crops every image to the tower's square, so every image
+        takes the same tokens: a patch each, plus the CLS row under the "full" strategy."""
+        vision = hf_config.vision_config
+        tokens = (vision.image_size // vision.patch_size) ** 2 + (hf_config.vision_feature_select_strategy == "full")
+        return (vision.image_size, vision.image_size) if tokens <= max_tokens else None
+
     def embed_multimodal(self, pixel_values: torch.Tensor, **_: torch.Tensor) -> torch.Tensor:
-        """(1, 3, H, W) pixels -> (patches, text hidden) embeddings of one image."""
-        states = self.vision_tower.hidden_states(pixel_values, self.feature_layers)  # each (1, 1 + P, vision)
+        """(B, 3, H, W) pixels of B images -> (B * patches, text hidden): each image's rows in turn."""
+        states = self.vision_tower.hidden_states(pixel_values, self.feature_layers)  # each (B, 1 + P, vision)
         if self.select_strategy == "default":
             states = [s[:, 1:] for s in states]  # drop the CLS row
-        features = torch.cat(states, dim=-1).flatten(0, 1)  # (P, vision * layers)
+        features = torch.cat(states, dim=-1).flatten(0, 1)  # (B * P, vision * layers)
         return self.multi_modal_projector(features)
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:  # (N,) -> (N, hidden)

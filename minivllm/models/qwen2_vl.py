@@ -25,6 +25,7 @@ in-memory ``model.visual.*`` / ``model.language_model.*``; ``lm_head.*`` in both
 
 from __future__ import annotations
 
+import math
 from typing import Any, ClassVar, Iterable, Iterator
 
 import torch
@@ -37,6 +38,8 @@ from minivllm.models.utils import load_weights
 from minivllm.models.vision.qwen2_vl_vit import Qwen2VisionTransformer
 from minivllm.multimodal.feature import MultiModalFeature
 
+MAX_ASPECT_RATIO = 200
+"""The image processor refuses images whose long side is over 200 times the short one."""
 _RENAMES = (("model.visual.", "visual."), ("model.language_model.", "model."))
 
 
@@ -55,6 +58,7 @@ class Qwen2VLForConditionalGeneration(Qwen2ForCausalLM):
     are (3, T) M-RoPE positions, or (T,) for text only (equal rows)."""
 
     supports_multimodal: ClassVar[bool] = True
+    batches_multimodal: ClassVar[bool] = True
     supports_mrope: ClassVar[bool] = True
     supports_pp: ClassVar[bool] = False
 
@@ -71,9 +75,16 @@ class Qwen2VLForConditionalGeneration(Qwen2ForCausalLM):
     def image_token_id(cls, hf_config: PretrainedConfig) -> int:
         return int(hf_config.image_token_id)
 
+    @classmethod
+    def profile_image_size(
+        cls, hf_config: PretrainedConfig, image_processor: Any, max_tokens: int
+    ) -> tuple[int, int] | None:
+        return largest_image_size(image_processor, max_tokens)
+
     def embed_multimodal(self, pixel_values: torch.Tensor, image_grid_thw: torch.Tensor, **_: Any) -> torch.Tensor:
-        """One image: pixel_values (t*h*w, C*T*P*P) patches, image_grid_thw (1, 3)
-        -> (t*h*w / merge^2, hidden) embeddings, in placeholder order."""
+        """B images, any sizes: pixel_values (sum of t*h*w, C*T*P*P), their patches one image
+        after the other; image_grid_thw (B, 3) -> (sum of t*h*w / merge^2, hidden), in placeholder
+        order. Attention stays inside each image's frames (the tower's cu_seqlens)."""
         grid = [tuple(int(v) for v in row) for row in image_grid_thw.reshape(-1, 3).tolist()]
         patches = sum(t * h * w for t, h, w in grid)
         if pixel_values.shape[0] != patches:
@@ -90,6 +101,34 @@ class Qwen2VLForConditionalGeneration(Qwen2ForCausalLM):
         if self.tie_word_embeddings:
             stream = tied_head_weights(stream, "model.embed_tokens.weight", self.lm_head, self.model.embed_tokens)
         load_weights(self, stream, self.packed_modules_mapping, ("rotary_emb.inv_freq",))
+
+
+def largest_image_size(image_processor: Any, max_tokens: int) -> tuple[int, int] | None:
+    """(width, height) of the image with the most placeholder tokens, at most ``max_tokens``, that
+    the image processor keeps as it is: sides in multiples of ``patch_size * merge_size`` pixels
+    (one token each way), the area within its ``[min_pixels, max_pixels]``, the aspect ratio
+    within 200; of those, the squarest."""
+    unit = image_processor.patch_size * image_processor.merge_size
+    min_pixels, max_pixels = _pixel_bounds(image_processor)
+    tokens = min(max_tokens, max_pixels // unit**2)
+    best: tuple[int, int] | None = None  # (rows, columns) of merged tokens
+    for rows in range(1, math.isqrt(max(tokens, 0)) + 1):
+        cols = tokens // rows
+        if cols <= MAX_ASPECT_RATIO * rows and rows * cols * unit**2 >= min_pixels:
+            if best is None or rows * cols >= best[0] * best[1]:
+                best = (rows, cols)
+    return None if best is None else (best[1] * unit, best[0] * unit)
+
+
+def _pixel_bounds(image_processor: Any) -> tuple[int, int]:
+    """(min_pixels, max_pixels): attributes of older transformers, ``size``'s shortest and
+    longest edge (in pixels of area) of newer ones."""
+    low, high = getattr(image_processor, "min_pixels", None), getattr(image_processor, "max_pixels", None)
+    if low is None or high is None:
+        size = image_processor.size
+        get = size.get if isinstance(size, dict) else lambda key: getattr(size, key, None)
+        low, high = get("shortest_edge"), get("longest_edge")
+    return int(low), int(high)
 
 
 def mrope_input_positions(

@@ -5,7 +5,8 @@ The scheduler decides which images are encoded in a step
 (``SchedulerOutput.scheduled_encoder_inputs``, see ``core/encoder_scheduling.py``)
 and when their outputs may go (``free_encoder_input_ids``, or the request being
 forgotten). Per step this runs the scheduled encoder inputs
-(``model.embed_multimodal``, one image at a time), then, when some scheduled
+(``model.embed_multimodal``: the step's images in as few calls as the model allows,
+``multimodal/encoder_batches.py``), then, when some scheduled
 token is an image placeholder, embeds the step's token ids
 (``model.embed_input_ids``) and writes each image's rows over its placeholders:
 the slice of the image that this step's chunk covers. The model then runs on
@@ -25,6 +26,8 @@ import torch
 from torch import nn
 
 from minivllm.core.scheduler_output import NewRequestData, SchedulerOutput
+from minivllm.models.interfaces import batches_multimodal
+from minivllm.multimodal.encoder_batches import encoder_batches, joined_data
 from minivllm.multimodal.feature import MultiModalFeature
 from minivllm.request import RequestId
 from minivllm.worker.input_batch import InputBatch
@@ -40,8 +43,12 @@ class MultiModalRunner:
         self.encoder_cache: dict[str, torch.Tensor] = {}
         """Image identifier -> (length, hidden) encoder output on the device, shared by the
         requests holding the same image; the scheduler says when to drop one."""
+        self.batched = batches_multimodal(model)
+        """Whether one ``embed_multimodal`` call may take several images."""
         self.num_encoded = 0
-        """Images encoded since start-up (tests read it)."""
+        """Images of requests encoded since start-up (tests and the benchmark read it)."""
+        self.num_encoder_calls = 0
+        """``embed_multimodal`` calls since start-up, the memory profile's included."""
 
     # ---- requests in and out ----------------------------------------------------------
     def add_request(self, new: NewRequestData) -> None:
@@ -58,19 +65,35 @@ class MultiModalRunner:
     # ---- one step -------------------------------------------------------------------------
     def encode(self, sched: SchedulerOutput) -> None:
         """Run the vision encoder on this step's scheduled images."""
-        for req_id, indices in sched.scheduled_encoder_inputs.items():
-            features = self.features[req_id]
-            for index in indices:
-                feature = features[index]
-                data = {k: v.to(self.device) for k, v in feature.data.items()}
-                out = self.model.embed_multimodal(**data)  # (length, hidden)
-                if out.shape[0] != feature.length:
-                    raise RuntimeError(
-                        f"request {req_id} image {index}: the encoder gave {out.shape[0]} rows "
-                        f"for {feature.length} placeholder tokens"
-                    )
-                self.encoder_cache[feature.identifier] = out
-                self.num_encoded += 1
+        scheduled = [
+            self.features[req_id][index]
+            for req_id, indices in sched.scheduled_encoder_inputs.items()
+            for index in indices
+        ]
+        for feature, out in zip(scheduled, self.run_encoder(scheduled)):
+            self.encoder_cache[feature.identifier] = out
+        self.num_encoded += len(scheduled)
+
+    def run_encoder(self, features: list[MultiModalFeature]) -> list[torch.Tensor]:
+        """Each image's (length, hidden) embeddings, in order. Images that join along dim 0
+        go through one call; its rows are split per image and copied, so that freeing one
+        image's cache entry frees its memory (a view would hold the whole call's output)."""
+        outs: list[torch.Tensor] = [torch.empty(0)] * len(features)
+        for group in encoder_batches(features, self.batched):
+            items = [features[i] for i in group]
+            data = {k: v.to(self.device) for k, v in joined_data(items).items()}
+            rows = self.model.embed_multimodal(**data)  # (sum of lengths, hidden)
+            self.num_encoder_calls += 1
+            lengths = [f.length for f in items]
+            if rows.shape[0] != sum(lengths):
+                names = ", ".join(f.identifier[:12] for f in items[:4]) + (", ..." if len(items) > 4 else "")
+                raise RuntimeError(
+                    f"images {names}: the encoder gave {rows.shape[0]} rows for {sum(lengths)} placeholder tokens"
+                )
+            pieces = [rows] if len(items) == 1 else [p.clone() for p in rows.split(lengths)]
+            for i, piece in zip(group, pieces):
+                outs[i] = piece
+        return outs
 
     def inputs_embeds(self, step: StepInputs, batch: InputBatch) -> torch.Tensor | None:
         """(T, hidden) input embeddings with the image rows merged in; None when no scheduled

@@ -38,6 +38,7 @@ def test_image_bench_counts_images_and_times_the_encoder(llava_dir, tmp_path):
     assert json.loads((tmp_path / "metrics.json").read_text()) == json.loads(json.dumps(metrics))
     requests, _ = _workload(build_config([f"model.path={llava_dir}", *SMALL]))
     assert metrics["images"] == metrics["images_encoded"] == 3 * 2
+    assert 1 <= metrics["encoder_calls"] < metrics["images_encoded"]  # a step's images share a call
     seconds = metrics["total_time_s"]
     assert metrics["images_per_s"] == pytest.approx(6 / seconds)
     assert metrics["output_tokens"] == metrics["requested_output_tokens"] == sum(r.max_tokens for r in requests)
