@@ -100,6 +100,10 @@ class MultiModalProcessor:
         processed = [self._process_image(image, i) for i, image in enumerate(images)]
         return self._expand(ids, processed)
 
+    def process_image(self, image: Image.Image) -> ProcessedImage:
+        """One image through the processor (or the cache): its tensors and placeholder count."""
+        return self._process_image(image, 0)
+
     def _images(self, mm_data: Any) -> list[Image.Image]:
         if not isinstance(mm_data, dict):
             raise ValueError(

@@ -43,6 +43,7 @@ from minivllm.structured_output.bitmask import bitmask_for_rows
 from minivllm.utils import cdiv, instantiate_target
 from minivllm.worker.batch_sampling import BatchSampling
 from minivllm.worker.cuda_graphs import CUDAGraphRunner
+from minivllm.worker.encoder_profile import encoder_cache_bytes, profile_images
 from minivllm.worker.input_batch import InputBatch
 from minivllm.worker.kv_cache_tensors import bind_kv_caches, kv_cache_shape, unbind_kv_caches
 from minivllm.worker.mm_runner import MultiModalRunner
@@ -191,17 +192,24 @@ class ModelRunner:
             return self.model(input_ids, positions, meta, intermediate)
         return self.model(input_ids, positions, meta)
 
+    def encoder_cache_bytes(self) -> int:
+        """Memory a full encoder cache holds, which the profile's peak leaves out (0 for text)."""
+        return encoder_cache_bytes(self.cfg) if self.mm is not None else 0
+
     @torch.inference_mode()
     def profile_run(self) -> None:
-        """A forward pass at the full token budget on a throw-away cache and batch,
-        so the caller can measure peak activation memory."""
+        """The vision encoder on one step's largest input (models that take images), then a
+        forward pass at the full token budget on a throw-away cache and batch, so the caller
+        can measure peak activation memory (``encoder_profile.py``)."""
         start = time.perf_counter()
-        budget = self.cfg.scheduler.max_num_batched_tokens
+        if self.mm is not None:
+            outputs = self.mm.run_encoder(profile_images(self.cfg, self.model))
+            del outputs  # a step's encoder outputs go to the cache, which is reserved whole
         batch, lens, num_blocks = profile_batch(self.cfg, self.device)
         self.init_kv_cache(num_blocks)
         step = self.inputs.build(batch, np.arange(len(lens)), lens)
         step.meta.backend_data = self.attn_backend.prepare(step.meta, self.block_size)
-        intermediate = self.pipeline.empty(budget) if self.pipeline and not self.pipeline.is_first else None
+        intermediate = self.pipeline.empty(int(lens.sum())) if self.pipeline and not self.pipeline.is_first else None
         hidden = self._forward(step.input_ids, step.positions, step.meta, intermediate)
         if self.pipeline is None or self.pipeline.is_last:
             self.model.compute_logits(hidden[step.logits_index])

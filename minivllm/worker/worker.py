@@ -84,9 +84,11 @@ class Worker:
         return KVCacheSpec(self.cfg.cache.block_size, self.determine_num_available_blocks(), window)
 
     def determine_num_available_blocks(self) -> int:
-        """KV blocks that fit: (device memory x utilization - peak usage) / bytes per block.
+        """KV blocks that fit: (device memory x utilization - peak usage - encoder cache) / bytes per block.
 
-        The peak is measured around a forward pass at the full token budget.
+        The peak is measured around a forward pass at the full token budget; for a model that
+        takes images, around the vision encoder on one step's largest input too, and its whole
+        encoder cache is reserved (``encoder_profile.py``; 0 bytes for a text-only model).
         On the CPU, ``cache.cpu_memory_gb`` stands in for device memory and the
         peak is the weights plus the growth of the process's resident high-water mark.
         """
@@ -94,14 +96,18 @@ class Worker:
         if override is not None:
             return override
         total, peak = self._profile_memory()
-        free = total * self.cfg.cache.gpu_memory_utilization - peak
+        encoder_cache = self.model_runner.encoder_cache_bytes()  # images: held between steps, outside the peak
+        free = total * self.cfg.cache.gpu_memory_utilization - peak - encoder_cache
         per_block = self.model_runner.kv_cache_bytes_per_block()
         num_blocks = int(free // per_block)
         if num_blocks < 1:
             raise ValueError(
                 f"cache.gpu_memory_utilization={self.cfg.cache.gpu_memory_utilization}: leaves no room for the KV "
-                f"cache (device {total / GiB:.2f} GiB, model peak {peak / GiB:.2f} GiB); raise it"
+                f"cache (device {total / GiB:.2f} GiB, model peak {peak / GiB:.2f} GiB"
+                + (f", encoder cache {encoder_cache / GiB:.2f} GiB" if encoder_cache else "")
+                + "); raise it"
                 + (", or raise cache.cpu_memory_gb" if self.device.type == "cpu" else "")
+                + (", or lower scheduler.encoder_cache_size" if encoder_cache else "")
             )
         return num_blocks
 
