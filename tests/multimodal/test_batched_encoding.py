@@ -70,13 +70,14 @@ def test_qwen2_vl_two_sizes_in_one_call_equal_each_alone(monkeypatch):
     runner = MultiModalRunner(ours.eval(), torch.device("cpu"))
     gen = torch.Generator().manual_seed(0)
     features = []
-    for name, (t, h, w) in [("small", (1, 4, 4)), ("tall", (1, 6, 4)), ("wide", (1, 4, 8))]:
+    grids = [("small", (1, 4, 4)), ("tall", (1, 6, 4)), ("wide", (1, 4, 8)), ("small2", (1, 4, 4))]
+    for name, (t, h, w) in grids:  # the two small ones share the ViT's attention calls
         pixels = torch.randn(t * h * w, PATCH_FEATURES, generator=gen)
         features.append(_feature(name, t * h * w // 4, pixel_values=pixels, image_grid_thw=torch.tensor([[t, h, w]])))
     alone = [ours.embed_multimodal(**f.data) for f in features]
     calls = _count_calls(monkeypatch, ours)
     together = runner.run_encoder(features)
-    assert calls == [sum(f.length for f in features)]  # one call for the three images
+    assert calls == [sum(f.length for f in features)]  # one call for the four images
     for f, one, joined in zip(features, alone, together):
         assert joined.shape == (f.length, config.text_config.hidden_size)
         torch.testing.assert_close(joined, one, atol=1e-5, rtol=1e-5)

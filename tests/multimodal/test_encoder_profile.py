@@ -155,3 +155,25 @@ def test_qwen2_vl_largest_image_against_every_size(qwen2_vl_dir, max_tokens):
     assert int(grid.prod()) // MERGE**2 == best
     assert grid[1:].tolist() == [size[1] // 14, size[0] // 14]  # kept as it is: height, width in patches
     assert math.prod(size) <= MAX_PIXELS
+
+
+@pytest.mark.gpu
+def test_cuda_profile_peak_includes_the_encoder_pass(llava_dir):
+    """On CUDA the measured peak (``max_memory_allocated``) grows with the encoder input one step
+    may hold: 256 images against 1, over the same 64-token language-model pass."""
+    peaks = []
+    for images in (1, 256):
+        tokens = images * NUM_IMAGE_TOKENS
+        worker = _worker(
+            llava_dir,
+            "device=cuda",
+            "scheduler.max_num_batched_tokens=64",
+            "scheduler.max_num_seqs=256",
+            f"scheduler.max_num_encoder_input_tokens={tokens}",
+            f"scheduler.encoder_cache_size={tokens}",
+        )
+        peaks.append(worker._profile_memory()[1])
+        del worker
+        torch.cuda.empty_cache()
+    encoder_input = 255 * 3 * IMAGE_SIZE * IMAGE_SIZE * 4  # the extra images' float32 pixels alone
+    assert peaks[1] - peaks[0] >= encoder_input

@@ -63,12 +63,26 @@ class VisionAttention(nn.Module):
         N = x.shape[0]
         q, k, v = self.qkv(x).view(N, 3, self.num_heads, self.head_dim).unbind(1)  # (N, H, D) each
         q, k = rotate_2d(q, cos, sin), rotate_2d(k, cos, sin)
-        out = torch.empty_like(q)
-        for start, end in zip(cu_seqlens[:-1], cu_seqlens[1:]):  # one frame at a time: block-diagonal
-            seg = slice(start, end)
-            heads_first = [t[seg].transpose(0, 1) for t in (q, k, v)]  # (H, n, D)
-            out[seg] = F.scaled_dot_product_attention(*heads_first).transpose(0, 1)
-        return self.proj(out.reshape(N, -1))
+        return self.proj(frame_attention(q, k, v, cu_seqlens).reshape(N, -1))
+
+
+def frame_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: list[int]) -> torch.Tensor:
+    """Bidirectional attention inside each frame (block-diagonal by ``cu_seqlens``): q, k, v
+    (N, H, D) -> (N, H, D). Frames of equal length share one batched call, so a step's images
+    of one size cost one call per block, not one per image."""
+    out = torch.empty_like(q)
+    starts_by_len: dict[int, list[int]] = {}
+    for start, end in zip(cu_seqlens[:-1], cu_seqlens[1:]):
+        starts_by_len.setdefault(end - start, []).append(start)
+    H, D = q.shape[1:]
+    for n, starts in starts_by_len.items():
+        if len(starts_by_len) == 1:  # every frame this long: the rows as they are
+            rows: torch.Tensor | slice = slice(None)
+        else:
+            rows = (torch.tensor(starts, device=q.device)[:, None] + torch.arange(n, device=q.device)).flatten()
+        heads_first = [t[rows].view(len(starts), n, H, D).transpose(1, 2) for t in (q, k, v)]  # (B, H, n, D)
+        out[rows] = F.scaled_dot_product_attention(*heads_first).transpose(1, 2).reshape(-1, H, D)
+    return out
 
 
 class VisionMLP(nn.Module):
