@@ -10,8 +10,10 @@ be counted before the KV cache takes the rest:
   image the engine accepts, no more than ``max_num_seqs`` requests of ``limit_mm_per_prompt``
   images hold. The images are made here, at the size the model's class names
   (``profile_image_size``), and go through the checkpoint's own processor, so the encoder sees
-  the tensors a real request would bring; ``ModelRunner.profile_run`` encodes them as a step does
-  (one batched call where the model allows) inside the measured region.
+  the tensors a real request would bring. ``ModelRunner.prepare_profile`` makes them before the
+  worker starts measuring (the processor's loading and imports are no part of a step's peak);
+  ``ModelRunner.profile_run`` encodes them as a step does (one batched call where the model
+  allows) inside the measured region.
 - the encoder cache: ``scheduler.encoder_cache_size`` rows of the language model's hidden size
   in the model's dtype, held between steps (``MultiModalRunner.encoder_cache``), reserved whole.
 

@@ -34,6 +34,7 @@ from minivllm.layers.compile import compile_small_ops
 from minivllm.layers.rotary import share_cos_sin_caches
 from minivllm.lora.manager import LoRAModelManager
 from minivllm.models.interfaces import supports_mrope, supports_multimodal
+from minivllm.multimodal.feature import MultiModalFeature
 from minivllm.outputs import DoneOutput, ModelRunnerOutput
 from minivllm.pooling.pooler import Pooler
 from minivllm.sample.sampler import Sampler
@@ -93,6 +94,8 @@ class ModelRunner:
         """(3, T) positions per step (set in ``load_model`` for a model that ``supports_mrope``); None otherwise."""
         self.mm: MultiModalRunner | None = None
         """Images: the vision encoder's outputs and their merge (set in ``load_model`` for a model that takes them)."""
+        self.profile_images: list[MultiModalFeature] | None = None
+        """The memory profile's encoder input, between ``prepare_profile`` and ``profile_run``."""
 
     # ---- set-up -------------------------------------------------------------------
     def load_model(self) -> None:
@@ -196,15 +199,24 @@ class ModelRunner:
         """Memory a full encoder cache holds, which the profile's peak leaves out (0 for text)."""
         return encoder_cache_bytes(self.cfg) if self.mm is not None else 0
 
+    def prepare_profile(self) -> None:
+        """What ``profile_run`` needs built before the caller starts measuring: for a model that
+        takes images, the dummy images through the checkpoint's processor (its loading and imports
+        are no part of a step's peak). Nothing for a text-only model."""
+        if self.mm is not None:
+            self.profile_images = profile_images(self.cfg, self.model)
+
     @torch.inference_mode()
     def profile_run(self) -> None:
-        """The vision encoder on one step's largest input (models that take images), then a
-        forward pass at the full token budget on a throw-away cache and batch, so the caller
-        can measure peak activation memory (``encoder_profile.py``)."""
+        """The vision encoder on one step's largest input (models that take images, from
+        ``prepare_profile``), then a forward pass at the full token budget on a throw-away
+        cache and batch, so the caller can measure peak activation memory (``encoder_profile.py``)."""
         start = time.perf_counter()
         if self.mm is not None:
-            outputs = self.mm.run_encoder(profile_images(self.cfg, self.model))
-            del outputs  # a step's encoder outputs go to the cache, which is reserved whole
+            images = self.profile_images if self.profile_images is not None else profile_images(self.cfg, self.model)
+            self.profile_images = None
+            outputs = self.mm.run_encoder(images)
+            del outputs, images  # a step's encoder outputs go to the cache, which is reserved whole
         batch, lens, num_blocks = profile_batch(self.cfg, self.device)
         self.init_kv_cache(num_blocks)
         step = self.inputs.build(batch, np.arange(len(lens)), lens)

@@ -112,6 +112,7 @@ class Worker:
         return num_blocks
 
     def _profile_memory(self) -> tuple[float, float]:
+        self.model_runner.prepare_profile()  # outside the measured region: it loads a processor
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(self.device)

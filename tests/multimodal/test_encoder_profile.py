@@ -19,6 +19,7 @@ from minivllm.config.vllm_config import VllmConfig
 from minivllm.models.llava import LlavaForConditionalGeneration
 from minivllm.models.qwen2_vl import Qwen2VLForConditionalGeneration, largest_image_size
 from minivllm.worker import encoder_profile
+from minivllm.worker.model_runner import ModelRunner
 from minivllm.worker.worker import Worker
 from tests.models.qwen2_vl_checkpoint import MAX_PIXELS, MERGE, MIN_PIXELS, build_qwen2_vl
 from tests.multimodal.llava_checkpoint import IMAGE_SIZE, NUM_IMAGE_TOKENS
@@ -42,10 +43,11 @@ def _worker(path, *overrides: str) -> Worker:
 
 
 def _record_encoder_calls(monkeypatch, model_cls) -> list[dict]:
-    """Every ``embed_multimodal`` call's tensors, and whether it ran inside ``Worker._profile_memory``."""
+    """Every ``embed_multimodal`` call's tensors, and whether it ran inside ``ModelRunner.profile_run``
+    (what ``Worker._profile_memory`` measures)."""
     calls: list[dict] = []
     inside = [False]
-    encode, profile = model_cls.embed_multimodal, Worker._profile_memory
+    encode, profile = model_cls.embed_multimodal, ModelRunner.profile_run
 
     def recording_encode(self, **data):
         calls.append({"in_profile": inside[0], **data})
@@ -59,7 +61,7 @@ def _record_encoder_calls(monkeypatch, model_cls) -> list[dict]:
             inside[0] = False
 
     monkeypatch.setattr(model_cls, "embed_multimodal", recording_encode)
-    monkeypatch.setattr(Worker, "_profile_memory", recording_profile)
+    monkeypatch.setattr(ModelRunner, "profile_run", recording_profile)
     return calls
 
 
