@@ -72,8 +72,9 @@ class Run:
 
 
 def _generate(checkpoint, prompts, **kwargs) -> Run:
-    """Greedy outputs of a CUDA engine with its defaults but ``kwargs``."""
-    llm = LLM(str(checkpoint), device="cuda", max_model_len=256, seed=0, **kwargs)
+    """Greedy outputs of a CUDA engine with its defaults but ``kwargs`` (and a KV cache of 256
+    blocks, not 90% of the GPU: stage b runs tests in parallel processes on one GPU)."""
+    llm = LLM(str(checkpoint), device="cuda", max_model_len=256, seed=0, num_gpu_blocks_override=256, **kwargs)
     try:
         assert llm.cfg.async_scheduling and llm.cfg.scheduler.enable_chunked_prefill
         graphs = llm.llm_engine.core.executor.worker.model_runner.cuda_graphs is not None
