@@ -255,7 +255,7 @@ stage_d7() {
   if ((QUICK)); then mm+=(bench.num_prompts=16); fi
   if ((CPU_TRY)); then
     mm+=(device=cpu bench.num_prompts=4 bench.min_input_len=8 bench.max_input_len=16 bench.min_output_len=4
-      bench.max_output_len=8 cache.num_gpu_blocks_override=64)
+      bench.max_output_len=8 cache.num_gpu_blocks_override=64 scheduler.max_num_batched_tokens=256)
   fi
   for run in "${runs[@]}"; do
     case "$run" in

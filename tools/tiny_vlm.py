@@ -14,10 +14,14 @@ import argparse
 import sysconfig
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import PreTrainedTokenizerFast, Qwen2VLConfig, Qwen2VLForConditionalGeneration
+from transformers import PreTrainedTokenizerFast, Qwen2VLConfig
+
+if TYPE_CHECKING:  # the modeling code loads only where weights are made (tools/vlm_shapes.py makes none)
+    from transformers import Qwen2VLForConditionalGeneration
 
 SPECIAL = {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>"}
 
@@ -195,6 +199,8 @@ def tiny_qwen2_vl_config(vocab_size: int = 600, tie: bool = False, **ids: int) -
 
 def tiny_qwen2_vl_model(config: Qwen2VLConfig, seed: int = 0) -> Qwen2VLForConditionalGeneration:
     """Random weights, spread wide enough that the vision tower's output matters."""
+    from transformers import Qwen2VLForConditionalGeneration
+
     torch.manual_seed(seed)
     model = Qwen2VLForConditionalGeneration(config).float().eval()
     gen = torch.Generator().manual_seed(seed)

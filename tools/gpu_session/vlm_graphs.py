@@ -7,7 +7,8 @@ Writes STAGE_DIR/vlm_graphs/ and STAGE_DIR/vlm_eager/, each an ``outputs.jsonl``
 per prompt: ``token_ids``, ``text``) and a ``run.json`` (device, dtype, whether graphs were
 captured); ``stage_metrics multimodal`` compares them. Four prompts, a captured batch
 size, so the decode steps replay a graph of exactly the eager run's shapes; the engine's
-defaults otherwise (on CUDA: bf16, async scheduling, torch.compile of the small ops).
+defaults otherwise (on CUDA: bf16, async scheduling, torch.compile of the small ops) but
+a KV cache of 64 blocks, all the 4 requests need.
 On the CPU graphs are never captured and the check says so.
 """
 
@@ -33,7 +34,7 @@ def images(n: int) -> list[Image.Image]:
 def run(checkpoint: Path, out: Path, eager: bool) -> None:
     from minivllm import LLM, SamplingParams
 
-    llm = LLM(str(checkpoint), enforce_eager=eager, max_model_len=256, seed=0)
+    llm = LLM(str(checkpoint), enforce_eager=eager, max_model_len=256, num_gpu_blocks_override=64, seed=0)
     try:
         params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
         prompts = [{"prompt": PROMPT, "multi_modal_data": {"image": im}} for im in images(NUM_PROMPTS)]
