@@ -70,6 +70,7 @@ LLAVA_IMAGE_TOKEN = "<image>"
 LLAVA_IMAGE_SIZE, LLAVA_PATCH = 16, 4
 LLAVA_NUM_IMAGE_TOKENS = (LLAVA_IMAGE_SIZE // LLAVA_PATCH) ** 2  # the CLS row is dropped ("default" strategy)
 LLAVA_CHAT_TEMPLATE = _chat_template("<image>\n")
+LLAVA_PROMPT = "USER: <image>\nWhat is in the picture? ASSISTANT:"  # one image, in LLaVA-1.5's prompt format
 
 
 TINY_LLAVA_VISION = dict(

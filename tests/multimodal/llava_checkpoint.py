@@ -20,6 +20,7 @@ from tools.tiny_vlm import (  # noqa: F401 (the builder lives with the tool; tes
     LLAVA_IMAGE_TOKEN,
     LLAVA_NUM_IMAGE_TOKENS,
     LLAVA_PATCH,
+    LLAVA_PROMPT,
     build_llava,
 )
 
@@ -27,7 +28,7 @@ IMAGE_TOKEN = LLAVA_IMAGE_TOKEN
 IMAGE_SIZE, PATCH = LLAVA_IMAGE_SIZE, LLAVA_PATCH
 NUM_IMAGE_TOKENS = LLAVA_NUM_IMAGE_TOKENS
 CHAT_TEMPLATE = LLAVA_CHAT_TEMPLATE
-PROMPT = "USER: <image>\nWhat is in the picture? ASSISTANT:"
+PROMPT = LLAVA_PROMPT
 
 
 def random_image(seed: int, size: int = 30) -> Image.Image:

@@ -23,7 +23,6 @@ import numpy as np
 from PIL import Image
 
 NUM_PROMPTS, MAX_TOKENS = 4, 32
-PROMPT = "USER: <image>\nWhat is in the picture? ASSISTANT:"
 
 
 def images(n: int) -> list[Image.Image]:
@@ -33,11 +32,12 @@ def images(n: int) -> list[Image.Image]:
 
 def run(checkpoint: Path, out: Path, eager: bool) -> None:
     from minivllm import LLM, SamplingParams
+    from tools.tiny_vlm import LLAVA_PROMPT
 
     llm = LLM(str(checkpoint), enforce_eager=eager, max_model_len=256, num_gpu_blocks_override=64, seed=0)
     try:
         params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
-        prompts = [{"prompt": PROMPT, "multi_modal_data": {"image": im}} for im in images(NUM_PROMPTS)]
+        prompts = [{"prompt": LLAVA_PROMPT, "multi_modal_data": {"image": im}} for im in images(NUM_PROMPTS)]
         outs = llm.generate(prompts, params, use_tqdm=False)
         runner = llm.llm_engine.core.executor.worker.model_runner
         info = {
