@@ -260,7 +260,7 @@ stage_d7() {
   for run in "${runs[@]}"; do
     case "$run" in
       llava) shape=llava-1.5-7b limit=100; if ((CPU_TRY)); then shape=tiny-llava; fi ;;
-      qwen2_vl) shape=qwen2-vl-2b limit=80; if ((CPU_TRY)); then shape=tiny-qwen2-vl; fi ;;
+      qwen2_vl) shape=qwen2-vl-2b limit=90; if ((CPU_TRY)); then shape=tiny-qwen2-vl; fi ;;
       graphs)
         echo "== tiny LLaVA: CUDA graphs vs eager (limit 70s)"
         timeout --foreground --kill-after=10 70 "$PYTHON" -m tools.gpu_session.vlm_graphs "$STAGE_DIR" \
