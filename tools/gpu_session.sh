@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole GPU session in one script: prove the CUDA paths, then measure.
 #
-#   bash tools/gpu_session.sh [--quick] [--stages a,b,c,d1,d2,d3,d4,d5]
+#   bash tools/gpu_session.sh [--quick] [--stages a,b,c,d1,d2,d3,d4,d5,d6,d7]
 #
 # Stages (docs/gpu.md says what each writes and how to read it):
 #   a   environment: GPU, versions, Triton's launcher toolchain, the conf link, disk
@@ -13,7 +13,9 @@
 #   d4  benchmarks/attention.py: decode bandwidth at batch 1/64/256, contexts 512-4096, a prefill
 #   d5  benchmarks/profile_decode.py: 10 full-batch decode steps, kernels by group
 #   d6  benchmarks/moe.py and benchmarks/quant_gemm.py: fused MoE, int4 and fp8 GEMMs vs torch
-#   (d = d1..d6; --quick: a,b,c,d1,d4 at smaller sizes, under 5 minutes)
+#   d7  bench=multimodal at LLaVA-1.5-7B's and Qwen2-VL-2B's shapes (dummy weights, native image
+#       sizes); the tiny LLaVA with CUDA graphs and eager: same text?
+#   (d = d1..d7; --quick: a,b,c,d1,d4 at smaller sizes, under 5 minutes)
 #
 # Each stage runs under `timeout` into $GPU_SESSION_WORK/<stage>/ (log.txt, metrics.json,
 # one folder per Hydra run); a broken stage never stops the later ones. After every
@@ -28,7 +30,9 @@
 # GPU_SESSION_RUNS_<STAGE>="graphs sync" (which bench runs d1/d2 make, of graphs, eager,
 # compile, sync), GPU_SESSION_BENCH_ARGS="k=v ..." (added to every bench run),
 # GPU_SESSION_PYTEST_ARGS="-n 8" (added to stage b's pytest), GPU_SESSION_WARM=0 (no
-# Triton warm-up run before the timed ones: they warm up each engine themselves).
+# Triton warm-up run before the timed ones: they warm up each engine themselves),
+# GPU_SESSION_RUNS_D7="llava graphs" (which of llava, qwen2_vl, graphs d7 runs),
+# GPU_SESSION_D7_ARGS="k=v ..." (added to d7's bench runs).
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -40,10 +44,10 @@ export WORK=${GPU_SESSION_WORK:-/tmp/gpu_session}
 export CPU_TRY=${GPU_SESSION_CPU_TRY:-0}
 export QUICK=0
 FAIL_STAGES=" ${GPU_SESSION_FAIL_STAGES:-} "
-ALL_STAGES=(a b c d1 d2 d3 d4 d5 d6)
+ALL_STAGES=(a b c d1 d2 d3 d4 d5 d6 d7)
 QUICK_STAGES=(a b c d1 d4)
-declare -A LIMIT=([a]=90 [b]=330 [c]=150 [d1]=440 [d2]=400 [d3]=360 [d4]=150 [d5]=380 [d6]=150)
-declare -A QUICK_LIMIT=([a]=40 [b]=90 [c]=60 [d1]=70 [d2]=120 [d3]=90 [d4]=40 [d5]=60 [d6]=60)
+declare -A LIMIT=([a]=90 [b]=330 [c]=150 [d1]=440 [d2]=400 [d3]=360 [d4]=150 [d5]=380 [d6]=150 [d7]=240)
+declare -A QUICK_LIMIT=([a]=40 [b]=90 [c]=60 [d1]=70 [d2]=120 [d3]=90 [d4]=40 [d5]=60 [d6]=60 [d7]=200)
 
 usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; }
 
@@ -54,7 +58,7 @@ while (($#)); do
     --stages) shift; IFS=, read -r -a STAGES <<<"${1:-}" ;;
     --stages=*) IFS=, read -r -a STAGES <<<"${1#--stages=}" ;;
     -h|--help) usage; exit 0 ;;
-    *) echo "gpu_session.sh: unknown argument '$1' (--quick, --stages a,b,c,d1,d2,d3,d4,d5,d6)" >&2; exit 2 ;;
+    *) echo "gpu_session.sh: unknown argument '$1' (--quick, --stages a,b,c,d1,d2,d3,d4,d5,d6,d7)" >&2; exit 2 ;;
   esac
   shift
 done
@@ -63,9 +67,9 @@ if ((${#STAGES[@]} == 0)); then
 fi
 expanded=()
 for s in "${STAGES[@]}"; do
-  if [[ $s == d ]]; then expanded+=(d1 d2 d3 d4 d5 d6); continue; fi
+  if [[ $s == d ]]; then expanded+=(d1 d2 d3 d4 d5 d6 d7); continue; fi
   if [[ -z ${LIMIT[$s]+x} ]]; then
-    echo "gpu_session.sh: unknown stage '$s' (stages: ${ALL_STAGES[*]}, or d for d1-d6)" >&2; exit 2
+    echo "gpu_session.sh: unknown stage '$s' (stages: ${ALL_STAGES[*]}, or d for d1-d7)" >&2; exit 2
   fi
   expanded+=("$s")
 done
@@ -142,16 +146,19 @@ stage_c() {
   "$PYTHON" -m tools.gpu_session.stage_metrics demo "$STAGE_DIR" graphs eager
 }
 
-bench_run() {  # NAME SECONDS OVERRIDES...: one task=bench run into $STAGE_DIR/NAME
+minivllm_run() {  # NAME SECONDS OVERRIDES...: one python -m minivllm run into $STAGE_DIR/NAME
+  local name=$1 limit=$2; shift 2
+  echo "== bench run $name (limit ${limit}s): $*"
+  # --foreground: stay in the stage's process group, so the stage's own timeout reaches this run too
+  timeout --foreground --kill-after=10 "$limit" "$PYTHON" -m minivllm "$@" hydra.run.dir="$STAGE_DIR/$name"
+  echo "== bench run $name: exit $?"
+}
+
+bench_run() {  # NAME SECONDS OVERRIDES...: one task=bench bench=nanovllm run into $STAGE_DIR/NAME
   local name=$1 limit=$2 BENCH SHRINK extra; shift 2
   engine_args
   read -r -a extra <<<"${GPU_SESSION_BENCH_ARGS:-}"
-  set -- "$@" "${extra[@]}"
-  echo "== bench run $name (limit ${limit}s): $*"
-  # --foreground: stay in the stage's process group, so the stage's own timeout reaches this run too
-  timeout --foreground --kill-after=10 "$limit" "$PYTHON" -m minivllm "${BENCH[@]}" "$@" "${SHRINK[@]}" \
-    hydra.run.dir="$STAGE_DIR/$name"
-  echo "== bench run $name: exit $?"
+  minivllm_run "$name" "$limit" "${BENCH[@]}" "$@" "${extra[@]}" "${SHRINK[@]}"
 }
 
 warm_triton() {
@@ -237,7 +244,39 @@ stage_d6() {
   "$PYTHON" -m tools.gpu_session.stage_metrics kernels "$STAGE_DIR" moe.json quant_gemm.json || rc=1
   return $rc
 }
-export -f engine_args bench_run warm_triton bench_config bench_stage stage_a stage_b stage_c stage_d1 stage_d2 stage_d3 stage_d4 stage_d5 stage_d6
+stage_d7() {
+  # Real shapes on dummy weights (tools/vlm_shapes.py: config, tokenizer, processor), images at
+  # the model's native size; the CPU try runs the same on tools/tiny_vlm.py's shapes
+  local runs run shape limit size built names=() tok="$STAGE_DIR/tokenizer" extra
+  read -r -a runs <<<"${GPU_SESSION_RUNS_D7:-llava qwen2_vl graphs}"
+  read -r -a extra <<<"${GPU_SESSION_D7_ARGS:-}"
+  local mm=(task=bench bench=multimodal load.format=dummy bench.progress=false bench.num_prompts=64
+    bench.min_input_len=32 bench.max_input_len=64 bench.min_output_len=64 bench.max_output_len=64)
+  if ((QUICK)); then mm+=(bench.num_prompts=16); fi
+  if ((CPU_TRY)); then
+    mm+=(device=cpu bench.num_prompts=4 bench.min_input_len=8 bench.max_input_len=16 bench.min_output_len=4
+      bench.max_output_len=8 cache.num_gpu_blocks_override=64 scheduler.max_num_batched_tokens=256)
+  fi
+  for run in "${runs[@]}"; do
+    case "$run" in
+      llava) shape=llava-1.5-7b limit=100; if ((CPU_TRY)); then shape=tiny-llava; fi ;;
+      qwen2_vl) shape=qwen2-vl-2b limit=90; if ((CPU_TRY)); then shape=tiny-qwen2-vl; fi ;;
+      graphs)
+        echo "== tiny LLaVA: CUDA graphs vs eager (limit 70s)"
+        timeout --foreground --kill-after=10 70 "$PYTHON" -m tools.gpu_session.vlm_graphs "$STAGE_DIR" \
+          --tokenizer "$tok" || echo "== graphs vs eager: exit $?"
+        continue ;;
+      *) echo "unknown d7 run '$run' (llava, qwen2_vl, graphs)" >&2; return 2 ;;
+    esac
+    names+=("$shape")
+    built="$STAGE_DIR/checkpoints/$shape"
+    size=$("$PYTHON" -m tools.vlm_shapes "$shape" "$built" --tokenizer "$tok" --print image_size | tail -n 1)
+    if [[ ! $size =~ ^[0-9]+$ ]]; then echo "== building $shape failed"; continue; fi
+    minivllm_run "$shape" "$limit" "${mm[@]}" model.path="$built" bench.image_size="$size" "${extra[@]}"
+  done
+  "$PYTHON" -m tools.gpu_session.stage_metrics multimodal "$STAGE_DIR" "${names[@]}"
+}
+export -f engine_args minivllm_run bench_run warm_triton bench_config bench_stage stage_a stage_b stage_c stage_d1 stage_d2 stage_d3 stage_d4 stage_d5 stage_d6 stage_d7
 
 # ---- the runner ----------------------------------------------------------------------------
 refresh_out() {

@@ -8,13 +8,12 @@ from __future__ import annotations
 import pytest
 
 from minivllm import LLM, SamplingParams
-from tests.models.qwen2_vl_checkpoint import VISION, HFQwen2VL, build_qwen2_vl, random_image
+from tests.models.qwen2_vl_checkpoint import HFQwen2VL, build_qwen2_vl, parity_prompts
 from tests.multimodal.llava_checkpoint import data_url
+from tests.multimodal.vlm_greedy import engine_greedy
 
 MAX_TOKENS = 6
 GREEDY = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
-ONE = f"user: {VISION}what is this?\nassistant:"
-TWO = f"user: compare {VISION}with {VISION}please\nassistant:"
 ENCODER = ["scheduler.max_num_encoder_input_tokens=64", "scheduler.encoder_cache_size=64"]
 
 
@@ -29,14 +28,13 @@ def hf(checkpoint):
 
 
 def _generate(llm: LLM, prompts: list[tuple[str, list]]) -> list[tuple[list[int], list[int]]]:
-    outs = llm.generate([{"prompt": p, "multi_modal_data": {"image": ims}} for p, ims in prompts], GREEDY)
-    return [(out.prompt_token_ids, list(out.outputs[0].token_ids)) for out in outs]
+    return engine_greedy(llm, prompts, MAX_TOKENS)
 
 
 @pytest.mark.slow
 def test_greedy_tokens_match_transformers(checkpoint, hf):
-    small, wide, tall = random_image(0, 56, 56), random_image(1, 56, 84), random_image(2, 112, 84)
-    prompts = [(ONE, [small]), (ONE, [tall]), (TWO, [wide, tall]), (TWO, [tall, small])]
+    prompts = parity_prompts()
+    small = prompts[0][1][0]
     expected = [hf.greedy(p, ims, MAX_TOKENS) for p, ims in prompts]
     assert len({tuple(tokens) for _, tokens in expected}) > 1, "the images should steer the model apart"
     whole = LLM(

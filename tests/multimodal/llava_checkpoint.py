@@ -13,12 +13,14 @@ import torch
 from PIL import Image
 from transformers import LlavaForConditionalGeneration
 
+from tests.multimodal.vlm_greedy import Greedy, hf_greedy
 from tools.tiny_vlm import (  # noqa: F401 (the builder lives with the tool; tests import it from here)
     LLAVA_CHAT_TEMPLATE,
     LLAVA_IMAGE_SIZE,
     LLAVA_IMAGE_TOKEN,
     LLAVA_NUM_IMAGE_TOKENS,
     LLAVA_PATCH,
+    LLAVA_PROMPT,
     build_llava,
 )
 
@@ -26,6 +28,7 @@ IMAGE_TOKEN = LLAVA_IMAGE_TOKEN
 IMAGE_SIZE, PATCH = LLAVA_IMAGE_SIZE, LLAVA_PATCH
 NUM_IMAGE_TOKENS = LLAVA_NUM_IMAGE_TOKENS
 CHAT_TEMPLATE = LLAVA_CHAT_TEMPLATE
+PROMPT = LLAVA_PROMPT
 
 
 def random_image(seed: int, size: int = 30) -> Image.Image:
@@ -39,20 +42,22 @@ def data_url(image: Image.Image) -> str:
 
 
 class HFLlava:
-    """transformers' own processor and ``generate`` on the checkpoint: the oracle."""
+    """transformers' own processor and ``generate`` on the checkpoint: the oracle (in fp32, on
+    ``device``)."""
 
-    def __init__(self, checkpoint: Path) -> None:
+    def __init__(self, checkpoint: Path, device: str = "cpu") -> None:
         from transformers import AutoProcessor
 
         self.processor = AutoProcessor.from_pretrained(checkpoint)
-        self.model = LlavaForConditionalGeneration.from_pretrained(checkpoint, dtype=torch.float32).eval()
+        model = LlavaForConditionalGeneration.from_pretrained(checkpoint, dtype=torch.float32)
+        self.model = model.to(device).eval()
+
+    def run(self, prompt: str, images: list[Image.Image], max_tokens: int) -> tuple[list[int], Greedy]:
+        """(prompt ids after the processor's expansion, greedy output tokens and their margins)."""
+        inputs = self.processor(text=[prompt], images=images or None, return_tensors="pt")
+        return inputs["input_ids"][0].tolist(), hf_greedy(self.model, dict(inputs), max_tokens)
 
     def greedy(self, prompt: str, images: list[Image.Image], max_tokens: int) -> tuple[list[int], list[int]]:
         """(prompt ids after the processor's expansion, greedy output tokens)."""
-        inputs = self.processor(text=[prompt], images=images or None, return_tensors="pt")
-        with torch.no_grad():
-            out = self.model.generate(
-                **inputs, max_new_tokens=max_tokens, min_new_tokens=max_tokens, do_sample=False, pad_token_id=0
-            )
-        n = inputs["input_ids"].shape[1]
-        return inputs["input_ids"][0].tolist(), out[0, n:].tolist()
+        ids, out = self.run(prompt, images, max_tokens)
+        return ids, out.tokens

@@ -6,9 +6,8 @@ from __future__ import annotations
 import pytest
 
 from minivllm import LLM, SamplingParams
-from tests.multimodal.llava_checkpoint import NUM_IMAGE_TOKENS, HFLlava, random_image
+from tests.multimodal.llava_checkpoint import NUM_IMAGE_TOKENS, PROMPT, HFLlava, random_image
 
-PROMPT = "USER: <image>\nWhat is in the picture? ASSISTANT:"
 MAX_TOKENS = 6
 GREEDY = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
 

@@ -11,7 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from tools.gpu_session import vlm_graphs
 from tools.gpu_session.results_md import load_stages, render
+from tools.gpu_session.stage_metrics import multimodal_metrics
+from tools.gpu_session.summary import key_numbers
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "tools" / "gpu_session.sh"
@@ -129,6 +132,40 @@ def test_kernel_stage_and_chosen_bench_runs_on_the_cpu(tmp_path):
     assert d6["status"] == "ok" and d6["moe"]["rows"] and d6["quant_gemm"]["rows"]
     draft = render(load_stages([tmp_path / "out" / "summary.json"]), "2026-11-26")
     assert "Fused MoE (`benchmarks/moe.py`)" in draft and "Quantized GEMMs (`benchmarks/quant_gemm.py`)" in draft
+
+
+def test_image_model_stage_on_the_cpu(tmp_path):
+    """d7 at a tiny Qwen2-VL shape: a directory without weights on dummy weights, images at its
+    native size; images/s, tok/s and the encoder's share reach metrics.json, the summary and the draft."""
+    proc = _session(tmp_path, "--stages", "d7", GPU_SESSION_RUNS_D7="qwen2_vl")
+    assert proc.returncode == 0, proc.stderr
+    (stage,) = json.loads((tmp_path / "out" / "summary.json").read_text())["stages"]
+    assert stage["status"] == "ok", stage
+    (run,) = stage["metrics"]["runs"]
+    assert run["run"] == "tiny-qwen2-vl" and run["architecture"] == "Qwen2VLForConditionalGeneration"
+    assert run["images"] == run["images_encoded"] == 4 and run["images_per_s"] > 0 and 0 < run["encoder_percent"] < 100
+    assert "bench.image_size=56" in run["overrides"] and "load.format=dummy" in run["overrides"]
+    checkpoint = tmp_path / "work" / "d7" / "checkpoints" / "tiny-qwen2-vl"
+    assert (checkpoint / "config.json").is_file() and not list(checkpoint.glob("*.safetensors"))
+    assert stage["key_numbers"].startswith("tiny-qwen2-vl: ") and "images/s" in stage["key_numbers"]
+    draft = render(load_stages([tmp_path / "out" / "summary.json"]), "2026-11-26")
+    assert "| tiny-qwen2-vl | `device=cpu " in draft and "bench.image_size=56" in draft
+
+
+def test_the_image_models_graphs_vs_eager_check_reports_a_difference(tmp_path, tokenizer_dir):
+    """d7's text check on the CPU (no graphs there: the same tokens, and it says none were
+    captured); one token changed in a run's outputs is reported at its position."""
+    assert vlm_graphs.main([str(tmp_path), "--tokenizer", str(tokenizer_dir)]) == 0
+    check = multimodal_metrics(tmp_path, [])["graphs_vs_eager"]
+    assert check["same_text"] and check["cuda_graphs_captured"] is False and check["num_prompts"] == [4, 4]
+    lines = (tmp_path / "vlm_eager" / "outputs.jsonl").read_text().splitlines()
+    row = json.loads(lines[2])
+    row["token_ids"][5] += 1
+    (tmp_path / "vlm_eager" / "outputs.jsonl").write_text("\n".join([*lines[:2], json.dumps(row), *lines[3:]]))
+    metrics = multimodal_metrics(tmp_path, [])
+    assert not metrics["ok"]
+    assert [(m["prompt"], m["first_different_token"]) for m in metrics["graphs_vs_eager"]["mismatches"]] == [(2, 5)]
+    assert "graphs vs eager same text: NO" in key_numbers("d7", metrics)
 
 
 def test_a_stage_past_its_limit_is_recorded_as_a_timeout(tmp_path):

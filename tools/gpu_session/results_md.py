@@ -3,11 +3,11 @@
     python3 -m tools.gpu_session.results_md OUT1/summary.json [OUT2/summary.json ...] [--date 2026-11-24]
 
 Stages found in later files replace those of earlier ones, except the bench
-stages (d1-d3), whose runs are merged by name (a later run of the same name
+stages (d1-d3, d7), whose runs are merged by name (a later run of the same name
 wins): one session may run `graphs` in one call and `eager` in the next. The
 draft holds the device, the commands and one table per measurement (nanovllm
 configurations, transformers vs minivllm, attention bandwidth, decode profile,
-fused MoE and quantized GEMMs); the commentary on goals is left to the reader.
+fused MoE and quantized GEMMs, vision-language throughput); the commentary on goals is left to the reader.
 """
 
 from __future__ import annotations
@@ -30,6 +30,12 @@ CONFIGS = {
 }
 
 
+MERGED = ("d1", "d2", "d3", "d7")
+"""Stages whose runs merge by name across summaries (their other keys: the later file's, else the earlier's)."""
+MM_BENCH = "python3 -m minivllm task=bench bench=multimodal load.format=dummy model.path=DIR"
+MM_BASE = {"task", "bench", "load.format", "bench.progress", "hydra.run.dir", "model.path"}
+
+
 def _f(value: Any, fmt: str = ".0f") -> str:
     return "n/a" if value is None else format(value, fmt)
 
@@ -41,10 +47,11 @@ def load_stages(paths: list[Path]) -> dict[str, dict[str, Any]]:
             metrics = row.get("metrics")
             if not metrics:
                 continue
-            if row["stage"] in ("d1", "d2", "d3") and row["stage"] in stages:
-                runs = {r["run"]: r for r in stages[row["stage"]].get("runs", [])}
+            if row["stage"] in MERGED and row["stage"] in stages:
+                earlier = stages[row["stage"]]
+                runs = {r["run"]: r for r in earlier.get("runs", [])}
                 runs.update({r["run"]: r for r in metrics.get("runs", [])})
-                metrics = {**metrics, "runs": list(runs.values())}
+                metrics = {**earlier, **metrics, "runs": list(runs.values())}
             stages[row["stage"]] = metrics
     return stages
 
@@ -53,13 +60,18 @@ def _config_label(run: dict[str, Any]) -> str:
     """The overrides a run added to the bench command (as Hydra recorded them), else its known name."""
     if not run.get("overrides"):
         return CONFIGS.get(run["run"], run["run"])
-    last: dict[str, str] = {}  # a key given twice: Hydra applies the later value
-    for override in run["overrides"]:
+    return _added(run["overrides"], BASE_OVERRIDES) or CONFIGS["graphs"]
+
+
+def _added(overrides: list[str], base: set[str]) -> str:
+    """The overrides whose keys are not in ``base``, each key once with its last value (as Hydra applies them)."""
+    last: dict[str, str] = {}
+    for override in overrides:
         key = override.split("=", 1)[0].lstrip("+~")
-        if key not in BASE_OVERRIDES:
+        if key not in base:
             last.pop(key, None)
             last[key] = override
-    return " ".join(last.values()) or CONFIGS["graphs"]
+    return " ".join(last.values())
 
 
 def _bench_table(stages: dict[str, dict[str, Any]]) -> list[str]:
@@ -162,6 +174,39 @@ def _kernel_tables(m: dict[str, Any]) -> list[str]:
     return out
 
 
+def _multimodal_table(m: dict[str, Any]) -> list[str]:
+    """d7: one row per image model shape; the tiny LLaVA's graphs vs eager check below."""
+    lines = [
+        f"Vision-language throughput: `{MM_BENCH}` on `python3 -m tools.vlm_shapes SHAPE DIR` (the shape's config, "
+        "no weights), images at the model's native size, plus the overrides shown.",
+        "",
+        "| shape | overrides | dtype | images/s | output tok/s | input tok/s (images expanded) "
+        "| vision encoder % of step time | overhead ms/step |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in m.get("runs", []):
+        label = _added(r.get("overrides", []), MM_BASE)
+        if r.get("status") != "ok":
+            lines.append(f"| {r['run']} | `{label}` | {r.get('status')} | | | | | |")
+            continue
+        input_rate = r["input_tokens"] / r["total_time_s"] if r.get("input_tokens") and r.get("total_time_s") else None
+        lines.append(
+            f"| {r['run']} | `{label}` | {r.get('dtype')} | {_f(r['images_per_s'], '.1f')} | "
+            f"{_f(r['output_tokens_per_s'])} | {_f(input_rate)} | {_f(r.get('encoder_percent'), '.1f')} | "
+            f"{_f(r.get('overhead_per_step_ms'), '.2f')} |"
+        )
+    check = m.get("graphs_vs_eager")
+    if check:
+        same = "the same" if check.get("same_text") else f"NOT the same ({len(check.get('mismatches') or [])} differ)"
+        captured = "captured" if check.get("cuda_graphs_captured") else "not captured"
+        lines += [
+            "",
+            f"Tiny LLaVA (tools/tiny_vlm.py), {check.get('dtype')}, 4 prompts with an image, 32 greedy tokens: "
+            f"CUDA graphs ({captured}) and eager give {same} tokens.",
+        ]
+    return lines
+
+
 def _against_bf16(row: dict[str, Any], key: str) -> str:
     """A quantized time and its ratio to bf16's (above 1: faster than bf16)."""
     ratio = row["bf16_ms"] / row[key] if row.get(key) else None
@@ -186,6 +231,8 @@ def render(stages: dict[str, dict[str, Any]], date: str) -> str:
         out += ["", "Decode profile (`benchmarks/profile_decode.py`):", ""] + _profile_table(stages["d5"])
     if "d6" in stages:
         out += [""] + _kernel_tables(stages["d6"])
+    if "d7" in stages:
+        out += [""] + _multimodal_table(stages["d7"])
     return "\n".join(out) + "\n"
 
 

@@ -4,6 +4,7 @@
     python3 -m tools.gpu_session.stage_metrics demo STAGE_DIR A B    # runs A and B generated the same text?
     python3 -m tools.gpu_session.stage_metrics bench STAGE_DIR RUN...  # one row per task=bench run folder
     python3 -m tools.gpu_session.stage_metrics kernels STAGE_DIR FILE...  # kernel benchmarks' JSON rows
+    python3 -m tools.gpu_session.stage_metrics multimodal STAGE_DIR RUN...  # bench=multimodal runs + text check
 
 Each writes STAGE_DIR/metrics.json and exits 1 when the stage's own verdict is a
 failure (a failed test, different texts, a bench run without metrics).
@@ -134,6 +135,46 @@ def bench_metrics(stage: Path, runs: list[str]) -> dict[str, Any]:
     return {"ok": bool(rows) and all(r["status"] == "ok" for r in rows), "runs": rows}
 
 
+def image_row(run: Path) -> dict[str, Any]:
+    """A ``bench=multimodal`` run: the bench row, plus images/s and the vision encoder's share."""
+    row = bench_row(run)
+    if row["status"] != "ok":
+        return row
+    m = _read(run / "metrics.json")
+    engine = m.get("engine") or {}
+    fraction = engine.get("encoder_fraction")
+    return {
+        **row,
+        "architecture": m.get("architecture"),
+        "dtype": m.get("dtype"),
+        "images": m.get("images"),
+        "images_encoded": m.get("images_encoded"),
+        "images_per_s": m.get("images_per_s"),
+        "input_tokens": m.get("input_tokens"),
+        "encoder_time_s": engine.get("encoder_time_s"),
+        "encoder_percent": None if fraction is None else 100 * fraction,
+    }
+
+
+def multimodal_metrics(stage: Path, runs: list[str]) -> dict[str, Any]:
+    """The image bench runs, and (when its folders exist) the tiny LLaVA's CUDA graphs vs eager
+    text check (``vlm_graphs``): not ok when a run has no metrics or the texts differ."""
+    rows = [image_row(stage / name) for name in runs]
+    out: dict[str, Any] = {"runs": rows}
+    ok = all(r["status"] == "ok" for r in rows)
+    checked = (stage / "vlm_graphs").is_dir() or (stage / "vlm_eager").is_dir()
+    if checked:
+        check = demo_metrics(stage, "vlm_graphs", "vlm_eager")
+        info = _read(stage / "vlm_graphs" / "run.json")
+        check = {k: v for k, v in check.items() if not k.endswith("_output_tokens_per_s")}
+        check.update(device=info.get("device"), dtype=info.get("dtype"))
+        check["cuda_graphs_captured"] = info.get("cuda_graphs_captured")
+        out["graphs_vs_eager"] = check
+        ok = ok and check["ok"]
+    out["ok"] = ok and (bool(rows) or checked)
+    return out
+
+
 def kernel_metrics(stage: Path, files: list[str]) -> dict[str, Any]:
     """The rows of kernel benchmarks (``--json`` files of benchmarks/moe.py, quant_gemm.py),
     keyed by file stem; not ok when one is missing or has no rows."""
@@ -146,10 +187,12 @@ def kernel_metrics(stage: Path, files: list[str]) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("kind", choices=("pytest", "demo", "bench", "kernels"))
+    p.add_argument("kind", choices=("pytest", "demo", "bench", "kernels", "multimodal"))
     p.add_argument("stage_dir", type=Path)
     p.add_argument(
-        "runs", nargs="*", help="demo: two run folders; bench: the run folders, in table order; kernels: JSON files"
+        "runs",
+        nargs="*",
+        help="demo: two run folders; bench, multimodal: the run folders, in table order; kernels: JSON files",
     )
     p.add_argument("--expect-passes", action="store_true", help="pytest: no passed test is a failure")
     args = p.parse_args(argv)
@@ -161,6 +204,8 @@ def main(argv: list[str] | None = None) -> int:
         metrics = demo_metrics(args.stage_dir, *args.runs)
     elif args.kind == "kernels":
         metrics = kernel_metrics(args.stage_dir, args.runs)
+    elif args.kind == "multimodal":
+        metrics = multimodal_metrics(args.stage_dir, args.runs)
     else:
         metrics = bench_metrics(args.stage_dir, args.runs)
     (args.stage_dir / "metrics.json").write_text(json.dumps(metrics, indent=2))

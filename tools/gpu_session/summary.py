@@ -30,6 +30,7 @@ STAGES = {
     "d4": "attention kernel bandwidth",
     "d5": "decode profile",
     "d6": "fused MoE, int4 and fp8 GEMMs",
+    "d7": "multimodal: LLaVA, Qwen2-VL shapes",
 }
 
 
@@ -129,6 +130,24 @@ def _kernels(m: dict[str, Any]) -> str:
     return "; ".join(parts)
 
 
+def _multimodal(m: dict[str, Any]) -> str:
+    """Each image model's images/s, output tok/s and encoder share; the graphs vs eager text check."""
+    parts = []
+    for r in m.get("runs") or []:
+        if r.get("status") != "ok":
+            parts.append(f"{r['run']}: {r.get('status')}")
+            continue
+        parts.append(
+            f"{r['run']}: {_num(r['images_per_s'], '.1f')} images/s, {_num(r['output_tokens_per_s'])} tok/s, "
+            f"encoder {_num(r['encoder_percent'], '.1f')}% of step time"
+        )
+    check = m.get("graphs_vs_eager")
+    if check:
+        graphs = "graphs captured" if check.get("cuda_graphs_captured") else "no graphs captured"
+        parts.append(f"tiny LLaVA graphs vs eager same text: {'yes' if check.get('same_text') else 'NO'} ({graphs})")
+    return "; ".join(parts)
+
+
 KEY_NUMBERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "a": _env,
     "b": _pytest,
@@ -139,6 +158,7 @@ KEY_NUMBERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "d4": _attention,
     "d5": _profile,
     "d6": _kernels,
+    "d7": _multimodal,
 }
 
 
