@@ -13,13 +13,14 @@ while loading (one scale per output channel), as vLLM does for ``quantization="f
 
 On a GPU with fp8 tensor cores (compute capability 8.9+) the matmul is
 ``torch._scaled_mm`` on fp8 activations (quantized per token, or with the static
-scale); elsewhere, the CPU included, the weight is dequantized to the activation
-dtype and multiplied there (the reference path).
+scale, by one Triton kernel: ``triton_fp8_quant.py``; ``quantize_activations`` is
+its torch reference); elsewhere, the CPU included, the weight is dequantized to
+the activation dtype and multiplied there (the reference path).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -38,6 +39,8 @@ from minivllm.quantization.ignore import is_ignored
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = torch.finfo(FP8).max
+FP8_MIN_SCALE = 1e-12  # a dynamic activation scale's floor: a row of zeros divides by it
+FP8_GEMM_MIN_CAPABILITY = (8, 9)  # fp8 tensor cores (Ada, Hopper and newer)
 
 
 class Fp8Config(QuantizationConfig):
@@ -118,16 +121,39 @@ def _scaled_mm_usable(x: torch.Tensor, weight: torch.Tensor) -> bool:
     if x.device.type != "cuda" or x.dtype != torch.bfloat16:
         return False
     out, inp = weight.shape
-    return torch.cuda.get_device_capability(x.device) >= (8, 9) and out % 16 == 0 and inp % 16 == 0
+    return torch.cuda.get_device_capability(x.device) >= FP8_GEMM_MIN_CAPABILITY and out % 16 == 0 and inp % 16 == 0
 
 
-def _fp8_matmul(x: torch.Tensor, layer: nn.Module, bias: torch.Tensor | None) -> torch.Tensor:
+ActivationQuantizer = Callable[[torch.Tensor, torch.Tensor | None], tuple[torch.Tensor, torch.Tensor]]
+"""(tokens, in) activations and the static input scale or None -> fp8 values and (tokens, 1) scales."""
+
+
+def quantize_activations(
+    x2: torch.Tensor, input_scale: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(tokens, in) -> its fp8 values (tokens, in) and (tokens, 1) fp32 scales: with
+    ``input_scale`` (1,) fp32 that static scale for every token, else one per token.
+    The torch reference of ``triton_fp8_quant.quantize_fp8_rows``."""
+    if input_scale is not None:
+        x_scale = input_scale.expand(x2.shape[0], 1).contiguous()
+    else:
+        x_scale = (x2.abs().amax(dim=-1, keepdim=True).float() / FP8_MAX).clamp(min=FP8_MIN_SCALE)
+    return (x2.float() / x_scale).clamp(-FP8_MAX, FP8_MAX).to(FP8), x_scale
+
+
+def _fused_quantize(x2: torch.Tensor, input_scale: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    from minivllm.quantization.triton_fp8_quant import quantize_fp8_rows
+
+    return quantize_fp8_rows(x2 if x2.stride(-1) == 1 else x2.contiguous(), input_scale)
+
+
+def _fp8_matmul(
+    x: torch.Tensor, layer: nn.Module, bias: torch.Tensor | None, quantize: ActivationQuantizer = _fused_quantize
+) -> torch.Tensor:
+    """``torch._scaled_mm`` on ``x`` quantized by ``quantize`` (the Triton kernel; the
+    torch reference where a test or benchmark passes it)."""
     x2 = x.reshape(-1, x.shape[-1])  # (tokens, in)
-    if hasattr(layer, "input_scale"):  # static: one scale for every token
-        x_scale = layer.input_scale.expand(x2.shape[0], 1).contiguous()
-    else:  # dynamic: one scale per token
-        x_scale = (x2.abs().amax(dim=-1, keepdim=True).float() / FP8_MAX).clamp(min=1e-12)
-    x_fp8 = (x2.float() / x_scale).clamp(-FP8_MAX, FP8_MAX).to(FP8)
+    x_fp8, x_scale = quantize(x2, getattr(layer, "input_scale", None))  # (tokens, in), (tokens, 1)
     w_scale = layer.weight_scale.reshape(1, -1)  # (1, out)
     y = torch._scaled_mm(x_fp8, layer.weight.t(), scale_a=x_scale, scale_b=w_scale, bias=bias, out_dtype=x.dtype)
     return y.reshape(*x.shape[:-1], -1)

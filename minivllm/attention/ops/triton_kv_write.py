@@ -31,7 +31,7 @@ def _round_to_e4m3(x):
     bits = x.to(tl.uint32, bitcast=True)
     normal = ((bits + 0x7FFFF + ((bits >> 20) & 1)) & 0xFFF00000).to(tl.float32, bitcast=True)
     magnitude = (tl.abs(x) + 24576.0) - 24576.0
-    subnormal = tl.where(x < 0, -magnitude, magnitude)
+    subnormal = tl.where((bits >> 31) != 0, -magnitude, magnitude)  # the sign bit: -0.0 too
     return tl.where(tl.abs(x) < 0.015625, subnormal, normal)
 
 
