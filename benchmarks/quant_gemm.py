@@ -14,6 +14,11 @@ For each weight shape (K inputs, N outputs) and token count M, one row holds:
 - ``fp8``: ``torch._scaled_mm`` with dynamic per-token activation scales, the
   activation quantization included, as ``Fp8LinearMethod`` runs it (CUDA, sm89+).
 
+A second table times the fp8 activation quantization alone, the Triton kernel
+against the torch ops it replaces (dynamic and static scales), and the fp8 linear
+with either, and checks that both give the same fp8 bits (CUDA sm89+; the CPU
+smoke runs the kernel through the interpreter).
+
 Each quantized output is compared with the fp32 product of the same dequantized
 weight (``err`` is the largest difference over the reference's largest value).
 Weight GB/s counts the layer's stored weight bytes read once per call.
@@ -31,7 +36,7 @@ import torch.nn.functional as F
 from minivllm.bench.timing import kernel_timer
 from minivllm.layers.linear import ReplicatedLinear
 from minivllm.quantization.awq import AWQLinearMethod
-from minivllm.quantization.fp8 import FP8, Fp8LinearMethod, _scaled_mm_usable
+from minivllm.quantization.fp8 import FP8, Fp8LinearMethod, _fp8_matmul, _scaled_mm_usable, quantize_activations
 from minivllm.quantization.int4 import dequantize
 
 
@@ -122,6 +127,66 @@ def run_shape(shape: Shape, tokens: int, device: torch.device, timer, dtype: tor
     return row
 
 
+def run_fp8_quant(shape: Shape, tokens: int, device: torch.device, timer, dtype: torch.dtype) -> dict | None:
+    """The fp8 activation quantization of (tokens, K) activations: the fused kernel against
+    the torch reference, alone (dynamic and static scales) and inside the fp8 linear; None
+    where the kernel does not run (a GPU below sm89, or a CPU without the interpreter)."""
+    from minivllm.quantization.triton_fp8_quant import quantize_fp8_rows
+
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(tokens, shape.k, generator=gen).to(device, dtype)  # (M, K)
+    weight = (torch.randn(shape.n, shape.k, generator=gen) * 0.02).to(device, dtype)  # (N, K)
+    gemm = _scaled_mm_usable(x, weight)  # CUDA sm89+: where fp8 linears quantize activations
+    if not (gemm or (device.type == "cpu" and _interpreted())):
+        return None
+    static = torch.tensor([x.float().abs().max().item() / 448], device=device)
+    row: dict = {"shape": shape.name, "tokens": tokens, "same_bits": True}
+    for mode, scale in (("dynamic", None), ("static", static)):
+        fused, reference = quantize_fp8_rows(x, scale), quantize_activations(x, scale)
+        row["same_bits"] &= torch.equal(fused[0].view(torch.uint8), reference[0].view(torch.uint8))
+        row["same_bits"] &= torch.equal(fused[1], reference[1])
+        row[f"{mode}_torch_ms"] = timer(lambda s=scale: quantize_activations(x, s)) * 1e3
+        row[f"{mode}_fused_ms"] = timer(lambda s=scale: quantize_fp8_rows(x, s)) * 1e3
+    if gemm:
+        layer = fp8_layer(weight)
+        row["linear_torch_quant_ms"] = timer(lambda: _fp8_matmul(x, layer, None, quantize_activations)) * 1e3
+        row["linear_fused_quant_ms"] = timer(lambda: _fp8_matmul(x, layer, None)) * 1e3
+    return row
+
+
+def format_fp8_quant_row(r: dict) -> str:
+    def pair(mode: str) -> str:
+        torch_ms, fused_ms = r.get(f"{mode}_torch_ms"), r.get(f"{mode}_fused_ms")
+        return "- | - | -" if torch_ms is None else f"{torch_ms:.4f} | {fused_ms:.4f} | {torch_ms / fused_ms:.2f}x"
+
+    linear = (
+        f"{r['linear_torch_quant_ms']:.4f} | {r['linear_fused_quant_ms']:.4f}"
+        if "linear_fused_quant_ms" in r
+        else "- | -"
+    )
+    return f"| {r['shape']} | {r['tokens']} | {pair('dynamic')} | {pair('static')} | {linear} | {r['same_bits']} |"
+
+
+def print_fp8_quant_table(tokens: list[int], shapes: list[Shape], device: torch.device, timer, dtype) -> list[dict]:
+    """The second table (module docstring): one row per shape and token count."""
+    print("\nfp8 activation quantization: torch ops against the fused Triton kernel (ratio: torch / fused)")
+    print(
+        "| weight (K->N) | M | dynamic torch ms | dynamic fused ms | speed-up | static torch ms | static fused ms "
+        "| speed-up | fp8 linear, torch quant ms | fp8 linear, fused quant ms | same bits |"
+    )
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
+    rows = []
+    for shape in shapes:
+        for m in tokens:
+            row = run_fp8_quant(shape, m, device, timer, dtype)
+            if row is None:
+                print("(the kernel does not run here: it needs a GPU of compute capability 8.9+ or the interpreter)")
+                return rows
+            rows.append(row)
+            print(format_fp8_quant_row(row), flush=True)
+    return rows
+
+
 def _interpreted() -> bool:
     from minivllm.attention.ops._validation import is_interpreted
     from minivllm.quantization.triton_int4 import _int4_matmul_kernel
@@ -161,9 +226,12 @@ def main(argv: list[str] | None = None) -> int:
         for tokens in args.tokens:
             rows.append(run_shape(shape, tokens, device, timer, dtype))
             print(format_row(rows[-1]), flush=True)
+    shapes = TINY if args.cpu_smoke else SHAPES
+    fp8_quant_rows = print_fp8_quant_table(args.tokens, shapes, device, timer, dtype)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"device": name, "dtype": str(dtype), "group": GROUP, "rows": rows}, f, indent=2)
+            result = {"device": name, "dtype": str(dtype), "group": GROUP, "rows": rows}
+            json.dump({**result, "fp8_quant_rows": fp8_quant_rows}, f, indent=2)
     return 0
 
 

@@ -20,8 +20,9 @@ and spills, and the shared memory is the dynamic shared memory Triton will reque
 A variant fails when it does not compile, spills registers (any spill store or load)
 or needs more shared memory than one block may have on the architecture. A variant whose
 configuration the engine refuses at start-up on the architecture (an fp8 KV cache below
-sm_89: ``check_fp8_kv_capability``) is not compiled but listed as refused, with the
-refusal's message; that is no failure. Run this without ``TRITON_INTERPRET``: the
+sm_89: ``check_fp8_kv_capability``), or that its wrapper refuses there (the fp8 activation
+quantization below sm_89, where fp8 linears never launch it: ``check_fp8_quant_capability``),
+is not compiled but listed as refused, with the refusal's message; that is no failure. Run this without ``TRITON_INTERPRET``: the
 kernels must be JITFunctions. The exit status is 1 when any variant fails.
 """
 
@@ -85,6 +86,7 @@ class Variant:
     args: dict[str, Any]  # every kernel argument by name, constexprs included
     options: dict[str, Any] = field(default_factory=dict)  # num_warps / num_stages if the wrapper passes them
     fp8_kv: bool = False  # part of a launch over an fp8 KV cache (refused at start-up below sm_89)
+    capability_check: Callable[[tuple[int, int]], None] | None = None  # the wrapper's ValueError for a GPU
 
     @property
     def kernel_name(self) -> str:
@@ -119,9 +121,10 @@ def start_up_refusal(variant: Variant, arch: int) -> str:
     """The engine's start-up error for the variant's configuration on ``arch``; "" if it starts."""
     from minivllm.attention.ops.fp8_capability import check_fp8_kv_capability
 
-    if variant.fp8_kv:
+    for check in (check_fp8_kv_capability if variant.fp8_kv else None, variant.capability_check):
         try:
-            check_fp8_kv_capability(capability(arch))
+            if check is not None:
+                check(capability(arch))
         except ValueError as e:
             return str(e)
     return ""
@@ -555,9 +558,47 @@ def lora_variants(rank: int = 16, slots: int = 8, tokens: int = 256) -> list[Var
     return out
 
 
+def fp8_quant_variants() -> list[Variant]:
+    """``quantize_fp8_rows`` of bf16 activations, dynamic and static, over the input sizes of
+    benchmarks/quant_gemm.py's shapes (any M: the grid is one program per row) and a row
+    too long for one tile (Llama-3-70B's down_proj). Refused below sm_89, as its wrapper does."""
+    from minivllm.quantization import triton_fp8_quant as fq
+
+    hiddens = sorted({shape.k for shape in _benchmark_module("quant_gemm").SHAPES}) + [28672]
+    out = []
+    for hidden in hiddens:
+        for static in (False, True):
+            x, values = Tensor(torch.bfloat16, 1024, hidden), Tensor(torch.float8_e4m3fn, 1024, hidden)
+            constexprs, num_warps = fq.launch_config(hidden, static, False)
+            out.append(
+                Variant(
+                    fq._fp8_quant_kernel,
+                    f"hidden {hidden} M=1..1024 {'static' if static else 'dynamic'}",
+                    dict(
+                        x_ptr=x,
+                        out_ptr=values,
+                        scale_ptr=Tensor(torch.float32, 1024, 1),
+                        static_scale_ptr=Tensor(torch.float32, 1),
+                        stride_x=x.stride(0),
+                        **constexprs,
+                    ),
+                    dict(num_warps=num_warps),
+                    capability_check=fq.check_fp8_quant_capability,
+                )
+            )
+    return out
+
+
 def all_variants(arch: int) -> list[Variant]:
     """Every kernel's launches on a GPU of ``arch`` (the wrappers' choices may depend on it)."""
-    return attention_variants(arch) + layer_op_variants() + fused_moe_variants() + int4_variants() + lora_variants()
+    return (
+        attention_variants(arch)
+        + layer_op_variants()
+        + fused_moe_variants()
+        + int4_variants()
+        + lora_variants()
+        + fp8_quant_variants()
+    )
 
 
 # --------------------------------------------------------------------------------------------

@@ -35,12 +35,8 @@ from minivllm.quantization.base import (
     add_param,
     replace_param,
 )
+from minivllm.quantization.fp8_format import FP8, FP8_GEMM_MIN_CAPABILITY, FP8_MAX, FP8_MIN_SCALE
 from minivllm.quantization.ignore import is_ignored
-
-FP8 = torch.float8_e4m3fn
-FP8_MAX = torch.finfo(FP8).max
-FP8_MIN_SCALE = 1e-12  # a dynamic activation scale's floor: a row of zeros divides by it
-FP8_GEMM_MIN_CAPABILITY = (8, 9)  # fp8 tensor cores (Ada, Hopper and newer)
 
 
 class Fp8Config(QuantizationConfig):

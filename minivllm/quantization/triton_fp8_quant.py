@@ -36,10 +36,11 @@ from minivllm.attention.ops._validation import (
     require,
 )
 from minivllm.attention.ops.triton_kv_write import _round_to_e4m3
-from minivllm.quantization.fp8 import FP8, FP8_GEMM_MIN_CAPABILITY, FP8_MIN_SCALE
+from minivllm.quantization import fp8_format
+from minivllm.quantization.fp8_format import FP8, FP8_GEMM_MIN_CAPABILITY
 
-FP8_MAX = tl.constexpr(448.0)  # largest float8_e4m3fn value
-MIN_SCALE = tl.constexpr(FP8_MIN_SCALE)
+FP8_MAX = tl.constexpr(fp8_format.FP8_MAX)  # 448, the largest float8_e4m3fn value
+MIN_SCALE = tl.constexpr(fp8_format.FP8_MIN_SCALE)
 MAX_BLOCK = 16384  # columns of a row one program holds at once (32 per thread at 16 warps)
 
 

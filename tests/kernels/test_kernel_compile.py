@@ -7,8 +7,9 @@ accepts code the compiler rejects and says nothing about resources, so this runs
 report once, in a fresh process without ``TRITON_INTERPRET``, and fails a kernel for
 an architecture when one of its variants does not compile, spills registers or needs
 more shared memory than a block may have there. A variant the engine refuses at start-up
-on an architecture (an fp8 KV cache below sm_89) is listed as refused instead of
-compiled, and only such a variant may be. Kernels are found by reading the
+on an architecture (an fp8 KV cache below sm_89), or whose wrapper refuses it there (the
+fp8 activation quantization below sm_89), is listed as refused instead of compiled, and
+only such a variant may be. Kernels are found by reading the
 package's source: a ``@triton.jit`` function that is launched (``name[grid](...)``)
 must have variants in the report, so a new kernel without any fails here.
 """
@@ -25,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from minivllm.attention.ops.fp8_capability import check_fp8_kv_capability
+from minivllm.quantization.triton_fp8_quant import check_fp8_quant_capability
 
 ROOT = Path(__file__).resolve().parents[2]
 ARCHS = (80, 90)
@@ -85,21 +87,35 @@ def test_kernel_compiles_without_spills_within_shared_memory(report: list[dict],
     ]
     assert not failed, f"{kernel} on sm_{arch}:\n" + "\n".join(failed)
     for r in rows:
-        assert r["result"] == ("refused" if fp8_kv_refusal(arch) and r["fp8_kv"] else "ok"), r
+        assert r["result"] == ("refused" if expected_refusal(r, arch) else "ok"), r
         if r["result"] == "ok":  # what "ok" means, restated
             assert r["spill_stores"] == r["spill_loads"] == 0 and r["shared"] <= r["shared_limit"]
             assert 0 < r["registers"] <= 255
-        else:  # refused: the engine's own start-up error, and nothing compiled
-            assert r["why"] == fp8_kv_refusal(arch) and r["registers"] is None
+        else:  # refused: the engine's or the wrapper's own error, and nothing compiled
+            assert r["why"] == expected_refusal(r, arch) and r["registers"] is None
+
+
+def expected_refusal(row: dict, arch: int) -> str:
+    """Why a report row must be refused on ``arch``; "" where it must compile."""
+    if row["fp8_kv"]:
+        return fp8_kv_refusal(arch)
+    if row["kernel"] == "_fp8_quant_kernel":
+        return refusal(check_fp8_quant_capability, arch)
+    return ""
+
+
+def refusal(check, arch: int) -> str:
+    """``check``'s error for a GPU of ``arch``; "" where it passes."""
+    try:
+        check(divmod(arch, 10))
+    except ValueError as e:
+        return str(e)
+    return ""
 
 
 def fp8_kv_refusal(arch: int) -> str:
     """The start-up check's error for an fp8 KV cache on ``arch``; "" where it passes."""
-    try:
-        check_fp8_kv_capability(divmod(arch, 10))
-    except ValueError as e:
-        return str(e)
-    return ""
+    return refusal(check_fp8_kv_capability, arch)
 
 
 def test_fp8_kv_refused_below_sm89() -> None:
@@ -114,4 +130,18 @@ def test_fp8_kv_variants_are_listed_as_refused_or_compiled(report: list[dict], a
     rows = [r for r in report if r["arch"] == arch and r["fp8_kv"]]
     assert {"_paged_attention_kernel", "_write_kv_kernel"} <= {r["kernel"] for r in rows}
     expected = "refused" if fp8_kv_refusal(arch) else "ok"
+    assert all(r["result"] == expected for r in rows), [(r["variant"], r["result"], r["why"]) for r in rows]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ARCHS, ids=lambda a: f"sm{a}")
+def test_fp8_quant_variants_are_refused_below_sm89_and_compiled_above(report: list[dict], arch: int) -> None:
+    """The fp8 activation quantization at both bench input sizes, dynamic and static: refused
+    on sm_80 (Triton has no float8_e4m3fn there; fp8 linears dequantize instead), compiled on sm_90."""
+    rows = [r for r in report if r["arch"] == arch and r["kernel"] == "_fp8_quant_kernel"]
+    labels = " | ".join(r["variant"] for r in rows)
+    for hidden in (4096, 14336):
+        for mode in ("dynamic", "static"):
+            assert f"hidden {hidden} M=1..1024 {mode}" in labels, labels
+    expected = "refused" if arch < 89 else "ok"
     assert all(r["result"] == expected for r in rows), [(r["variant"], r["result"], r["why"]) for r in rows]

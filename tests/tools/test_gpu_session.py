@@ -132,6 +132,9 @@ def test_kernel_stage_and_chosen_bench_runs_on_the_cpu(tmp_path):
     assert d6["status"] == "ok" and d6["moe"]["rows"] and d6["quant_gemm"]["rows"]
     draft = render(load_stages([tmp_path / "out" / "summary.json"]), "2026-11-26")
     assert "Fused MoE (`benchmarks/moe.py`)" in draft and "Quantized GEMMs (`benchmarks/quant_gemm.py`)" in draft
+    fp8_quant = d6["quant_gemm"]["fp8_quant_rows"]  # the kernel through the interpreter, against torch
+    assert fp8_quant and all(r["same_bits"] for r in fp8_quant)
+    assert "fp8 activation quantization (`benchmarks/quant_gemm.py`)" in draft
 
 
 def test_image_model_stage_on_the_cpu(tmp_path):

@@ -171,6 +171,31 @@ def _kernel_tables(m: dict[str, Any]) -> list[str]:
                 f"{_f(r['int4_torch_ms'], '.4f')} | {_against_bf16(r, 'fp8_ms')} | "
                 f"{_f(r.get('int4_err'), '.1e')} / {_f(r.get('fp8_err'), '.1e')} |"
             )
+    return out + _fp8_quant_table(quant)
+
+
+def _fp8_quant_table(quant: dict[str, Any]) -> list[str]:
+    """quant_gemm.py's second table: fp8 activation quantization, torch ops against the Triton kernel."""
+    rows = quant.get("fp8_quant_rows")
+    if not rows:
+        return []
+    out = [
+        "",
+        "fp8 activation quantization (`benchmarks/quant_gemm.py`): the torch ops against the fused Triton "
+        "kernel (speed-up: torch / fused), alone and inside the fp8 linear.",
+        "",
+        "| weight | M | dynamic torch / fused ms (speed-up) | static torch / fused ms (speed-up) "
+        "| fp8 linear torch quant / fused quant ms | same bits |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in rows:
+        cells = [
+            f"{_f(r[f'{m}_torch_ms'], '.4f')} / {_f(r[f'{m}_fused_ms'], '.4f')} "
+            f"({_f(r[f'{m}_torch_ms'] / r[f'{m}_fused_ms'], '.2f')}x)"
+            for m in ("dynamic", "static")
+        ]
+        linear = f"{_f(r.get('linear_torch_quant_ms'), '.4f')} / {_f(r.get('linear_fused_quant_ms'), '.4f')}"
+        out.append(f"| {r['shape']} | {r['tokens']} | {cells[0]} | {cells[1]} | {linear} | {r['same_bits']} |")
     return out
 
 
