@@ -132,8 +132,8 @@ def quantize_activations(
     The torch reference of ``triton_fp8_quant.quantize_fp8_rows``."""
     if input_scale is not None:
         x_scale = input_scale.expand(x2.shape[0], 1).contiguous()
-    else:
-        x_scale = (x2.abs().amax(dim=-1, keepdim=True).float() / FP8_MAX).clamp(min=FP8_MIN_SCALE)
+    else:  # times the fp32 reciprocal: CUDA's division by a Python number, spelled out for every device
+        x_scale = (x2.abs().amax(dim=-1, keepdim=True).float() * (1.0 / FP8_MAX)).clamp(min=FP8_MIN_SCALE)
     return (x2.float() / x_scale).clamp(-FP8_MAX, FP8_MAX).to(FP8), x_scale
 
 

@@ -1,21 +1,23 @@
-"""Triton fp8 (e4m3) activation quantization: one launch per linear instead of five.
+"""Triton fp8 (e4m3) activation quantization: one launch per linear instead of nine.
 
 Before ``torch._scaled_mm`` each token row ``x`` of an fp8 linear is quantized as
 ``quantize_activations`` in ``fp8.py`` does it with torch ops (the reference)::
 
-    dynamic:  scale = max(amax(|x|) / 448, 1e-12)        one fp32 scale per row
+    dynamic:  scale = max(amax(|x|) * (1 / 448), 1e-12)  one fp32 scale per row
     static:   scale = the checkpoint's input_scale       the same for every row
     x_fp8     = fp8(clamp(x / scale, -448, 448))         round to nearest even
 
-Eager torch spends a kernel on each of abs, amax, divide, clamp and the casts
-(and an expand for the static scale); at decode sizes those launches cost more
-than the GEMM. Here one program reads one row, keeps it in registers when it
-fits one tile (hidden <= MAX_BLOCK; a longer row is read twice, tile by tile),
-and writes its fp8 values and its scale. The arithmetic is the reference's step
-by step (an fp32 amax, IEEE divisions, the same clamps, round to nearest even),
-so both give the same bits for finite rows. Rows holding NaN or inf are outside
-that promise: the reference's amax spreads a NaN over the whole row, the
-kernel's skips it, and the fp8 NaN's bits differ between devices.
+Eager torch spends nine kernels on it (abs, amax, three casts, the scale, the
+division, two clamps; five with a static scale, its expand included); at decode
+sizes those launches cost more than the GEMM. Here one program reads one row,
+keeps it in registers when it fits one tile (hidden <= MAX_BLOCK; a longer row
+is read twice, tile by tile), and writes its fp8 values and its scale. The
+arithmetic is the reference's step by step (an fp32 amax; its product with the
+fp32 reciprocal of 448, which is what torch computes on CUDA for ``amax / 448``;
+an IEEE division by the scale; the same clamps; round to nearest even), so both
+give the same bits for finite rows. Rows holding NaN or inf are outside that
+promise: the reference's amax spreads a NaN over the whole row, the kernel's
+skips it, and the bits of an fp8 NaN differ between devices.
 
 Triton has float8_e4m3fn (its fp8e4nv) from compute capability 8.9 on, where
 the fp8 GEMM is used at all (``_scaled_mm_usable``); below that this kernel
@@ -40,6 +42,7 @@ from minivllm.quantization import fp8_format
 from minivllm.quantization.fp8_format import FP8, FP8_GEMM_MIN_CAPABILITY
 
 FP8_MAX = tl.constexpr(fp8_format.FP8_MAX)  # 448, the largest float8_e4m3fn value
+INV_FP8_MAX = tl.constexpr(1.0 / fp8_format.FP8_MAX)  # rounded to fp32 where it meets the fp32 amax
 MIN_SCALE = tl.constexpr(fp8_format.FP8_MIN_SCALE)
 MAX_BLOCK = 16384  # columns of a row one program holds at once (32 per thread at 16 warps)
 
@@ -75,7 +78,7 @@ def _fp8_quant_kernel(
     if HIDDEN <= BLOCK:  # the whole row in registers, read once
         x = tl.load(x_row + cols, mask=cols < HIDDEN, other=0.0).to(tl.float32)
         if not STATIC:
-            scale = tl.maximum(tl.div_rn(tl.max(tl.abs(x), axis=0), FP8_MAX), MIN_SCALE)
+            scale = tl.maximum(tl.max(tl.abs(x), axis=0) * INV_FP8_MAX, MIN_SCALE)
         tl.store(out_row + cols, _quantize_tile(x, scale, ROUND_FP8), mask=cols < HIDDEN)
     else:  # a first pass for the amax, a second one to quantize
         if not STATIC:
@@ -83,7 +86,7 @@ def _fp8_quant_kernel(
             for start in range(0, HIDDEN, BLOCK):
                 x = tl.load(x_row + start + cols, mask=start + cols < HIDDEN, other=0.0).to(tl.float32)
                 amax = tl.maximum(amax, tl.max(tl.abs(x), axis=0))
-            scale = tl.maximum(tl.div_rn(amax, FP8_MAX), MIN_SCALE)
+            scale = tl.maximum(amax * INV_FP8_MAX, MIN_SCALE)
         for start in range(0, HIDDEN, BLOCK):
             mask = start + cols < HIDDEN
             x = tl.load(x_row + start + cols, mask=mask, other=0.0).to(tl.float32)
