@@ -12,7 +12,8 @@ For each weight shape (K inputs, N outputs) and token count M, one row holds:
   torch reference (dequantize the whole weight, then matmul) as the engine's CPU
   path computes it;
 - ``fp8``: ``torch._scaled_mm`` with dynamic per-token activation scales, the
-  activation quantization included, as ``Fp8LinearMethod`` runs it (CUDA, sm89+).
+  activation quantization (the fused Triton kernel) included, as
+  ``Fp8LinearMethod`` runs it (CUDA, sm89+).
 
 A second table times the fp8 activation quantization alone, the Triton kernel
 against the torch ops it replaces (dynamic and static scales), and the fp8 linear
