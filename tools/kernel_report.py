@@ -22,8 +22,8 @@ or needs more shared memory than one block may have on the architecture. A varia
 configuration the engine refuses at start-up on the architecture (an fp8 KV cache below
 sm_89: ``check_fp8_kv_capability``), or that its wrapper refuses there (the fp8 activation
 quantization below sm_89, where fp8 linears never launch it: ``check_fp8_quant_capability``),
-is not compiled but listed as refused, with the refusal's message; that is no failure. Run this without ``TRITON_INTERPRET``: the
-kernels must be JITFunctions. The exit status is 1 when any variant fails.
+is not compiled but listed as refused, with the refusal's message; that is no failure.
+Run this without ``TRITON_INTERPRET``: the kernels must be JITFunctions. The exit status is 1 when any variant fails.
 """
 
 from __future__ import annotations
@@ -121,10 +121,12 @@ def start_up_refusal(variant: Variant, arch: int) -> str:
     """The engine's start-up error for the variant's configuration on ``arch``; "" if it starts."""
     from minivllm.attention.ops.fp8_capability import check_fp8_kv_capability
 
-    for check in (check_fp8_kv_capability if variant.fp8_kv else None, variant.capability_check):
+    checks = [check_fp8_kv_capability] if variant.fp8_kv else []
+    if variant.capability_check is not None:
+        checks.append(variant.capability_check)
+    for check in checks:
         try:
-            if check is not None:
-                check(capability(arch))
+            check(capability(arch))
         except ValueError as e:
             return str(e)
     return ""

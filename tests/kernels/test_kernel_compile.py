@@ -9,9 +9,9 @@ an architecture when one of its variants does not compile, spills registers or n
 more shared memory than a block may have there. A variant the engine refuses at start-up
 on an architecture (an fp8 KV cache below sm_89), or whose wrapper refuses it there (the
 fp8 activation quantization below sm_89), is listed as refused instead of compiled, and
-only such a variant may be. Kernels are found by reading the
-package's source: a ``@triton.jit`` function that is launched (``name[grid](...)``)
-must have variants in the report, so a new kernel without any fails here.
+only such a variant may be. Kernels are found by reading the package's source: a
+``@triton.jit`` function that is launched (``name[grid](...)``) must have variants in
+the report, so a new kernel without any fails here.
 """
 
 from __future__ import annotations
