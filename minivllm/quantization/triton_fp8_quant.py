@@ -60,7 +60,7 @@ def _quantize_tile(x, scale, ROUND_FP8: tl.constexpr):
 def _fp8_quant_kernel(
     x_ptr,  # (M, HIDDEN) fp32 / fp16 / bf16, unit column stride
     out_ptr,  # (M, HIDDEN) float8_e4m3fn, contiguous
-    scale_ptr,  # (M,) fp32: each row's scale, written
+    scale_ptr,  # (M, 1) fp32, contiguous: each row's scale, written
     static_scale_ptr,  # (1,) fp32: read when STATIC
     stride_x,
     HIDDEN: tl.constexpr,
