@@ -17,6 +17,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from minivllm.config.presets import check_model_choice
 from minivllm.config.store import register_configs
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.plugins import load_general_plugins
@@ -111,6 +112,16 @@ def _hydra_main(cfg: DictConfig) -> Any:
         sys.exit(2)
 
 
+_CONFIG_DIR_FLAGS = ("--config-dir", "-cd", "--config-path", "-cp", "hydra.searchpath", "+hydra.searchpath")
+
+
 def main() -> None:
+    args = sys.argv[1:]
+    try:  # before Hydra, whose own answer to ``model=PATH`` is a missing ``model//PATH`` config
+        if not any(a.startswith(_CONFIG_DIR_FLAGS) for a in args):  # a user's own model/ group may nest
+            check_model_choice([a for a in args if not a.startswith("-")])
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
     register_configs()
     _hydra_main()

@@ -8,11 +8,11 @@ a setting silently dropped.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
+from minivllm.config.presets import is_preset
 from minivllm.config.speculative import speculative_node
 from minivllm.config.store import compose
 
@@ -71,15 +71,10 @@ SPECIAL_KWARGS = ("enforce_eager", "disable_log_stats", "task", "served_model_na
 """vLLM keywords with their own handling in ``_apply_special_kwargs``."""
 
 
-def _is_preset(name: str) -> bool:
-    conf_dir = Path(__file__).resolve().parents[1] / "conf" / "model"
-    return "/" not in name and (conf_dir / f"{name}.yaml").is_file()
-
-
 def config_from_kwargs(model: str | None = None, overrides: Sequence[str] = (), **kwargs: Any) -> DictConfig:
     """The config tree for ``LLM(model, **kwargs)``: a preset name or a path, vLLM's keywords
     mapped onto their keys, then any Hydra ``overrides``."""
-    group_choice = [f"model={model}"] if model and _is_preset(model) else []
+    group_choice = [f"model={model}"] if model and is_preset(model) else []
     cfg = compose([*group_choice, *overrides])
     if model and not group_choice:
         OmegaConf.update(cfg, "model", {"path": model, "hf_config": None, "tokenizer": None}, merge=True)
