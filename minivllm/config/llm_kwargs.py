@@ -67,7 +67,7 @@ KWARG_KEYS = {
 }
 
 
-SPECIAL_KWARGS = ("enforce_eager", "disable_log_stats", "task", "served_model_name")
+SPECIAL_KWARGS = ("enforce_eager", "disable_log_stats", "task", "served_model_name", "tokenizer_mode")
 """vLLM keywords with their own handling in ``_apply_special_kwargs``."""
 
 
@@ -103,6 +103,12 @@ def _apply_special_kwargs(cfg: DictConfig, kwargs: dict[str, Any]) -> None:
         raise ValueError(f"LLM(): task={task!r}: must be generate or embed (or use runner=generate/pooling)")
     if task == "embed":
         OmegaConf.update(cfg, "model.runner", "pooling")
+    tokenizer_mode = kwargs.pop("tokenizer_mode", None)
+    if tokenizer_mode not in (None, "auto", "hf"):  # both are transformers' AutoTokenizer, what is always used
+        raise ValueError(
+            f"LLM(): tokenizer_mode={tokenizer_mode!r}: only 'auto' (or 'hf': transformers' AutoTokenizer) "
+            "is supported; 'slow', 'mistral' and 'custom' are not"
+        )
     names = kwargs.pop("served_model_name", None)
     if names is not None:
         names = [names] if isinstance(names, str) else list(names)

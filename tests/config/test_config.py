@@ -158,6 +158,15 @@ def test_unknown_llm_keyword_is_named():
         config_from_kwargs("opt-125m", tensor_paralel_size=2)
 
 
+def test_tokenizer_mode_auto_is_what_we_do_and_others_are_named():
+    """vLLM scripts often spell out the default, ``tokenizer_mode="auto"``."""
+    plain = OmegaConf.to_container(config_from_kwargs("opt-125m"))
+    for mode in ("auto", "hf"):
+        assert OmegaConf.to_container(config_from_kwargs("opt-125m", tokenizer_mode=mode)) == plain
+    with pytest.raises(ValueError, match="tokenizer_mode='mistral': only 'auto'"):
+        config_from_kwargs("opt-125m", tokenizer_mode="mistral")
+
+
 class RecordingWorker(Worker):
     """A user's own worker class, plugged in through parallel.worker._target_."""
 
