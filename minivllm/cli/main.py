@@ -17,6 +17,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from minivllm.cli.vllm_flags import flag_hint
 from minivllm.config.presets import check_model_choice
 from minivllm.config.store import register_configs
 from minivllm.config.vllm_config import VllmConfig
@@ -117,7 +118,10 @@ _CONFIG_DIR_FLAGS = ("--config-dir", "-cd", "--config-path", "-cp", "hydra.searc
 
 def main() -> None:
     args = sys.argv[1:]
-    try:  # before Hydra, whose own answer to ``model=PATH`` is a missing ``model//PATH`` config
+    try:  # before Hydra, whose own answers are a missing ``model//PATH`` config and ``unrecognized arguments``
+        hint = flag_hint(args)
+        if hint:
+            raise ValueError(hint)
         if not any(a.startswith(_CONFIG_DIR_FLAGS) for a in args):  # a user's own model/ group may nest
             check_model_choice([a for a in args if not a.startswith("-")])
     except ValueError as err:
