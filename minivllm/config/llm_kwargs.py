@@ -115,3 +115,13 @@ def _apply_special_kwargs(cfg: DictConfig, kwargs: dict[str, Any]) -> None:
         if not names or not all(isinstance(n, str) and n and "," not in n for n in names):
             raise ValueError(f"LLM(): served_model_name={names!r}: must be a name or a list of names (no commas)")
         OmegaConf.update(cfg, "serve.served_model_name", ",".join(names))
+
+
+def name_the_keyword(message: str, kwargs: dict[str, Any]) -> str:
+    """A config error about a key that an ``LLM(...)`` keyword of another name set, with that
+    keyword added: ``parallel.tp=3: ...`` means little to whoever wrote ``tensor_parallel_size=3``."""
+    for name in kwargs:
+        key = KWARG_KEYS.get(name)
+        if key and key.rsplit(".", 1)[-1] != name and message.startswith((f"{key}=", f"{key}:")):
+            return f"{message} (LLM keyword {name})"
+    return message
