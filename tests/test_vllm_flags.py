@@ -13,7 +13,8 @@ from minivllm.cli.vllm_flags import flag_hint
 def test_each_flag_is_answered_with_its_override():
     hint = flag_hint(
         ["task=serve", "--model", "/ckpts/x", "--port=8001", "--tensor-parallel-size", "2", "--enforce-eager"]
-        + ["--no-enable-prefix-caching", "--max-model-len", "4096", "--swap-space", "4", "-m", "cache.block_size=8"]
+        + ["--no-enable-prefix-caching", "--max-model-len", "4096", "--swap-space", "4", "--no-such-flag"]
+        + ["-m", "cache.block_size=8"]
     )
     assert hint is not None and "\n" not in hint
     for pair in [
@@ -23,7 +24,8 @@ def test_each_flag_is_answered_with_its_override():
         "--enforce-eager -> compilation.cudagraph=false",
         "--no-enable-prefix-caching -> cache.enable_prefix_caching=false",
         "--max-model-len 4096 -> model.max_model_len=4096",
-        "--swap-space 4 -> no such setting",
+        "--swap-space 4 -> not implemented (preemption recomputes",
+        "--no-such-flag -> no such setting",
     ]:
         assert pair in hint
     assert "cache.block_size=8 ->" not in hint

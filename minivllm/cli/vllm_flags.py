@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from minivllm.config.llm_kwargs import KWARG_KEYS
+from minivllm.config.llm_kwargs import KWARG_KEYS, NOT_IMPLEMENTED
 
 HYDRA_FLAGS = (
     "--cfg",
@@ -80,6 +80,8 @@ def _override(name: str, value: str) -> str:
     if name in FLAG_OVERRIDES:
         return FLAG_OVERRIDES[name]
     key = SERVE_FLAG_KEYS.get(name) or KWARG_KEYS.get(name)
+    if name in NOT_IMPLEMENTED:
+        return f"not implemented ({NOT_IMPLEMENTED[name]})"
     if key is None:
         return "no such setting"
     return f"{key}={value or 'true'}"

@@ -67,6 +67,21 @@ KWARG_KEYS = {
 }
 
 
+NOT_IMPLEMENTED = {
+    "swap_space": "preemption recomputes (as in vLLM V1); there is no CPU swap space",
+    "preemption_mode": "preemption always recomputes",
+    "cpu_offload_gb": "weights are never offloaded to the CPU",
+    "compilation_config": "use enforce_eager, cuda_graph_sizes, or overrides=['compilation.torch_compile=true']",
+    "disable_custom_all_reduce": "tensor parallelism uses torch.distributed's all-reduce only",
+    "hf_token": "models load from local folders or the HF cache, never downloaded",
+    "skip_tokenizer_init": "the tokenizer is always loaded",
+    "model_impl": "every architecture is minivllm's own (minivllm/models/)",
+    "guided_decoding_backend": "structured outputs always use xgrammar",
+    "structured_outputs_config": "structured outputs always use xgrammar",
+}
+"""vLLM keywords that minivllm knows and does not implement, each with what to do instead."""
+
+
 SPECIAL_KWARGS = ("enforce_eager", "disable_log_stats", "task", "served_model_name", "tokenizer_mode")
 """vLLM keywords with their own handling in ``_apply_special_kwargs``."""
 
@@ -80,6 +95,9 @@ def config_from_kwargs(model: str | None = None, overrides: Sequence[str] = (), 
         OmegaConf.update(cfg, "model", {"path": model, "hf_config": None, "tokenizer": None}, merge=True)
     _apply_special_kwargs(cfg, kwargs)
     unknown = sorted(set(kwargs) - set(KWARG_KEYS))
+    if known_missing := [name for name in unknown if name in NOT_IMPLEMENTED]:
+        reasons = "; ".join(f"{name}: {NOT_IMPLEMENTED[name]}" for name in known_missing)
+        raise ValueError(f"LLM(): vLLM keyword(s) not implemented here: {reasons}")
     if unknown:
         known = ", ".join(sorted([*KWARG_KEYS, *SPECIAL_KWARGS]))
         raise ValueError(f"LLM(): unknown or unimplemented keyword(s) {', '.join(unknown)}; known: {known}")

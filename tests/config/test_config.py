@@ -180,6 +180,12 @@ def test_a_keyword_named_as_its_key_is_not_repeated():
     assert str(err.value).startswith("cache.block_size=7: ") and "LLM keyword" not in str(err.value)
 
 
+def test_vllm_keywords_we_do_not_implement_say_what_to_do_instead():
+    with pytest.raises(ValueError, match="swap_space: preemption recomputes") as err:
+        config_from_kwargs("opt-125m", swap_space=4, cpu_offload_gb=0)
+    assert "cpu_offload_gb: weights are never offloaded" in str(err.value)
+
+
 def test_tokenizer_mode_auto_is_what_we_do_and_others_are_named():
     """vLLM scripts often spell out the default, ``tokenizer_mode="auto"``."""
     plain = OmegaConf.to_container(config_from_kwargs("opt-125m"))
