@@ -121,6 +121,7 @@ def test_help_lists_every_config_group_and_examples(tmp_path):
         options = ", ".join(sorted(p.stem for p in (conf / group).glob("*.yaml")))
         assert f"{group}: {options}" in result.stdout
     assert result.stdout.count("python -m minivllm ") >= 3
+    assert "python -m minivllm model.path=" in result.stdout  # where a checkpoint goes
 
 
 def test_user_errors_are_one_line_naming_the_key(llama_dir, tmp_path):
