@@ -31,8 +31,15 @@ def test_each_flag_is_answered_with_its_override():
     assert "cache.block_size=8 ->" not in hint
 
 
+def test_vllm_serve_model_is_answered_with_task_and_model_path():
+    hint = flag_hint(["serve", "Qwen/Qwen3-0.6B", "--port", "8001"])
+    assert hint is not None
+    assert "serve -> task=serve; Qwen/Qwen3-0.6B -> model.path=Qwen/Qwen3-0.6B; --port 8001 -> serve.port=8001" in hint
+
+
 def test_hydras_own_flags_and_plain_overrides_pass():
-    assert flag_hint(["--cfg", "job", "-m", "--config-dir=x", "--config-name", "best", "serve.port=1"]) is None
+    args = ["--cfg", "job", "-m", "--config-dir=x", "--config-name", "best", "-cd", "d", "serve.port=1", "~plugins"]
+    assert flag_hint(args) is None
 
 
 def test_the_command_line_exits_with_the_hint(monkeypatch, capsys):

@@ -1,10 +1,11 @@
-"""vLLM's command-line flags, answered with the Hydra overrides that do the same.
+"""vLLM's command line, answered with the Hydra overrides that do the same.
 
 ``vllm serve MODEL --port 8000 --max-model-len 4096`` is in every vLLM user's
-fingers; here the same settings are Hydra overrides (``serve.port=8000``), and
-argparse would only say ``unrecognized arguments``. ``flag_hint`` turns the flags of
-one command line into a single line that names each flag's override, so the
-corrected command can be read off it. The flags are not translated silently: the
+fingers; here the same settings are Hydra overrides (``task=serve model.path=MODEL
+serve.port=8000``), and argparse or Hydra would only say ``unrecognized arguments`` or
+``missing EQUAL``. ``flag_hint`` turns the flags, subcommand and model of one command
+line into a single line that names each one's override, so the corrected command can
+be read off it. The flags are not translated silently: the
 config tree stays the one way to say what a run does.
 """
 
@@ -53,21 +54,36 @@ FLAG_OVERRIDES = {
 """Switches whose override is not ``key=true``."""
 
 
+HYDRA_VALUE_FLAGS = ("--cfg", "-c", "--config-name", "-cn", "--config-dir", "-cd", "--config-path", "-cp")
+HYDRA_VALUE_FLAGS += ("--package", "-p", "--info", "-i", "--experimental-rerun", "--shell-completion", "-sc")
+"""Hydra flags followed by a value (a bare word after them is theirs)."""
+
+SUBCOMMANDS = {"serve": "task=serve", "bench": "task=bench", "generate": "task=generate"}
+"""``vllm serve MODEL`` and the like: the subcommand is a task here."""
+
+
 def flag_hint(args: Sequence[str]) -> str | None:
-    """One line naming the override for each vLLM-style ``--flag`` in ``args``; None when there is none."""
+    """One line naming the override for each vLLM-style ``--flag``, subcommand (``serve``) or
+    bare model path in ``args``; None when there is none."""
     hints = []
-    for i, arg in enumerate(args):
-        if not arg.startswith("--") or arg.split("=", 1)[0] in HYDRA_FLAGS:
-            continue
-        flag, _, value = arg[2:].partition("=")
-        following = args[i + 1] if i + 1 < len(args) else ""
-        if not value and following and not following.startswith("-") and "=" not in following:
-            value = following
-        hints.append(f"--{flag}{' ' + value if value else ''} -> {_override(flag.replace('-', '_'), value)}")
+    i = 0
+    while i < len(args):
+        arg, following = args[i], args[i + 1] if i + 1 < len(args) else ""
+        takes_value = following and not following.startswith("-") and "=" not in following
+        i += 1
+        if arg in HYDRA_VALUE_FLAGS:
+            i += 1 if takes_value else 0
+        elif arg.startswith("--") and arg.split("=", 1)[0] not in HYDRA_FLAGS:
+            flag, _, value = arg[2:].partition("=")
+            if not value and takes_value:
+                value, i = following, i + 1
+            hints.append(f"--{flag}{' ' + value if value else ''} -> {_override(flag.replace('-', '_'), value)}")
+        elif not arg.startswith(("-", "~")) and "=" not in arg:
+            hints.append(f"{arg} -> {SUBCOMMANDS.get(arg, f'model.path={arg}')}")
     if not hints:
         return None
     return (
-        "settings are Hydra overrides (key=value), not vLLM's flags: "
+        "settings are Hydra overrides (key=value), not vLLM's command line: "
         + "; ".join(hints)
         + " (python -m minivllm --help lists the groups, docs/CONFIG.md every key)"
     )
