@@ -13,18 +13,24 @@ if TYPE_CHECKING:
     from minivllm.config import VllmConfig, compose
     from minivllm.engine.outputs import CompletionOutput, RequestOutput
     from minivllm.entrypoints.llm import LLM
+    from minivllm.inputs import TextPrompt, TokensPrompt
     from minivllm.models.registry import ModelRegistry
+    from minivllm.pooling.outputs import EmbeddingRequestOutput, PoolingRequestOutput
     from minivllm.pooling.params import PoolingParams
     from minivllm.sampling_params import RequestOutputKind, SamplingParams
 
 _LAZY = {
     "LLM": "minivllm.entrypoints.llm",
     "CompletionOutput": "minivllm.engine.outputs",
+    "EmbeddingRequestOutput": "minivllm.pooling.outputs",
     "ModelRegistry": "minivllm.models.registry",
     "PoolingParams": "minivllm.pooling.params",
+    "PoolingRequestOutput": "minivllm.pooling.outputs",
     "RequestOutput": "minivllm.engine.outputs",
     "RequestOutputKind": "minivllm.sampling_params",
     "SamplingParams": "minivllm.sampling_params",
+    "TextPrompt": "minivllm.inputs",
+    "TokensPrompt": "minivllm.inputs",
     "VllmConfig": "minivllm.config",
     "compose": "minivllm.config",
 }
@@ -32,11 +38,15 @@ _LAZY = {
 __all__ = [
     "LLM",
     "CompletionOutput",
+    "EmbeddingRequestOutput",
     "ModelRegistry",
     "PoolingParams",
+    "PoolingRequestOutput",
     "RequestOutput",
     "RequestOutputKind",
     "SamplingParams",
+    "TextPrompt",
+    "TokensPrompt",
     "VllmConfig",
     "compose",
 ]

@@ -47,7 +47,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     """Subtracted from a token's logit once per time it is in the output, in [-2, 2]."""
     repetition_penalty: float = 1.0
-    """Divides positive (multiplies negative) logits of tokens in the prompt or output, in (0, 2]."""
+    """Divides positive (multiplies negative) logits of tokens in the prompt or output; > 0 (vLLM's bound)."""
     logit_bias: Optional[dict[int, float]] = None
     """Token id -> value added to its logit (clamped to [-100, 100])."""
     allowed_token_ids: Optional[list[int]] = None
@@ -183,7 +183,7 @@ RANGES: dict[str, Range] = {
     "min_p": Range(low=0.0, high=1.0),
     "presence_penalty": Range(low=-2.0, high=2.0),
     "frequency_penalty": Range(low=-2.0, high=2.0),
-    "repetition_penalty": Range(low=0.0, high=2.0, low_open=True),
+    "repetition_penalty": Range(low=0.0, low_open=True),  # vLLM's bound: above 0, no cap
     "max_tokens": Range(low=1),
     "min_tokens": Range(low=0),
     "logprobs": _LOGPROBS,
@@ -206,8 +206,10 @@ def _check_int(name: str, value: Any, optional: bool) -> None:
 
 
 def _check_number(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"{name}={value!r}: must be a number")
+    if not math.isfinite(value):
+        raise ValueError(f"{name}={value!r}: must be a finite number")
 
 
 def _str_list(name: str, value: Any) -> list[str]:

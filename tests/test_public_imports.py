@@ -16,6 +16,18 @@ def test_top_level_names():
     assert PoolingParams is Engine and PoolingParams(normalize=False).normalize is False
 
 
+def test_vllms_other_top_level_names():
+    """``from vllm import TextPrompt, TokensPrompt, EmbeddingRequestOutput, ...`` in vLLM scripts."""
+    import minivllm
+    from minivllm import EmbeddingRequestOutput, PoolingRequestOutput, TextPrompt, TokensPrompt, inputs
+    from minivllm.pooling import outputs
+
+    assert TextPrompt is inputs.TextPrompt and TokensPrompt is inputs.TokensPrompt
+    assert PoolingRequestOutput is outputs.PoolingRequestOutput
+    assert EmbeddingRequestOutput is outputs.EmbeddingRequestOutput
+    assert sorted(minivllm.__all__) == sorted(minivllm._LAZY)
+
+
 def test_minivllm_outputs_gives_the_front_end_classes():
     from minivllm.engine import outputs as engine_outputs
     from minivllm.outputs import CompletionOutput, EmbeddingRequestOutput, PoolingRequestOutput, RequestOutput

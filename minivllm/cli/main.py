@@ -17,6 +17,8 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from minivllm.cli.vllm_flags import flag_hint
+from minivllm.config.presets import check_model_choice
 from minivllm.config.store import register_configs
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.plugins import load_general_plugins
@@ -111,6 +113,19 @@ def _hydra_main(cfg: DictConfig) -> Any:
         sys.exit(2)
 
 
+_CONFIG_DIR_FLAGS = ("--config-dir", "-cd", "--config-path", "-cp", "hydra.searchpath", "+hydra.searchpath")
+
+
 def main() -> None:
+    args = sys.argv[1:]
+    try:  # before Hydra, whose own answers are a missing ``model//PATH`` config and ``unrecognized arguments``
+        hint = flag_hint(args)
+        if hint:
+            raise ValueError(hint)
+        if not any(a.startswith(_CONFIG_DIR_FLAGS) for a in args):  # a user's own model/ group may nest
+            check_model_choice([a for a in args if not a.startswith("-")])
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
     register_configs()
     _hydra_main()

@@ -8,11 +8,11 @@ a setting silently dropped.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
+from minivllm.config.presets import is_preset
 from minivllm.config.speculative import speculative_node
 from minivllm.config.store import compose
 
@@ -67,24 +67,37 @@ KWARG_KEYS = {
 }
 
 
-SPECIAL_KWARGS = ("enforce_eager", "disable_log_stats", "task", "served_model_name")
+NOT_IMPLEMENTED = {
+    "swap_space": "preemption recomputes (as in vLLM V1); there is no CPU swap space",
+    "preemption_mode": "preemption always recomputes",
+    "cpu_offload_gb": "weights are never offloaded to the CPU",
+    "compilation_config": "use enforce_eager, cuda_graph_sizes, or overrides=['compilation.torch_compile=true']",
+    "disable_custom_all_reduce": "tensor parallelism uses torch.distributed's all-reduce only",
+    "hf_token": "models load from local folders or the HF cache, never downloaded",
+    "skip_tokenizer_init": "the tokenizer is always loaded",
+    "model_impl": "every architecture is minivllm's own (minivllm/models/)",
+    "guided_decoding_backend": "structured outputs always use xgrammar",
+    "structured_outputs_config": "structured outputs always use xgrammar",
+}
+"""vLLM keywords that minivllm knows and does not implement, each with what to do instead."""
+
+
+SPECIAL_KWARGS = ("enforce_eager", "disable_log_stats", "task", "served_model_name", "tokenizer_mode")
 """vLLM keywords with their own handling in ``_apply_special_kwargs``."""
-
-
-def _is_preset(name: str) -> bool:
-    conf_dir = Path(__file__).resolve().parents[1] / "conf" / "model"
-    return "/" not in name and (conf_dir / f"{name}.yaml").is_file()
 
 
 def config_from_kwargs(model: str | None = None, overrides: Sequence[str] = (), **kwargs: Any) -> DictConfig:
     """The config tree for ``LLM(model, **kwargs)``: a preset name or a path, vLLM's keywords
     mapped onto their keys, then any Hydra ``overrides``."""
-    group_choice = [f"model={model}"] if model and _is_preset(model) else []
+    group_choice = [f"model={model}"] if model and is_preset(model) else []
     cfg = compose([*group_choice, *overrides])
     if model and not group_choice:
         OmegaConf.update(cfg, "model", {"path": model, "hf_config": None, "tokenizer": None}, merge=True)
     _apply_special_kwargs(cfg, kwargs)
     unknown = sorted(set(kwargs) - set(KWARG_KEYS))
+    if known_missing := [name for name in unknown if name in NOT_IMPLEMENTED]:
+        reasons = "; ".join(f"{name}: {NOT_IMPLEMENTED[name]}" for name in known_missing)
+        raise ValueError(f"LLM(): vLLM keyword(s) not implemented here: {reasons}")
     if unknown:
         known = ", ".join(sorted([*KWARG_KEYS, *SPECIAL_KWARGS]))
         raise ValueError(f"LLM(): unknown or unimplemented keyword(s) {', '.join(unknown)}; known: {known}")
@@ -108,9 +121,25 @@ def _apply_special_kwargs(cfg: DictConfig, kwargs: dict[str, Any]) -> None:
         raise ValueError(f"LLM(): task={task!r}: must be generate or embed (or use runner=generate/pooling)")
     if task == "embed":
         OmegaConf.update(cfg, "model.runner", "pooling")
+    tokenizer_mode = kwargs.pop("tokenizer_mode", None)
+    if tokenizer_mode not in (None, "auto", "hf"):  # both are transformers' AutoTokenizer, what is always used
+        raise ValueError(
+            f"LLM(): tokenizer_mode={tokenizer_mode!r}: only 'auto' (or 'hf': transformers' AutoTokenizer) "
+            "is supported; 'slow', 'mistral' and 'custom' are not"
+        )
     names = kwargs.pop("served_model_name", None)
     if names is not None:
         names = [names] if isinstance(names, str) else list(names)
         if not names or not all(isinstance(n, str) and n and "," not in n for n in names):
             raise ValueError(f"LLM(): served_model_name={names!r}: must be a name or a list of names (no commas)")
         OmegaConf.update(cfg, "serve.served_model_name", ",".join(names))
+
+
+def name_the_keyword(message: str, kwargs: dict[str, Any]) -> str:
+    """A config error about a key that an ``LLM(...)`` keyword of another name set, with that
+    keyword added: ``parallel.tp=3: ...`` means little to whoever wrote ``tensor_parallel_size=3``."""
+    for name in kwargs:
+        key = KWARG_KEYS.get(name)
+        if key and key.rsplit(".", 1)[-1] != name and message.startswith((f"{key}=", f"{key}:")):
+            return f"{message} (LLM keyword {name})"
+    return message

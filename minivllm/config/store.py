@@ -16,6 +16,7 @@ from hydra.core.config_store import ConfigStore
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig, OmegaConf
 
+from minivllm.config.presets import check_model_choice
 from minivllm.config.vllm_config import VllmConfig
 
 CONFIG_MODULE = "minivllm.conf"
@@ -39,6 +40,7 @@ def compose(overrides: Sequence[str] = (), config_name: str = CONFIG_NAME) -> Di
 
     >>> cfg = compose(["model=opt-125m", "load.format=dummy", "cache.block_size=32"])
     """
+    check_model_choice(overrides)
     register_configs()
     if GlobalHydra.instance().is_initialized():
         # Another Hydra app (or an earlier compose) owns the global state; start clean.

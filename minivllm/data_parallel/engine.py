@@ -31,10 +31,11 @@ from minivllm.engine.outputs import RequestOutput
 from minivllm.engine.processor import ProcessedRequest, Processor
 from minivllm.engine.ray_replica import RayReplicas
 from minivllm.engine.request_intake import RequestIntake
+from minivllm.engine.vllm_names import VllmEngineNames
 from minivllm.pooling.outputs import PoolingRequestOutput
 
 
-class DataParallelEngine(RequestIntake):
+class DataParallelEngine(RequestIntake, VllmEngineNames):
     def __init__(self, cfg: VllmConfig) -> None:
         self.cfg = cfg
         self._inbox: queue.SimpleQueue[tuple[int, EngineMessage | str]] = queue.SimpleQueue()

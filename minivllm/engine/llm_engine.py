@@ -19,6 +19,7 @@ from minivllm.engine.parent_request import CompletionState, ParentRequest
 from minivllm.engine.processor import ProcessedRequest, Processor
 from minivllm.engine.request_intake import RequestIntake
 from minivllm.engine.stats import EngineStats, StatLogger
+from minivllm.engine.vllm_names import VllmEngineNames
 from minivllm.executor.user_calls import user_collective_rpc
 from minivllm.outputs import EngineCoreOutput
 from minivllm.pooling.outputs import PoolingOutput, PoolingRequestOutput
@@ -39,7 +40,7 @@ class EngineCounters:
     num_finished_requests: int = 0
 
 
-class LLMEngine(RequestIntake):
+class LLMEngine(RequestIntake, VllmEngineNames):
     def __init__(self, cfg: VllmConfig) -> None:
         self.cfg = cfg
         self.tokenizer = get_tokenizer(cfg)

@@ -9,6 +9,7 @@ special tokens. Every id list that leaves this module is non-empty and inside
 
 from __future__ import annotations
 
+import operator
 from typing import Any, Union
 
 from transformers import PreTrainedTokenizerBase
@@ -45,7 +46,7 @@ class PromptTokenizer:
         if isinstance(prompt, str):
             text, ids = prompt, self._encode(prompt) if prompt else []
         elif isinstance(prompt, dict) and "prompt_token_ids" in prompt:
-            text, ids = prompt.get("prompt"), list(prompt["prompt_token_ids"])
+            text, ids = prompt.get("prompt"), _as_token_ids(prompt["prompt_token_ids"])
         elif isinstance(prompt, dict) and "prompt" in prompt:
             return self.split(prompt["prompt"])
         elif isinstance(prompt, (list, tuple)) and all(isinstance(t, int) for t in prompt):
@@ -67,3 +68,13 @@ class PromptTokenizer:
         bad = [t for t in ids if not isinstance(t, int) or not 0 <= t < self.vocab_size]
         if bad:
             raise ValueError(f"prompt_token_ids: {bad[:5]} outside the vocabulary [0, {self.vocab_size})")
+
+
+def _as_token_ids(ids: Any) -> list[int]:
+    """``prompt_token_ids`` as Python ints: numpy and torch integers (arrays too) are integers."""
+    try:
+        return [operator.index(t) for t in ids]
+    except TypeError:
+        raise ValueError(
+            f"prompt_token_ids: must be a list of integer token ids; got {type(ids).__name__} {str(ids)[:80]}"
+        ) from None

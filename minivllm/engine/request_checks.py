@@ -26,7 +26,10 @@ def check_priority_and_salt(cfg: VllmConfig, priority: int, cache_salt: str | No
     if not isinstance(priority, int):
         raise ValueError(f"priority={priority!r}: must be an int")
     if priority != 0 and policy != "priority":
-        raise ValueError(f"priority={priority}: needs scheduler.policy=priority (the policy is {policy})")
+        raise ValueError(
+            f"priority={priority}: needs scheduler.policy=priority, LLM(scheduling_policy='priority') "
+            f"(the policy is {policy})"
+        )
     if cache_salt is not None and (not isinstance(cache_salt, str) or not cache_salt):
         raise ValueError(f"cache_salt={cache_salt!r}: must be a non-empty string or None")
     if cache_salt is not None and cfg.parallel.dp > 1:

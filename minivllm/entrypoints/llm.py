@@ -10,7 +10,7 @@ from tqdm.auto import tqdm
 
 from minivllm.beam_search import BeamSearchOutput, run_beam_search
 from minivllm.config.generation_defaults import generation_defaults
-from minivllm.config.llm_kwargs import config_from_kwargs
+from minivllm.config.llm_kwargs import config_from_kwargs, name_the_keyword
 from minivllm.config.served_names import served_model_names
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.data_parallel.engine import DataParallelEngine
@@ -43,7 +43,12 @@ class LLM:
     """
 
     def __init__(self, model: str | None = None, *, overrides: Sequence[str] = (), **kwargs: Any) -> None:
-        self._init(_validated(config_from_kwargs(model, overrides, **kwargs)))
+        tree = config_from_kwargs(model, overrides, **kwargs)
+        try:
+            cfg = _validated(tree)
+        except ValueError as err:
+            raise ValueError(name_the_keyword(str(err), kwargs)) from err
+        self._init(cfg)
 
     @classmethod
     def from_config(cls, cfg: VllmConfig | DictConfig) -> "LLM":

@@ -206,7 +206,9 @@ async def _stream(
         for c in out.outputs:
             parser = parsers[c.index]
             delta = parser.feed(c.text, final=c.finish_reason is not None)
-            if delta is not None or c.token_ids or c.finish_reason is not None:
+            # Text held back (a tool call not yet parsed, a possible stop string) sends nothing,
+            # as in vLLM, unless the tokens' logprobs must go out now.
+            if delta is not None or c.finish_reason is not None or (c.token_ids and body.logprobs):
                 reason = fmt.parser.finish_reason(c.finish_reason, parser.has_calls)
                 choices.append(
                     ChatStreamChoice(

@@ -158,6 +158,43 @@ def test_unknown_llm_keyword_is_named():
         config_from_kwargs("opt-125m", tensor_paralel_size=2)
 
 
+@pytest.mark.parametrize(
+    "kwargs,start",
+    [
+        ({"tensor_parallel_size": 3}, "parallel.tp=3: "),
+        ({"kv_cache_dtype": "int4"}, "cache.cache_dtype='int4': "),
+        ({"scheduling_policy": "lifo"}, "scheduler.policy='lifo': "),
+    ],
+)
+def test_a_bad_llm_keyword_value_names_the_keyword_too(kwargs, start):
+    """The config key a keyword sets may have another name; the error names both."""
+    with pytest.raises(ValueError) as err:
+        LLM("demo", **kwargs)
+    message = str(err.value)
+    assert message.startswith(start) and message.endswith(f"(LLM keyword {next(iter(kwargs))})")
+
+
+def test_a_keyword_named_as_its_key_is_not_repeated():
+    with pytest.raises(ValueError) as err:
+        LLM("demo", block_size=7)
+    assert str(err.value).startswith("cache.block_size=7: ") and "LLM keyword" not in str(err.value)
+
+
+def test_vllm_keywords_we_do_not_implement_say_what_to_do_instead():
+    with pytest.raises(ValueError, match="swap_space: preemption recomputes") as err:
+        config_from_kwargs("opt-125m", swap_space=4, cpu_offload_gb=0)
+    assert "cpu_offload_gb: weights are never offloaded" in str(err.value)
+
+
+def test_tokenizer_mode_auto_is_what_we_do_and_others_are_named():
+    """vLLM scripts often spell out the default, ``tokenizer_mode="auto"``."""
+    plain = OmegaConf.to_container(config_from_kwargs("opt-125m"))
+    for mode in ("auto", "hf"):
+        assert OmegaConf.to_container(config_from_kwargs("opt-125m", tokenizer_mode=mode)) == plain
+    with pytest.raises(ValueError, match="tokenizer_mode='mistral': only 'auto'"):
+        config_from_kwargs("opt-125m", tokenizer_mode="mistral")
+
+
 class RecordingWorker(Worker):
     """A user's own worker class, plugged in through parallel.worker._target_."""
 

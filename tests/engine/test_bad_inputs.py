@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import logging
 
+import numpy as np
 import pytest
+import torch
 
 from minivllm import LLM, SamplingParams
 
@@ -36,6 +38,7 @@ def _still_serves(llm: LLM) -> None:
             r"maximum context length is 128 tokens\. However, you requested 134 tokens \(130 in the messages, 4",
         ),
         ({"prompt_token_ids": [1, 99999]}, SamplingParams(max_tokens=4), "outside the vocabulary"),
+        ({"prompt_token_ids": [1, 2.5]}, SamplingParams(max_tokens=4), "prompt_token_ids: must be a list of integer"),
         ({"prompt_token_ids": [5] * 60}, SamplingParams(max_tokens=27), "can never fit the KV cache"),
         (3.5, SamplingParams(max_tokens=4), "prompt: expected"),
         ("def f():", SamplingParams(n=129, max_tokens=1), r"n=129: must be in \[1, 128\] \(serve.max_n=128\)"),
@@ -106,3 +109,14 @@ def test_an_over_long_prompt_gets_our_error_without_the_tokenizer_warning(llm, c
         tokenizer.model_max_length = before
     assert "Token indices sequence length" not in caplog.text
     _still_serves(llm)
+
+
+def test_numpy_and_torch_token_ids_are_token_ids(llm):
+    """``tokenizer(..., return_tensors="np")["input_ids"][0]`` and the like work as a list would."""
+    ids = [5, 6, 7]
+    params = SamplingParams(temperature=0, max_tokens=3)
+    want = llm.generate({"prompt_token_ids": ids}, params, use_tqdm=False)[0].outputs[0].token_ids
+    for given in (np.array(ids), torch.tensor(ids), [np.int64(t) for t in ids]):
+        out = llm.generate({"prompt_token_ids": given}, params, use_tqdm=False)[0]
+        assert out.prompt_token_ids == ids and all(type(t) is int for t in out.prompt_token_ids)
+        assert out.outputs[0].token_ids == want

@@ -89,7 +89,7 @@ def test_priority_needs_the_priority_policy(llama_dir):
     llm = LLM(model=str(llama_dir), dtype="float32", block_size=4, num_gpu_blocks_override=32)
     params = SamplingParams(temperature=0, max_tokens=2)
     try:
-        with pytest.raises(ValueError, match="scheduler.policy=priority"):
+        with pytest.raises(ValueError, match=r"scheduler.policy=priority, LLM\(scheduling_policy='priority'\)"):
             llm.llm_engine.add_request(None, [5, 6, 7], params, priority=3)
         assert not llm.llm_engine.has_unfinished_requests()
         assert len(llm.generate([[5, 6, 7]], params, use_tqdm=False)[0].outputs[0].token_ids) == 2

@@ -42,10 +42,16 @@ def test_token_counts_scatter():
 
 
 def test_repetition_penalty_matches_transformers_per_row():
-    rows = [[1, 4, 4, 7, 2], [5, 6, 0], [9, 9]]  # prompt + output
-    num_prompt = [3, 1, 2]
-    params = [SamplingParams(repetition_penalty=1.7), SamplingParams(), SamplingParams(repetition_penalty=0.6)]
-    logits = _logits(3)
+    """Any penalty above 0 is allowed, as in vLLM and transformers (3.0 included)."""
+    rows = [[1, 4, 4, 7, 2], [5, 6, 0], [9, 9], [2, 3, 3]]  # prompt + output
+    num_prompt = [3, 1, 2, 1]
+    params = [
+        SamplingParams(repetition_penalty=1.7),
+        SamplingParams(),
+        SamplingParams(repetition_penalty=0.6),
+        SamplingParams(repetition_penalty=3.0),
+    ]
+    logits = _logits(4)
     ours = _edit(params, rows, num_prompt, logits)
     for i, p in enumerate(params):
         ref = RepetitionPenaltyLogitsProcessor(p.repetition_penalty)(torch.tensor([rows[i]]), logits[i : i + 1].clone())

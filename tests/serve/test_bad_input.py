@@ -162,3 +162,13 @@ def test_disconnect_while_waiting_for_a_non_streamed_answer(server):
         time.sleep(0.05)  # the handler notes the disconnect once its clean-up ran
     assert server.metric("minivllm:http_requests_total", status="499") == 1
     assert server.metric("minivllm:http_requests_total", status="500") == 0
+
+
+def test_null_n_stream_and_echo_mean_their_defaults(http):
+    """OpenAI's spec marks them nullable; clients that serialize every field send ``null``."""
+    body = {"prompt": "x", "max_tokens": 2, "temperature": 0, "n": None, "stream": None, "echo": None}
+    res = http.post("/v1/completions", json=body)
+    assert res.status_code == 200, res.text
+    plain = http.post("/v1/completions", json={"prompt": "x", "max_tokens": 2, "temperature": 0}).json()
+    assert [c["text"] for c in res.json()["choices"]] == [c["text"] for c in plain["choices"]]
+    assert res.headers["content-type"] == "application/json"  # not a stream

@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from typing import Annotated, Any, Optional
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, Strict
 
 
 def refuse_bool(value: Any) -> Any:
@@ -26,6 +26,11 @@ Int = Annotated[int, Strict()]
 """An integer as JSON writes it: ``true``, ``1.0`` and ``"1"`` are refused (OpenAI does too)."""
 Float = Annotated[float, BeforeValidator(refuse_bool)]
 """A number (integers accepted), never a boolean."""
+
+
+def null_is(default: Any) -> AfterValidator:
+    """OpenAI's spec lets clients send ``null`` for ``n``, ``stream`` and ``echo``: it means the default."""
+    return AfterValidator(lambda value: default if value is None else value)
 
 
 class OpenAIModel(BaseModel):

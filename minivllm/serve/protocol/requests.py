@@ -8,11 +8,11 @@ carries ``tool_calls``).
 
 from __future__ import annotations
 
-from typing import Any, Literal, Optional, Union
+from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import Field, model_validator
 
-from minivllm.serve.protocol.base import Int, OpenAIModel
+from minivllm.serve.protocol.base import Int, OpenAIModel, null_is
 from minivllm.serve.protocol.ranges import int_in
 from minivllm.serve.protocol.sampling import SamplingRequest
 
@@ -23,7 +23,7 @@ class CompletionRequest(SamplingRequest):
     prompt: Union[str, list[str], list[int], list[list[int]]]
     max_tokens: Optional[int_in("max_tokens")] = 16
     logprobs: Optional[int_in("logprobs")] = None
-    echo: bool = False
+    echo: Annotated[Optional[bool], null_is(False)] = False
     add_special_tokens: bool = True
     """Add the tokenizer's special tokens (BOS) to text prompts."""
     best_of: Optional[Int] = None

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import dataclasses
 import typing
-from typing import Any, Optional, Union
+from typing import Annotated, Any, Optional, Union
 
 from pydantic import BaseModel, create_model
 
 from minivllm.sampling_params import SamplingParams
-from minivllm.serve.protocol.base import Float, Int, OpenAIModel
+from minivllm.serve.protocol.base import Float, Int, OpenAIModel, null_is
 from minivllm.serve.protocol.ranges import int_in, number_in
 
 NO_OP_FIELDS = ("user",)
@@ -42,12 +42,12 @@ class _SamplingRequest(OpenAIModel):
     """Fields shared by /v1/completions and /v1/chat/completions."""
 
     model: Optional[str] = None
-    n: int_in("n") = 1
+    n: Annotated[Optional[int_in("n")], null_is(1)] = 1
     temperature: Optional[number_in("temperature")] = None
     top_p: Optional[number_in("top_p")] = None
     seed: Optional[Int] = None
     stop: Optional[Union[str, list[str]]] = None
-    stream: bool = False
+    stream: Annotated[Optional[bool], null_is(False)] = False
     stream_options: Optional[StreamOptions] = None
     presence_penalty: Optional[number_in("presence_penalty")] = None
     frequency_penalty: Optional[number_in("frequency_penalty")] = None
