@@ -106,6 +106,7 @@ class LLM:
         self,
         prompts: PromptType | Sequence[PromptType],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        *,
         use_tqdm: bool = True,
         priority: Sequence[int] | None = None,
         lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
@@ -132,6 +133,7 @@ class LLM:
         self,
         messages: Conversation | Sequence[Conversation],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        *,
         use_tqdm: bool = True,
         chat_template: str | None = None,
         add_generation_prompt: bool = True,
@@ -159,7 +161,7 @@ class LLM:
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm, lora_request=lora_request)
 
     def beam_search(
-        self, prompts: PromptType | Sequence[PromptType], params: BeamSearchParams, use_tqdm: bool = False
+        self, prompts: PromptType | Sequence[PromptType], params: BeamSearchParams, *, use_tqdm: bool = False
     ) -> list[BeamSearchOutput]:
         """Beam search per prompt (see ``minivllm.beam_search``); each round is one batch of ordinary
         one-token requests, so beams share their prompt's KV blocks through the prefix cache."""
@@ -170,6 +172,7 @@ class LLM:
         self,
         prompts: PromptType | Sequence[PromptType],
         pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
+        *,
         use_tqdm: bool = True,
         pooling_task: str = "embed",
         truncate_prompt_tokens: int | None = None,
@@ -187,12 +190,13 @@ class LLM:
         self,
         prompts: PromptType | Sequence[PromptType],
         pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
+        *,
         use_tqdm: bool = True,
         truncate_prompt_tokens: int | None = None,
     ) -> list[EmbeddingRequestOutput]:
         """One embedding per prompt (``runner="pooling"``): ``outs[i].outputs.embedding``."""
         self._needs_runner("pooling", "embed")
-        outs = self.encode(prompts, pooling_params, use_tqdm, truncate_prompt_tokens=truncate_prompt_tokens)
+        outs = self.encode(prompts, pooling_params, use_tqdm=use_tqdm, truncate_prompt_tokens=truncate_prompt_tokens)
         return [EmbeddingRequestOutput.from_base(o) for o in outs]
 
     def _needs_runner(self, runner: str, method: str) -> None:
