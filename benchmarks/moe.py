@@ -131,12 +131,12 @@ def tune(args, device: torch.device) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/, when run as a script
     from minivllm.layers.fused_moe import tiles as moe_tiles
     from minivllm.layers.fused_moe.triton_experts import triton_fused_experts
-    from minivllm.tuned_tiles import TABLES_DIR, device_facts, merge_entries
+    from minivllm.tuned_tiles import device_facts, merge_entries, table_path
     from tools.gemm_tune import Budget, compile_failures, report_line, time_candidates
     from tools.gemm_variants import moe_launch_variants
 
     facts, dtype = device_facts(device), DTYPES[args.dtype]
-    table = args.table or TABLES_DIR / f"{moe_tiles.KERNEL}.json"
+    table = args.table or table_path(moe_tiles.KERNEL)
     shapes = [dataclasses.replace(s, intermediate=s.intermediate // args.tp) for s in SHAPES]
     plan = {
         (shape.name, t, c): moe_launch_variants(shape, t, c, dtype)

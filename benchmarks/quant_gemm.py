@@ -135,8 +135,9 @@ def run_shape(shape: Shape, tokens: int, device: torch.device, timer, dtype: tor
         from minivllm.tuned_tiles import device_facts, lookup
 
         facts, dtype_name = device_facts(device), str(dtype).removeprefix("torch.")
-        chosen = int4_tiles.choose_tiles(tokens, shape.n, shape.k, GROUP, dtype_name, facts)
-        tuned = lookup(int4_tiles.KERNEL, facts.name, int4_tiles.shape_key(shape.n, shape.k, GROUP, dtype_name), tokens)
+        group = shape.k // layer.scales.shape[0]
+        chosen = int4_tiles.choose_tiles(tokens, shape.n, shape.k, group, dtype_name, facts)
+        tuned = lookup(int4_tiles.KERNEL, facts.name, int4_tiles.shape_key(shape.n, shape.k, group, dtype_name), tokens)
         row["int4_tiles"] = chosen.name + (" tuned" if tuned is not None else "")
         run = lambda: int4_matmul(x, layer.qweight, layer.scales, layer.zeros, layer.g_idx)  # noqa: E731
         row["int4_err"] = rel_err(run(), x.float() @ w4)
@@ -158,12 +159,12 @@ def tune(args, device: torch.device) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/, when run as a script
     from minivllm.quantization import int4_tiles
     from minivllm.quantization.triton_int4 import int4_matmul
-    from minivllm.tuned_tiles import TABLES_DIR, device_facts, merge_entries
+    from minivllm.tuned_tiles import device_facts, merge_entries, table_path
     from tools.gemm_tune import Budget, compile_failures, report_line, time_candidates
     from tools.gemm_variants import int4_launch_variant
 
     facts = device_facts(device)
-    table = args.table or TABLES_DIR / f"{int4_tiles.KERNEL}.json"
+    table = args.table or table_path(int4_tiles.KERNEL)
 
     def candidates(shape: Shape, m: int) -> list:
         return int4_tiles.tune_candidates(m, shape.n, shape.k, facts.arch, facts.num_sms)
@@ -199,7 +200,7 @@ def tune(args, device: torch.device) -> None:
                 winners[m] = result.best.as_dict()
         del w4
         if winners:
-            key = int4_tiles.shape_key(shape.n, shape.k, GROUP, "bfloat16")
+            key = int4_tiles.shape_key(shape.n, shape.k, shape.k // layer.scales.shape[0], "bfloat16")
             merge_entries(table, int4_tiles.KERNEL, facts.name, key, winners)
             print(f"tune: {len(winners)} buckets of {key} on {facts.name} written to {table}")
 

@@ -67,11 +67,11 @@ def time_candidates(
     run: Callable[[object], torch.Tensor],
     reference: torch.Tensor,
     failures: dict[object, str],
-    timer: Callable[[Callable[[], object]], float] = quick_timer,
+    timer: Callable[[Callable[[], object]], float] | None = None,
 ) -> TuneResult:
     """Check and time each candidate (``run(config)`` computes the product with it); the best
-    is the fastest that compiled cleanly and matched ``reference``."""
-    result = TuneResult(label, tokens)
+    is the fastest that compiled cleanly and matched ``reference``. ``timer`` None: ``quick_timer``."""
+    result, timer = TuneResult(label, tokens), timer or quick_timer
     for config in candidates:
         if config in failures:
             result.dropped[config.name] = failures[config]

@@ -5,15 +5,16 @@ The heuristic by M (the tokens of the call), for y (M, N) = x (M, K) @ W (K, N):
 =======  ==================================================================================
 M        tiles (BLOCK_M x BLOCK_N x BLOCK_K, warps) and why
 =======  ==================================================================================
-<= 16    16 x 64 x 64, 4, split-K: decode reads the packed weight once; the product is
-         bandwidth bound, so what matters is enough programs in flight. Output tiles alone
-         are too few when N is small (N=4096: 64 tiles on 132 SMs), so K is split until
-         there are two programs per SM (each split keeps >= 4 K steps); the fp32 partial
-         sums are added in fp32 (``Int4Tiles.split_k``).
+<= 16    16 x 64 x 64, 4: decode reads the packed weight once; the product is bandwidth
+         bound, so what matters is enough programs in flight. Output tiles alone are too
+         few when N is small (N=4096: 64 tiles on 132 SMs), so K is split until there are
+         two programs per SM (each split keeps >= 4 K steps); the fp32 partial sums are
+         added in fp32 (``Int4Tiles.split_k``).
 <= 64    32 or 64 x 64 x 64, 4, split-K as above
-<= 256   64 x 128 x 64, 4
-> 256    128 x 128 x 64, 8: compute bound; each weight tile is dequantized once per
-         128 rows instead of once per 16
+<= 256   64 x 128 x 64, 4; K split only up to one program per SM (the fp32 partials'
+         traffic grows with M)
+> 256    128 x 128 x 64, 8, split as the row above: compute bound; each weight tile is
+         dequantized once per 128 rows instead of once per 16
 =======  ==================================================================================
 
 Pipelining depth: 4 stages on sm_90, 3 below. The tuned table
@@ -23,6 +24,7 @@ replaces the heuristic for the device it was measured on.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import asdict, dataclass
 
 import triton
@@ -67,12 +69,14 @@ class Int4Tiles:
         return triton.cdiv(k, self.k_per_split(k))
 
 
-def default_split(m: int, n: int, k: int, block_m: int, block_n: int, block_k: int, num_sms: int) -> int:
-    """Double the splits of K while the grid is under two programs per SM and each split
-    keeps at least four BLOCK_K steps."""
+def default_split(
+    m: int, n: int, k: int, block_m: int, block_n: int, block_k: int, num_sms: int, per_sm: int = 2
+) -> int:
+    """Double the splits of K while the grid is under ``per_sm`` programs per SM and each
+    split keeps at least four BLOCK_K steps."""
     tiles = triton.cdiv(m, block_m) * triton.cdiv(n, block_n)
     split = 1
-    while split < MAX_SPLIT and tiles * split < 2 * num_sms and k // (2 * split) >= 4 * block_k:
+    while split < MAX_SPLIT and tiles * split < per_sm * num_sms and k // (2 * split) >= 4 * block_k:
         split *= 2
     return split
 
@@ -84,10 +88,9 @@ def heuristic_tiles(m: int, n: int, k: int, arch: int | None, num_sms: int) -> I
         bm, bn, bk, warps = 16, 64, 64, 4  # 16 x 64 x 128 spills on sm_80 (a tuning candidate on sm_90)
     elif m <= 64:
         bm, bn, bk, warps = (32 if m <= 32 else 64), 64, 64, 4
-    elif m <= 256:
-        return Int4Tiles(64, 128, 64, 1, 4, stages)
     else:
-        return Int4Tiles(128, 128, 64, 1, 8, stages)
+        bm, bn, bk, warps = (64, 128, 64, 4) if m <= 256 else (128, 128, 64, 8)
+        return Int4Tiles(bm, bn, bk, default_split(m, n, k, bm, bn, bk, num_sms, per_sm=1), warps, stages)
     return Int4Tiles(bm, bn, bk, default_split(m, n, k, bm, bn, bk, num_sms), warps, stages)
 
 
@@ -111,8 +114,8 @@ def tune_candidates(m: int, n: int, k: int, arch: int | None, num_sms: int) -> l
     base = heuristic_tiles(m, n, k, arch, num_sms)
     s, sm90 = base.num_stages, (arch or 0) >= 90
 
-    def split(bm: int, bn: int, bk: int) -> int:
-        return default_split(m, n, k, bm, bn, bk, num_sms)
+    def split(bm: int, bn: int, bk: int, per_sm: int = 2) -> int:
+        return default_split(m, n, k, bm, bn, bk, num_sms, per_sm)
 
     if m <= 64:
         bm = base.block_m
@@ -124,8 +127,13 @@ def tune_candidates(m: int, n: int, k: int, arch: int | None, num_sms: int) -> l
             Int4Tiles(bm, 64, 128, split(bm, 64, 128), 4, s) if sm90 else Int4Tiles(bm, 64, 64, base.split_k, 8, s),
         ]
     elif m <= 256:
-        out = [base, Int4Tiles(64, 64, 64, 1, 4, s), Int4Tiles(128, 128, 64, 1, 8, s), Int4Tiles(64, 128, 32, 1, 4, 4)]
+        out = [
+            base,
+            dataclasses.replace(base, split_k=1),
+            Int4Tiles(64, 64, 64, split(64, 64, 64, 1), 4, s),
+            Int4Tiles(128, 128, 64, split(128, 128, 64, 1), 8, s),
+        ]
     else:
         wide = Int4Tiles(128, 256, 64, 1, 8, 3) if sm90 else Int4Tiles(128, 128, 32, 1, 8, 4)
-        out = [base, Int4Tiles(128, 64, 64, 1, 4, s), Int4Tiles(64, 128, 64, 1, 4, s), wide]
+        out = [base, Int4Tiles(128, 64, 64, split(128, 64, 64, 1), 4, s), Int4Tiles(64, 128, 64, 1, 4, s), wide]
     return list(dict.fromkeys(out))

@@ -7,6 +7,15 @@ was measured on. See ``table.py`` for the file's layout and the lookup rule.
 """
 
 from minivllm.tuned_tiles.device import DeviceFacts, device_facts
-from minivllm.tuned_tiles.table import TABLES_DIR, load_table, lookup, merge_entries, nearest_bucket
+from minivllm.tuned_tiles.table import TABLES_DIR, load_table, lookup, merge_entries, nearest_bucket, table_path
 
-__all__ = ["DeviceFacts", "device_facts", "TABLES_DIR", "load_table", "lookup", "merge_entries", "nearest_bucket"]
+__all__ = [
+    "DeviceFacts",
+    "device_facts",
+    "TABLES_DIR",
+    "load_table",
+    "lookup",
+    "merge_entries",
+    "nearest_bucket",
+    "table_path",
+]

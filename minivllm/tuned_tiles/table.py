@@ -35,6 +35,11 @@ def _read(path: str) -> dict:
     return data["devices"]
 
 
+def table_path(kernel: str) -> Path:
+    """The package's table of ``kernel`` (which the wrappers read and ``--tune`` writes)."""
+    return TABLES_DIR / f"{kernel}.json"
+
+
 def load_table(kernel: str, tables_dir: Path | None = None) -> dict:
     """device name -> shape key -> {M bucket (str): config dict}; {} when the kernel has no table.
     ``tables_dir`` None: the package's ``TABLES_DIR``."""

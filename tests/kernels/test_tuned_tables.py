@@ -125,3 +125,34 @@ def test_tune_needs_a_cuda_device():
         bench.parse_args(["--tune"])
     with pytest.raises(SystemExit):
         bench.parse_args(["--tune-only"])
+
+
+@pytest.mark.parametrize("name", ["moe", "quant_gemm"])
+def test_a_tuning_run_writes_the_table_the_wrapper_then_reads(name, tables_dir, monkeypatch):
+    """The benchmarks' --tune path end to end at a tiny shape in the interpreter, with the
+    compile check and the GPU timer stood in for: every candidate compiles and each one timed
+    is faster than the one before, so the last candidate wins and the wrapper then picks it."""
+    import argparse
+    import itertools
+
+    from tools import gemm_tune
+
+    bench = _benchmark_module(name)
+    monkeypatch.setattr(bench, "SHAPES", bench.TINY[:1])  # one shape: the interpreter is slow
+    monkeypatch.setattr(gemm_tune, "compile_failures", lambda plan, arch: {})
+    faster = itertools.count(1000.0, -1.0)
+    monkeypatch.setattr(gemm_tune, "quick_timer", lambda fn: (fn(), next(faster))[1])
+    args = argparse.Namespace(dtype="fp32", tp=1, tune_tokens=[1, 16], tune_budget_s=600.0, table=None)
+    bench.tune(args, torch.device("cpu"))
+    kernel = {"moe": moe_tiles.KERNEL, "quant_gemm": int4_tiles.KERNEL}[name]
+    shapes = json.loads((tables_dir / f"{kernel}.json").read_text())["devices"]["cpu"]
+    assert len(shapes) == 1 and set(next(iter(shapes.values()))) == {"1", "16"}
+    s = bench.TINY[0]
+    if name == "moe":
+        picked = moe_tiles.choose_tiles(16, s.experts, 2 * s.intermediate, s.hidden, s.top_k, torch.float32, CPU)
+        candidates = moe_tiles.tune_candidates(16, s.experts, s.top_k, None)
+    else:
+        group = 32 if s.k % bench.GROUP else bench.GROUP  # as int4_layer chooses it
+        picked = int4_tiles.choose_tiles(16, s.n, s.k, group, "bfloat16", CPU)
+        candidates = int4_tiles.tune_candidates(16, s.n, s.k, None, CPU.num_sms)
+    assert picked == candidates[-1] != candidates[0]  # the tuned winner, not the heuristic's pick

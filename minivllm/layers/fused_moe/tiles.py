@@ -106,7 +106,7 @@ def tune_candidates(tokens: int, experts: int, top_k: int, arch: int | None) -> 
         out += [MoeTiles(32, 128, 64, 8, 4, stages), MoeTiles(64, 64, 64, 8, 4, stages), MoeTiles(64, 128, 64, 8, 8, 3)]
     else:
         out += [
-            MoeTiles(128, 64, 64, 8, 4, stages),
+            MoeTiles(128, 64, 64, 8, 8, stages),  # 4 warps spill on sm_80
             MoeTiles(64, 128, 64, 8, 4, stages),
             MoeTiles(128, 128, 32, 8, 4, 4),
         ]
