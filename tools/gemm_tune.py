@@ -17,7 +17,7 @@ from typing import Callable
 
 import torch
 
-MAX_REL_ERR = 2e-2  # bf16 outputs: a few roundings of 2**-8 of the largest value
+MAX_REL_ERR = 5e-2  # bf16 paths differ by ~1% of the largest output; a wrong tile mapping by ~100%
 
 
 @dataclass
