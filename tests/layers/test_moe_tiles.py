@@ -3,12 +3,24 @@ loop over experts (interpreter on the CPU), and the heuristic's rules."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
 from minivllm.layers.fused_moe import route, torch_fused_experts
 from minivllm.layers.fused_moe.tiles import MoeTiles, heuristic_tiles, tune_candidates
 from minivllm.layers.fused_moe.triton_experts import triton_fused_experts
+
+DEVICES = [
+    pytest.param(
+        "cpu",
+        marks=pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="CPU runs need TRITON_INTERPRET=1"),
+    ),
+    pytest.param(
+        "cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+    ),
+]
 
 # (tokens, experts, top_k, hidden, intermediate, tiles): every family the heuristic has, at tiny sizes
 CASES = [
@@ -21,16 +33,36 @@ CASES = [
 ]
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("T, E, k, H, I, tiles", CASES, ids=lambda v: getattr(v, "name", str(v)))
-def test_every_tile_family_matches_the_torch_loop(T, E, k, H, I, tiles):
+def test_every_tile_family_matches_the_torch_loop(device, T, E, k, H, I, tiles):
     gen = torch.Generator().manual_seed(T)
     hidden = torch.randn(T, H, generator=gen)
     w13 = torch.randn(E, 2 * I, H, generator=gen) / H**0.5
     w2 = torch.randn(E, H, I, generator=gen) / I**0.5
     weights, ids = route(torch.randn(T, E, generator=gen) * 3, k, renormalize=True)
     expected = torch_fused_experts(hidden, w13, w2, weights, ids)
-    actual = triton_fused_experts(hidden, w13, w2, weights, ids, tiles=tiles)
+    actual = triton_fused_experts(*(t.to(device) for t in (hidden, w13, w2, weights, ids)), tiles=tiles).cpu()
     torch.testing.assert_close(actual, expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("tokens", [1, 64, 1024])
+def test_heuristic_tiles_in_bf16_on_cuda(tokens):
+    """The compiled bf16 path (tensor-core dots) with the heuristic's pick, against the fp32 loop."""
+    gen = torch.Generator().manual_seed(tokens)
+    E, k, H, I = 8, 2, 256, 512
+    hidden = torch.randn(tokens, H, generator=gen)
+    w13, w2 = torch.randn(E, 2 * I, H, generator=gen) / H**0.5, torch.randn(E, H, I, generator=gen) / I**0.5
+    weights, ids = route(torch.randn(tokens, E, generator=gen), k, renormalize=True)
+    expected = torch_fused_experts(hidden, w13, w2, weights, ids)
+    bf16 = [
+        t.cuda().to(torch.bfloat16) if t.is_floating_point() and t is not weights else t.cuda()
+        for t in (hidden, w13, w2, weights, ids)
+    ]
+    actual = triton_fused_experts(*bf16).float().cpu()
+    assert (actual - expected).abs().max() <= 3e-2 * expected.abs().max()
 
 
 SHAPES = [(128, 8), (8, 2)]  # (experts, top_k): Qwen3-30B-A3B and Mixtral-8x7B
