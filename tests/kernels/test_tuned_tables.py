@@ -156,3 +156,20 @@ def test_a_tuning_run_writes_the_table_the_wrapper_then_reads(name, tables_dir, 
         picked = int4_tiles.choose_tiles(16, s.n, s.k, group, "bfloat16", CPU)
         candidates = int4_tiles.tune_candidates(16, s.n, s.k, None, CPU.num_sms)
     assert picked == candidates[-1] != candidates[0]  # the tuned winner, not the heuristic's pick
+
+
+def test_compile_failures_maps_merged_report_rows_back_to_their_configs(monkeypatch):
+    """kernel_report merges launches that compile to one kernel (labels joined by " | "); a failed
+    row fails every config among its labels, and only those."""
+    from tools import gemm_tune, kernel_report
+
+    a, b, c = (int4_tiles.Int4Tiles(16, bn, 64) for bn in (32, 64, 128))
+    plan = {("w", 1, cfg): [kernel_report.Variant(None, f"w M=1 {cfg.name}", {})] for cfg in (a, b, c)}
+    rows = [
+        dict(variant=f"w M=1 {a.name} | w M=1 {b.name}", result="failed", why="spills 8 B stored / 4 B loaded"),
+        dict(variant=f"w M=1 {c.name}", result="ok", why=""),
+    ]
+    monkeypatch.setattr(kernel_report, "report", lambda archs, jobs, variants: rows)
+    failed = gemm_tune.compile_failures(plan, 90)
+    assert failed == {("w", 1, a): rows[0]["why"], ("w", 1, b): rows[0]["why"]}
+    assert gemm_tune.compile_failures(plan, 75) == {}  # no shared-memory limit known: not checked
