@@ -2,6 +2,7 @@
 
     PYTHONPATH=. python benchmarks/moe.py                       # CUDA: Qwen3-30B-A3B and Mixtral-8x7B layers
     PYTHONPATH=. python benchmarks/moe.py --cpu-smoke           # tiny shapes, torch path only, on the CPU
+    PYTHONPATH=. python benchmarks/moe.py --tune --tune-only     # CUDA: time tile configs, write the table
 
 Both paths get the same hidden states and the same routing (softmax top-k of
 random router logits), so the table times the expert computation alone:
@@ -9,14 +10,23 @@ sorting by expert, two grouped GEMMs with SiLU-and-mul between, the weighted
 combine (Triton) against a loop over the experts that received tokens (torch).
 GFLOP/s counts the useful work, 6 * tokens * top_k * hidden * intermediate
 (gate+up and down). Weight GB/s counts the bytes of the experts that received
-at least one token, read once: decode steps are bound by it.
+at least one token, read once: decode steps are bound by it. The ``tiles`` column
+is the config the kernel's wrapper chose (``tuned`` where the tuned table gave it).
+
+``--tune`` first times ``tune_candidates`` (minivllm/layers/fused_moe/tiles.py) at
+``--tune-tokens`` for each shape and merges the winners into the tuned table
+(``minivllm/tuned_tiles/tables/fused_moe.json``, under this GPU's name), then runs the
+benchmark, which now reads the table (``--tune-only``: no benchmark).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -37,33 +47,63 @@ class Shape:
 
 SHAPES = [Shape("qwen3-30b-a3b", 128, 8, 2048, 768), Shape("mixtral-8x7b", 8, 2, 4096, 14336)]
 TINY = [Shape("tiny-8x-top2", 8, 2, 64, 32), Shape("tiny-64x-top8", 64, 8, 64, 32)]
+TOKENS = [1, 8, 64, 256, 1024, 4096]
+TUNE_TOKENS = [1, 64, 256, 1024, 4096]  # the table's M buckets; 8 takes the nearest, 1
 
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--tokens", type=int, nargs="+", default=[1, 8, 64, 256, 1024, 4096])
+    p.add_argument("--tokens", type=int, nargs="+", default=TOKENS)
     p.add_argument("--dtype", choices=DTYPES, default="bf16")
     p.add_argument("--tp", type=int, default=1, help="time one rank's slice: each expert's intermediate / tp")
     p.add_argument("--cpu-smoke", action="store_true", help="tiny shapes on the CPU, torch path only")
     p.add_argument("--json", metavar="PATH", help="also write the rows here")
+    p.add_argument("--tune", action="store_true", help="CUDA: tune the tiles first and write the tuned table")
+    p.add_argument("--tune-only", action="store_true", help="with --tune: no benchmark afterwards")
+    p.add_argument("--tune-tokens", type=int, nargs="+", default=TUNE_TOKENS, help="the M buckets to tune")
+    p.add_argument(
+        "--tune-budget-s",
+        type=float,
+        default=45.0,
+        help="shared by the shapes; token counts past a shape's share keep the heuristic",
+    )
+    p.add_argument("--table", type=Path, help="the tuned table to write (default: the package's)")
     args = p.parse_args()
+    if args.tune_only and not args.tune:
+        p.error("--tune-only needs --tune")
+    if args.tune and (args.cpu_smoke or not torch.cuda.is_available()):
+        p.error("--tune times Triton kernels: it needs a CUDA device (and no --cpu-smoke)")
     if args.cpu_smoke:
         args.tokens, args.dtype = [1, 16, 128], "fp32"
     return args
 
 
-def run_shape(shape: Shape, tokens: int, args, device: torch.device, timer) -> dict:
+def make_inputs(shape: Shape, tokens: int, args, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """hidden (T, H), w13 (E, 2I, H), w2 (E, H, I), routing weights and ids (T, k), seeded."""
     dtype, I = DTYPES[args.dtype], shape.intermediate // args.tp
     gen = torch.Generator(device=device).manual_seed(0)
     w13 = torch.randn(shape.experts, 2 * I, shape.hidden, device=device, dtype=dtype, generator=gen) * 0.02
     w2 = torch.randn(shape.experts, shape.hidden, I, device=device, dtype=dtype, generator=gen) * 0.02
     hidden = torch.randn(tokens, shape.hidden, device=device, dtype=dtype, generator=gen)
     weights, ids = route(torch.randn(tokens, shape.experts, device=device, generator=gen), shape.top_k, True)
+    return hidden, w13, w2, weights, ids
+
+
+def run_shape(shape: Shape, tokens: int, args, device: torch.device, timer) -> dict:
+    I = shape.intermediate // args.tp
+    hidden, w13, w2, weights, ids = make_inputs(shape, tokens, args, device)
     row = {"shape": shape.name, "tokens": tokens}
     row["torch_ms"] = timer(lambda: torch_fused_experts(hidden, w13, w2, weights, ids)) * 1e3
     if device.type == "cuda":
+        from minivllm.layers.fused_moe import tiles as moe_tiles
         from minivllm.layers.fused_moe.triton_experts import triton_fused_experts
+        from minivllm.tuned_tiles import device_facts, lookup
 
+        facts = device_facts(device)
+        key = moe_tiles.shape_key(shape.experts, 2 * I, shape.hidden, shape.top_k, hidden.dtype)
+        chosen = moe_tiles.choose_tiles(tokens, shape.experts, 2 * I, shape.hidden, shape.top_k, hidden.dtype, facts)
+        tuned = lookup(moe_tiles.KERNEL, facts.name, key, tokens) is not None
+        row["tiles"] = chosen.name + (" tuned" if tuned else "")
         expected = torch_fused_experts(hidden, w13, w2, weights, ids).float()
         actual = triton_fused_experts(hidden, w13, w2, weights, ids).float()
         row["max_err"] = (actual - expected).abs().max().item()
@@ -82,13 +122,61 @@ def format_row(r: dict) -> str:
     err = f"{r['max_err']:.1e}" if tri else "-"
     return (
         f"{r['shape']:>14} {r['tokens']:>6} {r['torch_ms']:>9.3f} {triton_ms:>9} {speedup:>7} "
-        f"{r['gflops']:>8.1f} {r['weight_gbs']:>8.2f} {err:>8}"
+        f"{r['gflops']:>8.1f} {r['weight_gbs']:>8.2f} {err:>8}  {r.get('tiles', '-')}"
     )
+
+
+def tune(args, device: torch.device) -> None:
+    """Time each shape's candidates at the tune token counts; merge the winners into the table."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/, when run as a script
+    from minivllm.layers.fused_moe import tiles as moe_tiles
+    from minivllm.layers.fused_moe.triton_experts import triton_fused_experts
+    from minivllm.tuned_tiles import device_facts, merge_entries, table_path
+    from tools.gemm_tune import Budget, compile_failures, report_line, time_candidates
+    from tools.gemm_variants import moe_launch_variants
+
+    facts, dtype = device_facts(device), DTYPES[args.dtype]
+    table = args.table or table_path(moe_tiles.KERNEL)
+    shapes = [dataclasses.replace(s, intermediate=s.intermediate // args.tp) for s in SHAPES]
+    plan = {
+        (shape.name, t, c): moe_launch_variants(shape, t, c, dtype)
+        for shape in shapes
+        for t in args.tune_tokens
+        for c in moe_tiles.tune_candidates(t, shape.experts, shape.top_k, facts.arch)
+    }
+    failures = compile_failures(plan, facts.arch)
+    for shape in shapes:
+        winners, budget = {}, Budget(args.tune_budget_s / len(shapes))  # an equal share for each shape
+        for tokens in args.tune_tokens:
+            if budget.spent():
+                print(f"tune {shape.name} M={tokens}: budget spent, the heuristic stays")
+                continue
+            hidden, w13, w2, weights, ids = make_inputs(shape, tokens, args, device)
+            candidates = moe_tiles.tune_candidates(tokens, shape.experts, shape.top_k, facts.arch)
+            result = time_candidates(
+                shape.name,
+                tokens,
+                candidates,
+                lambda c, inputs=(hidden, w13, w2, weights, ids): triton_fused_experts(*inputs, tiles=c),
+                torch_fused_experts(hidden, w13, w2, weights, ids),
+                {c: why for (name, t, c), why in failures.items() if (name, t) == (shape.name, tokens)},
+            )
+            print(report_line(result, candidates[0].name), flush=True)
+            if result.best is not None:
+                winners[tokens] = result.best.as_dict()
+        if winners:
+            key = moe_tiles.shape_key(shape.experts, 2 * shape.intermediate, shape.hidden, shape.top_k, dtype)
+            merge_entries(table, moe_tiles.KERNEL, facts.name, key, winners)
+            print(f"tune: {len(winners)} buckets of {key} on {facts.name} written to {table}")
 
 
 def main() -> None:
     args = parse_args()
     device = torch.device("cpu" if args.cpu_smoke or not torch.cuda.is_available() else "cuda")
+    if args.tune:
+        tune(args, device)
+        if args.tune_only:
+            return
     timer = kernel_timer(device, runs=5)
     shapes = TINY if args.cpu_smoke else SHAPES
     print(f"device={device} dtype={args.dtype} tp={args.tp} (best path counted in GFLOP/s and GB/s)")

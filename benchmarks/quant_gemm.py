@@ -2,6 +2,7 @@
 
     PYTHONPATH=. python benchmarks/quant_gemm.py --json out.json   # CUDA: Llama-3-8B projection shapes
     TRITON_INTERPRET=1 PYTHONPATH=. python benchmarks/quant_gemm.py --cpu-smoke   # tiny shapes, CPU
+    PYTHONPATH=. python benchmarks/quant_gemm.py --tune --tune-only   # CUDA: time int4 tiles, write the table
 
 For each weight shape (K inputs, N outputs) and token count M, one row holds:
 
@@ -22,14 +23,22 @@ smoke runs the kernel through the interpreter).
 
 Each quantized output is compared with the fp32 product of the same dequantized
 weight (``err`` is the largest difference over the reference's largest value).
-Weight GB/s counts the layer's stored weight bytes read once per call.
+Weight GB/s counts the layer's stored weight bytes read once per call. The int4
+``tiles`` are the config ``int4_matmul`` chose (``tuned`` where the tuned table gave it).
+
+``--tune`` first times ``tune_candidates`` (minivllm/quantization/int4_tiles.py) at
+``--tune-tokens`` for each shape and merges the winners into the tuned table
+(``minivllm/tuned_tiles/tables/int4_gemm.json``, under this GPU's name), then runs the
+benchmark, which now reads the table (``--tune-only``: no benchmark).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -55,14 +64,30 @@ SHAPES = [
 ]
 TINY = [Shape("tiny 64->32", 64, 32)]
 GROUP = 128
+TOKENS = [1, 16, 128, 1024]
+TUNE_TOKENS = TOKENS  # the table's M buckets
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--tokens", type=int, nargs="+", default=[1, 16, 128, 1024])
+    p.add_argument("--tokens", type=int, nargs="+", default=TOKENS)
     p.add_argument("--cpu-smoke", action="store_true", help="tiny shapes on the CPU (int4 through the interpreter)")
     p.add_argument("--json", metavar="PATH", help="also write the rows here")
+    p.add_argument("--tune", action="store_true", help="CUDA: tune the int4 tiles first and write the tuned table")
+    p.add_argument("--tune-only", action="store_true", help="with --tune: no benchmark afterwards")
+    p.add_argument("--tune-tokens", type=int, nargs="+", default=TUNE_TOKENS, help="the M buckets to tune")
+    p.add_argument(
+        "--tune-budget-s",
+        type=float,
+        default=35.0,
+        help="shared by the shapes; token counts past a shape's share keep the heuristic",
+    )
+    p.add_argument("--table", type=Path, help="the tuned table to write (default: the package's)")
     args = p.parse_args(argv)
+    if args.tune_only and not args.tune:
+        p.error("--tune-only needs --tune")
+    if args.tune and (args.cpu_smoke or not torch.cuda.is_available()):
+        p.error("--tune times Triton kernels: it needs a CUDA device (and no --cpu-smoke)")
     if args.cpu_smoke:
         args.tokens = [1, 16]
     return args
@@ -111,8 +136,15 @@ def run_shape(shape: Shape, tokens: int, device: torch.device, timer, dtype: tor
         timer(lambda: x @ dequantize(layer.qweight, layer.scales, layer.zeros, layer.g_idx, dtype)) * 1e3
     )
     if device.type == "cuda" or _interpreted():
+        from minivllm.quantization import int4_tiles
         from minivllm.quantization.triton_int4 import int4_matmul
+        from minivllm.tuned_tiles import device_facts, lookup
 
+        facts, dtype_name = device_facts(device), str(dtype).removeprefix("torch.")
+        group = shape.k // layer.scales.shape[0]
+        chosen = int4_tiles.choose_tiles(tokens, shape.n, shape.k, group, dtype_name, facts)
+        tuned = lookup(int4_tiles.KERNEL, facts.name, int4_tiles.shape_key(shape.n, shape.k, group, dtype_name), tokens)
+        row["int4_tiles"] = chosen.name + (" tuned" if tuned is not None else "")
         run = lambda: int4_matmul(x, layer.qweight, layer.scales, layer.zeros, layer.g_idx)  # noqa: E731
         row["int4_err"] = rel_err(run(), x.float() @ w4)
         row["int4_ms"] = timer(run) * 1e3
@@ -188,6 +220,57 @@ def print_fp8_quant_table(tokens: list[int], shapes: list[Shape], device: torch.
     return rows
 
 
+def tune(args, device: torch.device) -> None:
+    """Time each shape's int4 candidates at the tune token counts; merge the winners into the table."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/, when run as a script
+    from minivllm.quantization import int4_tiles
+    from minivllm.quantization.triton_int4 import int4_matmul
+    from minivllm.tuned_tiles import device_facts, merge_entries, table_path
+    from tools.gemm_tune import Budget, compile_failures, report_line, time_candidates
+    from tools.gemm_variants import int4_launch_variant
+
+    facts = device_facts(device)
+    table = args.table or table_path(int4_tiles.KERNEL)
+
+    def candidates(shape: Shape, m: int) -> list:
+        return int4_tiles.tune_candidates(m, shape.n, shape.k, facts.arch, facts.num_sms)
+
+    plan = {
+        (shape.name, m, c): [int4_launch_variant(shape, m, c)]
+        for shape in SHAPES
+        for m in args.tune_tokens
+        for c in candidates(shape, m)
+    }
+    failures = compile_failures(plan, facts.arch)
+    for shape in SHAPES:
+        budget = Budget(args.tune_budget_s / len(SHAPES))  # an equal share for each shape
+        gen = torch.Generator().manual_seed(0)
+        layer = int4_layer(shape, device, gen)
+        w4 = dequantize(layer.qweight, layer.scales, layer.zeros, layer.g_idx, torch.float32)  # (K, N)
+        winners = {}
+        for m in args.tune_tokens:
+            if budget.spent():
+                print(f"tune {shape.name} M={m}: budget spent, the heuristic stays")
+                continue
+            x = torch.randn(m, shape.k, generator=gen).to(device, torch.bfloat16)
+            result = time_candidates(
+                shape.name,
+                m,
+                candidates(shape, m),
+                lambda c, x=x, w=(layer.qweight, layer.scales, layer.zeros, layer.g_idx): int4_matmul(x, *w, tiles=c),
+                x.float() @ w4,
+                {c: why for (name, mm, c), why in failures.items() if (name, mm) == (shape.name, m)},
+            )
+            print(report_line(result, candidates(shape, m)[0].name), flush=True)
+            if result.best is not None:
+                winners[m] = result.best.as_dict()
+        del w4
+        if winners:
+            key = int4_tiles.shape_key(shape.n, shape.k, shape.k // layer.scales.shape[0], "bfloat16")
+            merge_entries(table, int4_tiles.KERNEL, facts.name, key, winners)
+            print(f"tune: {len(winners)} buckets of {key} on {facts.name} written to {table}")
+
+
 def _interpreted() -> bool:
     from minivllm.attention.ops._validation import is_interpreted
     from minivllm.quantization.triton_int4 import _int4_matmul_kernel
@@ -206,22 +289,26 @@ def format_row(r: dict) -> str:
         f"| {r['shape']} | {r['tokens']} | {r['bf16_ms']:.4f} | {cell('int4_ms', '.4f')} | {ratio('int4_ms')} "
         f"| {r['int4_torch_ms']:.4f} | {cell('fp8_ms', '.4f')} | {ratio('fp8_ms')} "
         f"| {r['bf16_weight_gbs']:.0f} / {cell('int4_weight_gbs', '.0f')} / {cell('fp8_weight_gbs', '.0f')} "
-        f"| {cell('int4_err', '.1e')} / {cell('fp8_err', '.1e')} |"
+        f"| {cell('int4_err', '.1e')} / {cell('fp8_err', '.1e')} | {r.get('int4_tiles', '-')} |"
     )
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     device = torch.device("cpu" if args.cpu_smoke or not torch.cuda.is_available() else "cuda")
+    if args.tune:
+        tune(args, device)
+        if args.tune_only:
+            return 0
     dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
     timer = kernel_timer(device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     print(f"device={name} dtype={dtype} int4 group={GROUP}; ratios are bf16 time / quantized time")
     print(
         "| weight (K->N) | M | bf16 ms | int4 ms | int4 vs bf16 | int4 torch ms | fp8 ms | fp8 vs bf16 "
-        "| weight GB/s bf16 / int4 / fp8 | err int4 / fp8 |"
+        "| weight GB/s bf16 / int4 / fp8 | err int4 / fp8 | int4 tiles |"
     )
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
     rows = []
     for shape in TINY if args.cpu_smoke else SHAPES:
         for tokens in args.tokens:

@@ -12,7 +12,8 @@
 #   d3  transformers generate vs minivllm on a scaled-down nanovllm workload
 #   d4  benchmarks/attention.py: decode bandwidth at batch 1/64/256, contexts 512-4096, a prefill
 #   d5  benchmarks/profile_decode.py: 10 full-batch decode steps, kernels by group
-#   d6  benchmarks/moe.py and benchmarks/quant_gemm.py: fused MoE, int4 and fp8 GEMMs vs torch
+#   d6  benchmarks/moe.py and benchmarks/quant_gemm.py: fused MoE, int4 and fp8 GEMMs vs torch,
+#       after tuning both kernels' tiles on this GPU (--tune: the tables in minivllm/tuned_tiles/tables)
 #   d7  bench=multimodal at LLaVA-1.5-7B's and Qwen2-VL-2B's shapes (dummy weights, native image
 #       sizes); the tiny LLaVA with CUDA graphs and eager: same text?
 #   (d = d1..d7; --quick: a,b,c,d1,d4 at smaller sizes, under 5 minutes)
@@ -32,7 +33,8 @@
 # GPU_SESSION_PYTEST_ARGS="-n 8" (added to stage b's pytest), GPU_SESSION_WARM=0 (no
 # Triton warm-up run before the timed ones: they warm up each engine themselves),
 # GPU_SESSION_RUNS_D7="llava graphs" (which of llava, qwen2_vl, graphs d7 runs),
-# GPU_SESSION_D7_ARGS="k=v ..." (added to d7's bench runs).
+# GPU_SESSION_D7_ARGS="k=v ..." (added to d7's bench runs), GPU_SESSION_TUNE=0 (d6 without
+# tuning), GPU_SESSION_TUNE_MOE_S / GPU_SESSION_TUNE_INT4_S (d6's tuning budgets, 40 and 25 s).
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -46,7 +48,7 @@ export QUICK=0
 FAIL_STAGES=" ${GPU_SESSION_FAIL_STAGES:-} "
 ALL_STAGES=(a b c d1 d2 d3 d4 d5 d6 d7)
 QUICK_STAGES=(a b c d1 d4)
-declare -A LIMIT=([a]=90 [b]=330 [c]=150 [d1]=440 [d2]=400 [d3]=360 [d4]=150 [d5]=380 [d6]=150 [d7]=240)
+declare -A LIMIT=([a]=90 [b]=330 [c]=150 [d1]=440 [d2]=400 [d3]=360 [d4]=150 [d5]=380 [d6]=220 [d7]=240)
 declare -A QUICK_LIMIT=([a]=40 [b]=90 [c]=60 [d1]=70 [d2]=120 [d3]=90 [d4]=40 [d5]=60 [d6]=60 [d7]=200)
 
 usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; }
@@ -236,6 +238,19 @@ stage_d6() {
   local moe=() quant=(--json "$STAGE_DIR/quant_gemm.json")
   if ((CPU_TRY)); then moe=(--cpu-smoke); quant+=(--cpu-smoke); fi
   if ((QUICK && !CPU_TRY)); then moe+=(--tokens 1 256); quant+=(--tokens 1 128); fi
+  if ((CPU_TRY || QUICK)) || [[ ${GPU_SESSION_TUNE:-1} != 1 ]]; then
+    echo "== tile tuning skipped (CPU try, --quick or GPU_SESSION_TUNE=0): the kernels run the tables as they are"
+  else
+    # Each writes the winners into minivllm/tuned_tiles/tables/ (under this GPU's name); the
+    # benchmarks below then run with them. Copies land in the stage folder, to be committed.
+    echo "== tuning the fused-MoE tiles (budget ${GPU_SESSION_TUNE_MOE_S:-40}s)"
+    timeout --kill-after=10 $((${GPU_SESSION_TUNE_MOE_S:-40} + 30)) "$PYTHON" benchmarks/moe.py --tune --tune-only \
+      --tune-budget-s "${GPU_SESSION_TUNE_MOE_S:-40}" || echo "== MoE tuning: exit $?"
+    echo "== tuning the int4 tiles (budget ${GPU_SESSION_TUNE_INT4_S:-25}s)"
+    timeout --kill-after=10 $((${GPU_SESSION_TUNE_INT4_S:-25} + 30)) "$PYTHON" benchmarks/quant_gemm.py --tune \
+      --tune-only --tune-budget-s "${GPU_SESSION_TUNE_INT4_S:-25}" || echo "== int4 tuning: exit $?"
+    mkdir -p "$STAGE_DIR/tuned_tables" && cp minivllm/tuned_tiles/tables/*.json "$STAGE_DIR/tuned_tables/" 2>/dev/null
+  fi
   echo "== fused MoE"
   "$PYTHON" benchmarks/moe.py "${moe[@]}" --json "$STAGE_DIR/moe.json"
   local rc=$?

@@ -6,7 +6,7 @@ report the registers, shared memory and register spills of each compiled variant
 
 A variant is one launch of a kernel as its wrapper makes it for a benchmark shape on a
 GPU of the architecture: the wrapper's own functions choose the tiles, warps and splits
-(``tile_config`` with that compute capability, ``default_num_splits``, ``default_block``,
+(``tile_config`` with that compute capability, ``default_num_splits``, the GEMMs' ``heuristic_tiles``,
 ``launch_constexprs``, ...), and the arguments (stand-in tensors of the right dtype and
 shape, integers and floats of the benchmark's sizes) go through Triton's own launch-time
 specialization, so the compiled kernel is the one a launch on the GPU would compile
@@ -414,106 +414,6 @@ def _benchmark_module(name: str):
     return sys.modules[module_name]
 
 
-def fused_moe_variants(tokens: tuple[int, ...] = (1, 1024)) -> list[Variant]:
-    """Both grouped GEMMs of ``triton_fused_experts`` at benchmarks/moe.py's shapes, bf16,
-    with the blocks ``default_block`` picks for ``tokens`` (a decode step, a prefill chunk)."""
-    from minivllm.layers.fused_moe import triton_experts as te
-
-    out = []
-    for shape in _benchmark_module("moe").SHAPES:
-        E, k, H, I = shape.experts, shape.top_k, shape.hidden, shape.intermediate
-        for t in tokens:
-            block_m, block_n, block_k = te.default_block(t * k, E)
-            max_padded = triton.cdiv(t * k + E * (block_m - 1), block_m) * block_m
-            routing = dict(
-                weights_ptr=Tensor(torch.float32, t * k),
-                sorted_ids_ptr=Tensor(torch.int32, max_padded),
-                block_experts_ptr=Tensor(torch.int32, max_padded // block_m),
-                num_padded_ptr=Tensor(torch.int32, 1),
-            )
-            hidden, act = Tensor(torch.bfloat16, t, H), Tensor(torch.bfloat16, t * k, I)
-            w13, w2 = Tensor(torch.bfloat16, E, 2 * I, H), Tensor(torch.bfloat16, E, H, I)
-            gemms = (
-                ("gate_up", hidden, w13, Tensor(torch.bfloat16, t * k, 2 * I), k, False),
-                ("down", act, w2, Tensor(torch.bfloat16, t * k, H), 1, True),
-            )
-            for name, a, w, c, a_rows_per_row, mul_weight in gemms:
-                out.append(
-                    Variant(
-                        te._grouped_gemm_kernel,
-                        f"{shape.name} {name} T={t}",
-                        dict(
-                            a_ptr=a,
-                            w_ptr=w,
-                            c_ptr=c,
-                            **routing,
-                            N=w.shape[1],
-                            K=w.shape[2],
-                            num_valid=c.shape[0],
-                            stride_am=a.stride(0),
-                            stride_ak=a.stride(1),
-                            stride_we=w.stride(0),
-                            stride_wn=w.stride(1),
-                            stride_wk=w.stride(2),
-                            stride_cm=c.stride(0),
-                            stride_cn=c.stride(1),
-                            A_ROWS_PER_ROW=a_rows_per_row,
-                            MUL_WEIGHT=mul_weight,
-                            FP32_DOT=False,
-                            BLOCK_M=block_m,
-                            BLOCK_N=block_n,
-                            BLOCK_K=block_k,
-                        ),
-                    )
-                )
-    return out
-
-
-def int4_variants(tokens: tuple[int, ...] = (1, 128)) -> list[Variant]:
-    """``int4_matmul`` with its default blocks, bf16, at benchmarks/quant_gemm.py's first shape."""
-    import inspect
-
-    from minivllm.quantization import triton_int4
-
-    defaults = {
-        k: p.default for k, p in inspect.signature(triton_int4.int4_matmul).parameters.items() if k.startswith("block_")
-    }
-    shape, group = _benchmark_module("quant_gemm").SHAPES[0], 128
-    out = []
-    for m in tokens:
-        x, o = Tensor(torch.bfloat16, m, shape.k), Tensor(torch.bfloat16, m, shape.n)
-        qweight = Tensor(torch.int32, shape.k // 8, shape.n)
-        groups = shape.k // group
-        scales, zeros = Tensor(torch.bfloat16, groups, shape.n), Tensor(torch.uint8, groups, shape.n)
-        out.append(
-            Variant(
-                triton_int4._int4_matmul_kernel,
-                f"{shape.name} M={m} group {group}",
-                dict(
-                    x_ptr=x,
-                    qw_ptr=qweight,
-                    scales_ptr=scales,
-                    zeros_ptr=zeros,
-                    gidx_ptr=Tensor(torch.int32, shape.k),
-                    out_ptr=o,
-                    M=m,
-                    N=shape.n,
-                    K=shape.k,
-                    stride_xm=x.stride(0),
-                    stride_qk=qweight.stride(0),
-                    stride_sg=scales.stride(0),
-                    stride_zg=zeros.stride(0),
-                    stride_om=o.stride(0),
-                    BLOCK_M=defaults["block_m"],
-                    BLOCK_N=defaults["block_n"],
-                    BLOCK_K=defaults["block_k"],
-                    FP32_DOT=False,
-                ),
-            )
-        )
-    return out
-
-
 def lora_variants(rank: int = 16, slots: int = 8, tokens: int = 256) -> list[Variant]:
     """``lora_shrink_expand`` on Qwen3-0.6B's q_proj (benchmarks/lora.py's rank 16): shrink
     bf16 x into the fp32 buffer, expand the buffer into a column slice of the bf16 qkv output."""
@@ -593,14 +493,10 @@ def fp8_quant_variants() -> list[Variant]:
 
 def all_variants(arch: int) -> list[Variant]:
     """Every kernel's launches on a GPU of ``arch`` (the wrappers' choices may depend on it)."""
-    return (
-        attention_variants(arch)
-        + layer_op_variants()
-        + fused_moe_variants()
-        + int4_variants()
-        + lora_variants()
-        + fp8_quant_variants()
-    )
+    from tools.gemm_variants import fused_moe_variants, int4_variants  # they build on this module's stand-ins
+
+    gemms = fused_moe_variants(arch) + int4_variants(arch)
+    return attention_variants(arch) + layer_op_variants() + gemms + lora_variants() + fp8_quant_variants()
 
 
 # --------------------------------------------------------------------------------------------

@@ -5,6 +5,11 @@ BLOCK_K input rows and BLOCK_N output columns it loads the packed int32 words
 (eight rows per word), shifts out each row's nibble, looks up the row's group
 (``g_idx``) for its scale and zero, and multiplies the dequantized tile with the
 matching tile of ``x``. The full-precision weight never exists in memory.
+
+With ``SPLIT_K`` > 1 a third grid axis splits K: program (m, n, s) sums the K steps
+of split s into its own fp32 partial ``out[s]`` (SPLIT_K, M, N), and the wrapper adds
+the partials in fp32 before the one rounding to x's dtype. The tiles come from
+``int4_tiles.py`` (a heuristic by shape, or the tuned table for the device).
 """
 
 from __future__ import annotations
@@ -14,6 +19,8 @@ import triton
 import triton.language as tl
 
 from minivllm.attention.ops._validation import SUPPORTED_DTYPES, check_launchable, check_tensor, require
+from minivllm.quantization.int4_tiles import Int4Tiles, choose_tiles
+from minivllm.tuned_tiles import device_facts
 
 
 @triton.jit
@@ -32,19 +39,27 @@ def _int4_matmul_kernel(
     stride_sg,
     stride_zg,
     stride_om,
+    stride_os,
+    k_per_split,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    SPLIT_K: tl.constexpr,
     FP32_DOT: tl.constexpr,
 ):
     pid_m, pid_n = tl.program_id(0), tl.program_id(1)
+    if SPLIT_K == 1:
+        k_start, k_end = 0, K
+    else:
+        k_start = tl.program_id(2) * k_per_split
+        k_end = tl.minimum(k_start + k_per_split, K)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_m, mask_n = offs_m < M, offs_n < N
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    for k0 in range(k_start, k_end, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
-        mask_k = offs_k < K
+        mask_k = offs_k < k_end
         x = tl.load(
             x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :], mask=mask_m[:, None] & mask_k[None, :], other=0.0
         )  # (BM, BK)
@@ -59,6 +74,8 @@ def _int4_matmul_kernel(
             acc += tl.dot(x.to(tl.float32), w, input_precision="ieee")
         else:
             acc += tl.dot(x, w.to(x.dtype))
+    if SPLIT_K > 1:
+        out_ptr += tl.program_id(2) * stride_os  # this split's fp32 partial
     out = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :]
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
 
@@ -69,12 +86,54 @@ def int4_matmul(
     scales: torch.Tensor,
     zeros: torch.Tensor,
     g_idx: torch.Tensor,
-    block_m: int = 16,
-    block_n: int = 32,
-    block_k: int = 32,
+    tiles: Int4Tiles | None = None,
 ) -> torch.Tensor:
     """x (M, K) @ W -> (M, N) in x's dtype; W given as qweight (K/8, N) int32, scales (G, N),
-    zeros (G, N) uint8 and g_idx (K,) int32 (the layout of ``int4.py``)."""
+    zeros (G, N) uint8 and g_idx (K,) int32 (the layout of ``int4.py``). ``tiles`` None: the
+    tuned table's config for this device and shape, else the heuristic's (``int4_tiles.py``)."""
+    device = x.device
+    _check_inputs(x, qweight, scales, zeros, g_idx)
+    m, k = x.shape
+    n = qweight.shape[1]
+    dtype_name = str(x.dtype).removeprefix("torch.")
+    tiles = tiles or choose_tiles(m, n, k, k // scales.shape[0], dtype_name, device_facts(device))
+    splits = tiles.splits(k)
+    if splits == 1:
+        out = partials = torch.empty(m, n, dtype=x.dtype, device=device)
+    else:
+        partials = torch.empty(splits, m, n, dtype=torch.float32, device=device)  # (S, M, N)
+    grid = (triton.cdiv(m, tiles.block_m), triton.cdiv(n, tiles.block_n), splits)
+    _int4_matmul_kernel[grid](
+        x,
+        qweight,
+        scales,
+        zeros,
+        g_idx,
+        partials,
+        m,
+        n,
+        k,
+        x.stride(0),
+        qweight.stride(0),
+        scales.stride(0),
+        zeros.stride(0),
+        n,
+        m * n,
+        tiles.k_per_split(k),
+        BLOCK_M=tiles.block_m,
+        BLOCK_N=tiles.block_n,
+        BLOCK_K=tiles.block_k,
+        SPLIT_K=splits,
+        FP32_DOT=device.type != "cuda" or x.dtype == torch.float32,
+        num_warps=tiles.num_warps,
+        num_stages=tiles.num_stages,
+    )
+    if splits > 1:
+        out = partials.sum(dim=0).to(x.dtype)  # the fp32 partials added in fp32, rounded once
+    return out
+
+
+def _check_inputs(x, qweight, scales, zeros, g_idx) -> None:
     device = x.device
     for t, name, dims in (
         (x, "x", 2),
@@ -101,29 +160,3 @@ def int4_matmul(
         g_idx.dtype == torch.int32 and g_idx.shape[0] == k,
         f"g_idx must be int32 ({k},), got {g_idx.dtype} {tuple(g_idx.shape)}",
     )
-    require(
-        block_k % 8 == 0 and min(block_m, block_n, block_k) >= 16, "blocks must be >= 16 and block_k a multiple of 8"
-    )
-    out = torch.empty(m, n, dtype=x.dtype, device=device)
-    grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
-    _int4_matmul_kernel[grid](
-        x,
-        qweight,
-        scales,
-        zeros,
-        g_idx,
-        out,
-        m,
-        n,
-        k,
-        x.stride(0),
-        qweight.stride(0),
-        scales.stride(0),
-        zeros.stride(0),
-        out.stride(0),
-        BLOCK_M=block_m,
-        BLOCK_N=block_n,
-        BLOCK_K=block_k,
-        FP32_DOT=device.type != "cuda" or x.dtype == torch.float32,
-    )
-    return out

@@ -146,13 +146,13 @@ def _kernel_tables(m: dict[str, Any]) -> list[str]:
             f"Fused MoE (`benchmarks/moe.py`), {moe.get('dtype')}: the Triton kernel against the torch loop "
             "over experts.",
             "",
-            "| layer | tokens | torch ms | triton ms | speedup | weight GB/s | max err |",
-            "| --- | --- | --- | --- | --- | --- | --- |",
+            "| layer | tokens | torch ms | triton ms | speedup | weight GB/s | max err | tiles |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- |",
         ]
         out += [
             f"| {r['shape']} | {r['tokens']} | {_f(r['torch_ms'], '.3f')} | {_f(r.get('triton_ms'), '.3f')} | "
             f"{_f(r['torch_ms'] / r['triton_ms'] if r.get('triton_ms') else None, '.2f')}x | "
-            f"{_f(r['weight_gbs'])} | {_f(r.get('max_err'), '.1e')} |"
+            f"{_f(r['weight_gbs'])} | {_f(r.get('max_err'), '.1e')} | {r.get('tiles', '-')} |"
             for r in moe["rows"]
         ]
     quant = m.get("quant_gemm") or {}
@@ -162,14 +162,15 @@ def _kernel_tables(m: dict[str, Any]) -> list[str]:
             f"Quantized GEMMs (`benchmarks/quant_gemm.py`), int4 group {quant.get('group')}: time against "
             "bf16 `F.linear` (a ratio above 1 is faster than bf16).",
             "",
-            "| weight | M | bf16 ms | int4 ms (vs bf16) | int4 torch ref ms | fp8 ms (vs bf16) | err int4 / fp8 |",
-            "| --- | --- | --- | --- | --- | --- | --- |",
+            "| weight | M | bf16 ms | int4 ms (vs bf16) | int4 torch ref ms | fp8 ms (vs bf16) | err int4 / fp8 "
+            "| int4 tiles |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- |",
         ]
         for r in quant["rows"]:
             out.append(
                 f"| {r['shape']} | {r['tokens']} | {_f(r['bf16_ms'], '.4f')} | {_against_bf16(r, 'int4_ms')} | "
                 f"{_f(r['int4_torch_ms'], '.4f')} | {_against_bf16(r, 'fp8_ms')} | "
-                f"{_f(r.get('int4_err'), '.1e')} / {_f(r.get('fp8_err'), '.1e')} |"
+                f"{_f(r.get('int4_err'), '.1e')} / {_f(r.get('fp8_err'), '.1e')} | {r.get('int4_tiles', '-')} |"
             )
     return out + _fp8_quant_table(quant)
 

@@ -22,7 +22,9 @@ import triton.language as tl
 
 from minivllm.attention.ops._validation import SUPPORTED_DTYPES, check_launchable, check_tensor, require
 from minivllm.layers.fused_moe.align import AlignedRouting, align_by_expert
+from minivllm.layers.fused_moe.tiles import MoeTiles, choose_tiles
 from minivllm.layers.fused_moe.torch_experts import silu_and_mul
+from minivllm.tuned_tiles import device_facts
 
 
 @triton.jit
@@ -50,10 +52,18 @@ def _grouped_gemm_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,  # row blocks swizzled together: they share their columns of W in L2
 ):
     pid = tl.program_id(0)
     num_n_blocks = tl.cdiv(N, BLOCK_N)
-    pid_m, pid_n = pid // num_n_blocks, pid % num_n_blocks
+    if GROUP_M == 1:
+        pid_m, pid_n = pid // num_n_blocks, pid % num_n_blocks
+    else:
+        num_m_blocks = tl.num_programs(0) // num_n_blocks
+        group, in_group = pid // (GROUP_M * num_n_blocks), pid % (GROUP_M * num_n_blocks)
+        first_m = group * GROUP_M
+        group_size = tl.minimum(num_m_blocks - first_m, GROUP_M)
+        pid_m, pid_n = first_m + in_group % group_size, in_group // group_size
     expert = tl.load(block_experts_ptr + pid_m)
     if pid_m * BLOCK_M >= tl.load(num_padded_ptr) or expert < 0:
         return
@@ -90,11 +100,10 @@ def _grouped_gemm(
     weights: torch.Tensor,
     a_rows_per_row: int,
     mul_weight: bool,
-    block: tuple[int, int, int],
+    tiles: MoeTiles,
 ) -> None:
     """out[rows] = a[rows // a_rows_per_row] @ w[expert]^T (times the routing weight when asked)."""
-    block_m, block_n, block_k = block
-    num_n = triton.cdiv(w.shape[1], block_n)
+    num_n = triton.cdiv(w.shape[1], tiles.block_n)
     grid = (routing.block_experts.numel() * num_n,)
     _grouped_gemm_kernel[grid](
         a,
@@ -117,16 +126,13 @@ def _grouped_gemm(
         A_ROWS_PER_ROW=a_rows_per_row,
         MUL_WEIGHT=mul_weight,
         FP32_DOT=a.dtype == torch.float32,
-        BLOCK_M=block_m,
-        BLOCK_N=block_n,
-        BLOCK_K=block_k,
+        BLOCK_M=tiles.block_m,
+        BLOCK_N=tiles.block_n,
+        BLOCK_K=tiles.block_k,
+        GROUP_M=tiles.group_m,
+        num_warps=tiles.num_warps,
+        num_stages=tiles.num_stages,
     )
-
-
-def default_block(num_pairs: int, num_experts: int) -> tuple[int, int, int]:
-    """(BLOCK_M, BLOCK_N, BLOCK_K): small row blocks when few pairs reach each expert (decode)."""
-    block_m = 16 if num_pairs <= 2 * num_experts * 16 else 64
-    return block_m, 64, 32
 
 
 def triton_fused_experts(
@@ -135,20 +141,21 @@ def triton_fused_experts(
     w2: torch.Tensor,
     topk_weights: torch.Tensor,
     topk_ids: torch.Tensor,
-    block: tuple[int, int, int] | None = None,
+    tiles: MoeTiles | None = None,
 ) -> torch.Tensor:
-    """The Triton version of ``torch_fused_experts`` (same arguments, same result)."""
+    """The Triton version of ``torch_fused_experts`` (same arguments, same result); ``tiles``
+    None: the tuned table's config for this device and shape, else the heuristic's (tiles.py)."""
     _check_inputs(hidden, w13, w2, topk_weights, topk_ids)
     T, k = topk_ids.shape
     E, two_i, H = w13.shape
-    block = block or default_block(T * k, E)
-    routing = align_by_expert(topk_ids, E, block[0])
+    tiles = tiles or choose_tiles(T, E, two_i, H, k, hidden.dtype, device_facts(hidden.device))
+    routing = align_by_expert(topk_ids, E, tiles.block_m)
     weights = topk_weights.to(torch.float32).contiguous().flatten()  # (T*k,)
     gate_up = torch.empty(T * k, two_i, dtype=hidden.dtype, device=hidden.device)
-    _grouped_gemm(hidden, w13, gate_up, routing, weights, k, False, block)
+    _grouped_gemm(hidden, w13, gate_up, routing, weights, k, False, tiles)
     act = silu_and_mul(gate_up)  # (T*k, I)
     down = torch.zeros(T * k, H, dtype=hidden.dtype, device=hidden.device)
-    _grouped_gemm(act, w2, down, routing, weights, 1, True, block)
+    _grouped_gemm(act, w2, down, routing, weights, 1, True, tiles)
     return down.view(T, k, H).sum(dim=1)
 
 

@@ -1,0 +1,139 @@
+"""Tile configs of the int4 dequantize-GEMM: a heuristic by shape, overridden by the tuned table.
+
+The heuristic by M (the tokens of the call), for y (M, N) = x (M, K) @ W (K, N):
+
+=======  ==================================================================================
+M        tiles (BLOCK_M x BLOCK_N x BLOCK_K, warps) and why
+=======  ==================================================================================
+<= 16    16 x 64 x 64, 4: decode reads the packed weight once; the product is bandwidth
+         bound, so what matters is enough programs in flight. Output tiles alone are too
+         few when N is small (N=4096: 64 tiles on 132 SMs), so K is split until there are
+         two programs per SM (each split keeps >= 4 K steps); the fp32 partial sums are
+         added in fp32 (``Int4Tiles.split_k``).
+<= 64    32 or 64 x 64 x 64, 4, split-K as above
+<= 256   64 x 128 x 64, 4; K split only up to one program per SM (the fp32 partials'
+         traffic grows with M)
+> 256    128 x 128 x 64, 8, split as the row above: compute bound; each weight tile is
+         dequantized once per 128 rows instead of once per 16
+=======  ==================================================================================
+
+Pipelining depth: 4 stages on sm_90, 3 below. The tuned table
+(``minivllm/tuned_tiles/tables/int4_gemm.json``, keyed by device name and ``shape_key``)
+replaces the heuristic for the device it was measured on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import asdict, dataclass
+
+import triton
+
+from minivllm.tuned_tiles import DeviceFacts, lookup
+
+KERNEL = "int4_gemm"
+MAX_SPLIT = 16
+
+
+@dataclass(frozen=True)
+class Int4Tiles:
+    block_m: int
+    block_n: int
+    block_k: int
+    split_k: int = 1
+    """Programs along K, each summing its share of K steps into an fp32 partial (1: none)."""
+    num_warps: int = 4
+    num_stages: int = 3
+
+    def __post_init__(self) -> None:
+        for name in ("block_m", "block_n", "block_k"):
+            value = getattr(self, name)
+            if value < 16 or value & (value - 1):
+                raise ValueError(f"Int4Tiles.{name} must be a power of two >= 16, got {value}")
+        if not 1 <= self.split_k <= MAX_SPLIT or self.num_warps not in (1, 2, 4, 8, 16) or self.num_stages < 1:
+            raise ValueError(f"Int4Tiles: split_k in 1..{MAX_SPLIT}, num_warps a power of two, stages >= 1: {self}")
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+    @property
+    def name(self) -> str:
+        return f"{self.block_m}x{self.block_n}x{self.block_k} split{self.split_k} w{self.num_warps} s{self.num_stages}"
+
+    def k_per_split(self, k: int) -> int:
+        """Input rows of one split: a whole number of BLOCK_K steps."""
+        return triton.cdiv(triton.cdiv(k, self.split_k), self.block_k) * self.block_k
+
+    def splits(self, k: int) -> int:
+        """Splits that get any rows (split_k rounded so none is empty)."""
+        return triton.cdiv(k, self.k_per_split(k))
+
+
+def default_split(
+    m: int, n: int, k: int, block_m: int, block_n: int, block_k: int, num_sms: int, per_sm: int = 2
+) -> int:
+    """Double the splits of K while the grid is under ``per_sm`` programs per SM and each
+    split keeps at least four BLOCK_K steps."""
+    tiles = triton.cdiv(m, block_m) * triton.cdiv(n, block_n)
+    split = 1
+    while split < MAX_SPLIT and tiles * split < per_sm * num_sms and k // (2 * split) >= 4 * block_k:
+        split *= 2
+    return split
+
+
+def heuristic_tiles(m: int, n: int, k: int, arch: int | None, num_sms: int) -> Int4Tiles:
+    """The default config for an (M, K) x (K, N) product on sm_``arch`` with ``num_sms`` SMs."""
+    stages = 4 if (arch or 0) >= 90 else 3
+    if m <= 16:
+        bm, bn, bk, warps = 16, 64, 64, 4  # 16 x 64 x 128 spills on sm_80 (a tuning candidate on sm_90)
+    elif m <= 64:
+        bm, bn, bk, warps = (32 if m <= 32 else 64), 64, 64, 4
+    else:
+        bm, bn, bk, warps = (64, 128, 64, 4) if m <= 256 else (128, 128, 64, 8)
+        return Int4Tiles(bm, bn, bk, default_split(m, n, k, bm, bn, bk, num_sms, per_sm=1), warps, stages)
+    return Int4Tiles(bm, bn, bk, default_split(m, n, k, bm, bn, bk, num_sms), warps, stages)
+
+
+def shape_key(n: int, k: int, group_size: int, dtype_name: str) -> str:
+    """The tuned table's key of a weight: K inputs, N outputs, quantization group, activations' dtype."""
+    return f"N={n},K={k},group={group_size},{dtype_name}"
+
+
+def choose_tiles(m: int, n: int, k: int, group_size: int, dtype_name: str, device: DeviceFacts) -> Int4Tiles:
+    """The tuned config of this device and weight nearest to ``m``, else the heuristic's."""
+    tuned = lookup(KERNEL, device.name, shape_key(n, k, group_size, dtype_name), m)
+    if tuned is not None:
+        return Int4Tiles(**tuned)
+    return heuristic_tiles(m, n, k, device.arch, device.num_sms)
+
+
+def tune_candidates(m: int, n: int, k: int, arch: int | None, num_sms: int) -> list[Int4Tiles]:
+    """The small set ``benchmarks/quant_gemm.py --tune`` times at one M (at most 5): the
+    heuristic's pick and neighbours in tile width, depth and split. Deeper (BLOCK_K 128) and
+    wider (BLOCK_N 256) tiles only on sm_90: they spill on sm_80."""
+    base = heuristic_tiles(m, n, k, arch, num_sms)
+    s, sm90 = base.num_stages, (arch or 0) >= 90
+
+    def split(bm: int, bn: int, bk: int, per_sm: int = 2) -> int:
+        return default_split(m, n, k, bm, bn, bk, num_sms, per_sm)
+
+    if m <= 64:
+        bm = base.block_m
+        out = [
+            base,
+            Int4Tiles(bm, 32, 128, split(bm, 32, 128), 4, s),
+            Int4Tiles(bm, 128, 64, split(bm, 128, 64), 4, s),
+            Int4Tiles(bm, 64, 64, max(1, base.split_k // 2), 4, s),
+            Int4Tiles(bm, 64, 128, split(bm, 64, 128), 4, s) if sm90 else Int4Tiles(bm, 64, 64, base.split_k, 8, s),
+        ]
+    elif m <= 256:
+        out = [
+            base,
+            dataclasses.replace(base, split_k=1),
+            Int4Tiles(64, 64, 64, split(64, 64, 64, 1), 4, s),
+            Int4Tiles(128, 128, 64, split(128, 128, 64, 1), 8, s),
+        ]
+    else:
+        wide = Int4Tiles(128, 256, 64, 1, 8, 3) if sm90 else Int4Tiles(128, 128, 32, 1, 8, 4)
+        out = [base, Int4Tiles(128, 64, 64, split(128, 64, 64, 1), 4, s), Int4Tiles(64, 128, 64, 1, 4, s), wide]
+    return list(dict.fromkeys(out))

@@ -1,0 +1,97 @@
+"""The fused-MoE kernel's tile configs: each family (and the GROUP_M swizzle) against the torch
+loop over experts (interpreter on the CPU), and the heuristic's rules."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from minivllm.layers.fused_moe import route, torch_fused_experts
+from minivllm.layers.fused_moe.tiles import MoeTiles, heuristic_tiles, tune_candidates
+from minivllm.layers.fused_moe.triton_experts import triton_fused_experts
+
+DEVICES = [
+    pytest.param(
+        "cpu",
+        marks=pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="CPU runs need TRITON_INTERPRET=1"),
+    ),
+    pytest.param(
+        "cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+    ),
+]
+
+# (tokens, experts, top_k, hidden, intermediate, tiles): every family the heuristic has, at tiny sizes
+CASES = [
+    (3, 8, 2, 48, 40, MoeTiles(16, 64, 128)),  # decode: a K step wider than K
+    # 20 row blocks with work (of 21): swizzle groups of 8, 8 and a tail of 5, 4 of them with work
+    (150, 2, 2, 32, 24, MoeTiles(16, 32, 32, group_m=8)),
+    (50, 4, 2, 32, 48, MoeTiles(32, 64, 64, group_m=8)),
+    (90, 4, 2, 40, 72, MoeTiles(64, 128, 64, group_m=8)),  # N = 144 and 40: masked column tails
+    (300, 2, 2, 32, 16, MoeTiles(128, 128, 64, group_m=8, num_warps=8)),
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("T, E, k, H, I, tiles", CASES, ids=lambda v: getattr(v, "name", str(v)))
+def test_every_tile_family_matches_the_torch_loop(device, T, E, k, H, I, tiles):
+    gen = torch.Generator().manual_seed(T)
+    hidden = torch.randn(T, H, generator=gen)
+    w13 = torch.randn(E, 2 * I, H, generator=gen) / H**0.5
+    w2 = torch.randn(E, H, I, generator=gen) / I**0.5
+    weights, ids = route(torch.randn(T, E, generator=gen) * 3, k, renormalize=True)
+    expected = torch_fused_experts(hidden, w13, w2, weights, ids)
+    actual = triton_fused_experts(*(t.to(device) for t in (hidden, w13, w2, weights, ids)), tiles=tiles).cpu()
+    torch.testing.assert_close(actual, expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("tokens", [1, 64, 1024])
+def test_heuristic_tiles_in_bf16_on_cuda(tokens):
+    """The compiled bf16 path (tensor-core dots) with the heuristic's pick, against the fp32 loop."""
+    gen = torch.Generator().manual_seed(tokens)
+    E, k, H, I = 8, 2, 256, 512
+    hidden = torch.randn(tokens, H, generator=gen)
+    w13, w2 = torch.randn(E, 2 * I, H, generator=gen) / H**0.5, torch.randn(E, H, I, generator=gen) / I**0.5
+    weights, ids = route(torch.randn(tokens, E, generator=gen), k, renormalize=True)
+    expected = torch_fused_experts(hidden, w13, w2, weights, ids)
+    bf16 = [
+        t.cuda().to(torch.bfloat16) if t.is_floating_point() and t is not weights else t.cuda()
+        for t in (hidden, w13, w2, weights, ids)
+    ]
+    actual = triton_fused_experts(*bf16).float().cpu()
+    assert (actual - expected).abs().max() <= 3e-2 * expected.abs().max()
+
+
+SHAPES = [(128, 8), (8, 2)]  # (experts, top_k): Qwen3-30B-A3B and Mixtral-8x7B
+
+
+@pytest.mark.parametrize("E, k", SHAPES)
+def test_row_blocks_follow_the_rows_each_expert_gets(E, k):
+    tokens = [1, 8, 64, 256, 1024, 4096, 16384]
+    for arch in (80, 90):
+        picks = [heuristic_tiles(t, E, k, arch) for t in tokens]
+        assert [p.block_m for p in picks] == sorted(p.block_m for p in picks)  # never smaller for more tokens
+        for t, p in zip(tokens, picks):
+            rows = t * k / E
+            assert p.block_m <= max(16, 2 * rows)  # padding stays under half a block per expert
+            assert p.num_stages == (4 if arch >= 90 else 3)
+            assert (p.group_m == 1) == (rows <= 16)  # no swizzle at decode: one row block per expert
+        assert picks[-1].block_m * picks[-1].block_n >= 8 * picks[0].block_m * picks[0].block_n
+
+
+def test_tune_candidates_are_few_and_start_with_the_heuristic():
+    for t in (1, 64, 256, 1024, 4096):
+        for E, k in SHAPES:
+            found = tune_candidates(t, E, k, 90)
+            assert found[0] == heuristic_tiles(t, E, k, 90) and 2 <= len(found) <= 6
+            assert len({c.block_m for c in found}) <= 3  # row blocks near the heuristic's
+
+
+def test_bad_tiles_are_refused_naming_the_field():
+    with pytest.raises(ValueError, match="MoeTiles.block_m must be a power of two >= 16"):
+        MoeTiles(24, 64, 64)
+    with pytest.raises(ValueError, match="num_warps a power of two"):
+        MoeTiles(16, 64, 64, num_warps=3)
