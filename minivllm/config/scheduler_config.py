@@ -1,8 +1,9 @@
 """The ``scheduler`` group: what one engine step may hold (requests, tokens, encoder
 outputs) and in which order waiting requests run.
 
-Every budget is a count of at least 1; the encoder budgets default (null) to the
-step's token budget.
+Every budget is a count of at least 1. The two batch limits default (null) to the
+device's (``scheduler_defaults.py``; ``VllmConfig`` resolves them, so every reader
+sees ints); the encoder budgets default to the step's token budget.
 """
 
 from __future__ import annotations
@@ -19,10 +20,11 @@ SCHEDULER_POLICIES = ("fcfs", "priority")
 class SchedulerConfig:
     """What one engine step may hold: requests, tokens and their order."""
 
-    max_num_seqs: int = 64
-    """Most requests running at once."""
-    max_num_batched_tokens: int = 2048
-    """Token budget of one engine step (prefill chunks + decode tokens)."""
+    max_num_seqs: Optional[int] = None
+    """Most requests running at once (null: the device's default, 64 on the CPU, 256 on CUDA)."""
+    max_num_batched_tokens: Optional[int] = None
+    """Token budget of one engine step, prefill chunks + decode tokens (null: the device's default, 2048 on the
+    CPU; on CUDA 8192, or 2048 for task=serve)."""
     enable_chunked_prefill: bool = True
     """Split prompts longer than the remaining budget across steps."""
     policy: str = "fcfs"
@@ -37,10 +39,8 @@ class SchedulerConfig:
     """Multimodal models: encoder outputs held between steps, in tokens; null: max_num_batched_tokens."""
 
     def __post_init__(self) -> None:
-        check_range("scheduler.max_num_seqs", self.max_num_seqs, low=1)
-        for key in ("max_num_encoder_input_tokens", "encoder_cache_size"):
+        for key in ("max_num_seqs", "max_num_batched_tokens", "max_num_encoder_input_tokens", "encoder_cache_size"):
             if getattr(self, key) is not None:
                 check_range(f"scheduler.{key}", getattr(self, key), low=1)
-        check_range("scheduler.max_num_batched_tokens", self.max_num_batched_tokens, low=1)
         check_choice("scheduler.policy", self.policy, SCHEDULER_POLICIES)
         check_range("scheduler.log_stats_interval", self.log_stats_interval, low=0.0)

@@ -46,6 +46,7 @@ from minivllm.config.resolve import (
     resolve_torch_compile,
 )
 from minivllm.config.rope import check_rope_types, choose_longrope_factors
+from minivllm.config.scheduler_defaults import resolve_batch_limits
 from minivllm.config.schema import (
     AttentionConfig,
     CacheConfig,
@@ -141,6 +142,10 @@ class VllmConfig:
         check_expert_parallel(self.parallel.tp, self.parallel.enable_expert_parallel, self.hf_config)
         if not self.attention.backend:
             self.attention.backend = {"_target_": attention_target(self.attention.name, self.device_type)}
+        self.scheduler, self.defaulted_scheduler_keys = resolve_batch_limits(
+            self.scheduler, self.device_type, self.task.name
+        )
+        """The batch limits hold ints from here on; ``defaulted_scheduler_keys`` names those that were null."""
         self._check_scheduler()
         self._check_lora()
         self._check_pooling()
@@ -198,8 +203,10 @@ class VllmConfig:
     def _check_scheduler(self) -> None:
         sched = self.scheduler
         if not sched.enable_chunked_prefill and sched.max_num_batched_tokens < self.max_model_len:
+            key = "scheduler.max_num_batched_tokens"
+            origin = f" (null: the {self.device_type} default)" if key in self.defaulted_scheduler_keys else ""
             raise ValueError(
-                f"scheduler.max_num_batched_tokens={sched.max_num_batched_tokens} is smaller than "
+                f"{key}={sched.max_num_batched_tokens}{origin} is smaller than "
                 f"max_model_len={self.max_model_len} with chunked prefill off: a long prompt could never be "
                 f"scheduled; raise it, lower model.max_model_len, or set scheduler.enable_chunked_prefill=true"
             )

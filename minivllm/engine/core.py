@@ -75,6 +75,13 @@ class EngineCore:
             self.cfg.max_model_len,
             spec.num_blocks / per_request,
         )
+        sched, defaulted = self.cfg.scheduler, self.cfg.defaulted_scheduler_keys
+        logger.info(
+            "Scheduler: up to %d requests and %d tokens a step (max_num_seqs, max_num_batched_tokens)%s",
+            sched.max_num_seqs,
+            sched.max_num_batched_tokens,
+            f"; {', '.join(defaulted)} null: the {self.cfg.device_type} default" if defaulted else "",
+        )
 
     @property
     def num_blocks(self) -> int:
