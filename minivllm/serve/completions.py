@@ -73,8 +73,6 @@ def _check_prompts(
 
 
 def _check_unsupported(body: CompletionRequest) -> None:
-    if body.suffix:
-        raise BadRequest("suffix", "suffix: not supported")
     if body.best_of is not None and body.best_of != body.n:
         raise BadRequest("best_of", f"best_of={body.best_of}: only best_of == n is supported")
     if body.stream_options is not None and not body.stream:

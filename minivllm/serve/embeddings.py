@@ -25,10 +25,11 @@ from minivllm.serve.limits import admit, check_text_length, prompt_texts
 from minivllm.serve.params import BadRequest, bad_request, refuse_unknown_fields
 from minivllm.serve.protocol import Int, OpenAIModel, OpenAIResponse, UsageInfo
 from minivllm.serve.protocol.ranges import int_in
+from minivllm.serve.protocol.unimplemented import EMBEDDINGS, with_unimplemented
 from minivllm.serve.state import ServerState
 
 
-class EmbeddingRequest(OpenAIModel):
+class _EmbeddingRequest(OpenAIModel):
     model: Optional[str] = None
     input: Union[str, list[str], list[Int], list[list[Int]]]
     encoding_format: Literal["float", "base64"] = "float"
@@ -39,6 +40,9 @@ class EmbeddingRequest(OpenAIModel):
     add_special_tokens: bool = True
     normalize: Optional[bool] = None
     priority: Int = 0
+
+
+EmbeddingRequest = with_unimplemented(_EmbeddingRequest, EMBEDDINGS)
 
 
 class EmbeddingData(BaseModel):

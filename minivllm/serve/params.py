@@ -4,8 +4,10 @@ Every request field whose name is a ``SamplingParams`` field is passed on
 (type-checked against the dataclass's annotation), so new sampling fields work
 over HTTP as soon as they exist. A declared OpenAI field the engine does not
 have yet is refused with a 400 when set to anything but its neutral value, never
-silently dropped. A field nobody declared that is not a ``SamplingParams`` field
-is a 400 naming it.
+silently dropped (``NEUTRAL`` here; ``protocol/unimplemented.py`` checks OpenAI's
+fields the server does not implement when the body is parsed, and they are skipped
+here). A field nobody declared that is not a ``SamplingParams`` field is a 400
+naming it.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from minivllm.sampling_params import SamplingParams
 from minivllm.serve.protocol import SERVER_OWNED
+from minivllm.serve.protocol.unimplemented import ALL as UNIMPLEMENTED
 
 # Request fields that are about the request, not about sampling.
 NOT_SAMPLING = frozenset(
@@ -31,8 +34,8 @@ NOT_SAMPLING = frozenset(
         "stream_options",
         "echo",
         "user",
+        "safety_identifier",
         "priority",
-        "suffix",
         "best_of",
         "max_completion_tokens",
         "top_logprobs",
@@ -108,7 +111,7 @@ def to_sampling_params(request: Any, defaults: dict[str, Any] | None = None, **e
     declared = set(type(request).model_fields)
     kwargs: dict[str, Any] = {}
     for name, value in request.model_dump().items():
-        if name in NOT_SAMPLING or name in explicit or value is None:
+        if name in NOT_SAMPLING or name in UNIMPLEMENTED or name in explicit or value is None:
             continue
         if name in fields:
             kwargs[name] = _check_type(name, value, fields[name])

@@ -85,6 +85,33 @@ def test_chat_stream_equals_chat(server, client):
     assert chunks[-1].choices == [] and chunks[-1].usage.model_dump() == full.usage.model_dump()
 
 
+def test_openai_fields_at_their_defaults_through_extra_body_change_nothing(server, client):
+    """What SDKs and frameworks send with the value that asks for nothing (protocol/unimplemented.py)."""
+    defaults = {
+        "functions": None,
+        "reasoning_effort": None,
+        "metadata": None,
+        "service_tier": None,
+        "store": False,
+        "parallel_tool_calls": True,
+        "user": "someone",
+        "logit_bias": None,
+        "stream_options": None,
+        "modalities": None,
+        "audio": None,
+        "prediction": None,
+        "web_search_options": None,
+    }
+    ask = {"model": server.model_name, "messages": MESSAGES, "max_tokens": 6, "temperature": 0}
+    plain = client.chat.completions.create(**ask)
+    sent = client.chat.completions.create(**ask, extra_body=defaults)
+    assert sent.choices[0].model_dump() == plain.choices[0].model_dump()
+    assert sent.usage.model_dump() == plain.usage.model_dump()
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(**ask, extra_body={**defaults, "store": True})
+    assert refused.value.body["param"] == "store" and "not implemented" in refused.value.body["message"]
+
+
 def test_chat_logprobs(server, client):
     res = client.chat.completions.create(
         model=server.model_name, messages=MESSAGES, max_tokens=5, temperature=0, logprobs=True, top_logprobs=2

@@ -48,7 +48,7 @@ BAD_COMPLETIONS = [
     ({"prompt": "x", "logprobs": 1000}, "logprobs", ["max_logprobs"]),
     ({"prompt": [10_000]}, "prompt", ["vocabulary"]),
     ({"prompt": []}, "prompt", ["empty"]),
-    ({"prompt": "x", "suffix": "y"}, "suffix", ["not supported"]),
+    ({"prompt": "x", "suffix": "y"}, "suffix", ["not implemented"]),
     ({"prompt": "x", "stream_options": {"include_usage": True}}, "stream_options", ["stream"]),
 ]
 

@@ -8,11 +8,14 @@
 - ``ranges``: the numeric bounds request fields declare, read from the engine's own
   tables (``sampling_params.RANGES``), so the schema and the engine agree;
 - ``requests``: the bodies of /v1/completions and /v1/chat/completions;
+- ``unimplemented``: OpenAI's fields the server knows but does not implement, per
+  route, accepted only at the values that ask for nothing;
 - ``responses``: what those routes and /v1/models answer.
 
 Nothing undeclared is accepted (``extra="forbid"``): an unknown field is a 400
 naming it, and the schema says so (``additionalProperties: false``). Only the
-fields in ``NO_OP_FIELDS`` are accepted and ignored (documented in docs/serving.md).
+fields in ``NO_OP_FIELDS`` are accepted and ignored (documented in docs/serving.md),
+and those in ``unimplemented``'s tables at their neutral values.
 Every name is importable from here.
 """
 

@@ -3,7 +3,8 @@
 Each is ``SamplingRequest`` (the shared sampling fields) plus its route's own
 fields. A chat message's fields are handed to the chat template as they are;
 only ``content`` is checked here (required, except on an assistant message that
-carries ``tool_calls``).
+carries ``tool_calls``). OpenAI's fields neither implements are declared in
+``unimplemented.py`` (accepted only at their neutral values).
 """
 
 from __future__ import annotations
@@ -15,11 +16,12 @@ from pydantic import Field, model_validator
 from minivllm.serve.protocol.base import Int, OpenAIModel, null_is
 from minivllm.serve.protocol.ranges import int_in
 from minivllm.serve.protocol.sampling import SamplingRequest
+from minivllm.serve.protocol.unimplemented import CHAT, COMPLETIONS, with_unimplemented
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
-class CompletionRequest(SamplingRequest):
+class _CompletionRequest(SamplingRequest):
     prompt: Union[str, list[str], list[int], list[list[int]]]
     max_tokens: Optional[int_in("max_tokens")] = 16
     logprobs: Optional[int_in("logprobs")] = None
@@ -27,7 +29,9 @@ class CompletionRequest(SamplingRequest):
     add_special_tokens: bool = True
     """Add the tokenizer's special tokens (BOS) to text prompts."""
     best_of: Optional[Int] = None
-    suffix: Optional[str] = None
+
+
+CompletionRequest = with_unimplemented(_CompletionRequest, COMPLETIONS)
 
 
 class ContentPart(OpenAIModel):
@@ -64,7 +68,7 @@ class ChatMessage(OpenAIModel):
         return self
 
 
-class ChatCompletionRequest(SamplingRequest):
+class _ChatCompletionRequest(SamplingRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: Optional[int_in("max_tokens")] = None
     max_completion_tokens: Optional[int_in("max_completion_tokens")] = None
@@ -76,5 +80,10 @@ class ChatCompletionRequest(SamplingRequest):
     tools: Optional[list[dict[str, Any]]] = None
     tool_choice: Optional[Union[str, dict[str, Any]]] = None
     parallel_tool_calls: Optional[bool] = None
+    safety_identifier: Optional[str] = None
+    """OpenAI's end-user id (``user``'s successor): accepted, no effect."""
     add_special_tokens: bool = False
     """Add the tokenizer's special tokens on top of the template's text (the template usually holds them)."""
+
+
+ChatCompletionRequest = with_unimplemented(_ChatCompletionRequest, CHAT)

@@ -23,8 +23,8 @@ from minivllm.sampling_params import SamplingParams
 from minivllm.serve.protocol.base import Float, Int, OpenAIModel, null_is
 from minivllm.serve.protocol.ranges import int_in, number_in
 
-NO_OP_FIELDS = ("user",)
-"""Accepted and documented as having no effect (OpenAI's end-user id)."""
+NO_OP_FIELDS = ("user", "safety_identifier")
+"""Accepted and documented as having no effect (OpenAI's end-user ids; the second on chat only)."""
 
 
 SERVER_OWNED = frozenset({"output_kind", "guided_decoding", "logits_processors"})
