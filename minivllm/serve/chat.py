@@ -129,7 +129,7 @@ def render(state: ServerState, body: ChatCompletionRequest, tools: ToolPlan | No
     """The prompt text and ids the template makes of the messages (and tools)."""
     if not state.chat_template:
         raise BadRequest("messages", NO_TEMPLATE)
-    messages = [m.model_dump(exclude_none=True) for m in body.messages]
+    messages = [m.template_fields() for m in body.messages]
     try:
         rendered = render_chat(
             state.engine.tokenizer,

@@ -135,3 +135,32 @@ def test_openapi_lists_them_typed_and_says_what_is_accepted(http):
             assert "null" in types and len(types - {"null", None}) >= 1, properties[name]
             assert "Not implemented" in properties[name]["description"]
             assert "accepted only as null" in properties[name]["description"]
+
+
+ECHOED = [
+    {"role": "user", "content": "def add(a, b):"},
+    {"role": "assistant", "content": "return a + b"},
+    {"role": "user", "content": "def sub(a, b):"},
+]
+
+
+def test_an_openai_answer_appended_as_it_came_back_changes_nothing(http):
+    """An OpenAI SDK's earlier answer carries refusal, audio and function_call at null and
+    annotations empty; appended to the conversation, it renders as the plain message."""
+    plain = _answer(http, "/v1/chat/completions", {**CHAT_BODY, "messages": ECHOED})
+    echoed = [*ECHOED]
+    echoed[1] = {**ECHOED[1], "refusal": None, "audio": None, "function_call": None, "annotations": []}
+    assert _answer(http, "/v1/chat/completions", {**CHAT_BODY, "messages": echoed}) == plain
+
+
+@pytest.mark.parametrize(
+    "name, value", [("refusal", "I cannot help."), ("audio", {"id": "a1"}), ("annotations", [{"type": "url"}])]
+)
+def test_a_message_field_asking_for_something_is_a_400_naming_it(http, name, value):
+    messages = [*ECHOED]
+    messages[1] = {**ECHOED[1], name: value}
+    res = http.post("/v1/chat/completions", json={**CHAT_BODY, "messages": messages})
+    assert res.status_code == 400, res.text
+    error = res.json()["error"]
+    assert error["param"] == "messages" and f"(at messages[1].{name})" in error["message"], error
+    assert "not implemented" in error["message"], error

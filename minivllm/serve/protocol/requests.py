@@ -16,7 +16,7 @@ from pydantic import Field, model_validator
 from minivllm.serve.protocol.base import Int, OpenAIModel, null_is
 from minivllm.serve.protocol.ranges import int_in
 from minivllm.serve.protocol.sampling import SamplingRequest
-from minivllm.serve.protocol.unimplemented import CHAT, COMPLETIONS, with_unimplemented
+from minivllm.serve.protocol.unimplemented import CHAT, COMPLETIONS, MESSAGE, with_unimplemented
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 
@@ -45,9 +45,10 @@ class ContentPart(OpenAIModel):
     file: Optional[dict[str, Any]] = None
 
 
-class ChatMessage(OpenAIModel):
+class _ChatMessage(OpenAIModel):
     """One message; ``content`` is required except on an assistant message with ``tool_calls``.
-    Every field is handed to the chat template as it is."""
+    Every field is handed to the chat template as it is, except those of ``MESSAGE``
+    (``template_fields``)."""
 
     role: Literal[ROLES]
     content: Optional[Union[str, list[ContentPart]]] = None
@@ -60,12 +61,19 @@ class ChatMessage(OpenAIModel):
     """An assistant message's reasoning, for templates that show it."""
 
     @model_validator(mode="after")
-    def _content_required(self) -> "ChatMessage":
+    def _content_required(self) -> "_ChatMessage":
         tool_calls = self.tool_calls
         if self.content is None and not (self.role == "assistant" and tool_calls):
             allowed = " (or tool_calls)" if self.role == "assistant" else ""
             raise ValueError(f"a {self.role} message needs content{allowed}")
         return self
+
+    def template_fields(self) -> dict[str, Any]:
+        """What the chat template sees: the set fields, without the unimplemented ones."""
+        return self.model_dump(exclude_none=True, exclude=set(MESSAGE))
+
+
+ChatMessage = with_unimplemented(_ChatMessage, MESSAGE)
 
 
 class _ChatCompletionRequest(SamplingRequest):

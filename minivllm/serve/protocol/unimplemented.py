@@ -68,6 +68,16 @@ COMPLETIONS: dict[str, Unimplemented] = {
 }
 """/v1/completions."""
 
+MESSAGE: dict[str, Unimplemented] = {
+    "annotations": Unimplemented(list[dict[str, Any]], ([],), "web search citations on a message"),
+    "audio": Unimplemented(dict[str, Any], (), "an earlier audio answer"),
+    "function_call": Unimplemented(dict[str, Any], (), "a legacy function call; tool_calls replaces it"),
+    "refusal": Unimplemented(str, (), "a refusal message"),
+}
+"""A chat message's own fields: an OpenAI client's earlier answer, appended to the
+conversation as it came back, carries them at null (``refusal``, ``audio``,
+``function_call``) or empty (``annotations``). They never reach the chat template."""
+
 EMBEDDINGS: dict[str, Unimplemented] = {}
 """/v1/embeddings: OpenAI's fields (``input``, ``model``, ``dimensions``, ``encoding_format``,
 ``user``) are all implemented."""
