@@ -150,6 +150,7 @@ def tune(args, device: torch.device) -> None:
         for tokens in args.tune_tokens:
             if budget.spent():
                 print(f"tune {shape.name} M={tokens}: budget spent, the heuristic stays")
+                winners[tokens] = None  # a null bucket: nearer Ms take the heuristic, not a farther bucket
                 continue
             hidden, w13, w2, weights, ids = make_inputs(shape, tokens, args, device)
             candidates = moe_tiles.tune_candidates(tokens, shape.experts, shape.top_k, facts.arch)
@@ -162,12 +163,12 @@ def tune(args, device: torch.device) -> None:
                 {c: why for (name, t, c), why in failures.items() if (name, t) == (shape.name, tokens)},
             )
             print(report_line(result, candidates[0].name), flush=True)
-            if result.best is not None:
-                winners[tokens] = result.best.as_dict()
+            winners[tokens] = None if result.best is None else result.best.as_dict()
         if winners:
             key = moe_tiles.shape_key(shape.experts, 2 * shape.intermediate, shape.hidden, shape.top_k, dtype)
             merge_entries(table, moe_tiles.KERNEL, facts.name, key, winners)
-            print(f"tune: {len(winners)} buckets of {key} on {facts.name} written to {table}")
+            tuned = sum(cfg is not None for cfg in winners.values())
+            print(f"tune: {tuned} of {len(winners)} buckets of {key} on {facts.name} written to {table}")
 
 
 def main() -> None:

@@ -251,6 +251,7 @@ def tune(args, device: torch.device) -> None:
         for m in args.tune_tokens:
             if budget.spent():
                 print(f"tune {shape.name} M={m}: budget spent, the heuristic stays")
+                winners[m] = None  # a null bucket: nearer Ms take the heuristic, not a farther bucket
                 continue
             x = torch.randn(m, shape.k, generator=gen).to(device, torch.bfloat16)
             result = time_candidates(
@@ -262,13 +263,13 @@ def tune(args, device: torch.device) -> None:
                 {c: why for (name, mm, c), why in failures.items() if (name, mm) == (shape.name, m)},
             )
             print(report_line(result, candidates(shape, m)[0].name), flush=True)
-            if result.best is not None:
-                winners[m] = result.best.as_dict()
+            winners[m] = None if result.best is None else result.best.as_dict()
         del w4
         if winners:
             key = int4_tiles.shape_key(shape.n, shape.k, shape.k // layer.scales.shape[0], "bfloat16")
             merge_entries(table, int4_tiles.KERNEL, facts.name, key, winners)
-            print(f"tune: {len(winners)} buckets of {key} on {facts.name} written to {table}")
+            tuned = sum(cfg is not None for cfg in winners.values())
+            print(f"tune: {tuned} of {len(winners)} buckets of {key} on {facts.name} written to {table}")
 
 
 def _interpreted() -> bool:

@@ -10,8 +10,11 @@ Layout of ``tables/<kernel>.json``::
 A shape key names the problem apart from M (the kernel's wrapper builds it); under it
 each M bucket (a token count that was timed) maps to the config that won there. A launch
 at M takes the bucket nearest to M on a log scale (M=300 between buckets 256 and 1024
-takes 256), so a handful of timed Ms covers every batch size. A device or shape missing
-from the table falls back to the wrapper's heuristic. Tables are read once per process.
+takes 256), so a handful of timed Ms covers every batch size. A bucket may be null: M was
+meant to be timed but was not (the tuning budget ran out, no candidate passed), and the Ms
+nearest to it take the heuristic rather than a farther bucket's config (a decode tile at a
+prefill M). A device or shape missing from the table falls back to the wrapper's heuristic
+too. Tables are read once per process.
 """
 
 from __future__ import annotations
@@ -54,7 +57,8 @@ def nearest_bucket(buckets: list[int], m: int) -> int:
 
 
 def lookup(kernel: str, device: str, shape_key: str, m: int, tables_dir: Path | None = None) -> dict | None:
-    """The tuned config for ``m`` at ``shape_key`` on ``device``, or None where nothing was tuned."""
+    """The tuned config for ``m`` at ``shape_key`` on ``device``, or None where nothing was tuned
+    (no entry, or the nearest bucket is null)."""
     entries = load_table(kernel, tables_dir).get(device, {}).get(shape_key)
     if not entries:
         return None
@@ -62,13 +66,16 @@ def lookup(kernel: str, device: str, shape_key: str, m: int, tables_dir: Path | 
 
 
 def merge_entries(path: Path, kernel: str, device: str, shape_key: str, by_m: dict[int, dict]) -> None:
-    """Write ``by_m`` (M -> config) under ``device``/``shape_key`` into the table at ``path``,
-    keeping every other device's and shape's entries."""
+    """Write ``by_m`` (M -> config, or None: not measured) under ``device``/``shape_key`` into
+    the table at ``path``, keeping every other device's and shape's entries; a None never
+    replaces a config an earlier run measured."""
     data = json.loads(path.read_text()) if path.is_file() else {"kernel": kernel, "devices": {}}
     if data.get("kernel") != kernel:
         raise ValueError(f"{path} holds the table of {data.get('kernel')!r}, not {kernel!r}")
     shapes = data["devices"].setdefault(device, {})
-    shapes[shape_key] = {**shapes.get(shape_key, {}), **{str(m): cfg for m, cfg in sorted(by_m.items())}}
+    old = shapes.get(shape_key, {})
+    new = {str(m): cfg for m, cfg in sorted(by_m.items()) if cfg is not None or old.get(str(m)) is None}
+    shapes[shape_key] = {**old, **new}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
     _read.cache_clear()

@@ -173,3 +173,54 @@ def test_compile_failures_maps_merged_report_rows_back_to_their_configs(monkeypa
     failed = gemm_tune.compile_failures(plan, 90)
     assert failed == {("w", 1, a): rows[0]["why"], ("w", 1, b): rows[0]["why"]}
     assert gemm_tune.compile_failures(plan, 75) == {}  # no shared-memory limit known: not checked
+
+
+@pytest.mark.parametrize("name", ["moe", "quant_gemm"])
+def test_a_bucket_the_budget_left_untimed_keeps_the_heuristic(name, tables_dir, monkeypatch):
+    """A tuning run cut short after M=1 must not hand M=1's decode tiles (split-K: fp32
+    partials of splits x M x N) to a prefill-sized M: the untimed bucket is written as null
+    and the Ms nearest to it take the heuristic, as the run says."""
+    import argparse
+    import itertools
+
+    from tools import gemm_tune
+
+    class SpentAfterFirst:
+        def __init__(self, seconds: float) -> None:
+            self.calls = itertools.count()
+
+        def spent(self) -> bool:
+            return next(self.calls) > 0
+
+    bench = _benchmark_module(name)
+    monkeypatch.setattr(bench, "SHAPES", bench.TINY[:1])
+    monkeypatch.setattr(gemm_tune, "compile_failures", lambda plan, arch: {})
+    monkeypatch.setattr(gemm_tune, "Budget", SpentAfterFirst)
+    faster = itertools.count(1000.0, -1.0)
+    monkeypatch.setattr(gemm_tune, "quick_timer", lambda fn: (fn(), next(faster))[1])
+    args = argparse.Namespace(dtype="fp32", tp=1, tune_tokens=[1, 1024], tune_budget_s=600.0, table=None)
+    bench.tune(args, torch.device("cpu"))
+    s = bench.TINY[0]
+    if name == "moe":
+        pick = lambda t: moe_tiles.choose_tiles(t, s.experts, 2 * s.intermediate, s.hidden, s.top_k, torch.float32, CPU)  # noqa: E731
+        tuned, heuristic = (
+            moe_tiles.tune_candidates(1, s.experts, s.top_k, None)[-1],
+            moe_tiles.heuristic_tiles(1024, s.experts, s.top_k, None),
+        )
+    else:
+        group = 32 if s.k % bench.GROUP else bench.GROUP
+        pick = lambda m: int4_tiles.choose_tiles(m, s.n, s.k, group, "bfloat16", CPU)  # noqa: E731
+        tuned = int4_tiles.tune_candidates(1, s.n, s.k, None, CPU.num_sms)[-1]
+        heuristic = int4_tiles.heuristic_tiles(1024, s.n, s.k, None, CPU.num_sms)
+    assert pick(1) == tuned != heuristic
+    assert pick(1024) == heuristic and pick(4096) == heuristic
+
+
+def test_a_null_bucket_never_replaces_a_measured_config(tables_dir):
+    path, key = tables_dir / "int4_gemm.json", int4_tiles.shape_key(64, 256, 32, "float32")
+    a = int4_tiles.Int4Tiles(64, 64, 64)
+    merge_entries(path, int4_tiles.KERNEL, "cpu", key, {1024: a.as_dict()})
+    merge_entries(path, int4_tiles.KERNEL, "cpu", key, {1: None, 1024: None})
+    assert json.loads(path.read_text())["devices"]["cpu"][key] == {"1": None, "1024": a.as_dict()}
+    assert int4_tiles.choose_tiles(1000, 64, 256, 32, "float32", CPU) == a
+    assert int4_tiles.choose_tiles(2, 64, 256, 32, "float32", CPU) == int4_tiles.heuristic_tiles(2, 64, 256, None, 1)
