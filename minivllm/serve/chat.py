@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from dataclasses import replace
 from typing import Any, AsyncIterator
@@ -193,10 +194,11 @@ async def _stream(
 ) -> AsyncIterator[str]:
     model = fmt.state.shown_model(body.model)
     counted = StreamUsage(body, [fmt.prompt])
+    created = int(time.time())  # one for the whole stream, as OpenAI's chunks share theirs
 
     def chunk(choices: list[ChatStreamChoice], so_far: UsageInfo | None = None) -> str:
         so_far = counted.on_chunk() if so_far is None else so_far
-        return sse(ChatCompletionChunk(id=request_id, model=model, choices=choices, usage=so_far))
+        return sse(ChatCompletionChunk(id=request_id, created=created, model=model, choices=choices, usage=so_far))
 
     parsers = [fmt.parser.stream() for _ in range(body.n)]
     yield chunk([ChatStreamChoice(index=i, delta=DeltaMessage(role="assistant", content="")) for i in range(body.n)])

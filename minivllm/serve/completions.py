@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 from typing import Any, AsyncIterator
 
@@ -148,14 +149,15 @@ async def _stream(
     state: ServerState, body: CompletionRequest, request_id: str, streams: list[RequestStream], fmt: _Formatter
 ) -> AsyncIterator[str]:
     counted = StreamUsage(body, fmt.prompts)
+    created = int(time.time())  # one for the whole stream, as OpenAI's chunks share theirs
     async for i, out in merged(streams):
         counted.count(out.outputs)
         shown = [c for c in out.outputs if c.text or c.token_ids or c.finish_reason is not None]
         choices = [fmt.choice(i, c, out.prompt_logprobs) for c in shown]
         if choices:
-            yield sse(state.completion_response(request_id, choices, counted.on_chunk(), body.model))
+            yield sse(state.completion_response(request_id, choices, counted.on_chunk(), body.model, created))
     if counted.at_end:
-        yield sse(state.completion_response(request_id, [], counted.so_far(), body.model))
+        yield sse(state.completion_response(request_id, [], counted.so_far(), body.model, created))
 
 
 def prompt_logprobs_json(prompt_logprobs: Any) -> Any:

@@ -58,10 +58,17 @@ class ServerState:
         return self.engine.tokenizer.decode(token_ids)
 
     def completion_response(
-        self, request_id: str, choices: list[CompletionChoice], usage: UsageInfo | None, model: str | None = None
+        self,
+        request_id: str,
+        choices: list[CompletionChoice],
+        usage: UsageInfo | None,
+        model: str | None = None,
+        created: int | None = None,
     ) -> CompletionResponse:
-        """``model``: the name the request chose (an adapter's); default the served model."""
-        return CompletionResponse(id=request_id, model=self.shown_model(model), choices=choices, usage=usage)
+        """``model``: the name the request chose (an adapter's); default the served model.
+        ``created``: a stream's one timestamp; default now."""
+        stamp = {} if created is None else {"created": created}
+        return CompletionResponse(id=request_id, model=self.shown_model(model), choices=choices, usage=usage, **stamp)
 
     @staticmethod
     def error_body(

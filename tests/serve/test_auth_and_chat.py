@@ -130,3 +130,23 @@ def test_a_missing_template_file_fails_at_start_naming_the_key(tmp_path):
     with pytest.raises(ValueError, match="serve.chat_template"):
         load_chat_template(str(tmp_path / "missing.jinja"))
     assert load_chat_template(TEMPLATE) == TEMPLATE
+
+
+def test_a_stream_keeps_one_created_timestamp(server, client, monkeypatch):
+    """Every chunk of a stream carries the stream's ``created``, as OpenAI's do, even when
+    the clock moves between chunks (here it moves a second at each reading)."""
+    import itertools
+    import types
+
+    from minivllm.serve import chat, completions
+    from minivllm.serve.protocol import base
+
+    clock = itertools.count(1_000_000)
+    fake = types.SimpleNamespace(time=lambda: next(clock))
+    for module in (chat, completions, base):
+        monkeypatch.setattr(module, "time", fake)
+    kwargs = dict(model=server.model_name, max_tokens=6, temperature=0, stream=True)
+    chat_chunks = list(client.chat.completions.create(messages=MESSAGES, **kwargs))
+    completion_chunks = list(client.completions.create(prompt="def add(a, b):", **kwargs))
+    for chunks in (chat_chunks, completion_chunks):
+        assert len(chunks) > 2 and len({c.created for c in chunks}) == 1, [c.created for c in chunks]
