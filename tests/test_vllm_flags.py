@@ -37,6 +37,15 @@ def test_vllm_serve_model_is_answered_with_task_and_model_path():
     assert "serve -> task=serve; Qwen/Qwen3-0.6B -> model.path=Qwen/Qwen3-0.6B; --port 8001 -> serve.port=8001" in hint
 
 
+def test_vllm_short_flags_are_answered_as_their_long_forms():
+    hint = flag_hint(["serve", "/ckpts/x", "-tp", "2", "-pp=2", "-q", "awq"])
+    assert hint is not None
+    for pair in ["--tensor-parallel-size 2 -> parallel.tp=2", "--pipeline-parallel-size 2 -> parallel.pp=2"]:
+        assert pair in hint
+    assert "--quantization awq -> model.quantization=awq" in hint
+    assert "model.path=2" not in hint and "model.path=awq" not in hint
+
+
 def test_hydras_own_flags_and_plain_overrides_pass():
     args = ["--cfg", "job", "-m", "--config-dir=x", "--config-name", "best", "-cd", "d", "serve.port=1", "~plugins"]
     assert flag_hint(args) is None

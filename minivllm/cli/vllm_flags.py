@@ -58,6 +58,16 @@ HYDRA_VALUE_FLAGS = ("--cfg", "-c", "--config-name", "-cn", "--config-dir", "-cd
 HYDRA_VALUE_FLAGS += ("--package", "-p", "--info", "-i", "--experimental-rerun", "--shell-completion", "-sc")
 """Hydra flags followed by a value (a bare word after them is theirs)."""
 
+VLLM_SHORT_FLAGS = {
+    "-tp": "tensor-parallel-size",
+    "-pp": "pipeline-parallel-size",
+    "-dp": "data-parallel-size",
+    "-q": "quantization",
+    "-O": "compilation-config",
+}
+"""vLLM's short flags (none is one of Hydra's), answered as their long forms: their value
+is no model path."""
+
 SUBCOMMANDS = {"serve": "task=serve", "bench": "task=bench", "generate": "task=generate"}
 """``vllm serve MODEL`` and the like: the subcommand is a task here."""
 
@@ -71,6 +81,9 @@ def flag_hint(args: Sequence[str]) -> str | None:
         arg, following = args[i], args[i + 1] if i + 1 < len(args) else ""
         takes_value = following and not following.startswith("-") and "=" not in following
         i += 1
+        short, sep, rest = arg.partition("=")
+        if short in VLLM_SHORT_FLAGS:  # -tp 2, -tp=2
+            arg = f"--{VLLM_SHORT_FLAGS[short]}{sep}{rest}"
         if arg in HYDRA_VALUE_FLAGS:
             i += 1 if takes_value else 0
         elif arg.startswith("--") and arg.split("=", 1)[0] not in HYDRA_FLAGS:

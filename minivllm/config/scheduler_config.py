@@ -24,7 +24,7 @@ class SchedulerConfig:
     """Most requests running at once (null: the device's default, 64 on the CPU, 256 on CUDA)."""
     max_num_batched_tokens: Optional[int] = None
     """Token budget of one engine step, prefill chunks + decode tokens (null: the device's default, 2048 on the
-    CPU; on CUDA 8192, or 2048 for task=serve)."""
+    CPU; on CUDA 8192, or 2048 for task=serve; with chunked prefill off, at least max_model_len)."""
     enable_chunked_prefill: bool = True
     """Split prompts longer than the remaining budget across steps."""
     policy: str = "fcfs"

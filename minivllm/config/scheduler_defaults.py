@@ -10,6 +10,8 @@ but 2,048 for task=serve, where a shorter prefill step keeps decode latency low.
 256 is within the largest default CUDA graph (``compilation.cudagraph_capture_sizes``
 ends at 512), so every decode batch replays a captured graph, and the token budget
 is what the worker's profile run measures before it sizes the KV cache.
+With chunked prefill off, a null token budget is at least ``max_model_len`` (as in
+vLLM), so that every prompt the context length admits can be scheduled in one step.
 Explicit values always win; ``VllmConfig`` resolves them once.
 """
 
@@ -40,10 +42,15 @@ def default_limits(device_type: str, task: str) -> BatchLimits:
     return CUDA_SERVE_LIMITS if task == "serve" else CUDA_LIMITS
 
 
-def resolve_batch_limits(sched: SchedulerConfig, device_type: str, task: str) -> tuple[SchedulerConfig, list[str]]:
-    """A copy of ``sched`` with its null limits set to the device's, and the keys that were null."""
+def resolve_batch_limits(
+    sched: SchedulerConfig, device_type: str, task: str, max_model_len: int
+) -> tuple[SchedulerConfig, list[str]]:
+    """A copy of ``sched`` with its null limits set to the device's, and the keys that were null.
+    Without chunked prefill a null token budget also covers ``max_model_len`` (a whole prompt a step)."""
     defaults = default_limits(device_type, task)
     filled = {
         key: getattr(defaults, key) for key in ("max_num_seqs", "max_num_batched_tokens") if getattr(sched, key) is None
     }
+    if "max_num_batched_tokens" in filled and not sched.enable_chunked_prefill:
+        filled["max_num_batched_tokens"] = max(filled["max_num_batched_tokens"], max_model_len)
     return replace(sched, **filled), [f"scheduler.{key}" for key in filled]

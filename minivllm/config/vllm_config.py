@@ -143,7 +143,7 @@ class VllmConfig:
         if not self.attention.backend:
             self.attention.backend = {"_target_": attention_target(self.attention.name, self.device_type)}
         self.scheduler, self.defaulted_scheduler_keys = resolve_batch_limits(
-            self.scheduler, self.device_type, self.task.name
+            self.scheduler, self.device_type, self.task.name, self.max_model_len
         )
         """The batch limits hold ints from here on; ``defaulted_scheduler_keys`` names those that were null."""
         self._check_scheduler()
@@ -203,10 +203,8 @@ class VllmConfig:
     def _check_scheduler(self) -> None:
         sched = self.scheduler
         if not sched.enable_chunked_prefill and sched.max_num_batched_tokens < self.max_model_len:
-            key = "scheduler.max_num_batched_tokens"
-            origin = f" (null: the {self.device_type} default)" if key in self.defaulted_scheduler_keys else ""
-            raise ValueError(
-                f"{key}={sched.max_num_batched_tokens}{origin} is smaller than "
+            raise ValueError(  # set explicitly: a null budget covers max_model_len without chunked prefill
+                f"scheduler.max_num_batched_tokens={sched.max_num_batched_tokens} is smaller than "
                 f"max_model_len={self.max_model_len} with chunked prefill off: a long prompt could never be "
                 f"scheduled; raise it, lower model.max_model_len, or set scheduler.enable_chunked_prefill=true"
             )

@@ -73,7 +73,7 @@ def test_explicit_values_win(device, llama_dir, monkeypatch):
 
 def test_resolving_leaves_the_requested_config_alone():
     requested = SchedulerConfig(max_num_seqs=7)
-    resolved, defaulted = resolve_batch_limits(requested, "cuda", "serve")
+    resolved, defaulted = resolve_batch_limits(requested, "cuda", "serve", max_model_len=4096)
     assert (requested.max_num_seqs, requested.max_num_batched_tokens) == (7, None)
     assert (resolved.max_num_seqs, resolved.max_num_batched_tokens) == (
         7,
@@ -92,9 +92,10 @@ def test_llm_keywords_set_the_limits(llama_dir):
 
 
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
-def test_a_resolved_budget_below_max_model_len_names_the_key(device, llama_dir, monkeypatch):
-    """Chunked prefill off needs a budget of max_model_len: a context longer than the
-    device's default budget fails naming the key and where its value came from."""
+def test_without_chunked_prefill_a_null_budget_covers_max_model_len(device, llama_dir, monkeypatch):
+    """As in vLLM: chunked prefill off and no budget given means a whole prompt a step, so a
+    context longer than the device's default budget still builds; an explicit budget below
+    max_model_len fails naming the key."""
     if device == "cuda":
         monkeypatch.setattr("minivllm.config.vllm_config.resolve_device", lambda requested: "cuda")
     budget = default_limits(device, "serve").max_num_batched_tokens
@@ -104,9 +105,15 @@ def test_a_resolved_budget_below_max_model_len_names_the_key(device, llama_dir, 
         "scheduler.enable_chunked_prefill=false",
         f"+model.hf_overrides.max_position_embeddings={2 * budget}",
     ]
-    with pytest.raises(ValueError, match=rf"scheduler\.max_num_batched_tokens={budget} \(null: the {device} default\)"):
-        build_config(overrides)
-    assert limits(build_config([*overrides, f"scheduler.max_num_batched_tokens={2 * budget}"]))[1] == 2 * budget
+    cfg = build_config(overrides)
+    assert cfg.max_model_len == 2 * budget and limits(cfg)[1] == 2 * budget
+    assert "scheduler.max_num_batched_tokens" in cfg.defaulted_scheduler_keys
+    short = build_config([*overrides[:3], "+model.hf_overrides.max_position_embeddings=64"])
+    assert limits(short)[1] == budget  # the default already covers a short context
+    with pytest.raises(ValueError, match=rf"scheduler\.max_num_batched_tokens={budget} is smaller than"):
+        build_config([*overrides, f"scheduler.max_num_batched_tokens={budget}"])
+    chunked = build_config([*overrides[:2], overrides[3]])
+    assert limits(chunked)[1] == budget  # chunked prefill keeps the device's budget
 
 
 def test_a_draft_model_copies_the_targets_resolved_limits(llama_dir, on_cuda):
