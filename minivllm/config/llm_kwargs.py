@@ -81,6 +81,38 @@ NOT_IMPLEMENTED = {
 }
 """vLLM keywords that minivllm knows and does not implement, each with what to do instead."""
 
+NEUTRAL_VALUES: dict[str, tuple[Any, ...]] = {
+    "swap_space": (4,),  # vLLM's default; its V1 engine never swaps either
+    "preemption_mode": ("recompute",),
+    "cpu_offload_gb": (0,),
+    "compilation_config": (),
+    "disable_custom_all_reduce": (True,),
+    "hf_token": (False,),
+    "skip_tokenizer_init": (False,),
+    "model_impl": ("auto", "vllm"),
+    "guided_decoding_backend": ("xgrammar", "auto"),
+    "structured_outputs_config": (),
+}
+"""Values of ``NOT_IMPLEMENTED`` keywords (besides None) that ask for what minivllm does anyway:
+scripts written for vLLM often spell them out, so they are accepted and change nothing."""
+
+
+def asks_for_nothing(name: str, value: Any) -> bool:
+    """Whether ``name=value`` is None or one of the keyword's neutral values (type-checked:
+    ``True`` is not ``1``, ``0.0`` is ``0``)."""
+    if value is None:
+        return True
+    numeric = (int, float)
+    return any(
+        value == n and (type(value) is type(n) or (type(value) in numeric and type(n) in numeric))
+        for n in NEUTRAL_VALUES.get(name, ())
+    )
+
+
+def _accepted(name: str) -> str:
+    values = ", ".join(repr(v) for v in (None, *NEUTRAL_VALUES.get(name, ())))
+    return f" (accepted only as {values})"
+
 
 SPECIAL_KWARGS = ("enforce_eager", "disable_log_stats", "task", "served_model_name", "tokenizer_mode")
 """vLLM keywords with their own handling in ``_apply_special_kwargs``."""
@@ -94,9 +126,10 @@ def config_from_kwargs(model: str | None = None, overrides: Sequence[str] = (), 
     if model and not group_choice:
         OmegaConf.update(cfg, "model", {"path": model, "hf_config": None, "tokenizer": None}, merge=True)
     _apply_special_kwargs(cfg, kwargs)
+    kwargs = {k: v for k, v in kwargs.items() if not (k in NOT_IMPLEMENTED and asks_for_nothing(k, v))}
     unknown = sorted(set(kwargs) - set(KWARG_KEYS))
     if known_missing := [name for name in unknown if name in NOT_IMPLEMENTED]:
-        reasons = "; ".join(f"{name}: {NOT_IMPLEMENTED[name]}" for name in known_missing)
+        reasons = "; ".join(f"{name}: {NOT_IMPLEMENTED[name]}{_accepted(name)}" for name in known_missing)
         raise ValueError(f"LLM(): vLLM keyword(s) not implemented here: {reasons}")
     if unknown:
         known = ", ".join(sorted([*KWARG_KEYS, *SPECIAL_KWARGS]))

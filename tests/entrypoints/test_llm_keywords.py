@@ -99,7 +99,7 @@ def test_other_keywords_land_on_their_keys(llama_dir):
     assert cfg.compilation.max_seq_len_to_capture == 64
     assert cfg.model.runner == "pooling"
     with pytest.raises(ValueError, match="not implemented here: swap_space: preemption recomputes"):
-        config_from_kwargs(str(llama_dir), swap_space=4)
+        config_from_kwargs(str(llama_dir), swap_space=16)
 
 
 def test_graphs_do_not_cover_sequences_longer_than_max_seq_len_to_capture():
@@ -121,3 +121,41 @@ def test_graphs_do_not_cover_sequences_longer_than_max_seq_len_to_capture():
     assert graphs.covers(decode_meta(2, 64))
     assert not graphs.covers(decode_meta(2, 65))
     assert not graphs.covers(decode_meta(3, 10))
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(swap_space=4),
+        dict(cpu_offload_gb=0),
+        dict(cpu_offload_gb=0.0),
+        dict(disable_custom_all_reduce=True),
+        dict(skip_tokenizer_init=False),
+        dict(hf_token=None),
+        dict(model_impl="auto"),
+        dict(preemption_mode="recompute"),
+        dict(compilation_config=None),
+    ],
+)
+def test_unimplemented_keywords_at_a_value_asking_for_nothing_change_nothing(kwargs, llama_dir):
+    """What scripts written for vLLM spell out: the config equals the one without them."""
+    assert config_from_kwargs(str(llama_dir), **kwargs) == config_from_kwargs(str(llama_dir))
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(swap_space=8),
+        dict(cpu_offload_gb=2),
+        dict(disable_custom_all_reduce=False),
+        dict(skip_tokenizer_init=True),
+        dict(hf_token="hf_abc"),
+        dict(model_impl="transformers"),
+        dict(preemption_mode="swap"),
+        dict(swap_space=True),  # a bool is not a size
+    ],
+)
+def test_unimplemented_keywords_asking_for_something_are_refused_by_name(kwargs, llama_dir):
+    (name,) = kwargs
+    with pytest.raises(ValueError, match=rf"not implemented here: {name}: .*\(accepted only as None"):
+        config_from_kwargs(str(llama_dir), **kwargs)
