@@ -182,7 +182,7 @@ def test_a_keyword_named_as_its_key_is_not_repeated():
 
 def test_vllm_keywords_we_do_not_implement_say_what_to_do_instead():
     with pytest.raises(ValueError, match="swap_space: preemption recomputes") as err:
-        config_from_kwargs("opt-125m", swap_space=4, cpu_offload_gb=0)
+        config_from_kwargs("opt-125m", swap_space=16, cpu_offload_gb=2)
     assert "cpu_offload_gb: weights are never offloaded" in str(err.value)
 
 
