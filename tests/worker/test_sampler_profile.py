@@ -13,15 +13,15 @@ from minivllm.config.llm_kwargs import config_from_kwargs
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.sample.sampler import Sampler
 from minivllm.spec_decode.verifier import DraftVerifier
+from minivllm.worker.model_runner import ModelRunner
 from minivllm.worker.worker import Worker
 
 SEQS = 12
 
 
 def _worker(path, **kwargs) -> Worker:
-    tree = config_from_kwargs(
-        str(path), dtype="float32", max_model_len=64, block_size=16, max_num_seqs=SEQS, enforce_eager=True, **kwargs
-    )
+    kwargs = {"max_num_seqs": SEQS, **kwargs}
+    tree = config_from_kwargs(str(path), dtype="float32", max_model_len=64, block_size=16, enforce_eager=True, **kwargs)
     worker = Worker(VllmConfig.from_dictconfig(tree))
     worker.init_device()
     worker.load_model()
@@ -84,14 +84,18 @@ def test_profile_with_lora_samples_on_the_base_model(llama_dir, monkeypatch):
     _check_widest_sampling(calls, AutoConfig.from_pretrained(llama_dir).vocab_size, 20)
 
 
-def test_profile_verifies_k_plus_one_rows_per_request(llama_dir, monkeypatch):
+@pytest.mark.parametrize("method", ["ngram", "draft_model"])
+def test_profile_verifies_k_plus_one_rows_per_request(llama_dir, monkeypatch, method):
+    """A draft model's (rows, vocab) draft distributions are verified too; n-gram drafts have none."""
     calls = _spy(monkeypatch, DraftVerifier, "profile")
-    speculative = {"method": "ngram", "prompt_lookup_min": 2, "prompt_lookup_max": 4, "num_speculative_tokens": 3}
-    worker = _worker(llama_dir, speculative_config=speculative)
+    speculative = {"method": "ngram", "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+    if method == "draft_model":
+        speculative = {"method": "draft_model", "model": str(llama_dir)}
+    worker = _worker(llama_dir, speculative_config={**speculative, "num_speculative_tokens": 3})
     assert worker.determine_num_available_blocks() >= 1
     assert len(calls) == 1
     logits, meta, k, with_draft_probs = calls[0]
-    assert logits.shape[0] == SEQS * (3 + 1) and k == 3 and not with_draft_probs
+    assert logits.shape[0] == SEQS * (3 + 1) and k == 3 and with_draft_probs == (method == "draft_model")
     assert meta.top_k is not None and meta.top_p is not None and not meta.all_greedy
 
 
@@ -100,3 +104,22 @@ def test_pooling_profile_samples_nothing(llama_dir, monkeypatch):
     worker = _worker(llama_dir, runner="pooling")
     assert worker.determine_num_available_blocks() >= 1
     assert calls == []
+
+
+@pytest.mark.gpu
+def test_cuda_profile_peak_includes_the_sampler(llama_dir, monkeypatch):
+    """On CUDA the measured peak (``max_memory_allocated``) holds the sampler's (256, vocab)
+    working set: at least the logits and one more copy over a profile without it (the forward
+    pass, 256 tokens, stays smaller)."""
+    peaks = []
+    for with_sampler in (False, True):
+        if not with_sampler:
+            monkeypatch.setattr(ModelRunner, "_profile_sampler", lambda self, row: None)
+        else:
+            monkeypatch.undo()
+        worker = _worker(llama_dir, device="cuda", max_num_seqs=256, max_num_batched_tokens=256)
+        peaks.append(worker._profile_memory()[1])
+        del worker
+        torch.cuda.empty_cache()
+    vocab = AutoConfig.from_pretrained(llama_dir).vocab_size
+    assert peaks[1] - peaks[0] >= 2 * 256 * vocab * 4
