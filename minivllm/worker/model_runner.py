@@ -53,7 +53,13 @@ from minivllm.worker.pending_output import PendingOutput
 from minivllm.worker.profile_batch import profile_batch
 from minivllm.worker.prompt_logprobs_requests import PromptLogprobsRequests
 from minivllm.worker.request_states import update_states
-from minivllm.worker.sampler_profile import profile_metadata, sampler_rows, verify_metadata, verify_rows
+from minivllm.worker.sampler_profile import (
+    held_draft_probs,
+    profile_metadata,
+    sampler_rows,
+    verify_metadata,
+    verify_rows,
+)
 from minivllm.worker.sampling_metadata import from_batch
 from minivllm.worker.scheduled_rows import ScheduledRows
 from minivllm.worker.step_inputs import StepInputBuilder, StepInputs
@@ -219,6 +225,7 @@ class ModelRunner:
             self.profile_images = None
             outputs = self.mm.run_encoder(images)
             del outputs, images  # a step's encoder outputs go to the cache, which is reserved whole
+        held = held_draft_probs(self.cfg, self.device) if self.drafter is not None else None  # between steps
         batch, lens, num_blocks = profile_batch(self.cfg, self.device)
         self.init_kv_cache(num_blocks)
         step = self.inputs.build(batch, np.arange(len(lens)), lens)
@@ -233,6 +240,7 @@ class ModelRunner:
         if self.drafter is not None:
             self.drafter.catch_up(step)
         self.release_kv_cache()
+        del held
         if self.cfg.torch_compile:
             logger.info("Profile run with torch.compile of the small ops: %.1f s", time.perf_counter() - start)
 

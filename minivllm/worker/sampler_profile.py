@@ -12,7 +12,10 @@ comes from the sampler's own builder (``SamplingMetadata.build``), as a request'
 
 Left out: the structured-output bitmask (one more (rows, vocab) copy, and it needs xgrammar),
 and per-request ``logits_processors`` (user code). A pooling runner samples nothing.
-With speculative decoding the verifier's widest step is profiled too (``verify_rows``).
+With speculative decoding the verifier's widest step is profiled too (``verify_rows``); a draft
+model (or EAGLE head) also holds each sampling request's (k, vocab) draft distributions between
+steps, so the profile holds as many through its forward pass and both sampling steps
+(``held_draft_probs``).
 LoRA adapts no vocabulary layer, so the logits do not depend on the step's adapters.
 """
 
@@ -64,3 +67,11 @@ def verify_metadata(num_rows: int, vocab_size: int, device: torch.device) -> Sam
     logprobs or logit edits are never drafted: ``may_speculate``)."""
     params = [SamplingParams(temperature=0.8, top_p=0.9, top_k=50, min_p=0.05)] * num_rows
     return SamplingMetadata.build(params, {}, vocab_size, device)
+
+
+def held_draft_probs(cfg: VllmConfig, device: torch.device) -> torch.Tensor:
+    """(max_num_seqs * k, vocab) fp32: the draft distributions a draft model holds at most."""
+    rows = sampler_rows(cfg) * cfg.speculative.num_speculative_tokens
+    return torch.zeros(
+        rows, cfg.hf_text_config.vocab_size, dtype=torch.float32, device=device
+    )  # resident on the CPU too

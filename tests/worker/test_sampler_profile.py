@@ -13,7 +13,9 @@ from minivllm.config.llm_kwargs import config_from_kwargs
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.sample.sampler import Sampler
 from minivllm.spec_decode.verifier import DraftVerifier
+from minivllm.worker import model_runner
 from minivllm.worker.model_runner import ModelRunner
+from minivllm.worker.sampler_profile import held_draft_probs
 from minivllm.worker.worker import Worker
 
 SEQS = 12
@@ -88,6 +90,10 @@ def test_profile_with_lora_samples_on_the_base_model(llama_dir, monkeypatch):
 def test_profile_verifies_k_plus_one_rows_per_request(llama_dir, monkeypatch, method):
     """A draft model's (rows, vocab) draft distributions are verified too; n-gram drafts have none."""
     calls = _spy(monkeypatch, DraftVerifier, "profile")
+    held = []
+    monkeypatch.setattr(
+        model_runner, "held_draft_probs", lambda cfg, device: held.append(1) or held_draft_probs(cfg, device)
+    )
     speculative = {"method": "ngram", "prompt_lookup_min": 2, "prompt_lookup_max": 4}
     if method == "draft_model":
         speculative = {"method": "draft_model", "model": str(llama_dir)}
@@ -96,6 +102,7 @@ def test_profile_verifies_k_plus_one_rows_per_request(llama_dir, monkeypatch, me
     assert len(calls) == 1
     logits, meta, k, with_draft_probs = calls[0]
     assert logits.shape[0] == SEQS * (3 + 1) and k == 3 and with_draft_probs == (method == "draft_model")
+    assert len(held) == with_draft_probs  # the distributions a draft model holds between steps
     assert meta.top_k is not None and meta.top_p is not None and not meta.all_greedy
 
 
