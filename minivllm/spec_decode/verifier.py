@@ -109,6 +109,22 @@ class DraftVerifier:
         self._drafted.update(spec)
         return out
 
+    def profile(self, logits: torch.Tensor, meta: SamplingMetadata, k: int, with_draft_probs: bool) -> torch.Tensor:
+        """The start-up memory profile's widest verification: ``logits`` (N, V) of N verified
+        positions, ``k + 1`` per request (``worker/sampler_profile.py``); ``with_draft_probs``: a
+        draft model's (N, V) distributions too. Returns (N,) each row's own token."""
+        probs = self.sampler.process(logits, meta).softmax(dim=-1)  # (N, V)
+        n = probs.shape[0]
+        drafts = torch.zeros(n, dtype=torch.int64, device=self.device)
+        drafts[k :: k + 1] = -1  # every request's bonus position
+        uniform = torch.rand(n, device=self.device, generator=self.sampler.generator)
+        expo = torch.empty_like(probs).exponential_(generator=self.sampler.generator)
+        inputs = VerifyInputs(drafts, meta.temperature == 0.0, uniform, expo)
+        if with_draft_probs:
+            inputs.draft_probs = probs.clone()
+        own, _ = rejection_sample(logits, probs, inputs)
+        return own
+
     def _noise(
         self,
         batch: InputBatch,

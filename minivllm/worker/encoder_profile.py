@@ -7,9 +7,9 @@ be counted before the KV cache takes the rest:
 - the vision encoder's activations on the largest input one step may give it: the step's
   encoder budget (``min(scheduler.max_num_encoder_input_tokens, scheduler.encoder_cache_size)``
   placeholder tokens: the scheduler encodes no more per step) filled with copies of the largest
-  image the engine accepts, no more than ``max_num_seqs`` requests of ``limit_mm_per_prompt``
-  images hold. The images are made here, at the size the model's class names
-  (``profile_image_size``), and go through the checkpoint's own processor, so the encoder sees
+  image the engine accepts (and one request of ``max_model_len`` tokens holds), no more than
+  ``max_num_seqs`` requests of ``limit_mm_per_prompt`` images and ``max_model_len`` tokens
+  hold. The images are made here, at the size the model's class names (``profile_image_size``), and go through the checkpoint's own processor, so the encoder sees
   the tensors a real request would bring. ``ModelRunner.prepare_profile`` makes them before the
   worker starts measuring (the processor's loading and imports are no part of a step's peak);
   ``ModelRunner.profile_run`` encodes them as a step does (one batched call where the model
@@ -53,10 +53,17 @@ def profile_images(cfg: VllmConfig, model: Any) -> list[MultiModalFeature]:
     (empty when no image fits a step, so none is ever encoded)."""
     per_step = encoder_tokens_per_step(cfg)
     processor = load_multimodal_processor(cfg, model.image_token_id(cfg.hf_config))
-    size = model.profile_image_size(cfg.hf_config, processor.hf_processor.image_processor, per_step)
+    max_tokens = min(per_step, cfg.max_model_len)  # a larger image fits no request
+    size = model.profile_image_size(cfg.hf_config, processor.hf_processor.image_processor, max_tokens)
     if size is None:
         return []
     image = processor.process_image(Image.new("RGB", size))
-    max_images = cfg.scheduler.max_num_seqs * dict(cfg.model.limit_mm_per_prompt).get("image", 1)
-    count = min(per_step // image.length, max_images)
+    count = min(per_step // image.length, max_images_per_step(cfg, image.length))
     return [MultiModalFeature(f"profile-{i}", "image", 0, image.length, image.data) for i in range(count)]
+
+
+def max_images_per_step(cfg: VllmConfig, image_tokens: int) -> int:
+    """Most images of ``image_tokens`` placeholders one step's requests hold: ``max_num_seqs``
+    requests, each of at most ``limit_mm_per_prompt`` images and ``max_model_len`` tokens."""
+    per_request = min(dict(cfg.model.limit_mm_per_prompt).get("image", 1), cfg.max_model_len // image_tokens)
+    return cfg.scheduler.max_num_seqs * per_request

@@ -86,7 +86,8 @@ class Worker:
     def determine_num_available_blocks(self) -> int:
         """KV blocks that fit: (device memory x utilization - peak usage - encoder cache) / bytes per block.
 
-        The peak is measured around a forward pass at the full token budget; for a model that
+        The peak is measured around a forward pass at the full token budget and the sampler at its
+        widest step (``max_num_seqs`` rows: ``sampler_profile.py``); for a model that
         takes images, around the vision encoder on one step's largest input too, and its whole
         encoder cache is reserved (``encoder_profile.py``; 0 bytes for a text-only model).
         On the CPU, ``cache.cpu_memory_gb`` stands in for device memory and the

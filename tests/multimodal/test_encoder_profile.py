@@ -179,3 +179,50 @@ def test_cuda_profile_peak_includes_the_encoder_pass(llava_dir):
         torch.cuda.empty_cache()
     encoder_input = 255 * 3 * IMAGE_SIZE * IMAGE_SIZE * 4  # the extra images' float32 pixels alone
     assert peaks[1] - peaks[0] >= encoder_input
+
+
+def test_qwen2_vl_profile_image_fits_max_model_len(qwen2_vl_dir, monkeypatch):
+    """40 encoder tokens per step would take 16-token images, but no request of 12 tokens holds
+    one: the profile encodes the largest image of at most 12 tokens, as many as the budget takes."""
+    calls = _record_encoder_calls(monkeypatch, Qwen2VLForConditionalGeneration)
+    tree = config_from_kwargs(
+        str(qwen2_vl_dir),
+        ["scheduler.max_num_encoder_input_tokens=40", "scheduler.encoder_cache_size=64"],
+        dtype="float32",
+        max_model_len=12,
+        block_size=BLOCK,
+    )
+    worker = Worker(VllmConfig.from_dictconfig(tree))
+    worker.init_device()
+    worker.load_model()
+    assert worker.determine_num_available_blocks() >= 1
+    processor = AutoImageProcessor.from_pretrained(qwen2_vl_dir)
+    width, height = largest_image_size(processor, 12)
+    assert largest_image_size(processor, 40) != (width, height)  # the cap changes the choice
+    grids = calls[0]["image_grid_thw"].tolist()
+    assert grids == [[1, height // 14, width // 14]] * (40 // (width * height // (14 * MERGE) ** 2))
+    assert all(t * h * w // MERGE**2 <= 12 for t, h, w in grids)
+
+
+def test_llava_image_count_is_what_requests_of_max_model_len_hold(llava_dir, monkeypatch):
+    """128 encoder tokens per step take eight 16-token images, and two requests of four images
+    each would too; but a request of 40 tokens holds two images, so two requests hold four."""
+    calls = _record_encoder_calls(monkeypatch, LlavaForConditionalGeneration)
+    tree = config_from_kwargs(
+        str(llava_dir),
+        [
+            "scheduler.max_num_encoder_input_tokens=128",
+            "scheduler.encoder_cache_size=128",
+            "scheduler.max_num_seqs=2",
+            "+model.limit_mm_per_prompt.image=4",
+        ],
+        dtype="float32",
+        max_model_len=40,
+        block_size=BLOCK,
+    )
+    worker = Worker(VllmConfig.from_dictconfig(tree))
+    worker.init_device()
+    worker.load_model()
+    assert worker.determine_num_available_blocks() >= 1
+    assert 128 // NUM_IMAGE_TOKENS == 8 and 40 // NUM_IMAGE_TOKENS == 2
+    assert calls[0]["pixel_values"].shape[0] == 2 * 2
