@@ -13,7 +13,7 @@ from minivllm.config.llm_kwargs import config_from_kwargs
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.sample.sampler import Sampler
 from minivllm.spec_decode.verifier import DraftVerifier
-from minivllm.worker import model_runner
+from minivllm.worker import runner_profile
 from minivllm.worker.model_runner import ModelRunner
 from minivllm.worker.sampler_profile import held_draft_probs
 from minivllm.worker.worker import Worker
@@ -92,7 +92,7 @@ def test_profile_verifies_k_plus_one_rows_per_request(llama_dir, monkeypatch, me
     calls = _spy(monkeypatch, DraftVerifier, "profile")
     held = []
     monkeypatch.setattr(
-        model_runner, "held_draft_probs", lambda cfg, device: held.append(1) or held_draft_probs(cfg, device)
+        runner_profile, "held_draft_probs", lambda cfg, device: held.append(1) or held_draft_probs(cfg, device)
     )
     speculative = {"method": "ngram", "prompt_lookup_min": 2, "prompt_lookup_max": 4}
     if method == "draft_model":
