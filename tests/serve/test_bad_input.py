@@ -109,15 +109,15 @@ def test_server_keeps_serving_and_never_answered_500(server, http):
     res = http.post("/v1/completions", json={"prompt": "def f(x):", "max_tokens": 3, "temperature": 0})
     assert res.status_code == 200 and res.json()["usage"]["completion_tokens"] == 3
     assert http.get("/health").status_code == 200
-    assert server.metric("minivllm:http_requests_total", status="500") == 0
-    assert server.metric("minivllm:http_requests_total", status="400") >= len(BAD_COMPLETIONS)
+    assert server.metric("vllm:http_requests_total", status="500") == 0
+    assert server.metric("vllm:http_requests_total", status="400") >= len(BAD_COMPLETIONS)
 
 
 def wait_for_idle_engine(server, free_blocks: float, timeout: float = 30) -> dict:
     deadline = time.monotonic() + timeout
     while True:
-        free = server.metric("minivllm:kv_cache_free_blocks")
-        running = server.metric("minivllm:num_requests_running")
+        free = server.metric("vllm:kv_cache_free_blocks")
+        running = server.metric("vllm:num_requests_running")
         if (free, running) == (free_blocks, 0) or time.monotonic() > deadline:
             return {"free": free, "running": running}
         time.sleep(0.1)
@@ -129,39 +129,39 @@ def long_request(server, stream: bool) -> dict:
 
 
 def test_disconnect_mid_stream_aborts_and_frees_blocks(server):
-    start_free = server.metric("minivllm:kv_cache_free_blocks")
-    assert start_free == server.metric("minivllm:kv_cache_total_blocks")
-    aborted = server.metric("minivllm:request_success_total", finished_reason="abort")
+    start_free = server.metric("vllm:kv_cache_free_blocks")
+    assert start_free == server.metric("vllm:kv_cache_total_blocks")
+    aborted = server.metric("vllm:request_success_total", finished_reason="abort")
     with httpx.Client(base_url=server.base_url, timeout=60) as c:
         with c.stream("POST", "/v1/completions", json=long_request(server, stream=True)) as res:
             lines = res.iter_lines()  # (dropping this iterator would close the connection)
             first = next(lines)
-            assert server.metric("minivllm:num_requests_running") == 1
+            assert server.metric("vllm:num_requests_running") == 1
         # leaving the block closes the connection mid-stream
     assert first.startswith("data: {")
     assert wait_for_idle_engine(server, start_free) == {"free": start_free, "running": 0}
-    assert server.metric("minivllm:request_success_total", finished_reason="abort") == aborted + 1
+    assert server.metric("vllm:request_success_total", finished_reason="abort") == aborted + 1
 
 
 def test_disconnect_while_waiting_for_a_non_streamed_answer(server):
-    start_free = server.metric("minivllm:kv_cache_free_blocks")
-    aborted = server.metric("minivllm:request_success_total", finished_reason="abort")
+    start_free = server.metric("vllm:kv_cache_free_blocks")
+    aborted = server.metric("vllm:request_success_total", finished_reason="abort")
     body = json.dumps(long_request(server, stream=False)).encode()
     head = f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
     with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
         sock.sendall(head.encode() + body)
         deadline = time.monotonic() + 30
-        while server.metric("minivllm:num_requests_running") != 1 and time.monotonic() < deadline:
+        while server.metric("vllm:num_requests_running") != 1 and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert server.metric("minivllm:num_requests_running") == 1
+        assert server.metric("vllm:num_requests_running") == 1
     # the socket is closed before any answer came
     assert wait_for_idle_engine(server, start_free) == {"free": start_free, "running": 0}
-    assert server.metric("minivllm:request_success_total", finished_reason="abort") == aborted + 1
+    assert server.metric("vllm:request_success_total", finished_reason="abort") == aborted + 1
     deadline = time.monotonic() + 30
-    while server.metric("minivllm:http_requests_total", status="499") < 1 and time.monotonic() < deadline:
+    while server.metric("vllm:http_requests_total", status="499") < 1 and time.monotonic() < deadline:
         time.sleep(0.05)  # the handler notes the disconnect once its clean-up ran
-    assert server.metric("minivllm:http_requests_total", status="499") == 1
-    assert server.metric("minivllm:http_requests_total", status="500") == 0
+    assert server.metric("vllm:http_requests_total", status="499") == 1
+    assert server.metric("vllm:http_requests_total", status="500") == 0
 
 
 def test_null_n_stream_and_echo_mean_their_defaults(http):
