@@ -67,12 +67,13 @@ def test_bad_completion_request_is_a_400_naming_the_field(http, body, param, wor
         assert word in error["message"]
 
 
-def _context_message(max_len: int, prompt: int, completion: int) -> str:
-    """OpenAI's and vLLM's wording, which litellm and LangChain recognise as a context-window error."""
+def _context_message(max_len: int, prompt: int, completion: int, subject: str = "prompt") -> str:
+    """OpenAI's and vLLM's wording, which litellm and LangChain recognise as a context-window error;
+    a completion's input is its prompt, a chat request's its messages."""
     return (
         f"This model's maximum context length is {max_len} tokens. However, you requested {prompt + completion} "
-        f"tokens ({prompt} in the messages, {completion} in the completion). "
-        "Please reduce the length of the messages or completion."
+        f"tokens ({prompt} in the {subject}, {completion} in the completion). "
+        f"Please reduce the length of the {subject} or completion."
     )
 
 
