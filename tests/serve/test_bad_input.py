@@ -9,6 +9,7 @@ import time
 
 import httpx
 import pytest
+from tokenizers.processors import TemplateProcessing
 
 
 @pytest.fixture(scope="module")
@@ -48,6 +49,8 @@ BAD_COMPLETIONS = [
     ({"prompt": "x", "logprobs": 1000}, "logprobs", ["max_logprobs"]),
     ({"prompt": [10_000]}, "prompt", ["vocabulary"]),
     ({"prompt": []}, "prompt", ["empty"]),
+    ({"prompt": ""}, "prompt", ["tokenizes to no tokens", "decoder prompt cannot be empty"]),  # no BOS token
+    ({"prompt": [[]]}, "prompt", ["prompt_token_ids: is empty", "decoder prompt cannot be empty"]),
     ({"prompt": "x", "suffix": "y"}, "suffix", ["not implemented"]),
     ({"prompt": "x", "stream_options": {"include_usage": True}}, "stream_options", ["stream"]),
 ]
@@ -85,6 +88,24 @@ def test_context_window_errors_are_a_400_in_openai_wording(server, http):
     res = http.post("/v1/completions", json={"prompt": [5, 6, 7], "max_tokens": 100_000})
     assert res.status_code == 400 and res.json()["error"]["param"] == "max_tokens"
     assert res.json()["error"]["message"] == _context_message(max_len, 3, 100_000)
+
+
+def test_an_empty_prompt_is_served_when_the_tokenizer_adds_a_bos_token(server, http):
+    """As in vLLM, an empty prompt is judged by its token ids: ``""`` is ``[bos]`` here."""
+    tokenizer = server.harness.engine.tokenizer
+    backend, bos = tokenizer.backend_tokenizer, tokenizer.bos_token
+    before = backend.post_processor
+    backend.post_processor = TemplateProcessing(single=f"{bos} $A", special_tokens=[(bos, tokenizer.bos_token_id)])
+    body = {"max_tokens": 3, "temperature": 0, "ignore_eos": True}
+    try:
+        text = http.post("/v1/completions", json={**body, "prompt": ""})
+        ids = http.post("/v1/completions", json={**body, "prompt": [tokenizer.bos_token_id]})
+    finally:
+        backend.post_processor = before
+    assert text.status_code == 200 and ids.status_code == 200, (text.text, ids.text)
+    assert text.json()["usage"]["prompt_tokens"] == 1
+    assert text.json()["choices"][0]["text"] == ids.json()["choices"][0]["text"]
+    assert text.json()["usage"]["completion_tokens"] == 3
 
 
 def test_malformed_json_and_non_object_bodies(http):
