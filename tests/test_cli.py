@@ -131,7 +131,7 @@ def test_user_errors_are_one_line_naming_the_key(llama_dir, tmp_path):
         "sampling.temperature=-1": "temperature",
         "+sampling.top_k=-5": "top_k",
         "+sampling.bogus=1": "sampling",
-        "prompts=['']": "prompt",
+        "prompts=['']": "prompt: '' tokenizes to no tokens",  # the tests' tokenizer adds no BOS token
         "model.max_model_len=100000": "model.max_model_len",
         "parallel.tp=3": "parallel.tp",
         "prompts_file=/no/such/file.txt": "prompts_file",

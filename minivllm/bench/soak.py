@@ -190,11 +190,11 @@ async def _wait_idle(base_url: str, report: SoakReport, timeout: float = 60.0) -
     async with httpx.AsyncClient(base_url=base_url, timeout=30) as http:
         while True:
             samples = _metrics((await http.get("/metrics")).text)
-            report.http_500 = samples.get(("minivllm:http_requests_total", "500"), 0.0)
+            report.http_500 = samples.get(("http_requests_total", "500"), 0.0)
             idle = {
-                "running": samples.get(("minivllm:num_requests_running", None), -1.0),
-                "waiting": samples.get(("minivllm:num_requests_waiting", None), -1.0),
-                "kv_cache_usage": samples.get(("minivllm:kv_cache_usage_perc", None), -1.0),
+                "running": samples.get(("num_requests_running", None), -1.0),
+                "waiting": samples.get(("num_requests_waiting", None), -1.0),
+                "kv_cache_usage": samples.get(("kv_cache_usage_perc", None), -1.0),
             }
             if not any(idle.values()) or time.monotonic() > deadline:
                 return idle
@@ -207,10 +207,11 @@ def count_tracebacks(log: str) -> int:
 
 
 def _metrics(text: str) -> dict[tuple[str, str | None], float]:
-    """{(name, status label or None): value}, summed over other labels."""
+    """{(name, status label or None): value}, summed over other labels; names without
+    their prefix (``vllm:`` or whatever ``serve.metrics_prefix`` the server was given)."""
     out: dict[tuple[str, str | None], float] = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
-            key = (s.name, s.labels.get("status"))
+            key = (s.name.rpartition(":")[2], s.labels.get("status"))
             out[key] = out.get(key, 0.0) + s.value
     return out

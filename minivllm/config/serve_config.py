@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -11,6 +12,8 @@ from minivllm.config.validation import check_range
 
 TOOL_CALL_PARSERS = ("hermes", "llama3_json")
 REASONING_PARSERS = ("deepseek_r1", "qwen3")
+METRICS_PREFIX = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+"""What a Prometheus metric name may start with (the prefix is joined to vLLM's names by a colon)."""
 
 
 @dataclass
@@ -56,9 +59,12 @@ class ServeConfig:
     """Largest request line plus headers; more is a 400 and the connection closes."""
     dev_mode: bool = False
     """Offer development routes: /sleep, /wake_up, /is_sleeping (vLLM's VLLM_SERVER_DEV_MODE); never on a public port."""
+    metrics_prefix: str = "vllm"
+    """Namespace of the /metrics names and LLM.get_metrics() (``vllm`` gives vLLM's ``vllm:prompt_tokens_total``)."""
 
     def __post_init__(self) -> None:
         check_range("serve.port", self.port, low=0, high=65535)
+        check_metrics_prefix(self.metrics_prefix)
         check_served_model_name(self.served_model_name)
         check_range("serve.shutdown_timeout", self.shutdown_timeout, low=0.0)
         check_range("serve.max_n", self.max_n, low=1)
@@ -73,3 +79,16 @@ class ServeConfig:
             value = getattr(self, key)
             if value is not None and value not in allowed:
                 raise ValueError(f"serve.{key}={value!r}: must be one of {', '.join(allowed)} (or null)")
+
+
+def check_metrics_prefix(prefix: object) -> None:
+    if not isinstance(prefix, str) or not METRICS_PREFIX.fullmatch(prefix):
+        raise ValueError(
+            f"serve.metrics_prefix={prefix!r}: must be a Prometheus name prefix "
+            "(letters, digits, '_' or ':', not starting with a digit), e.g. vllm"
+        )
+
+
+def metric_name(prefix: str, name: str) -> str:
+    """``vllm`` + ``prompt_tokens`` -> ``vllm:prompt_tokens``."""
+    return f"{prefix}:{name}"

@@ -5,6 +5,10 @@ and/or ``prompt_token_ids`` (given ids win over the text, which is then only
 reported back). A text prompt is tokenized here, once, with the tokenizer's
 special tokens. Every id list that leaves this module is non-empty and inside
 ``[0, vocab_size)``; ``truncate_prompt_tokens`` is applied before that check.
+
+As in vLLM, emptiness is a property of the token ids, not of the text: ``""``
+is served when the tokenizer adds a BOS token (it tokenizes to ``[bos]``), and
+refused when its tokenization is empty, as ``prompt_token_ids=[]`` is.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ PromptType = Union[str, dict[str, Any], list[int]]
 or a list of token ids."""
 PROMPT_KEYS = ("prompt", "prompt_token_ids", "multi_modal_data")
 """The keys of a prompt dict the engine handles; any other is refused."""
+EMPTY_IDS = "prompt_token_ids: is empty and the decoder prompt cannot be empty; give at least one token id"
 
 
 class PromptTokenizer:
@@ -44,7 +49,12 @@ class PromptTokenizer:
                 f"a prompt dict may hold {' and '.join(PROMPT_KEYS)}"
             )
         if isinstance(prompt, str):
-            text, ids = prompt, self._encode(prompt) if prompt else []
+            text, ids = prompt, self._encode(prompt)
+            if not ids:
+                raise ValueError(
+                    f"prompt: {prompt!r} tokenizes to no tokens (this tokenizer adds no BOS token) and the "
+                    "decoder prompt cannot be empty; give text that tokenizes to at least one token"
+                )
         elif isinstance(prompt, dict) and "prompt_token_ids" in prompt:
             text, ids = prompt.get("prompt"), _as_token_ids(prompt["prompt_token_ids"])
         elif isinstance(prompt, dict) and "prompt" in prompt:
@@ -56,6 +66,8 @@ class PromptTokenizer:
                 f"prompt: expected a string, a list of token ids, or a dict with 'prompt' or 'prompt_token_ids'; "
                 f"got {type(prompt).__name__}"
             )
+        if not ids:
+            raise ValueError(EMPTY_IDS)
         return text, ids
 
     def _encode(self, text: str) -> list[int]:
@@ -64,7 +76,7 @@ class PromptTokenizer:
 
     def check_ids(self, ids: list[int]) -> None:
         if not ids:
-            raise ValueError("prompt: is empty; give at least one token")
+            raise ValueError(EMPTY_IDS)
         bad = [t for t in ids if not isinstance(t, int) or not 0 <= t < self.vocab_size]
         if bad:
             raise ValueError(f"prompt_token_ids: {bad[:5]} outside the vocabulary [0, {self.vocab_size})")

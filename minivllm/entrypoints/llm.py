@@ -97,10 +97,12 @@ class LLM:
         return self.llm_engine
 
     def get_metrics(self) -> list[Metric]:
-        """vLLM-named counters and gauges (``vllm:prompt_tokens``, ``vllm:kv_cache_usage_perc``, ...)."""
+        """vLLM-named counters and gauges (``vllm:prompt_tokens``, ...; the prefix is ``serve.metrics_prefix``)."""
         engine = self.llm_engine
         name = served_model_names(self.cfg.serve.served_model_name, self.cfg.model.path)[0]
-        return engine_metrics(engine.get_stats(), engine.counters.num_finished_requests, name)
+        return engine_metrics(
+            engine.get_stats(), engine.counters.num_finished_requests, name, self.cfg.serve.metrics_prefix
+        )
 
     def generate(
         self,

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from minivllm.config.serve_config import metric_name
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.engine.async_llm import AsyncLLM
 from minivllm.serve.app import build_app
@@ -86,8 +87,9 @@ def run_serve(cfg: VllmConfig, out_dir: Path) -> dict[str, Any]:
 def _totals(app: Any) -> dict[str, float]:
     state = app.state.server
     labels = {"model_name": state.model_name}
+    prefix = state.cfg.serve.metrics_prefix
     sample = state.metrics.registry.get_sample_value
     return {
-        "prompt_tokens": sample("minivllm:prompt_tokens_total", labels) or 0.0,
-        "generation_tokens": sample("minivllm:generation_tokens_total", labels) or 0.0,
+        "prompt_tokens": sample(metric_name(prefix, "prompt_tokens_total"), labels) or 0.0,
+        "generation_tokens": sample(metric_name(prefix, "generation_tokens_total"), labels) or 0.0,
     }

@@ -18,7 +18,7 @@ from typing import Any, Awaitable, Callable, TypeVar
 
 from fastapi import Request
 
-from minivllm.context_length import ContextLengthExceeded, check_request_fits
+from minivllm.context_length import ContextLengthExceeded, Subject, check_request_fits, served_message
 from minivllm.engine.async_llm import AsyncLLM
 from minivllm.engine.outputs import RequestOutput
 from minivllm.engine.processor import ProcessedRequest
@@ -62,17 +62,25 @@ def check_prompt(
     """The request for one prompt, checked and tokenized by the engine's rules (a 400 naming
     ``prompt_field`` for the prompt's faults); refuse a ``max_tokens`` the client sent that cannot
     fit the context (the engine would cap it). It tokenizes: call it through ``off_loop``."""
+    rename = {"prompt": prompt_field, "prompt_token_ids": prompt_field}
+    subject: Subject = "messages" if prompt_field == "messages" else "prompt"
     try:
         request = engine.process(request_id, prompt, params, priority, group_id, lora_request)
-    except ValueError as err:
-        raise bad_request(err, {"prompt": prompt_field, "prompt_token_ids": prompt_field}) from None
-    ids = request.prompt_token_ids
-    if max_tokens is not None:
-        try:
+        ids = request.prompt_token_ids
+        if max_tokens is not None:
             check_request_fits(len(ids), max_tokens, engine.cfg.max_model_len)
-        except ContextLengthExceeded as err:
-            raise bad_request(err, {"prompt": prompt_field}) from None
+    except ContextLengthExceeded as err:
+        raise bad_request(_served(err, subject), rename) from None
+    except ValueError as err:
+        raise bad_request(err, rename) from None
     return Prompt(request.prompt, ids, request)
+
+
+def _served(err: ContextLengthExceeded, subject: Subject) -> ContextLengthExceeded:
+    """The engine's refusal in the server's wording, which speaks of the route's ``subject``."""
+    return ContextLengthExceeded(
+        served_message(err, subject), err.param, err.num_prompt_tokens, err.completion, err.max_model_len
+    )
 
 
 async def start_requests(engine: AsyncLLM, prompts: list[Prompt], prompt_field: str = "prompt") -> list[RequestStream]:

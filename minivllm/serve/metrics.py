@@ -1,4 +1,7 @@
-"""GET /metrics: Prometheus text, with vLLM's metric names under a ``minivllm:`` prefix.
+"""GET /metrics: Prometheus text, with vLLM's metric names (``vllm:prompt_tokens_total``, ...).
+
+The prefix is ``serve.metrics_prefix`` (``vllm`` by default, so a vLLM dashboard
+or alert reads this server as it is); ``LLM.get_metrics()`` uses the same names.
 
 Request-level numbers (tokens, TTFT, inter-token latency, end-to-end latency)
 are observed in the front end as outputs arrive, through ``AsyncLLM``'s stat
@@ -15,6 +18,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from minivllm.config.serve_config import metric_name
 from minivllm.core.scheduler import SchedulerStats
 from minivllm.engine.request_stream import RequestStream
 
@@ -46,36 +50,37 @@ TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000)
 class ServerMetrics:
     """Implements ``AsyncLLM``'s StatLogger; renders the registry as Prometheus text."""
 
-    def __init__(self, model_name: str) -> None:
+    def __init__(self, model_name: str, prefix: str) -> None:
         self.registry = CollectorRegistry()
-        self.engine = _EngineCollector(model_name)
+        self.engine = _EngineCollector(model_name, prefix)
         self.registry.register(self.engine)
         labels, reg = ["model_name"], self.registry
 
         def histogram(name: str, doc: str, buckets: tuple) -> Histogram:
-            return Histogram(name, doc, labels, buckets=buckets, registry=reg).labels(model_name)
+            return Histogram(metric_name(prefix, name), doc, labels, buckets=buckets, registry=reg).labels(model_name)
 
         def counter(name: str, doc: str) -> Counter:
-            return Counter(name, doc, labels, registry=reg).labels(model_name)
+            return Counter(metric_name(prefix, name), doc, labels, registry=reg).labels(model_name)
 
-        self.prompt_tokens = counter("minivllm:prompt_tokens", "Prompt tokens prefilled.")
-        self.generation_tokens = counter("minivllm:generation_tokens", "Tokens generated.")
+        self.prompt_tokens = counter("prompt_tokens", "Prompt tokens prefilled.")
+        self.generation_tokens = counter("generation_tokens", "Tokens generated.")
         self._finished = Counter(
-            "minivllm:request_success",
+            metric_name(prefix, "request_success"),
             "Finished requests by finish reason.",
             ["model_name", "finished_reason"],
             registry=reg,
         )
         self._model_name = model_name
-        self.ttft = histogram("minivllm:time_to_first_token_seconds", "Time to first token.", LATENCY_BUCKETS)
-        self.itl = histogram("minivllm:inter_token_latency_seconds", "Time between output tokens.", LATENCY_BUCKETS)
-        self.e2e = histogram("minivllm:e2e_request_latency_seconds", "Arrival to last output.", LATENCY_BUCKETS)
-        self.prompt_len = histogram("minivllm:request_prompt_tokens", "Prompt tokens per request.", TOKEN_BUCKETS)
-        self.output_len = histogram(
-            "minivllm:request_generation_tokens", "Tokens generated per request.", TOKEN_BUCKETS
-        )
+        self.ttft = histogram("time_to_first_token_seconds", "Time to first token.", LATENCY_BUCKETS)
+        self.itl = histogram("inter_token_latency_seconds", "Time between output tokens.", LATENCY_BUCKETS)
+        self.e2e = histogram("e2e_request_latency_seconds", "Arrival to last output.", LATENCY_BUCKETS)
+        self.prompt_len = histogram("request_prompt_tokens", "Prompt tokens per request.", TOKEN_BUCKETS)
+        self.output_len = histogram("request_generation_tokens", "Tokens generated per request.", TOKEN_BUCKETS)
         self.http = Counter(
-            "minivllm:http_requests", "HTTP requests by route and status.", ["route", "status"], registry=reg
+            metric_name(prefix, "http_requests"),
+            "HTTP requests by route and status.",
+            ["route", "status"],
+            registry=reg,
         )
 
     # ---- StatLogger hooks (called on the event loop) -----------------------------------
@@ -107,35 +112,38 @@ class ServerMetrics:
 class _EngineCollector(Collector):
     """Gauges read from the engine's latest SchedulerStats at scrape time."""
 
-    def __init__(self, model_name: str) -> None:
+    def __init__(self, model_name: str, prefix: str) -> None:
         self.model_name = model_name
+        self.prefix = prefix
         self.stats = SchedulerStats()
 
     def collect(self):
         s, name = self.stats, self.model_name
         gauges = {
-            "minivllm:num_requests_running": ("Requests in the running batch.", s.num_running),
-            "minivllm:num_requests_waiting": ("Requests waiting to be scheduled.", s.num_waiting),
-            "minivllm:kv_cache_usage_perc": ("Fraction of KV-cache blocks in use (0-1).", s.kv_cache_usage),
-            "minivllm:kv_cache_free_blocks": ("Free KV-cache blocks.", s.num_free_blocks),
-            "minivllm:kv_cache_total_blocks": ("KV-cache blocks in all.", s.num_blocks),
-            "minivllm:prefix_cache_hit_rate": (
+            "num_requests_running": ("Requests in the running batch.", s.num_running),
+            "num_requests_waiting": ("Requests waiting to be scheduled.", s.num_waiting),
+            "kv_cache_usage_perc": ("Fraction of KV-cache blocks in use (0-1).", s.kv_cache_usage),
+            "kv_cache_free_blocks": ("Free KV-cache blocks.", s.num_free_blocks),
+            "kv_cache_total_blocks": ("KV-cache blocks in all.", s.num_blocks),
+            "prefix_cache_hit_rate": (
                 "Prompt tokens found in the prefix cache / prompt tokens looked up (NaN until the engine reports it).",
                 prefix_hit_rate(s),
             ),
         }
         for metric, (doc, value) in gauges.items():
-            g = GaugeMetricFamily(metric, doc, labels=["model_name"])
+            g = GaugeMetricFamily(metric_name(self.prefix, metric), doc, labels=["model_name"])
             g.add_metric([name], float(value))
             yield g
         counters = {
-            "minivllm:num_preemptions": ("Preemptions since start.", s.num_preemptions),
-            "minivllm:spec_decode_num_drafts": ("Speculative verification steps with drafts.", s.spec_num_drafts),
-            "minivllm:spec_decode_num_draft_tokens": ("Draft tokens proposed.", s.spec_num_draft_tokens),
-            "minivllm:spec_decode_num_accepted_tokens": ("Draft tokens accepted.", s.spec_num_accepted_tokens),
+            "num_preemptions": ("Preemptions since start.", s.num_preemptions),
+            "prefix_cache_queries": ("Prompt tokens looked up in the prefix cache.", s.prefix_cache_queries),
+            "prefix_cache_hits": ("Of those, tokens found in the prefix cache.", s.prefix_cache_hits),
+            "spec_decode_num_drafts": ("Speculative verification steps with drafts.", s.spec_num_drafts),
+            "spec_decode_num_draft_tokens": ("Draft tokens proposed.", s.spec_num_draft_tokens),
+            "spec_decode_num_accepted_tokens": ("Draft tokens accepted.", s.spec_num_accepted_tokens),
         }
         for metric, (doc, value) in counters.items():
-            c = CounterMetricFamily(metric, doc, labels=["model_name"])
+            c = CounterMetricFamily(metric_name(self.prefix, metric), doc, labels=["model_name"])
             c.add_metric([name], float(value))
             yield c
 

@@ -32,7 +32,7 @@ class ServerState:
         )
         self.adapters = ServedAdapters(list(cfg.serve.lora_modules), self.model_name, engine.processor.lora.check)
         """LoRA adapters the ``model`` field may name besides the base model."""
-        self.metrics = ServerMetrics(self.model_name)
+        self.metrics = ServerMetrics(self.model_name, cfg.serve.metrics_prefix)
         engine.stat_loggers.append(self.metrics)
         self.token_text = lru_cache(maxsize=65536)(self._token_text)
         self.max_token_chars = longest_token_chars(engine.tokenizer)

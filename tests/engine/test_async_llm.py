@@ -127,7 +127,7 @@ def test_bad_requests_raise_before_queueing_and_engine_keeps_serving(async_engin
     async def add(prompt, params, request_id="bad"):
         return await engine.add_request(request_id, prompt, params)
 
-    with pytest.raises(ValueError, match="maximum context length"):
+    with pytest.raises(ValueError, match="longer than the maximum model length"):
         async_engine.run(add(list(range(5, 5 + engine.cfg.max_model_len)), greedy(4)))
     with pytest.raises(ValueError, match="prompt_token_ids"):
         async_engine.run(add([10_000], greedy(4)))

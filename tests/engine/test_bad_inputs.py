@@ -8,6 +8,7 @@ import logging
 import numpy as np
 import pytest
 import torch
+from tokenizers.processors import TemplateProcessing
 
 from minivllm import LLM, SamplingParams
 
@@ -30,12 +31,14 @@ def _still_serves(llm: LLM) -> None:
 @pytest.mark.parametrize(
     "prompt,params,match",
     [
-        ("", SamplingParams(max_tokens=4), "prompt: is empty"),
-        ({"prompt_token_ids": []}, SamplingParams(max_tokens=4), "prompt: is empty"),
+        ("", SamplingParams(max_tokens=4), "^prompt: '' tokenizes to no tokens .*decoder prompt cannot be empty"),
+        ({"prompt": ""}, SamplingParams(max_tokens=4), "^prompt: '' tokenizes to no tokens"),
+        ({"prompt_token_ids": []}, SamplingParams(max_tokens=4), "^prompt_token_ids: is empty"),
+        ([], SamplingParams(max_tokens=4), "^prompt_token_ids: is empty"),
         (
             {"prompt_token_ids": list(range(5, 135))},
             SamplingParams(max_tokens=4),
-            r"maximum context length is 128 tokens\. However, you requested 134 tokens \(130 in the messages, 4",
+            r"^The decoder prompt \(length 130\) is longer than the maximum model length of 128\. ",
         ),
         ({"prompt_token_ids": [1, 99999]}, SamplingParams(max_tokens=4), "outside the vocabulary"),
         ({"prompt_token_ids": [1, 2.5]}, SamplingParams(max_tokens=4), "prompt_token_ids: must be a list of integer"),
@@ -47,6 +50,23 @@ def _still_serves(llm: LLM) -> None:
 def test_bad_prompts_raise_and_the_engine_keeps_serving(llm, prompt, params, match):
     with pytest.raises(ValueError, match=match):
         llm.generate(["def ok():", prompt], params, use_tqdm=False)
+    _still_serves(llm)
+
+
+def test_an_empty_text_is_served_when_the_tokenizer_adds_a_bos_token(llm):
+    """As in vLLM, emptiness is judged on the token ids: ``""`` is ``[bos]`` here."""
+    tokenizer = llm.get_tokenizer()
+    backend, bos = tokenizer.backend_tokenizer, tokenizer.bos_token
+    before = backend.post_processor
+    backend.post_processor = TemplateProcessing(single=f"{bos} $A", special_tokens=[(bos, tokenizer.bos_token_id)])
+    try:
+        assert tokenizer.encode("") == [tokenizer.bos_token_id]
+        params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
+        text, ids = llm.generate(["", {"prompt_token_ids": [tokenizer.bos_token_id]}], params, use_tqdm=False)
+    finally:
+        backend.post_processor = before
+    assert text.prompt_token_ids == [tokenizer.bos_token_id] and text.prompt == ""
+    assert text.outputs[0].token_ids == ids.outputs[0].token_ids and len(ids.outputs[0].token_ids) == 3
     _still_serves(llm)
 
 
@@ -103,7 +123,7 @@ def test_an_over_long_prompt_gets_our_error_without_the_tokenizer_warning(llm, c
     before, tokenizer.model_max_length = tokenizer.model_max_length, 16
     tokenizer.deprecation_warnings.clear()
     try:
-        with caplog.at_level(logging.WARNING), pytest.raises(ValueError, match="maximum context length is 128 tokens"):
+        with caplog.at_level(logging.WARNING), pytest.raises(ValueError, match="maximum model length of 128"):
             llm.generate("x = 1\n" * 200, SamplingParams(max_tokens=4), use_tqdm=False)
     finally:
         tokenizer.model_max_length = before

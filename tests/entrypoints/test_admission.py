@@ -49,7 +49,7 @@ def test_generate_tokenizes_each_string_prompt_once(llama_dir, monkeypatch):
 def test_generate_still_checks_every_prompt_before_queueing_any(llama_dir):
     llm = LLM(str(llama_dir), **KWARGS)
     try:
-        with pytest.raises(ValueError, match="maximum context length is 128 tokens"):
+        with pytest.raises(ValueError, match="is longer than the maximum model length of 128"):
             llm.generate([PROMPTS[0], "x " * 200], SamplingParams(max_tokens=3), use_tqdm=False)
         assert not llm.llm_engine.has_unfinished_requests()
     finally:

@@ -118,8 +118,9 @@ def test_beam_search_matches_transformers(beam_models, width, length_penalty):
         assert best.text == tok.decode(best.tokens, skip_special_tokens=True)
 
 
-def test_beam_search_over_the_context_is_openais_context_window_error(llm):
+def test_beam_search_over_the_context_is_a_context_window_error(llm):
     max_len = llm.llm_engine.cfg.max_model_len
     params = BeamSearchParams(beam_width=2, max_tokens=max_len)
-    with pytest.raises(ValueError, match=rf"^This model's maximum context length is {max_len} tokens\. However"):
+    expected = rf"^The decoder prompt \(length 3\) plus max_tokens={max_len} is longer than the maximum model length of {max_len}\."
+    with pytest.raises(ValueError, match=expected):
         llm.beam_search([{"prompt_token_ids": [5, 6, 7]}], params)

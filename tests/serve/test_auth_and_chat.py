@@ -66,6 +66,25 @@ def test_chat_equals_completion_of_the_rendered_template(server, client):
     assert chat.usage.completion_tokens == 8 and chat.choices[0].finish_reason == "length"
 
 
+def test_a_chat_context_window_error_speaks_of_the_messages(server):
+    """The completions route says "prompt" (tests/serve/test_bad_input.py); chat says "messages"."""
+    max_len, tokenizer = server.harness.cfg.max_model_len, server.harness.engine.tokenizer
+    long = [{"role": "user", "content": "hi " * max_len}]
+    with httpx.Client(base_url=server.base_url, timeout=60, headers={"Authorization": f"Bearer {KEY}"}) as http:
+        for messages, max_tokens, param in [(long, 4, "messages"), (MESSAGES, 100_000, "max_tokens")]:
+            res = http.post("/v1/chat/completions", json={"messages": messages, "max_tokens": max_tokens})
+            assert res.status_code == 400 and res.json()["error"]["param"] == param, res.text
+            rendered = tokenizer.apply_chat_template(
+                messages, chat_template=TEMPLATE, add_generation_prompt=True, tokenize=False
+            )
+            n = len(tokenizer.encode(rendered, add_special_tokens=False))
+            assert res.json()["error"]["message"] == (
+                f"This model's maximum context length is {max_len} tokens. However, you requested "
+                f"{n + max_tokens} tokens ({n} in the messages, {max_tokens} in the completion). "
+                "Please reduce the length of the messages or completion."
+            )
+
+
 def test_chat_stream_equals_chat(server, client):
     full = client.chat.completions.create(model=server.model_name, messages=MESSAGES, max_tokens=10, temperature=0)
     chunks = list(

@@ -9,6 +9,7 @@ import time
 
 import httpx
 import pytest
+from tokenizers.processors import TemplateProcessing
 
 
 @pytest.fixture(scope="module")
@@ -48,6 +49,8 @@ BAD_COMPLETIONS = [
     ({"prompt": "x", "logprobs": 1000}, "logprobs", ["max_logprobs"]),
     ({"prompt": [10_000]}, "prompt", ["vocabulary"]),
     ({"prompt": []}, "prompt", ["empty"]),
+    ({"prompt": ""}, "prompt", ["tokenizes to no tokens", "decoder prompt cannot be empty"]),  # no BOS token
+    ({"prompt": [[]]}, "prompt", ["prompt_token_ids: is empty", "decoder prompt cannot be empty"]),
     ({"prompt": "x", "suffix": "y"}, "suffix", ["not implemented"]),
     ({"prompt": "x", "stream_options": {"include_usage": True}}, "stream_options", ["stream"]),
 ]
@@ -67,12 +70,13 @@ def test_bad_completion_request_is_a_400_naming_the_field(http, body, param, wor
         assert word in error["message"]
 
 
-def _context_message(max_len: int, prompt: int, completion: int) -> str:
-    """OpenAI's and vLLM's wording, which litellm and LangChain recognise as a context-window error."""
+def _context_message(max_len: int, prompt: int, completion: int, subject: str = "prompt") -> str:
+    """OpenAI's and vLLM's wording, which litellm and LangChain recognise as a context-window error;
+    a completion's input is its prompt, a chat request's its messages."""
     return (
         f"This model's maximum context length is {max_len} tokens. However, you requested {prompt + completion} "
-        f"tokens ({prompt} in the messages, {completion} in the completion). "
-        "Please reduce the length of the messages or completion."
+        f"tokens ({prompt} in the {subject}, {completion} in the completion). "
+        f"Please reduce the length of the {subject} or completion."
     )
 
 
@@ -84,6 +88,24 @@ def test_context_window_errors_are_a_400_in_openai_wording(server, http):
     res = http.post("/v1/completions", json={"prompt": [5, 6, 7], "max_tokens": 100_000})
     assert res.status_code == 400 and res.json()["error"]["param"] == "max_tokens"
     assert res.json()["error"]["message"] == _context_message(max_len, 3, 100_000)
+
+
+def test_an_empty_prompt_is_served_when_the_tokenizer_adds_a_bos_token(server, http):
+    """As in vLLM, an empty prompt is judged by its token ids: ``""`` is ``[bos]`` here."""
+    tokenizer = server.harness.engine.tokenizer
+    backend, bos = tokenizer.backend_tokenizer, tokenizer.bos_token
+    before = backend.post_processor
+    backend.post_processor = TemplateProcessing(single=f"{bos} $A", special_tokens=[(bos, tokenizer.bos_token_id)])
+    body = {"max_tokens": 3, "temperature": 0, "ignore_eos": True}
+    try:
+        text = http.post("/v1/completions", json={**body, "prompt": ""})
+        ids = http.post("/v1/completions", json={**body, "prompt": [tokenizer.bos_token_id]})
+    finally:
+        backend.post_processor = before
+    assert text.status_code == 200 and ids.status_code == 200, (text.text, ids.text)
+    assert text.json()["usage"]["prompt_tokens"] == 1
+    assert text.json()["choices"][0]["text"] == ids.json()["choices"][0]["text"]
+    assert text.json()["usage"]["completion_tokens"] == 3
 
 
 def test_malformed_json_and_non_object_bodies(http):
@@ -109,15 +131,15 @@ def test_server_keeps_serving_and_never_answered_500(server, http):
     res = http.post("/v1/completions", json={"prompt": "def f(x):", "max_tokens": 3, "temperature": 0})
     assert res.status_code == 200 and res.json()["usage"]["completion_tokens"] == 3
     assert http.get("/health").status_code == 200
-    assert server.metric("minivllm:http_requests_total", status="500") == 0
-    assert server.metric("minivllm:http_requests_total", status="400") >= len(BAD_COMPLETIONS)
+    assert server.metric("vllm:http_requests_total", status="500") == 0
+    assert server.metric("vllm:http_requests_total", status="400") >= len(BAD_COMPLETIONS)
 
 
 def wait_for_idle_engine(server, free_blocks: float, timeout: float = 30) -> dict:
     deadline = time.monotonic() + timeout
     while True:
-        free = server.metric("minivllm:kv_cache_free_blocks")
-        running = server.metric("minivllm:num_requests_running")
+        free = server.metric("vllm:kv_cache_free_blocks")
+        running = server.metric("vllm:num_requests_running")
         if (free, running) == (free_blocks, 0) or time.monotonic() > deadline:
             return {"free": free, "running": running}
         time.sleep(0.1)
@@ -129,39 +151,39 @@ def long_request(server, stream: bool) -> dict:
 
 
 def test_disconnect_mid_stream_aborts_and_frees_blocks(server):
-    start_free = server.metric("minivllm:kv_cache_free_blocks")
-    assert start_free == server.metric("minivllm:kv_cache_total_blocks")
-    aborted = server.metric("minivllm:request_success_total", finished_reason="abort")
+    start_free = server.metric("vllm:kv_cache_free_blocks")
+    assert start_free == server.metric("vllm:kv_cache_total_blocks")
+    aborted = server.metric("vllm:request_success_total", finished_reason="abort")
     with httpx.Client(base_url=server.base_url, timeout=60) as c:
         with c.stream("POST", "/v1/completions", json=long_request(server, stream=True)) as res:
             lines = res.iter_lines()  # (dropping this iterator would close the connection)
             first = next(lines)
-            assert server.metric("minivllm:num_requests_running") == 1
+            assert server.metric("vllm:num_requests_running") == 1
         # leaving the block closes the connection mid-stream
     assert first.startswith("data: {")
     assert wait_for_idle_engine(server, start_free) == {"free": start_free, "running": 0}
-    assert server.metric("minivllm:request_success_total", finished_reason="abort") == aborted + 1
+    assert server.metric("vllm:request_success_total", finished_reason="abort") == aborted + 1
 
 
 def test_disconnect_while_waiting_for_a_non_streamed_answer(server):
-    start_free = server.metric("minivllm:kv_cache_free_blocks")
-    aborted = server.metric("minivllm:request_success_total", finished_reason="abort")
+    start_free = server.metric("vllm:kv_cache_free_blocks")
+    aborted = server.metric("vllm:request_success_total", finished_reason="abort")
     body = json.dumps(long_request(server, stream=False)).encode()
     head = f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
     with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
         sock.sendall(head.encode() + body)
         deadline = time.monotonic() + 30
-        while server.metric("minivllm:num_requests_running") != 1 and time.monotonic() < deadline:
+        while server.metric("vllm:num_requests_running") != 1 and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert server.metric("minivllm:num_requests_running") == 1
+        assert server.metric("vllm:num_requests_running") == 1
     # the socket is closed before any answer came
     assert wait_for_idle_engine(server, start_free) == {"free": start_free, "running": 0}
-    assert server.metric("minivllm:request_success_total", finished_reason="abort") == aborted + 1
+    assert server.metric("vllm:request_success_total", finished_reason="abort") == aborted + 1
     deadline = time.monotonic() + 30
-    while server.metric("minivllm:http_requests_total", status="499") < 1 and time.monotonic() < deadline:
+    while server.metric("vllm:http_requests_total", status="499") < 1 and time.monotonic() < deadline:
         time.sleep(0.05)  # the handler notes the disconnect once its clean-up ran
-    assert server.metric("minivllm:http_requests_total", status="499") == 1
-    assert server.metric("minivllm:http_requests_total", status="500") == 0
+    assert server.metric("vllm:http_requests_total", status="499") == 1
+    assert server.metric("vllm:http_requests_total", status="500") == 0
 
 
 def test_null_n_stream_and_echo_mean_their_defaults(http):

@@ -67,13 +67,13 @@ def test_64_streaming_clients_get_what_one_client_gets(server):
         return total(after) - total(before)
 
     prompt_tokens = sum(r[2] for r in results)
-    assert delta("minivllm:request_success_total", finished_reason="length") == NUM_CLIENTS
-    assert delta("minivllm:prompt_tokens_total") == prompt_tokens
-    assert delta("minivllm:generation_tokens_total") == NUM_CLIENTS * MAX_TOKENS
-    assert delta("minivllm:time_to_first_token_seconds_count") == NUM_CLIENTS
-    assert delta("minivllm:e2e_request_latency_seconds_count") == NUM_CLIENTS
-    assert delta("minivllm:inter_token_latency_seconds_count") == NUM_CLIENTS * (MAX_TOKENS - 1)
-    assert delta("minivllm:request_prompt_tokens_sum") == prompt_tokens
-    assert delta("minivllm:http_requests_total", route="/v1/completions", status="200") == NUM_CLIENTS
-    assert after[("minivllm:num_requests_running", frozenset({("model_name", server.model_name)}))] == 0
-    assert after[("minivllm:kv_cache_usage_perc", frozenset({("model_name", server.model_name)}))] == 0.0
+    assert delta("vllm:request_success_total", finished_reason="length") == NUM_CLIENTS
+    assert delta("vllm:prompt_tokens_total") == prompt_tokens
+    assert delta("vllm:generation_tokens_total") == NUM_CLIENTS * MAX_TOKENS
+    assert delta("vllm:time_to_first_token_seconds_count") == NUM_CLIENTS
+    assert delta("vllm:e2e_request_latency_seconds_count") == NUM_CLIENTS
+    assert delta("vllm:inter_token_latency_seconds_count") == NUM_CLIENTS * (MAX_TOKENS - 1)
+    assert delta("vllm:request_prompt_tokens_sum") == prompt_tokens
+    assert delta("vllm:http_requests_total", route="/v1/completions", status="200") == NUM_CLIENTS
+    assert after[("vllm:num_requests_running", frozenset({("model_name", server.model_name)}))] == 0
+    assert after[("vllm:kv_cache_usage_perc", frozenset({("model_name", server.model_name)}))] == 0.0

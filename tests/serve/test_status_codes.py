@@ -145,7 +145,7 @@ def test_a_full_waiting_queue_is_a_503_with_retry_after(server, http):
     assert refused.status_code == 503, refused.text
     assert refused.headers["retry-after"] == "1"
     assert refused.json()["error"]["type"] == "ServiceUnavailableError"
-    assert server.metric("minivllm:http_requests_total", status="500") == 0
+    assert server.metric("vllm:http_requests_total", status="500") == 0
 
 
 def _wait_until_admitted(http) -> None:

@@ -169,10 +169,10 @@ def test_metrics_endpoint_exports_the_spec_counters():
     from minivllm.serve.metrics import ServerMetrics
 
     stats = SchedulerStats(spec_decoding=True, spec_num_drafts=4, spec_num_draft_tokens=12, spec_num_accepted_tokens=7)
-    text = ServerMetrics("m").render(stats).decode()
-    assert 'minivllm:spec_decode_num_draft_tokens_total{model_name="m"} 12.0' in text
-    assert 'minivllm:spec_decode_num_accepted_tokens_total{model_name="m"} 7.0' in text
-    assert 'minivllm:spec_decode_num_drafts_total{model_name="m"} 4.0' in text
+    text = ServerMetrics("m", "vllm").render(stats).decode()
+    assert 'vllm:spec_decode_num_draft_tokens_total{model_name="m"} 12.0' in text
+    assert 'vllm:spec_decode_num_accepted_tokens_total{model_name="m"} 7.0' in text
+    assert 'vllm:spec_decode_num_drafts_total{model_name="m"} 4.0' in text
 
 
 def test_a_grammar_request_beside_drafted_ones_matches_the_plain_engine():
