@@ -197,7 +197,13 @@ def _describe_validation(errors: list[dict[str, Any]]) -> tuple[str, str | None]
     if out_of_range is not None:
         return out_of_range, param
     detail = f" (at {param}{where})" if where else ""
-    return f"{param}: {err['msg']}{detail}", param
+    return f"{param}: {_own_words(err)}{detail}", param
+
+
+def _own_words(err: dict[str, Any]) -> str:
+    """A validator's own message, without the "Value error, " pydantic puts before it."""
+    raised = err.get("ctx", {}).get("error") if err.get("type") == "value_error" else None
+    return str(raised) if raised is not None else err["msg"]
 
 
 class _Auth:

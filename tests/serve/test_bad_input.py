@@ -127,6 +127,13 @@ def test_bad_chat_requests(http):
         assert res.json()["error"]["param"] == param, body
 
 
+def test_a_validator_message_comes_in_its_own_words(http):
+    """A model validator's message is the error, without pydantic's "Value error, " before it."""
+    res = http.post("/v1/chat/completions", json={"messages": [{"role": "tool"}]})
+    assert res.status_code == 400, res.text
+    assert res.json()["error"]["message"] == "messages: a tool message needs content (at messages[0])"
+
+
 def test_server_keeps_serving_and_never_answered_500(server, http):
     res = http.post("/v1/completions", json={"prompt": "def f(x):", "max_tokens": 3, "temperature": 0})
     assert res.status_code == 200 and res.json()["usage"]["completion_tokens"] == 3
