@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass
 import triton
 
 from minivllm.tuned_tiles import DeviceFacts, lookup
+from minivllm.tuned_tiles.tile_checks import check_blocks
 
 KERNEL = "int4_gemm"
 MAX_SPLIT = 16
@@ -46,12 +47,9 @@ class Int4Tiles:
     num_stages: int = 3
 
     def __post_init__(self) -> None:
-        for name in ("block_m", "block_n", "block_k"):
-            value = getattr(self, name)
-            if value < 16 or value & (value - 1):
-                raise ValueError(f"Int4Tiles.{name} must be a power of two >= 16, got {value}")
-        if not 1 <= self.split_k <= MAX_SPLIT or self.num_warps not in (1, 2, 4, 8, 16) or self.num_stages < 1:
-            raise ValueError(f"Int4Tiles: split_k in 1..{MAX_SPLIT}, num_warps a power of two, stages >= 1: {self}")
+        check_blocks("Int4Tiles", self)
+        if not 1 <= self.split_k <= MAX_SPLIT:
+            raise ValueError(f"Int4Tiles.split_k in 1..{MAX_SPLIT}, got {self.split_k}")
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)

@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from minivllm.tuned_tiles import DeviceFacts, lookup
+from minivllm.tuned_tiles.tile_checks import check_blocks
 
 KERNEL = "fused_moe"
 
@@ -44,12 +45,9 @@ class MoeTiles:
     num_stages: int = 3
 
     def __post_init__(self) -> None:
-        for name in ("block_m", "block_n", "block_k"):
-            value = getattr(self, name)
-            if value < 16 or value & (value - 1):
-                raise ValueError(f"MoeTiles.{name} must be a power of two >= 16, got {value}")
-        if self.group_m < 1 or self.num_warps not in (1, 2, 4, 8, 16) or self.num_stages < 1:
-            raise ValueError(f"MoeTiles: group_m >= 1, num_warps a power of two <= 16, num_stages >= 1: {self}")
+        check_blocks("MoeTiles", self)
+        if self.group_m < 1:
+            raise ValueError(f"MoeTiles.group_m must be >= 1, got {self.group_m}")
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
