@@ -33,6 +33,9 @@ import torch
 from minivllm.bench.timing import kernel_timer
 from minivllm.layers.fused_moe import route, torch_fused_experts
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/, when run as a script
+from tools.gemm_tune import add_tune_arguments, check_tune_arguments  # noqa: E402
+
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
@@ -58,21 +61,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--tp", type=int, default=1, help="time one rank's slice: each expert's intermediate / tp")
     p.add_argument("--cpu-smoke", action="store_true", help="tiny shapes on the CPU, torch path only")
     p.add_argument("--json", metavar="PATH", help="also write the rows here")
-    p.add_argument("--tune", action="store_true", help="CUDA: tune the tiles first and write the tuned table")
-    p.add_argument("--tune-only", action="store_true", help="with --tune: no benchmark afterwards")
-    p.add_argument("--tune-tokens", type=int, nargs="+", default=TUNE_TOKENS, help="the M buckets to tune")
-    p.add_argument(
-        "--tune-budget-s",
-        type=float,
-        default=45.0,
-        help="shared by the shapes; token counts past a shape's share keep the heuristic",
-    )
-    p.add_argument("--table", type=Path, help="the tuned table to write (default: the package's)")
+    add_tune_arguments(p, "the tiles", TUNE_TOKENS, 45.0)
     args = p.parse_args()
-    if args.tune_only and not args.tune:
-        p.error("--tune-only needs --tune")
-    if args.tune and (args.cpu_smoke or not torch.cuda.is_available()):
-        p.error("--tune times Triton kernels: it needs a CUDA device (and no --cpu-smoke)")
+    check_tune_arguments(p, args)
     if args.cpu_smoke:
         args.tokens, args.dtype = [1, 16, 128], "fp32"
     return args
@@ -128,7 +119,6 @@ def format_row(r: dict) -> str:
 
 def tune(args, device: torch.device) -> None:
     """Time each shape's candidates at the tune token counts; merge the winners into the table."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/, when run as a script
     from minivllm.layers.fused_moe import tiles as moe_tiles
     from minivllm.layers.fused_moe.triton_experts import triton_fused_experts
     from minivllm.tuned_tiles import device_facts, merge_entries, table_path

@@ -49,6 +49,9 @@ from minivllm.quantization.awq import AWQLinearMethod
 from minivllm.quantization.fp8 import FP8, Fp8LinearMethod, _fp8_matmul, _scaled_mm_usable, quantize_activations
 from minivllm.quantization.int4 import dequantize
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/, when run as a script
+from tools.gemm_tune import add_tune_arguments, check_tune_arguments  # noqa: E402
+
 
 @dataclass(frozen=True)
 class Shape:
@@ -73,21 +76,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tokens", type=int, nargs="+", default=TOKENS)
     p.add_argument("--cpu-smoke", action="store_true", help="tiny shapes on the CPU (int4 through the interpreter)")
     p.add_argument("--json", metavar="PATH", help="also write the rows here")
-    p.add_argument("--tune", action="store_true", help="CUDA: tune the int4 tiles first and write the tuned table")
-    p.add_argument("--tune-only", action="store_true", help="with --tune: no benchmark afterwards")
-    p.add_argument("--tune-tokens", type=int, nargs="+", default=TUNE_TOKENS, help="the M buckets to tune")
-    p.add_argument(
-        "--tune-budget-s",
-        type=float,
-        default=35.0,
-        help="shared by the shapes; token counts past a shape's share keep the heuristic",
-    )
-    p.add_argument("--table", type=Path, help="the tuned table to write (default: the package's)")
+    add_tune_arguments(p, "the int4 tiles", TUNE_TOKENS, 35.0)
     args = p.parse_args(argv)
-    if args.tune_only and not args.tune:
-        p.error("--tune-only needs --tune")
-    if args.tune and (args.cpu_smoke or not torch.cuda.is_available()):
-        p.error("--tune times Triton kernels: it needs a CUDA device (and no --cpu-smoke)")
+    check_tune_arguments(p, args)
     if args.cpu_smoke:
         args.tokens = [1, 16]
     return args
@@ -222,7 +213,6 @@ def print_fp8_quant_table(tokens: list[int], shapes: list[Shape], device: torch.
 
 def tune(args, device: torch.device) -> None:
     """Time each shape's int4 candidates at the tune token counts; merge the winners into the table."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/, when run as a script
     from minivllm.quantization import int4_tiles
     from minivllm.quantization.triton_int4 import int4_matmul
     from minivllm.tuned_tiles import device_facts, merge_entries, table_path

@@ -11,8 +11,10 @@ limit keeps what it finished.
 
 from __future__ import annotations
 
+import argparse
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -105,3 +107,26 @@ class Budget:
 
     def spent(self) -> bool:
         return time.monotonic() > self.deadline
+
+
+def add_tune_arguments(p: argparse.ArgumentParser, what: str, tokens: list[int], budget_s: float) -> None:
+    """The ``--tune`` options a kernel benchmark takes (``what``: the tiles it tunes; ``tokens``:
+    the table's M buckets)."""
+    p.add_argument("--tune", action="store_true", help=f"CUDA: tune {what} first and write the tuned table")
+    p.add_argument("--tune-only", action="store_true", help="with --tune: no benchmark afterwards")
+    p.add_argument("--tune-tokens", type=int, nargs="+", default=tokens, help="the M buckets to tune")
+    p.add_argument(
+        "--tune-budget-s",
+        type=float,
+        default=budget_s,
+        help="shared by the shapes; token counts past a shape's share keep the heuristic",
+    )
+    p.add_argument("--table", type=Path, help="the tuned table to write (default: the package's)")
+
+
+def check_tune_arguments(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """``p.error`` for ``--tune`` options that cannot run here."""
+    if args.tune_only and not args.tune:
+        p.error("--tune-only needs --tune")
+    if args.tune and (args.cpu_smoke or not torch.cuda.is_available()):
+        p.error("--tune times Triton kernels: it needs a CUDA device (and no --cpu-smoke)")
