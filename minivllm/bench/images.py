@@ -12,7 +12,7 @@ import numpy as np
 from PIL import Image
 
 from minivllm.bench.workloads import BenchRequest, check_fits, random_ids
-from minivllm.config.bench import BenchConfig
+from minivllm.config.task import BenchConfig
 from minivllm.config.vllm_config import VllmConfig
 
 PLACEHOLDER_KEYS = ("image_token_id", "image_token_index", "video_token_id")

@@ -30,7 +30,7 @@ from minivllm.bench.memory import PeakMemory
 from minivllm.bench.step_timer import StepTimer
 from minivllm.bench.warmup import model_runner, warm_up
 from minivllm.bench.workloads import BenchRequest
-from minivllm.config.bench import BenchConfig
+from minivllm.config.task import BenchConfig
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.entrypoints.llm import LLM
 from minivllm.sampling_params import RequestOutputKind, SamplingParams

@@ -13,7 +13,7 @@ from typing import Any, Callable, Collection
 
 import numpy as np
 
-from minivllm.config.bench import BenchConfig
+from minivllm.config.task import BenchConfig
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,8 +18,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from minivllm.cli.vllm_flags import flag_hint
-from minivllm.config.presets import check_model_choice
-from minivllm.config.store import register_configs
+from minivllm.config.store import check_model_choice, register_configs
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.plugins import load_general_plugins
 

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from minivllm.config.rope import ROPE_TYPES
+from minivllm.config.model import ROPE_TYPES
 
 
 @dataclass(frozen=True)

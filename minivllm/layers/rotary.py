@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from minivllm.config.rope import rope_parameters
+from minivllm.config.model import rope_parameters
 from minivllm.layers.rope_scaling import RopeFrequencies, compute_frequencies
 
 

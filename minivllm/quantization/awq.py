@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from minivllm.config.quantization import awq_settings
+from minivllm.config.model import awq_settings
 from minivllm.quantization.base import LinearShape, ParamSpec, QuantizationConfig, add_param
 from minivllm.quantization.ignore import is_ignored
 from minivllm.quantization.int4 import PACK, Int4LinearMethod, pack_rows, unpack_cols

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from minivllm.config.quantization import compressed_tensors_settings
+from minivllm.config.model import compressed_tensors_settings
 from minivllm.quantization.base import LinearMethod, QuantizationConfig
 from minivllm.quantization.fp8 import Fp8LinearMethod, ScaledWeightMethod
 from minivllm.quantization.ignore import is_ignored

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from minivllm.config.quantization import fp8_settings
+from minivllm.config.model import fp8_settings
 from minivllm.quantization.base import (
     LinearMethod,
     LinearShape,

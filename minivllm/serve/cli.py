@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from minivllm.config.serve_config import metric_name
+from minivllm.config.task import metric_name
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.engine.async_llm import AsyncLLM
 from minivllm.serve.app import build_app

@@ -6,8 +6,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from minivllm.config.generation_defaults import generation_defaults
-from minivllm.config.served_names import served_model_names
+from minivllm.config.load import generation_defaults
+from minivllm.config.task import served_model_names
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.engine.async_llm import AsyncLLM
 from minivllm.lora.request import LoRARequest
@@ -25,7 +25,7 @@ class ServerState:
         """Every name the model answers to; the first is reported in responses."""
         self.model_name = self.model_names[0]
         self.api_key = cfg.serve.api_key
-        self.default_sampling_params = generation_defaults(cfg)
+        self.default_sampling_params = generation_defaults(cfg.model.generation_config, cfg.checkpoint_dir)
         """The checkpoint's generation config: defaults for the sampling fields a request leaves out."""
         self.chat_template = load_chat_template(cfg.serve.chat_template) or getattr(
             engine.tokenizer, "chat_template", None

@@ -17,7 +17,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from minivllm.config.tune import SloConfig
+from minivllm.config.task import SloConfig
 
 logger = logging.getLogger("minivllm")
 

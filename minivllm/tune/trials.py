@@ -16,7 +16,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from minivllm.config.tune import SloConfig
+from minivllm.config.task import SloConfig
 from minivllm.tune.objective import THROUGHPUT, judge
 from minivllm.tune.report import best_config, engine_keys
 

@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any, Awaitable, Iterator, TypeVar
 
 from minivllm.config.llm_kwargs import config_from_kwargs
-from minivllm.config.vllm_config import ServeConfig, VllmConfig
+from minivllm.config.task import ServeConfig
+from minivllm.config.vllm_config import VllmConfig
 from minivllm.engine.async_llm import AsyncLLM
 
 T = TypeVar("T")

@@ -7,8 +7,8 @@ import httpx
 import openai
 import pytest
 
-from minivllm.config.served_names import served_model_names
 from minivllm.config.store import build_config, compose
+from minivllm.config.task import served_model_names
 from minivllm.tokenizer import DEMO_TOKENIZER
 
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from minivllm.config.vllm_config import ServeConfig
+from minivllm.config.task import ServeConfig
 from minivllm.serve.reasoning import REASONING_PARSERS
 from minivllm.serve.tool_parsers import TOOL_PARSERS
 

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from minivllm.config.tune import SloConfig
+from minivllm.config.task import SloConfig
 from minivllm.tune.objective import FAILED_SCORE, judge, sweeper_value
 from minivllm.tune.plots import pareto_front
 from minivllm.tune.trials import select_best

@@ -15,7 +15,7 @@ from typing import Annotated, Any
 import annotated_types
 from pydantic import BeforeValidator, Strict
 
-from minivllm.config.validation import Range
+from minivllm.config.model import Range
 from minivllm.pooling.params import RANGES as POOLING_RANGES
 from minivllm.sampling_params import RANGES as SAMPLING_RANGES
 from minivllm.serve.protocol.base import refuse_bool

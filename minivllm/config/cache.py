@@ -10,9 +10,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from minivllm.config.validation import check_choice, check_range
+import torch
+
+from minivllm.config.model import DTYPES, check_choice, check_range
 
 CACHE_DTYPES = ("auto", "float32", "float16", "bfloat16", "fp8", "fp8_e4m3")
+KV_DTYPES = {**DTYPES, "fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn}
+"""The torch dtype of each ``cache.cache_dtype`` but ``auto`` (which follows the model's)."""
 
 
 @dataclass
