@@ -217,7 +217,7 @@ def tune(args, device: torch.device) -> None:
     from minivllm.quantization.triton_int4 import int4_matmul
     from minivllm.tuned_tiles import device_facts, merge_entries, table_path
     from tools.gemm_tune import Budget, compile_failures, report_line, time_candidates
-    from tools.gemm_variants import int4_launch_variant
+    from tools.kernel_variants import int4_launch_variant
 
     facts = device_facts(device)
     table = args.table or table_path(int4_tiles.KERNEL)

@@ -81,12 +81,11 @@ def _multirun() -> bool:
 
 def _sweep_job(cfg: DictConfig) -> Any:
     """One multirun job; under a tune preset (``+tune=...``), its score for the sweeper."""
-    from minivllm.bench.sweep_callback import run_sweep_job
+    from minivllm.bench.sweep import run_sweep_job
 
     if not cfg.tune.enabled:
         return run_sweep_job(run, cfg, output_dir())
-    from minivllm.tune.devices import claim_device, release_memory
-    from minivllm.tune.objective import sweeper_value
+    from minivllm.tune.objective import claim_device, release_memory, sweeper_value
 
     if cfg.tune.devices:  # one GPU per trial process, claimed before CUDA starts
         claim_device(cfg.tune.devices, Path(HydraConfig.get().sweep.dir) / ".devices")
