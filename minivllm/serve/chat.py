@@ -232,6 +232,9 @@ def tool_calls_out(calls: list[ToolCall]) -> list[ToolCallOut]:
 
 
 class ChatOutputParser:
+    """A choice's text -> ``reasoning_content``, ``content`` and ``tool_calls``, whole or streamed
+    (``stream()``: one ``ChoiceStream`` per choice)."""
+
     def __init__(self, tools: ToolPlan | None, reasoning: ThinkParser | None) -> None:
         self.tools, self.reasoning = tools, reasoning
 
