@@ -36,7 +36,7 @@ def _tasks() -> dict[str, Callable[[VllmConfig, Path], dict[str, Any]]]:
     except ImportError:
         pass
     try:
-        from minivllm.serve.cli import run_serve
+        from minivllm.serve.server import run_serve
 
         tasks["serve"] = run_serve
     except ImportError:

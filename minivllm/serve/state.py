@@ -1,4 +1,5 @@
-"""What every route handler needs: the engine, the served name, the chat template."""
+"""What every route handler needs: the engine, the served names and adapters, the chat
+template, the checkpoint's sampling defaults and the tokenizer's bounds."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from minivllm.lora.request import LoRARequest
 from minivllm.lora.serving import ServedAdapters
 from minivllm.serve.errors import ModelNotFound
 from minivllm.serve.metrics import ServerMetrics
-from minivllm.serve.protocol import CompletionChoice, CompletionResponse, ErrorInfo, ErrorResponse, UsageInfo
+from minivllm.serve.protocol import ModelCard
 
 
 class ServerState:
@@ -36,7 +37,7 @@ class ServerState:
         engine.stat_loggers.append(self.metrics)
         self.token_text = lru_cache(maxsize=65536)(self._token_text)
         self.max_token_chars = longest_token_chars(engine.tokenizer)
-        """No token of the tokenizer is longer (limits.check_text_length bounds prompts with it)."""
+        """No token of the tokenizer is longer (admission.check_text_length bounds prompts with it)."""
 
     def check_model(self, model: str | None) -> LoRARequest | None:
         """The adapter ``model`` names (None: the base model, under any served name); 404 for a name not served."""
@@ -57,24 +58,15 @@ class ServerState:
     def detokenize(self, token_ids: list[int]) -> str:
         return self.engine.tokenizer.decode(token_ids)
 
-    def completion_response(
-        self,
-        request_id: str,
-        choices: list[CompletionChoice],
-        usage: UsageInfo | None,
-        model: str | None = None,
-        created: int | None = None,
-    ) -> CompletionResponse:
-        """``model``: the name the request chose (an adapter's); default the served model.
-        ``created``: a stream's one timestamp; default now."""
-        stamp = {} if created is None else {"created": created}
-        return CompletionResponse(id=request_id, model=self.shown_model(model), choices=choices, usage=usage, **stamp)
-
-    @staticmethod
-    def error_body(
-        message: str, kind: str = "invalid_request_error", code: int = 400, param: Any = None
-    ) -> ErrorResponse:
-        return ErrorResponse(error=ErrorInfo(message=message, type=kind, param=param, code=code))
+    def model_cards(self) -> list[ModelCard]:
+        """/v1/models: every served name of the base model, then each LoRA adapter."""
+        root, max_len = self.cfg.model.path, self.cfg.max_model_len
+        cards = [ModelCard(id=name, root=root, max_model_len=max_len) for name in self.model_names]
+        adapters = [
+            ModelCard(id=name, root=lora.lora_path, parent=self.model_name, max_model_len=max_len)
+            for name, lora in self.adapters.by_name.items()
+        ]
+        return [*cards, *adapters]
 
 
 UNKNOWN_TOKEN_CHARS = 1 << 20

@@ -4,14 +4,15 @@
 DeepSeek-R1's template opens ``<think>`` in the prompt, so its output may begin
 inside the reasoning with no opening tag (``starts_in_prompt``): there, text with
 no ``</think>`` yet is reasoning. For Qwen3, output that does not open with
-``<think>`` is plain content (thinking switched off).
+``<think>`` is plain content (thinking switched off). ``REASONING_PARSERS`` names
+them by ``serve.reasoning_parser`` (vLLM's names).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from minivllm.serve.tool_parsers.base import held_back
+from minivllm.serve.tools import held_back
 
 START, END = "<think>", "</think>"
 
@@ -71,3 +72,9 @@ class ThinkStream:
     def _content(self, content: str, final: bool) -> str:
         out, self.sent_content = content[self.sent_content :], max(self.sent_content, len(content))
         return out
+
+
+REASONING_PARSERS: dict[str, ThinkParser] = {
+    "deepseek_r1": ThinkParser(starts_in_prompt=True),
+    "qwen3": ThinkParser(starts_in_prompt=False),
+}
