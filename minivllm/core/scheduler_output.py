@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from minivllm.core.block_pool import BlockId
-from minivllm.lora.request import LoRARequest
+from minivllm.lora_request import LoRARequest
 from minivllm.multimodal.feature import MultiModalFeature
 from minivllm.request import RequestId
 from minivllm.sampling_params import SamplingParams

@@ -13,7 +13,7 @@ from transformers import PretrainedConfig
 
 from minivllm.config.lora import LoRAConfig
 from minivllm.lora.peft_loader import load_peft_adapter
-from minivllm.lora.request import LoRARequest
+from minivllm.lora_request import LoRARequest
 
 
 class LoRAChecker:

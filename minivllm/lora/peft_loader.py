@@ -23,7 +23,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import PretrainedConfig
 
-from minivllm.lora.request import LoRARequest
+from minivllm.lora_request import LoRARequest
 
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"

@@ -23,7 +23,7 @@ from minivllm.engine.async_llm import AsyncLLM
 from minivllm.engine.outputs import RequestOutput
 from minivllm.engine.processor import ProcessedRequest
 from minivllm.engine.request_stream import RequestStream
-from minivllm.lora.request import LoRARequest
+from minivllm.lora_request import LoRARequest
 from minivllm.sampling_params import SamplingParams
 from minivllm.serve.errors import ClientDisconnected
 from minivllm.serve.params import bad_request

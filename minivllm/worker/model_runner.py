@@ -39,7 +39,7 @@ from minivllm.pooling.pooler import Pooler
 from minivllm.sample.sampler import Sampler
 from minivllm.spec_decode.eagle import model_proposer
 from minivllm.spec_decode.verifier import DraftVerifier
-from minivllm.structured_output.bitmask import bitmask_for_rows
+from minivllm.structured_output.backend import bitmask_for_rows
 from minivllm.utils import cdiv, instantiate_target
 from minivllm.worker.batch_sampling import BatchSampling
 from minivllm.worker.cuda_graphs import CUDAGraphRunner
