@@ -23,7 +23,7 @@ from torch import nn
 
 from minivllm.attention.backend import AttentionMetadata
 from minivllm.attention.kv_quant import FP8_KV_DTYPE
-from minivllm.attention.ops.fp8_capability import check_fp8_kv_capability
+from minivllm.attention.ops.checks import check_fp8_kv_capability
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.core.scheduler_output import SchedulerOutput
 from minivllm.distributed.parallel_state import broadcast_from_first

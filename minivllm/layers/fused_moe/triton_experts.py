@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from minivllm.attention.ops._validation import SUPPORTED_DTYPES, check_launchable, check_tensor, require
+from minivllm.attention.ops.checks import SUPPORTED_DTYPES, check_launchable, check_tensor, require
 from minivllm.layers.fused_moe.align import AlignedRouting, align_by_expert
 from minivllm.layers.fused_moe.tiles import MoeTiles, choose_tiles
 from minivllm.layers.fused_moe.torch_experts import silu_and_mul
