@@ -16,7 +16,7 @@ from enum import Enum
 from typing import Any, Callable, Optional
 
 from minivllm.config.model import Range, check_range
-from minivllm.structured_output.params import GuidedDecodingParams, StructuredOutputsParams
+from minivllm.structured_output_params import GuidedDecodingParams, StructuredOutputsParams
 
 _GREEDY_EPS = 1e-5
 

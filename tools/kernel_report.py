@@ -52,7 +52,7 @@ SHARED_LIMIT = {  # bytes of shared memory one block may use (opt-in maximum)
 
 def start_up_refusal(variant: Variant, arch: int) -> str:
     """The engine's start-up error for the variant's configuration on ``arch``; "" if it starts."""
-    from minivllm.attention.ops.fp8_capability import check_fp8_kv_capability
+    from minivllm.attention.ops.checks import check_fp8_kv_capability
 
     checks = [check_fp8_kv_capability] if variant.fp8_kv else []
     if variant.capability_check is not None:

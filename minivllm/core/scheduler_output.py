@@ -18,7 +18,7 @@ import numpy as np
 
 from minivllm.core.block_pool import BlockId
 from minivllm.core.encoder_scheduling import EncoderStep
-from minivllm.lora.request import LoRARequest
+from minivllm.lora_request import LoRARequest
 from minivllm.multimodal.feature import MultiModalFeature
 from minivllm.request import Request, RequestId
 from minivllm.sampling_params import SamplingParams

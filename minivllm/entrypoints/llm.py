@@ -27,7 +27,7 @@ from minivllm.entrypoints.llm_args import (
     pooling_params_per_prompt,
 )
 from minivllm.executor.user_calls import apply_to_model
-from minivllm.lora.request import LoRARequest
+from minivllm.lora_request import LoRARequest
 from minivllm.multimodal.media import MediaConnector
 from minivllm.plugins import load_general_plugins
 from minivllm.pooling.outputs import EmbeddingRequestOutput, PoolingRequestOutput

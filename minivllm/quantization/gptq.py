@@ -22,8 +22,7 @@ import torch
 from torch import nn
 
 from minivllm.config.model import gptq_settings
-from minivllm.quantization.base import LinearShape, ParamSpec, QuantizationConfig, add_param
-from minivllm.quantization.ignore import is_ignored
+from minivllm.quantization.base import LinearShape, ParamSpec, QuantizationConfig, add_param, is_ignored
 from minivllm.quantization.int4 import PACK, Int4LinearMethod, unpack_cols
 
 

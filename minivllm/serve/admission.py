@@ -45,7 +45,7 @@ from minivllm.engine.async_llm import AsyncLLM
 from minivllm.engine.processor import ProcessedRequest
 from minivllm.engine.request_stream import RequestStream
 from minivllm.entrypoints.chat_utils import render_chat
-from minivllm.lora.request import LoRARequest
+from minivllm.lora_request import LoRARequest
 from minivllm.multimodal.media import MediaConnector
 from minivllm.sampling_params import SamplingParams
 from minivllm.serve.errors import BadRequest, Overloaded, bad_request

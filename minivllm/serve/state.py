@@ -11,8 +11,8 @@ from minivllm.config.load import generation_defaults
 from minivllm.config.task import served_model_names
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.engine.async_llm import AsyncLLM
-from minivllm.lora.request import LoRARequest
 from minivllm.lora.serving import ServedAdapters
+from minivllm.lora_request import LoRARequest
 from minivllm.serve.errors import ModelNotFound
 from minivllm.serve.metrics import ServerMetrics
 from minivllm.serve.protocol import ModelCard

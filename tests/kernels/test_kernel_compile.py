@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from minivllm.attention.ops.fp8_capability import check_fp8_kv_capability
+from minivllm.attention.ops.checks import check_fp8_kv_capability
 from minivllm.quantization.triton_fp8_quant import check_fp8_quant_capability
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -8,9 +8,10 @@ import json
 import pytest
 import torch
 
+from minivllm import tuned_tiles as table
 from minivllm.layers.fused_moe import tiles as moe_tiles
 from minivllm.quantization import int4_tiles
-from minivllm.tuned_tiles import device_facts, merge_entries, nearest_bucket, table
+from minivllm.tuned_tiles import device_facts, merge_entries, nearest_bucket
 from tools.gemm_tune import MAX_REL_ERR, Budget, report_line, time_candidates
 from tools.kernel_variants import benchmark_module
 

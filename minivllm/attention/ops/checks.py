@@ -1,9 +1,23 @@
-"""Input checks shared by the Triton kernel wrappers: clear ValueErrors before a launch."""
+"""What every Triton kernel wrapper checks before a launch: clear ValueErrors, never a
+Triton compile error or a wrong result.
+
+The inputs: their device, rank, strides and dtypes, and whether the kernel can run
+there at all (CUDA, or the CPU under ``TRITON_INTERPRET=1``).
+
+An fp8 KV cache: below compute capability 8.9 (``tuned_tiles.has_fp8``) neither the
+KV write (``triton_kv_write.py``) nor paged attention compiles for it. The model
+runner calls ``check_fp8_kv_capability`` for the Triton backend on a GPU before the
+weights load, so such a configuration fails at start-up with a ValueError naming
+``cache.cache_dtype``, never at the first launch. The torch backend and Triton's CPU
+interpreter read fp8 through torch casts and are not checked.
+"""
 
 from __future__ import annotations
 
 import torch
 from triton.runtime.interpreter import InterpretedFunction
+
+from minivllm.tuned_tiles import check_fp8_capability
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -55,4 +69,15 @@ def check_cache(
     require(
         kv_cache.dtype in (dtype, torch.float8_e4m3fn),
         f"kv_cache dtype {kv_cache.dtype} must be the inputs' {dtype} or torch.float8_e4m3fn",
+    )
+
+
+def check_fp8_kv_capability(capability: tuple[int, int], cache_dtype: str = "fp8") -> None:
+    """Refuse an fp8 KV cache (``cache.cache_dtype=cache_dtype``) on a GPU of compute
+    ``capability`` where the Triton kernels cannot read it: a ValueError at start-up
+    instead of a Triton compile error at the first launch."""
+    check_fp8_capability(
+        capability,
+        f"cache.cache_dtype={cache_dtype}: an fp8 KV cache in the Triton attention kernels needs",
+        "use cache.cache_dtype=auto (or float16/bfloat16), or attention.name=torch",
     )

@@ -1,4 +1,9 @@
-"""``LoRARequest``: which adapter a request runs under (vLLM's fields)."""
+"""``LoRARequest``: which adapter a request runs under (vLLM's fields).
+
+A user-facing type that the request, the scheduler's output, the front end and
+the workers all carry, so it sits at the bottom of the package graph and
+imports nothing of the engine (vLLM's ``vllm.lora.request.LoRARequest``).
+"""
 
 from __future__ import annotations
 

@@ -3,6 +3,10 @@ of choices, an EBNF grammar, or any JSON object (vLLM's ``StructuredOutputsParam
 
 Exactly one kind is set. ``key()`` names the grammar for the compile cache, so
 requests that ask for the same constraint share one compiled grammar.
+
+``SamplingParams`` carries it, so it sits at the bottom of the package graph beside
+``sampling_params.py`` and imports nothing of the engine; the grammars themselves
+are ``structured_output/``'s.
 """
 
 from __future__ import annotations
