@@ -19,7 +19,7 @@ ATTENTION_TARGETS = {
     "triton": "minivllm.attention.triton_backend.TritonAttentionBackend",
 }
 EXECUTOR_TARGETS = {
-    "uni": "minivllm.executor.uniproc.UniProcExecutor",
+    "uni": "minivllm.executor.base.UniProcExecutor",
     "mp": "minivllm.executor.multiproc.MultiprocExecutor",
     "ray": "minivllm.executor.ray_executor.RayDistributedExecutor",
     "external_launcher": "minivllm.executor.external_launcher.ExecutorWithExternalLauncher",

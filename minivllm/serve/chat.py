@@ -10,10 +10,10 @@ from typing import Any, AsyncIterator
 
 from fastapi import Request
 
-from minivllm.engine.outputs import CompletionOutput
 from minivllm.engine.request_stream import RequestStream
 from minivllm.entrypoints.chat_utils import render_chat
 from minivllm.multimodal.media import MediaConnector
+from minivllm.outputs import CompletionOutput
 from minivllm.sampling_params import RequestOutputKind
 from minivllm.serve.chat_output import ChatOutputParser
 from minivllm.serve.completions import prompt_logprobs_json

@@ -8,8 +8,8 @@ from typing import Any, AsyncIterator
 
 from fastapi import Request
 
-from minivllm.engine.outputs import CompletionOutput
 from minivllm.engine.request_stream import RequestStream
+from minivllm.outputs import CompletionOutput
 from minivllm.sampling_params import RequestOutputKind
 from minivllm.serve.generation import Prompt, check_prompt, finished, off_loop, start_requests, usage
 from minivllm.serve.limits import admit, check_text_length, prompt_texts

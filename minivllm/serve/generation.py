@@ -20,10 +20,10 @@ from fastapi import Request
 
 from minivllm.context_length import ContextLengthExceeded, Subject, check_request_fits, served_message
 from minivllm.engine.async_llm import AsyncLLM
-from minivllm.engine.outputs import RequestOutput
 from minivllm.engine.processor import ProcessedRequest
 from minivllm.engine.request_stream import RequestStream
 from minivllm.lora.request import LoRARequest
+from minivllm.outputs import RequestOutput
 from minivllm.sampling_params import SamplingParams
 from minivllm.serve.errors import ClientDisconnected
 from minivllm.serve.params import bad_request

@@ -17,8 +17,8 @@ from typing import Any, AsyncIterator, Iterable
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
 
-from minivllm.engine.outputs import CompletionOutput, RequestOutput
 from minivllm.engine.request_stream import EngineDeadError, RequestStream
+from minivllm.outputs import CompletionOutput, RequestOutput
 from minivllm.serve.generation import Prompt, usage
 from minivllm.serve.protocol import UsageInfo
 from minivllm.serve.state import ServerState
