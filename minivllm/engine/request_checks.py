@@ -16,7 +16,7 @@ from transformers import PreTrainedTokenizerBase
 
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.kv_cache_spec import KVCacheSpec
-from minivllm.sample.custom_processors import check_picklable
+from minivllm.sample.logits_processors import check_picklable
 from minivllm.sampling_params import SamplingParams
 from minivllm.structured_output.backend import check_grammar
 
