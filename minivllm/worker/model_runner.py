@@ -166,12 +166,10 @@ class ModelRunner:
         """Allocate one zeroed tensor per layer and bind it to the layer (``Attention.kv_cache``),
         which writes and reads it."""
         shape = self.kv_cache_shape(num_blocks)
-        self.kv_caches = [
-            torch.zeros(shape, dtype=self.cfg.kv_cache_dtype, device=self.device)
-            for _ in range(len(self.attention_layers))
-        ]
-        for layer, cache in zip(self.attention_layers, self.kv_caches):
-            layer.kv_cache = cache
+        self.kv_caches = []
+        for layer in self.attention_layers:
+            layer.kv_cache = torch.zeros(shape, dtype=self.cfg.kv_cache_dtype, device=self.device)
+            self.kv_caches.append(layer.kv_cache)
         if self.drafter is not None:  # its own tensors over the same block ids
             self.drafter.init_kv_cache(num_blocks)
 
