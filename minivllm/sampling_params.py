@@ -125,7 +125,7 @@ class SamplingParams:
     def _validate(self) -> None:
         for name in _INTS:
             _check_int(name, getattr(self, name), optional=name in _OPTIONAL_INTS)
-        for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty"):
+        for name in _NUMBERS:
             _check_number(name, getattr(self, name))
         for name, allowed in RANGES.items():
             value = getattr(self, name)
@@ -195,6 +195,8 @@ request models declare the same bounds in its OpenAPI schema (``serve/protocol/r
 
 _INTS = ("n", "top_k", "min_tokens", "max_tokens", "logprobs", "prompt_logprobs", "seed", "truncate_prompt_tokens")
 _OPTIONAL_INTS = ("max_tokens", "logprobs", "prompt_logprobs", "seed", "truncate_prompt_tokens")
+_NUMBERS = tuple(name for name in RANGES if name not in _INTS)
+"""The numeric fields that are not integers (temperature, top_p, min_p, the penalties): finite numbers."""
 _LOGIT_BIAS_LIMIT = 100.0
 
 

@@ -54,7 +54,7 @@ from minivllm.models.registry import ModelRegistry
 from minivllm.multimodal.feature import MultiModalFeature
 from minivllm.multimodal.processing import MultiModalProcessor, load_multimodal_processor
 from minivllm.pooling.params import PoolingParams
-from minivllm.sample.custom_processors import check_picklable
+from minivllm.sample.logits_processors import check_picklable
 from minivllm.sampling_params import SamplingParams
 from minivllm.structured_output.backend import check_grammar
 

@@ -13,7 +13,9 @@ request whose prompt is now fully computed, returns the pooled vector:
   caching off (see ``VllmConfig``).
 
 The request also gets one placeholder token so the scheduler finishes it
-(pooling requests ask for ``max_tokens=1``).
+(pooling requests ask for ``max_tokens=1``). The pooler is a request store of the
+runner's batch (``InputBatch.register``): a request the batch forgets (finished or
+preempted) loses its sum.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 import torch
 
 from minivllm.config.model import POOLING_TYPES
+from minivllm.core.scheduler_output import NewRequestData
 from minivllm.outputs import ModelRunnerOutput
 from minivllm.request import RequestId
 
@@ -35,6 +38,12 @@ class Pooler:
         self._sums: dict[RequestId, torch.Tensor] = {}
         """MEAN only: request -> (H,) fp32 sum of the hidden states computed so far."""
 
+    def add(self, new: NewRequestData) -> None:
+        """A request's sum starts with its first chunk (``computed == 0``)."""
+
+    def remove(self, req_id: RequestId) -> None:
+        self._sums.pop(req_id, None)
+
     def __call__(
         self,
         hidden: torch.Tensor,
@@ -42,13 +51,9 @@ class Pooler:
         computed: list[int],
         query_lens: list[int],
         done_rows: list[int],
-        forget: set[RequestId],
     ) -> ModelRunnerOutput:
         """hidden: (T, H), request i's rows are ``query_lens[i]`` consecutive ones; ``computed[i]``:
-        its tokens computed before this step; ``done_rows``: the requests whose prompt is now complete;
-        ``forget``: requests finished or preempted since the last step."""
-        for req_id in forget:
-            self._sums.pop(req_id, None)
+        its tokens computed before this step; ``done_rows``: the requests whose prompt is now complete."""
         starts = [0]
         for n in query_lens[:-1]:
             starts.append(starts[-1] + n)

@@ -1,73 +1,161 @@
-"""Per-step sampling inputs, one row per request that samples this step.
+"""The sampler's inputs, and the one table of per-request numbers they are built from.
 
-The worker builds them from the persistent batch's per-row arrays
-(``worker/sampling_metadata.py``) and reuses them while the batch's membership
-and the sampling rows stay the same; only requests with logit edits (penalties,
-bad words, min_tokens, ...) need their token history, and only they cost work
-every step.
+Every per-request number the sampler reads (temperature, top-k, top-p, min-p, the three
+penalties) is one entry of ``ROW_PARAMS``: the field's name (the same in ``SamplingParams``
+and ``SamplingMetadata``), the dtype of its column, the value at which it changes nothing,
+and a value that makes the sampler do its work. Everything else follows from the table:
+
+- ``SamplingRows`` keeps one preallocated column per entry, a row per request of the
+  persistent batch (``set_row`` when a request joins, ``move_row`` when the batch condenses);
+- ``SamplingRows.metadata`` gathers a step's rows into ``SamplingMetadata``: a (N,) tensor per
+  entry, or None when every row holds the entry's neutral value (the sampler then skips it).
+  It is the one way sampling inputs are made: the plain step (``InputBatch.sampling_metadata``,
+  which adds the step's generators and logit edits), speculative decoding's verifier and
+  draft model, and the start-up profile, which asks for every entry at its ``profile`` value.
+
+A new per-request number is a ``SamplingParams`` field, an entry here and its
+``SamplingMetadata`` field, and the op that reads it (``sampler.py``, or ``logits_processors.py``
+for a penalty); and the server's request field, where it is exposed.
+
+The worker reuses a step's metadata while the batch's membership and sampling rows stay the
+same; only requests with logit edits (penalties, bad words, min_tokens, ...) need their token
+history, and only they cost work every step.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Callable
 
+import numpy as np
 import torch
 
-from minivllm.sample.history import TokenHistory
 from minivllm.sample.logits_processors import LogitsEdits
 from minivllm.sampling_params import SamplingParams
 
 
+@dataclass(frozen=True)
+class RowParam:
+    """One per-request number the sampler reads: a column of the batch, a (N,) tensor of a step."""
+
+    name: str
+    """The ``SamplingParams`` field it comes from and the ``SamplingMetadata`` field it goes to."""
+    dtype: type
+    neutral: float | None
+    """The value that leaves the logits as they are: a step whose rows all hold it gets None
+    (the sampler skips the op). None: always a tensor."""
+    profile: float
+    """A value at which the op does its work (and allocates what it allocates): the start-up
+    profile samples with every entry at this value."""
+    read: Callable[[SamplingParams], float] | None = None
+    """The column's value for a request, where it is not the field as it is."""
+
+    def of(self, params: SamplingParams) -> float:
+        return self.read(params) if self.read is not None else getattr(params, self.name)
+
+
+ROW_PARAMS: tuple[RowParam, ...] = (
+    RowParam("temperature", np.float32, None, 0.8, read=lambda p: 0.0 if p.greedy else p.temperature),  # 0: greedy
+    RowParam("top_k", np.int64, 0, 50, read=lambda p: max(p.top_k, 0)),  # -1 and 0 both keep every token
+    RowParam("top_p", np.float32, 1.0, 0.9),
+    RowParam("min_p", np.float32, 0.0, 0.05),
+    RowParam("repetition_penalty", np.float32, 1.0, 1.1),
+    RowParam("presence_penalty", np.float32, 0.0, 0.1),
+    RowParam("frequency_penalty", np.float32, 0.0, 0.1),
+)
+
+
 @dataclass
 class SamplingMetadata:
+    """The sampler's inputs for N rows (``SamplingRows.metadata``); the (N,) tensors are
+    ``ROW_PARAMS``' entries, None when every row holds the entry's neutral value."""
+
     temperature: torch.Tensor
     """(N,) fp32; 0 rows are greedy."""
     top_k: torch.Tensor | None
-    """(N,) int64, vocab size where off; None when no row uses it."""
+    """(N,) int64, 0 where off."""
     top_p: torch.Tensor | None
-    """(N,) fp32, 1.0 where off; None when no row uses it."""
+    """(N,) fp32, 1.0 where off."""
     min_p: torch.Tensor | None
-    """(N,) fp32, 0.0 where off; None when no row uses it."""
-    generators: dict[int, torch.Generator]
-    """Row -> the request's own generator (requests with a seed)."""
+    """(N,) fp32, 0.0 where off."""
+    repetition_penalty: torch.Tensor | None
+    """(N,) fp32, 1.0 where off."""
+    presence_penalty: torch.Tensor | None
+    """(N,) fp32, 0.0 where off."""
+    frequency_penalty: torch.Tensor | None
+    """(N,) fp32, 0.0 where off."""
     all_greedy: bool
+    num_logprobs: list[int | None]
+    """Each row's ``logprobs`` (None: not asked)."""
     max_num_logprobs: int | None
     """Largest ``logprobs`` asked for in the batch; None when nobody asked."""
+    generators: dict[int, torch.Generator] = field(default_factory=dict)
+    """Row -> the request's own generator, seeded for the position it samples (requests with a seed)."""
     edits: LogitsEdits | None = None
-    """Penalties, logit_bias, allowed/bad tokens, min_tokens; None when no row asks."""
+    """Penalties' counts, logit_bias, allowed/bad tokens, min_tokens; None when no row asks."""
     grammar_bitmask: torch.Tensor | None = None
     """Structured outputs: (N, ceil(V / 32)) int32 allowed-token bits; None when no row has a grammar."""
 
-    @classmethod
-    def build(
-        cls,
-        params: list[SamplingParams],
-        generators: dict[int, torch.Generator],
-        vocab_size: int,
-        device: torch.device,
-        token_ids: list[list[int]] | None = None,
-        num_prompt_tokens: list[int] | None = None,
-    ) -> "SamplingMetadata":
-        """``token_ids``: each row's prompt + output so far, of which the first
-        ``num_prompt_tokens`` are the prompt (penalties, bad words and min_tokens
-        need them); None stands for empty prompts and outputs."""
-        temps = [0.0 if p.greedy else p.temperature for p in params]
-        top_k = [p.top_k if p.top_k > 0 else vocab_size for p in params]
-        top_p = [p.top_p for p in params]
-        min_p = [p.min_p for p in params]
-        asked = [p.logprobs for p in params if p.logprobs is not None]
-        token_ids = token_ids if token_ids is not None else [[] for _ in params]
-        num_prompt_tokens = num_prompt_tokens if num_prompt_tokens is not None else [0] * len(params)
-        return cls(
-            temperature=torch.tensor(temps, dtype=torch.float32, device=device),
-            top_k=_tensor_if(top_k, vocab_size, torch.int64, device),
-            top_p=_tensor_if(top_p, 1.0, torch.float32, device),
-            min_p=_tensor_if(min_p, 0.0, torch.float32, device),
-            generators=generators,
-            all_greedy=all(t == 0.0 for t in temps),
-            max_num_logprobs=max(asked) if asked else None,
-            edits=LogitsEdits.build(params, TokenHistory(token_ids, num_prompt_tokens), vocab_size, device),
+
+class SamplingRows:
+    """The sampling parameters of a batch's rows: each request's ``SamplingParams``, a column
+    per ``ROW_PARAMS`` entry, and the generator of each request with a seed. Rows follow the
+    batch's (``set_row``, ``clear_row``, ``move_row``, as its block table does)."""
+
+    def __init__(self, max_rows: int, device: torch.device) -> None:
+        self.device = device
+        self.params: list[SamplingParams | None] = [None] * max_rows
+        self.columns: dict[str, np.ndarray] = {
+            p.name: np.full(max_rows, p.neutral or 0, dtype=p.dtype) for p in ROW_PARAMS
+        }
+        """Entry name -> (max_rows,) its value per row."""
+        self.generators: dict[int, torch.Generator] = {}
+        """Row -> the request's own noise source, for requests with a seed (``generator``)."""
+
+    def set_row(self, row: int, params: SamplingParams) -> None:
+        self.params[row] = params
+        for p in ROW_PARAMS:
+            self.columns[p.name][row] = p.of(params)
+        if params.seed is not None:
+            self.generators[row] = torch.Generator(device=self.device)
+
+    def clear_row(self, row: int) -> None:
+        self.params[row] = None
+        self.generators.pop(row, None)
+
+    def move_row(self, src: int, dst: int) -> None:
+        for column in self.columns.values():
+            column[dst] = column[src]
+        self.params[dst], self.params[src] = self.params[src], None
+        generator = self.generators.pop(src, None)
+        if generator is not None:
+            self.generators[dst] = generator
+
+    def metadata(self, rows: np.ndarray) -> SamplingMetadata:
+        """The sampler's inputs for ``rows`` (in order; a row may repeat, as the verifier's
+        ``k + 1`` positions per request do), without generators (they depend on the position
+        sampled: ``generator``) and logit edits (they read the token history)."""
+        tensors = {p.name: self._tensor(p, self.columns[p.name][rows]) for p in ROW_PARAMS}
+        asked = [self.params[r].logprobs for r in rows.tolist()]
+        given = [k for k in asked if k is not None]
+        return SamplingMetadata(
+            **tensors,
+            all_greedy=not self.columns["temperature"][rows].any(),
+            num_logprobs=asked,
+            max_num_logprobs=max(given) if given else None,
         )
+
+    def _tensor(self, p: RowParam, values: np.ndarray) -> torch.Tensor | None:
+        if p.neutral is not None and (values == p.neutral).all():
+            return None
+        return torch.from_numpy(values).to(self.device)
+
+    def generator(self, row: int, position: int) -> torch.Generator:
+        """The row's generator, re-seeded for output position ``position``: the noise depends
+        only on (seed, position), so a seeded request samples the same tokens whatever the
+        batch and across preemptions."""
+        seed = self.params[row].seed
+        return self.generators[row].manual_seed((seed * 1_000_003 + position) % (1 << 63))
 
 
 def has_logits_edits(p: SamplingParams) -> bool:
@@ -86,9 +174,3 @@ def may_speculate(p: SamplingParams) -> bool:
     """Whether a request's sampling allows drafts (it reads neither history nor raw distribution).
     The scheduler proposes drafts and the worker's draft model drafts by this one rule."""
     return p.logprobs is None and p.structured_outputs is None and not has_logits_edits(p)
-
-
-def _tensor_if(values: list, neutral, dtype: torch.dtype, device: torch.device) -> torch.Tensor | None:
-    if all(v == neutral for v in values):
-        return None
-    return torch.tensor(values, dtype=dtype, device=device)

@@ -46,7 +46,7 @@ class Sampler(nn.Module):
         if meta.grammar_bitmask is not None:
             logits = apply_grammar_bitmask(logits, meta.grammar_bitmask)
         if meta.edits is not None:
-            logits = meta.edits.apply(logits)
+            logits = meta.edits.apply(logits, meta)
         greedy = greedy_tokens(logits)
         if meta.all_greedy:
             token_ids = greedy
@@ -88,12 +88,13 @@ def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
 
 
 def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None) -> torch.Tensor:
-    """Keep each row's ``top_k`` largest logits and its smallest nucleus of mass ``top_p``."""
+    """Keep each row's ``top_k`` largest logits (all where it is 0) and its smallest nucleus of mass ``top_p``."""
     sorted_logits, order = logits.sort(dim=-1, descending=True)  # (N, V)
     drop = torch.zeros_like(sorted_logits, dtype=torch.bool)
     if top_k is not None:
-        ranks = torch.arange(logits.shape[-1], device=logits.device)
-        drop |= ranks.unsqueeze(0) >= top_k.unsqueeze(1)
+        vocab_size = logits.shape[-1]
+        ranks = torch.arange(vocab_size, device=logits.device)
+        drop |= ranks.unsqueeze(0) >= torch.where(top_k > 0, top_k, vocab_size).unsqueeze(1)
     if top_p is not None:
         probs = sorted_logits.masked_fill(drop, float("-inf")).softmax(dim=-1)
         mass_before = probs.cumsum(dim=-1) - probs  # probability of strictly better tokens

@@ -6,16 +6,22 @@ aborted or preempted: ``remove``). Between steps only deltas arrive (new blocks,
 the computed-token count), and the runner appends the tokens it samples itself,
 so nothing is rebuilt per step and nothing loops over tokens in Python::
 
-    row  req_id  token_ids (max_num_reqs, max_model_len)   num_tokens  computed  temperature ...
-    0    "a"     [5 17 9 42 8 ...]                           5           4         0.0
-    1    "c"     [5 3 3 ...]                                 3           2         0.7
+    row  req_id  token_ids (max_num_reqs, max_model_len)   num_tokens  computed  block table  sampling ...
+    0    "a"     [5 17 9 42 8 ...]                           5           4         [7 2]        temperature 0.0
+    1    "c"     [5 3 3 ...]                                 3           2         [4]          temperature 0.7
     2    (free)
+
+Two row-aligned tables ride along: the block tables (``BlockTable``) and the sampling
+parameters (``SamplingRows``: one column per entry of ``sample/metadata.py``'s table).
+The runner's other per-request stores (prompt logprobs, images, M-RoPE positions,
+LoRA adapters, ...) ``register`` with the batch and gain and lose requests with it
+(``RequestStore``), so membership changes in one place.
 
 Rows stay dense: ``condense`` moves the last rows into the holes that removals
 left, so rows ``0 .. num_reqs - 1`` are all occupied and a step over every
 running request reads plain slices. ``version`` changes whenever a row's
-request (and so its sampling parameters) changes, which lets the runner reuse
-a step's sampling metadata until the batch's membership changes.
+request (and so its sampling parameters) changes, which lets the batch reuse
+a step's sampling metadata until its membership changes (``sampling_metadata``).
 
 The batch also holds a step's sampled ids until they are stored in its rows
 (``hold_sampled``, ``store_sampled``): the ids are on the device at once, on the
@@ -35,20 +41,31 @@ import heapq
 from collections.abc import Sequence
 from functools import cached_property
 from operator import itemgetter
+from typing import Protocol
 
 import numpy as np
 import torch
 
-from minivllm.core.scheduler_output import NewRequestData
+from minivllm.core.scheduler_output import CachedRequestData, NewRequestData
 from minivllm.request import RequestId
-from minivllm.sampling_params import SamplingParams
-from minivllm.worker.block_table import BlockTable
+from minivllm.sample.logits_processors import LogitsEdits, TokenHistory
+from minivllm.sample.metadata import SamplingMetadata, SamplingRows, has_logits_edits
+
+
+class RequestStore(Protocol):
+    """Per-request state kept beside the batch: it gains every request the batch gains and
+    loses every request the batch forgets (``InputBatch.register``)."""
+
+    def add(self, new: NewRequestData) -> None: ...
+
+    def remove(self, req_id: RequestId) -> None: ...
 
 
 class InputBatch:
-    def __init__(self, max_num_reqs: int, max_model_len: int, max_blocks_per_req: int) -> None:
+    def __init__(self, max_num_reqs: int, max_model_len: int, max_blocks_per_req: int, device: torch.device) -> None:
         self.max_num_reqs = max_num_reqs
         self.max_model_len = max_model_len
+        self.device = device
         self.req_ids: list[RequestId | None] = [None] * max_num_reqs
         self.row_of: dict[RequestId, int] = {}
         self._free_rows: list[int] = []
@@ -63,16 +80,19 @@ class InputBatch:
         self.num_prompt_tokens = np.zeros(max_num_reqs, dtype=np.int32)
         self.num_computed_tokens = np.zeros(max_num_reqs, dtype=np.int32)
         self.block_table = BlockTable(max_num_reqs, max_blocks_per_req)
-
-        self.params: list[SamplingParams | None] = [None] * max_num_reqs
-        self.temperature = np.zeros(max_num_reqs, dtype=np.float32)
-        """0.0 for greedy rows."""
-        self.top_k = np.zeros(max_num_reqs, dtype=np.int64)
-        """0 where off."""
-        self.top_p = np.ones(max_num_reqs, dtype=np.float32)
-        self.min_p = np.zeros(max_num_reqs, dtype=np.float32)
-        self.generators: dict[RequestId, torch.Generator] = {}
-        """The request's own noise source, for requests with a seed."""
+        self.sampling = SamplingRows(max_num_reqs, device)
+        self._stores: list[RequestStore] = []
+        self._all_rows = np.arange(max_num_reqs)
+        self._ones = np.ones(max_num_reqs, dtype=np.int32)
+        for shared in (self._all_rows, self._ones):  # slices of them are handed out as a step's rows and counts
+            shared.flags.writeable = False
+        self._sampling_key: tuple | None = None
+        """(version, rows) of the cached ``_sampling_meta``."""
+        self._sampling_meta: SamplingMetadata | None = None
+        self._edited: list[int] = []
+        """Positions among the cached sampling rows whose requests have logit edits."""
+        self._seeded: list[int] = []
+        """Positions among the cached sampling rows whose requests have a seed."""
         self._held: list[SampledTokens] = []
         """Steps' sampled ids not stored in the rows yet, oldest first (``hold_sampled``)."""
         self.prev_sampled: SampledTokens | None = None
@@ -85,13 +105,35 @@ class InputBatch:
             return [self.row_of[r] for r in req_ids]
         return itemgetter(*req_ids)(self.row_of)  # one C call, however many requests
 
+    def scheduled_rows(
+        self, num_scheduled_tokens: dict[RequestId, int], num_tokens: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(B,) the rows with new tokens this step, in row order, and (B,) their counts
+        (``num_scheduled_tokens``: the scheduler's per request, ``num_tokens`` in all). The
+        common cases (every row scheduled; every row decoding one token) answer with slices of
+        shared read-only arrays, so a decode step allocates nothing."""
+        if len(num_scheduled_tokens) == self.num_rows == num_tokens:
+            # Every request in the batch (scheduled ones all are) decodes one token.
+            return self._all_rows[:num_tokens], self._ones[:num_tokens]
+        ids = self.req_ids[: self.num_rows]
+        n = np.fromiter((num_scheduled_tokens.get(r, 0) for r in ids), dtype=np.int32, count=len(ids))
+        if n.all():
+            return self._all_rows[: len(ids)], n
+        rows = np.flatnonzero(n)
+        return rows, n[rows]
+
     @property
     def num_reqs(self) -> int:
         return len(self.row_of)
 
     # ---- membership -----------------------------------------------------------------
-    def add(self, new: NewRequestData, device: torch.device) -> int:
-        """Give a request a row: its known tokens, blocks and sampling parameters."""
+    def register(self, store: RequestStore) -> None:
+        """From now on ``store`` gains and loses requests with the batch (``add``, ``remove``)."""
+        self._stores.append(store)
+
+    def add(self, new: NewRequestData) -> int:
+        """Give a request a row (its known tokens, blocks and sampling parameters), and hand
+        it to every registered store."""
         if new.req_id in self.row_of:
             raise ValueError(f"request {new.req_id} is already in the batch")
         row = heapq.heappop(self._free_rows) if self._free_rows else self._grow()
@@ -105,10 +147,10 @@ class InputBatch:
         self.num_prompt_tokens[row] = new.num_prompt_tokens
         self.num_computed_tokens[row] = new.num_computed_tokens
         self.block_table.set_row(row, new.block_ids)
-        self._set_params(row, new.sampling_params)
-        if new.sampling_params.seed is not None:
-            self.generators[new.req_id] = torch.Generator(device=device)
+        self.sampling.set_row(row, new.sampling_params)
         self.version += 1
+        for store in self._stores:
+            store.add(new)
         return row
 
     def _grow(self) -> int:
@@ -117,22 +159,17 @@ class InputBatch:
         self.num_rows += 1
         return self.num_rows - 1
 
-    def _set_params(self, row: int, p: SamplingParams) -> None:
-        self.params[row] = p
-        self.temperature[row] = 0.0 if p.greedy else p.temperature
-        self.top_k[row] = p.top_k if p.top_k > 0 else 0
-        self.top_p[row] = p.top_p
-        self.min_p[row] = p.min_p
-
     def remove(self, req_id: RequestId) -> int | None:
-        """Free the request's row (None if it had none); ``condense`` fills the hole later."""
+        """Take the request out of every registered store and free its row (None if it had
+        none); ``condense`` fills the hole later."""
+        for store in self._stores:
+            store.remove(req_id)
         row = self.row_of.pop(req_id, None)
         if row is None:
             return None
         self.req_ids[row] = None
-        self.params[row] = None
         self.block_table.clear_row(row)
-        self.generators.pop(req_id, None)
+        self.sampling.clear_row(row)
         heapq.heappush(self._free_rows, row)
         self.version += 1
         return row
@@ -158,25 +195,30 @@ class InputBatch:
         req_id = self.req_ids[src]
         n = int(self.num_tokens[src])
         self.token_ids[dst, :n] = self.token_ids[src, :n]
-        for arr in (
-            self.num_tokens,
-            self.num_prompt_tokens,
-            self.num_computed_tokens,
-            self.temperature,
-            self.top_k,
-            self.top_p,
-            self.min_p,
-        ):
+        for arr in (self.num_tokens, self.num_prompt_tokens, self.num_computed_tokens):
             arr[dst] = arr[src]
         self.block_table.move_row(src, dst)
         self.block_table.clear_row(src)
-        self.params[dst], self.params[src] = self.params[src], None
+        self.sampling.move_row(src, dst)
         self.req_ids[dst], self.req_ids[src] = req_id, None
         self.row_of[req_id] = dst
         self.num_rows = src
         self.version += 1
 
     # ---- per-step updates -------------------------------------------------------------
+    def update_cached(self, cached: CachedRequestData, sampled_elsewhere: bool) -> None:
+        """Requests already in the batch take the scheduler's ``num_computed_tokens`` as they
+        are (rejected drafts make it go back) and gain their new blocks; ``sampled_elsewhere``
+        (a pipeline stage other than the last): the tokens the last stage sampled are written in."""
+        rows = self.rows_of(cached.req_ids)
+        self.num_computed_tokens[np.asarray(rows)] = cached.num_computed_tokens
+        if any(cached.new_block_ids):
+            self.block_table.append_rows(rows, cached.new_block_ids)
+        if cached.new_token_ids and sampled_elsewhere:
+            for row, computed, tokens in zip(rows, cached.num_computed_tokens, cached.new_token_ids):
+                if tokens:
+                    self.write_output_tokens(row, computed, tokens)
+
     def append_tokens(self, rows: np.ndarray, tokens: np.ndarray) -> None:
         """One new token per given row (vectorized): the step's sampled tokens."""
         self.token_ids[rows, self.num_tokens[rows]] = tokens
@@ -191,6 +233,37 @@ class InputBatch:
 
     def tokens_of(self, row: int) -> list[int]:
         return self.token_ids[row, : self.num_tokens[row]].tolist()
+
+    # ---- the sampler's inputs ---------------------------------------------------------
+    def sampling_metadata(self, rows: np.ndarray, seq_lens: np.ndarray, vocab_size: int) -> SamplingMetadata:
+        """The sampler's inputs for a step: ``rows`` (S,) the sampling rows, ascending; ``seq_lens``
+        (S,) their lengths after this step. The rows' parameters (``SamplingRows.metadata``) are
+        cached under ``(version, rows)``: rebuilt only when the batch's membership or the step's
+        sampling rows change. Two parts are per step whatever the cache: seeded rows' generators
+        (re-seeded for the position they sample) and logit edits (penalties, bad words, logits
+        processors read the token history)."""
+        key = (self.version, rows.tobytes())
+        if key != self._sampling_key:
+            params = [self.sampling.params[r] for r in rows.tolist()]
+            self._edited = [i for i, p in enumerate(params) if has_logits_edits(p)]
+            self._seeded = [i for i, p in enumerate(params) if p.seed is not None]
+            self._sampling_meta = self.sampling.metadata(rows)
+            self._sampling_key = key
+        meta = self._sampling_meta
+        positions = seq_lens - self.num_prompt_tokens[rows]
+        meta.generators = {i: self.sampling.generator(int(rows[i]), int(positions[i])) for i in self._seeded}
+        meta.edits = self._logits_edits(rows, vocab_size) if self._edited else None
+        return meta
+
+    def _logits_edits(self, rows: np.ndarray, vocab_size: int) -> LogitsEdits | None:
+        self.store_sampled(wait=True)  # async scheduling may have a step in flight: its tokens are history
+        token_ids: list[list[int]] = [[] for _ in range(len(rows))]
+        num_prompt = [0] * len(rows)
+        for i in self._edited:
+            token_ids[i] = self.tokens_of(int(rows[i]))
+            num_prompt[i] = int(self.num_prompt_tokens[rows[i]])
+        params = [self.sampling.params[r] for r in rows.tolist()]
+        return LogitsEdits.build(params, TokenHistory(token_ids, num_prompt), vocab_size, self.device)
 
     # ---- sampled tokens on their way --------------------------------------------------
     def hold_sampled(self, req_ids: list[RequestId], rows: np.ndarray, token_ids: torch.Tensor) -> SampledTokens:
@@ -243,6 +316,71 @@ class InputBatch:
                 return found
         index_of = sampled.index_of
         return np.fromiter((index_of[self.req_ids[r]] for r in rows.tolist()), dtype=np.int64, count=len(rows))
+
+
+class BlockTable:
+    """Block tables of the persistent batch: one preallocated row per batch row.
+
+    Row ``r`` holds the physical block ids of the request in batch row ``r``, in
+    order; only its first ``num_blocks[r]`` entries are meaningful::
+
+        table (max_num_reqs, max_blocks_per_req) int32     num_blocks
+        row 0: [ 7  2  9  0  0 ...]                         3
+        row 1: [ 4  0  0  0  0 ...]                         1
+
+    Tables grow in place as the scheduler hands out blocks; a request's row is
+    written once when it joins the batch and then only appended to.
+    """
+
+    def __init__(self, max_num_reqs: int, max_blocks_per_req: int) -> None:
+        self.table = np.zeros((max_num_reqs, max_blocks_per_req), dtype=np.int32)
+        self.num_blocks = np.zeros(max_num_reqs, dtype=np.int32)
+
+    @property
+    def max_blocks_per_req(self) -> int:
+        return self.table.shape[1]
+
+    def set_row(self, row: int, block_ids: list[int]) -> None:
+        n = len(block_ids)
+        self._check_room(row, n)
+        self.table[row, :n] = block_ids
+        self.num_blocks[row] = n
+
+    def append_row(self, row: int, block_ids: list[int]) -> None:
+        start = int(self.num_blocks[row])
+        end = start + len(block_ids)
+        self._check_room(row, end)
+        self.table[row, start:end] = block_ids
+        self.num_blocks[row] = end
+
+    def append_rows(self, rows: list[int], new_block_ids: list[list[int] | None]) -> None:
+        """``append_row(rows[i], new_block_ids[i])`` for every row given blocks (None or empty:
+        none); ``rows`` are distinct (one per request). When each of them gets one block, as
+        in a decode step where some requests filled theirs, the blocks go in with one
+        assignment instead of one per row (and a row past its width fails before any is written)."""
+        given = [i for i, blocks in enumerate(new_block_ids) if blocks]
+        if not all(len(new_block_ids[i]) == 1 for i in given):
+            for i in given:
+                self.append_row(rows[i], new_block_ids[i])
+            return
+        at = np.fromiter((rows[i] for i in given), dtype=np.int64, count=len(given))  # distinct rows
+        ends = self.num_blocks[at] + 1
+        if len(at) and ends.max() > self.max_blocks_per_req:
+            self._check_room(int(at[ends.argmax()]), int(ends.max()))
+        self.table[at, ends - 1] = [new_block_ids[i][0] for i in given]
+        self.num_blocks[at] = ends
+
+    def move_row(self, src: int, dst: int) -> None:
+        n = int(self.num_blocks[src])
+        self.table[dst, :n] = self.table[src, :n]
+        self.num_blocks[dst] = n
+
+    def clear_row(self, row: int) -> None:
+        self.num_blocks[row] = 0
+
+    def _check_room(self, row: int, n: int) -> None:
+        if n > self.max_blocks_per_req:
+            raise ValueError(f"batch row {row}: {n} blocks exceed max_model_len's {self.max_blocks_per_req}")
 
 
 class SampledTokens:

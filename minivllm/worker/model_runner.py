@@ -1,21 +1,33 @@
 """The model runner: scheduler output in, sampled tokens out, on one device.
 
-Per step it (1) folds the scheduler's deltas into the persistent batch and the
-other per-request stores (``request_states.py``; ``input_batch.py``: rows added,
-removed, compacted; block tables grown in place), (2) computes the flat step
-inputs with numpy and sends them to the device in one copy (``step_inputs.py``),
-(3) runs the model, and (4) samples for the requests whose known tokens are now
-all computed (a request mid-way through a chunked prefill samples nothing). The batch holds the sampled ids
-(``InputBatch.hold_sampled``); they come back to the host in the step's one
-synchronization (``pending_output.py``), which with async scheduling happens
-after the next step is already launched: the next step then reads those tokens
-from the device (its *placeholders*). The batch stores them in its rows at the
-start of the first step after they were read.
+Per step (``execute_model_async``) it
+
+1. brings the persistent batch (``input_batch.py``) up to date with the scheduler's deltas
+   (``_update_states``): requests join and leave the batch, and with it every per-request
+   store registered with it (prompt logprobs, images, M-RoPE positions, LoRA adapters, the
+   verifier's drafted requests, the pooler's sums); rows are compacted, block tables grown in place;
+2. computes the flat step inputs with numpy and sends them to the device in one copy
+   (``step_inputs.py``);
+3. runs the model;
+4. samples for the requests whose known tokens are now all computed (a request mid-way
+   through a chunked prefill samples nothing), with the sampling inputs the batch makes
+   (``InputBatch.sampling_metadata``), and with speculative decoding verifies the drafts
+   (``spec_decode/``).
+
+The batch holds the sampled ids (``InputBatch.hold_sampled``); they come back to the host
+in the step's one synchronization (``PendingOutput.result``), which with async scheduling
+happens after the next step is already launched: the next step then reads those tokens
+from the device (its *placeholders*). The batch stores them in its rows at the start of
+the first step after they were read.
+
+Before the KV cache exists the worker measures a start-up profile (``prepare_profile``,
+``profile_run``: one step at its widest on throw-away inputs, made by ``profile.py``).
 """
 
 from __future__ import annotations
 
 import logging
+import time
 
 import numpy as np
 import torch
@@ -25,7 +37,7 @@ from minivllm.attention.backend import AttentionMetadata
 from minivllm.attention.kv_quant import FP8_KV_DTYPE
 from minivllm.attention.ops.checks import check_fp8_kv_capability
 from minivllm.config.vllm_config import VllmConfig
-from minivllm.core.scheduler_output import SchedulerOutput
+from minivllm.core.scheduler_output import NewRequestData, SchedulerOutput
 from minivllm.distributed.parallel_state import broadcast_from_first
 from minivllm.distributed.pipeline import IntermediateTensors, PipelineStage, pipeline_stage
 from minivllm.layers.attention import attention_layers
@@ -34,31 +46,35 @@ from minivllm.layers.rotary import share_cos_sin_caches
 from minivllm.lora.manager import LoRAModelManager
 from minivllm.models.interfaces import supports_mrope, supports_multimodal
 from minivllm.multimodal.feature import MultiModalFeature
-from minivllm.outputs import DoneOutput, ModelRunnerOutput
+from minivllm.outputs import DoneOutput, ModelRunnerOutput, PositionLogprobs
 from minivllm.pooling.pooler import Pooler
-from minivllm.sample.sampler import Sampler
-from minivllm.spec_decode.eagle import model_proposer
-from minivllm.spec_decode.verifier import DraftVerifier
+from minivllm.request import RequestId
+from minivllm.sample.sampler import Sampler, SamplerOutput
 from minivllm.structured_output.backend import bitmask_for_rows
 from minivllm.utils import cdiv, instantiate_target
-from minivllm.worker.batch_sampling import BatchSampling
 from minivllm.worker.cuda_graphs import CUDAGraphRunner
-from minivllm.worker.input_batch import InputBatch
-from minivllm.worker.kv_cache_tensors import bind_kv_caches, kv_cache_shape, unbind_kv_caches
-from minivllm.worker.mm_runner import MultiModalRunner
-from minivllm.worker.mrope_positions import MRopePositions
-from minivllm.worker.pending_output import PendingOutput
-from minivllm.worker.prompt_logprobs_requests import PromptLogprobsRequests
-from minivllm.worker.request_states import update_states
-from minivllm.worker.runner_profile import ProfileRun
-from minivllm.worker.sampling_metadata import from_batch
-from minivllm.worker.scheduled_rows import ScheduledRows
+from minivllm.worker.input_batch import InputBatch, SampledTokens, record_event, to_host
+from minivllm.worker.mm_runner import MRopePositions, MultiModalRunner
+from minivllm.worker.profile import (
+    encoder_cache_bytes,
+    forward_batch,
+    held_draft_probs,
+    profile_images,
+    profile_params,
+    sampler_rows,
+    sampling_batch,
+    verify_params,
+    verify_rows,
+)
+from minivllm.worker.prompt_logprobs import PromptLogprobsRequests
+from minivllm.worker.spec_decode.eagle import model_proposer
+from minivllm.worker.spec_decode.verifier import DraftVerifier
 from minivllm.worker.step_inputs import StepInputBuilder, StepInputs
 
 logger = logging.getLogger(__name__)
 
 
-class ModelRunner(ProfileRun):
+class ModelRunner:
     def __init__(self, cfg: VllmConfig, device: torch.device) -> None:
         self.cfg = cfg
         self.device = device
@@ -69,20 +85,15 @@ class ModelRunner(ProfileRun):
         self.sampler = Sampler(torch.Generator(device=device).manual_seed(cfg.model.seed))
         self.pooler = Pooler(cfg.model.pooler_config.pooling_type) if cfg.model.runner == "pooling" else None
         max_reqs, max_blocks = cfg.scheduler.max_num_seqs, cdiv(cfg.max_model_len, self.block_size)
-        self.batch = InputBatch(max_reqs, cfg.max_model_len, max_blocks)
+        self.batch = InputBatch(max_reqs, cfg.max_model_len, max_blocks, device)
         self.inputs = StepInputBuilder(
             cfg.scheduler.max_num_batched_tokens, max_reqs, max_blocks, self.block_size, device
         )
         self.prompt_logprobs = PromptLogprobsRequests()
-        self.sampling = BatchSampling(self.batch, device)
-        """The sampler's metadata for a step's rows, cached while the batch is unchanged."""
-        self.rows_of = ScheduledRows(max_reqs)
         spec = cfg.speculative
-        self.spec = DraftVerifier(self.sampler, self.block_size, device, from_batch) if spec.enabled else None
+        self.spec = DraftVerifier(self.sampler, self.block_size, device) if spec.enabled else None
         """Speculative decoding: drafts into the batch, verified tokens out; None when off."""
-        self.drafter = (
-            model_proposer(cfg, self.sampler, device, StepInputBuilder, from_batch) if spec.uses_model else None
-        )
+        self.drafter = model_proposer(cfg, self.sampler, device) if spec.uses_model else None
         """speculative.method=draft_model or eagle: the draft model or head, run after each step; None otherwise."""
         self.pipeline: PipelineStage | None = None
         """This rank's link to its neighbouring stages (set in ``load_model`` when parallel.pp > 1)."""
@@ -115,6 +126,16 @@ class ModelRunner(ProfileRun):
         if supports_mrope(self.model):
             self._check_mrope()
             self.mrope = MRopePositions(self.model, self.device)
+        self._register_request_stores()
+
+    def _register_request_stores(self) -> None:
+        """Every per-request store follows the batch's membership (``InputBatch.register``).
+        Prompt logprobs are tracked only where they are computed: with pipeline stages, on the last one."""
+        lora = _AdapterRequests(self.lora) if self.lora is not None else None
+        last_stage = self.pipeline is None or self.pipeline.is_last
+        for store in (self.mm, lora, self.mrope, self.spec, self.pooler, self.prompt_logprobs if last_stage else None):
+            if store is not None:
+                self.batch.register(store)
 
     def _check_mrope(self) -> None:
         """Speculative decoding builds (T,) positions of its own (pipeline stages are refused by ``supports_pp``)."""
@@ -131,8 +152,10 @@ class ModelRunner(ProfileRun):
         ):
             check_fp8_kv_capability(torch.cuda.get_device_capability(self.device), self.cfg.cache.cache_dtype)
 
+    # ---- the KV cache: one (2, num_blocks, block_size, kv_heads, head_dim) tensor per attention layer ----
     def kv_cache_shape(self, num_blocks: int) -> tuple[int, ...]:
-        return kv_cache_shape(self.attention_layers, num_blocks, self.block_size)
+        layer = self.attention_layers[0]
+        return (2, num_blocks, self.block_size, layer.num_kv_heads, layer.head_dim)
 
     def kv_cache_bytes_per_block(self) -> int:
         per_layer = int(np.prod(self.kv_cache_shape(1)))
@@ -140,21 +163,27 @@ class ModelRunner(ProfileRun):
         return per_layer * len(self.attention_layers) * self.cfg.kv_cache_dtype.itemsize + draft
 
     def init_kv_cache(self, num_blocks: int) -> None:
-        """Allocate one (2, num_blocks, block_size, kv_heads, head_dim) tensor per layer and bind it."""
+        """Allocate one zeroed tensor per layer and bind it to the layer (``Attention.kv_cache``),
+        which writes and reads it."""
         shape = self.kv_cache_shape(num_blocks)
-        self.kv_caches = bind_kv_caches(self.attention_layers, shape, self.cfg.kv_cache_dtype, self.device)
+        self.kv_caches = []
+        for layer in self.attention_layers:
+            layer.kv_cache = torch.zeros(shape, dtype=self.cfg.kv_cache_dtype, device=self.device)
+            self.kv_caches.append(layer.kv_cache)
         if self.drafter is not None:  # its own tensors over the same block ids
             self.drafter.init_kv_cache(num_blocks)
 
     def release_kv_cache(self) -> None:
-        """Drop the KV cache and the CUDA graphs that read it (sleep mode); ``init_kv_cache``
-        and ``capture_cuda_graphs`` bring them back."""
+        """Drop the KV cache and the CUDA graphs that read it (sleep mode: the memory goes back);
+        ``init_kv_cache`` and ``capture_cuda_graphs`` bring them back."""
         self.kv_caches = []
-        unbind_kv_caches(self.attention_layers)
+        for layer in self.attention_layers:
+            layer.kv_cache = None
         if self.drafter is not None:
             self.drafter.release_kv_cache()
         self.cuda_graphs = None
 
+    # ---- CUDA graphs --------------------------------------------------------------
     @property
     def cuda_graphs_enabled(self) -> bool:
         """Graphs need CUDA and a backend with no host work per step (Triton); never on the CPU,
@@ -194,89 +223,78 @@ class ModelRunner(ProfileRun):
         return self.model(input_ids, positions, meta)
 
     # ---- one step -----------------------------------------------------------------
-    def execute_model(self, sched: SchedulerOutput) -> ModelRunnerOutput:
-        return self.execute_model_async(sched).result()
+    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        return self.execute_model_async(scheduler_output).result()
 
     @torch.inference_mode()
-    def execute_model_async(self, sched: SchedulerOutput) -> PendingOutput | DoneOutput:
+    def execute_model_async(self, scheduler_output: SchedulerOutput) -> PendingOutput | DoneOutput:
         """Launch the step; the result's ``result()`` waits for its sampled tokens."""
-        self._update_states(sched)
-        if sched.is_empty:
+        self._update_states(scheduler_output)
+        if scheduler_output.is_empty:
             return DoneOutput(ModelRunnerOutput())
-        num_tokens = sched.total_num_scheduled_tokens
-        rows, query_lens = self._scheduled_rows(sched, num_tokens)
-        step = self._prepare_inputs(rows, query_lens, num_tokens)
+        step = self._prepare_inputs(scheduler_output)
         intermediate = self.pipeline.recv(len(step.input_ids)) if self.pipeline is not None else None
         embeds = None
         if self.mm is not None and self.mm.features:  # images: encode this step's, merge their rows
-            self.mm.encode(sched)
+            self.mm.encode(scheduler_output)
             embeds = self.mm.inputs_embeds(step, self.batch)
         hidden = self._forward(step.input_ids, step.positions, step.meta, intermediate, embeds)  # (T, hidden)
         if self.pipeline is not None and not self.pipeline.is_last:  # hand on to the next stage; it samples
             self.pipeline.send(hidden)  # and the scheduler sends its tokens back with the next step
             return DoneOutput(ModelRunnerOutput())
         if self.pooler is not None:  # runner=pooling: pooled hidden states instead of sampled tokens
-            return DoneOutput(self._pool(hidden, step, sched))
-        prompt_logprobs = self._gather_prompt_logprobs(hidden, step) if self.prompt_logprobs else {}
+            return DoneOutput(self._pool(hidden, step))
+        prompt_logprobs = {}
+        if self.prompt_logprobs:
+            prompt_logprobs = self.prompt_logprobs.gather(self.model.compute_logits, hidden, step, self.batch)
         if not len(step.sample_idx):
             if self.drafter is not None:  # a prefill chunk: the draft's KV catches up
                 self.drafter.propose(self.batch, step, hidden)
             return DoneOutput(ModelRunnerOutput())
-        pending = self._sample_and_collect(hidden, step, prompt_logprobs, sched)
+        pending = self._sample(hidden, step, prompt_logprobs, scheduler_output)
         if self.spec is not None:
             out = pending.result()
             self.batch.store_sampled()  # the verifier replaces the plain samples in the rows
-            return DoneOutput(self._speculate(hidden, step, sched, out))
+            return DoneOutput(self._speculate(hidden, step, scheduler_output, out))
         return pending
 
-    def _speculate(
-        self, hidden: torch.Tensor, step: StepInputs, sched: SchedulerOutput, out: ModelRunnerOutput
-    ) -> ModelRunnerOutput:
-        """Verify this step's drafts; then a draft model proposes the next ones."""
-        drafter = self.drafter
-        if sched.scheduled_spec_decode_tokens:
-            out = self.spec.verify(
-                self.batch,
-                step,
-                sched,
-                self.model.compute_logits,
-                hidden,
-                self.sampling.seeded_generator,
-                out,
-                drafter.draft_probs if drafter else None,
-            )
-        if drafter is not None:
-            out.spec_token_ids = drafter.propose(self.batch, step, hidden)
-        return out
+    def _update_states(self, scheduler_output: SchedulerOutput) -> None:
+        """Fold the scheduler's per-request deltas into the batch (and so into every registered
+        store), before any input is built. In order:
 
-    def _pool(self, hidden: torch.Tensor, step: StepInputs, sched: SchedulerOutput) -> ModelRunnerOutput:
-        """The pooler's view of the step: per scheduled request its id, tokens computed before
-        the step and new tokens; the requests whose prompt is now complete; those to forget."""
-        req_ids = [self.batch.req_ids[r] for r in step.rows.tolist()]
-        computed = self.batch.num_computed_tokens[step.rows].tolist()
-        return self.pooler(
-            hidden, req_ids, computed, step.query_lens.tolist(), step.sample_idx.tolist(), sched.forget_req_ids
-        )
+        1. Sampled tokens of earlier steps are stored in their rows while every row still
+           holds the request that sampled them.
+        2. Encoder outputs no request needs any more are dropped.
+        3. ``forget_req_ids`` (finished, aborted or preempted) leave before ``new_reqs`` enter:
+           a preempted request comes back as a new one, in full, under the same id.
+        4. Requests already in the batch lose the block-table entries of rolled-back drafts,
+           then take the scheduler's computed-token counts and new blocks (and, on a pipeline
+           stage other than the last, the tokens the last stage sampled).
+        5. The batch is condensed (rows ``0 .. N-1`` full), and only then are this step's
+           draft tokens written, into the rows the step will read.
+        """
+        batch = self.batch
+        batch.store_sampled()  # the tokens of earlier steps whose outputs were taken
+        if self.mm is not None and scheduler_output.free_encoder_input_ids:
+            self.mm.free(scheduler_output.free_encoder_input_ids)
+        for req_id in scheduler_output.forget_req_ids:
+            batch.remove(req_id)
+        for new in scheduler_output.new_reqs:
+            batch.add(new)
+        cached = scheduler_output.cached_reqs
+        if len(cached):
+            if self.spec is not None:
+                self.spec.roll_back_block_tables(batch, cached)
+            batch.update_cached(cached, sampled_elsewhere=self.pipeline is not None and not self.pipeline.is_last)
+        batch.condense()
+        if scheduler_output.scheduled_spec_decode_tokens:
+            self.spec.write_drafts(batch, scheduler_output)
 
-    def _update_states(self, sched: SchedulerOutput) -> None:
-        """Bring the batch and the per-request stores up to date (``request_states.py``)."""
-        update_states(
-            sched,
-            self.batch,
-            self.device,
-            self.prompt_logprobs,
-            self.spec,
-            self.pipeline,
-            self.mm,
-            self.lora,
-            self.mrope,
-        )
-
-    def _scheduled_rows(self, sched: SchedulerOutput, num_tokens: int) -> tuple[np.ndarray, np.ndarray]:
-        """(B,) batch rows with new tokens this step and (B,) their counts (``num_tokens`` in all)."""
-        return self.rows_of(self.batch, sched.num_scheduled_tokens, num_tokens)
-
-    def _prepare_inputs(self, rows: np.ndarray, query_lens: np.ndarray, num_tokens: int) -> StepInputs:
+    def _prepare_inputs(self, scheduler_output: SchedulerOutput) -> StepInputs:
+        """The step's inputs on the device: the scheduled rows' tokens, positions and attention
+        metadata (and the LoRA mapping, M-RoPE positions and async placeholders where on)."""
+        num_tokens = scheduler_output.total_num_scheduled_tokens
+        rows, query_lens = self.batch.scheduled_rows(scheduler_output.num_scheduled_tokens, num_tokens)
         prev = self.batch.prev_sampled  # async scheduling: the last step's ids, not stored yet
         index = self.batch.prev_sampled_index if prev is not None else None
         step = self.inputs.build(self.batch, rows, query_lens, index, num_tokens)
@@ -290,11 +308,8 @@ class ModelRunner(ProfileRun):
             step.input_ids[dst] = prev.device[src]
         return step
 
-    def _gather_prompt_logprobs(self, hidden: torch.Tensor, step: StepInputs) -> dict:
-        return self.prompt_logprobs.gather(self.model.compute_logits, hidden, step, self.batch)
-
-    def _sample_and_collect(
-        self, hidden: torch.Tensor, step: StepInputs, prompt_logprobs: dict, sched: SchedulerOutput
+    def _sample(
+        self, hidden: torch.Tensor, step: StepInputs, prompt_logprobs: dict, scheduler_output: SchedulerOutput
     ) -> PendingOutput:
         rows = step.rows[step.sample_idx]  # ascending
         if rows[-1] == len(rows) - 1:  # rows 0 .. S-1, the common decode step
@@ -306,13 +321,169 @@ class ModelRunner(ProfileRun):
         # else every token is a request's last (decode only) and samples: hidden is in order
         logits = self.model.compute_logits(hidden)  # (S, vocab) fp32
         seq_lens = step.query_lens[step.sample_idx] + self.batch.num_computed_tokens[rows]
-        meta = self.sampling.metadata(rows, seq_lens, logits.shape[-1])
+        meta = self.batch.sampling_metadata(rows, seq_lens, logits.shape[-1])
         meta.grammar_bitmask = None
-        if sched.grammar_bitmask is not None:
+        if scheduler_output.grammar_bitmask is not None:
             meta.grammar_bitmask = bitmask_for_rows(
-                sched.grammar_bitmask, sched.structured_output_request_ids, req_ids, self.device
+                scheduler_output.grammar_bitmask, scheduler_output.structured_output_request_ids, req_ids, self.device
             )
         sampled = self.sampler(logits, meta)
         broadcast_from_first(sampled.token_ids)  # every tp rank (of the last stage) keeps the same tokens
         tokens = self.batch.hold_sampled(req_ids, rows, sampled.token_ids)
-        return PendingOutput(tokens, sampled, self.sampling.num_logprobs, prompt_logprobs)
+        return PendingOutput(tokens, sampled, meta.num_logprobs, prompt_logprobs)
+
+    def _speculate(
+        self, hidden: torch.Tensor, step: StepInputs, scheduler_output: SchedulerOutput, out: ModelRunnerOutput
+    ) -> ModelRunnerOutput:
+        """Verify this step's drafts; then a draft model proposes the next ones."""
+        drafter = self.drafter
+        if scheduler_output.scheduled_spec_decode_tokens:
+            draft_probs = drafter.draft_probs if drafter else None
+            out = self.spec.verify(
+                self.batch, step, scheduler_output, self.model.compute_logits, hidden, out, draft_probs
+            )
+        if drafter is not None:
+            out.spec_token_ids = drafter.propose(self.batch, step, hidden)
+        return out
+
+    def _pool(self, hidden: torch.Tensor, step: StepInputs) -> ModelRunnerOutput:
+        """The pooler's view of the step: per scheduled request its id, tokens computed before
+        the step and new tokens; the requests whose prompt is now complete."""
+        req_ids = [self.batch.req_ids[r] for r in step.rows.tolist()]
+        computed = self.batch.num_computed_tokens[step.rows].tolist()
+        return self.pooler(hidden, req_ids, computed, step.query_lens.tolist(), step.sample_idx.tolist())
+
+    # ---- the start-up profile (profile.py) -----------------------------------------
+    def encoder_cache_bytes(self) -> int:
+        """Memory a full encoder cache holds, which the profile's peak leaves out (0 for text)."""
+        return encoder_cache_bytes(self.cfg) if self.mm is not None else 0
+
+    def prepare_profile(self) -> None:
+        """What ``profile_run`` needs built before the caller starts measuring: for a model that
+        takes images, the dummy images through the checkpoint's processor (its loading and imports
+        are no part of a step's peak). Nothing for a text-only model."""
+        if self.mm is not None:
+            self.profile_images = profile_images(self.cfg, self.model)
+
+    @torch.inference_mode()
+    def profile_run(self) -> None:
+        """The vision encoder on one step's largest input (models that take images, from
+        ``prepare_profile``), then a forward pass at the full token budget on a throw-away
+        cache and batch, then the sampler and the verifier at their widest steps, so the caller
+        can measure peak activation memory (``profile.py``)."""
+        start = time.perf_counter()
+        if self.mm is not None:
+            images = self.profile_images if self.profile_images is not None else profile_images(self.cfg, self.model)
+            self.profile_images = None
+            outputs = self.mm.run_encoder(images)
+            del outputs, images  # a step's encoder outputs go to the cache, which is reserved whole
+        if self.drafter is not None:  # the draft distributions it holds between steps, held throughout
+            self.drafter.draft_probs = held_draft_probs(self.cfg, self.device)
+        batch, lens, num_blocks = forward_batch(self.cfg, self.device)
+        self.init_kv_cache(num_blocks)
+        step = self.inputs.build(batch, np.arange(len(lens)), lens)
+        step.meta.backend_data = self.attn_backend.prepare(step.meta, self.block_size)
+        intermediate = self.pipeline.empty(int(lens.sum())) if self.pipeline and not self.pipeline.is_first else None
+        hidden = self._forward(step.input_ids, step.positions, step.meta, intermediate)
+        if self.pipeline is None or self.pipeline.is_last:
+            last = hidden[step.logits_index]  # (B, hidden)
+            self.model.compute_logits(last)
+            if self.pooler is None:  # a pooling runner samples nothing
+                self._profile_sampler(last[-1:])
+        if self.drafter is not None:
+            self.drafter.catch_up(step)
+        self.release_kv_cache()
+        if self.drafter is not None:
+            self.drafter.draft_probs = {}
+        if self.cfg.torch_compile:
+            logger.info("Profile run with torch.compile of the small ops: %.1f s", time.perf_counter() - start)
+
+    def _profile_sampler(self, row: torch.Tensor) -> None:
+        """The sampler at its widest step, from copies of one (1, hidden) row, for requests
+        asking for every option that allocates; then the verifier's widest step with
+        speculative decoding. Both take their metadata the way a step does."""
+        num_rows = sampler_rows(self.cfg)
+        logits = self.model.compute_logits(row.expand(num_rows, -1))  # (S, vocab) fp32
+        vocab_size = logits.shape[-1]
+        batch = sampling_batch(num_rows, profile_params(self.cfg, vocab_size), self.device)
+        rows = np.arange(num_rows)
+        self.sampler(logits, batch.sampling_metadata(rows, batch.num_tokens[rows], vocab_size))
+        del logits
+        if self.spec is not None:
+            k = self.cfg.speculative.num_speculative_tokens
+            num_rows = verify_rows(self.cfg)
+            logits = self.model.compute_logits(row.expand(num_rows, -1))  # (N, vocab) fp32
+            batch = sampling_batch(cdiv(num_rows, k + 1), verify_params(), self.device)
+            meta = batch.sampling.metadata(np.arange(num_rows) // (k + 1))  # k + 1 positions per request
+            self.spec.profile(logits, meta, k, self.drafter is not None)
+
+
+class _AdapterRequests:
+    """The LoRA manager as a request store of the batch: each request's adapter, by id."""
+
+    def __init__(self, manager: LoRAModelManager) -> None:
+        self.manager = manager
+
+    def add(self, new: NewRequestData) -> None:
+        self.manager.add_request(new.req_id, new.lora_request)
+
+    def remove(self, req_id: RequestId) -> None:
+        self.manager.remove_request(req_id)
+
+
+class PendingOutput:
+    """A step's output on its way from the device to the host.
+
+    ``result()`` is the step's one synchronization: it reads the sampled ids (the
+    batch's ``SampledTokens``, whose copy started when the step sampled) and the
+    logprobs when asked, and turns them into a ``ModelRunnerOutput``. The batch
+    stores the ids in its rows itself once they are read, so the runner knows every
+    token it sampled without the scheduler sending them back. With async
+    scheduling the engine calls it only after launching the next step; a
+    synchronous step calls it at once. It is idempotent.
+    """
+
+    def __init__(
+        self,
+        tokens: SampledTokens,
+        sampled: SamplerOutput,
+        num_logprobs: list[int | None],
+        prompt_logprobs: dict[RequestId, list[PositionLogprobs | None]],
+    ) -> None:
+        """``tokens``: the step's sampled ids as the batch holds them (``InputBatch.hold_sampled``);
+        ``sampled``: the sampler's output they came from, row by row of ``tokens.req_ids``;
+        ``num_logprobs``: each request's ``logprobs``."""
+        self.tokens = tokens
+        self.req_ids = tokens.req_ids
+        self._num_logprobs = num_logprobs
+        self._prompt_logprobs = prompt_logprobs
+        self._logprobs_host = None
+        self._logprobs_copied = None
+        if sampled.logprobs is not None:
+            logprobs = (sampled.logprobs, sampled.logprob_token_ids, sampled.logprob_ranks)
+            self._logprobs_host = [to_host(t) for t in logprobs]
+            self._logprobs_copied = record_event(sampled.logprobs.device)
+        self._output: ModelRunnerOutput | None = None
+
+    @property
+    def resolved(self) -> bool:
+        return self._output is not None
+
+    def result(self) -> ModelRunnerOutput:
+        if self._output is not None:
+            return self._output
+        tokens = self.tokens.read()
+        out = ModelRunnerOutput(
+            sampled_token_ids={r: [t] for r, t in zip(self.req_ids, tokens.tolist())},
+            prompt_logprobs=self._prompt_logprobs,
+        )
+        if self._logprobs_host is not None:
+            if self._logprobs_copied is not None:
+                self._logprobs_copied.synchronize()
+            values, ids, ranks = (t.tolist() for t in self._logprobs_host)
+            for row, (req_id, asked) in enumerate(zip(self.req_ids, self._num_logprobs)):
+                if asked is not None:
+                    pairs = dict(zip(ids[row][: 1 + asked], values[row][: 1 + asked]))
+                    out.logprobs[req_id] = [PositionLogprobs(pairs, ranks[row])]
+        self._output = out
+        return out

@@ -87,9 +87,9 @@ class Worker:
         """KV blocks that fit: (device memory x utilization - peak usage - encoder cache) / bytes per block.
 
         The peak is measured around a forward pass at the full token budget and the sampler at its
-        widest step (``max_num_seqs`` rows: ``sampler_profile.py``); for a model that
-        takes images, around the vision encoder on one step's largest input too, and its whole
-        encoder cache is reserved (``encoder_profile.py``; 0 bytes for a text-only model).
+        widest step (``max_num_seqs`` rows); for a model that takes images, around the vision
+        encoder on one step's largest input too, and its whole encoder cache is reserved (0 bytes
+        for a text-only model): ``profile.py``.
         On the CPU, ``cache.cpu_memory_gb`` stands in for device memory and the
         peak is the weights plus the growth of the process's resident high-water mark.
         """
@@ -167,19 +167,19 @@ class Worker:
     def is_sleeping(self) -> bool:
         return bool(self.sleep_state.asleep)
 
-    def execute_model_async(self, sched: SchedulerOutput) -> StepResult | None:
+    def execute_model_async(self, scheduler_output: SchedulerOutput) -> StepResult | None:
         """Launch one step; where this rank ``reports_output`` the result's ``result()`` waits
         for its sampled tokens. Elsewhere the step completes here and None is returned (every
         rank keeps the tokens it sampled: they are the next step's inputs)."""
-        launched = self.model_runner.execute_model_async(sched)
+        launched = self.model_runner.execute_model_async(scheduler_output)
         if self.reports_output:
             return launched
         launched.result()
         return None
 
-    def execute_model(self, sched: SchedulerOutput) -> ModelRunnerOutput | None:
+    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput | None:
         """One step to its end: the output where this rank ``reports_output``, None elsewhere."""
-        launched = self.execute_model_async(sched)
+        launched = self.execute_model_async(scheduler_output)
         return launched.result() if launched is not None else None
 
     def shutdown(self) -> None:

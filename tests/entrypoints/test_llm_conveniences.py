@@ -134,7 +134,7 @@ def test_get_metrics_counts_with_vllm_names(llm):
 
 
 def test_logits_processors_that_cannot_leave_the_process_are_refused_up_front():
-    from minivllm.sample.custom_processors import check_picklable
+    from minivllm.sample.logits_processors import check_picklable
 
     check_picklable(SamplingParams(logits_processors=[keep_logits]))  # a module-level function pickles
     with pytest.raises(ValueError, match="logits_processors: must be picklable"):

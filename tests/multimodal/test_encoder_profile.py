@@ -18,7 +18,7 @@ from minivllm.config.llm_kwargs import config_from_kwargs
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.models.llava import LlavaForConditionalGeneration
 from minivllm.models.qwen2_vl import Qwen2VLForConditionalGeneration, largest_image_size
-from minivllm.worker import encoder_profile
+from minivllm.worker import profile as startup_profile
 from minivllm.worker.model_runner import ModelRunner
 from minivllm.worker.worker import Worker
 from tests.models.qwen2_vl_checkpoint import MAX_PIXELS, MERGE, MIN_PIXELS, build_qwen2_vl
@@ -117,7 +117,7 @@ def test_text_only_profile_builds_no_encoder_input(llama_dir, monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("a text-only model's profile built encoder inputs")
 
-    monkeypatch.setattr(encoder_profile, "load_multimodal_processor", refuse)
+    monkeypatch.setattr(startup_profile, "load_multimodal_processor", refuse)
     worker = _worker(llama_dir, "scheduler.max_num_seqs=8")
     assert worker.cfg.scheduler.max_num_batched_tokens > 8 * worker.cfg.max_model_len
     assert worker.model_runner.mm is None and worker.model_runner.encoder_cache_bytes() == 0

@@ -11,10 +11,9 @@ from transformers.generation import (
     SequenceBiasLogitsProcessor,
 )
 
-from minivllm.sample.history import TokenHistory
-from minivllm.sample.logits_processors import LogitsEdits
-from minivllm.sample.penalties import token_counts
+from minivllm.sample.logits_processors import LogitsEdits, TokenHistory, token_counts
 from minivllm.sampling_params import SamplingParams
+from tests.sample.helpers import sampling_metadata
 
 V = 12
 CPU = torch.device("cpu")
@@ -26,7 +25,7 @@ def _logits(rows: int, seed: int = 0) -> torch.Tensor:
 
 def _edit(params, token_ids, num_prompt, logits):
     edits = LogitsEdits.build(params, TokenHistory(token_ids, num_prompt), V, CPU)
-    return logits if edits is None else edits.apply(logits)
+    return logits if edits is None else edits.apply(logits, sampling_metadata(params))
 
 
 def test_nothing_asked_builds_nothing():

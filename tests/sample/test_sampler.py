@@ -7,9 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from minivllm.sample.metadata import SamplingMetadata
+from minivllm.sample.logits_processors import LogitsEdits, TokenHistory
 from minivllm.sample.sampler import Sampler, greedy_tokens
 from minivllm.sampling_params import SamplingParams
+from tests.sample.helpers import sampling_metadata
 
 V = 24
 CPU = torch.device("cpu")
@@ -18,7 +19,7 @@ LOGITS = torch.randn(V, generator=torch.Generator().manual_seed(1)) * 1.5
 
 def _draw(params: SamplingParams, num: int, seed: int = 0) -> torch.Tensor:
     """``num`` independent draws from LOGITS under ``params`` (one batch of identical rows)."""
-    meta = SamplingMetadata.build([params] * num, {}, V, CPU)
+    meta = sampling_metadata([params] * num)
     sampler = Sampler(torch.Generator().manual_seed(seed))
     return sampler(LOGITS.expand(num, V).clone(), meta).token_ids
 
@@ -86,14 +87,16 @@ def test_temperature_frequencies_match_the_softmax():
 def test_greedy_rows_take_the_argmax_in_a_mixed_batch():
     params = [SamplingParams(temperature=0), SamplingParams(temperature=1.0), SamplingParams(temperature=0)]
     logits = torch.randn(3, V, generator=torch.Generator().manual_seed(5))
-    out = Sampler(torch.Generator().manual_seed(0))(logits, SamplingMetadata.build(params, {}, V, CPU))
+    out = Sampler(torch.Generator().manual_seed(0))(logits, sampling_metadata(params))
     assert out.token_ids[[0, 2]].tolist() == logits[[0, 2]].argmax(-1).tolist()
 
 
 def test_penalties_change_greedy_choice():
     logits = torch.zeros(1, V)
     logits[0, 4], logits[0, 9] = 2.0, 1.5
-    meta = SamplingMetadata.build([SamplingParams(temperature=0, frequency_penalty=1.0)], {}, V, CPU, [[0, 4, 4]], [1])
+    params = [SamplingParams(temperature=0, frequency_penalty=1.0)]
+    meta = sampling_metadata(params)
+    meta.edits = LogitsEdits.build(params, TokenHistory([[0, 4, 4]], [1]), V, CPU)
     assert Sampler()(logits, meta).token_ids.item() == 9  # token 4 appears twice in the output: 2.0 - 2 < 1.5
 
 
@@ -107,7 +110,8 @@ def _seeded_token(seed: int, others: list[SamplingParams], position: int) -> int
             gens[row] = torch.Generator().manual_seed(p.seed)
     logits = torch.randn(len(params), V, generator=torch.Generator().manual_seed(100 + len(others)))
     logits[position] = LOGITS
-    meta = SamplingMetadata.build(params, gens, V, CPU)
+    meta = sampling_metadata(params)
+    meta.generators = gens
     return Sampler(torch.Generator().manual_seed(len(others)))(logits, meta).token_ids[position].item()
 
 

@@ -14,11 +14,12 @@ from minivllm.models.qwen2_vl import mrope_input_positions
 from minivllm.request import RequestId
 from minivllm.sampling_params import SamplingParams
 from minivllm.worker.input_batch import InputBatch
-from minivllm.worker.mrope_positions import MRopePositions
+from minivllm.worker.mm_runner import MRopePositions
 from minivllm.worker.step_inputs import StepInputBuilder
 from tests.models.qwen2_vl_checkpoint import IMAGE_TOKEN, MERGE, image_prompt, tiny_qwen2_vl_config
 
 BLOCK = 8
+CPU = torch.device("cpu")
 
 
 def _expected(prompt: list[int], grids) -> tuple[np.ndarray, int]:
@@ -40,13 +41,14 @@ def test_step_positions_follow_each_prompt_through_chunks_and_decodes():
         "c": image_prompt([2, 3], grids["c"]),
     }
     expected = {r: _expected(prompts[r][0], grids[r]) for r in prompts}
-    batch = InputBatch(4, 128, 16)
-    mrope = MRopePositions(model, torch.device("cpu"))
-    builder = StepInputBuilder(64, 4, 16, BLOCK, torch.device("cpu"))
+    batch = InputBatch(4, 128, 16, CPU)
+    mrope = MRopePositions(model, CPU)
+    batch.register(mrope)  # as the runner does: the positions follow the batch's requests
+    builder = StepInputBuilder(64, 4, 16, BLOCK, CPU)
     for r, (ids, features) in prompts.items():
-        new = NewRequestData(RequestId(r), ids, len(ids), SamplingParams(), list(range(16)), 0, mm_features=features)
-        batch.add(new, torch.device("cpu"))
-        mrope.add(new)
+        batch.add(
+            NewRequestData(RequestId(r), ids, len(ids), SamplingParams(), list(range(16)), 0, mm_features=features)
+        )
 
     def step(counts: dict[str, int]) -> None:
         rows = np.asarray(sorted(batch.row_of[RequestId(r)] for r in counts))
@@ -65,8 +67,7 @@ def test_step_positions_follow_each_prompt_through_chunks_and_decodes():
     image_a = prompts["a"][1][0]
     step({"a": image_a.offset + 2, "b": 5, "c": 3})  # splits a's first image; b's whole prompt
     step({"a": len(prompts["a"][0]) - image_a.offset - 2, "b": 1, "c": 1})  # a's rest; b decodes
-    batch.remove(RequestId("b"))
-    mrope.remove(RequestId("b"))
+    batch.remove(RequestId("b"))  # and from the registered positions
     batch.condense()  # a row moves: the per-row deltas follow their requests
     step({"a": 1, "c": len(prompts["c"][0]) - 4})
     for _ in range(2):

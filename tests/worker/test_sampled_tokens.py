@@ -10,14 +10,14 @@ import torch
 
 from minivllm.sample.sampler import SamplerOutput
 from minivllm.worker.input_batch import InputBatch, SampledTokens
-from minivllm.worker.pending_output import PendingOutput
+from minivllm.worker.model_runner import PendingOutput
 from tests.worker.test_input_batch import CPU, new
 
 
 def _batch(*req_ids: str) -> InputBatch:
-    batch = InputBatch(max_num_reqs=6, max_model_len=8, max_blocks_per_req=2)
+    batch = InputBatch(max_num_reqs=6, max_model_len=8, max_blocks_per_req=2, device=CPU)
     for i, req_id in enumerate(req_ids):
-        batch.add(new(req_id, [10 + i], [i]), CPU)
+        batch.add(new(req_id, [10 + i], [i]))
     return batch
 
 

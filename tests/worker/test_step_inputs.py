@@ -17,11 +17,11 @@ BLOCK = 4
 
 
 def make_batch() -> InputBatch:
-    batch = InputBatch(max_num_reqs=4, max_model_len=16, max_blocks_per_req=4)
+    batch = InputBatch(max_num_reqs=4, max_model_len=16, max_blocks_per_req=4, device=CPU)
     # a: 6 known tokens, 5 computed -> decodes its last token; blocks 7, 2
-    batch.add(NewRequestData(RequestId("a"), [11, 12, 13, 14, 15, 16], 6, SamplingParams(), [7, 2], 5), CPU)
+    batch.add(NewRequestData(RequestId("a"), [11, 12, 13, 14, 15, 16], 6, SamplingParams(), [7, 2], 5))
     # b: a 7-token prompt, first chunk of 3 (does not sample); blocks 5, 1
-    batch.add(NewRequestData(RequestId("b"), [21, 22, 23, 24, 25, 26, 27], 7, SamplingParams(), [5, 1], 0), CPU)
+    batch.add(NewRequestData(RequestId("b"), [21, 22, 23, 24, 25, 26, 27], 7, SamplingParams(), [5, 1], 0))
     return batch
 
 
@@ -100,7 +100,7 @@ def test_decode_steps_over_all_rows_and_over_a_subset_equal_the_row_by_row_refer
     plain computation, with a one-token prefill chunk that must not sample."""
     batch = make_batch()
     batch.num_computed_tokens[1] = 3  # b: a 1-token chunk of its 7-token prompt
-    batch.add(NewRequestData(RequestId("c"), [31, 32, 33, 34, 35], 5, SamplingParams(), [3, 6], 4), CPU)
+    batch.add(NewRequestData(RequestId("c"), [31, 32, 33, 34, 35], 5, SamplingParams(), [3, 6], 4))
     for rows in ([0, 1, 2], [0, 2], [1, 2]):
         for num_tokens in (None, len(rows)):
             builder = StepInputBuilder(16, 4, 4, BLOCK, CPU)

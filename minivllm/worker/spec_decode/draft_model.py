@@ -31,8 +31,6 @@ sampler, which accepts with ``min(1, p / q)``; greedy drafts are one-hot.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
-
 import numpy as np
 import torch
 from torch import nn
@@ -42,13 +40,11 @@ from minivllm.config.vllm_config import VllmConfig
 from minivllm.layers.attention import attention_layers
 from minivllm.layers.rotary import share_cos_sin_caches
 from minivllm.request import RequestId
-from minivllm.sample.metadata import SamplingMetadata, may_speculate
+from minivllm.sample.metadata import may_speculate
 from minivllm.sample.sampler import Sampler
 from minivllm.utils import cdiv, instantiate_target
-
-if TYPE_CHECKING:  # the worker hands its builders in: spec_decode imports nothing from it at run time
-    from minivllm.worker.input_batch import InputBatch
-    from minivllm.worker.step_inputs import StepInputBuilder, StepInputs
+from minivllm.worker.input_batch import InputBatch
+from minivllm.worker.step_inputs import StepInputBuilder, StepInputs
 
 _DRAFT_SEED_OFFSET = 1 << 62
 """Seeded requests draw draft noise from (seed, position + offset): never the verifier's stream."""
@@ -59,17 +55,7 @@ class DraftModelProposer:
     """How far past the KV slot it fills an input token sits: 0 for a draft model; 1 for an
     EAGLE head, whose entry at position p reads token p + 1 beside the target's hidden state at p."""
 
-    def __init__(
-        self,
-        cfg: VllmConfig,
-        sampler: Sampler,
-        device: torch.device,
-        step_inputs: Callable[..., StepInputBuilder],
-        sampling_metadata: Callable[[InputBatch, np.ndarray, int, torch.device], SamplingMetadata],
-    ) -> None:
-        """``step_inputs``: the worker's ``StepInputBuilder`` (the class: the catch-up pass sizes
-        its own); ``sampling_metadata(batch, rows, vocab_size, device)``: the worker's sampling
-        metadata for batch rows, without generators and edits (``worker/sampling_metadata.py``)."""
+    def __init__(self, cfg: VllmConfig, sampler: Sampler, device: torch.device) -> None:
         self.cfg = cfg.draft_config
         self.k = cfg.speculative.num_speculative_tokens
         self.block_size = cfg.cache.block_size
@@ -78,8 +64,7 @@ class DraftModelProposer:
         self.model: nn.Module | None = None
         self.layers: list[nn.Module] = []
         self.backend: AttentionBackend | None = None
-        self._sampling_metadata = sampling_metadata
-        self.inputs = step_inputs(
+        self.inputs = StepInputBuilder(
             cfg.scheduler.max_num_batched_tokens + cfg.scheduler.max_num_seqs,  # + each row's new token
             cfg.scheduler.max_num_seqs,
             cdiv(cfg.max_model_len, self.block_size),
@@ -139,7 +124,8 @@ class DraftModelProposer:
             - start
             + self.shift
         )
-        speculating = np.fromiter((may_speculate(batch.params[r]) for r in rows.tolist()), bool, len(rows))
+        params = batch.sampling.params
+        speculating = np.fromiter((may_speculate(params[r]) for r in rows.tolist()), bool, len(rows))
         n = np.minimum(np.minimum(room, self._outputs_left(batch, rows)), self.k)
         chosen = np.flatnonzero(reached & speculating & (n > 0))
         if not len(chosen):
@@ -198,17 +184,15 @@ class DraftModelProposer:
         self, logits: torch.Tensor, batch: InputBatch, rows: np.ndarray, positions: np.ndarray
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(B,) drafts for ``positions`` and their (B, V) distributions (None when all greedy)."""
-        sampling = self._sampling_metadata(batch, rows, logits.shape[-1], self.device)
+        sampling = batch.sampling.metadata(rows)
         if sampling.all_greedy:
             return logits.argmax(dim=-1), None
         q = self.sampler.process(logits, sampling).softmax(dim=-1)  # (B, V)
         noise = torch.empty_like(q).exponential_(generator=self.sampler.generator)
         for i, row in enumerate(rows.tolist()):
-            seed = batch.params[row].seed
-            if seed is not None:
+            if row in batch.sampling.generators:
                 position = int(positions[i]) - int(batch.num_prompt_tokens[row]) + _DRAFT_SEED_OFFSET
-                gen = batch.generators[batch.req_ids[row]].manual_seed((seed * 1_000_003 + position) % (1 << 63))
-                noise[i].exponential_(generator=gen)
+                noise[i].exponential_(generator=batch.sampling.generator(row, position))
         drawn = torch.where(sampling.temperature == 0.0, logits.argmax(dim=-1), q.div(noise).argmax(dim=-1))
         return drawn, q
 
@@ -216,7 +200,7 @@ class DraftModelProposer:
     def _outputs_left(batch: InputBatch, rows: np.ndarray) -> np.ndarray:
         """(B,) drafts the scheduler could still use: the last output token needs none after it."""
         made = batch.num_tokens[rows].astype(np.int64) - batch.num_prompt_tokens[rows]
-        limit = [batch.params[r].max_tokens for r in rows.tolist()]
+        limit = [batch.sampling.params[r].max_tokens for r in rows.tolist()]
         return np.asarray([(m if m is not None else 1 << 30) for m in limit], dtype=np.int64) - made - 1
 
     def _decode_metadata(self, batch: InputBatch, rows: np.ndarray, positions: np.ndarray) -> AttentionMetadata:
@@ -248,7 +232,7 @@ class DraftModelProposer:
         for i, row in enumerate(rows.tolist()):
             req_id = batch.req_ids[row]
             out[req_id] = [toks[int(np.searchsorted(live, i))] for live, toks in host[: int(n[i])]]
-            if batch.temperature[row] > 0.0:
+            if not batch.sampling.params[row].greedy:
                 self.draft_probs[req_id] = torch.stack(
                     [q[int(np.searchsorted(live, i))] for live, q in probs[: int(n[i])]]
                 )  # (n, V)

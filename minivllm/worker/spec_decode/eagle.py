@@ -21,7 +21,7 @@ layer's ``input_layernorm.weight`` are ignored when present.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import Any, Callable, Iterable
 
 import numpy as np
 import torch
@@ -35,13 +35,10 @@ from minivllm.layers.rotary import share_cos_sin_caches
 from minivllm.model_loader.weight_files import find_weight_files, iterate_weights
 from minivllm.models.llama import LlamaDecoderLayer, LlamaForCausalLM
 from minivllm.models.utils import load_weights
-from minivllm.sample.metadata import SamplingMetadata
 from minivllm.sample.sampler import Sampler
-from minivllm.spec_decode.draft_model import DraftModelProposer
-
-if TYPE_CHECKING:  # the worker's types: spec_decode imports nothing from it at run time
-    from minivllm.worker.input_batch import InputBatch
-    from minivllm.worker.step_inputs import StepInputBuilder, StepInputs
+from minivllm.worker.input_batch import InputBatch
+from minivllm.worker.spec_decode.draft_model import DraftModelProposer
+from minivllm.worker.step_inputs import StepInputs
 
 _IGNORED = ("embed_tokens.", "lm_head.", "rotary_emb.inv_freq", "layers.0.input_layernorm.")
 
@@ -125,14 +122,7 @@ class EagleProposer(DraftModelProposer):
         return self.model(tokens, torch.from_numpy(positions).to(self.device), meta, last)
 
 
-def model_proposer(
-    cfg: VllmConfig,
-    sampler: Sampler,
-    device: torch.device,
-    step_inputs: Callable[..., StepInputBuilder],
-    sampling_metadata: Callable[[InputBatch, np.ndarray, int, torch.device], SamplingMetadata],
-) -> DraftModelProposer:
-    """The worker-side proposer of ``speculative.method`` (draft_model or eagle); the worker
-    hands in its step-input builder and sampling metadata (see ``DraftModelProposer``)."""
+def model_proposer(cfg: VllmConfig, sampler: Sampler, device: torch.device) -> DraftModelProposer:
+    """The worker-side proposer of ``speculative.method`` (draft_model or eagle)."""
     cls = EagleProposer if cfg.speculative.method == "eagle" else DraftModelProposer
-    return cls(cfg, sampler, device, step_inputs, sampling_metadata)
+    return cls(cfg, sampler, device)

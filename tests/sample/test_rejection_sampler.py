@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from minivllm.sample.metadata import SamplingMetadata
+from minivllm.sample.rejection_sampler import VerifyInputs, emitted_tokens, rejection_sample
 from minivllm.sample.sampler import Sampler
 from minivllm.sampling_params import SamplingParams
-from minivllm.spec_decode.rejection_sampler import VerifyInputs, emitted_tokens, rejection_sample
+from tests.sample.helpers import sampling_metadata
 
 V = 8
 DRAWS = 40_000
@@ -26,7 +26,7 @@ def _chi_square(counts: torch.Tensor, probs: torch.Tensor) -> float:
 
 def _processed(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """The target distribution as the plain sampler draws from it."""
-    meta = SamplingMetadata.build([params], {}, V, torch.device("cpu"))
+    meta = sampling_metadata([params])
     return Sampler().process(logits.unsqueeze(0), meta).softmax(dim=-1)[0]
 
 

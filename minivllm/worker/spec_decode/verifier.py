@@ -6,53 +6,49 @@ the step's inputs pick them up like any other token: a request with ``k``
 drafts is one row of ``1 + k`` query tokens in the same forward pass as the
 plain decode and prefill rows. After the forward the plain sampler runs as
 usual; then the ``k + 1`` positions of each drafted request are verified
-(``rejection_sampler.py``) and replace its plain sample. Rejected drafts
+(``sample/rejection_sampler.py``) and replace its plain sample. Rejected drafts
 leave KV behind in slots past the rolled-back ``num_computed_tokens``; the
 next step overwrites them, and the blocks past it are dropped from the row's
-table as the scheduler dropped them.
+table as the scheduler dropped them. The verifier is a request store of the batch
+(``InputBatch.register``): it forgets the requests the batch forgets.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 import numpy as np
 import torch
 
-from minivllm.core.scheduler_output import CachedRequestData, SchedulerOutput
+from minivllm.core.scheduler_output import CachedRequestData, NewRequestData, SchedulerOutput
 from minivllm.distributed.parallel_state import broadcast_from_first
 from minivllm.outputs import ModelRunnerOutput
 from minivllm.request import RequestId
 from minivllm.sample.metadata import SamplingMetadata
+from minivllm.sample.rejection_sampler import VerifyInputs, emitted_tokens, rejection_sample
 from minivllm.sample.sampler import Sampler
-from minivllm.spec_decode.rejection_sampler import VerifyInputs, emitted_tokens, rejection_sample
 from minivllm.utils import cdiv
-
-if TYPE_CHECKING:  # the worker hands these in: spec_decode imports nothing from it at run time
-    from minivllm.worker.input_batch import InputBatch
-    from minivllm.worker.step_inputs import StepInputs
+from minivllm.worker.input_batch import InputBatch
+from minivllm.worker.step_inputs import StepInputs
 
 
 class DraftVerifier:
-    def __init__(
-        self,
-        sampler: Sampler,
-        block_size: int,
-        device: torch.device,
-        sampling_metadata: Callable[[InputBatch, np.ndarray, int, torch.device], SamplingMetadata],
-    ) -> None:
-        """``sampling_metadata(batch, rows, vocab_size, device)``: the worker's sampling metadata
-        for batch rows, without generators and edits (``worker/sampling_metadata.py``)."""
+    def __init__(self, sampler: Sampler, block_size: int, device: torch.device) -> None:
         self.sampler = sampler
         self.block_size = block_size
         self.device = device
-        self._sampling_metadata = sampling_metadata
         self._drafted: set[RequestId] = set()
         """Requests that had drafts in the last step (their block tables may shrink)."""
 
-    def write_drafts(self, batch: InputBatch, sched: SchedulerOutput) -> None:
+    def add(self, new: NewRequestData) -> None:
+        """A request joins with no drafts."""
+
+    def remove(self, req_id: RequestId) -> None:
+        self._drafted.discard(req_id)
+
+    def write_drafts(self, batch: InputBatch, scheduler_output: SchedulerOutput) -> None:
         """Place each request's drafts after its known tokens (they stay unknown)."""
-        for req_id, drafts in sched.scheduled_spec_decode_tokens.items():
+        for req_id, drafts in scheduler_output.scheduled_spec_decode_tokens.items():
             row = batch.row_of[req_id]
             n = int(batch.num_tokens[row])
             batch.token_ids[row, n : n + len(drafts)] = drafts
@@ -66,32 +62,30 @@ class DraftVerifier:
                 keep = cdiv(computed, self.block_size)
                 batch.block_table.num_blocks[row] = min(int(batch.block_table.num_blocks[row]), keep)
                 self._drafted.discard(req_id)
-        self._drafted &= batch.row_of.keys()  # forget requests that left the batch
 
     def verify(
         self,
         batch: InputBatch,
         step: StepInputs,
-        sched: SchedulerOutput,
+        scheduler_output: SchedulerOutput,
         compute_logits: Callable[[torch.Tensor], torch.Tensor],
         hidden: torch.Tensor,
-        seeded_generator: Callable[[int, int], torch.Generator],
         out: ModelRunnerOutput,
         draft_probs: dict[RequestId, torch.Tensor] | None = None,
     ) -> ModelRunnerOutput:
         """Replace the plain samples of drafted requests by their verified tokens.
         ``draft_probs``: the (k, V) distributions sampled drafts were drawn from (a draft
         model's); drafts without one are deterministic (one-hot)."""
-        spec = sched.scheduled_spec_decode_tokens
+        spec = scheduler_output.scheduled_spec_decode_tokens
         drafted = [(i, int(r)) for i, r in enumerate(step.rows.tolist()) if batch.req_ids[r] in spec]
         drafts = [spec[batch.req_ids[row]] for _, row in drafted]
         flat, rows, draft_ids, seq_lens = _verified_positions(batch, step, drafted, drafts)
         index = torch.tensor(flat, dtype=torch.int64, device=self.device)
         logits = compute_logits(hidden[index])  # (N, V) fp32
-        meta = self._sampling_metadata(batch, rows, logits.shape[-1], self.device)
+        meta = batch.sampling.metadata(rows)
         probs = self.sampler.process(logits, meta).softmax(dim=-1)  # (N, V)
         greedy = meta.temperature == 0.0
-        inputs = self._noise(batch, rows, seq_lens, draft_ids, greedy, probs.shape, seeded_generator)
+        inputs = self._noise(batch, rows, seq_lens, draft_ids, greedy, probs.shape)
         if draft_probs:
             req_ids = [batch.req_ids[row] for _, row in drafted]
             inputs.draft_probs = _draft_prob_rows(req_ids, drafts, draft_probs, probs.shape, self.device)
@@ -111,7 +105,7 @@ class DraftVerifier:
 
     def profile(self, logits: torch.Tensor, meta: SamplingMetadata, k: int, with_draft_probs: bool) -> torch.Tensor:
         """The start-up memory profile's widest verification: ``logits`` (N, V) of N verified
-        positions, ``k + 1`` per request (``worker/sampler_profile.py``); ``with_draft_probs``: a
+        positions, ``k + 1`` per request (``worker/profile.py``); ``with_draft_probs``: a
         draft model's (N, V) distributions too. Returns (N,) each row's own token."""
         probs = self.sampler.process(logits, meta).softmax(dim=-1)  # (N, V)
         n = probs.shape[0]
@@ -133,15 +127,14 @@ class DraftVerifier:
         draft_ids: list[int],
         greedy: torch.Tensor,
         shape: torch.Size,
-        seeded_generator: Callable[[int, int], torch.Generator],
     ) -> VerifyInputs:
         """Accept draws and exponential noise per row; seeded requests draw theirs from
         their own generator, re-seeded per output position (as the plain sampler does)."""
         uniform = torch.rand(shape[0], device=self.device, generator=self.sampler.generator)
         expo = torch.empty(shape, device=self.device).exponential_(generator=self.sampler.generator)
         for i, row in enumerate(rows.tolist()):
-            if batch.params[row].seed is not None:
-                gen = seeded_generator(row, seq_lens[i])
+            if row in batch.sampling.generators:
+                gen = batch.sampling.generator(row, seq_lens[i] - int(batch.num_prompt_tokens[row]))
                 uniform[i] = torch.rand(1, device=self.device, generator=gen)[0]
                 expo[i].exponential_(generator=gen)
         drafts = torch.tensor(draft_ids, dtype=torch.int64, device=self.device)

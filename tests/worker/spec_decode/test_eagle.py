@@ -10,8 +10,8 @@ import torch
 
 from minivllm.config.store import ASSETS_DIR, build_config
 from minivllm.sampling_params import SamplingParams
-from tests.spec_decode.eagle_heads import EagleReference
-from tests.spec_decode.test_engine import PROMPTS, check_block_tables_each_step, greedy_params, make_engine, run
+from tests.worker.spec_decode.eagle_heads import EagleReference
+from tests.worker.spec_decode.test_engine import PROMPTS, check_block_tables_each_step, greedy_params, make_engine, run
 from tools.make_eagle_head import make_eagle_head
 
 DEMO = ASSETS_DIR / "demo-llama"

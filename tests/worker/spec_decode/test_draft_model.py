@@ -13,7 +13,7 @@ import pytest
 
 from minivllm.config.store import ASSETS_DIR, build_config
 from minivllm.sampling_params import SamplingParams
-from tests.spec_decode.test_engine import PROMPTS, check_block_tables_each_step, greedy_params, make_engine, run
+from tests.worker.spec_decode.test_engine import PROMPTS, check_block_tables_each_step, greedy_params, make_engine, run
 from tools.cut_draft_model import cut_layers
 
 
