@@ -5,6 +5,11 @@ request; every image becomes a ``MultiModalFeature`` whose placeholder tokens
 already sit in the prompt's token ids. The scheduler reads only ``offset``,
 ``length`` and ``identifier`` (when to run the encoder, how much encoder budget
 and cache it takes, the prefix-cache key); the workers read ``data``.
+
+A feature crosses to the engine process (and on to workers) pickled: its tensors travel
+as their bytes inside the message. Pickled through ``multiprocessing``, a torch tensor
+would instead move to shared memory and leave a descriptor in the sending process for
+every distinct image (a server fed enough images runs out of descriptors).
 """
 
 from __future__ import annotations
@@ -31,6 +36,15 @@ class MultiModalFeature:
     data: dict[str, torch.Tensor] = field(default_factory=dict)
     """This image's processed tensors, e.g. ``pixel_values`` (1, 3, H, W); Qwen2-VL adds ``image_grid_thw``."""
 
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state["data"] = {name: _TensorBytes.of(t) for name, t in self.data.items()}
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        state["data"] = {name: packed.tensor() for name, packed in state["data"].items()}
+        self.__dict__.update(state)
+
     @property
     def end(self) -> int:
         """One past the last placeholder token."""
@@ -39,3 +53,22 @@ class MultiModalFeature:
     def overlaps(self, start: int, stop: int) -> bool:
         """Whether token positions ``[start, stop)`` hold any of this image's placeholders."""
         return start < self.end and self.offset < stop
+
+
+@dataclass(frozen=True)
+class _TensorBytes:
+    """A CPU tensor as plain bytes (dtype, shape, raw): what pickles into a message."""
+
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    raw: bytes
+
+    @staticmethod
+    def of(tensor: torch.Tensor) -> _TensorBytes:
+        flat = tensor.detach().to("cpu").contiguous().reshape(-1)
+        return _TensorBytes(tensor.dtype, tuple(tensor.shape), flat.view(torch.uint8).numpy().tobytes())
+
+    def tensor(self) -> torch.Tensor:
+        if not self.raw:
+            return torch.empty(self.shape, dtype=self.dtype)
+        return torch.frombuffer(bytearray(self.raw), dtype=torch.uint8).view(self.dtype).reshape(self.shape)
