@@ -123,7 +123,7 @@ def tune(args, device: torch.device) -> None:
     from minivllm.layers.fused_moe.triton_experts import triton_fused_experts
     from minivllm.tuned_tiles import device_facts, merge_entries, table_path
     from tools.gemm_tune import Budget, compile_failures, report_line, time_candidates
-    from tools.gemm_variants import moe_launch_variants
+    from tools.kernel_variants import moe_launch_variants
 
     facts, dtype = device_facts(device), DTYPES[args.dtype]
     table = args.table or table_path(moe_tiles.KERNEL)

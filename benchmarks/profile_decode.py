@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from minivllm.bench.kernel_groups import SAMPLER_RANGE, cpu_ops, device_kernels, format_summary, summarize
-from minivllm.bench.step_timer import StepTimer
+from minivllm.bench.timing import StepTimer
 from minivllm.config.store import build_config
 from minivllm.entrypoints.llm import LLM
 from minivllm.sampling_params import RequestOutputKind, SamplingParams

@@ -46,7 +46,7 @@ import torch.nn.functional as F
 from minivllm.bench.timing import kernel_timer
 from minivllm.layers.linear import ReplicatedLinear
 from minivllm.quantization.awq import AWQLinearMethod
-from minivllm.quantization.fp8 import FP8, Fp8LinearMethod, _fp8_matmul, _scaled_mm_usable, quantize_activations
+from minivllm.quantization.fp8 import FP8, Fp8LinearMethod, _fp8_matmul, _scaled_mm_usable
 from minivllm.quantization.int4 import dequantize
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/, when run as a script
@@ -155,7 +155,7 @@ def run_fp8_quant(shape: Shape, tokens: int, device: torch.device, timer, dtype:
     """The fp8 activation quantization of (tokens, K) activations: the fused kernel against
     the torch reference, alone (dynamic and static scales) and inside the fp8 linear; None
     where the kernel does not run (a GPU below sm89, or a CPU without the interpreter)."""
-    from minivllm.quantization.triton_fp8_quant import quantize_fp8_rows
+    from minivllm.quantization.triton_fp8_quant import quantize_activations, quantize_fp8_rows
 
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(tokens, shape.k, generator=gen).to(device, dtype)  # (M, K)
@@ -217,7 +217,7 @@ def tune(args, device: torch.device) -> None:
     from minivllm.quantization.triton_int4 import int4_matmul
     from minivllm.tuned_tiles import device_facts, merge_entries, table_path
     from tools.gemm_tune import Budget, compile_failures, report_line, time_candidates
-    from tools.gemm_variants import int4_launch_variant
+    from tools.kernel_variants import int4_launch_variant
 
     facts = device_facts(device)
     table = args.table or table_path(int4_tiles.KERNEL)
@@ -263,7 +263,7 @@ def tune(args, device: torch.device) -> None:
 
 
 def _interpreted() -> bool:
-    from minivllm.attention.ops._validation import is_interpreted
+    from minivllm.attention.ops.checks import is_interpreted
     from minivllm.quantization.triton_int4 import _int4_matmul_kernel
 
     return is_interpreted(_int4_matmul_kernel)

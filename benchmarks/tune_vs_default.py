@@ -17,7 +17,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from minivllm.bench.replay import bench_serving
+from minivllm.bench.run import bench_serving
 from minivllm.bench.workloads import build_workload
 from minivllm.config.store import build_config
 from minivllm.tune import load_tuned

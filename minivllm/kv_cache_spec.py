@@ -41,7 +41,7 @@ class KVCacheSpec:
 
     def max_blocks_per_request(self, num_tokens: int, max_step_tokens: int) -> int:
         """KV blocks a request of ``num_tokens`` tokens holds at most at once, when each step
-        computes at most ``max_step_tokens`` of its tokens (``core/sliding_window.py``)."""
+        computes at most ``max_step_tokens`` of its tokens (``core/kv_cache_manager.py``)."""
         return max_blocks_per_request(num_tokens, self.block_size, self.sliding_window, max_step_tokens)
 
     @classmethod

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NewType
 
 if TYPE_CHECKING:  # annotations only: neither is needed at run time
-    from minivllm.lora.request import LoRARequest
+    from minivllm.lora_request import LoRARequest
     from minivllm.multimodal.feature import MultiModalFeature
     from minivllm.sampling_params import SamplingParams
 

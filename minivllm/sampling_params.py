@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Callable, Optional
 
-from minivllm.config.validation import Range, check_range
-from minivllm.structured_output.params import GuidedDecodingParams, StructuredOutputsParams
+from minivllm.config.model import Range, check_range
+from minivllm.structured_output_params import GuidedDecodingParams, StructuredOutputsParams
 
 _GREEDY_EPS = 1e-5
 

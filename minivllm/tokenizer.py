@@ -7,8 +7,7 @@ from pathlib import Path
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from minivllm.config.gguf_config import find_gguf_file
-from minivllm.config.model_source import find_local_checkpoint
+from minivllm.config.load import find_gguf_file, find_local_checkpoint
 from minivllm.config.vllm_config import VllmConfig
 
 logger = logging.getLogger(__name__)

@@ -1,4 +1,5 @@
-"""Shared fixtures: small checkpoints built once per test session."""
+"""Shared fixtures: small checkpoints built once per test session; engines on a background
+event loop, servers over them and openai clients on those servers (tests/serve/harness.py)."""
 
 from __future__ import annotations
 
@@ -81,3 +82,60 @@ def async_engine(llama_dir):
     harness = EngineHarness(engine_config(llama_dir))
     yield harness
     harness.close()
+
+
+@pytest.fixture(scope="module")
+def make_engine():
+    """``make_engine(model, **keywords)`` -> an ``EngineHarness`` with an engine process of its own
+    (``config_from_kwargs`` keywords; ``tests.serve.harness.ENGINE_KWARGS`` when none are given),
+    closed with its servers when the module ends, or earlier by ``close()`` or a ``with`` block."""
+    from tests.serve.harness import EngineHarness, engine_config
+
+    made = []
+
+    def make(model, **kwargs):
+        made.append(EngineHarness(engine_config(model, **kwargs)))
+        return made[-1]
+
+    yield make
+    for harness in reversed(made):
+        harness.close()
+
+
+@pytest.fixture(scope="module")
+def start_server(async_engine):
+    """``start_server(**serve_keys)`` -> a server over the shared engine (``async_engine``) with those
+    ``serve.*`` keys, stopped when the module ends (or earlier, by ``stop()``)."""
+    started = []
+
+    def start(**serve):
+        started.append(async_engine.start_server(**serve))
+        return started[-1]
+
+    yield start
+    for handle in reversed(started):
+        handle.stop()
+
+
+@pytest.fixture(scope="module")
+def openai_client():
+    """``openai_client(server)`` -> the official ``openai.OpenAI`` client on ``server``'s /v1, with the
+    server's API key, no retries and a 120 s timeout; closed when the module ends."""
+    import openai
+
+    clients = []
+
+    def make(server):
+        key = server.api_key or "none"
+        clients.append(openai.OpenAI(base_url=f"{server.base_url}/v1", api_key=key, max_retries=0, timeout=120))
+        return clients[-1]
+
+    yield make
+    for client in clients:
+        client.close()
+
+
+@pytest.fixture(scope="module")
+def client(server, openai_client):
+    """The openai client on the test module's own ``server`` fixture."""
+    return openai_client(server)

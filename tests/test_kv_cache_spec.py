@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from minivllm.kv_cache_spec import KVCacheSpec
+from minivllm.kv_cache_spec import KVCacheSpec, max_blocks_per_request
 
 
 def test_merge_keeps_the_fewest_blocks_and_a_window_only_when_every_rank_has_one():
@@ -24,3 +24,8 @@ def test_blocks_a_request_holds_follow_the_window():
     assert KVCacheSpec(16, 1000).max_blocks_per_request(4096, 512) == 256
     assert KVCacheSpec(16, 1000, 256).max_blocks_per_request(4096, 512) == 49  # cdiv(255 + 512, 16) + 1
     assert KVCacheSpec(16, 1000, 256).max_blocks_per_request(100, 512) == 7  # a short request: all its blocks
+
+
+def test_blocks_per_request_for_the_logged_concurrency():
+    assert max_blocks_per_request(4096, 16, None, 512) == 256
+    assert max_blocks_per_request(4096, 16, 256, 512) == 49  # cdiv(255 + 512, 16) + 1

@@ -32,7 +32,7 @@ class TuneResult:
 
 
 def compile_failures(variants_of: dict[object, list], arch: int, jobs: int = 8) -> dict[object, str]:
-    """config -> why, for the configs whose launches (kernel_report Variants) fail to compile on
+    """config -> why, for the configs whose launches (``tools.kernel_variants.Variant``) fail to compile on
     sm_``arch`` without spills within shared memory; {} where all pass. Architectures the report
     has no shared-memory limit for are not checked (a line says so)."""
     from tools import kernel_report

@@ -1,21 +1,44 @@
-"""task=bench: offline throughput of a workload, optionally against transformers
-(``bench=serving``: requests arriving over time, with latency percentiles: replay.py).
+"""task=bench: the timed run of a workload and its report; offline throughput, or
+requests arriving over time (``bench=serving``); optionally against transformers.
 
     python -m minivllm task=bench model=opt-125m load.format=dummy bench.baseline=hf
+    python -m minivllm task=bench bench=serving bench.request_rate=8
 
-Writes ``metrics.json`` into the run folder: requests/s, input and output
-tokens/s, total time, KV blocks, preemptions, peak memory, the engine's
-overhead per step, single-request decode speed, the bandwidth roofline and,
-with ``bench.baseline=hf``, transformers' numbers and the ratio.
+Writes ``metrics.json`` into the run folder and prints the same numbers as a report:
+requests/s, input and output tokens/s, total time, KV blocks, preemptions, peak memory,
+the engine's overhead per step, single-request decode speed, the bandwidth roofline
+and, with ``bench.baseline=hf``, transformers' numbers and the ratio.
+
+Peak memory is read on the device the run used. CUDA: the allocator's high-water
+mark. CPU: the process's resident high-water mark (``VmHWM``), reset at the start
+where Linux allows it (``/proc/self/clear_refs``), so each job of a multirun reports
+its own peak rather than the process's.
+
+**bench.mode=serving** replays a workload whose requests arrive over time. The engine
+runs in this process (``LLM.from_config``) and is stepped here; a request joins the
+engine once the clock passes its arrival time (Poisson or evenly spaced at
+``bench.request_rate``; ``inf``: all at the start). Every step's new tokens are
+timestamped, which gives per request, as vLLM's serving benchmark reports them:
+
+- TTFT  arrival -> first generated token (queueing and prefill included)
+- ITL   the gaps between consecutive deliveries of new tokens
+- E2E   arrival -> last token
+
+and for the run: output tokens/s from the first arrival to the last token.
+No HTTP and no detokenization cost is in these numbers: they measure the engine.
 """
 
 from __future__ import annotations
 
 import gc
 import json
+import math
+import resource
 import statistics
 import tempfile
 import time
+from collections import deque
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,17 +47,22 @@ import torch
 from tqdm.auto import tqdm
 
 from minivllm.bench import hf_baseline
-from minivllm.bench.images import image_requests, placeholder_token_ids
-from minivllm.bench.memory import PeakMemory
-from minivllm.bench.replay import bench_serving
-from minivllm.bench.report import format_report
-from minivllm.bench.roofline import roofline
-from minivllm.bench.step_timer import StepTimer
-from minivllm.bench.warmup import model_runner, warm_up
-from minivllm.bench.workloads import BenchRequest, build_workload, random_ids
+from minivllm.bench.timing import StepTimer, roofline
+from minivllm.bench.workloads import (
+    BenchRequest,
+    build_workload,
+    image_requests,
+    placeholder_token_ids,
+    random_ids,
+    random_image,
+)
+from minivllm.config.task import BenchConfig
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.entrypoints.llm import LLM
 from minivllm.sampling_params import RequestOutputKind, SamplingParams
+
+GiB = float(1 << 30)
+PERCENTILES = (50, 99)
 
 
 def run_bench(cfg: VllmConfig, out_dir: Path) -> dict[str, Any]:
@@ -98,6 +126,95 @@ def _describe(cfg: VllmConfig, requests: list[BenchRequest]) -> dict[str, Any]:
         "block_size": cfg.cache.block_size,
         "gpu_memory_utilization": cfg.cache.gpu_memory_utilization,
     }
+
+
+# ---- the engine under test: its peak memory, its warm-up --------------------------------------
+
+
+class PeakMemory:
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        else:
+            _reset_cpu_peak()
+
+    def read_gib(self) -> float:
+        if self.device.type == "cuda":
+            return torch.cuda.max_memory_allocated(self.device) / GiB
+        return _cpu_peak_bytes() / GiB
+
+
+def _reset_cpu_peak() -> None:
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        pass  # not Linux, or not allowed: the lifetime peak is reported instead
+
+
+def _cpu_peak_bytes() -> float:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return float(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024.0
+
+
+def warm_up(llm: LLM, request: BenchRequest, cfg: VllmConfig, timer: StepTimer) -> int:
+    """Run every kind of step the timed run will, once, so one-time costs (Triton compiling
+    each kernel variant, allocator growth, torch.compile's shapes) stay out of the timings:
+    a short prefill, a decode, a prefill chunk mixed with decodes, and a step at the full
+    token budget over many sequences (the shape of the timed run's first steps).
+    With images (``request.images``), one request with other images of the same size warms the
+    vision encoder (the timed requests' images are not processed or cached by it).
+    Returns the most tokens one warm-up step scheduled (the timer is reset afterwards)."""
+    engine = llm.llm_engine
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, output_kind=RequestOutputKind.FINAL_ONLY)
+    exclude = placeholder_token_ids(cfg)
+    prompt = [t for t in request.prompt_token_ids if t not in exclude]
+    if request.images:
+        rng = np.random.default_rng(cfg.bench.seed + 3)
+        images = [random_image(im.width, rng) for im in request.images]
+        warm = BenchRequest(request.prompt_token_ids, 8, tuple(images))
+        engine.add_request("warmup-images", warm.prompt, params)
+        while engine.has_unfinished_requests():
+            timer.run_step(engine.step)
+    engine.add_request("warmup-0", {"prompt_token_ids": prompt[:16]}, params)
+    timer.run_step(engine.step)  # prefill
+    timer.run_step(engine.step)  # decode
+    engine.add_request("warmup-1", {"prompt_token_ids": prompt}, params)
+    while engine.has_unfinished_requests():  # mixed prefill + decode, then decodes of two
+        timer.run_step(engine.step)
+    kv_tokens = engine.scheduler_stats().num_blocks * cfg.cache.block_size
+    for i, ids in enumerate(budget_prompts(cfg, len(prompt), kv_tokens)):
+        engine.add_request(f"warmup-budget-{i}", {"prompt_token_ids": ids}, params)
+    while engine.has_unfinished_requests():
+        timer.run_step(engine.step)
+    most = max(s.num_tokens for s in timer.steps)
+    timer.reset()
+    return most
+
+
+def budget_prompts(cfg: VllmConfig, length: int, kv_tokens: int) -> list[list[int]]:
+    """Random prompts (no prefix-cache hits with the timed ones), enough of them to fill one
+    step's token budget within the sequence limit, all of them fitting the KV cache at once."""
+    sched = cfg.scheduler
+    budget = min(sched.max_num_batched_tokens, kv_tokens // 2)
+    length = min(max(length, -(-budget // sched.max_num_seqs)), cfg.max_model_len - 8, budget)
+    count = min(sched.max_num_seqs, -(-budget // max(1, length)))
+    rng = np.random.default_rng(cfg.bench.seed + 2)
+    vocab_size, exclude = cfg.hf_text_config.vocab_size, placeholder_token_ids(cfg)
+    return [random_ids(length, vocab_size, rng, exclude) for _ in range(count)]
+
+
+def model_runner(llm: LLM) -> Any | None:
+    worker = getattr(llm.llm_engine.core.executor, "worker", None)
+    return getattr(worker, "model_runner", None)
+
+
+# ---- throughput mode -----------------------------------------------------------------------
 
 
 def _params(request: BenchRequest, temperature: float) -> SamplingParams:
@@ -212,6 +329,121 @@ def _image_rates(requests: list[BenchRequest], seconds: float, runner: Any, befo
     return {"images_per_s": images / seconds, "images_encoded": encoded, "encoder_calls": calls}
 
 
+# ---- serving mode: arrivals over time ---------------------------------------------------------
+
+
+@dataclass
+class RequestTiming:
+    """One request's clock, in seconds since the replay started."""
+
+    arrival: float
+    first_token: float | None = None
+    last_token: float | None = None
+    output_tokens: int = 0
+    gaps: list[float] = field(default_factory=list)
+
+    def deliver(self, now: float, num_tokens: int) -> None:
+        if self.first_token is None:
+            self.first_token = now
+        else:
+            self.gaps.append(now - self.last_token)
+        self.last_token = now
+        self.output_tokens += num_tokens
+
+
+def arrival_times(cfg: BenchConfig, n: int) -> list[float]:
+    """Seconds after the start at which each of ``n`` requests arrives."""
+    if math.isinf(cfg.request_rate):
+        return [0.0] * n
+    if cfg.arrival == "uniform":
+        return [i / cfg.request_rate for i in range(n)]
+    gaps = np.random.default_rng(cfg.seed + 3).exponential(1.0 / cfg.request_rate, size=n)
+    return np.concatenate([[0.0], np.cumsum(gaps[1:])]).tolist()
+
+
+def replay(llm: LLM, requests: list[BenchRequest], arrivals: list[float], temperature: float) -> list[RequestTiming]:
+    """Add each request at its arrival time, step until all finish; the clock of each."""
+    engine = llm.llm_engine
+    order = deque(sorted(range(len(requests)), key=lambda i: arrivals[i]))
+    timings: dict[str, RequestTiming] = {}
+    start = time.perf_counter()
+    while order or engine.has_unfinished_requests():
+        now = time.perf_counter() - start
+        while order and arrivals[order[0]] <= now:
+            i = order.popleft()
+            params = SamplingParams(
+                temperature=temperature,
+                max_tokens=requests[i].max_tokens,
+                ignore_eos=True,
+                output_kind=RequestOutputKind.DELTA,
+            )
+            rid = engine.add_request(f"replay-{i}", {"prompt_token_ids": requests[i].prompt_token_ids}, params)
+            timings[rid] = RequestTiming(arrivals[i])
+        if not engine.has_unfinished_requests():
+            time.sleep(max(0.0, arrivals[order[0]] - now))  # idle until the next arrival
+            continue
+        outputs = engine.step()
+        now = time.perf_counter() - start
+        for out in outputs:
+            produced = len(out.outputs[0].token_ids)
+            if produced:
+                timings[out.request_id].deliver(now, produced)
+    return list(timings.values())
+
+
+def latency_summary(timings: list[RequestTiming]) -> dict[str, Any]:
+    """Throughput and the p50/p99/mean of TTFT, ITL and E2E, in milliseconds."""
+    done = [t for t in timings if t.first_token is not None]
+    duration = max(t.last_token for t in done) - min(t.arrival for t in timings)
+    produced = sum(t.output_tokens for t in done)
+    series = {
+        "ttft": [t.first_token - t.arrival for t in done],
+        "itl": [g for t in done for g in t.gaps],
+        "e2e": [t.last_token - t.arrival for t in done],
+    }
+    out: dict[str, Any] = {
+        "output_tokens": produced,
+        "total_time_s": duration,
+        "requests_per_s": len(done) / duration,
+        "output_tokens_per_s": produced / duration,
+    }
+    for name, values in series.items():
+        ms = 1e3 * np.asarray(values or [0.0])
+        out[f"{name}_mean_ms"] = float(ms.mean())
+        for p in PERCENTILES:
+            out[f"{name}_p{p}_ms"] = float(np.percentile(ms, p))
+    return out
+
+
+def bench_serving(cfg: VllmConfig, requests: list[BenchRequest]) -> dict[str, Any]:
+    """Start the engine with ``cfg``, warm it up, replay the workload at its arrival times."""
+    if cfg.parallel.dp > 1:
+        raise ValueError(f"parallel.dp={cfg.parallel.dp}: bench.mode=serving steps one engine; use parallel.dp=1")
+    peak = PeakMemory(torch.device(cfg.device_type))
+    llm = LLM.from_config(cfg)
+    try:
+        runner = model_runner(llm)
+        device = runner.device if runner is not None else torch.device(cfg.device_type)
+        timer = StepTimer(llm.llm_engine.core.executor, runner, device).attach()
+        if cfg.bench.warmup:
+            warm_up(llm, requests[0], cfg, timer)
+        timer.detach()
+        before = llm.llm_engine.scheduler_stats().num_preemptions
+        timings = replay(llm, requests, arrival_times(cfg.bench, len(requests)), cfg.bench.temperature)
+        stats = llm.llm_engine.scheduler_stats()
+        out = latency_summary(timings)
+        out["input_tokens_per_s"] = sum(len(r.prompt_token_ids) for r in requests) / out["total_time_s"]
+        out.update(num_kv_blocks=stats.num_blocks, num_preemptions=stats.num_preemptions - before)
+        out["request_rate"] = cfg.bench.request_rate
+        out["peak_memory_gib"] = peak.read_gib()
+    finally:
+        llm.shutdown()
+    return out
+
+
+# ---- the transformers baseline --------------------------------------------------------------
+
+
 def bench_transformers(
     cfg: VllmConfig, requests: list[BenchRequest], single: BenchRequest | None, metrics: dict[str, Any]
 ) -> None:
@@ -239,3 +471,84 @@ def bench_transformers(
 
 def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a and b else None
+
+
+# ---- the report (metrics.json holds the same numbers) ----------------------------------------
+
+
+def _num(value: Any, fmt: str = ".1f") -> str:
+    return "n/a" if value is None else format(value, fmt)
+
+
+def format_report(m: dict[str, Any]) -> str:
+    lines = [
+        f"== minivllm bench: {m['model']} ({m['architecture']}) on {m['device']}, {m['dtype']}, "
+        f"{m['attention_backend']}",
+        f"workload {m['workload']}: {m['num_requests']} requests, {m['input_tokens']} prompt tokens, "
+        f"{m['requested_output_tokens']} output tokens",
+        f"{'':18}{'req/s':>9}{'in tok/s':>11}{'out tok/s':>11}{'time s':>9}{'cpu s':>9}",
+        _row("minivllm", m),
+    ]
+    base = m.get("baseline")
+    if base:
+        lines.append(_row(f"{base['name']} bs={base['batch_size']}", base))
+        lines.append(
+            f"speedup: {_num(m.get('speedup_output_tokens_per_s'), '.2f')}x output tok/s, "
+            f"{_num(m.get('speedup_cpu_time'), '.2f')}x CPU time"
+        )
+    lines.append(
+        f"KV blocks {m['num_kv_blocks']} x {m['block_size']} tokens, preemptions {m['num_preemptions']}, "
+        f"peak memory {_num(m['peak_memory_gib'], '.2f')} GiB"
+    )
+    if "ttft_p99_ms" in m:  # bench.mode=serving
+        lines.append(
+            f"arrivals at {m['request_rate']} req/s; latency ms p50/p99: TTFT {_num(m['ttft_p50_ms'])}/"
+            f"{_num(m['ttft_p99_ms'])}, ITL {_num(m['itl_p50_ms'])}/{_num(m['itl_p99_ms'])}, "
+            f"E2E {_num(m['e2e_p50_ms'])}/{_num(m['e2e_p99_ms'])}"
+        )
+    eng = m.get("engine") or {}
+    if "images_per_s" in m:  # bench.workload=images
+        lines.append(
+            f"images: {m['images']} sent, {m.get('images_encoded')} encoded in {m.get('encoder_calls')} encoder calls, "
+            f"{_num(m['images_per_s'], '.2f')} images/s; "
+            f"vision encoder {_num(eng.get('encoder_time_s'), '.2f')} s, "
+            f"{_num(_pct(eng.get('encoder_fraction')))}% of step time"
+        )
+    if eng:
+        lines.append(
+            f"engine: {eng.get('num_steps')} steps ({eng.get('num_prefill_steps')} with prefill: "
+            f"{_num(eng.get('prefill_step_time_s'), '.2f')} s), overhead {_num(eng.get('overhead_per_step_ms'), '.2f')} "
+            f"ms/step ({_num(_pct(eng.get('overhead_fraction')))}% of step time)"
+        )
+    single = m.get("single_request")
+    if single:
+        line = (
+            f"single request ({single['input_len']} in, {single['output_len']} out): decode "
+            f"{_num(single['decode_tokens_per_s'])} tok/s, median step {_num(single['decode_step_ms'], '.2f')} ms "
+            f"(model {_num(single['model_ms_per_step'], '.2f')}, overhead {_num(single['overhead_ms_per_step'], '.2f')})"
+        )
+        if "hf_decode_tokens_per_s" in single:
+            line += (
+                f"; transformers {_num(single['hf_decode_tokens_per_s'])} tok/s "
+                f"({_num(single['decode_speedup'], '.2f')}x)"
+            )
+        lines.append(line)
+    roof = m.get("roofline")
+    if roof:
+        lines.append(
+            f"roofline ({roof['device']}, copy bandwidth {_num(roof['copy_bandwidth_gb_s'])} GB/s): floor "
+            f"{_num(roof['floor_s'], '.2f')} s of {_num(roof['measured_s'], '.2f')} s -> "
+            f"{_num(_pct(roof['achieved_fraction']))}% (decode steps {_num(_pct(roof['decode_achieved_fraction']))}%)"
+        )
+    return "\n".join(lines)
+
+
+def _row(name: str, m: dict[str, Any]) -> str:
+    return (
+        f"{name:18}{_num(m['requests_per_s'], '.2f'):>9}{_num(m['input_tokens_per_s']):>11}"
+        f"{_num(m['output_tokens_per_s']):>11}{_num(m['total_time_s'], '.2f'):>9}{_num(m.get('cpu_time_s'), '.2f'):>9}"
+    )
+
+
+def _pct(fraction: float | None) -> float | None:
+    return None if fraction is None else 100 * fraction

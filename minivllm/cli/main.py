@@ -18,8 +18,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from minivllm.cli.vllm_flags import flag_hint
-from minivllm.config.presets import check_model_choice
-from minivllm.config.store import register_configs
+from minivllm.config.store import check_model_choice, register_configs
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.plugins import load_general_plugins
 
@@ -37,7 +36,7 @@ def _tasks() -> dict[str, Callable[[VllmConfig, Path], dict[str, Any]]]:
     except ImportError:
         pass
     try:
-        from minivllm.serve.cli import run_serve
+        from minivllm.serve.server import run_serve
 
         tasks["serve"] = run_serve
     except ImportError:
@@ -82,12 +81,11 @@ def _multirun() -> bool:
 
 def _sweep_job(cfg: DictConfig) -> Any:
     """One multirun job; under a tune preset (``+tune=...``), its score for the sweeper."""
-    from minivllm.bench.sweep_callback import run_sweep_job
+    from minivllm.bench.sweep import run_sweep_job
 
     if not cfg.tune.enabled:
         return run_sweep_job(run, cfg, output_dir())
-    from minivllm.tune.devices import claim_device, release_memory
-    from minivllm.tune.objective import sweeper_value
+    from minivllm.tune.objective import claim_device, release_memory, sweeper_value
 
     if cfg.tune.devices:  # one GPU per trial process, claimed before CUDA starts
         claim_device(cfg.tune.devices, Path(HydraConfig.get().sweep.dir) / ".devices")

@@ -8,13 +8,13 @@ a setting silently dropped.
 
 from __future__ import annotations
 
+from dataclasses import fields
 from typing import Any, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
-from minivllm.config.presets import is_preset
-from minivllm.config.speculative import speculative_node
-from minivllm.config.store import compose
+from minivllm.config.speculative import SpeculativeConfig
+from minivllm.config.store import compose, is_preset
 
 # vLLM keyword -> key in the config tree
 KWARG_KEYS = {
@@ -136,7 +136,7 @@ def config_from_kwargs(model: str | None = None, overrides: Sequence[str] = (), 
         raise ValueError(f"LLM(): unknown or unimplemented keyword(s) {', '.join(unknown)}; known: {known}")
     for name, value in kwargs.items():
         if name == "speculative_config" and value is not None:
-            OmegaConf.update(cfg, "speculative", speculative_node(value), merge=True)
+            OmegaConf.update(cfg, "speculative", _speculative_node(value), merge=True)
         elif value is not None:
             OmegaConf.update(cfg, KWARG_KEYS[name], value, merge=False)
     return cfg
@@ -176,3 +176,16 @@ def name_the_keyword(message: str, kwargs: dict[str, Any]) -> str:
         if key and key.rsplit(".", 1)[-1] != name and message.startswith((f"{key}=", f"{key}:")):
             return f"{message} (LLM keyword {name})"
     return message
+
+
+def _speculative_node(value: dict) -> dict:
+    """``LLM(speculative_config={...})``: the dict checked for unknown keys, as the group's node."""
+    if not isinstance(value, dict):
+        raise ValueError(f"speculative_config={value!r}: must be a dict of speculative.* keys")
+    known = [f.name for f in fields(SpeculativeConfig)]
+    unknown = sorted(set(value) - set(known))
+    if unknown:
+        raise ValueError(
+            f"speculative_config: unknown or unsupported key(s) {', '.join(unknown)}; known: {', '.join(known)}"
+        )
+    return dict(value)

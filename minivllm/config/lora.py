@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from minivllm.config.validation import check_range
+from minivllm.config.model import check_range
 
 
 @dataclass

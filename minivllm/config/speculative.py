@@ -12,10 +12,10 @@ in ``minivllm/spec_decode/``; this schema only describes what they do.)
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Optional
 
-from minivllm.config.validation import check_choice, check_range
+from minivllm.config.model import check_choice, check_range
 
 SPEC_METHODS = ("ngram", "draft_model", "eagle")
 MODEL_METHODS = ("draft_model", "eagle")
@@ -86,16 +86,3 @@ class SpeculativeConfig:
     def uses_model(self) -> bool:
         """Whether a draft model (or head) runs in the worker and sends its drafts back."""
         return self.method in MODEL_METHODS
-
-
-def speculative_node(value: dict) -> dict:
-    """``LLM(speculative_config={...})``: the dict checked for unknown keys, as the group's node."""
-    if not isinstance(value, dict):
-        raise ValueError(f"speculative_config={value!r}: must be a dict of speculative.* keys")
-    known = [f.name for f in fields(SpeculativeConfig)]
-    unknown = sorted(set(value) - set(known))
-    if unknown:
-        raise ValueError(
-            f"speculative_config: unknown or unsupported key(s) {', '.join(unknown)}; known: {', '.join(known)}"
-        )
-    return dict(value)

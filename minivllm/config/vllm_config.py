@@ -3,7 +3,11 @@
 ``VllmConfig`` is what every component receives. Its fields are the Hydra
 groups; derived values (the checkpoint's ``hf_config``, the resolved device,
 dtype and ``max_model_len``) are computed in ``__post_init__`` so that a bad
-config fails when it is built, before any work starts.
+config fails when it is built, before any work starts. ``__post_init__``
+validates and derives; the one step in it that reads disk is
+``load.read_checkpoint`` (the checkpoint's config.json, or a GGUF file's
+metadata), called once, and a draft model's config (``speculative.model``) is a
+``VllmConfig`` of its own, built the same way.
 
 It describes and never builds: every check reads the checkpoint's config and
 tables kept in this package (architecture names, quantization methods, rope
@@ -12,6 +16,13 @@ types). What needs the model itself comes back from the worker that loaded it
 a model class splits into pipeline stages is checked by ``EngineCore`` before any
 worker starts. Plugins that register architectures are called by the front ends
 before they build the config (``minivllm/plugins``).
+
+The draft model's (or EAGLE head's) config is derived from the target's: the draft
+runs in the target's worker, beside it: same device, dtype, KV-cache block size and
+cache dtype, same context length, the target's token budget, one rank. It must
+speak the target's tokenizer: the vocabulary sizes must match, and where both
+checkpoints ship a ``tokenizer.json`` their vocabularies must be equal, else drafts
+would be other tokens than the target reads.
 """
 
 from __future__ import annotations
@@ -23,46 +34,38 @@ from typing import Any, Optional
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from minivllm.config.architectures import POOLING_ONLY, SUPPORTED_ARCHITECTURES
-from minivllm.config.bench import BenchConfig
-from minivllm.config.draft_config import draft_model_config
-from minivllm.config.gguf_config import find_gguf_file, gguf_hf_config
-from minivllm.config.lora import LoRAConfig
-from minivllm.config.model_source import HubOptions, load_hf_config
-from minivllm.config.parallel_checks import check_expert_parallel, check_partition, check_tensor_parallel
-from minivllm.config.quantization import QuantizationSpec, resolve_quantization
-from minivllm.config.resolve import (
-    DEFAULT_LOADER,
-    KV_DTYPES,
-    LOADER_TARGETS,
-    architecture_of,
-    attention_target,
-    executor_target,
-    refuse_encoder_only,
-    resolve_async_scheduling,
-    resolve_device,
-    resolve_dtype,
-    resolve_max_model_len,
-    resolve_torch_compile,
-)
-from minivllm.config.rope import check_rope_types, choose_longrope_factors
-from minivllm.config.scheduler_defaults import resolve_batch_limits
-from minivllm.config.schema import (
+from minivllm.config.cache import KV_DTYPES, CacheConfig
+from minivllm.config.device import (
     AttentionConfig,
-    CacheConfig,
     CompilationConfig,
     DeviceConfig,
-    LoadConfig,
-    ModelConfig,
-    ParallelConfig,
-    SchedulerConfig,
-    TaskConfig,
+    attention_target,
+    resolve_device,
+    resolve_torch_compile,
 )
-from minivllm.config.serve_config import ServeConfig
+from minivllm.config.load import HubOptions, LoadConfig, read_checkpoint, safetensors_names, tokenizer_vocab
+from minivllm.config.lora import LoRAConfig
+from minivllm.config.model import (
+    POOLING_ONLY,
+    SUPPORTED_ARCHITECTURES,
+    ModelConfig,
+    QuantizationSpec,
+    architecture_of,
+    check_rope_types,
+    choose_longrope_factors,
+    refuse_encoder_only,
+    resolve_dtype,
+    resolve_max_model_len,
+    resolve_quantization,
+)
+from minivllm.config.parallel import ParallelConfig, check_expert_parallel, check_partition, check_tensor_parallel
+from minivllm.config.scheduler import SchedulerConfig, resolve_async_scheduling, resolve_batch_limits
 from minivllm.config.speculative import SpeculativeConfig
-from minivllm.config.tune import TuneConfig
+from minivllm.config.task import BenchConfig, ServeConfig, TaskConfig, TuneConfig
 
 logger = logging.getLogger(__name__)
+
+_DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 
 
 @dataclass
@@ -114,15 +117,39 @@ class VllmConfig:
         self.device_type: str = resolve_device(self.device.type)
         if self.load.format == "auto" and self.model.path.endswith(".gguf"):
             self.load.format = "gguf"
-        self.hf_config, self.checkpoint_dir = self._load_hf_config()
+        # The one step that reads disk: the checkpoint's transformers config and its directory.
+        self.hf_config, self.checkpoint_dir = read_checkpoint(self.model, self.load)
+        self._derive_from_checkpoint()
+        self._resolve_targets()
+        self._check_parallel()
+        self.scheduler, self.defaulted_scheduler_keys = resolve_batch_limits(
+            self.scheduler, self.device_type, self.task.name, self.max_model_len
+        )
+        """The batch limits hold ints from here on; ``defaulted_scheduler_keys`` names those that were null."""
+        self._check_scheduler()
+        self._check_lora()
+        self._check_pooling()
+        self.draft_config: VllmConfig | None = self._check_speculative()
+        """The draft model's (or EAGLE head's) own config; None without one."""
+        self._check_multimodal()
+        par = self.parallel
+        self.async_scheduling: bool = resolve_async_scheduling(
+            self.scheduler.async_scheduling,
+            tp=par.tp,
+            pp=par.pp,
+            dp=par.dp,
+            speculative_method=self.speculative.method,
+            device_type=self.device_type,
+        )
+        self.torch_compile: bool = resolve_torch_compile(self.compilation.torch_compile, self.device_type)
+
+    def _derive_from_checkpoint(self) -> None:
+        """What the checkpoint's config decides: the architecture (checked against what this engine
+        runs), quantization, dtypes and context length."""
         self.hf_text_config: Any = getattr(self.hf_config, "text_config", None) or self.hf_config
         """The language model's config: ``text_config`` of a multimodal checkpoint, else ``hf_config``."""
         self.is_multimodal: bool = getattr(self.hf_config, "vision_config", None) is not None
         """The checkpoint has a vision tower (its model takes images: ``minivllm/multimodal/``)."""
-        if not self.load.loader:
-            self.load.loader = {"_target_": LOADER_TARGETS.get(self.load.format, DEFAULT_LOADER)}
-        if self.model.architecture:
-            self.hf_config.architectures = [self.model.architecture]
         self.architecture: str = architecture_of(self.hf_config)
         refuse_encoder_only(self.hf_config, self.architecture)
         SUPPORTED_ARCHITECTURES.check_supported(self.architecture)  # plugins register theirs before this
@@ -136,46 +163,18 @@ class VllmConfig:
         )
         self.max_model_len: int = resolve_max_model_len(self.model.max_model_len, self.hf_text_config)
         choose_longrope_factors(self.hf_text_config, self.max_model_len)
-        self.parallel.executor = {"_target_": executor_target(self.parallel)}
-        check_tensor_parallel(self.parallel.tp, self.hf_config)
-        self._check_pipeline_parallel()
-        check_expert_parallel(self.parallel.tp, self.parallel.enable_expert_parallel, self.hf_config)
+
+    def _resolve_targets(self) -> None:
+        """The ``_target_`` nodes left null: the loader, the executor and the attention backend."""
+        if not self.load.loader:
+            self.load.loader = {"_target_": self.load.loader_target()}
+        self.parallel.executor = {"_target_": self.parallel.executor_target()}
         if not self.attention.backend:
             self.attention.backend = {"_target_": attention_target(self.attention.name, self.device_type)}
-        self.scheduler, self.defaulted_scheduler_keys = resolve_batch_limits(
-            self.scheduler, self.device_type, self.task.name, self.max_model_len
-        )
-        """The batch limits hold ints from here on; ``defaulted_scheduler_keys`` names those that were null."""
-        self._check_scheduler()
-        self._check_lora()
-        self._check_pooling()
-        self._check_speculative()
-        self._check_multimodal()
-        self.async_scheduling: bool = resolve_async_scheduling(self.scheduler.async_scheduling, self)
-        self.torch_compile: bool = resolve_torch_compile(self.compilation.torch_compile, self.device_type)
-
-    def _load_hf_config(self) -> tuple[Any, Any]:
-        """The checkpoint's config and directory; a GGUF file's config comes from its metadata."""
-        overrides = dict(self.model.hf_overrides)
-        if self.load.format != "gguf":
-            return load_hf_config(
-                self.model.path,
-                inline=self.model.hf_config,
-                overrides=overrides,
-                allow_inline=self.load.format == "dummy",
-                hub=self.hub_options(),
-            )
-        gguf_file = find_gguf_file(self.model.path)
-        hf_config = gguf_hf_config(gguf_file)
-        for key, value in overrides.items():
-            setattr(hf_config, key, value)
-        return hf_config, gguf_file.parent
 
     def hub_options(self, tokenizer: bool = False) -> HubOptions:
         """Where and how hub ids are found in the local HF cache (``tokenizer``: for the tokenizer)."""
-        model = self.model
-        revision = (model.tokenizer_revision or model.revision) if tokenizer else model.revision
-        return HubOptions(revision, self.load.download_dir, model.trust_remote_code, model.code_revision)
+        return HubOptions.of(self.model, self.load, tokenizer)
 
     @property
     def tokenizer_path(self) -> str:
@@ -188,6 +187,12 @@ class VllmConfig:
     @property
     def world_size(self) -> int:
         return self.parallel.world_size
+
+    def _check_parallel(self) -> None:
+        """Whether the model's heads, widths, layers and experts split over the ranks."""
+        check_tensor_parallel(self.parallel.tp, self.hf_config)
+        self._check_pipeline_parallel()
+        check_expert_parallel(self.parallel.tp, self.parallel.enable_expert_parallel, self.hf_config)
 
     def _check_pipeline_parallel(self) -> None:
         pp = self.parallel.pp
@@ -242,13 +247,12 @@ class VllmConfig:
             if on:
                 raise ValueError(f"{key}: not supported with {self.architecture} (a model that takes images)")
 
-    def _check_speculative(self) -> None:
+    def _check_speculative(self) -> VllmConfig | None:
         """The verifier runs on the last pipeline stage's sampled tokens of a generating runner;
-        a draft model gets its own derived config (``draft_config``, None without one)."""
+        a draft model gets its own derived config, returned (None without one)."""
         spec = self.speculative
-        self.draft_config: VllmConfig | None = None
         if not spec.enabled:
-            return
+            return None
         if self.parallel.pp > 1:  # the other stages would need the accepted drafts too
             raise ValueError(
                 f"speculative.method={spec.method}: not supported with parallel.pp={self.parallel.pp}; use pp=1"
@@ -258,8 +262,78 @@ class VllmConfig:
                 f"speculative.method={spec.method}: model.runner=pooling samples no tokens to draft after; "
                 "use model.runner=generate or speculative.method=null"
             )
-        if spec.uses_model:
-            self.draft_config = draft_model_config(self)
+        return self._draft_config() if spec.uses_model else None
+
+    def _draft_config(self) -> VllmConfig:
+        """The draft's VllmConfig (built as this config's own class); a bad draft is a ValueError naming
+        ``speculative.model``."""
+        spec = self.speculative
+        if self.parallel.tp > 1:
+            raise ValueError(
+                f"speculative.method={spec.method}: the draft runs unsharded beside the target, "
+                f"so parallel.tp={self.parallel.tp} is not supported; use parallel.tp=1"
+            )
+        eagle = spec.method == "eagle"
+        if eagle and self.architecture != "LlamaForCausalLM":
+            raise ValueError(
+                f"speculative.method=eagle: EAGLE heads are supported for LlamaForCausalLM targets, "
+                f"not {self.architecture}; use speculative.method=draft_model or ngram"
+            )
+        try:
+            draft = type(self).from_dictconfig(self._draft_node(eagle))
+        except ValueError as e:
+            raise ValueError(f"speculative.model={spec.model!r}: {e}") from e
+        self._check_same_vocab(draft)
+        if eagle:
+            self._check_eagle_head(draft)
+        return draft
+
+    def _draft_node(self, eagle: bool) -> dict[str, Any]:
+        """The draft's config tree: the target's device, dtype, context, cache layout and budget, one rank."""
+        return {
+            "model": {
+                "path": self.speculative.model,
+                "dtype": _DTYPE_NAMES[self.dtype],
+                "max_model_len": self.max_model_len,
+                "seed": self.model.seed,
+                "architecture": "LlamaForCausalLM" if eagle else None,
+            },
+            "device": {"type": self.device_type},
+            "attention": {"name": self.attention.name},
+            "cache": {"block_size": self.cache.block_size, "cache_dtype": self.cache.cache_dtype},
+            "scheduler": {
+                "max_num_batched_tokens": self.scheduler.max_num_batched_tokens,
+                "max_num_seqs": self.scheduler.max_num_seqs,
+                "enable_chunked_prefill": self.scheduler.enable_chunked_prefill,
+            },
+            "load": {"download_dir": self.load.download_dir},
+        }
+
+    def _check_eagle_head(self, head: VllmConfig) -> None:
+        """The head reads the target's hidden states and embeddings: same width; no HASS norms."""
+        name = self.speculative.model
+        want, got = self.hf_config.hidden_size, head.hf_config.hidden_size
+        if want != got:
+            raise ValueError(f"speculative.model={name!r}: hidden_size {got} differs from the target's {want}")
+        if getattr(head.hf_config, "add_para_norm", False):
+            raise ValueError(f"speculative.model={name!r}: EAGLE heads with add_para_norm (HASS) are not supported")
+        if not {"fc.weight", "model.fc.weight"} & safetensors_names(head.checkpoint_dir):
+            raise ValueError(f"speculative.model={name!r}: no fc.weight in its safetensors files: not an EAGLE head")
+
+    def _check_same_vocab(self, draft: VllmConfig) -> None:
+        name = self.speculative.model
+        want, got = int(self.hf_text_config.vocab_size), int(draft.hf_text_config.vocab_size)
+        if want != got:
+            raise ValueError(
+                f"speculative.model={name!r}: vocab_size {got} differs from the target's {want}; "
+                "the draft must use the target's tokenizer"
+            )
+        mine, theirs = tokenizer_vocab(self.tokenizer_path), tokenizer_vocab(draft.tokenizer_path)
+        if mine is not None and theirs is not None and mine != theirs:
+            raise ValueError(
+                f"speculative.model={name!r}: its tokenizer.json maps tokens to other ids than the target's; "
+                "the draft must use the target's tokenizer"
+            )
 
     @classmethod
     def from_dictconfig(cls, cfg: DictConfig | dict) -> "VllmConfig":
@@ -271,3 +345,55 @@ class VllmConfig:
 
     def to_dictconfig(self) -> DictConfig:
         return OmegaConf.structured(self)
+
+
+@dataclass(frozen=True)
+class ModelConfigView:
+    """``llm.llm_engine.model_config`` with vLLM's names, read from the validated config.
+
+    Scripts and harnesses written for vLLM read the engine's model settings there
+    (``llm.llm_engine.model_config.max_model_len`` is the usual one). Our tree keeps them
+    in ``VllmConfig`` (``cfg.model`` holds what was asked, ``cfg.max_model_len`` and
+    ``cfg.dtype`` what was resolved from the checkpoint); this view hands over the
+    resolved values under vLLM's attribute names. It is read-only and holds only what
+    minivllm has: an attribute vLLM has and this view lacks is an AttributeError.
+    """
+
+    model: str
+    """The checkpoint: a directory, a .gguf file or a hub id (``model.path``)."""
+    tokenizer: str
+    """Where the tokenizer is loaded from (``model.tokenizer``, else the checkpoint)."""
+    max_model_len: int
+    """Longest prompt + output, resolved from the checkpoint when not set."""
+    dtype: torch.dtype
+    """The weights' and activations' dtype, resolved (``auto``: the checkpoint's, bf16/fp32 by device)."""
+    seed: int
+    max_logprobs: int
+    trust_remote_code: bool
+    runner_type: str
+    """``generate`` or ``pooling`` (vLLM's ``runner``)."""
+    hf_config: Any
+    """The checkpoint's transformers config."""
+    hf_text_config: Any
+    """The language model's config (``text_config`` of a multimodal checkpoint)."""
+
+    @classmethod
+    def of(cls, cfg: VllmConfig) -> ModelConfigView:
+        return cls(
+            model=cfg.model.path,
+            tokenizer=cfg.tokenizer_path,
+            max_model_len=cfg.max_model_len,
+            dtype=cfg.dtype,
+            seed=cfg.model.seed,
+            max_logprobs=cfg.model.max_logprobs,
+            trust_remote_code=cfg.model.trust_remote_code,
+            runner_type=cfg.model.runner,
+            hf_config=cfg.hf_config,
+            hf_text_config=cfg.hf_text_config,
+        )
+
+    def get_vocab_size(self) -> int:
+        return self.hf_text_config.vocab_size
+
+    def get_hidden_size(self) -> int:
+        return self.hf_text_config.hidden_size

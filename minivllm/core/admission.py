@@ -17,97 +17,109 @@ encoder budget or the encoder cache cannot take (``encoder_scheduling.py``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from minivllm.core.encoder_scheduling import EncoderCacheManager
 from minivllm.core.kv_cache_manager import KVCacheManager
 from minivllm.core.request_queue import FairRequestQueue
-from minivllm.core.step_plan import StepPlan
+from minivllm.core.scheduler_output import StepPlan
 from minivllm.request import Request, RequestId, RequestStatus
 from minivllm.structured_output.manager import StructuredOutputManager
 
 
-@dataclass(frozen=True, slots=True)
-class AdmissionLimits:
-    """The scheduler settings that bound admission."""
+class Admission:
+    """Admits waiting requests into a step. The scheduler builds it once with the queues
+    and managers they share (the same objects: what it admits shows in the scheduler's
+    ``running`` at once), asks it to ``admit`` once per step, and asks ``could_admit``
+    before a priority preemption."""
 
-    max_num_seqs: int
-    """Most running requests."""
-    max_num_batched_tokens: int
-    """A step's token budget."""
-    max_loras: int
-    """Most distinct LoRA adapters among the running requests (0: LoRA off)."""
-    chunked_prefill: bool
-    """Whether a prompt may be admitted with a first chunk shorter than the rest of it."""
+    def __init__(
+        self,
+        waiting: FairRequestQueue,
+        running: list[Request],
+        kv: KVCacheManager,
+        encoder: EncoderCacheManager,
+        structured: StructuredOutputManager,
+        in_flight: set[RequestId] | None,
+        *,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        max_loras: int,
+        chunked_prefill: bool,
+    ) -> None:
+        self.waiting = waiting
+        self.running = running
+        self.kv = kv
+        self.encoder = encoder
+        self.structured = structured
+        self.in_flight = in_flight
+        """Micro-batching: requests in a batch whose output has not come back (None when off)."""
+        self.max_num_seqs = max_num_seqs
+        """Most running requests."""
+        self.max_num_batched_tokens = max_num_batched_tokens
+        """A step's token budget."""
+        self.max_loras = max_loras
+        """Most distinct LoRA adapters among the running requests (0: LoRA off)."""
+        self.chunked_prefill = chunked_prefill
+        """Whether a prompt may be admitted with a first chunk shorter than the rest of it."""
 
-
-def admit_waiting(
-    plan: StepPlan,
-    waiting: FairRequestQueue,
-    running: list[Request],
-    kv: KVCacheManager,
-    encoder: EncoderCacheManager,
-    structured: StructuredOutputManager,
-    in_flight: set[RequestId] | None,
-    limits: AdmissionLimits,
-) -> None:
-    """Move requests from the head of ``waiting`` to ``running``, scheduling each one's
-    first chunk in ``plan`` (its budget shrinks; ``newly_admitted`` grows)."""
-    if not waiting:
-        return
-    set_aside: list[Request] = []
-    adapters = {r.lora_int_id for r in running} - {None} if limits.max_loras else set()
-    while waiting and plan.budget > 0 and len(running) < limits.max_num_seqs:
-        if len(plan.scheduled) >= plan.max_reqs:
-            break
-        request = waiting[0]
-        if request.num_output_placeholders or (in_flight and request.request_id in in_flight):
-            break  # preempted with a token (or its batch) in flight: readmit it once that is back
-        if structured.active and not structured.is_ready(request):
-            set_aside.append(waiting.popleft())  # let the others by
-            continue
-        if request.lora_int_id is not None and request.lora_int_id not in adapters:
-            if len(adapters) >= limits.max_loras:
-                set_aside.append(waiting.popleft())  # its adapter waits for a free slot
+    def admit(self, plan: StepPlan) -> None:
+        """Move requests from the head of the waiting queue to the running ones, scheduling
+        each one's first chunk in ``plan`` (its budget shrinks; ``newly_admitted`` grows)."""
+        waiting, running, kv, encoder, structured = self.waiting, self.running, self.kv, self.encoder, self.structured
+        if not waiting:
+            return
+        in_flight, chunked_prefill = self.in_flight, self.chunked_prefill
+        set_aside: list[Request] = []
+        adapters = {r.lora_int_id for r in running} - {None} if self.max_loras else set()
+        while waiting and plan.budget > 0 and len(running) < self.max_num_seqs:
+            if len(plan.scheduled) >= plan.max_reqs:
+                break
+            request = waiting[0]
+            if request.num_output_placeholders or (in_flight and request.request_id in in_flight):
+                break  # preempted with a token (or its batch) in flight: readmit it once that is back
+            if structured.active and not structured.is_ready(request):
+                set_aside.append(waiting.popleft())  # let the others by
                 continue
+            if request.lora_int_id is not None and request.lora_int_id not in adapters:
+                if len(adapters) >= self.max_loras:
+                    set_aside.append(waiting.popleft())  # its adapter waits for a free slot
+                    continue
+            cached = kv.get_computed_blocks(request)
+            num_cached = len(cached) * kv.block_size
+            num_new = request.num_tokens - num_cached
+            if num_new > plan.budget and not chunked_prefill:
+                break
+            num_new = min(num_new, plan.budget)
+            if request.mm_features:
+                fitting = encoder.fit(request, num_cached, num_new, plan.encoder)
+                if not fitting or (fitting < num_new and not chunked_prefill):
+                    break  # its next image waits for encoder budget or cache
+                num_new = fitting
+            if kv.allocate_slots(request, num_new, cached) is None:
+                break
+            waiting.popleft()
+            if request.mm_features:
+                encoder.commit(request, plan.encoder, num_cached, num_new)
+            if request.lora_int_id is not None:
+                adapters.add(request.lora_int_id)
+            self._start_running(request, num_cached)
+            plan.scheduled[request.request_id] = num_new
+            plan.newly_admitted.append(request)
+            plan.budget -= num_new
+        for request in reversed(set_aside):
+            waiting.appendleft(request)
+
+    def _start_running(self, request: Request, num_cached: int) -> None:
+        request.status = RequestStatus.RUNNING
+        request.num_computed_tokens = num_cached
+        if request.num_cached_tokens is None:
+            request.num_cached_tokens = num_cached
+        self.running.append(request)
+
+    def could_admit(self, request: Request) -> bool:
+        """Whether ``request`` would find a seat and blocks for its first chunk now."""
+        if len(self.running) >= self.max_num_seqs:
+            return False
+        kv = self.kv
         cached = kv.get_computed_blocks(request)
-        num_cached = len(cached) * kv.block_size
-        num_new = request.num_tokens - num_cached
-        if num_new > plan.budget and not limits.chunked_prefill:
-            break
-        num_new = min(num_new, plan.budget)
-        if request.mm_features:
-            fitting = encoder.fit(request, num_cached, num_new, plan.encoder)
-            if not fitting or (fitting < num_new and not limits.chunked_prefill):
-                break  # its next image waits for encoder budget or cache
-            num_new = fitting
-        if kv.allocate_slots(request, num_new, cached) is None:
-            break
-        waiting.popleft()
-        if request.mm_features:
-            encoder.commit(request, plan.encoder, num_cached, num_new)
-        if request.lora_int_id is not None:
-            adapters.add(request.lora_int_id)
-        _start_running(request, num_cached, running)
-        plan.scheduled[request.request_id] = num_new
-        plan.newly_admitted.append(request)
-        plan.budget -= num_new
-    for request in reversed(set_aside):
-        waiting.appendleft(request)
-
-
-def _start_running(request: Request, num_cached: int, running: list[Request]) -> None:
-    request.status = RequestStatus.RUNNING
-    request.num_computed_tokens = num_cached
-    if request.num_cached_tokens is None:
-        request.num_cached_tokens = num_cached
-    running.append(request)
-
-
-def could_admit(request: Request, num_running: int, kv: KVCacheManager, limits: AdmissionLimits) -> bool:
-    """Whether ``request`` would find a seat and blocks for its first chunk now."""
-    if num_running >= limits.max_num_seqs:
-        return False
-    cached = kv.get_computed_blocks(request)
-    num_new = min(request.num_tokens - len(cached) * kv.block_size, limits.max_num_batched_tokens)
-    return kv.can_allocate(request, num_new, cached)
+        num_new = min(request.num_tokens - len(cached) * kv.block_size, self.max_num_batched_tokens)
+        return kv.can_allocate(request, num_new, cached)

@@ -22,20 +22,36 @@ the keys and values of every new token before any request attends. The
 scheduler never takes a scheduled request back out of its step, so a hashed
 block's KV is always computed by the end of that step.
 
-With ``sliding_window`` set (every attention layer slides, see
-``sliding_window.py``), each allocation first frees the leading blocks that
-fell out of the window of the step's first new token. Their table positions
-keep the stale block objects (so positions stay aligned) and
-``_num_out_of_window`` counts them; they were hashed when computed, stay
-findable in the prefix cache until evicted, and hashes chain over token ids,
-not block ids, so later blocks still hash and hit as before.
+Sliding windows: with a window of ``w`` tokens on every attention layer
+(``sliding_window`` set), the query at position ``p`` reads keys ``p - w + 1 .. p``
+only. A step whose first new token is at position ``c`` therefore needs nothing
+before ``c - w + 1``, and the blocks wholly before it can go back to the pool
+(``num_blocks_out_of_window``)::
+
+    block_size 4, window 6, next new token at c = 13:   keys needed from 8 on
+    table  [ 7 | 2 | 9 | 4 ]      positions 0-3, 4-7, 8-11, 12-15
+           freed freed kept kept
+
+Each allocation first frees the leading blocks that fell out of the window of
+the step's first new token. Their table positions keep the stale block objects
+(so positions stay aligned, and position ``p`` still lives in
+``table[p // block_size]`` in the table the workers hold) and
+``_num_out_of_window`` counts them; the attention masks those keys out by the
+window, so a stale block that another request has since reused is never attended
+to. They were hashed when computed, stay findable in the prefix cache until
+evicted, and hashes chain over token ids, not block ids, so later blocks still
+hash and hit as before. When any layer attends globally (Gemma 2/3, Qwen2 with
+``max_window_layers``), every key stays needed and nothing is freed.
+
+The window comes from the loaded model: the worker reports it in its
+``KVCacheSpec`` (``minivllm/kv_cache_spec.py``, which also bounds the blocks a
+request holds at once), and the engine hands it to the KV-cache manager.
 """
 
 from __future__ import annotations
 
 from minivllm.core.block_hash import extend_block_hashes, mm_block_keys, request_extra_keys, root_hash
 from minivllm.core.block_pool import BlockId, BlockPool, KVCacheBlock
-from minivllm.core.sliding_window import num_blocks_out_of_window
 from minivllm.core.stats import PrefixCacheStats
 from minivllm.request import BlockHash, Request, RequestId
 from minivllm.utils import cdiv
@@ -257,3 +273,10 @@ class KVCacheManager:
     def num_shared_blocks(self) -> int:
         """Extra references beyond the first on blocks in use (for memory accounting)."""
         return sum(b.ref_cnt - 1 for b in self.pool.blocks if b.ref_cnt > 1)
+
+
+def num_blocks_out_of_window(first_new_position: int, window: int | None, block_size: int) -> int:
+    """Leading blocks of a table that no query at or after ``first_new_position`` reads."""
+    if window is None:
+        return 0
+    return max(first_new_position - window + 1, 0) // block_size

@@ -7,11 +7,17 @@ share a batch. When the KV cache is full, the most recently admitted running
 request is preempted (its blocks freed, recomputed later) and goes to the
 front of the waiting queue, so it resumes before newer requests.
 
-With ``scheduler.policy=priority`` the waiting queue and the running requests
-are ordered by ``(priority, arrival_time)`` (lower first), the victim of a
-preemption is the last running request in that order, and before each step
-the head of the waiting queue preempts running requests of strictly lower
-priority until it has a seat and blocks for its first chunk.
+Who joins from the waiting queue is the ``Admission`` collaborator's decision
+(``admission.py``); the scheduler builds it once and asks it once per step.
+
+Preemption: a preempted request gives its KV blocks (and its images' encoder
+outputs) back and waits to be recomputed. The victim is the last request of the
+*running order*, the order running requests get budget and blocks in, so a victim,
+taken from its end, is never already scheduled in the step. With
+``scheduler.policy=priority`` the waiting queue and the running order are
+``(priority, arrival_time)`` (lower first), and before each step the head of the
+waiting queue preempts running requests of strictly lower priority until it has
+a seat and blocks for its first chunk.
 
 With prefix caching, an admitted request starts at the end of its longest
 cached prefix (``num_computed_tokens > 0``). Blocks are registered in the
@@ -49,38 +55,46 @@ aborted: its blocks go to a later batch, which every stage runs after the one in
 flight, and a token it sampled is kept (a preempted one) or dropped (an aborted one).
 Each batch takes at most its share of the unfinished requests (``ceil(n / slots)``),
 so that the batches in flight stay of a size and every stage has work.
+
+After a step (``update_from_output``) the sampled tokens go into their requests
+and the stop rules decide whether each request is finished (``check_stop``, a
+decision without side effects, as vLLM's; the scheduler applies it: records the
+stop token, finishes the request). The rules, in order: EOS (unless
+``ignore_eos``) and the request's stop token ids stop it, but only from its
+``min_tokens``-th output token on; reaching ``max_tokens`` ends it by length.
+Stop strings are not here: they need text, which only the engine has.
 """
 
 from __future__ import annotations
 
+import logging
+
 from minivllm.config.vllm_config import VllmConfig
-from minivllm.core.admission import AdmissionLimits, admit_waiting
+from minivllm.core.admission import Admission
 from minivllm.core.block_hash import model_identity, root_hash
 from minivllm.core.block_pool import BlockId
 from minivllm.core.encoder_scheduling import EncoderCacheManager
 from minivllm.core.kv_cache_manager import KVCacheManager
-from minivllm.core.preemption import evict, priority_victim, running_order, warn_first_preemption
 from minivllm.core.request_queue import make_waiting_queue
-from minivllm.core.scheduler_output import SchedulerOutput
+from minivllm.core.scheduler_output import SchedulerOutput, StepPlan, cached_request_data, new_request_data
 from minivllm.core.spec_decode import SpecDecodeScheduling
 from minivllm.core.stats import SchedulerStats
-from minivllm.core.step_plan import StepPlan, cached_request_data, new_request_data
-from minivllm.core.step_results import StepResults
 from minivllm.kv_cache_spec import KVCacheSpec
+from minivllm.outputs import EngineCoreOutput, ModelRunnerOutput
 from minivllm.request import Request, RequestId, RequestStatus
 from minivllm.structured_output.backend import backend_for
 from minivllm.structured_output.manager import StructuredOutputManager
 
+logger = logging.getLogger(__name__)
 
-class Scheduler(StepResults):
+
+class Scheduler:
     def __init__(self, cfg: VllmConfig, kv_spec: KVCacheSpec) -> None:
-        self.max_num_seqs = cfg.scheduler.max_num_seqs
-        self.max_num_batched_tokens = cfg.scheduler.max_num_batched_tokens
-        self.chunked_prefill = cfg.scheduler.enable_chunked_prefill
-        self.policy = cfg.scheduler.policy
+        sched_cfg = cfg.scheduler
+        self.max_num_seqs = sched_cfg.max_num_seqs
+        self.max_num_batched_tokens = sched_cfg.max_num_batched_tokens
+        self.policy = sched_cfg.policy
         self.async_scheduling = cfg.async_scheduling
-        self.max_loras = cfg.lora.max_loras if cfg.lora.enable_lora else 0
-        """Most distinct LoRA adapters among the running requests (one step's slots)."""
         self.kv = KVCacheManager(
             kv_spec.num_blocks,
             kv_spec.block_size,
@@ -107,16 +121,24 @@ class Scheduler(StepResults):
         """Micro-batching: requests in a batch whose output has not come back (None when off)."""
         self.send_token_ids = cfg.parallel.pp > 1
         """Pipeline stages other than the last learn sampled tokens from the scheduler."""
-        sched = cfg.scheduler
         self.encoder = EncoderCacheManager(
-            sched.max_num_encoder_input_tokens or sched.max_num_batched_tokens,
-            sched.encoder_cache_size or sched.max_num_batched_tokens,
+            sched_cfg.max_num_encoder_input_tokens or sched_cfg.max_num_batched_tokens,
+            sched_cfg.encoder_cache_size or sched_cfg.max_num_batched_tokens,
         )
         """Images: which step runs each one's vision encoder (``encoder_scheduling.py``); idle for text."""
-        self.limits = AdmissionLimits(
-            self.max_num_seqs, self.max_num_batched_tokens, self.max_loras, self.chunked_prefill
+        self.admission = Admission(
+            self.waiting,
+            self.running,
+            self.kv,
+            self.encoder,
+            self.structured,
+            self.in_flight,
+            max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            max_loras=cfg.lora.max_loras if cfg.lora.enable_lora else 0,
+            chunked_prefill=sched_cfg.enable_chunked_prefill,
         )
-        """What bounds admission (``admission.py``)."""
+        """Which waiting requests join the running ones in a step (``admission.py``)."""
 
     # ---- requests in and out --------------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -161,6 +183,20 @@ class Scheduler(StepResults):
             **(self.spec.stats.as_scheduler_stats() if self.spec is not None else {}),
         )
 
+    def _finish(self, request: Request, status: RequestStatus) -> None:
+        """Out of the queues, its blocks (and images' encoder outputs) freed, forgotten by the workers."""
+        request.status = status
+        if request in self.running:
+            self.running.remove(request)
+        elif request in self.waiting:
+            self.waiting.remove(request)
+        self.kv.free(request)
+        if request.mm_features:
+            self.encoder.free(request)
+        self._forget.add(request.request_id)
+        self.structured.remove(request.request_id)
+        del self.requests[request.request_id]
+
     # ---- one step -----------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
         plan = StepPlan(budget=self.max_num_batched_tokens, max_reqs=self._batch_seats())
@@ -169,13 +205,13 @@ class Scheduler(StepResults):
             self._preempt_for_waiting_priority()
         self._schedule_running(plan)
         if not plan.preempted:
-            self._schedule_waiting(plan)
+            self.admission.admit(plan)
         sampling = self._sampling_requests(plan) if self.structured.active else None
-        out = self._make_output(plan)  # advances the requests (and adds async scheduling's placeholders)
-        self._num_steps = out.step_id = self._num_steps + 1
+        scheduler_output = self._make_output(plan)  # advances the requests (and adds async scheduling's placeholders)
+        self._num_steps = scheduler_output.step_id = self._num_steps + 1
         if sampling is not None:
-            self._attach_grammar_bitmask(out, sampling)
-        return out
+            self._attach_grammar_bitmask(scheduler_output, sampling)
+        return scheduler_output
 
     def _batch_seats(self) -> int:
         if self.in_flight is None:
@@ -194,14 +230,11 @@ class Scheduler(StepResults):
                 sampling.append(r)
         return sampling
 
-    def _attach_grammar_bitmask(self, out: SchedulerOutput, sampling: list[Request]) -> None:
+    def _attach_grammar_bitmask(self, scheduler_output: SchedulerOutput, sampling: list[Request]) -> None:
         """Bitmask rows for the requests that sample in this step."""
         filled = self.structured.fill_bitmask(sampling)
         if filled is not None:
-            out.grammar_bitmask, out.structured_output_request_ids = filled
-
-    def _running_order(self) -> list[Request]:
-        return running_order(self.running, self.policy)
+            scheduler_output.grammar_bitmask, scheduler_output.structured_output_request_ids = filled
 
     def _schedule_running(self, plan: StepPlan) -> None:
         """Running requests first: their decodes and unfinished prefill chunks go
@@ -255,6 +288,15 @@ class Scheduler(StepResults):
         """Whether a request with a pending token could still need another step."""
         return request.num_output_tokens + request.num_output_placeholders < request.max_tokens
 
+    # ---- preemption -----------------------------------------------------------------
+    def _running_order(self) -> list[Request]:
+        """The order running requests get budget and blocks in; preemption victims
+        are taken from its end, so they are never already scheduled."""
+        if self.policy == "priority":
+            index = {id(r): i for i, r in enumerate(self.running)}
+            return sorted(self.running, key=lambda r: (r.priority, r.arrival_time, index[id(r)]))
+        return list(self.running)
+
     def _allocate_or_preempt(self, request: Request, num_new: int, plan: StepPlan) -> list[BlockId] | None:
         """Blocks for ``num_new`` more tokens of a running request, preempting from the
         end of the running order until they fit. None when ``request`` itself went."""
@@ -274,23 +316,36 @@ class Scheduler(StepResults):
         if not self.waiting:
             return
         head = self.waiting[0]
-        while (victim := priority_victim(head, self.running, self.kv, self.limits)) is not None:
+        while self.running and not self.admission.could_admit(head):
+            victim = self._running_order()[-1]
+            if victim.priority <= head.priority:
+                return
             self._preempt(victim)
 
-    def _schedule_waiting(self, plan: StepPlan) -> None:
-        admit_waiting(
-            plan, self.waiting, self.running, self.kv, self.encoder, self.structured, self.in_flight, self.limits
-        )
-
     def _preempt(self, request: Request) -> None:
-        evict(request, self.running, self.waiting, self.kv, self.encoder)
+        """Take a running request back to the front of the waiting queue, its blocks (and
+        images' encoder outputs) freed and its tokens to be computed again."""
+        self.running.remove(request)
+        self.kv.free(request)
+        if request.mm_features:
+            self.encoder.free(request)
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        self.waiting.appendleft(request)
         self.num_preemptions += 1
         if self.num_preemptions == 1:
-            warn_first_preemption(request)
+            logger.warning(
+                "Request %s was preempted: the KV cache is full. Preempted requests are recomputed later, "
+                "which costs time; give the cache more memory (cache.gpu_memory_utilization, "
+                "cache.cpu_memory_gb) or lower scheduler.max_num_seqs.",
+                request.request_id,
+            )
         self._forget.add(request.request_id)
 
+    # ---- the step's output ----------------------------------------------------------
     def _make_output(self, plan: StepPlan) -> SchedulerOutput:
-        out = SchedulerOutput(
+        scheduler_output = SchedulerOutput(
             new_reqs=[new_request_data(r, self.kv.block_ids(r.request_id)) for r in plan.newly_admitted],
             cached_reqs=cached_request_data(plan, self.send_token_ids),
             num_scheduled_tokens=plan.scheduled,
@@ -308,7 +363,7 @@ class Scheduler(StepResults):
                     self.encoder.free_consumed(request)
         if self.in_flight is not None:
             self.in_flight.update(plan.scheduled)
-        return out
+        return scheduler_output
 
     def _advance(self, requests: list[Request], scheduled: dict[RequestId, int]) -> None:
         """Count the scheduled tokens as computed; with async scheduling a request
@@ -321,15 +376,140 @@ class Scheduler(StepResults):
                 if computed == len(request.prompt_token_ids) + len(request.output_token_ids) + pending:
                     request.num_output_placeholders = pending + 1  # it samples in this step
 
-    def _finish(self, request: Request, status: RequestStatus) -> None:
-        request.status = status
-        if request in self.running:
-            self.running.remove(request)
-        elif request in self.waiting:
-            self.waiting.remove(request)
-        self.kv.free(request)
-        if request.mm_features:
-            self.encoder.free(request)
-        self._forget.add(request.request_id)
-        self.structured.remove(request.request_id)
-        del self.requests[request.request_id]
+    # ---- after the step -------------------------------------------------------------
+    def update_from_output(
+        self, scheduler_output: SchedulerOutput, output: ModelRunnerOutput
+    ) -> list[EngineCoreOutput]:
+        """A step's sampled tokens into its requests; runs once per step, after the workers return.
+
+        For each request that sampled it appends the new tokens (with speculative
+        decoding: the accepted drafts, then the target's own token) up to the first
+        one that finishes the request, runs the stop checks (``check_stop``: EOS
+        unless ignored, stop token ids, ``max_tokens``; ``min_tokens`` holds the first
+        two back) and advances a structured-output grammar, and reports the tokens as
+        ``EngineCoreOutput``s.
+
+        Async scheduling: the step being processed may be one behind the schedule. A
+        request that sampled in step k had a placeholder for that token
+        (``Request.num_output_placeholders``); the real token replaces it here and the
+        stop checks run as usual. A request that finished in step k may also be in step
+        k+1: it was finished and forgotten when step k's output was processed, so its
+        step-k+1 token finds no request and is dropped, and the output is exactly the
+        synchronous one. A new request that reuses the id meanwhile was added after
+        step k+1 was scheduled (``Request.added_after_step`` against
+        ``SchedulerOutput.step_id``), so the stale token is dropped for it too (the same
+        holds for micro-batches in flight).
+
+        A final-only request (``Request.final_output_only``) is reported with its first
+        token and when it finishes; the tokens in between travel with the last output.
+        """
+        results = []
+        num_generated = 0
+        requests, logprobs, prompt_logprobs = self.requests, output.logprobs, output.prompt_logprobs
+        pooler_output = output.pooler_output
+        placeholder = 1 if self.async_scheduling else 0
+        grammar, spec = self.structured.active, self.spec
+        if spec is not None:
+            spec.receive(output.spec_token_ids)
+        if self.in_flight is not None:
+            self.in_flight.difference_update(scheduler_output.num_scheduled_tokens)
+        step_id = scheduler_output.step_id if scheduler_output.step_id is not None else self._num_steps + 1
+        for req_id, new_tokens in output.sampled_token_ids.items():
+            request = requests.get(req_id)
+            if request is None or request.added_after_step >= step_id:
+                continue  # finished or aborted meanwhile (its id may be a newer request's now)
+            if placeholder:
+                request.num_output_placeholders -= 1
+            if len(new_tokens) == 1:  # a decode step: one token, appended whether or not it stops
+                appended, token, output_ids = new_tokens, new_tokens[0], request.output_token_ids
+                output_ids.append(token)
+                # Most tokens cannot stop their request: no length reached, not EOS, no stop ids
+                # (a cheap superset of check_stop's conditions; min_tokens is left to it).
+                stoppable = (
+                    len(output_ids) >= request.max_tokens
+                    or token == request.eos_token_id
+                    or request.sampling_params.stop_token_ids
+                )
+                finished = bool(stoppable) and self._stops(request, token)
+                if grammar and not finished:
+                    finished = self._check_grammar_end(request)
+            else:
+                appended, finished = self._append_output(request, new_tokens, grammar)
+            num_generated += len(appended)
+            if spec is not None:
+                drafts = scheduler_output.scheduled_spec_decode_tokens.get(req_id)
+                if drafts:
+                    spec.after_step(self.kv, request, len(drafts), len(new_tokens))
+            if request.final_output_only:
+                if request.num_reported_tokens and not finished:
+                    continue  # nobody reads it before the end
+                appended = request.output_token_ids[request.num_reported_tokens :]
+            request.num_reported_tokens += len(appended)
+            results.append(
+                EngineCoreOutput(
+                    req_id,
+                    appended,
+                    logprobs.get(req_id) if logprobs else None,
+                    request.status.finish_reason if finished else None,
+                    request.stop_reason,
+                    prompt_logprobs.get(req_id) if prompt_logprobs else None,
+                    request.num_cached_tokens or 0,
+                    pooler_output.get(req_id) if pooler_output else None,
+                )
+            )
+        self.num_generated_tokens += num_generated
+        return results
+
+    def _append_output(self, request: Request, new_tokens: list[int], grammar: bool) -> tuple[list[int], bool]:
+        """Append sampled tokens up to the first that finishes the request; returns those
+        appended and whether the request finished."""
+        appended = []
+        for token in new_tokens:
+            request.output_token_ids.append(token)
+            appended.append(token)
+            if self._stops(request, token) or (grammar and self._check_grammar_end(request)):
+                return appended, True
+        return appended, False
+
+    def _stops(self, request: Request, token: int) -> bool:
+        """Whether ``token``, the request's newest output, finishes it (``check_stop``);
+        if it does, the request is finished here."""
+        status = check_stop(request, token)
+        if status is None:
+            return False
+        if status is RequestStatus.FINISHED_STOPPED:
+            request.stop_reason = stop_reason(request, token)
+        self._finish(request, status)
+        return True
+
+    def _check_grammar_end(self, request: Request) -> bool:
+        """Advance the request's matcher; a grammar that reached its end finishes it ("stop"),
+        one that failed to compile aborts it."""
+        if self.structured.active and self.structured.accept_tokens(request):
+            failed = self.structured.failed(request)
+            self._finish(request, RequestStatus.FINISHED_ABORTED if failed else RequestStatus.FINISHED_STOPPED)
+            return True
+        return False
+
+
+def check_stop(request: Request, token: int) -> RequestStatus | None:
+    """How ``token``, just appended as the request's last output token, finishes it:
+    ``FINISHED_STOPPED``, ``FINISHED_LENGTH``, or None when the request goes on."""
+    params = request.sampling_params
+    num_output_tokens = len(request.output_token_ids)
+    if num_output_tokens >= params.min_tokens:
+        if _is_eos(request, token) or token in params.stop_token_ids:
+            return RequestStatus.FINISHED_STOPPED
+    if num_output_tokens >= request.max_tokens:
+        return RequestStatus.FINISHED_LENGTH
+    return None
+
+
+def stop_reason(request: Request, token: int) -> int | None:
+    """What a request that ``check_stop`` stopped at ``token`` reports as its
+    ``stop_reason``: the stop token id, or None for EOS."""
+    return None if _is_eos(request, token) else token
+
+
+def _is_eos(request: Request, token: int) -> bool:
+    return token == request.eos_token_id and not request.sampling_params.ignore_eos

@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from minivllm.config.parallel_checks import check_partition
+from minivllm.config.parallel import check_partition
 from minivllm.distributed.parallel_state import PipelineLayout, pipeline_layout
 
 IntermediateTensors = dict[str, torch.Tensor]

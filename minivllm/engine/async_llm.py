@@ -45,7 +45,7 @@ from minivllm.engine.engine_proc import EngineMessage
 from minivllm.engine.outputs import RequestOutput
 from minivllm.engine.processor import ProcessedRequest, Processor, PromptType
 from minivllm.engine.request_stream import EngineDeadError, RequestStream
-from minivllm.lora.request import LoRARequest
+from minivllm.lora_request import LoRARequest
 from minivllm.plugins import load_general_plugins
 from minivllm.pooling.outputs import PoolingRequestOutput
 from minivllm.pooling.params import PoolingParams

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from minivllm.config.serve_config import metric_name
+from minivllm.config.task import metric_name
 from minivllm.engine.stats import EngineStats
 
 

@@ -32,8 +32,8 @@ from minivllm.engine.request_checks import (
     prepare_params,
 )
 from minivllm.kv_cache_spec import KVCacheSpec
-from minivllm.lora.checker import LoRAChecker
-from minivllm.lora.request import LoRARequest
+from minivllm.lora.peft_loader import LoRAChecker
+from minivllm.lora_request import LoRARequest
 from minivllm.models.interfaces import supports_multimodal
 from minivllm.models.registry import ModelRegistry
 from minivllm.multimodal.feature import MultiModalFeature

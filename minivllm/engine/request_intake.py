@@ -7,7 +7,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 
 from minivllm.engine.processor import ProcessedRequest, Processor, PromptType
-from minivllm.lora.request import LoRARequest
+from minivllm.lora_request import LoRARequest
 from minivllm.pooling.params import PoolingParams
 from minivllm.sampling_params import SamplingParams
 

@@ -7,8 +7,7 @@ from __future__ import annotations
 
 from transformers import PreTrainedTokenizerBase
 
-from minivllm.config.model_view import ModelConfigView
-from minivllm.config.vllm_config import VllmConfig
+from minivllm.config.vllm_config import ModelConfigView, VllmConfig
 
 
 class VllmEngineNames:

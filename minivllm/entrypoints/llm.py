@@ -9,9 +9,9 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from minivllm.beam_search import BeamSearchOutput, run_beam_search
-from minivllm.config.generation_defaults import generation_defaults
 from minivllm.config.llm_kwargs import config_from_kwargs, name_the_keyword
-from minivllm.config.served_names import served_model_names
+from minivllm.config.load import generation_defaults
+from minivllm.config.task import served_model_names
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.data_parallel.engine import DataParallelEngine
 from minivllm.engine.llm_engine import LLMEngine
@@ -27,7 +27,7 @@ from minivllm.entrypoints.llm_args import (
     pooling_params_per_prompt,
 )
 from minivllm.executor.user_calls import apply_to_model
-from minivllm.lora.request import LoRARequest
+from minivllm.lora_request import LoRARequest
 from minivllm.multimodal.media import MediaConnector
 from minivllm.plugins import load_general_plugins
 from minivllm.pooling.outputs import EmbeddingRequestOutput, PoolingRequestOutput
@@ -58,7 +58,7 @@ class LLM:
 
     def _init(self, cfg: VllmConfig) -> None:
         self.cfg = cfg
-        self.default_sampling_params = generation_defaults(cfg)
+        self.default_sampling_params = generation_defaults(cfg.model.generation_config, cfg.checkpoint_dir)
         self.llm_engine: LLMEngine | DataParallelEngine
         if cfg.parallel.dp > 1:  # replicas in their own processes, behind one front end
             self.llm_engine = DataParallelEngine(cfg)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any, Callable, TypeVar
 
 from minivllm.engine.processor import PromptType
-from minivllm.lora.request import LoRARequest
+from minivllm.lora_request import LoRARequest
 from minivllm.pooling.params import PoolingParams
 from minivllm.sampling_params import RequestOutputKind, SamplingParams
 

@@ -24,6 +24,12 @@ def get_act_fn(name: str):
     return _ACTS[name]
 
 
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """(N, 2I) ``[gate | up]`` -> (N, I) ``silu(gate) * up``."""
+    gate, up = x.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
 class ActAndMul(nn.Module):
     """``act(gate) * up`` on the fused ``[gate | up]`` output of a gate_up projection."""
 

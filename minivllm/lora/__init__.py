@@ -7,6 +7,6 @@ needs one, then in one of ``lora.max_loras`` device slots (LRU).
 """
 
 from minivllm.config.lora import LoRAConfig
-from minivllm.lora.request import LoRARequest
+from minivllm.lora_request import LoRARequest
 
 __all__ = ["LoRAConfig", "LoRARequest"]

@@ -19,7 +19,7 @@ from minivllm.config.lora import LoRAConfig
 from minivllm.lora.layers import MEMBERS, wrap_lora_layers
 from minivllm.lora.peft_loader import LoRAAdapter, load_peft_adapter
 from minivllm.lora.punica import LoRAStepContext
-from minivllm.lora.request import LoRARequest
+from minivllm.lora_request import LoRARequest
 from minivllm.request import RequestId
 
 

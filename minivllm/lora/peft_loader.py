@@ -8,7 +8,10 @@ become ``A`` (in, r) and ``B`` (r, out) with the adapter's scaling folded into
 ``lora_alpha / sqrt(r)`` with rsLoRA.
 
 Everything is checked against the base model's dimensions before any slot is
-touched; a bad adapter raises ``ValueError`` naming it.
+touched; a bad adapter raises ``ValueError`` naming it. The front end reads and
+checks each adapter once per ``lora_int_id`` (``LoRAChecker``), before anything is
+queued, so a bad adapter is a ValueError for its request and the engine keeps
+serving; an id stays bound to its first folder.
 """
 
 from __future__ import annotations
@@ -18,12 +21,14 @@ import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import load_file
 from transformers import PretrainedConfig
 
-from minivllm.lora.request import LoRARequest
+from minivllm.config.lora import LoRAConfig
+from minivllm.lora_request import LoRARequest
 
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
@@ -127,3 +132,29 @@ def _pair_up(
     if not pairs:
         raise ValueError(f"{name}: {WEIGHTS_FILE} holds no LoRA weights")
     return pairs
+
+
+class LoRAChecker:
+    """The front end's check of a request's ``LoRARequest`` (module docstring)."""
+
+    def __init__(self, cfg: LoRAConfig, hf_config: PretrainedConfig) -> None:
+        self.cfg, self.hf_config = cfg, hf_config
+        self.checked: dict[int, LoRARequest] = {}
+
+    def check(self, lora: Any) -> None:
+        if lora is None:
+            return
+        if not self.cfg.enable_lora:
+            raise ValueError("lora_request: needs lora.enable_lora=true (LLM(enable_lora=True))")
+        if not isinstance(lora, LoRARequest):
+            raise ValueError(f"lora_request={lora!r}: must be a LoRARequest or None")
+        known = self.checked.get(lora.lora_int_id)
+        if known is not None:
+            if known.lora_path != lora.lora_path:
+                raise ValueError(
+                    f"lora_request: lora_int_id={lora.lora_int_id} already names {known.lora_path!r}, "
+                    f"not {lora.lora_path!r}"
+                )
+            return
+        load_peft_adapter(lora, self.hf_config, self.cfg.max_lora_rank)
+        self.checked[lora.lora_int_id] = lora

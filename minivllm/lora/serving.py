@@ -13,7 +13,7 @@ import itertools
 from typing import Callable
 
 from minivllm.config.lora import parse_lora_modules
-from minivllm.lora.request import LoRARequest
+from minivllm.lora_request import LoRARequest
 
 
 class ServedAdapters:

@@ -18,7 +18,7 @@ from typing import Any, Iterator
 
 import torch
 
-from minivllm.config.gguf_config import find_gguf_file
+from minivllm.config.load import find_gguf_file
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.model_loader.loader import DefaultModelLoader
 

@@ -39,17 +39,21 @@ MAX_PART_BYTES = 5 * 2**30
 
 def save_sharded_state(llm: Any, out: str | Path, max_part_bytes: int = MAX_PART_BYTES) -> list[list[str]]:
     """Have every rank of ``llm`` (an ``LLM``) write its parameters to ``out``; copy the
-    checkpoint's other files there too. Returns each rank's file names."""
+    checkpoint's other files there too. Returns each rank's file names. Data-parallel
+    replicas hold the same shards: the first replica's ranks write them."""
     out = Path(out)
-    cfg = llm.llm_engine.cfg
-    if cfg.checkpoint_dir is not None:
-        copy_model_files(cfg.checkpoint_dir, out)
+    if llm.cfg.checkpoint_dir is not None:
+        copy_model_files(llm.cfg.checkpoint_dir, out)
     out.mkdir(parents=True, exist_ok=True)
-    return llm.llm_engine.core.executor.collective_rpc(save_rank_shard, (str(out), max_part_bytes))
+    names = llm.collective_rpc(save_rank_shard, args=(str(out), max_part_bytes))
+    return [rank_names for rank_names in names if rank_names]
 
 
 def save_rank_shard(worker: Any, out: str, max_part_bytes: int) -> list[str]:
-    """Runs in each worker: write this rank's parameters in parts of at most ``max_part_bytes``."""
+    """Runs in each worker: write this rank's parameters in parts of at most ``max_part_bytes``
+    (nothing on a data-parallel replica past the first)."""
+    if worker.cfg.parallel.dp_rank > 0:
+        return []
     model = worker.model_runner.model
     parts: list[dict[str, torch.Tensor]] = [kv_scales(model)]
     size = 0

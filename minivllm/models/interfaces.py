@@ -29,7 +29,8 @@ class SupportsMultiModal(Protocol):
     def embed_multimodal(self, **data: torch.Tensor) -> torch.Tensor:
         """One feature's processed tensors (``MultiModalFeature.data``) -> (length, hidden) embeddings.
         A class with ``batches_multimodal = True`` also takes several features' tensors concatenated
-        along dim 0 (``multimodal/encoder_batches.py``) and returns their rows concatenated in order."""
+        along dim 0 (``multimodal/feature.py``: ``encoder_batches``) and returns their rows
+        concatenated in order."""
         ...
 
     @classmethod

@@ -25,8 +25,8 @@ from transformers.activations import ACT2FN
 
 from minivllm.attention.backend import AttentionBackend, AttentionMetadata
 from minivllm.layers.weight_utils import default_weight_loader
+from minivllm.models.clip import CLIPVisionTransformer, Linear
 from minivllm.models.llama import LlamaForCausalLM
-from minivllm.models.vision.clip import CLIPVisionTransformer, Linear
 
 _RENAMES = (
     ("model.language_model.", "language_model.model."),

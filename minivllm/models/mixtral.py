@@ -13,7 +13,7 @@ from typing import Any
 from transformers import PretrainedConfig
 
 from minivllm.attention.backend import AttentionBackend
-from minivllm.config.parallel_checks import num_experts
+from minivllm.config.parallel import num_experts
 from minivllm.layers.fused_moe import FusedMoE, SparseMoeBlock, expert_weight_target
 from minivllm.models.llama import LlamaDecoderLayer, LlamaModel
 from minivllm.models.mistral import MistralForCausalLM

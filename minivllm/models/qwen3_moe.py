@@ -15,7 +15,7 @@ from torch import nn
 from transformers import PretrainedConfig
 
 from minivllm.attention.backend import AttentionBackend
-from minivllm.config.parallel_checks import num_experts
+from minivllm.config.parallel import num_experts
 from minivllm.layers.fused_moe import FusedMoE, SparseMoeBlock, expert_weight_target
 from minivllm.models.llama import LlamaDecoderLayer, LlamaModel
 from minivllm.models.qwen3 import Qwen3ForCausalLM

@@ -14,7 +14,7 @@ import importlib
 
 from torch import nn
 
-from minivllm.config.architectures import ARCHITECTURES, POOLING_ONLY, ArchitectureTable
+from minivllm.config.model import ARCHITECTURES, POOLING_ONLY, ArchitectureTable
 
 __all__ = ["ModelRegistry", "POOLING_ONLY"]
 

@@ -8,6 +8,15 @@ by the image's content hash, so an image seen before is not processed again.
 Then each image token of the prompt's ids is repeated that many times (a prompt
 whose placeholders are already expanded is taken as it is), and every image
 becomes a ``MultiModalFeature`` at its offset.
+
+Without torchvision, the processor is built from a checkpoint's tokenizer and image
+processor alone (``ImageOnlyProcessor``): transformers builds ``Qwen2VLProcessor``
+only when torchvision is installed (its video half needs it), although images go
+through the PIL image processor. Without torchvision the front end uses the
+checkpoint's own image processor (``AutoImageProcessor``: resizing, patches,
+``image_grid_thw``) and tokenizer instead, with each image token of the text
+repeated once per embedding row of its image, the rule of the model's own
+processor (Qwen2-VL: ``t * h * w / merge_size^2``).
 """
 
 from __future__ import annotations
@@ -16,15 +25,55 @@ import hashlib
 import importlib.util
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from PIL import Image
 
 from minivllm.multimodal.feature import MultiModalFeature
-from minivllm.multimodal.image_only_processor import TOKENS_PER_IMAGE, ImageOnlyProcessor
 
 TENSOR_KEYS_DROPPED = ("input_ids", "attention_mask")
+TokensPerImage = Callable[[Any, dict[str, torch.Tensor], int], int]
+"""(image processor, its output, image index) -> placeholder tokens of that image."""
+
+
+def merged_grid_tokens(image_processor: Any, out: dict[str, torch.Tensor], index: int) -> int:
+    """Qwen2-VL: one token per ``merge_size x merge_size`` block of the image's patch grid."""
+    return int(out["image_grid_thw"][index].prod()) // image_processor.merge_size**2
+
+
+TOKENS_PER_IMAGE: dict[str, TokensPerImage] = {"Qwen2VLForConditionalGeneration": merged_grid_tokens}
+"""Architectures this processor stands in for, and their expansion rule."""
+
+
+class ImageOnlyProcessor:
+    """Called like a transformers processor: ``(text=..., images=[...], return_tensors="pt")``."""
+
+    def __init__(self, tokenizer: Any, image_processor: Any, image_token: str, tokens_per_image: TokensPerImage):
+        self.tokenizer = tokenizer
+        self.image_processor = image_processor
+        self.image_token = image_token
+        self.tokens_per_image = tokens_per_image
+
+    @classmethod
+    def from_pretrained(cls, path: str, architecture: str, image_token_id: int, **kwargs: Any) -> "ImageOnlyProcessor":
+        from transformers import AutoImageProcessor, AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
+        image_processor = AutoImageProcessor.from_pretrained(path, **kwargs)
+        token = tokenizer.convert_ids_to_tokens(image_token_id)
+        return cls(tokenizer, image_processor, token, TOKENS_PER_IMAGE[architecture])
+
+    def __call__(self, text: str, images: list[Any], return_tensors: str = "pt") -> dict[str, torch.Tensor]:
+        out = dict(self.image_processor(images=images, return_tensors=return_tensors))
+        pieces = text.split(self.image_token)
+        if len(pieces) - 1 != len(images):
+            raise ValueError(f"{len(images)} image(s) for {len(pieces) - 1} {self.image_token!r} token(s) in the text")
+        expanded = pieces[0]
+        for i, piece in enumerate(pieces[1:]):
+            expanded += self.image_token * self.tokens_per_image(self.image_processor, out, i) + piece
+        ids = self.tokenizer(expanded, add_special_tokens=False, return_tensors=return_tensors)
+        return {**ids, **out}
 
 
 @dataclass(frozen=True)
@@ -213,7 +262,7 @@ def load_multimodal_processor(cfg: Any, image_token_id: int) -> MultiModalProces
 
 def _hf_processor(path: str, architecture: str, image_token_id: int, trust_remote_code: bool) -> Any:
     """The checkpoint's ``AutoProcessor``; without torchvision, where transformers cannot build
-    it (Qwen2-VL's video half), the tokenizer and image processor alone (``image_only_processor.py``)."""
+    it (Qwen2-VL's video half), the tokenizer and image processor alone (``ImageOnlyProcessor``)."""
     if architecture in TOKENS_PER_IMAGE and importlib.util.find_spec("torchvision") is None:
         return ImageOnlyProcessor.from_pretrained(path, architecture, image_token_id)
     from transformers import AutoProcessor

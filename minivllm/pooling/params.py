@@ -7,7 +7,7 @@ from typing import Any, Optional
 
 import torch
 
-from minivllm.config.validation import Range
+from minivllm.config.model import Range
 
 RANGES = {"dimensions": Range(low=1), "truncate_prompt_tokens": Range(low=1)}
 """The allowed values of the numeric fields (None passes); the server's schema declares them too."""

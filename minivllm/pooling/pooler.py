@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from minivllm.config.schema import POOLING_TYPES
+from minivllm.config.model import POOLING_TYPES
 from minivllm.outputs import ModelRunnerOutput
 from minivllm.request import RequestId
 

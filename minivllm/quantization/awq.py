@@ -17,9 +17,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from minivllm.config.quantization import awq_settings
-from minivllm.quantization.base import LinearShape, ParamSpec, QuantizationConfig, add_param
-from minivllm.quantization.ignore import is_ignored
+from minivllm.config.model import awq_settings
+from minivllm.quantization.base import LinearShape, ParamSpec, QuantizationConfig, add_param, is_ignored
 from minivllm.quantization.int4 import PACK, Int4LinearMethod, pack_rows, unpack_cols
 
 AWQ_ORDER = [0, 2, 4, 6, 1, 3, 5, 7]

@@ -13,8 +13,8 @@ while loading (one scale per output channel), as vLLM does for ``quantization="f
 
 On a GPU with fp8 tensor cores (compute capability 8.9+) the matmul is
 ``torch._scaled_mm`` on fp8 activations (quantized per token, or with the static
-scale, by one Triton kernel: ``triton_fp8_quant.py``; ``quantize_activations`` is
-its torch reference); elsewhere, the CPU included, the weight is dequantized to
+scale, by one Triton kernel: ``triton_fp8_quant.py``, which also holds its torch
+reference ``quantize_activations``); elsewhere, the CPU included, the weight is dequantized to
 the activation dtype and multiplied there (the reference path).
 """
 
@@ -26,17 +26,20 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from minivllm.config.quantization import fp8_settings
+from minivllm.config.model import fp8_settings
 from minivllm.quantization.base import (
     LinearMethod,
     LinearShape,
     ParamSpec,
     QuantizationConfig,
     add_param,
+    is_ignored,
     replace_param,
 )
-from minivllm.quantization.fp8_format import FP8, FP8_GEMM_MIN_CAPABILITY, FP8_MAX, FP8_MIN_SCALE
-from minivllm.quantization.ignore import is_ignored
+from minivllm.tuned_tiles import has_fp8
+
+FP8 = torch.float8_e4m3fn
+FP8_MAX = torch.finfo(FP8).max  # 448
 
 
 class Fp8Config(QuantizationConfig):
@@ -117,27 +120,15 @@ def _scaled_mm_usable(x: torch.Tensor, weight: torch.Tensor) -> bool:
     if x.device.type != "cuda" or x.dtype != torch.bfloat16:
         return False
     out, inp = weight.shape
-    return torch.cuda.get_device_capability(x.device) >= FP8_GEMM_MIN_CAPABILITY and out % 16 == 0 and inp % 16 == 0
+    return has_fp8(torch.cuda.get_device_capability(x.device)) and out % 16 == 0 and inp % 16 == 0
 
 
 ActivationQuantizer = Callable[[torch.Tensor, torch.Tensor | None], tuple[torch.Tensor, torch.Tensor]]
 """(tokens, in) activations and the static input scale or None -> fp8 values and (tokens, 1) scales."""
 
 
-def quantize_activations(
-    x2: torch.Tensor, input_scale: torch.Tensor | None = None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(tokens, in) -> its fp8 values (tokens, in) and (tokens, 1) fp32 scales: with
-    ``input_scale`` (1,) fp32 that static scale for every token, else one per token.
-    The torch reference of ``triton_fp8_quant.quantize_fp8_rows``."""
-    if input_scale is not None:
-        x_scale = input_scale.expand(x2.shape[0], 1).contiguous()
-    else:  # times the fp32 reciprocal: CUDA's division by a Python number, spelled out for every device
-        x_scale = (x2.abs().amax(dim=-1, keepdim=True).float() * (1.0 / FP8_MAX)).clamp(min=FP8_MIN_SCALE)
-    return (x2.float() / x_scale).clamp(-FP8_MAX, FP8_MAX).to(FP8), x_scale
-
-
 def _fused_quantize(x2: torch.Tensor, input_scale: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The Triton kernel (imported on first use: the CPU path never needs Triton)."""
     from minivllm.quantization.triton_fp8_quant import quantize_fp8_rows
 
     return quantize_fp8_rows(x2 if x2.stride(-1) == 1 else x2.contiguous(), input_scale)
@@ -146,8 +137,8 @@ def _fused_quantize(x2: torch.Tensor, input_scale: torch.Tensor | None) -> tuple
 def _fp8_matmul(
     x: torch.Tensor, layer: nn.Module, bias: torch.Tensor | None, quantize: ActivationQuantizer = _fused_quantize
 ) -> torch.Tensor:
-    """``torch._scaled_mm`` on ``x`` quantized by ``quantize`` (the Triton kernel; the
-    torch reference where a test or benchmark passes it)."""
+    """``torch._scaled_mm`` on ``x`` quantized by ``quantize`` (the Triton kernel; its
+    torch reference ``triton_fp8_quant.quantize_activations`` where a test or benchmark passes it)."""
     x2 = x.reshape(-1, x.shape[-1])  # (tokens, in)
     x_fp8, x_scale = quantize(x2, getattr(layer, "input_scale", None))  # (tokens, in), (tokens, 1)
     w_scale = layer.weight_scale.reshape(1, -1)  # (1, out)

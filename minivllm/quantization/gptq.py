@@ -21,9 +21,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from minivllm.config.quantization import gptq_settings
-from minivllm.quantization.base import LinearShape, ParamSpec, QuantizationConfig, add_param
-from minivllm.quantization.ignore import is_ignored
+from minivllm.config.model import gptq_settings
+from minivllm.quantization.base import LinearShape, ParamSpec, QuantizationConfig, add_param, is_ignored
 from minivllm.quantization.int4 import PACK, Int4LinearMethod, unpack_cols
 
 

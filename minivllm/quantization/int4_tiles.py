@@ -29,8 +29,7 @@ from dataclasses import asdict, dataclass
 
 import triton
 
-from minivllm.tuned_tiles import DeviceFacts, lookup
-from minivllm.tuned_tiles.tile_checks import check_blocks
+from minivllm.tuned_tiles import DeviceFacts, check_blocks, lookup
 
 KERNEL = "int4_gemm"
 MAX_SPLIT = 16

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from minivllm.config.quantization import QuantizationSpec
+from minivllm.config.model import QuantizationSpec
 from minivllm.quantization.awq import AWQConfig
 from minivllm.quantization.base import QuantizationConfig
 from minivllm.quantization.compressed_tensors import CompressedTensorsConfig

@@ -1,7 +1,7 @@
 """Triton fp8 (e4m3) activation quantization: one launch per linear instead of nine.
 
 Before ``torch._scaled_mm`` each token row ``x`` of an fp8 linear is quantized as
-``quantize_activations`` in ``fp8.py`` does it with torch ops (the reference)::
+``quantize_activations`` does it with torch ops (the reference)::
 
     dynamic:  scale = max(amax(|x|) * (1 / 448), 1e-12)  one fp32 scale per row
     static:   scale = the checkpoint's input_scale       the same for every row
@@ -30,27 +30,43 @@ import torch
 import triton
 import triton.language as tl
 
-from minivllm.attention.ops._validation import (
+from minivllm.attention.ops.checks import (
     SUPPORTED_DTYPES,
+    check_fp8_capability,
     check_launchable,
     check_tensor,
     is_interpreted,
     require,
 )
 from minivllm.attention.ops.triton_kv_write import _round_to_e4m3
-from minivllm.quantization import fp8_format
-from minivllm.quantization.fp8_format import FP8, FP8_GEMM_MIN_CAPABILITY
 
-FP8_MAX = tl.constexpr(fp8_format.FP8_MAX)  # 448, the largest float8_e4m3fn value
-INV_FP8_MAX = tl.constexpr(1.0 / fp8_format.FP8_MAX)  # rounded to fp32 where it meets the fp32 amax
-MIN_SCALE = tl.constexpr(fp8_format.FP8_MIN_SCALE)
+FP8 = torch.float8_e4m3fn
+FP8_MAX = torch.finfo(FP8).max  # 448, the largest float8_e4m3fn value
+FP8_MIN_SCALE = 1e-12
+"""A dynamic activation scale's floor: a row of zeros is divided by it."""
 MAX_BLOCK = 16384  # columns of a row one program holds at once (32 per thread at 16 warps)
+_MAX = tl.constexpr(FP8_MAX)
+_INV_MAX = tl.constexpr(1.0 / FP8_MAX)  # rounded to fp32 where it meets the fp32 amax
+_MIN_SCALE = tl.constexpr(FP8_MIN_SCALE)
+
+
+def quantize_activations(
+    x2: torch.Tensor, input_scale: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(tokens, in) -> its fp8 values (tokens, in) and (tokens, 1) fp32 scales: with
+    ``input_scale`` (1,) fp32 that static scale for every token, else one per token.
+    The torch reference of ``quantize_fp8_rows`` (module docstring)."""
+    if input_scale is not None:
+        x_scale = input_scale.expand(x2.shape[0], 1).contiguous()
+    else:  # times the fp32 reciprocal: CUDA's division by a Python number, spelled out for every device
+        x_scale = (x2.abs().amax(dim=-1, keepdim=True).float() * (1.0 / FP8_MAX)).clamp(min=FP8_MIN_SCALE)
+    return (x2.float() / x_scale).clamp(-FP8_MAX, FP8_MAX).to(FP8), x_scale
 
 
 @triton.jit
 def _quantize_tile(x, scale, ROUND_FP8: tl.constexpr):
     """fp32 ``x`` / ``scale``, clamped to e4m3's range (NaN stays NaN), as fp8."""
-    q = tl.clamp(tl.div_rn(x, scale), -FP8_MAX, FP8_MAX, propagate_nan=tl.PropagateNan.ALL)
+    q = tl.clamp(tl.div_rn(x, scale), -_MAX, _MAX, propagate_nan=tl.PropagateNan.ALL)
     if ROUND_FP8:  # the interpreter's fp8 cast truncates: round first, then the cast is exact
         q = _round_to_e4m3(q)
     return q.to(tl.float8e4nv)
@@ -78,7 +94,7 @@ def _fp8_quant_kernel(
     if HIDDEN <= BLOCK:  # the whole row in registers, read once
         x = tl.load(x_row + cols, mask=cols < HIDDEN, other=0.0).to(tl.float32)
         if not STATIC:
-            scale = tl.maximum(tl.max(tl.abs(x), axis=0) * INV_FP8_MAX, MIN_SCALE)
+            scale = tl.maximum(tl.max(tl.abs(x), axis=0) * _INV_MAX, _MIN_SCALE)
         tl.store(out_row + cols, _quantize_tile(x, scale, ROUND_FP8), mask=cols < HIDDEN)
     else:  # a first pass for the amax, a second one to quantize
         if not STATIC:
@@ -86,7 +102,7 @@ def _fp8_quant_kernel(
             for start in range(0, HIDDEN, BLOCK):
                 x = tl.load(x_row + start + cols, mask=start + cols < HIDDEN, other=0.0).to(tl.float32)
                 amax = tl.maximum(amax, tl.max(tl.abs(x), axis=0))
-            scale = tl.maximum(amax * INV_FP8_MAX, MIN_SCALE)
+            scale = tl.maximum(amax * _INV_MAX, _MIN_SCALE)
         for start in range(0, HIDDEN, BLOCK):
             mask = start + cols < HIDDEN
             x = tl.load(x_row + start + cols, mask=mask, other=0.0).to(tl.float32)
@@ -105,13 +121,11 @@ def launch_config(hidden: int, static: bool, round_fp8: bool, max_block: int = M
 
 def check_fp8_quant_capability(capability: tuple[int, int]) -> None:
     """Refuse a GPU of compute ``capability`` where Triton has no float8_e4m3fn."""
-    if tuple(capability) < FP8_GEMM_MIN_CAPABILITY:
-        need = ".".join(map(str, FP8_GEMM_MIN_CAPABILITY))
-        raise ValueError(
-            f"fp8 activation quantization needs a GPU of compute capability {need} or newer "
-            f"(this one is {capability[0]}.{capability[1]}); below it fp8 linears dequantize "
-            f"their weights instead (the fp8 GEMM is not used)"
-        )
+    check_fp8_capability(
+        capability,
+        "fp8 activation quantization needs",
+        "below it fp8 linears dequantize their weights instead (the fp8 GEMM is not used)",
+    )
 
 
 def quantize_fp8_rows(

@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from minivllm.attention.ops._validation import SUPPORTED_DTYPES, check_launchable, check_tensor, require
+from minivllm.attention.ops.checks import SUPPORTED_DTYPES, check_launchable, check_tensor, require
 from minivllm.quantization.int4_tiles import Int4Tiles, choose_tiles
 from minivllm.tuned_tiles import device_facts
 

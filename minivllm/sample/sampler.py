@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from minivllm.sample.metadata import SamplingMetadata
-from minivllm.structured_output.bitmask import apply_grammar_bitmask
+from minivllm.structured_output.backend import apply_grammar_bitmask
 
 
 @dataclass

@@ -1,25 +1,41 @@
-"""POST /v1/chat/completions: messages -> the chat template -> one request, ``n`` choices."""
+"""POST /v1/chat/completions: messages -> the chat template -> one request, ``n`` choices.
+
+A choice's text is then split into ``reasoning_content``, ``content`` and
+``tool_calls``, whole or streamed as deltas (``ChatOutputParser``). The reasoning
+parser (``serve.reasoning_parser``) splits first; the tool plan then reads the
+content. Streamed content that may still turn into a tool call is held back until
+it is clear; calls are sent whole, one delta each, when the choice ends. A named
+function's call too: its arguments are held until they parse, so a choice cut
+short by ``max_tokens`` never streams a call whose arguments do not parse (its
+text goes out as content, with ``finish_reason`` "length").
+"""
 
 from __future__ import annotations
 
 import asyncio
 import time
 import uuid
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import Any, AsyncIterator
 
 from fastapi import Request
 
 from minivllm.engine.outputs import CompletionOutput
 from minivllm.engine.request_stream import RequestStream
-from minivllm.entrypoints.chat_utils import render_chat
-from minivllm.multimodal.media import MediaConnector
 from minivllm.sampling_params import RequestOutputKind
-from minivllm.serve.chat_output import ChatOutputParser
+from minivllm.serve.admission import (
+    EngineRequests,
+    Prompt,
+    admit,
+    check_text_length,
+    message_texts,
+    off_loop,
+    render_messages,
+)
 from minivllm.serve.completions import prompt_logprobs_json
-from minivllm.serve.generation import Prompt, check_prompt, finished, off_loop, start_requests, usage
-from minivllm.serve.limits import admit, check_text_length, message_texts
-from minivllm.serve.params import BadRequest, to_sampling_params
+from minivllm.serve.errors import BadRequest
+from minivllm.serve.outputs import StreamUsage, event_stream, finished, merged, sse, usage
+from minivllm.serve.params import structured_outputs_of, to_sampling_params
 from minivllm.serve.protocol import (
     ChatChoice,
     ChatCompletionChunk,
@@ -29,15 +45,17 @@ from minivllm.serve.protocol import (
     ChatMessageOut,
     ChatStreamChoice,
     ChatTokenLogProb,
+    DeltaFunctionCall,
     DeltaMessage,
+    DeltaToolCall,
+    FunctionCall,
+    ToolCallOut,
     TopLogProb,
     UsageInfo,
 )
 from minivllm.serve.reasoning import REASONING_PARSERS, ThinkParser
 from minivllm.serve.state import ServerState
-from minivllm.serve.streaming import StreamUsage, event_stream, merged, sse
-from minivllm.serve.structured import structured_outputs_of
-from minivllm.serve.tools import ToolPlan, plan_tools
+from minivllm.serve.tools import ToolCall, ToolPlan, plan_tools
 from minivllm.structured_output import StructuredOutputsParams
 
 NO_TEMPLATE = (
@@ -72,19 +90,11 @@ async def create_chat_completion(state: ServerState, body: ChatCompletionRequest
     # off the event loop: on the tokenizer thread, or (image URLs may be fetched over the network) on another one
     render_there = asyncio.to_thread if _has_images(body) else off_loop
     rendered = await render_there(render, state, body, tools)
-    prompt = await off_loop(
-        check_prompt,
-        state.engine,
-        f"{request_id}-0",
-        rendered,
-        params,
-        body.priority,
-        lora,
-        max_tokens=max_tokens,
-        group_id=request_id,
-        prompt_field="messages",
+    requests = EngineRequests(
+        state.engine, request_id, params, body.priority, lora, max_tokens=max_tokens, prompt_field="messages"
     )
-    streams = await start_requests(state.engine, [prompt], "messages")
+    prompt = await off_loop(requests.add, rendered)
+    streams = await requests.start()
     fmt = _Formatter(state, body, prompt, ChatOutputParser(tools, _reasoning_parser(state, constraint)))
     if body.stream:
         return event_stream(_stream(body, request_id, streams, fmt))
@@ -131,24 +141,7 @@ def render(state: ServerState, body: ChatCompletionRequest, tools: ToolPlan | No
     if not state.chat_template:
         raise BadRequest("messages", NO_TEMPLATE)
     messages = [m.template_fields() for m in body.messages]
-    try:
-        rendered = render_chat(
-            state.engine.tokenizer,
-            messages,
-            chat_template=state.chat_template,
-            add_generation_prompt=body.add_generation_prompt and not body.continue_final_message,
-            continue_final_message=body.continue_final_message,
-            tools=tools.tools if tools is not None else None,
-            chat_template_kwargs=body.chat_template_kwargs,
-            media=MediaConnector(state.cfg.model.allowed_local_media_path),
-        )
-    except ValueError as err:
-        raise BadRequest("messages", str(err)) from None
-    if body.add_special_tokens:
-        rendered["prompt_token_ids"] = state.engine.tokenizer.encode(
-            rendered["prompt"], add_special_tokens=True, verbose=False
-        )
-    return rendered
+    return render_messages(state, body, messages, tools.tools if tools is not None else None)
 
 
 class _Formatter:
@@ -225,3 +218,82 @@ async def _stream(
             yield chunk(choices)
     if counted.at_end:
         yield chunk([], counted.so_far())
+
+
+@dataclass
+class ParsedChoice:
+    content: str | None
+    reasoning_content: str | None = None
+    tool_calls: list[ToolCallOut] = field(default_factory=list)
+
+
+def tool_calls_out(calls: list[ToolCall]) -> list[ToolCallOut]:
+    return [ToolCallOut(id=c.id, function=FunctionCall(name=c.name, arguments=c.arguments)) for c in calls]
+
+
+class ChatOutputParser:
+    """A choice's text -> ``reasoning_content``, ``content`` and ``tool_calls``, whole or streamed
+    (``stream()``: one ``ChoiceStream`` per choice)."""
+
+    def __init__(self, tools: ToolPlan | None, reasoning: ThinkParser | None) -> None:
+        self.tools, self.reasoning = tools, reasoning
+
+    def finish_reason(self, reason: str | None, parsed_calls: bool) -> str | None:
+        """OpenAI's "tool_calls" when the model chose to call (auto, required)."""
+        if parsed_calls and reason == "stop" and self.tools is not None and self.tools.mode in ("auto", "required"):
+            return "tool_calls"
+        return reason
+
+    def whole(self, text: str) -> ParsedChoice:
+        reasoning, content = self.reasoning.split(text) if self.reasoning else (None, text)
+        if self.tools is None or content is None:
+            return ParsedChoice(content, reasoning)
+        content, calls = self.tools.parse(content)
+        return ParsedChoice(content, reasoning, tool_calls_out(calls))
+
+    def stream(self) -> ChoiceStream:
+        return ChoiceStream(self)
+
+
+class ChoiceStream:
+    """One choice's deltas: feed each new piece of text, the last with ``final``."""
+
+    def __init__(self, parser: ChatOutputParser) -> None:
+        self.parser = parser
+        self.think = parser.reasoning.stream() if parser.reasoning else None
+        self.content = ""
+        """All content so far (after reasoning)."""
+        self.sent = 0
+        """Characters of ``content`` already sent."""
+        self.has_calls = False
+
+    def feed(self, delta: str, final: bool) -> DeltaMessage | None:
+        reasoning, content = self.think.feed(delta, final) if self.think else ("", delta)
+        self.content += content
+        out = DeltaMessage(reasoning_content=reasoning or None)
+        tools = self.parser.tools
+        if tools is None or tools.mode == "none":
+            out.content = self._send(len(self.content))
+        elif not final:
+            safe = tools.parser.safe_prefix(self.content) if tools.mode == "auto" else 0
+            out.content = self._send(safe)
+        else:
+            self._finish_tools(tools, out)
+        return out if out.content or out.reasoning_content or out.tool_calls else None
+
+    def _finish_tools(self, tools: ToolPlan, out: DeltaMessage) -> None:
+        rest, calls = tools.parse(self.content)
+        sent = self.content[: self.sent]
+        if rest is not None and rest.startswith(sent):
+            out.content = rest[len(sent) :] or None
+        self.has_calls = bool(calls)
+        out.tool_calls = [
+            DeltaToolCall(index=i, id=c.id, function=DeltaFunctionCall(name=c.name, arguments=c.arguments))
+            for i, c in enumerate(calls)
+        ] or None
+
+    def _send(self, upto: int) -> str | None:
+        if upto <= self.sent:
+            return None
+        piece, self.sent = self.content[self.sent : upto], upto
+        return piece

@@ -11,13 +11,18 @@ from fastapi import Request
 from minivllm.engine.outputs import CompletionOutput
 from minivllm.engine.request_stream import RequestStream
 from minivllm.sampling_params import RequestOutputKind
-from minivllm.serve.generation import Prompt, check_prompt, finished, off_loop, start_requests, usage
-from minivllm.serve.limits import admit, check_text_length, prompt_texts
-from minivllm.serve.params import BadRequest, to_sampling_params
-from minivllm.serve.protocol import CompletionChoice, CompletionLogProbs, CompletionRequest
+from minivllm.serve.admission import EngineRequests, Prompt, admit, check_text_length, off_loop, prompt_texts
+from minivllm.serve.errors import BadRequest
+from minivllm.serve.outputs import StreamUsage, event_stream, finished, merged, sse, usage
+from minivllm.serve.params import structured_outputs_of, to_sampling_params
+from minivllm.serve.protocol import (
+    CompletionChoice,
+    CompletionLogProbs,
+    CompletionRequest,
+    CompletionResponse,
+    UsageInfo,
+)
 from minivllm.serve.state import ServerState
-from minivllm.serve.streaming import StreamUsage, event_stream, merged, sse
-from minivllm.serve.structured import structured_outputs_of
 
 
 async def create_completion(state: ServerState, body: CompletionRequest, raw: Request) -> Any:
@@ -39,38 +44,21 @@ async def create_completion(state: ServerState, body: CompletionRequest, raw: Re
     if body.echo and body.logprobs is not None:  # the echoed prompt's logprobs come from prompt logprobs
         params.prompt_logprobs = max(params.prompt_logprobs or 0, body.logprobs)
     request_id = f"cmpl-{uuid.uuid4().hex}"
-    prompts = await off_loop(_check_prompts, state, body, raw_prompts, params, lora, request_id)
-    streams = await start_requests(state.engine, prompts)
-    fmt = _Formatter(state, body, prompts)
+    requests = EngineRequests(state.engine, request_id, params, body.priority, lora, max_tokens=body.max_tokens)
+    await off_loop(_add_prompts, state, body, raw_prompts, requests)
+    streams = await requests.start()
+    fmt = _Formatter(state, body, requests.prompts)
     if body.stream:
-        return event_stream(_stream(state, body, request_id, streams, fmt))
+        return event_stream(_stream(body, request_id, streams, fmt))
     outs = await finished(raw, streams)
     choices = [fmt.choice(i, c, out.prompt_logprobs) for i, out in enumerate(outs) for c in out.outputs]
-    return state.completion_response(request_id, choices, usage(prompts, outs), body.model)
+    return fmt.response(request_id, choices, usage(requests.prompts, outs))
 
 
-def _check_prompts(
-    state: ServerState,
-    body: CompletionRequest,
-    raw_prompts: list[Any],
-    params: Any,
-    lora: Any,
-    request_id: str,
-) -> list[Prompt]:
+def _add_prompts(state: ServerState, body: CompletionRequest, raw_prompts: list[Any], requests: EngineRequests) -> None:
     """Every prompt tokenized and checked, in one trip to the tokenizer thread."""
-    return [
-        check_prompt(
-            state.engine,
-            f"{request_id}-{i}",
-            _encoded(state, p, body),
-            params,
-            body.priority,
-            lora,
-            max_tokens=body.max_tokens,
-            group_id=request_id,
-        )
-        for i, p in enumerate(raw_prompts)
-    ]
+    for p in raw_prompts:
+        requests.add(_encoded(state, p, body))
 
 
 def _check_unsupported(body: CompletionRequest) -> None:
@@ -105,6 +93,15 @@ class _Formatter:
         self.state, self.body, self.prompts = state, body, prompts
         self._offsets: dict[int, int] = {}
         self._echoed: set[int] = set()
+        self.model = state.shown_model(body.model)
+        """The name responses report: the adapter's when the request chose one."""
+
+    def response(
+        self, request_id: str, choices: list[CompletionChoice], usage: UsageInfo | None, created: int | None = None
+    ) -> CompletionResponse:
+        """``created``: a stream's one timestamp; default now."""
+        stamp = {} if created is None else {"created": created}
+        return CompletionResponse(id=request_id, model=self.model, choices=choices, usage=usage, **stamp)
 
     def choice(self, prompt_index: int, c: CompletionOutput, prompt_logprobs: Any = None) -> CompletionChoice:
         index = prompt_index * self.body.n + c.index
@@ -146,7 +143,7 @@ class _Formatter:
 
 
 async def _stream(
-    state: ServerState, body: CompletionRequest, request_id: str, streams: list[RequestStream], fmt: _Formatter
+    body: CompletionRequest, request_id: str, streams: list[RequestStream], fmt: _Formatter
 ) -> AsyncIterator[str]:
     counted = StreamUsage(body, fmt.prompts)
     created = int(time.time())  # one for the whole stream, as OpenAI's chunks share theirs
@@ -155,9 +152,9 @@ async def _stream(
         shown = [c for c in out.outputs if c.text or c.token_ids or c.finish_reason is not None]
         choices = [fmt.choice(i, c, out.prompt_logprobs) for c in shown]
         if choices:
-            yield sse(state.completion_response(request_id, choices, counted.on_chunk(), body.model, created))
+            yield sse(fmt.response(request_id, choices, counted.on_chunk(), created))
     if counted.at_end:
-        yield sse(state.completion_response(request_id, [], counted.so_far(), body.model, created))
+        yield sse(fmt.response(request_id, [], counted.so_far(), created))
 
 
 def prompt_logprobs_json(prompt_logprobs: Any) -> Any:

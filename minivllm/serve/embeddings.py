@@ -12,55 +12,17 @@ from __future__ import annotations
 import asyncio
 import base64
 import uuid
-from typing import Literal, Optional, Union
 
 import numpy as np
-from fastapi import FastAPI, Request
-from pydantic import BaseModel
+from fastapi import Request
 
 from minivllm.engine.processor import ProcessedRequest
 from minivllm.pooling.params import PoolingParams
-from minivllm.serve.generation import off_loop, unless_disconnected
-from minivllm.serve.limits import admit, check_text_length, prompt_texts
-from minivllm.serve.params import BadRequest, bad_request, refuse_unknown_fields
-from minivllm.serve.protocol import Int, OpenAIModel, OpenAIResponse, UsageInfo
-from minivllm.serve.protocol.ranges import int_in
-from minivllm.serve.protocol.unimplemented import EMBEDDINGS, with_unimplemented
+from minivllm.serve.admission import admit, check_text_length, off_loop, prompt_texts, refuse_unknown_fields
+from minivllm.serve.errors import BadRequest, bad_request
+from minivllm.serve.outputs import unless_disconnected
+from minivllm.serve.protocol import EmbeddingData, EmbeddingRequest, EmbeddingResponse, UsageInfo
 from minivllm.serve.state import ServerState
-
-
-class _EmbeddingRequest(OpenAIModel):
-    model: Optional[str] = None
-    input: Union[str, list[str], list[Int], list[list[Int]]]
-    encoding_format: Literal["float", "base64"] = "float"
-    dimensions: Optional[int_in("dimensions")] = None
-    user: Optional[str] = None
-    """OpenAI's end-user id: accepted, no effect."""
-    truncate_prompt_tokens: Optional[int_in("truncate_prompt_tokens")] = None
-    add_special_tokens: bool = True
-    normalize: Optional[bool] = None
-    priority: Int = 0
-
-
-EmbeddingRequest = with_unimplemented(_EmbeddingRequest, EMBEDDINGS)
-
-
-class EmbeddingData(BaseModel):
-    object: Literal["embedding"] = "embedding"
-    index: int
-    embedding: Union[list[float], str]
-
-
-class EmbeddingResponse(OpenAIResponse):
-    object: Literal["list"] = "list"
-    data: list[EmbeddingData]
-    usage: UsageInfo
-
-
-def add_embedding_routes(app: FastAPI, state: ServerState) -> None:
-    @app.post("/v1/embeddings")
-    async def embeddings(body: EmbeddingRequest, raw: Request) -> EmbeddingResponse:
-        return await create_embedding(state, body, raw)
 
 
 async def create_embedding(state: ServerState, body: EmbeddingRequest, raw: Request) -> EmbeddingResponse:

@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from minivllm.config.serve_config import metric_name
+from minivllm.config.task import metric_name
 from minivllm.core.scheduler import SchedulerStats
 from minivllm.engine.request_stream import RequestStream
 

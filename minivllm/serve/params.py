@@ -1,19 +1,24 @@
-"""OpenAI request fields -> ``SamplingParams``, by name, and the 400 errors on the way.
+"""OpenAI request fields -> ``SamplingParams`` and its output constraint, and the 400 errors on the way.
 
 Every request field whose name is a ``SamplingParams`` field is passed on
 (type-checked against the dataclass's annotation), so new sampling fields work
 over HTTP as soon as they exist. A declared OpenAI field the engine does not
 have yet is refused with a 400 when set to anything but its neutral value, never
-silently dropped (``NEUTRAL`` here; ``protocol/unimplemented.py`` checks OpenAI's
+silently dropped (``NEUTRAL`` here; ``protocol.with_unimplemented`` checks OpenAI's
 fields the server does not implement when the body is parsed, and they are skipped
 here). A field nobody declared that is not a ``SamplingParams`` field is a 400
 naming it.
+
+The fields that constrain the output become ``StructuredOutputsParams``
+(``structured_outputs_of``): OpenAI's ``response_format`` (``text``,
+``json_object``, ``json_schema``) and vLLM's extra fields (``structured_outputs``,
+and the older ``guided_json``, ``guided_regex``, ``guided_choice``,
+``guided_grammar``). At most one may be set; any error is a 400 naming the field.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import re
 import typing
 from functools import lru_cache
 from typing import Any
@@ -21,8 +26,10 @@ from typing import Any
 from pydantic import TypeAdapter, ValidationError
 
 from minivllm.sampling_params import SamplingParams
-from minivllm.serve.protocol import SERVER_OWNED
-from minivllm.serve.protocol.unimplemented import ALL as UNIMPLEMENTED
+from minivllm.serve.errors import BadRequest, bad_request
+from minivllm.serve.protocol import SERVER_OWNED, UNIMPLEMENTED
+from minivllm.structured_output import StructuredOutputsParams
+from minivllm.structured_output.backend import check_grammar
 
 # Request fields that are about the request, not about sampling.
 NOT_SAMPLING = frozenset(
@@ -57,35 +64,6 @@ NOT_SAMPLING = frozenset(
 )
 # Declared fields that mean "off" at these values (OpenAI's defaults).
 NEUTRAL = {"presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0, "logit_bias": {}}
-
-
-class BadRequest(ValueError):
-    """A 400: ``param`` names the offending field."""
-
-    def __init__(self, param: str | None, message: str) -> None:
-        super().__init__(message)
-        self.param = param
-
-
-def refuse_unknown_fields(request: Any) -> None:
-    """A 400 naming the first field the route does not declare: nothing a client asked for is dropped."""
-    if request.model_extra:
-        name = sorted(request.model_extra)[0]
-        raise BadRequest(name, f"{name}: unknown or unsupported request field; this server does not implement it")
-
-
-def param_of(message: str) -> str | None:
-    """The field a ValueError names: messages here start with ``field=value:`` or ``field:``."""
-    m = re.match(r"^([A-Za-z_][A-Za-z_0-9.\[\]]*)\s*[=:]", message)
-    return m.group(1) if m else None
-
-
-def bad_request(err: ValueError, rename: dict[str, str] | None = None) -> BadRequest:
-    """Wrap an engine ValueError; ``rename`` maps engine names to request names (prompt -> messages)."""
-    if isinstance(err, BadRequest):
-        return err
-    param = getattr(err, "param", None) or param_of(str(err))
-    return BadRequest((rename or {}).get(param, param) if param else None, str(err))
 
 
 @lru_cache(maxsize=1)
@@ -144,3 +122,54 @@ def _check_type(name: str, value: Any, annotation: Any) -> Any:
     except ValidationError as err:
         first = err.errors()[0]
         raise BadRequest(name, f"{name}={value!r}: {first['msg']}") from None
+
+
+GUIDED_FIELDS = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice", "guided_grammar": "grammar"}
+
+
+def structured_outputs_of(body: Any) -> StructuredOutputsParams | None:
+    """The constraint a request asks for, or None."""
+    given = {
+        name: getattr(body, name) for name in (*GUIDED_FIELDS, "structured_outputs") if getattr(body, name) is not None
+    }
+    fmt = _response_format(body.response_format)
+    if fmt is not None:
+        given["response_format"] = fmt
+    if len(given) > 1:
+        names = sorted(given)
+        raise BadRequest(names[1], f"{names[1]}: give only one of {', '.join(names)}")
+    if not given:
+        return None
+    name, value = next(iter(given.items()))
+    try:
+        if name == "response_format":
+            params = value
+        elif name == "structured_outputs":
+            params = StructuredOutputsParams.from_dict(value)
+        else:
+            params = StructuredOutputsParams(**{GUIDED_FIELDS[name]: value})
+        check_grammar(params)
+        return params
+    except (ValueError, TypeError) as err:
+        message = str(err).replace("structured_outputs.", f"{name}: ", 1) if name != "structured_outputs" else str(err)
+        raise BadRequest(name, message) from None
+
+
+def _response_format(fmt: Any) -> StructuredOutputsParams | None:
+    if fmt is None:
+        return None
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return StructuredOutputsParams(json_object=True)
+    if kind == "json_schema":
+        spec = fmt.get("json_schema")
+        if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), dict):
+            raise BadRequest("response_format", "response_format.json_schema: must be an object with a 'schema' object")
+        # strict true or false: the schema is always enforced.
+        try:
+            return StructuredOutputsParams(json=spec.get("schema", {}))
+        except ValueError as err:
+            raise BadRequest("response_format", f"response_format.json_schema: {err}") from None
+    raise BadRequest("response_format", f"response_format.type={kind!r}: must be one of text, json_object, json_schema")

@@ -1,38 +1,49 @@
-"""uvicorn, made to fail safe: the server exits when its engine dies, ends cut
-streams properly at shutdown, and closes connections that stall.
+"""task=serve: ``python -m minivllm task=serve model=... serve.port=8000``, and uvicorn
+made to fail safe.
 
-    server = make_server(app, cfg)        # an ApiServer; server.run(sockets=[sock])
+    run_serve(cfg, out_dir)               # the engine process, then uvicorn, until a signal
+    server = make_server(app, cfg)        # an ApiServer; server.run(sockets=[bind_socket(host, port)])
     sys.exit(server.exit_code)            # 1 once the engine died
+
+``run_serve`` starts the engine process, then uvicorn on ``serve.host:serve.port``
+(port 0 picks a free one; the bound address is printed and written to serve.json).
 
 - **Engine death.** Every tick (0.1 s) the server checks the engine; once it is
   dead (the engine process exited, or reported a failure such as a dead worker)
   it logs one line and shuts down with ``exit_code = 1``. In-flight requests have
   already failed with ``EngineDeadError`` (a 503, or an error event and
   ``[DONE]``), so the graceful shutdown is quick, and a supervisor that restarts
-  on exit brings the service back.
-- **Shutdown.** SIGTERM stops accepting connections and lets in-flight requests
-  run for ``serve.shutdown_timeout`` seconds; then every unfinished request is
-  ended with ``ShuttingDown`` (streams get an error event and ``[DONE]``, the
-  others a 503), so no task is cancelled mid-write. uvicorn's own cancellation
-  stays as a backstop ``CUT_GRACE_S`` later.
+  on exit brings the service back; the process exits with status 1.
+- **Shutdown.** SIGTERM or Ctrl-C stops accepting connections and lets in-flight
+  requests run for ``serve.shutdown_timeout`` seconds; then every unfinished request
+  is ended with ``ShuttingDown`` (streams get an error event and ``[DONE]``, the
+  others a 503), which aborts their engine requests, so no task is cancelled
+  mid-write. uvicorn's own cancellation stays as a backstop ``CUT_GRACE_S`` later.
+  Then the engine stops and the port is released.
 - **Stalled connections.** ``serve.header_timeout`` bounds how long a connection
   may take to send a request's headers (``HeaderTimeoutH11``); the body's pieces
-  are timed by ``body_limits.BodyLimits``; idle keep-alive connections close after
+  are timed by ``app.BodyLimits``; idle keep-alive connections close after
   ``serve.keep_alive_timeout``; headers beyond ``serve.max_header_bytes`` are a 400.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import signal
 import socket
+import time
+from pathlib import Path
 from typing import Any
 
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from minivllm.config.task import metric_name
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.engine.async_llm import AsyncLLM
+from minivllm.serve.app import build_app
 from minivllm.serve.errors import ShuttingDown
 
 logger = logging.getLogger(__name__)
@@ -100,7 +111,8 @@ class HeaderTimeoutH11(H11Protocol):
         self.transport.close()
 
 
-def make_server(app: Any, cfg: VllmConfig, engine: AsyncLLM, log_level: str = "info") -> ApiServer:
+def make_server(app: Any, cfg: VllmConfig, log_level: str = "info") -> ApiServer:
+    """uvicorn over ``app`` (from ``build_app``), with the limits, timeouts and exit rules above."""
     serve = cfg.serve
     protocol = type("ServeH11", (HeaderTimeoutH11,), {"header_timeout": serve.header_timeout})
     config = uvicorn.Config(
@@ -112,4 +124,65 @@ def make_server(app: Any, cfg: VllmConfig, engine: AsyncLLM, log_level: str = "i
         timeout_graceful_shutdown=int(serve.shutdown_timeout + CUT_GRACE_S + 0.999),
         lifespan="off",
     )
-    return ApiServer(config, engine, serve.shutdown_timeout)
+    return ApiServer(config, app.state.server.engine, serve.shutdown_timeout)
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as err:
+        sock.close()
+        raise ValueError(f"serve.port={port}: cannot bind {host}:{port} ({err.strerror})") from None
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def run_serve(cfg: VllmConfig, out_dir: Path) -> dict[str, Any]:
+    server: ApiServer | None = None
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        # Before uvicorn runs, stop at once; after it ran (it re-raises the signal
+        # once its graceful shutdown is done), carry on to the clean exit below.
+        if server is None or not server.started:
+            raise SystemExit(128 + signum)
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    started = time.time()
+    engine = AsyncLLM(cfg)
+    for sig in previous:  # again: starting Ray (parallel.dp_backend=ray) replaces the SIGTERM handler
+        signal.signal(sig, on_signal)
+    try:
+        app = build_app(engine, cfg)
+        sock = bind_socket(cfg.serve.host, cfg.serve.port)
+        host, port = sock.getsockname()[:2]
+        server = make_server(app, cfg)
+        (out_dir / "serve.json").write_text(json.dumps({"host": host, "port": port, "engine_pids": engine.engine_pids}))
+        print(f"minivllm: serving {app.state.server.model_name!r} on http://{host}:{port}/v1", flush=True)
+        server.run(sockets=[sock])
+    finally:
+        engine.shutdown()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    summary = {"host": host, "port": port, "seconds": time.time() - started, **_totals(app)}
+    summary["exit_code"] = server.exit_code
+    (out_dir / "serve.json").write_text(json.dumps(summary, indent=2))
+    if server.exit_code:
+        print(f"minivllm: the engine died; server stopped after {summary['seconds']:.1f} s", flush=True)
+        raise SystemExit(server.exit_code)
+    print(f"minivllm: server stopped after {summary['seconds']:.1f} s", flush=True)
+    return summary
+
+
+def _totals(app: Any) -> dict[str, float]:
+    state = app.state.server
+    labels = {"model_name": state.model_name}
+    prefix = state.cfg.serve.metrics_prefix
+    sample = state.metrics.registry.get_sample_value
+    return {
+        "prompt_tokens": sample(metric_name(prefix, "prompt_tokens_total"), labels) or 0.0,
+        "generation_tokens": sample(metric_name(prefix, "generation_tokens_total"), labels) or 0.0,
+    }

@@ -1,4 +1,5 @@
-"""What every route handler needs: the engine, the served name, the chat template."""
+"""What every route handler needs: the engine, the served names and adapters, the chat
+template, the checkpoint's sampling defaults and the tokenizer's bounds."""
 
 from __future__ import annotations
 
@@ -6,15 +7,15 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from minivllm.config.generation_defaults import generation_defaults
-from minivllm.config.served_names import served_model_names
+from minivllm.config.load import generation_defaults
+from minivllm.config.task import served_model_names
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.engine.async_llm import AsyncLLM
-from minivllm.lora.request import LoRARequest
 from minivllm.lora.serving import ServedAdapters
+from minivllm.lora_request import LoRARequest
 from minivllm.serve.errors import ModelNotFound
 from minivllm.serve.metrics import ServerMetrics
-from minivllm.serve.protocol import CompletionChoice, CompletionResponse, ErrorInfo, ErrorResponse, UsageInfo
+from minivllm.serve.protocol import ModelCard
 
 
 class ServerState:
@@ -25,7 +26,7 @@ class ServerState:
         """Every name the model answers to; the first is reported in responses."""
         self.model_name = self.model_names[0]
         self.api_key = cfg.serve.api_key
-        self.default_sampling_params = generation_defaults(cfg)
+        self.default_sampling_params = generation_defaults(cfg.model.generation_config, cfg.checkpoint_dir)
         """The checkpoint's generation config: defaults for the sampling fields a request leaves out."""
         self.chat_template = load_chat_template(cfg.serve.chat_template) or getattr(
             engine.tokenizer, "chat_template", None
@@ -36,7 +37,7 @@ class ServerState:
         engine.stat_loggers.append(self.metrics)
         self.token_text = lru_cache(maxsize=65536)(self._token_text)
         self.max_token_chars = longest_token_chars(engine.tokenizer)
-        """No token of the tokenizer is longer (limits.check_text_length bounds prompts with it)."""
+        """No token of the tokenizer is longer (admission.check_text_length bounds prompts with it)."""
 
     def check_model(self, model: str | None) -> LoRARequest | None:
         """The adapter ``model`` names (None: the base model, under any served name); 404 for a name not served."""
@@ -57,24 +58,15 @@ class ServerState:
     def detokenize(self, token_ids: list[int]) -> str:
         return self.engine.tokenizer.decode(token_ids)
 
-    def completion_response(
-        self,
-        request_id: str,
-        choices: list[CompletionChoice],
-        usage: UsageInfo | None,
-        model: str | None = None,
-        created: int | None = None,
-    ) -> CompletionResponse:
-        """``model``: the name the request chose (an adapter's); default the served model.
-        ``created``: a stream's one timestamp; default now."""
-        stamp = {} if created is None else {"created": created}
-        return CompletionResponse(id=request_id, model=self.shown_model(model), choices=choices, usage=usage, **stamp)
-
-    @staticmethod
-    def error_body(
-        message: str, kind: str = "invalid_request_error", code: int = 400, param: Any = None
-    ) -> ErrorResponse:
-        return ErrorResponse(error=ErrorInfo(message=message, type=kind, param=param, code=code))
+    def model_cards(self) -> list[ModelCard]:
+        """/v1/models: every served name of the base model, then each LoRA adapter."""
+        root, max_len = self.cfg.model.path, self.cfg.max_model_len
+        cards = [ModelCard(id=name, root=root, max_model_len=max_len) for name in self.model_names]
+        adapters = [
+            ModelCard(id=name, root=lora.lora_path, parent=self.model_name, max_model_len=max_len)
+            for name, lora in self.adapters.by_name.items()
+        ]
+        return [*cards, *adapters]
 
 
 UNKNOWN_TOKEN_CHARS = 1 << 20

@@ -4,25 +4,151 @@ output into OpenAI ``tool_calls``.
 
 - ``none``: no calls are parsed; the text is the content.
 - ``auto`` (the default when tools are given): the model decides; its output is
-  read by ``serve.tool_call_parser``.
+  read by the tool-call parser ``serve.tool_call_parser`` names (``TOOL_PARSERS``,
+  vLLM's names: ``hermes``, ``llama3_json``).
 - ``required``: the output is constrained to a JSON array of
   ``{"name": <a tool>, "parameters": <its arguments>}`` (at least one).
 - a named function: the output is constrained to that tool's parameters schema;
   it is the call's arguments.
 
 Constrained output that finished parses; output cut short (``finish_reason``
-"length") does not, and is returned as content with no calls.
+"length") does not, and is returned as content with no calls. A parser also says
+how much of a streamed output is surely content (``safe_prefix``); the rest is
+held back, since it may still turn into a tool call.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import re
+import uuid
+from dataclasses import dataclass, field
 from typing import Any
 
-from minivllm.serve.params import BadRequest
-from minivllm.serve.tool_parsers import TOOL_PARSERS, ToolCall, ToolParser
+from minivllm.serve.errors import BadRequest
 from minivllm.structured_output import StructuredOutputsParams
+
+# ---- the parsed call and the parsers -----------------------------------------------------
+
+
+def new_call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
+@dataclass
+class ToolCall:
+    """One call, as OpenAI's ``tool_calls`` entries carry it."""
+
+    name: str
+    arguments: str
+    """The arguments as a JSON text."""
+    id: str = field(default_factory=new_call_id)
+
+    @classmethod
+    def from_object(cls, obj: Any, args_key: str) -> "ToolCall | None":
+        """From ``{"name": ..., args_key: {...}}``; None when the object is not such a call."""
+        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+            return None
+        args = obj.get(args_key, obj.get("arguments", {}))
+        return cls(obj["name"], args if isinstance(args, str) else json.dumps(args, ensure_ascii=False))
+
+
+class ToolParser:
+    """Splits a model's chat output into content and tool calls."""
+
+    def parse(self, text: str) -> tuple[str | None, list[ToolCall]]:
+        """(content, calls) of a finished output; content None when only calls remain."""
+        raise NotImplementedError
+
+    def safe_prefix(self, text: str) -> int:
+        """How many leading characters of a partial output are surely content (can be
+        streamed now); the rest may still become a tool call."""
+        raise NotImplementedError
+
+
+def held_back(text: str, marker: str) -> int:
+    """Length of ``text`` without its longest suffix that is a proper prefix of ``marker``."""
+    for k in range(min(len(marker) - 1, len(text)), 0, -1):
+        if marker.startswith(text[-k:]):
+            return len(text) - k
+    return len(text)
+
+
+HERMES_START, HERMES_END = "<tool_call>", "</tool_call>"
+_HERMES_BLOCK = re.compile(re.escape(HERMES_START) + r"(.*?)(?:" + re.escape(HERMES_END) + r"|$)", re.DOTALL)
+
+
+class HermesToolParser(ToolParser):
+    """Hermes / Qwen tool calls: ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``
+    blocks anywhere in the output; the text around them is the content."""
+
+    def parse(self, text: str) -> tuple[str | None, list[ToolCall]]:
+        if HERMES_START not in text:
+            return text, []
+        calls = []
+        for body in _HERMES_BLOCK.findall(text):
+            try:
+                call = ToolCall.from_object(json.loads(body.strip()), "arguments")
+            except json.JSONDecodeError:
+                call = None
+            if call is None:
+                return text, []  # a malformed block: leave the text as it is
+            calls.append(call)
+        content = _HERMES_BLOCK.sub("", text).strip()
+        return content or None, calls
+
+    def safe_prefix(self, text: str) -> int:
+        start = text.find(HERMES_START)
+        return start if start >= 0 else held_back(text, HERMES_START)
+
+
+PYTHON_TAG = "<|python_tag|>"
+
+
+class Llama3JsonToolParser(ToolParser):
+    """Llama 3.x JSON tool calls: the whole output is ``{"name": ..., "parameters": {...}}``
+    (optionally after ``<|python_tag|>``; several calls separated by ``;``)."""
+
+    def parse(self, text: str) -> tuple[str | None, list[ToolCall]]:
+        body = text.strip()
+        if body.startswith(PYTHON_TAG):
+            body = body[len(PYTHON_TAG) :].strip()
+        if not body.startswith("{"):
+            return text, []
+        calls = []
+        decoder = json.JSONDecoder()
+        pos = 0
+        while pos < len(body):
+            try:
+                obj, end = decoder.raw_decode(body, pos)
+            except json.JSONDecodeError:
+                return text, []
+            call = ToolCall.from_object(obj, "parameters")
+            if call is None:
+                return text, []
+            calls.append(call)
+            pos = end
+            while pos < len(body) and body[pos] in "; \n\t":
+                pos += 1
+        return None, calls
+
+    def safe_prefix(self, text: str) -> int:
+        body = text.lstrip()
+        if (
+            not body
+            or body.startswith("{")
+            or PYTHON_TAG.startswith(body[: len(PYTHON_TAG)])
+            or body.startswith(PYTHON_TAG)
+        ):
+            return 0  # may be a call: hold everything back until the end
+        return len(text)
+
+
+TOOL_PARSERS: dict[str, type[ToolParser]] = {"hermes": HermesToolParser, "llama3_json": Llama3JsonToolParser}
+"""Tool-call parsers by ``serve.tool_call_parser`` name (vLLM's names)."""
+
+
+# ---- a request's tool plan ---------------------------------------------------------------
 
 _ANY_OBJECT = {"type": "object"}
 

@@ -1,25 +1,54 @@
-"""The grammar library behind structured outputs: xgrammar.
+"""The grammar library behind structured outputs (xgrammar), and the step's bitmask on the logits.
 
 xgrammar was chosen over llguidance on measured per-token mask cost with our
 tokenizer (benchmarks/structured_output_mask.py, docs/structured_outputs.md):
 filling a JSON-schema mask and advancing the matcher costs about a third of
 llguidance's time at batch 1 and at batch 64. It is also vLLM's default.
 
-JSON schemas go through ``json_strings.py``, which keeps raw control characters
-out of length-bounded strings (xgrammar lets them in).
-
 The tokenizer's vocabulary is padded to the model's vocabulary size (the width
 of the logits, ``hf_config.vocab_size``): ids past the tokenizer's last token
 are never allowed.
+
+A JSON schema's grammar has strict JSON strings, length-bounded ones included.
+xgrammar's schema converter (0.2.8 and earlier) writes two kinds of string rule:
+
+    "type": "string"                     basic_string_sub  ::= ... [^\\0-\\x1f\\"\\\\\\r\\n] ...
+    "type": "string", "maxLength": 8     root_characters   ::= (([^\\"\\\\\\r\\n]))   repeated {0, 8}
+
+The second class lets the raw control characters U+0000-U+001F other than CR
+and LF (a tab, ``\\x15``) into the string, and strict JSON parsers refuse them
+(RFC 8259, section 7): a model that samples one (a small or random model does,
+often) writes output that ``json.loads`` rejects. ``strict_string_grammar``
+prints the converted grammar as EBNF, narrows each such character rule to the
+unbounded rule's class, and parses it back; the round trip is exact (the
+printed grammar re-parses to the same text), so nothing else changes. The
+character rule is matched as a whole rule line, so a constant or a pattern that
+happens to spell the same class is left alone; a converter without the hole has
+no such rule, and its grammar is used as it is.
+
+Escapes stay out of length-bounded strings, as in xgrammar: such a string cannot
+hold a quote, a backslash or a newline, even escaped.
+
+The worker's side: the scheduler sends one bitmask row per request with a grammar
+that samples in the step (``SchedulerOutput.grammar_bitmask`` and
+``structured_output_request_ids``); the runner lays it out along the sampler's rows
+(``bitmask_for_rows``) and the sampler masks its logits with it before any other
+edit (``apply_grammar_bitmask``), so penalties, temperature and top-k/p see only the
+allowed tokens. Logprobs stay those of the model's raw logits (finite for every
+token), as without a grammar.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
-from minivllm.structured_output.json_strings import strict_string_grammar
-from minivllm.structured_output.params import StructuredOutputsParams
+import numpy as np
+import torch
+
+from minivllm.request import RequestId
+from minivllm.structured_output_params import StructuredOutputsParams
 
 _JSON_OBJECT_SCHEMA = {"type": "object"}
 _COMPACT = (",", ":")
@@ -69,6 +98,22 @@ def _strip_location(message: str) -> str:
     return tail if sep and (".cc:" in head or ".h:" in head) else message
 
 
+_BOUNDED_CHARACTER_RULE = re.compile(r'^(\S+ ::= \(\()\[\^\\"\\\\\\r\\n\](\)\))$', re.MULTILINE)
+"""``name ::= (([^\\"\\\\\\r\\n]))``: a length-bounded string's character, as xgrammar prints it."""
+JSON_STRING_CHARACTER = r"[^\0-\x1f\"\\\r\n]"
+"""One unescaped character of a JSON string, in xgrammar's EBNF (its unbounded rule's class)."""
+
+
+def strict_string_grammar(schema: str, **options: Any) -> Any:
+    """xgrammar's grammar of the JSON schema text ``schema`` (``options`` as for
+    ``Grammar.from_json_schema``), with no raw control character allowed in any string."""
+    import xgrammar as xgr
+
+    grammar = xgr.Grammar.from_json_schema(schema, **options)
+    text, holes = _BOUNDED_CHARACTER_RULE.subn(lambda m: m[1] + JSON_STRING_CHARACTER + m[2], str(grammar))
+    return xgr.Grammar.from_ebnf(text) if holes else grammar
+
+
 class XGrammarBackend:
     """Compiles grammars for one tokenizer and makes matchers for them."""
 
@@ -114,3 +159,29 @@ def backend_for(cfg: Any) -> XGrammarBackend:
     if not stop_ids and tokenizer.eos_token_id is not None:
         stop_ids = [tokenizer.eos_token_id]
     return XGrammarBackend(tokenizer, cfg.hf_text_config.vocab_size, stop_ids)
+
+
+def bitmask_for_rows(
+    bitmask: np.ndarray | None, bitmask_req_ids: list[RequestId], row_req_ids: list[RequestId], device: torch.device
+) -> torch.Tensor | None:
+    """The step's bitmask laid out along the sampler's rows: (N, words) int32,
+    all bits set on rows without a grammar; None when the step has no bitmask."""
+    if bitmask is None:
+        return None
+    where = {r: i for i, r in enumerate(bitmask_req_ids)}
+    out = np.full((len(row_req_ids), bitmask.shape[1]), -1, dtype=np.int32)  # (N, words)
+    for row, req_id in enumerate(row_req_ids):
+        i = where.get(req_id)
+        if i is not None:
+            out[row] = bitmask[i]
+    return torch.from_numpy(out).to(device, non_blocking=True)
+
+
+def apply_grammar_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
+    """logits: (N, V) fp32, left unchanged; returns a copy where tokens whose bit is
+    0 in their row of ``bitmask`` (N, ceil(V / 32)) are -inf."""
+    import xgrammar as xgr
+
+    masked = logits.clone()
+    xgr.apply_token_bitmask_inplace(masked, bitmask.to(masked.device), vocab_size=masked.shape[-1])
+    return masked

@@ -24,7 +24,7 @@ import numpy as np
 
 from minivllm.request import Request, RequestId
 from minivllm.structured_output.backend import XGrammarBackend
-from minivllm.structured_output.params import GrammarKey, StructuredOutputsParams
+from minivllm.structured_output_params import GrammarKey, StructuredOutputsParams
 
 logger = logging.getLogger(__name__)
 _COMPILE_THREADS = 1

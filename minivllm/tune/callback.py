@@ -21,10 +21,17 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
-from minivllm.config.tune import SloConfig
-from minivllm.tune.plots import param_importance, plot_importance, plot_pareto
-from minivllm.tune.report import write_best, write_tables
-from minivllm.tune.trials import select_best, trial_rows, update_records
+from minivllm.config.task import SloConfig
+from minivllm.tune.report import (
+    param_importance,
+    plot_importance,
+    plot_pareto,
+    select_best,
+    trial_rows,
+    update_records,
+    write_best,
+    write_tables,
+)
 
 logger = logging.getLogger("minivllm")
 

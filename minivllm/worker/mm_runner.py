@@ -27,8 +27,7 @@ from torch import nn
 
 from minivllm.core.scheduler_output import NewRequestData, SchedulerOutput
 from minivllm.models.interfaces import batches_multimodal
-from minivllm.multimodal.encoder_batches import encoder_batches, joined_data
-from minivllm.multimodal.feature import MultiModalFeature
+from minivllm.multimodal.feature import MultiModalFeature, encoder_batches, joined_data
 from minivllm.request import RequestId
 from minivllm.worker.input_batch import InputBatch
 from minivllm.worker.step_inputs import StepInputs

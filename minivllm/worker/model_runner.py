@@ -23,7 +23,7 @@ from torch import nn
 
 from minivllm.attention.backend import AttentionMetadata
 from minivllm.attention.kv_quant import FP8_KV_DTYPE
-from minivllm.attention.ops.fp8_capability import check_fp8_kv_capability
+from minivllm.attention.ops.checks import check_fp8_kv_capability
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.core.scheduler_output import SchedulerOutput
 from minivllm.distributed.parallel_state import broadcast_from_first
@@ -39,7 +39,7 @@ from minivllm.pooling.pooler import Pooler
 from minivllm.sample.sampler import Sampler
 from minivllm.spec_decode.eagle import model_proposer
 from minivllm.spec_decode.verifier import DraftVerifier
-from minivllm.structured_output.bitmask import bitmask_for_rows
+from minivllm.structured_output.backend import bitmask_for_rows
 from minivllm.utils import cdiv, instantiate_target
 from minivllm.worker.batch_sampling import BatchSampling
 from minivllm.worker.cuda_graphs import CUDAGraphRunner

@@ -22,7 +22,7 @@ from hydra.utils import instantiate
 from minivllm.attention import AttentionMetadata
 from minivllm.attention.ops import paged_attention, write_kv
 from minivllm.attention.ops import triton_paged_attention as pa
-from minivllm.attention.ops.fp8_capability import check_fp8_kv_capability
+from minivllm.attention.ops.checks import check_fp8_kv_capability
 from minivllm.attention.ops.paged_attention_tiles import default_num_splits, tile_config
 from minivllm.attention.triton_backend import TritonAttentionBackend
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from minivllm.bench.replay import RequestTiming, arrival_times, latency_summary
+from minivllm.bench.run import RequestTiming, arrival_times, latency_summary
 from minivllm.bench.workloads import build_workload
 from minivllm.cli.main import run
-from minivllm.config.bench import BenchConfig
 from minivllm.config.store import compose
+from minivllm.config.task import BenchConfig
 
 
 def test_arrivals():

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 
-from minivllm.bench.soak_traffic import sse_lines
+from minivllm.bench.soak import sse_lines
 
 
 class _Chunks:

@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from minivllm.bench.roofline import kv_bytes_per_token, roofline, weight_bytes
-from minivllm.bench.step_timer import StepTimer
+from minivllm.bench.timing import StepTimer, kv_bytes_per_token, roofline, weight_bytes
 from minivllm.entrypoints.llm import LLM
 from minivllm.sampling_params import SamplingParams
 

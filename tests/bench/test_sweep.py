@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from minivllm.bench.summary import collect, write_summary
+from minivllm.bench.sweep import collect, write_summary
 
 REPO = Path(__file__).resolve().parents[2]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

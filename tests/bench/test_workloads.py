@@ -7,7 +7,7 @@ import json
 import pytest
 
 from minivllm.bench.workloads import build_workload
-from minivllm.config.bench import BenchConfig
+from minivllm.config.task import BenchConfig
 
 
 def test_random_workload_respects_ranges_and_seed():

@@ -62,7 +62,7 @@ def test_attention_auto_resolves_to_a_concrete_class_per_device(llama_dir):
     ],
 )
 def test_torch_compile_null_follows_the_device(requested, device, expected, llama_dir):
-    from minivllm.config.resolve import resolve_torch_compile
+    from minivllm.config.device import resolve_torch_compile
 
     assert resolve_torch_compile(requested, device) is expected
     value = "null" if requested is None else str(requested).lower()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from minivllm import compose
-from minivllm.config.presets import check_model_choice, model_presets
+from minivllm.config.store import check_model_choice, model_presets
 
 
 @pytest.mark.parametrize("value", ["/ckpts/llama", "Qwen/Qwen3-0.6B", "llama-q4.gguf", "./my_model"])

@@ -9,10 +9,9 @@ import logging
 import pytest
 
 from minivllm.config import build_config
-from minivllm.config.execution import CompilationConfig
+from minivllm.config.device import CompilationConfig
 from minivllm.config.llm_kwargs import config_from_kwargs
-from minivllm.config.scheduler_config import SchedulerConfig
-from minivllm.config.scheduler_defaults import default_limits, resolve_batch_limits
+from minivllm.config.scheduler import SchedulerConfig, default_limits, resolve_batch_limits
 from minivllm.config.vllm_config import VllmConfig
 
 LIMITS = ("max_num_seqs", "max_num_batched_tokens")

@@ -67,22 +67,22 @@ class FakeRunner:
         self.kv: dict[int, tuple[int, ...]] = {}
         self.states: dict[RequestId, dict] = {}
 
-    def execute(self, sched: SchedulerOutput) -> ModelRunnerOutput:
-        for req_id in sched.forget_req_ids:
+    def execute(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        for req_id in scheduler_output.forget_req_ids:
             self.states.pop(req_id, None)
-        for new in sched.new_reqs:
+        for new in scheduler_output.new_reqs:
             self.states[new.req_id] = {
                 "tokens": list(new.token_ids),
                 "blocks": list(new.block_ids),
                 "computed": new.num_computed_tokens,
             }
-        cached = sched.cached_reqs
+        cached = scheduler_output.cached_reqs
         for req_id, blocks, computed in zip(cached.req_ids, cached.new_block_ids, cached.num_computed_tokens):
             state = self.states[req_id]
             state["blocks"].extend(blocks or [])
             state["computed"] = computed
         out = ModelRunnerOutput()
-        for req_id, n in sched.num_scheduled_tokens.items():
+        for req_id, n in scheduler_output.num_scheduled_tokens.items():
             state = self.states[req_id]
             tokens, start = state["tokens"], state["computed"]
             for pos in range(start):
@@ -100,9 +100,9 @@ class FakeRunner:
 
 
 def step(scheduler: Scheduler, runner: FakeRunner) -> SchedulerOutput:
-    sched = scheduler.schedule()
-    scheduler.update_from_output(sched, runner.execute(sched))
-    return sched
+    scheduler_output = scheduler.schedule()
+    scheduler.update_from_output(scheduler_output, runner.execute(scheduler_output))
+    return scheduler_output
 
 
 def run_to_completion(scheduler: Scheduler, runner: FakeRunner, max_steps: int = 10_000) -> list[SchedulerOutput]:

@@ -64,3 +64,15 @@ def test_usage_counts_held_blocks_and_reset_needs_all_free():
     pool.free(blocks)
     assert pool.usage == 0.0
     assert pool.reset_prefix_cache() and pool.get_cached_block(H[0]) is None
+
+
+def test_block_pool_rejects_double_free():
+    pool = BlockPool(2)
+    blocks = pool.allocate(1)
+    pool.free(blocks)
+    try:
+        pool.free(blocks)
+    except RuntimeError as err:
+        assert "freed more often" in str(err)
+    else:
+        raise AssertionError("double free was accepted")

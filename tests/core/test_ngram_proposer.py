@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from minivllm.core.ngram_proposer import NgramProposer
+from minivllm.core.spec_decode import NgramProposer
 
 
 def test_longest_suffix_match_and_its_followers():

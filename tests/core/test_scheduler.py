@@ -1,11 +1,21 @@
+"""The scheduler: one step's batch (prefill and decode together, chunks, seats, preemption),
+and after the step the stop rules (``check_stop`` decides and changes nothing; the update
+loop applies its decision, on its one-token path exactly where the rules say)."""
+
+import copy
+
 import pytest
 
+from minivllm.core.scheduler import check_stop, stop_reason
 from minivllm.outputs import ModelRunnerOutput
-from minivllm.request import RequestStatus
+from minivllm.request import Request, RequestId, RequestStatus
 from minivllm.sampling_params import SamplingParams
 from tests.core.scheduler_helpers import base_config
 from tests.core.scheduler_helpers import make_request as _make
 from tests.core.scheduler_helpers import make_scheduler as _make_scheduler
+
+EOS = 2
+STOPPED, LENGTH = RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH
 
 
 @pytest.fixture(scope="module")
@@ -145,3 +155,83 @@ def test_a_late_token_of_an_aborted_request_skips_a_new_request_with_its_id(base
     out = sched.schedule()  # the new request runs normally
     assert out.num_scheduled_tokens == {"a": 3}
     assert [o.new_token_ids for o in _sample(sched, out, token=9)] == [[9]]
+
+
+# ---- the stop rules ------------------------------------------------------------------
+
+
+def _running_after(outputs: list[int], max_tokens: int = 5, **params) -> Request:
+    """A running request whose newest output token is ``outputs[-1]``."""
+    sampling = SamplingParams(temperature=0, max_tokens=max_tokens, **params)
+    request = Request(RequestId("a"), [7, 8], sampling, eos_token_id=EOS, max_tokens=max_tokens)
+    request.output_token_ids.extend(outputs)
+    request.status = RequestStatus.RUNNING
+    return request
+
+
+@pytest.mark.parametrize(
+    "outputs, params, status, reason",
+    [
+        ([5, 6], {}, None, None),
+        ([5, EOS], {}, STOPPED, None),
+        ([5, EOS], {"ignore_eos": True}, None, None),
+        ([5, 9], {"stop_token_ids": [9]}, STOPPED, 9),
+        ([EOS], {"min_tokens": 2}, None, None),
+        ([5, 9], {"min_tokens": 2, "stop_token_ids": [9]}, STOPPED, 9),
+        ([EOS], {"min_tokens": 2, "stop_token_ids": [EOS]}, None, None),
+        ([3, 4, 5, 6, 7], {}, LENGTH, None),
+        ([3, 4, 5, 6, EOS], {}, STOPPED, None),  # the stop wins over the length
+        ([3, 4, 5, 6, 9], {"min_tokens": 5, "stop_token_ids": [9]}, STOPPED, 9),
+    ],
+)
+def test_check_stop_decides_without_side_effects(outputs, params, status, reason):
+    request = _running_after(outputs, **params)
+    before = copy.deepcopy(vars(request))
+    assert check_stop(request, outputs[-1]) is status
+    assert vars(request) == before
+    if status is STOPPED:
+        assert stop_reason(request, outputs[-1]) == reason
+
+
+def expected_stop(tokens, max_tokens, min_tokens=0, ignore_eos=False, stop_token_ids=()):
+    """The stop rules, written out: (tokens kept, finish reason, stop reason)."""
+    for i, token in enumerate(tokens):
+        n = i + 1
+        if n >= min_tokens and ((token == EOS and not ignore_eos) or token in stop_token_ids):
+            return tokens[:n], "stop", None if token == EOS and not ignore_eos else token
+        if n >= max_tokens:
+            return tokens[:n], "length", None
+    return tokens, None, None
+
+
+@pytest.mark.parametrize(
+    "tokens, params",
+    [
+        ([5, 6, EOS, 7], {}),
+        ([5, EOS, 7, 8, 9], {"ignore_eos": True}),
+        ([5, 9, 7], {"stop_token_ids": [9]}),
+        ([EOS, 9, 5, EOS, 6], {"min_tokens": 3, "stop_token_ids": [9]}),
+        ([5, 6, 7, 8, 9, 10], {}),
+        ([5, 6, 7, 8, 9, 10], {"max_tokens": 3, "stop_token_ids": [7]}),
+    ],
+)
+def test_one_token_steps_stop_where_the_rules_say(base, tokens, params):
+    max_tokens = params.pop("max_tokens", 5)
+    sched = _make_scheduler(base, 16, block_size=4, enable_prefix_caching=False)
+    request = _make([11, 12, 13], max_tokens=max_tokens)
+    request.sampling_params = SamplingParams(temperature=0, max_tokens=max_tokens, **params)
+    request.eos_token_id = EOS
+    sched.add_request(request)
+    reported, reasons = [], []
+    for token in tokens:
+        if request.is_finished:
+            break
+        out = sched.schedule()
+        (result,) = sched.update_from_output(out, ModelRunnerOutput({request.request_id: [token]}))
+        reported += result.new_token_ids
+        reasons.append(result.finish_reason)
+    kept, finish_reason, stop_reason = expected_stop(tokens, max_tokens, **params)
+    assert reported == request.output_token_ids == kept
+    assert request.status.finish_reason == finish_reason
+    assert reasons == [None] * (len(kept) - 1) + [finish_reason]
+    assert request.stop_reason == stop_reason

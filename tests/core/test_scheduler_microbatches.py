@@ -23,20 +23,20 @@ class EarlierStage:
         self.tokens: dict[str, list[int]] = {}
         self.num_prompt: dict[str, int] = {}
 
-    def execute(self, sched: SchedulerOutput) -> None:
-        """Runs before the last stage executes ``sched`` (so its states are from the step before)."""
-        for req_id in sched.forget_req_ids:
+    def execute(self, scheduler_output: SchedulerOutput) -> None:
+        """Runs before the last stage executes ``scheduler_output`` (so its states are from the step before)."""
+        for req_id in scheduler_output.forget_req_ids:
             self.tokens.pop(req_id, None)
-        for new in sched.new_reqs:
+        for new in scheduler_output.new_reqs:
             self.tokens[new.req_id] = list(new.token_ids)
             self.num_prompt[new.req_id] = new.num_prompt_tokens
-        cached = sched.cached_reqs
+        cached = scheduler_output.cached_reqs
         assert len(cached.new_token_ids) == len(cached)
         for req_id, computed, new_tokens, n in zip(
             cached.req_ids,
             cached.num_computed_tokens,
             cached.new_token_ids,
-            map(sched.num_scheduled_tokens.get, cached.req_ids),
+            map(scheduler_output.num_scheduled_tokens.get, cached.req_ids),
         ):
             tokens = self.tokens[req_id]
             start = max(computed, self.num_prompt[req_id])
@@ -64,19 +64,19 @@ def run_pipelined(scheduler: Scheduler, requests: list, microbatches: int) -> tu
     while scheduler.has_unfinished_requests() or queue:
         submitted = False
         if len(queue) < microbatches:
-            sched = scheduler.schedule()
-            preempted = {r for r in sched.forget_req_ids if r in scheduler.requests}
+            scheduler_output = scheduler.schedule()
+            preempted = {r for r in scheduler_output.forget_req_ids if r in scheduler.requests}
             for other, _ in queue:
-                assert not set(other.num_scheduled_tokens) & set(sched.num_scheduled_tokens)  # disjoint
+                assert not set(other.num_scheduled_tokens) & set(scheduler_output.num_scheduled_tokens)  # disjoint
                 preempted_in_flight += len(preempted & set(other.num_scheduled_tokens))
-            if not sched.is_empty or sched.forget_req_ids:
-                first.execute(sched)
-                queue.append((sched, last.execute(sched)))  # every stage runs batches in order
-                submitted = not sched.is_empty
+            if not scheduler_output.is_empty or scheduler_output.forget_req_ids:
+                first.execute(scheduler_output)
+                queue.append((scheduler_output, last.execute(scheduler_output)))  # every stage runs batches in order
+                submitted = not scheduler_output.is_empty
         most = max(most, len(queue))
         if queue and not (submitted and len(queue) < microbatches):
-            sched, output = queue.popleft()
-            scheduler.update_from_output(sched, output)
+            scheduler_output, output = queue.popleft()
+            scheduler.update_from_output(scheduler_output, output)
         steps += 1
         assert steps < 5_000, "no progress"
     return most, preempted_in_flight

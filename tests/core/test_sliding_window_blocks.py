@@ -1,69 +1,13 @@
-"""KV blocks that fell out of every layer's sliding window go back to the pool."""
+"""KV blocks that fell out of every layer's sliding window go back to the pool, end to end on
+windowed checkpoints (the KV-cache manager's own window tests are in test_kv_cache_manager.py)."""
 
 from __future__ import annotations
 
 import torch
 
 from minivllm import LLM, SamplingParams
-from minivllm.core.kv_cache_manager import KVCacheManager
-from minivllm.core.sliding_window import num_blocks_out_of_window
-from minivllm.kv_cache_spec import max_blocks_per_request
-from tests.core.scheduler_helpers import make_request
 from tests.model_configs import gemma2_config, mistral_config
 from tests.models.test_parity import _load_hf, _reference_logprobs
-
-
-def test_blocks_before_the_window_of_the_next_token_are_freed():
-    """block_size 4, window 6: the token at position p reads keys p-5 .. p."""
-    kv = KVCacheManager(num_blocks=8, block_size=4, sliding_window=6)
-    request = make_request(list(range(10, 20)), max_tokens=8)  # 10 prompt tokens
-    assert kv.allocate_slots(request, 10) == [0, 1, 2]
-    request.num_computed_tokens = 10
-    for token in range(8):  # decode: the new token sits at position 10, 11, ...
-        request.output_token_ids.append(token)
-        kv.allocate_slots(request, 1)
-        first_needed_block = max(request.num_computed_tokens - 5, 0) // 4
-        held = len(kv.block_ids(request.request_id)) - first_needed_block
-        assert kv.num_free_blocks == 8 - held
-        request.num_computed_tokens += 1
-    # position 17 reads 12..17: blocks 0, 1 and 2 (positions 0-11) were freed, in that order
-    assert kv.block_ids(request.request_id) == [0, 1, 2, 3, 4]  # stale ids keep positions aligned
-    assert kv.pool.free_block_ids() == [5, 6, 7, 0, 1, 2]
-    kv.free(request)
-    assert kv.num_free_blocks == 8  # the out-of-window blocks are not freed twice
-
-
-def test_without_a_window_every_block_stays():
-    kv = KVCacheManager(num_blocks=8, block_size=4)
-    request = make_request(list(range(10, 30)), max_tokens=1)
-    kv.allocate_slots(request, 20)
-    request.num_computed_tokens = 20
-    request.output_token_ids.append(5)
-    kv.allocate_slots(request, 1)
-    assert kv.num_free_blocks == 8 - 6
-
-
-def test_a_prefix_hit_past_the_window_frees_the_hit_blocks_it_no_longer_needs():
-    kv = KVCacheManager(num_blocks=8, block_size=4, enable_caching=True, sliding_window=6)
-    prompt = list(range(10, 23))  # 13 tokens: 3 full blocks
-    first = make_request(prompt, max_tokens=1)
-    kv.allocate_slots(first, 13)
-    first.num_computed_tokens = 13
-    kv.free(first)
-    second = make_request(prompt, max_tokens=1)
-    cached = kv.get_computed_blocks(second)
-    assert [b.block_id for b in cached] == [0, 1, 2]
-    assert kv.allocate_slots(second, 1, cached) == [4]  # position 12 starts a new block
-    # position 12 reads 7..12: hit block 0 (positions 0-3) is free again, still cached
-    assert kv.num_free_blocks == 8 - 3 and kv.pool.free_block_ids()[-1] == 0
-    assert [b.block_id for b in kv.get_computed_blocks(make_request(prompt))] == [0, 1, 2]
-
-
-def test_blocks_per_request_for_the_logged_concurrency():
-    assert max_blocks_per_request(4096, 16, None, 512) == 256
-    assert max_blocks_per_request(4096, 16, 256, 512) == 49  # cdiv(255 + 512, 16) + 1
-    assert num_blocks_out_of_window(13, 6, 4) == 2 and num_blocks_out_of_window(13, None, 4) == 0
-
 
 PROMPT_LEN, MAX_TOKENS, BLOCK_SIZE, SMALL_CACHE = 8, 56, 4, 6
 

@@ -7,14 +7,12 @@ from __future__ import annotations
 import pytest
 
 from minivllm import LLM
-from minivllm.config.llm_kwargs import config_from_kwargs
-from minivllm.config.vllm_config import VllmConfig
 from minivllm.kv_cache_spec import KVCacheSpec
 from minivllm.layers.attention import Attention
 from minivllm.models.registry import ModelRegistry
 from minivllm.sampling_params import RequestOutputKind, SamplingParams
 from tests.model_configs import mistral_config
-from tests.serve.harness import EngineHarness, one_intra_op_thread
+from tests.serve.harness import one_intra_op_thread
 
 BLOCK_SIZE, NUM_BLOCKS, PROMPT_LEN, MAX_TOKENS = 4, 6, 8, 56
 KWARGS = dict(
@@ -39,11 +37,9 @@ def no_model_here(monkeypatch):
     monkeypatch.setattr(Attention, "__init__", refuse)
 
 
-def test_async_front_end_gets_the_window_from_the_engine_without_a_model(make_checkpoint, no_model_here):
+def test_async_front_end_gets_the_window_from_the_engine_without_a_model(make_checkpoint, make_engine, no_model_here):
     ckpt = make_checkpoint("mistral-window5-mqa", mistral_config())
-    cfg = VllmConfig.from_dictconfig(config_from_kwargs(str(ckpt), **KWARGS))
-    harness = EngineHarness(cfg)
-    try:
+    with make_engine(ckpt, **KWARGS) as harness:
         engine = harness.engine
         assert engine.processor.kv_spec == KVCacheSpec(BLOCK_SIZE, NUM_BLOCKS, sliding_window=5)
         # 8 + 56 tokens outgrow the 24-token cache: admitted (and run) only because the
@@ -59,8 +55,6 @@ def test_async_front_end_gets_the_window_from_the_engine_without_a_model(make_ch
 
         outs, stats = harness.run(run())
         assert len(outs[-1].outputs[0].token_ids) == MAX_TOKENS and stats.num_preemptions == 0
-    finally:
-        harness.close()
 
 
 @pytest.mark.slow

@@ -10,9 +10,9 @@ import torch
 
 from minivllm import LLM, SamplingParams
 from minivllm.attention.backend import AttentionMetadata
-from minivllm.config.generation_defaults import generation_defaults
 from minivllm.config.llm_kwargs import config_from_kwargs
-from minivllm.config.schema import ModelConfig
+from minivllm.config.load import generation_defaults
+from minivllm.config.model import ModelConfig
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.worker.cuda_graphs import CUDAGraphRunner
 
@@ -38,7 +38,7 @@ def test_generation_config_defaults_apply_without_sampling_params(with_generatio
     greedy = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=3), use_tqdm=False)
     assert [o.outputs[0].token_ids for o in sampled] == [o.outputs[0].token_ids for o in greedy]
     off = VllmConfig.from_dictconfig(config_from_kwargs(str(with_generation_config), generation_config="vllm"))
-    assert generation_defaults(off) == {}
+    assert generation_defaults(off.model.generation_config, off.checkpoint_dir) == {}
 
 
 def test_dtype_aliases():

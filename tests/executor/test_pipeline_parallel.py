@@ -11,7 +11,7 @@ import pytest
 from safetensors import safe_open
 
 from minivllm import LLM
-from minivllm.config.parallel_checks import check_partition, even_partition
+from minivllm.config.parallel import check_partition, even_partition
 from minivllm.executor.multiproc import MultiprocExecutor
 from minivllm.models.llama import LlamaForCausalLM
 from minivllm.models.registry import ModelRegistry

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from minivllm.attention.ops.fp8_capability import check_fp8_kv_capability
+from minivllm.attention.ops.checks import check_fp8_kv_capability
 from minivllm.quantization.triton_fp8_quant import check_fp8_quant_capability
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -78,7 +78,7 @@ def report(tmp_path_factory) -> list[dict]:
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_kernel_compiles_without_spills_within_shared_memory(report: list[dict], kernel: str, arch: int) -> None:
     rows = [r for r in report if r["kernel"] == kernel and r["arch"] == arch]
-    assert rows, f"{kernel} has no variant in tools/kernel_report.py: add the launches its wrapper makes"
+    assert rows, f"{kernel} has no variant in tools/kernel_variants.py: add the launches its wrapper makes"
     failed = [
         f"{r['variant']}: regs {r['registers']}, shared {r['shared']}/{r['shared_limit']} B, "
         f"spills {r['spill_stores']}/{r['spill_loads']} B: {r['why']}"

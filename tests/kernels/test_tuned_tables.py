@@ -8,11 +8,12 @@ import json
 import pytest
 import torch
 
+from minivllm import tuned_tiles as table
 from minivllm.layers.fused_moe import tiles as moe_tiles
 from minivllm.quantization import int4_tiles
-from minivllm.tuned_tiles import device_facts, merge_entries, nearest_bucket, table
+from minivllm.tuned_tiles import device_facts, merge_entries, nearest_bucket
 from tools.gemm_tune import MAX_REL_ERR, Budget, report_line, time_candidates
-from tools.kernel_report import _benchmark_module
+from tools.kernel_variants import benchmark_module
 
 CPU = device_facts(torch.device("cpu"))
 
@@ -118,7 +119,7 @@ def test_a_spent_budget_is_seen():
 
 
 def test_tune_needs_a_cuda_device():
-    bench = _benchmark_module("quant_gemm")
+    bench = benchmark_module("quant_gemm")
     if torch.cuda.is_available():
         pytest.skip("this machine has a CUDA device: --tune is allowed")
     with pytest.raises(SystemExit):
@@ -137,7 +138,7 @@ def test_a_tuning_run_writes_the_table_the_wrapper_then_reads(name, tables_dir, 
 
     from tools import gemm_tune
 
-    bench = _benchmark_module(name)
+    bench = benchmark_module(name)
     monkeypatch.setattr(bench, "SHAPES", bench.TINY[:1])  # one shape: the interpreter is slow
     monkeypatch.setattr(gemm_tune, "compile_failures", lambda plan, arch: {})
     faster = itertools.count(1000.0, -1.0)
@@ -161,10 +162,10 @@ def test_a_tuning_run_writes_the_table_the_wrapper_then_reads(name, tables_dir, 
 def test_compile_failures_maps_merged_report_rows_back_to_their_configs(monkeypatch):
     """kernel_report merges launches that compile to one kernel (labels joined by " | "); a failed
     row fails every config among its labels, and only those."""
-    from tools import gemm_tune, kernel_report
+    from tools import gemm_tune, kernel_report, kernel_variants
 
     a, b, c = (int4_tiles.Int4Tiles(16, bn, 64) for bn in (32, 64, 128))
-    plan = {("w", 1, cfg): [kernel_report.Variant(None, f"w M=1 {cfg.name}", {})] for cfg in (a, b, c)}
+    plan = {("w", 1, cfg): [kernel_variants.Variant(None, f"w M=1 {cfg.name}", {})] for cfg in (a, b, c)}
     rows = [
         dict(variant=f"w M=1 {a.name} | w M=1 {b.name}", result="failed", why="spills 8 B stored / 4 B loaded"),
         dict(variant=f"w M=1 {c.name}", result="ok", why=""),
@@ -192,7 +193,7 @@ def test_a_bucket_the_budget_left_untimed_keeps_the_heuristic(name, tables_dir, 
         def spent(self) -> bool:
             return next(self.calls) > 0
 
-    bench = _benchmark_module(name)
+    bench = benchmark_module(name)
     monkeypatch.setattr(bench, "SHAPES", bench.TINY[:1])
     monkeypatch.setattr(gemm_tune, "compile_failures", lambda plan, arch: {})
     monkeypatch.setattr(gemm_tune, "Budget", SpentAfterFirst)

@@ -12,8 +12,8 @@ from transformers.models.mixtral.modeling_mixtral import MixtralTopKRouter
 from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeTopKRouter
 
 from minivllm.layers.fused_moe import route, torch_fused_experts
-from minivllm.layers.fused_moe.align import align_by_expert
-from minivllm.layers.fused_moe.router import to_local_ids
+from minivllm.layers.fused_moe.layer import to_local_ids
+from minivllm.layers.fused_moe.triton_experts import align_by_expert
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 DEVICES = [

@@ -11,7 +11,7 @@ from transformers import LlamaConfig, Phi3Config
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 from transformers.models.phi3.modeling_phi3 import Phi3RotaryEmbedding
 
-from minivllm.config.rope import rope_parameters
+from minivllm.config.model import rope_parameters
 from minivllm.config.store import build_config
 from minivllm.layers.rotary import get_rope
 from tests.model_configs import llama_config

@@ -9,11 +9,9 @@ import openai
 import pytest
 
 from minivllm import LLM, SamplingParams
-from minivllm.config.llm_kwargs import config_from_kwargs
-from minivllm.config.vllm_config import VllmConfig
 from minivllm.lora import LoRARequest
 from tests.lora.adapters import make_adapter
-from tests.serve.harness import ENGINE_KWARGS, EngineHarness
+from tests.serve.harness import ENGINE_KWARGS
 
 PROMPT = "def fibonacci(n):"
 LORA_KWARGS = dict(enable_lora=True, max_loras=2, max_lora_rank=8)
@@ -26,25 +24,15 @@ def adapters(llama_dir, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def server(llama_dir, adapters):
-    cfg = VllmConfig.from_dictconfig(config_from_kwargs(str(llama_dir), **ENGINE_KWARGS, **LORA_KWARGS))
-    harness = EngineHarness(cfg)
+def server(make_engine, llama_dir, adapters):
+    harness = make_engine(llama_dir, **ENGINE_KWARGS, **LORA_KWARGS)
     template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
-    handle = harness.start_server(
+    return harness.start_server(
         served_model_name="tiny",
         lora_modules=[f"sql={adapters[0]}"],
         enable_lora_runtime_updates=True,
         chat_template=template,
     )
-    yield handle
-    handle.stop()
-    harness.close()
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    with openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0, timeout=60) as c:
-        yield c
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 
-from minivllm.config.rope import rope_parameters
+from minivllm.config.model import rope_parameters
 from minivllm.config.store import build_config
 from tests.model_configs import phi3_config
 from tests.models.test_parity import _assert_matches_transformers, _generate, _load_hf, _prompts
@@ -42,7 +42,7 @@ def test_the_choice_follows_max_model_len_with_a_warning(make_checkpoint, caplog
     for max_len, long in ((ORIGINAL, False), (ORIGINAL + 1, True), (None, True)):
         caplog.clear()
         overrides = [f"model.path={ckpt}", "device=cpu"] + ([f"model.max_model_len={max_len}"] if max_len else [])
-        with caplog.at_level(logging.WARNING, logger="minivllm.config.rope"):
+        with caplog.at_level(logging.WARNING, logger="minivllm.config.model"):
             cfg = build_config(overrides)
         assert rope_parameters(cfg.hf_config)["use_long_factors"] is long
         assert "LongRoPE" in caplog.text and ("long factors, also" in caplog.text) is long

@@ -10,8 +10,7 @@ import torch
 from minivllm import LLM, SamplingParams
 from minivllm.attention.torch_backend import TorchAttentionBackend
 from minivllm.models.qwen2_vl import Qwen2VLForConditionalGeneration
-from minivllm.multimodal.encoder_batches import encoder_batches
-from minivllm.multimodal.feature import MultiModalFeature
+from minivllm.multimodal.feature import MultiModalFeature, encoder_batches
 from minivllm.worker.mm_runner import MultiModalRunner
 from tests.models.qwen2_vl_checkpoint import (
     PATCH_FEATURES,

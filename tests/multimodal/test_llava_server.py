@@ -10,24 +10,13 @@ import pytest
 
 from minivllm import LLM, SamplingParams
 from tests.multimodal.llava_checkpoint import NUM_IMAGE_TOKENS, data_url, random_image
-from tests.serve.harness import EngineHarness, engine_config
 
 pytestmark = pytest.mark.slow  # an engine process of its own: about 20 s to start on a busy CPU
 
 
 @pytest.fixture(scope="module")
-def server(llava_dir):
-    harness = EngineHarness(engine_config(llava_dir))
-    handle = harness.start_server()
-    yield handle
-    handle.stop()
-    harness.close()
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    with openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="none", max_retries=0, timeout=60) as c:
-        yield c
+def server(make_engine, llava_dir):
+    return make_engine(llava_dir).start_server()
 
 
 def _messages(url: str) -> list[dict]:

@@ -9,9 +9,8 @@ import json
 import numpy as np
 import pytest
 
-from minivllm.bench.images import placeholder_token_ids
 from minivllm.bench.run import _workload
-from minivllm.bench.workloads import random_ids
+from minivllm.bench.workloads import placeholder_token_ids, random_ids
 from minivllm.cli.main import run
 from minivllm.config.store import build_config, compose
 from tests.multimodal.llava_checkpoint import NUM_IMAGE_TOKENS

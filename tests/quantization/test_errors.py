@@ -9,7 +9,7 @@ import pytest
 from safetensors.torch import load_file, save_file
 
 from minivllm import LLM
-from minivllm.config.quantization import QUANT_METHODS
+from minivllm.config.model import QUANT_METHODS
 from minivllm.config.store import compose
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.quantization import QUANTIZATION_METHODS

@@ -1,5 +1,5 @@
 """The fused fp8 activation quantization (Triton; the interpreter on a CPU machine)
-against its torch reference ``fp8.quantize_activations``: the same fp8 bits and the
+against its torch reference ``quantize_activations``: the same fp8 bits and the
 same fp32 scales, row by row, and through the fp8 linear's ``torch._scaled_mm``."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from minivllm.layers.linear import ReplicatedLinear
-from minivllm.quantization.fp8 import FP8, Fp8LinearMethod, _fp8_matmul, quantize_activations
-from minivllm.quantization.triton_fp8_quant import check_fp8_quant_capability, quantize_fp8_rows
+from minivllm.quantization.fp8 import FP8, Fp8LinearMethod, _fp8_matmul
+from minivllm.quantization.triton_fp8_quant import check_fp8_quant_capability, quantize_activations, quantize_fp8_rows
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 # The interpreter's numpy warns where the largest values over a small scale overflow to inf,

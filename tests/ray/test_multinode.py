@@ -20,13 +20,10 @@ import httpx
 import pytest
 
 from minivllm import LLM, SamplingParams
-from minivllm.config.llm_kwargs import config_from_kwargs
-from minivllm.config.vllm_config import VllmConfig
 from minivllm.engine.async_llm import AsyncLLM
 from minivllm.engine.request_stream import EngineDeadError
 from minivllm.executor.ray_executor import RayDistributedExecutor
 from tests.executor import tp_helpers as h
-from tests.serve.harness import EngineHarness
 
 ray = pytest.importorskip("ray", reason="Ray is an optional extra (pip install 'minivllm[ray]'); CI installs it")
 from ray.cluster_utils import Cluster  # noqa: E402
@@ -106,16 +103,14 @@ def test_dp2_replicas_are_ray_actors_on_both_nodes(cluster, opt_dir, opt_referen
 
 
 @pytest.mark.timeout(180)
-def test_server_dp2_replicas_are_ray_actors_and_a_killed_one_fails_its_request(cluster, opt_dir, opt_reference):
+def test_server_dp2_replicas_are_ray_actors_and_a_killed_one_fails_its_request(
+    cluster, make_engine, opt_dir, opt_reference
+):
     """task=serve's engine (AsyncLLM, over HTTP for health) with a replica actor on each node:
     dp=1's outputs, both replicas used, aborts and stats reach the actors, a dead one fails clearly."""
-    cfg = VllmConfig.from_dictconfig(
-        config_from_kwargs(str(opt_dir), data_parallel_size=2, data_parallel_backend="ray", **h.LLM_KWARGS)
-    )
-    harness = EngineHarness(cfg)
-    engine, server = harness.engine, None
-    replicas = engine.client.engines
-    try:
+    with make_engine(opt_dir, data_parallel_size=2, data_parallel_backend="ray", **h.LLM_KWARGS) as harness:
+        engine = harness.engine
+        replicas = engine.client.engines
         assert {r.node_id for r in replicas} == {cluster.head_node.node_id, _worker_node(cluster)}
         assert sorted(engine.engine_pids) == sorted(r.pid for r in replicas) and os.getpid() not in engine.engine_pids
         h.assert_same_outputs(opt_reference, harness.run(_generate_all(engine, h.PROMPTS, h.GREEDY)))
@@ -128,10 +123,6 @@ def test_server_dp2_replicas_are_ray_actors_and_a_killed_one_fails_its_request(c
             health = http.get("/health")
         assert health.status_code == 503
         assert f"data-parallel replica {victim}: Ray actor on node" in health.json()["error"]["message"]
-    finally:
-        if server is not None:
-            server.stop()
-        harness.close()
     assert h.wait_until(lambda: not any(r.is_alive() for r in replicas), timeout=10)
 
 

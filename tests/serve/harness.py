@@ -1,8 +1,10 @@
 """One AsyncLLM on a background event loop, and servers over it on free loopback ports.
 
 Starting an engine process costs seconds, so the serving tests share one
-engine (session fixture ``async_engine``) and each test module starts and stops
-its own server on it. Everything waits with a deadline.
+engine (session fixture ``async_engine``) and each test module starts its own
+server on it (fixture ``start_server``); a test that needs another engine gets one
+from ``make_engine``, and an openai client from ``openai_client`` or ``client``
+(all in tests/conftest.py). Everything waits with a deadline.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from pathlib import Path
 from typing import Any, Awaitable, Iterator, TypeVar
 
 from minivllm.config.llm_kwargs import config_from_kwargs
-from minivllm.config.vllm_config import ServeConfig, VllmConfig
+from minivllm.config.task import ServeConfig
+from minivllm.config.vllm_config import VllmConfig
 from minivllm.engine.async_llm import AsyncLLM
 
 T = TypeVar("T")
@@ -28,8 +31,10 @@ ENGINE_KWARGS = dict(
 (it costs nothing until used) for test_dev_routes.py, which wakes the engine before it returns."""
 
 
-def engine_config(model_dir: Path) -> VllmConfig:
-    return VllmConfig.from_dictconfig(config_from_kwargs(str(model_dir), **ENGINE_KWARGS))
+def engine_config(model: str | Path, **kwargs: Any) -> VllmConfig:
+    """The config of an engine over ``model`` with ``config_from_kwargs``' keywords (``ENGINE_KWARGS``
+    when none are given)."""
+    return VllmConfig.from_dictconfig(config_from_kwargs(str(model), **(kwargs or ENGINE_KWARGS)))
 
 
 @contextlib.contextmanager
@@ -49,6 +54,8 @@ def one_intra_op_thread() -> Iterator[None]:
 
 
 class EngineHarness:
+    """An ``AsyncLLM`` and the event loop it runs on, in a thread of its own."""
+
     def __init__(self, cfg: VllmConfig) -> None:
         self.cfg = cfg
         with one_intra_op_thread():
@@ -56,6 +63,8 @@ class EngineHarness:
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name="serve-test-loop", daemon=True)
         self._thread.start()
+        self._servers: list[ServerHandle] = []
+        self._closed = False
 
     def run(self, work: Awaitable[T], timeout: float = 60) -> T:
         """Run a coroutine on the engine's loop and wait for it."""
@@ -64,9 +73,22 @@ class EngineHarness:
     def start_server(self, **serve: Any) -> "ServerHandle":
         cfg = copy.copy(self.cfg)
         cfg.serve = ServeConfig(**{"shutdown_timeout": 5.0, **serve})
-        return ServerHandle(self, cfg)
+        self._servers.append(ServerHandle(self, cfg))
+        return self._servers[-1]
+
+    def __enter__(self) -> "EngineHarness":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def close(self) -> None:
+        """Stop its servers, shut the engine down and end the loop; once, however often called."""
+        if self._closed:
+            return
+        self._closed = True
+        for server in reversed(self._servers):
+            server.stop()
         self.engine.shutdown()
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(10)
@@ -77,12 +99,13 @@ class ServerHandle:
 
     def __init__(self, harness: EngineHarness, cfg: VllmConfig) -> None:
         from minivllm.serve.app import build_app
-        from minivllm.serve.cli import bind_socket, make_server
+        from minivllm.serve.server import bind_socket, make_server
 
         async def build() -> Any:  # on the loop: the app's metrics hook into the engine there
             return build_app(harness.engine, cfg)
 
         self.harness = harness
+        self.api_key = cfg.serve.api_key
         self.app = harness.run(build())
         self.model_name = self.app.state.server.model_name
         sock = bind_socket("127.0.0.1", 0)
@@ -90,6 +113,7 @@ class ServerHandle:
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.server = make_server(self.app, cfg, log_level="warning")
         self._done = asyncio.run_coroutine_threadsafe(self.server.serve(sockets=[sock]), harness.loop)
+        self._stopped = False
         deadline = time.monotonic() + 30
         while not self.server.started:
             if self._done.done():
@@ -99,6 +123,10 @@ class ServerHandle:
             time.sleep(0.02)
 
     def stop(self) -> None:
+        """Shut the server down and unhook its metrics from the engine; once, however often called."""
+        if self._stopped:
+            return
+        self._stopped = True
         self.server.should_exit = True
         self._done.result(timeout=30)
         metrics = self.app.state.server.metrics

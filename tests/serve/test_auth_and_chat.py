@@ -18,18 +18,10 @@ MESSAGES = [{"role": "system", "content": "You write Python."}, {"role": "user",
 
 
 @pytest.fixture(scope="module")
-def server(async_engine, tmp_path_factory):
+def server(start_server, tmp_path_factory):
     path = tmp_path_factory.mktemp("template") / "chat.jinja"
     path.write_text(TEMPLATE)
-    handle = async_engine.start_server(api_key=KEY, chat_template=str(path))
-    yield handle
-    handle.stop()
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    with openai.OpenAI(base_url=f"{server.base_url}/v1", api_key=KEY, max_retries=0, timeout=60) as c:
-        yield c
+    return start_server(api_key=KEY, chat_template=str(path))
 
 
 @pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}])
@@ -105,7 +97,7 @@ def test_chat_stream_equals_chat(server, client):
 
 
 def test_openai_fields_at_their_defaults_through_extra_body_change_nothing(server, client):
-    """What SDKs and frameworks send with the value that asks for nothing (protocol/unimplemented.py)."""
+    """What SDKs and frameworks send with the value that asks for nothing (protocol.UNIMPLEMENTED_*)."""
     defaults = {
         "functions": None,
         "reasoning_effort": None,
@@ -157,12 +149,11 @@ def test_a_stream_keeps_one_created_timestamp(server, client, monkeypatch):
     import itertools
     import types
 
-    from minivllm.serve import chat, completions
-    from minivllm.serve.protocol import base
+    from minivllm.serve import chat, completions, protocol
 
     clock = itertools.count(1_000_000)
     fake = types.SimpleNamespace(time=lambda: next(clock))
-    for module in (chat, completions, base):
+    for module in (chat, completions, protocol):
         monkeypatch.setattr(module, "time", fake)
     kwargs = dict(model=server.model_name, max_tokens=6, temperature=0, stream=True)
     chat_chunks = list(client.chat.completions.create(messages=MESSAGES, **kwargs))

@@ -13,10 +13,8 @@ from tokenizers.processors import TemplateProcessing
 
 
 @pytest.fixture(scope="module")
-def server(async_engine):
-    handle = async_engine.start_server()
-    yield handle
-    handle.stop()
+def server(start_server):
+    return start_server()
 
 
 @pytest.fixture(scope="module")

@@ -15,10 +15,8 @@ PROMPTS = ["def fibonacci(n):", "import os\n", "class Stack:", "    for i in ran
 
 
 @pytest.fixture(scope="module")
-def server(async_engine):
-    handle = async_engine.start_server()
-    yield handle
-    handle.stop()
+def server(start_server):
+    return start_server()
 
 
 async def stream_one(client: openai.AsyncOpenAI, model: str, prompt: str) -> tuple[str, int, int, int]:

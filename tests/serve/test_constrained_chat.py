@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 
 import httpx
-import openai
 import pytest
 
 TEMPLATE = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant:"
@@ -33,28 +32,24 @@ CUT_SHORT = [
 
 
 @pytest.fixture(scope="module")
-def server(async_engine):
-    handle = async_engine.start_server(chat_template=TEMPLATE)
-    yield handle
-    handle.stop()
+def server(start_server):
+    return start_server(chat_template=TEMPLATE)
 
 
 @pytest.fixture(scope="module")
-def r1_server(async_engine):
+def r1_server(start_server):
     """DeepSeek-R1's parser: output without ``</think>`` would all be reasoning."""
-    handle = async_engine.start_server(chat_template=TEMPLATE, reasoning_parser="deepseek_r1")
-    yield handle
-    handle.stop()
+    return start_server(chat_template=TEMPLATE, reasoning_parser="deepseek_r1")
 
 
-def _client(server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="none", max_retries=0, timeout=60)
+@pytest.fixture(scope="module")
+def r1_client(r1_server, openai_client):
+    return openai_client(r1_server)
 
 
 @pytest.mark.parametrize("extra", CUT_SHORT, ids=["required", "named", "json_schema"])
-def test_constrained_output_cut_short_is_length_with_its_text(server, extra):
-    with _client(server) as client:
-        res = client.chat.completions.create(model=server.model_name, messages=MESSAGES, max_tokens=3, **extra)
+def test_constrained_output_cut_short_is_length_with_its_text(server, client, extra):
+    res = client.chat.completions.create(model=server.model_name, messages=MESSAGES, max_tokens=3, **extra)
     (choice,) = res.choices
     assert choice.finish_reason == "length" and not choice.message.tool_calls
     assert choice.message.content and res.usage.completion_tokens == 3
@@ -80,24 +75,23 @@ def test_constrained_stream_cut_short_ends_with_finish_reason_and_done(server, e
 
 @pytest.mark.parametrize("stream", [False, True])
 @pytest.mark.parametrize("extra", CUT_SHORT, ids=["required", "named", "json_schema"])
-def test_reasoning_parser_leaves_constrained_output_to_content_and_tool_calls(r1_server, extra, stream):
+def test_reasoning_parser_leaves_constrained_output_to_content_and_tool_calls(r1_server, r1_client, extra, stream):
     one_call = {"parallel_tool_calls": False} if "tools" in extra else {}
-    with _client(r1_server) as client:
-        res = client.chat.completions.create(
-            model=r1_server.model_name, messages=MESSAGES, max_tokens=100, stream=stream, **one_call, **extra
-        )
-        if stream:
-            reasoning = content = arguments = ""
-            for chunk in res:
-                for c in chunk.choices:
-                    reasoning += getattr(c.delta, "reasoning_content", None) or ""
-                    content += c.delta.content or ""
-                    arguments += "".join(t.function.arguments or "" for t in c.delta.tool_calls or [])
-            calls = [arguments] if arguments else []
-        else:
-            message = res.choices[0].message
-            reasoning, content = message.reasoning_content or "", message.content or ""
-            calls = [t.function.arguments for t in message.tool_calls or []]
+    res = r1_client.chat.completions.create(
+        model=r1_server.model_name, messages=MESSAGES, max_tokens=100, stream=stream, **one_call, **extra
+    )
+    if stream:
+        reasoning = content = arguments = ""
+        for chunk in res:
+            for c in chunk.choices:
+                reasoning += getattr(c.delta, "reasoning_content", None) or ""
+                content += c.delta.content or ""
+                arguments += "".join(t.function.arguments or "" for t in c.delta.tool_calls or [])
+        calls = [arguments] if arguments else []
+    else:
+        message = res.choices[0].message
+        reasoning, content = message.reasoning_content or "", message.content or ""
+        calls = [t.function.arguments for t in message.tool_calls or []]
     assert not reasoning
     if "tool_choice" in extra:
         assert calls and not content

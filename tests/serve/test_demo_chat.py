@@ -7,23 +7,13 @@ from __future__ import annotations
 import openai
 import pytest
 
-from minivllm.config.llm_kwargs import config_from_kwargs
-from minivllm.config.vllm_config import VllmConfig
-from tests.serve.harness import EngineHarness
-
 MESSAGES = [{"role": "system", "content": "You write Python."}, {"role": "user", "content": "A stack class, please."}]
 
 
 @pytest.fixture(scope="module")
-def server():
-    cfg = VllmConfig.from_dictconfig(
-        config_from_kwargs("demo", dtype="float32", device="cpu", block_size=16, num_gpu_blocks_override=64)
-    )
-    harness = EngineHarness(cfg)
-    handle = harness.start_server()
-    yield handle
-    handle.stop()
-    harness.close()
+def server(make_engine):
+    harness = make_engine("demo", dtype="float32", device="cpu", block_size=16, num_gpu_blocks_override=64)
+    return harness.start_server()
 
 
 def test_the_default_model_serves_chat(server):

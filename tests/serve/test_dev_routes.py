@@ -11,13 +11,9 @@ BODY = {"prompt": "def f(x):", "max_tokens": 6, "temperature": 0}
 
 
 @pytest.fixture(scope="module")
-def dev_server(async_engine):
-    server = async_engine.start_server(dev_mode=True)
-    yield server
-    try:
-        async_engine.run(async_engine.engine.wake_up())  # the other tests' engine is awake, whatever happened here
-    finally:
-        server.stop()
+def dev_server(async_engine, start_server):
+    yield start_server(dev_mode=True)
+    async_engine.run(async_engine.engine.wake_up())  # the other tests' engine is awake, whatever happened here
 
 
 def _post(server, path: str, **kwargs) -> httpx.Response:
@@ -28,14 +24,11 @@ def _sleeping(server) -> bool:
     return httpx.get(f"{server.base_url}/is_sleeping", timeout=30).json()["is_sleeping"]
 
 
-def test_routes_need_dev_mode(async_engine):
-    server = async_engine.start_server()
-    try:
-        assert _post(server, "/sleep").status_code == 404
-        assert _post(server, "/wake_up").status_code == 404
-        assert httpx.get(f"{server.base_url}/is_sleeping", timeout=30).status_code == 404
-    finally:
-        server.stop()
+def test_routes_need_dev_mode(start_server):
+    server = start_server()
+    assert _post(server, "/sleep").status_code == 404
+    assert _post(server, "/wake_up").status_code == 404
+    assert httpx.get(f"{server.base_url}/is_sleeping", timeout=30).status_code == 404
 
 
 def test_sleep_and_wake_over_http(dev_server):

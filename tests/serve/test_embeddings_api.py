@@ -7,32 +7,19 @@ import base64
 
 import httpx
 import numpy as np
-import openai
 import pytest
 import torch
 
 from minivllm import LLM
-from minivllm.config.llm_kwargs import config_from_kwargs
-from minivllm.config.vllm_config import VllmConfig
-from tests.serve.harness import ENGINE_KWARGS, EngineHarness
+from tests.serve.harness import ENGINE_KWARGS
 
 TEXTS = ["def fibonacci(n):", "import os\nimport sys\n"]
 
 
 @pytest.fixture(scope="module")
-def server(llama_dir):
-    kwargs = dict(ENGINE_KWARGS, runner="pooling", hf_overrides={"is_matryoshka": True})
-    harness = EngineHarness(VllmConfig.from_dictconfig(config_from_kwargs(str(llama_dir), **kwargs)))
-    handle = harness.start_server(served_model_name="tiny-embed")
-    yield handle
-    handle.stop()
-    harness.close()
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    with openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0, timeout=60) as c:
-        yield c
+def server(make_engine, llama_dir):
+    harness = make_engine(llama_dir, **ENGINE_KWARGS, runner="pooling", hf_overrides={"is_matryoshka": True})
+    return harness.start_server(served_model_name="tiny-embed")
 
 
 @pytest.fixture(scope="module")

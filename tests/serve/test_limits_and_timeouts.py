@@ -14,16 +14,14 @@ import time
 import httpx
 import pytest
 
-from minivllm.serve import generation
+from minivllm.serve import admission
 
 BIG = 256 * 1024
 
 
 @pytest.fixture(scope="module")
-def server(async_engine):
-    handle = async_engine.start_server(max_request_bytes=BIG, header_timeout=0.5, body_timeout=0.5)
-    yield handle
-    handle.stop()
+def server(start_server):
+    return start_server(max_request_bytes=BIG, header_timeout=0.5, body_timeout=0.5)
 
 
 def test_a_body_over_max_request_bytes_is_a_413_with_the_openai_body(server):
@@ -96,7 +94,7 @@ def test_tokenizing_runs_off_the_event_loop(server, monkeypatch):
     res = httpx.post(f"{server.base_url}/v1/completions", json={"prompt": ["a b", "c"], "max_tokens": 1}, timeout=30)
     assert res.status_code == 200, res.text
     assert len(threads) == 2 and all(name.startswith("minivllm-tokenize") for name in threads), threads
-    assert generation._TOKENIZER_THREAD._max_workers == 1
+    assert admission._TOKENIZER_THREAD._max_workers == 1
 
 
 def _read_until_closed(sock: socket.socket, timeout: float) -> tuple[bytes, float]:

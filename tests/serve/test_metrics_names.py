@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from minivllm.config.serve_config import ServeConfig
+from minivllm.config.task import ServeConfig
 from minivllm.core.stats import SchedulerStats
 from minivllm.engine.metrics_reader import engine_metrics
 from minivllm.engine.stats import StatLogger

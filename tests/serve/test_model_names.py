@@ -7,38 +7,32 @@ import httpx
 import openai
 import pytest
 
-from minivllm.config.served_names import served_model_names
 from minivllm.config.store import build_config, compose
+from minivllm.config.task import served_model_names
 from minivllm.tokenizer import DEMO_TOKENIZER
 
 
 @pytest.fixture(scope="module")
-def server(async_engine):
+def server(start_server):
     names = build_config(["serve.served_model_name=[tiny,alias]"]).serve.served_model_name
-    handle = async_engine.start_server(served_model_name=names)
-    yield handle
-    handle.stop()
+    return start_server(served_model_name=names)
 
 
-def test_a_list_of_names_from_the_command_line_is_served_under_every_name(server):
-    with openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="none", max_retries=0, timeout=30) as client:
-        assert [m.id for m in client.models.list().data] == ["tiny", "alias"]
-        card = client.models.retrieve("alias")
-        assert card.id == "alias" and card.model_extra["max_model_len"] == server.harness.cfg.max_model_len
-        res = client.completions.create(model="alias", prompt="def f(x):", max_tokens=2)
-        assert res.model == "tiny" and res.choices[0].finish_reason == "length"
-        with pytest.raises(openai.NotFoundError) as err:
-            client.models.retrieve("no-such-model")
+def test_a_list_of_names_from_the_command_line_is_served_under_every_name(server, client):
+    assert [m.id for m in client.models.list().data] == ["tiny", "alias"]
+    card = client.models.retrieve("alias")
+    assert card.id == "alias" and card.model_extra["max_model_len"] == server.harness.cfg.max_model_len
+    res = client.completions.create(model="alias", prompt="def f(x):", max_tokens=2)
+    assert res.model == "tiny" and res.choices[0].finish_reason == "length"
+    with pytest.raises(openai.NotFoundError) as err:
+        client.models.retrieve("no-such-model")
     assert err.value.status_code == 404 and err.value.body["param"] == "model"
     assert "no-such-model" in err.value.body["message"]
 
 
-def test_retrieve_accepts_a_name_with_a_slash(async_engine):
-    handle = async_engine.start_server(served_model_name="org/tiny")
-    try:
-        res = httpx.get(f"{handle.base_url}/v1/models/org/tiny", timeout=30)
-    finally:
-        handle.stop()
+def test_retrieve_accepts_a_name_with_a_slash(start_server):
+    handle = start_server(served_model_name="org/tiny")
+    res = httpx.get(f"{handle.base_url}/v1/models/org/tiny", timeout=30)
     assert res.status_code == 200 and res.json()["id"] == "org/tiny"
 
 

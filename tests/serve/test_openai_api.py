@@ -16,16 +16,8 @@ PROMPT = "def fibonacci(n):"
 
 
 @pytest.fixture(scope="module")
-def server(async_engine):
-    handle = async_engine.start_server(served_model_name="tiny-llama")
-    yield handle
-    handle.stop()
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    with openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0, timeout=60) as c:
-        yield c
+def server(start_server):
+    return start_server(served_model_name="tiny-llama")
 
 
 @pytest.fixture(scope="module")

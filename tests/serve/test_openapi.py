@@ -20,10 +20,8 @@ from minivllm.serve.protocol import ChatCompletionRequest, CompletionRequest
 
 
 @pytest.fixture(scope="module")
-def server(async_engine):
-    handle = async_engine.start_server(chat_template="{% for m in messages %}{{ m['content'] }}\n{% endfor %}")
-    yield handle
-    handle.stop()
+def server(start_server):
+    return start_server(chat_template="{% for m in messages %}{{ m['content'] }}\n{% endfor %}")
 
 
 @pytest.fixture(scope="module")

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from minivllm.config.vllm_config import ServeConfig
+from minivllm.config.task import ServeConfig
 from minivllm.serve.reasoning import REASONING_PARSERS
-from minivllm.serve.tool_parsers import TOOL_PARSERS
+from minivllm.serve.tools import TOOL_PARSERS
 
 
 def test_hermes_parses_blocks_and_keeps_the_content():

@@ -13,10 +13,8 @@ PROMPT = "import os\nimport sys\n"
 
 
 @pytest.fixture(scope="module")
-def server(async_engine):
-    handle = async_engine.start_server(chat_template="{% for m in messages %}{{ m['content'] }}{% endfor %}")
-    yield handle
-    handle.stop()
+def server(start_server):
+    return start_server(chat_template="{% for m in messages %}{{ m['content'] }}{% endfor %}")
 
 
 @pytest.fixture(scope="module")

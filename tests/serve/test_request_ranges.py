@@ -20,9 +20,8 @@ from minivllm.pooling.params import RANGES as POOLING_RANGES
 from minivllm.pooling.params import PoolingParams
 from minivllm.sampling_params import RANGES as SAMPLING_RANGES
 from minivllm.sampling_params import SamplingParams
-from minivllm.serve.app import _describe_validation
-from minivllm.serve.embeddings import EmbeddingRequest
-from minivllm.serve.protocol import ChatCompletionRequest, CompletionRequest
+from minivllm.serve.errors import describe_validation
+from minivllm.serve.protocol import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
 
 BASE = {
     CompletionRequest: {"prompt": "x"},
@@ -97,6 +96,6 @@ def test_each_declared_bound_agrees_with_the_engine(model, field, params_cls, pa
             model.model_validate(body)
         with pytest.raises(ValueError) as engine:
             params_cls(**{params_field: value})
-        message, param = _describe_validation(refused.value.errors())
+        message, param = describe_validation(refused.value.errors())
         assert param == field
         assert message == str(engine.value).replace(f"{params_field}=", f"{field}=", 1)

@@ -18,17 +18,9 @@ MAX_WAITING = 4
 
 
 @pytest.fixture(scope="module")
-def server(async_engine):
+def server(start_server):
     limits = dict(max_n=8, max_seqs_per_request=17, max_waiting=MAX_WAITING)
-    handle = async_engine.start_server(chat_template=TEMPLATE, **limits)
-    yield handle
-    handle.stop()
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    with openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="x", max_retries=0, timeout=60) as c:
-        yield c
+    return start_server(chat_template=TEMPLATE, **limits)
 
 
 @pytest.fixture(scope="module")

@@ -8,11 +8,9 @@ import re
 
 import httpx
 import jsonschema
-import openai
 import pytest
 
 from minivllm.tokenizer import DEMO_TOKENIZER
-from tests.serve.harness import EngineHarness, engine_config
 
 TEMPLATE = (
     "{% if tools %}<|tools|>{% for t in tools %}{{ t['function']['name'] }};{% endfor %}\n{% endif %}"
@@ -48,18 +46,9 @@ COMPACT = {"disable_any_whitespace": True}
 
 
 @pytest.fixture(scope="module")
-def server():
-    harness = EngineHarness(engine_config(DEMO_TOKENIZER))
-    handle = harness.start_server(chat_template=TEMPLATE, tool_call_parser="hermes", reasoning_parser="qwen3")
-    yield handle
-    handle.stop()
-    harness.close()
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    with openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="none", max_retries=0, timeout=120) as c:
-        yield c
+def server(make_engine):
+    harness = make_engine(DEMO_TOKENIZER)
+    return harness.start_server(chat_template=TEMPLATE, tool_call_parser="hermes", reasoning_parser="qwen3")
 
 
 def _streamed_texts(stream) -> dict[int, str]:

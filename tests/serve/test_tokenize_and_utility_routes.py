@@ -14,10 +14,8 @@ MESSAGES = [{"role": "user", "content": "def f(x):"}]
 
 
 @pytest.fixture(scope="module")
-def server(async_engine):
-    handle = async_engine.start_server(served_model_name="tiny,alias", chat_template=TEMPLATE)
-    yield handle
-    handle.stop()
+def server(start_server):
+    return start_server(served_model_name="tiny,alias", chat_template=TEMPLATE)
 
 
 def _post(server, path: str, body: dict) -> httpx.Response:

@@ -1,4 +1,4 @@
-"""OpenAI fields the server does not implement (protocol/unimplemented.py): at null or
+"""OpenAI fields the server does not implement (the protocol.UNIMPLEMENTED_* tables): at null or
 their neutral value they are accepted and change nothing (the answer equals the one
 without them); at any other value they are a 400 naming the field; /openapi.json lists
 them, typed, saying so. A field nobody declares stays an unknown field."""
@@ -8,11 +8,14 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from minivllm.serve.protocol.unimplemented import CHAT, COMPLETIONS, EMBEDDINGS
+from minivllm.serve.protocol import UNIMPLEMENTED_CHAT, UNIMPLEMENTED_COMPLETIONS, UNIMPLEMENTED_EMBEDDINGS
 
 CHAT_BODY = {"messages": [{"role": "user", "content": "def add(a, b):"}], "max_tokens": 4, "temperature": 0}
 COMPLETION_BODY = {"prompt": "def add(a, b):", "max_tokens": 4, "temperature": 0}
-ROUTES = {"/v1/chat/completions": (CHAT_BODY, CHAT), "/v1/completions": (COMPLETION_BODY, COMPLETIONS)}
+ROUTES = {
+    "/v1/chat/completions": (CHAT_BODY, UNIMPLEMENTED_CHAT),
+    "/v1/completions": (COMPLETION_BODY, UNIMPLEMENTED_COMPLETIONS),
+}
 
 # A value asking for something, per field: every field of the tables needs one here.
 ASKING = {
@@ -41,10 +44,8 @@ ASKING_CASES = [(route, name) for route, (_, table) in ROUTES.items() for name i
 
 
 @pytest.fixture(scope="module")
-def server(async_engine):
-    handle = async_engine.start_server(chat_template="{% for m in messages %}{{ m['content'] }}\n{% endfor %}")
-    yield handle
-    handle.stop()
+def server(start_server):
+    return start_server(chat_template="{% for m in messages %}{{ m['content'] }}\n{% endfor %}")
 
 
 @pytest.fixture(scope="module")
@@ -67,9 +68,9 @@ def _answer(http: httpx.Client, route: str, body: dict) -> dict:
 
 
 def test_every_field_has_a_value_asking_for_something():
-    assert set(ASKING) == {*CHAT, *COMPLETIONS, *EMBEDDINGS}
+    assert set(ASKING) == {*UNIMPLEMENTED_CHAT, *UNIMPLEMENTED_COMPLETIONS, *UNIMPLEMENTED_EMBEDDINGS}
     for name, value in ASKING.items():
-        field = CHAT.get(name) or COMPLETIONS[name]
+        field = UNIMPLEMENTED_CHAT.get(name) or UNIMPLEMENTED_COMPLETIONS[name]
         assert value is not None and value not in field.neutral
 
 
@@ -128,7 +129,10 @@ def test_an_unknown_field_is_still_a_400_naming_it(http, route, body, name):
 
 def test_openapi_lists_them_typed_and_says_what_is_accepted(http):
     schemas = http.get("/openapi.json").json()["components"]["schemas"]
-    for model, table in (("ChatCompletionRequest", CHAT), ("CompletionRequest", COMPLETIONS)):
+    for model, table in (
+        ("ChatCompletionRequest", UNIMPLEMENTED_CHAT),
+        ("CompletionRequest", UNIMPLEMENTED_COMPLETIONS),
+    ):
         properties = schemas[model]["properties"]
         for name in table:
             types = {t.get("type") for t in properties[name]["anyOf"]}

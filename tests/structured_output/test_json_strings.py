@@ -17,8 +17,7 @@ from transformers import AutoTokenizer
 
 from minivllm import LLM, SamplingParams
 from minivllm.structured_output import StructuredOutputsParams
-from minivllm.structured_output.backend import XGrammarBackend
-from minivllm.structured_output.json_strings import strict_string_grammar
+from minivllm.structured_output.backend import XGrammarBackend, strict_string_grammar
 from minivllm.tokenizer import DEMO_TOKENIZER
 
 PERSON = {

@@ -42,7 +42,7 @@ class GatedBackend(XGrammarBackend):
 
 def _scheduler(backend: XGrammarBackend):
     sched = make_scheduler(base_config(), num_blocks=64, block_size=4)
-    sched.structured = StructuredOutputManager(lambda: backend)
+    sched.structured = sched.admission.structured = StructuredOutputManager(lambda: backend)
     return sched
 
 

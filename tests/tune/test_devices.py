@@ -1,17 +1,17 @@
-"""tune.devices: each trial process claims its own device, and keeps it."""
+"""tune.objective: each trial process claims its own device, and keeps it."""
 
 from __future__ import annotations
 
 import multiprocessing as mp
 import os
 
-from minivllm.tune import devices
+from minivllm.tune import objective
 
 
 def _claim(lock_dir, results, release):
     try:
-        index = devices.claim_device(2, lock_dir)
-        again = devices.claim_device(2, lock_dir)  # a later trial in the same process: the same device
+        index = objective.claim_device(2, lock_dir)
+        again = objective.claim_device(2, lock_dir)  # a later trial in the same process: the same device
         results.put((index, again, os.environ["CUDA_VISIBLE_DEVICES"]))
     except RuntimeError as err:
         results.put(str(err))

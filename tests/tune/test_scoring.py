@@ -6,10 +6,9 @@ import random
 
 import pytest
 
-from minivllm.config.tune import SloConfig
+from minivllm.config.task import SloConfig
 from minivllm.tune.objective import FAILED_SCORE, judge, sweeper_value
-from minivllm.tune.plots import pareto_front
-from minivllm.tune.trials import select_best
+from minivllm.tune.report import pareto_front, select_best
 
 
 def _metrics(tok_s: float, ttft: float, itl: float) -> dict:

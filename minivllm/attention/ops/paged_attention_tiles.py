@@ -5,14 +5,11 @@ the longest query and the GPU's compute capability; ``default_num_splits`` the s
 factor of a decode batch from the multiprocessor count. Both are pure functions of their
 arguments, so ``tools/kernel_report.py`` calls them with each target's numbers and
 compiles exactly what a launch on that GPU would. The wrapper reads the device's
-capability and multiprocessor count once per device (``device_capability``, ``device_num_sms``).
+capability and multiprocessor count once per device (``tuned_tiles.device_facts``).
 """
 
 from __future__ import annotations
 
-import functools
-
-import torch
 import triton
 
 MIN_KEYS_PER_SPLIT = 256
@@ -43,16 +40,6 @@ def tile_config(
     if capability is not None and capability < (9, 0) and ((fp32 and big) or (not big and not decode)):
         block_n //= 2
     return max(1, rows // group_pad), block_n, num_warps
-
-
-@functools.cache
-def device_num_sms(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
-@functools.cache
-def device_capability(device: torch.device) -> tuple[int, int]:
-    return torch.cuda.get_device_capability(device)
 
 
 def default_num_splits(num_sms: int, programs: int, max_query_len: int, max_seq_len: int) -> int:

@@ -7,7 +7,7 @@ import triton
 import triton.language as tl
 
 from minivllm.attention.kv_quant import FP8_KV_DTYPE
-from minivllm.attention.ops._validation import (
+from minivllm.attention.ops.checks import (
     SUPPORTED_DTYPES,
     check_cache,
     check_launchable,

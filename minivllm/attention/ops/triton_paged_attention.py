@@ -15,14 +15,10 @@ from __future__ import annotations
 import torch
 import triton
 
-from minivllm.attention.ops._validation import SUPPORTED_DTYPES, check_cache, check_launchable, check_tensor, require
+from minivllm.attention.ops.checks import SUPPORTED_DTYPES, check_cache, check_launchable, check_tensor, require
 from minivllm.attention.ops.paged_attention_kernels import _combine_splits_kernel, _paged_attention_kernel
-from minivllm.attention.ops.paged_attention_tiles import (
-    default_num_splits,
-    device_capability,
-    device_num_sms,
-    tile_config,
-)
+from minivllm.attention.ops.paged_attention_tiles import default_num_splits, tile_config
+from minivllm.tuned_tiles import device_facts
 
 
 def _check_metadata(
@@ -118,7 +114,8 @@ def paged_attention(
     if num_tokens == 0 or num_reqs == 0 or max_query_len == 0:
         return out
     group = num_heads // num_kv_heads
-    capability = device_capability(query.device) if query.device.type == "cuda" else None
+    facts = device_facts(query.device)
+    capability = divmod(facts.arch, 10) if facts.arch is not None else None
     block_q, block_n, num_warps = tile_config(
         head_dim, triton.next_power_of_2(group), max_query_len, query.dtype == torch.float32, capability
     )
@@ -127,9 +124,7 @@ def paged_attention(
         num_splits = (
             1
             if query.device.type != "cuda"
-            else default_num_splits(
-                device_num_sms(query.device), num_reqs * num_q_tiles * num_kv_heads, max_query_len, max_seq_len
-            )
+            else default_num_splits(facts.num_sms, num_reqs * num_q_tiles * num_kv_heads, max_query_len, max_seq_len)
         )
     split_len = triton.cdiv(triton.cdiv(max_seq_len, num_splits), block_n) * block_n
     partials = [out] * 3  # never touched without splits

@@ -1,8 +1,12 @@
 """Mixture-of-experts: top-k routing, stacked experts, a Triton fused kernel and a torch reference."""
 
-from minivllm.layers.fused_moe.checkpoint import expert_weight_target
-from minivllm.layers.fused_moe.layer import FusedMoE, SparseMoeBlock, fused_experts
-from minivllm.layers.fused_moe.router import route
-from minivllm.layers.fused_moe.torch_experts import torch_fused_experts
+from minivllm.layers.fused_moe.layer import (
+    FusedMoE,
+    SparseMoeBlock,
+    expert_weight_target,
+    fused_experts,
+    route,
+    torch_fused_experts,
+)
 
 __all__ = ["FusedMoE", "SparseMoeBlock", "expert_weight_target", "fused_experts", "route", "torch_fused_experts"]

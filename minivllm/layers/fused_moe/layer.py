@@ -17,23 +17,110 @@ Either way each rank produces a partial sum over the same tokens (its slice of
 every expert, or its whole experts and zero for the rest), and one all-reduce
 gives every rank the full output. Every rank routes every token: activations
 are replicated in the tensor-parallel group.
+
+Routing (``route``): both supported families take a softmax over all experts'
+logits (in fp32) and keep the k largest probabilities. Mixtral then renormalizes
+the k kept weights to sum to 1; Qwen3-MoE does so only when ``norm_topk_prob`` is
+set, otherwise the weights are the raw softmax probabilities (summing to less than 1).
+
+Checkpoint names (``expert_weight_target``): Hugging Face checkpoints store each
+expert's projections separately::
+
+    Qwen3-MoE:  ...mlp.experts.{e}.gate_proj.weight / up_proj / down_proj
+    Mixtral:    ...block_sparse_moe.experts.{e}.w1.weight / w3 / w2
+
+Both land in ``...experts.w13`` (gate = w1, up = w3) and ``...experts.w2``
+with shard id ``(e, "w1" | "w3" | "w2")`` for ``FusedMoE.weight_loader``.
+
+The CPU path (``torch_fused_experts``), the reference the Triton kernel
+(``triton_experts.py``) is tested against: the (token, slot) pairs are sorted by
+expert once; then for each local expert that received any: gather its tokens, run
+its SwiGLU MLP on those only, scale by the routing weight and add into the tokens'
+outputs. Experts that receive no token cost nothing, and neither do pairs whose
+expert is on another rank (id -1).
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from minivllm.distributed.parallel_state import all_reduce, tp_rank, tp_size
-from minivllm.layers.fused_moe.router import route, to_local_ids
-from minivllm.layers.fused_moe.torch_experts import torch_fused_experts
+from minivllm.layers.activation import silu_and_mul
 from minivllm.layers.linear import ReplicatedLinear, divide
 from minivllm.layers.weight_utils import copy_checked, narrow
 
 ExpertShard = tuple[int, str]
 """(global expert id, "w1" | "w3" | "w2"): which checkpoint tensor a weight_loader call carries."""
+_ROLE = {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2", "w1": "w1", "w3": "w3", "w2": "w2"}
+_EXPERT_TENSOR = re.compile(r"^(?P<prefix>.*\.experts)\.(?P<expert>\d+)\.(?P<proj>\w+)\.weight$")
+
+
+def expert_weight_target(name: str) -> tuple[str, Any] | None:
+    """(parameter name, (expert, role)) for a per-expert tensor name, else None."""
+    match = _EXPERT_TENSOR.match(name)
+    if match is None or match["proj"] not in _ROLE:
+        return None
+    role = _ROLE[match["proj"]]
+    param = "w2" if role == "w2" else "w13"
+    return f"{match['prefix']}.{param}", (int(match["expert"]), role)
+
+
+def route(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(T, E) logits -> (weights (T, k) fp32, expert ids (T, k) int64), largest weight first."""
+    if not 1 <= top_k <= router_logits.shape[-1]:
+        raise ValueError(f"top_k={top_k} must be between 1 and the number of experts {router_logits.shape[-1]}")
+    probs = torch.softmax(router_logits, dim=-1, dtype=torch.float32)  # (T, E)
+    weights, ids = torch.topk(probs, top_k, dim=-1)  # (T, k)
+    if renormalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights, ids
+
+
+def to_local_ids(topk_ids: torch.Tensor, first_expert: int, num_local: int) -> torch.Tensor:
+    """Global expert ids -> this rank's local ids, -1 where the expert lives on another rank.
+
+    With expert parallelism a rank holds experts ``first_expert ..
+    first_expert + num_local - 1``; the entries marked -1 contribute nothing
+    here and arrive through the all-reduce from the rank that holds them.
+    """
+    local = topk_ids - first_expert
+    return torch.where((local >= 0) & (local < num_local), local, torch.full_like(local, -1))
+
+
+def torch_fused_experts(
+    hidden: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+) -> torch.Tensor:
+    """sum_k weight[t, k] * expert_{ids[t, k]}(hidden[t]) over the local experts.
+
+    hidden (T, H); w13 (E, 2I, H) = [gate; up] rows; w2 (E, H, I);
+    topk_weights (T, k); topk_ids (T, k) local expert ids, -1 = not on this rank.
+    Returns (T, H) in hidden's dtype.
+    """
+    k = topk_ids.shape[1]
+    flat = topk_ids.flatten()  # (T*k,) pair t*k+s -> expert
+    order = torch.argsort(flat, stable=True)  # pairs by expert, -1 first, tokens ascending within one
+    counts = torch.bincount(flat + 1, minlength=w13.shape[0] + 1).tolist()  # [other ranks, expert 0, ...]
+    flat_weights = topk_weights.flatten()
+    out = torch.zeros_like(hidden)
+    start = counts[0]
+    for expert, n in enumerate(counts[1:]):
+        if n == 0:
+            continue
+        pairs = order[start : start + n]
+        start += n
+        tokens = pairs // k
+        y = F.linear(silu_and_mul(F.linear(hidden[tokens], w13[expert])), w2[expert])  # (n, H)
+        out.index_add_(0, tokens, (y * flat_weights[pairs, None]).to(out.dtype))
+    return out
 
 
 def fused_experts(

@@ -28,8 +28,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from minivllm.tuned_tiles import DeviceFacts, lookup
-from minivllm.tuned_tiles.tile_checks import check_blocks
+from minivllm.tuned_tiles import DeviceFacts, check_blocks, lookup
 
 KERNEL = "fused_moe"
 

@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from minivllm.attention.ops._validation import SUPPORTED_DTYPES, check_launchable, check_tensor, require
+from minivllm.attention.ops.checks import SUPPORTED_DTYPES, check_launchable, check_tensor, require
 
 
 @triton.jit

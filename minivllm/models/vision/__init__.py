@@ -1,1 +1,0 @@
-"""Vision encoders shared by the vision-language models."""
