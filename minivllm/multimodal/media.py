@@ -19,11 +19,14 @@ import urllib.parse
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 from PIL import Image
 
-from minivllm.multimodal.fetch import MediaFetcher
+from minivllm.multimodal.fetch import FetchRules, MediaFetcher
+
+if TYPE_CHECKING:
+    from minivllm.config.vllm_config import VllmConfig
 
 MAX_IMAGE_PIXELS = 40_000_000
 """Default pixel cap (width * height): an 8K frame (33.2 MP) passes, a 12000x12000 bomb does not."""
@@ -74,6 +77,19 @@ class MediaConnector:
     fetcher: MediaFetcher = field(default_factory=MediaFetcher)
     max_image_pixels: int = MAX_IMAGE_PIXELS
     fetched: Mapping[str, bytes] | None = None
+
+    @classmethod
+    def for_config(cls, cfg: VllmConfig) -> MediaConnector:
+        """The connector of ``cfg``'s rules (``model.allowed_local_media_path`` and the ``serve.*``
+        media keys): a server builds one and keeps it (its fetcher caps fetches per server)."""
+        serve = cfg.serve
+        rules = FetchRules(
+            enabled=serve.fetch_media_urls,
+            allowed_domains=tuple(serve.allowed_media_domains),
+            deadline_s=serve.media_fetch_timeout_s,
+            max_concurrent=serve.max_concurrent_media_fetches,
+        )
+        return cls(cfg.model.allowed_local_media_path, MediaFetcher(rules), serve.max_image_pixels)
 
     def load_image(self, url: str, field: str = "image_url") -> Image.Image:
         if not isinstance(url, str) or not url:

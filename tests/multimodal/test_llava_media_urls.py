@@ -48,6 +48,8 @@ def _chat(url: str, images: int = 1) -> dict:
 
 
 def _post(server, route: str, body: dict, timeout: float = 60) -> httpx.Response:
+    if route == "/tokenize":
+        body = {k: v for k, v in body.items() if k in ("messages", "prompt")}
     return httpx.post(f"{server.base_url}{route}", json=body, timeout=timeout)
 
 
