@@ -54,6 +54,7 @@ NOT_PUBLIC = (
 NOT_ALLOWED = "the host is not in serve.allowed_media_domains"
 NO_IMAGE = "no media came back"
 FETCH_OFF = "fetching media URLs is turned off (serve.fetch_media_urls)"
+SHUTTING_DOWN = "the server is shutting down"
 
 
 def is_public(address: str) -> bool:
@@ -134,18 +135,39 @@ class MediaFetcher:
         self._ssl: ssl.SSLContext | None = None
         self._gates: dict[asyncio.AbstractEventLoop, asyncio.Semaphore] = {}
         self._lock = threading.Lock()
+        self._inflight: set[asyncio.Task] = set()
+        self._closed = False
 
     async def fetch(self, url: str, field: str = "image_url") -> bytes:
-        """The body at ``url``; FetchError (a ValueError) when refused, failed or late."""
+        """The body at ``url``; FetchError (a ValueError) when refused, failed, late, or cut by
+        :meth:`close`."""
         if not self.rules.enabled:
             raise FetchError(field, url, FETCH_OFF)
+        if self._closed:
+            raise FetchError(field, url, SHUTTING_DOWN)
         deadline = self.rules.deadline_s
+        task = asyncio.ensure_future(asyncio.wait_for(self._gated(url, field), deadline))
+        self._inflight.add(task)
+        task.add_done_callback(self._inflight.discard)
         try:
-            return await asyncio.wait_for(self._gated(url, field), deadline)
+            return await task
         except asyncio.TimeoutError:
             raise FetchError(
                 field, url, f"no complete answer within the {deadline:g} s deadline (serve.media_fetch_timeout_s)"
             ) from None
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            cancelling = getattr(current, "cancelling", lambda: 0)()
+            if self._closed and task.cancelled() and not cancelling:
+                raise FetchError(field, url, SHUTTING_DOWN) from None
+            raise
+
+    def close(self) -> None:
+        """Cut every fetch in flight (each ends in a FetchError at once) and refuse new ones:
+        a server's shutdown never waits on a media server. Call it on the fetches' loop."""
+        self._closed = True
+        for task in list(self._inflight):
+            task.cancel()
 
     def fetch_blocking(self, url: str, field: str = "image_url") -> bytes:
         """:meth:`fetch` for callers without an event loop (``LLM.chat``); never call it on a

@@ -290,3 +290,20 @@ def test_confinement_errors_do_not_echo_the_root_or_link_targets(tmp_path):
             connector.load_image(url)
         message = str(err.value).replace(url[len("file://") :], "<named>")
         assert "secret-root" not in message and "hidden-target" not in message, message
+
+
+def test_close_cuts_fetches_in_flight(media):
+    fetcher = MediaFetcher(FetchRules(allowed_domains=("127.0.0.1",), deadline_s=30.0))
+
+    async def cut():
+        pending = asyncio.ensure_future(fetcher.fetch(f"{media.base}/drip"))
+        await asyncio.sleep(0.5)
+        start = time.monotonic()
+        fetcher.close()
+        with pytest.raises(ValueError, match="could not fetch .*: the server is shutting down"):
+            await pending
+        assert time.monotonic() - start < 0.5
+        with pytest.raises(ValueError, match="the server is shutting down"):
+            await fetcher.fetch(f"{media.base}/pic.png")
+
+    asyncio.run(cut())

@@ -137,3 +137,19 @@ def test_a_decompression_bomb_is_a_400_in_under_a_second(default_server):
     )
     assert took < 1.0, took
     print(f"144-megapixel PNG ({len(url)} bytes as a data URL): 400 in {took:.3f} s")
+
+
+def test_shutdown_does_not_wait_on_fetches(harness, media):
+    """A fetch dripping under a 30 s deadline is cut when shutdown begins: the server stops
+    at once (not after serve.shutdown_timeout) and the request gets its answer."""
+    handle = harness.start_server(allowed_media_domains=["127.0.0.1"], media_fetch_timeout_s=30.0)
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        held = pool.submit(_post, handle, "/v1/chat/completions", _chat(f"{media.base}/drip"))
+        time.sleep(1.0)
+        start = time.monotonic()
+        handle.stop()
+        stop_s = time.monotonic() - start
+        res = held.result(timeout=30)
+    assert res.status_code == 400 and "the server is shutting down" in res.json()["error"]["message"], res.text
+    assert stop_s < 2.0, stop_s
+    print(f"shutdown with a fetch in flight: {stop_s:.2f} s")
