@@ -7,8 +7,8 @@ step loop in the engine process, outputs streamed back over a pipe).
 Two measurements, each the median of ``--repeats`` alternating runs:
 
 1. CPU seconds of the step loop alone, in this process: ``LLMEngine.step()`` as
-   ``LLM`` runs it, against the engine process's loop body (``step_once``: delta
-   outputs packed for the pipe) plus the pickling that ``Connection.send`` does.
+   ``LLM`` runs it, against the engine process's loop body (``EngineLoop.step``: delta
+   outputs) plus the pickling that ``Connection.send`` does (which packs them as tuples).
    CPU time is immune to other work sharing the machine.
 2. Output tokens/s end to end, ``LLM.generate`` against ``AsyncLLM.generate``,
    with the CPU seconds of each side (the engine process's read from /proc).
@@ -28,7 +28,7 @@ from minivllm import LLM, SamplingParams
 from minivllm.config.llm_kwargs import config_from_kwargs
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.engine.async_llm import AsyncLLM
-from minivllm.engine.engine_proc import step_once
+from minivllm.engine.engine_proc import EngineLoop
 from minivllm.engine.llm_engine import LLMEngine
 from minivllm.sampling_params import RequestOutputKind
 
@@ -53,10 +53,11 @@ def loop_cpu(engine: LLMEngine, prompts: list[list[int]], args: argparse.Namespa
     kind = RequestOutputKind.DELTA if ship else RequestOutputKind.CUMULATIVE
     for prompt in prompts:
         engine.add_request(None, {"prompt_token_ids": prompt}, params(args, kind))
+    loop = EngineLoop(engine)
     cpu = time.process_time()
     while engine.has_unfinished_requests():
         if ship:
-            ForkingPickler.dumps(step_once(engine))
+            ForkingPickler.dumps(loop.step())
         else:
             engine.step()
     return time.process_time() - cpu

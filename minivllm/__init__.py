@@ -11,22 +11,22 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from minivllm.config import VllmConfig, compose
-    from minivllm.engine.outputs import CompletionOutput, RequestOutput
     from minivllm.entrypoints.llm import LLM
     from minivllm.inputs import TextPrompt, TokensPrompt
     from minivllm.models.registry import ModelRegistry
+    from minivllm.outputs import CompletionOutput, RequestOutput
     from minivllm.pooling.outputs import EmbeddingRequestOutput, PoolingRequestOutput
     from minivllm.pooling.params import PoolingParams
     from minivllm.sampling_params import RequestOutputKind, SamplingParams
 
 _LAZY = {
     "LLM": "minivllm.entrypoints.llm",
-    "CompletionOutput": "minivllm.engine.outputs",
+    "CompletionOutput": "minivllm.outputs",
     "EmbeddingRequestOutput": "minivllm.pooling.outputs",
     "ModelRegistry": "minivllm.models.registry",
     "PoolingParams": "minivllm.pooling.params",
     "PoolingRequestOutput": "minivllm.pooling.outputs",
-    "RequestOutput": "minivllm.engine.outputs",
+    "RequestOutput": "minivllm.outputs",
     "RequestOutputKind": "minivllm.sampling_params",
     "SamplingParams": "minivllm.sampling_params",
     "TextPrompt": "minivllm.inputs",

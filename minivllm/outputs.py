@@ -1,18 +1,17 @@
-"""What comes back from a step: the workers' ``ModelRunnerOutput``, the scheduler's
-per-request ``EngineCoreOutput``, and the future a launched step returns.
+"""What comes back: the workers' ``ModelRunnerOutput``, the scheduler's per-request
+``EngineCoreOutput``, the future a launched step returns, and what users get
+(vLLM's ``RequestOutput``, ``CompletionOutput`` and ``Logprob``).
 
-These types cross the boundaries between workers, executor, scheduler and engine,
-so they sit at the bottom of the package graph next to ``minivllm/request.py``.
-
-vLLM's user-facing import path works too: ``from minivllm.outputs import
-RequestOutput, CompletionOutput, PoolingRequestOutput`` (and the embedding
-classes) gives the front end's classes, imported on first use, so this module
-stays free of the engine.
+These types cross the boundaries between workers, executor, scheduler, engine and
+front ends, so they sit at the bottom of the package graph next to
+``minivllm/request.py``; vLLM's user-facing import path works too:
+``from minivllm.outputs import RequestOutput, CompletionOutput``. The pooling
+outputs (``PoolingRequestOutput``, ``EmbeddingRequestOutput``) are in
+``minivllm.pooling.outputs`` (and ``minivllm``'s top level).
 """
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
@@ -89,18 +88,65 @@ class DoneOutput:
         return self._output
 
 
-_FRONT_END = {
-    "RequestOutput": "minivllm.engine.outputs",
-    "CompletionOutput": "minivllm.engine.outputs",
-    "PoolingRequestOutput": "minivllm.pooling.outputs",
-    "PoolingOutput": "minivllm.pooling.outputs",
-    "EmbeddingRequestOutput": "minivllm.pooling.outputs",
-    "EmbeddingOutput": "minivllm.pooling.outputs",
-}
-"""What ``LLM.generate`` / ``LLM.encode`` / ``LLM.embed`` return, by vLLM's module path."""
+class Logprob(float):
+    """One token's log-probability with its rank and text (vLLM's fields):
+    ``Logprob(logprob, rank=None, decoded_token=None)``.
+
+    A ``float`` subclass: ``lp[token].logprob`` reads as in vLLM, and code that
+    treats the entry as a number (sums, comparisons, JSON) keeps working.
+    ``rank`` is the token's 1-based position in the vocabulary sorted by
+    probability (ties share the better rank), also for a sampled or prompt token
+    outside the requested top-k: the worker counts the tokens more likely than it.
+    """
+
+    def __new__(cls, logprob: float, rank: int | None = None, decoded_token: str | None = None) -> "Logprob":
+        obj = super().__new__(cls, logprob)
+        obj.rank = rank
+        obj.decoded_token = decoded_token
+        return obj
+
+    @property
+    def logprob(self) -> float:
+        return float(self)
+
+    def __reduce__(self):
+        return (Logprob, (float(self), self.rank, self.decoded_token))
+
+    def __repr__(self) -> str:
+        return f"Logprob(logprob={float(self)!r}, rank={self.rank!r}, decoded_token={self.decoded_token!r})"
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _FRONT_END:
-        raise AttributeError(f"module 'minivllm.outputs' has no attribute {name!r}")
-    return getattr(importlib.import_module(_FRONT_END[name]), name)
+Logprobs = list[dict[int, Logprob]]
+"""One {token_id: Logprob} dict per position."""
+
+
+@dataclass
+class CompletionOutput:
+    index: int
+    """Which of the prompt's ``n`` completions this is."""
+    text: str
+    token_ids: list[int]
+    cumulative_logprob: float | None
+    """Sum of the chosen tokens' logprobs; None unless logprobs were asked for."""
+    logprobs: Logprobs | None
+    finish_reason: str | None = None
+    """'stop', 'length' or 'abort' once finished."""
+    stop_reason: int | str | None = None
+    """The stop token id or stop string that ended it (None for EOS or length)."""
+
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    finished: bool
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+    """Timestamps and counts: arrival_time, first_token_time, finished_time."""
+    num_cached_tokens: int = 0
+    """Prompt tokens whose KV came from the prefix cache when the request was first scheduled."""

@@ -43,7 +43,7 @@ def test_generate_writes_outputs_and_metrics(llama_dir, tmp_path):
     assert metrics["output_tokens"] == 10 and metrics["num_kv_blocks"] == 32
     assert metrics["output_tokens_per_s"] > 0 and metrics["num_preemptions"] == 0
     resolved = yaml.safe_load((run_dir / "resolved_config.yaml").read_text())
-    assert resolved["parallel"]["executor"]["_target_"] == "minivllm.executor.uniproc.UniProcExecutor"
+    assert resolved["parallel"]["executor"]["_target_"] == "minivllm.executor.base.UniProcExecutor"
 
 
 def test_multirun_runs_one_job_per_combination(llama_dir, tmp_path):

@@ -29,13 +29,14 @@ def test_vllms_other_top_level_names():
 
 
 def test_minivllm_outputs_gives_the_front_end_classes():
-    from minivllm.engine import outputs as engine_outputs
-    from minivllm.outputs import CompletionOutput, EmbeddingRequestOutput, PoolingRequestOutput, RequestOutput
+    import minivllm
+    from minivllm.outputs import CompletionOutput, Logprob, RequestOutput
     from minivllm.pooling import outputs as pooling_outputs
 
-    assert RequestOutput is engine_outputs.RequestOutput and CompletionOutput is engine_outputs.CompletionOutput
-    assert PoolingRequestOutput is pooling_outputs.PoolingRequestOutput
-    assert EmbeddingRequestOutput is pooling_outputs.EmbeddingRequestOutput
+    assert RequestOutput is minivllm.RequestOutput and CompletionOutput is minivllm.CompletionOutput
+    assert Logprob(-0.5, rank=1).logprob == -0.5
+    assert minivllm.PoolingRequestOutput is pooling_outputs.PoolingRequestOutput
+    assert minivllm.EmbeddingRequestOutput is pooling_outputs.EmbeddingRequestOutput
     with pytest.raises(ImportError):
         from minivllm.outputs import NoSuchOutput  # noqa: F401
 

@@ -6,8 +6,7 @@ import sys
 
 import pytest
 
-from minivllm.cli.main import main
-from minivllm.cli.vllm_flags import flag_hint
+from minivllm.cli.main import flag_hint, main
 
 
 def test_each_flag_is_answered_with_its_override():

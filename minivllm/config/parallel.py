@@ -26,7 +26,7 @@ DP_BACKENDS = ("mp", "ray")
 PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 """Ray's placement group strategies."""
 EXECUTOR_TARGETS = {
-    "uni": "minivllm.executor.uniproc.UniProcExecutor",
+    "uni": "minivllm.executor.base.UniProcExecutor",
     "mp": "minivllm.executor.multiproc.MultiprocExecutor",
     "ray": "minivllm.executor.ray_executor.RayDistributedExecutor",
     "external_launcher": "minivllm.executor.external_launcher.ExecutorWithExternalLauncher",

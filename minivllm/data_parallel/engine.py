@@ -1,6 +1,6 @@
 """``DataParallelEngine``: what ``LLM`` drives when ``parallel.dp > 1``.
 
-It offers the part of ``LLMEngine``'s interface that ``LLM`` uses (process, add,
+It offers the part of ``LLMEngine``'s interface that ``LLM`` uses (its processor, add,
 abort, step, stats, collective_rpc), over ``dp`` engine processes, through the
 ``EngineCoreClient`` that ``AsyncLLM`` uses too::
 
@@ -20,25 +20,29 @@ import queue
 from typing import Any, Callable
 
 import cloudpickle
+from transformers import PreTrainedTokenizerBase
 
-from minivllm.config.vllm_config import VllmConfig
+from minivllm.config.vllm_config import ModelConfigView, VllmConfig
 from minivllm.core.stats import SchedulerStats
 from minivllm.engine.balancer import LoadBalancer
 from minivllm.engine.core_client import EngineCoreClient, merge_stats
-from minivllm.engine.engine_client import EngineClient
-from minivllm.engine.engine_proc import EngineMessage
-from minivllm.engine.outputs import RequestOutput
+from minivllm.engine.engine_proc import EngineClient
+from minivllm.engine.messages import Call, CollectiveRpc, EngineFailed, EngineOutputs, GetStats
 from minivllm.engine.processor import ProcessedRequest, Processor
 from minivllm.engine.ray_replica import RayReplicas
-from minivllm.engine.request_intake import RequestIntake
-from minivllm.engine.vllm_names import VllmEngineNames
+from minivllm.inputs import PromptType
+from minivllm.lora_request import LoRARequest
+from minivllm.outputs import RequestOutput
 from minivllm.pooling.outputs import PoolingRequestOutput
+from minivllm.pooling.params import PoolingParams
+from minivllm.sampling_params import SamplingParams
 
 
-class DataParallelEngine(RequestIntake, VllmEngineNames):
+class DataParallelEngine:
     def __init__(self, cfg: VllmConfig) -> None:
         self.cfg = cfg
-        self._inbox: queue.SimpleQueue[tuple[int, EngineMessage | str]] = queue.SimpleQueue()
+        self._inbox: queue.SimpleQueue[tuple[int, EngineOutputs | EngineFailed | str]] = queue.SimpleQueue()
+        """(replica, its message, or why its engine exited), from the replicas' reader threads."""
         self.client = EngineCoreClient(cfg, self._on_message, self._on_exit)
         self.tokenizer = self.client.tokenizer
         self.processor: Processor = self.client.processor
@@ -64,14 +68,49 @@ class DataParallelEngine(RequestIntake, VllmEngineNames):
     def eos_token_id(self) -> int | None:
         return self.processor.eos_token_id
 
+    # ---- vLLM's names, as ``LLMEngine`` has them -------------------------------------------
+    @property
+    def vllm_config(self) -> VllmConfig:
+        return self.cfg
+
+    @property
+    def model_config(self) -> ModelConfigView:
+        return ModelConfigView.of(self.cfg)
+
+    def get_tokenizer(self) -> PreTrainedTokenizerBase:
+        return self.tokenizer
+
     # ---- replica messages (on their reader threads) ---------------------------------------
-    def _on_message(self, replica: int, msg: EngineMessage, now: float) -> None:
+    def _on_message(self, replica: int, msg: EngineOutputs | EngineFailed, now: float) -> None:
         self._inbox.put((replica, msg))
 
     def _on_exit(self, replica: int, reason: str) -> None:
         self._inbox.put((replica, reason))
 
     # ---- requests -------------------------------------------------------------------------
+    def add_request(
+        self,
+        request_id: str | None,
+        prompt: PromptType,
+        params: SamplingParams | None = None,
+        priority: int = 0,
+        cache_salt: str | None = None,
+        group_id: str | None = None,
+        pooling_params: PoolingParams | None = None,
+        lora_request: LoRARequest | None = None,
+    ) -> str:
+        """``LLMEngine.add_request``: validate (``Processor.process``), then send to a replica."""
+        request = self.processor.process(
+            request_id,
+            prompt,
+            pooling_params if pooling_params is not None else params,
+            lora_request=lora_request,
+            priority=priority,
+            cache_salt=cache_salt,
+            group_id=group_id,
+        )
+        return self.add_processed(request)
+
     def add_processed(self, request: ProcessedRequest) -> str:
         """Send a processed request to the replica the balancer picks (its engine does not check it again)."""
         self.client.add(request)
@@ -90,36 +129,36 @@ class DataParallelEngine(RequestIntake, VllmEngineNames):
     def step(self) -> list[RequestOutput | PoolingRequestOutput]:
         """Outputs that have arrived from any replica, waiting for the first one."""
         if not self._ready:
-            self._absorb(*self._inbox.get())
+            self._receive(*self._inbox.get())
         while not self._inbox.empty():
-            self._absorb(*self._inbox.get())
+            self._receive(*self._inbox.get())
         ready, self._ready = self._ready, []
         return ready
 
-    def _absorb(self, replica: int, msg: EngineMessage | str) -> None:
+    def _receive(self, replica: int, msg: EngineOutputs | EngineFailed | str) -> None:
         if isinstance(msg, str):  # the replica's process exited
             self.client.fail(replica, msg)
             self.client.check_alive()
-        arrival = self.client.absorb(replica, msg)
-        self._replies.update(arrival.replies)
-        self._ready.extend(arrival.outputs)
-        self._ready.extend(arrival.pooled)
+        received = self.client.receive(replica, msg)
+        self._replies.update(received.replies)
+        self._ready.extend(received.outputs)
+        self._ready.extend(received.pooled)
         self.client.check_alive()
-        if arrival.refused:
-            request_id, reason = next(iter(arrival.refused.items()))
+        if received.refused:
+            request_id, reason = next(iter(received.refused.items()))
             raise ValueError(f"request {request_id!r}: {reason}")
 
     # ---- calls answered by every replica ---------------------------------------------------
-    def _ask_all(self, command: Callable[[int], tuple]) -> list[Any]:
+    def _ask_all(self, command: Callable[[int], Call]) -> list[Any]:
         """Send ``command(token)`` to each replica; their replies in replica order."""
         tokens = self.client.ask_all(command)
         while any(t not in self._replies for t in tokens):
-            self._absorb(*self._inbox.get())
+            self._receive(*self._inbox.get())
         return [self._replies.pop(t) for t in tokens]
 
     def replica_stats(self) -> list[SchedulerStats]:
         """Each replica's scheduler stats, fresh (answered between two of its steps)."""
-        return self._ask_all(lambda token: ("stats", token))
+        return self._ask_all(GetStats)
 
     def scheduler_stats(self) -> SchedulerStats:
         return merge_stats(self.replica_stats())
@@ -128,7 +167,7 @@ class DataParallelEngine(RequestIntake, VllmEngineNames):
         """Every replica's ranks, replica by replica (``dp x tp x pp`` results)."""
         call = cloudpickle.dumps((method, tuple(args), kwargs))
         results = []
-        for replica, reply in enumerate(self._ask_all(lambda token: ("rpc", token, call))):
+        for replica, reply in enumerate(self._ask_all(lambda token: CollectiveRpc(token, call))):
             if isinstance(reply, BaseException):
                 raise RuntimeError(f"data-parallel replica {replica}: {reply}")
             results.extend(reply)

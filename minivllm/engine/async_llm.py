@@ -14,7 +14,7 @@ raises ValueError before anything reaches the engine, which queues the processed
 request as it is. ``EngineCoreClient`` (``engine/core_client.py``) starts the
 engine and hands its messages to the event loop, where each request's
 ``RequestStream`` receives its outputs and each awaited reply its future
-(``async_requests.py``: what callers wait on, and how a message reaches it).
+(``request_stream.py``: what callers wait on, and how a message reaches it).
 This file binds the event loop, admits and aborts requests, and asks the engine.
 
 With ``parallel.dp > 1`` there is one engine process per data-parallel
@@ -33,19 +33,19 @@ import asyncio
 import copy
 import dataclasses
 import time
-from typing import Any, AsyncIterator, Sequence
+from typing import Any, AsyncIterator, Callable, Sequence
 
 from minivllm.config.llm_kwargs import config_from_kwargs
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.core.scheduler import SchedulerStats
-from minivllm.engine.async_requests import AsyncRequests, StatLogger
 from minivllm.engine.balancer import LoadBalancer
 from minivllm.engine.core_client import EngineCoreClient, merge_stats
-from minivllm.engine.engine_proc import EngineMessage
-from minivllm.engine.outputs import RequestOutput
-from minivllm.engine.processor import ProcessedRequest, Processor, PromptType
-from minivllm.engine.request_stream import EngineDeadError, RequestStream
+from minivllm.engine.messages import Call, EngineFailed, EngineOutputs, GetStats, IsSleeping, Sleep, WakeUp
+from minivllm.engine.processor import ProcessedRequest, Processor
+from minivllm.engine.request_stream import AsyncRequests, EngineDeadError, RequestStatLogger, RequestStream
+from minivllm.inputs import PromptType
 from minivllm.lora_request import LoRARequest
+from minivllm.outputs import RequestOutput
 from minivllm.plugins import load_general_plugins
 from minivllm.pooling.outputs import PoolingRequestOutput
 from minivllm.pooling.params import PoolingParams
@@ -53,7 +53,7 @@ from minivllm.sampling_params import RequestOutputKind, SamplingParams
 
 
 class AsyncLLM:
-    def __init__(self, cfg: VllmConfig, stat_loggers: Sequence[StatLogger] = ()) -> None:
+    def __init__(self, cfg: VllmConfig, stat_loggers: Sequence[RequestStatLogger] = ()) -> None:
         self.cfg = cfg
         self._requests = AsyncRequests(stat_loggers)
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -68,7 +68,7 @@ class AsyncLLM:
         return self.client.failure
 
     @property
-    def stat_loggers(self) -> list[StatLogger]:
+    def stat_loggers(self) -> list[RequestStatLogger]:
         """The loggers told of each request's tokens and end (add and remove them here)."""
         return self._requests.stat_loggers
 
@@ -84,7 +84,7 @@ class AsyncLLM:
         return cls(VllmConfig.from_dictconfig(tree))
 
     # ---- the engine process ----------------------------------------------------------
-    def _from_engine(self, replica: int, msg: EngineMessage, now: float) -> None:
+    def _from_engine(self, replica: int, msg: EngineOutputs | EngineFailed, now: float) -> None:
         self._call_in_loop(self._on_message, replica, msg, now)  # (on the reader thread)
 
     def _engine_exited(self, replica: int, reason: str) -> None:
@@ -110,10 +110,10 @@ class AsyncLLM:
             self._loop = loop
 
     # ---- messages from the engine (on the event loop) ---------------------------------
-    def _on_message(self, replica: int, msg: EngineMessage, now: float) -> None:
-        arrival = self.client.absorb(replica, msg)
-        self._requests.deliver(arrival, now)
-        if arrival.failure is not None:
+    def _on_message(self, replica: int, msg: EngineOutputs | EngineFailed, now: float) -> None:
+        received = self.client.receive(replica, msg)
+        self._requests.deliver(received, now)
+        if received.failure is not None:
             self._on_dead()
 
     def _on_exit(self, replica: int, reason: str) -> None:
@@ -249,25 +249,23 @@ class AsyncLLM:
 
     async def replica_stats(self) -> list[SchedulerStats]:
         """Each data-parallel replica's scheduler stats, in replica order."""
-        self._bind_loop()
-        tokens = self.client.ask_all(lambda token: ("stats", token))
-        return list(await asyncio.gather(*self._requests.replies(tokens, self._loop)))
+        return await self._ask_engines(GetStats)
 
     # ---- sleep mode (every replica; LLMEngine.sleep) ------------------------------------
     async def sleep(self, level: int = 1) -> None:
         """Free the KV cache and offload (1) or discard (2) the weights; ValueError while requests run."""
-        await self._call_engines("sleep", level)
+        await self._ask_engines(lambda token: Sleep(token, level))
 
     async def wake_up(self, tags: list[str] | None = None) -> None:
-        await self._call_engines("wake_up", tags)
+        await self._ask_engines(lambda token: WakeUp(token, tags))
 
     async def is_sleeping(self) -> bool:
-        return any(await self._call_engines("is_sleeping"))
+        return any(await self._ask_engines(IsSleeping))
 
-    async def _call_engines(self, name: str, *args: Any) -> list[Any]:
-        """``LLMEngine.<name>(*args)`` in every replica's process (``engine_proc.ENGINE_CALLS``)."""
+    async def _ask_engines(self, command: Callable[[int], Call]) -> list[Any]:
+        """Send ``command(token)`` to every replica's engine; their replies in replica order."""
         self._bind_loop()
-        tokens = self.client.ask_all(lambda token: ("call", token, name, args))
+        tokens = self.client.ask_all(command)
         return list(await asyncio.gather(*self._requests.replies(tokens, self._loop)))
 
     @property

@@ -75,11 +75,11 @@ class EngineCore:
             self.cfg.max_model_len,
             spec.num_blocks / per_request,
         )
-        sched, defaulted = self.cfg.scheduler, self.cfg.defaulted_scheduler_keys
+        scheduler, defaulted = self.cfg.scheduler, self.cfg.defaulted_scheduler_keys
         logger.info(
             "Scheduler: up to %d requests and %d tokens a step (max_num_seqs, max_num_batched_tokens)%s",
-            sched.max_num_seqs,
-            sched.max_num_batched_tokens,
+            scheduler.max_num_seqs,
+            scheduler.max_num_batched_tokens,
             f"; {', '.join(defaulted)} null: the {self.cfg.device_type} default" if defaulted else "",
         )
 
@@ -158,42 +158,44 @@ class EngineCore:
         the queue is full or there was nothing new to submit."""
         submitted = False
         if len(self._batches) < self.max_batches:
-            sched = self.scheduler.schedule()
-            if not sched.is_empty or sched.forget_req_ids:  # an empty one lets workers drop state
-                self._batches.append((sched, self.executor.execute_model_async(sched)))
-                submitted = not sched.is_empty
+            scheduler_output = self.scheduler.schedule()
+            # an empty one with requests to forget lets workers drop their state
+            if not scheduler_output.is_empty or scheduler_output.forget_req_ids:
+                self._batches.append((scheduler_output, self.executor.execute_model_async(scheduler_output)))
+                submitted = not scheduler_output.is_empty
         if not self._batches or (submitted and len(self._batches) < self.max_batches):
             return []
-        sched, launched = self._batches.popleft()
-        return self.scheduler.update_from_output(sched, launched.result())
+        scheduler_output, launched = self._batches.popleft()
+        return self.scheduler.update_from_output(scheduler_output, launched.result())
 
     def _step_overlapped(self) -> list[EngineCoreOutput]:
         results = []
         if self._in_flight is not None and self.scheduler.has_grammars:
             # Grammar masks need every token so far: no speculation while a request has one.
             results = self._finish_in_flight()
-        sched = self.scheduler.schedule()
+        scheduler_output = self.scheduler.schedule()
         launched = None
-        if not sched.is_empty or sched.forget_req_ids:
-            launched = self.executor.execute_model_async(sched)
+        if not scheduler_output.is_empty or scheduler_output.forget_req_ids:
+            launched = self.executor.execute_model_async(scheduler_output)
         if self._in_flight is not None:
             results = self._finish_in_flight()
-        self._in_flight = (sched, launched) if launched is not None and not sched.is_empty else None
+        running = launched is not None and not scheduler_output.is_empty
+        self._in_flight = (scheduler_output, launched) if running else None
         return results
 
     def _finish_in_flight(self) -> list[EngineCoreOutput]:
-        prev_sched, prev = self._in_flight
+        scheduler_output, launched = self._in_flight
         self._in_flight = None
-        return self.scheduler.update_from_output(prev_sched, prev.result())
+        return self.scheduler.update_from_output(scheduler_output, launched.result())
 
     def _step_sync(self) -> list[EngineCoreOutput]:
-        sched = self.scheduler.schedule()
-        if sched.is_empty:
-            if sched.forget_req_ids:  # let workers drop state of aborted requests
-                self.executor.execute_model(sched)
+        scheduler_output = self.scheduler.schedule()
+        if scheduler_output.is_empty:
+            if scheduler_output.forget_req_ids:  # let workers drop state of aborted requests
+                self.executor.execute_model(scheduler_output)
             return []
-        output = self.executor.execute_model(sched)
-        return self.scheduler.update_from_output(sched, output)
+        output = self.executor.execute_model(scheduler_output)
+        return self.scheduler.update_from_output(scheduler_output, output)
 
     def shutdown(self) -> None:
         self.executor.shutdown()

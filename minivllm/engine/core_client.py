@@ -5,7 +5,7 @@ keeps its core clients in ``v1/engine/core_client.py``)::
 
     Processor.process ─> EngineCoreClient.add ─ LoadBalancer.pick ─┬─> EngineClient 0 ─> engine process 0
     (check, tokenize once)                                           └─> EngineClient 1 ─> engine process 1
-    owner's thread <─ absorb(replica, message): outputs, refusals, replies, failures
+    owner's thread <─ receive(replica, message): outputs, refusals, replies, failures
 
 It starts the replicas, builds the one ``Processor`` every request passes
 (capped by the smallest replica's KV cache), routes adds and aborts, tracks
@@ -13,7 +13,7 @@ each unfinished request's replica, hands out call tokens for replies, and
 records the first failure (naming the replica when there are several). It
 never blocks on the engines and owns no thread: engine messages arrive on the
 ``EngineClient`` reader threads through the callbacks its owner passes, and the
-owner hands them back to ``absorb`` on its own thread (the event loop, or the
+owner hands them back to ``receive`` on its own thread (the event loop, or the
 thread calling ``step``), so the bookkeeping is single-threaded.
 """
 
@@ -23,7 +23,7 @@ import copy
 import itertools
 import logging
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 from multiprocessing.util import Finalize
 from typing import Any, Callable, Sequence
@@ -31,23 +31,21 @@ from typing import Any, Callable, Sequence
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.core.stats import SchedulerStats
 from minivllm.engine.balancer import LoadBalancer
-from minivllm.engine.engine_client import EXIT_PRIORITY, EngineClient
-from minivllm.engine.engine_proc import EngineMessage, unpack_output
-from minivllm.engine.outputs import RequestOutput
+from minivllm.engine.engine_proc import EXIT_PRIORITY, EngineClient
+from minivllm.engine.messages import AbortRequests, AddRequest, Call, EngineFailed, EngineOutputs
 from minivllm.engine.processor import ProcessedRequest, Processor
 from minivllm.engine.ray_replica import RayReplicas
 from minivllm.engine.request_stream import EngineDeadError
 from minivllm.kv_cache_spec import KVCacheSpec
-from minivllm.pooling.outputs import PoolingRequestOutput
 from minivllm.tokenizer import get_tokenizer
 
 logger = logging.getLogger(__name__)
 
-OnMessage = Callable[[int, EngineMessage, float], None]
+OnMessage = Callable[[int, EngineOutputs | EngineFailed, float], None]
 """``(replica, message, arrival_time)``, called on the replica's reader thread."""
 OnExit = Callable[[int, str], None]
 """``(replica, reason)``, called when the replica's engine process has exited."""
-StartReplica = Callable[[VllmConfig, Callable[[EngineMessage, float], None], Callable[[str], None]], Any]
+StartReplica = Callable[[VllmConfig, Callable[[EngineOutputs | EngineFailed, float], None], Callable[[str], None]], Any]
 """Starts one replica, ``(its config, on_message, on_exit)``, and returns once its model is loaded:
 ``EngineClient`` (an engine process), or ``RayReplicas.start`` (a Ray actor, ``ray_replica.py``)."""
 
@@ -57,22 +55,6 @@ class _Routed:
     replica: int
     prompt: str | None
     prompt_token_ids: list[int]
-
-
-@dataclass
-class Arrival:
-    """What one engine message means to the front end, after ``EngineCoreClient.absorb``."""
-
-    outputs: list[RequestOutput] = field(default_factory=list)
-    """Outputs of requests still tracked, with their prompt filled in (a finished one is no longer tracked)."""
-    pooled: list[PoolingRequestOutput] = field(default_factory=list)
-    added: list[str] = field(default_factory=list)
-    refused: dict[str, str] = field(default_factory=dict)
-    """Requests the engine refused, with the reason (no longer tracked)."""
-    replies: dict[int, Any] = field(default_factory=dict)
-    """Answers to calls, by the token ``ask_all`` handed out."""
-    failure: str | None = None
-    """Set when the message reports that its engine failed."""
 
 
 class EngineCoreClient:
@@ -113,7 +95,7 @@ class EngineCoreClient:
             raise ValueError(f"request_id={request.request_id!r}: already in use by an unfinished request")
         replica = self.balancer.pick(request.prompt_token_ids)
         self._requests[request.request_id] = _Routed(replica, request.prompt, request.prompt_token_ids)
-        self.engines[replica].send(("add", request))
+        self.engines[replica].send(AddRequest(request))
         return replica
 
     def abort(self, request_ids: Sequence[str]) -> list[str]:
@@ -125,7 +107,7 @@ class EngineCoreClient:
                 by_replica.setdefault(routed.replica, []).append(request_id)
         if self.failure is None:
             for replica, some in by_replica.items():
-                self.engines[replica].send(("abort", some))
+                self.engines[replica].send(AbortRequests(some))
         return [r for some in by_replica.values() for r in some]
 
     def finish(self, request_id: str) -> _Routed | None:
@@ -140,7 +122,7 @@ class EngineCoreClient:
         return len(self._requests)
 
     # ---- calls answered by every replica ---------------------------------------------------
-    def ask_all(self, command: Callable[[int], tuple]) -> list[int]:
+    def ask_all(self, command: Callable[[int], Call]) -> list[int]:
         """Send ``command(token)`` to each replica; the tokens their replies will carry, in replica order."""
         self.check_alive()
         tokens = []
@@ -150,28 +132,27 @@ class EngineCoreClient:
         return tokens
 
     # ---- what the engines say (on the owner's thread) ---------------------------------------
-    def absorb(self, replica: int, msg: EngineMessage) -> Arrival:
+    def receive(self, replica: int, msg: EngineOutputs | EngineFailed) -> EngineOutputs:
         """Account for one message of ``replica``: outputs of requests aborted meanwhile are
-        dropped, finished and refused requests stop being tracked, a fatal error is recorded."""
-        arrival = Arrival(added=msg.added, replies=msg.replies)
-        for request_id, reason in msg.add_errors.items():
+        dropped, finished and refused requests stop being tracked, a failure is recorded."""
+        if isinstance(msg, EngineFailed):
+            return EngineOutputs(failure=self.fail(replica, f"engine failed: {msg.reason}"))
+        received = EngineOutputs(added=msg.added, replies=msg.replies)
+        for request_id, reason in msg.refused.items():
             self.finish(request_id)
-            arrival.refused[request_id] = reason
-        for packed in msg.outputs:
-            out = unpack_output(packed)
+            received.refused[request_id] = reason
+        for out in msg.outputs:
             routed = self._requests.get(out.request_id)
             if routed is None:
                 continue  # aborted meanwhile
             out.prompt, out.prompt_token_ids = routed.prompt, routed.prompt_token_ids
             if out.finished:
                 self.finish(out.request_id)
-            arrival.outputs.append(out)
+            received.outputs.append(out)
         for pooled in msg.pooled:
             if self.finish(pooled.request_id) is not None:
-                arrival.pooled.append(pooled)
-        if msg.fatal is not None:
-            arrival.failure = self.fail(replica, f"engine failed: {msg.fatal}")
-        return arrival
+                received.pooled.append(pooled)
+        return received
 
     def fail(self, replica: int, reason: str) -> str:
         """Record that ``replica`` stopped (logged unless shutting down); returns the first failure."""

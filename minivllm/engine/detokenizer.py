@@ -1,4 +1,5 @@
-"""Incremental detokenization and stop strings.
+"""Token ids -> text: incremental detokenization and stop strings, the final text decoded
+once, and the logprobs' token texts.
 
 Text grows by the tokenizer library's own streaming decoder
 (``tokenizers.decoders.DecodeStream``), which holds back bytes that do not yet
@@ -13,14 +14,42 @@ that must not appear in the output. Text once shown is therefore never taken bac
 Added tokens (special tokens when ``skip_special_tokens=False``) are their own
 segments of text; with ``spaces_between_special_tokens`` the segments are joined
 by single spaces, as transformers' Python tokenizers do.
+
+**Final text only** (``FinalDetokenizer``): text decoded once, when a request finishes, for
+requests that show nothing before. A request that asks only for its final output (``RequestOutputKind.FINAL_ONLY``,
+what ``LLM.generate`` asks) and has no stop strings needs no text while it runs:
+nothing reads it. Decoding token by token (``IncrementalDetokenizer``) would cost
+one tokenizer call per token per step; this detokenizer only keeps the tokens
+and decodes them in one call at the end::
+
+    text = decode(prompt tail + output)[len(decode(prompt tail)):]
+
+The prompt's tail gives the first output token its context, as the incremental
+detokenizer's priming does. That one call gives exactly the incremental text
+when the tokenizer's decoder only concatenates what each token spells
+(``_CONCATENATING``: byte-level BPE, SentencePiece's metaspace and byte
+fallback) and no token is an added token shown as its own segment. In every
+other case (another decoder, an added token, an id past the vocabulary, text
+ending in an unfinished character) the tokens are replayed through
+``IncrementalDetokenizer``, so the text is what streaming would show. The one
+exception: where byte pieces that are not valid UTF-8 made the streaming decoder
+restart (``IncrementalDetokenizer._stream_step``), the one call gives the
+tokenizer's own decoding of the tokens.
+
+**Logprobs.** ``LogprobBuilder`` turns the workers' ``PositionLogprobs`` into
+``{token_id: Logprob}`` with each token's rank and, when asked, its text.
 """
 
 from __future__ import annotations
 
+import json
+
+from tokenizers import Tokenizer
 from tokenizers.decoders import DecodeStream
 from transformers import PreTrainedTokenizerBase
 
-from minivllm.sampling_params import SamplingParams
+from minivllm.outputs import Logprob, PositionLogprobs
+from minivllm.sampling_params import RequestOutputKind, SamplingParams
 
 PRIME_TOKENS = 4
 """Prompt tokens decoded before the first output token, for its context."""
@@ -123,3 +152,114 @@ class IncrementalDetokenizer:
         at, stop = min(found, key=lambda f: f[0])
         self.text = self.text[: at + len(stop)] if self._keep_stop else self.text[:at]
         return stop
+
+
+_CONCATENATING = frozenset({"ByteLevel", "Metaspace", "ByteFallback", "Fuse", "Strip", "Replace"})
+"""Decoder steps under which decoding a sequence equals joining the decoded pieces."""
+
+
+def wants_final_text_only(params: SamplingParams) -> bool:
+    """Whether a request's text is read only once it finished (no stop strings to watch)."""
+    return params.output_kind == RequestOutputKind.FINAL_ONLY and params.detokenize and not params.stop
+
+
+class FinalTextDecoder:
+    """One tokenizer's one-shot decoding, with what it needs to know computed once."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
+        self.tokenizer = tokenizer
+        self._backend: Tokenizer = getattr(tokenizer, "_tokenizer", None) or tokenizer.backend_tokenizer
+        self._vocab_size = self._backend.get_vocab_size(with_added_tokens=True)
+        self._special = {i: t.special for i, t in self._backend.get_added_tokens_decoder().items()}
+        """Added token id -> whether it is special."""
+        self._concatenates = _decoder_steps(json.loads(self._backend.to_str()).get("decoder")) <= _CONCATENATING
+
+    def decode(self, prompt_tail: list[int], token_ids: list[int], params: SamplingParams) -> str:
+        """The text ``IncrementalDetokenizer`` would end with after the tail and the tokens."""
+        skip = params.skip_special_tokens
+        ids = prompt_tail + token_ids
+        if self._concatenates and not self._needs_replay(ids, params):
+            prefix = self._backend.decode(prompt_tail, skip_special_tokens=skip)
+            full = self._backend.decode(ids, skip_special_tokens=skip)
+            if full.startswith(prefix) and not full.endswith("\ufffd"):
+                return full[len(prefix) :]
+        detok = IncrementalDetokenizer(self.tokenizer, params, prompt_tail)
+        detok.append(token_ids)
+        return detok.output_text(finished=True)
+
+    def _needs_replay(self, ids: list[int], params: SamplingParams) -> bool:
+        """Whether an id lies past the vocabulary or is an added token that the incremental
+        detokenizer shows as its own segment (``IncrementalDetokenizer._spaced_tokens``)."""
+        vocab, special = self._vocab_size, self._special
+        if not params.spaces_between_special_tokens:
+            return any(not 0 <= t < vocab for t in ids)
+        skip = params.skip_special_tokens
+        return any(not 0 <= t < vocab or (t in special and not (special[t] and skip)) for t in ids)
+
+
+class FinalDetokenizer:
+    """``IncrementalDetokenizer``'s interface for ``wants_final_text_only`` requests."""
+
+    def __init__(self, decoder: FinalTextDecoder, params: SamplingParams, prompt_token_ids: list[int]):
+        self._decoder, self._params = decoder, params
+        self._prompt_tail = list(prompt_token_ids[-PRIME_TOKENS:])
+        self._token_ids: list[int] = []
+        self._text: str | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self._token_ids)
+
+    def append(self, token_ids: list[int]) -> None:
+        """Keep the tokens; there is no stop string to find."""
+        self._token_ids.extend(token_ids)
+        self._text = None
+
+    @property
+    def text(self) -> str:
+        if self._text is None:
+            self._text = self._decoder.decode(self._prompt_tail, self._token_ids, self._params)
+        return self._text
+
+    def output_text(self, finished: bool) -> str:
+        return self.text
+
+
+def _decoder_steps(decoder: dict | None) -> frozenset[str]:
+    """The types of a tokenizer.json decoder's steps (a Sequence's members); {"none"} without one."""
+    if decoder is None:
+        return frozenset({"none"})
+    steps = decoder.get("decoders", [decoder]) if decoder.get("type") == "Sequence" else [decoder]
+    return frozenset(step.get("type", "unknown") for step in steps)
+
+
+class LogprobBuilder:
+    """Turns the workers' ``PositionLogprobs`` into ``{token_id: Logprob}``.
+
+    A worker's dict holds the chosen token first, then the top-k in descending
+    order; when the chosen token is one of the top-k it appears once. The
+    chosen token's rank comes from the worker; the top-k's are their order.
+    """
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
+        self.tokenizer = tokenizer
+        self._texts: dict[int, str] = {}
+
+    def token_text(self, token_id: int) -> str:
+        text = self._texts.get(token_id)
+        if text is None:
+            text = self._texts[token_id] = self.tokenizer.decode([token_id])
+        return text
+
+    def entry(self, raw: PositionLogprobs, top_k: int, detokenize: bool) -> dict[int, Logprob]:
+        """One position; ``top_k``: how many alternatives were asked for."""
+        items = list(raw.token_logprobs.items())
+        top = items[1:] if len(items) > top_k else items  # the chosen token is outside the top-k
+        ranks = {t: r for r, (t, _) in enumerate(sorted(top, key=lambda kv: -kv[1]), start=1)}
+        ranks[items[0][0]] = raw.rank
+        return {t: Logprob(lp, ranks[t], self.token_text(t) if detokenize else None) for t, lp in items}
+
+    def positions(
+        self, raw: list[PositionLogprobs | None], top_k: int, detokenize: bool
+    ) -> list[dict[int, Logprob] | None]:
+        return [None if d is None else self.entry(d, top_k, detokenize) for d in raw]

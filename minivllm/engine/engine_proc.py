@@ -1,98 +1,164 @@
-"""The engine process behind ``AsyncLLM``: an ``LLMEngine`` stepping in a loop.
+"""The engine process behind ``AsyncLLM`` and ``DataParallelEngine``: an ``LLMEngine``
+stepping in a loop (``EngineLoop``, in the engine process), and the front end's end of
+its pipes (``EngineClient``).
 
 The front end (HTTP handlers, the asyncio loop) and the step loop live in
 different processes, so neither waits on the other's GIL. They talk over two
-one-way pipes of pickled messages:
+one-way pipes of pickled messages (``messages.py``). Commands are drained between
+steps, never during one, so an abort frees its blocks before the next step is
+scheduled.
 
-    front end                                           engine process
-    ---------                                           --------------
-    ("add", ProcessedRequest)                       ──► LLMEngine.add_processed (checked and tokenized
-                                                        by the front end's Processor; not again here)
-    ("abort", [ids])                                ──► LLMEngine.abort_request (blocks freed now)
-    ("stats", token)                                ──► scheduler_stats()
-    ("rpc", token, call)                            ──► collective_rpc (call: cloudpickled method, args, kwargs)
-    ("call", token, name, args)                     ──► LLMEngine.<name>(*args), name in ENGINE_CALLS
-    ("shutdown", None)                              ──► leave the loop
-                                                    ◄── EngineMessage(added, add_errors, replies)
-                                                    ◄── EngineMessage(outputs=[RequestOutput (DELTA)])
+On the front end's side two threads keep the caller's event loop from ever
+blocking on the pipes: a writer pickles and sends queued commands (a busy engine
+may leave the pipe full for a whole step), and a reader hands each message to a
+callback. When the engine process exits, the reader sees end-of-file and reports it.
 
-Commands are drained between steps, never during one, so an abort frees its
-blocks before the next step is scheduled. Outputs are deltas; the front end
-keeps the prompt and accumulates text, so each message carries only what is new,
-packed as plain tuples (pickling dataclasses costs ten times more, per request
-per step).
+Stopping: the engine ignores SIGINT and SIGTERM (the parent owns shutdown) and
+is not a daemon (with parallel.tp > 1 it starts worker processes itself), so it
+is asked to stop through the pipe and killed only if it does not. An engine
+still running when the interpreter exits (a script that raised with its ``LLM``
+alive: the traceback and the module keep it) is stopped the same way by a
+``multiprocessing.util.Finalize``: those run at exit before multiprocessing
+joins its non-daemon children, which would otherwise wait forever for an
+engine that is waiting for commands.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
+import multiprocessing as mp
 import pickle
+import queue
 import signal
+import threading
+import time
 import traceback
-from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
-from operator import attrgetter
-from typing import Any
+from multiprocessing.util import Finalize
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 from minivllm.config.vllm_config import VllmConfig
-from minivllm.engine.outputs import CompletionOutput, RequestOutput
-from minivllm.kv_cache_spec import KVCacheSpec
-from minivllm.pooling.outputs import PoolingRequestOutput
+from minivllm.engine.messages import (
+    AbortRequests,
+    AddRequest,
+    Call,
+    CollectiveRpc,
+    Command,
+    EngineFailed,
+    EngineOutputs,
+    EngineReady,
+    GetStats,
+    IsSleeping,
+    Shutdown,
+    Sleep,
+    WakeUp,
+)
+from minivllm.outputs import RequestOutput
 
-_COMPLETION_FIELDS = tuple(f.name for f in dataclasses.fields(CompletionOutput))
-_FRONT_END_FIELDS = ("prompt", "prompt_token_ids", "outputs", "metrics")
-_REQUEST_FIELDS = tuple(f.name for f in dataclasses.fields(RequestOutput) if f.name not in _FRONT_END_FIELDS)
-PackedOutput = tuple[tuple, list[tuple]]
-_request_head, _completion = attrgetter(*_REQUEST_FIELDS), attrgetter(*_COMPLETION_FIELDS)
-ENGINE_CALLS = ("sleep", "wake_up", "is_sleeping")
-"""The LLMEngine methods a front end may call by name (sleep mode, for the server's dev routes)."""
+if TYPE_CHECKING:
+    from minivllm.engine.llm_engine import LLMEngine
 
-
-def pack_output(out: RequestOutput) -> PackedOutput:
-    """What the engine knows of one output, as tuples (the front end adds prompt and timings)."""
-    return _request_head(out), [_completion(c) for c in out.outputs]
-
-
-def unpack_output(packed: PackedOutput) -> RequestOutput:
-    head, completions = packed
-    outputs = [CompletionOutput(*c) for c in completions]  # fields in declaration order
-    return RequestOutput(prompt=None, prompt_token_ids=[], outputs=outputs, **dict(zip(_REQUEST_FIELDS, head)))
-
-
-@dataclass
-class EngineInfo:
-    """What the front end learns once the engine is up."""
-
-    kv_spec: KVCacheSpec
-    """The KV cache the workers allocated for the model they loaded (block count, sliding
-    window): the front end checks requests against it without building the model itself."""
+# ---- the engine's side --------------------------------------------------------------------
 
 
-@dataclass
-class EngineMessage:
-    """Everything the engine process has to say after one drain or one step."""
+class EngineLoop:
+    """An ``LLMEngine`` driven by commands: each command type has its handler, and each
+    round of commands and each step makes one ``EngineOutputs``."""
 
-    outputs: list[PackedOutput] = field(default_factory=list)
-    """``pack_output`` of each output of one step."""
-    pooled: list[PoolingRequestOutput] = field(default_factory=list)
-    """runner=pooling: the requests whose pooled vector is ready."""
-    added: list[str] = field(default_factory=list)
-    """Requests accepted by ``LLMEngine.add_processed``."""
-    add_errors: dict[str, str] = field(default_factory=dict)
-    """Requests refused, with the ValueError's message."""
-    replies: dict[int, Any] = field(default_factory=dict)
-    """Answers to ``stats`` calls, by call token."""
-    ready: EngineInfo | None = None
-    fatal: str | None = None
-    """Set when the engine failed (at start-up or in a step); the process then exits."""
-    fatal_is_config_error: bool = False
-    """The failure was a ValueError (a bad config), not a crash."""
+    def __init__(self, engine: LLMEngine) -> None:
+        self.engine = engine
+        self._handlers: dict[type, Callable[[Any, EngineOutputs], None]] = {
+            AddRequest: self._add,
+            AbortRequests: self._abort,
+            GetStats: self._stats,
+            CollectiveRpc: self._collective_rpc,
+            Sleep: self._sleep,
+            WakeUp: self._wake_up,
+            IsSleeping: self._is_sleeping,
+        }
 
-    def __bool__(self) -> bool:
-        return bool(
-            self.outputs or self.pooled or self.added or self.add_errors or self.replies or self.ready or self.fatal
-        )
+    def apply(self, commands: Iterable[Command], out: EngineOutputs) -> bool:
+        """Apply ``commands`` in order, adding what they answer to ``out``; False at ``Shutdown``
+        (the commands after it are left)."""
+        for command in commands:
+            if isinstance(command, Shutdown):
+                return False
+            handler = self._handlers.get(type(command))
+            if handler is None:
+                raise ValueError(f"engine process: unknown command {command!r}")
+            handler(command, out)
+        return True
+
+    def step(self) -> EngineOutputs:
+        """One engine step, its outputs for the front end (deltas; pooled vectors as they are)."""
+        out = EngineOutputs()
+        for result in self.engine.step():
+            if isinstance(result, RequestOutput):
+                out.outputs.append(result)
+            else:
+                out.pooled.append(result)
+        return out
+
+    def run(self, commands: Connection, results: Connection) -> None:
+        """Block while idle; between steps, only look for commands. Returns at ``Shutdown``."""
+        engine = self.engine
+        while True:
+            idle = not engine.has_unfinished_requests()
+            out = EngineOutputs()
+            if commands.poll(None if idle else 0):
+                if not self.apply(_received(commands), out):
+                    return
+            if out:
+                results.send(out)
+            if engine.has_unfinished_requests():
+                out = self.step()
+                if out:
+                    results.send(out)
+
+    def _add(self, command: AddRequest, out: EngineOutputs) -> None:
+        request_id = command.request.request_id
+        try:
+            self.engine.add_processed(command.request)
+            out.added.append(request_id)
+        except ValueError as err:
+            out.refused[request_id] = str(err)
+
+    def _abort(self, command: AbortRequests, out: EngineOutputs) -> None:
+        self.engine.abort_request(command.request_ids)
+
+    def _stats(self, command: GetStats, out: EngineOutputs) -> None:
+        out.replies[command.token] = self.engine.scheduler_stats()
+
+    def _collective_rpc(self, command: CollectiveRpc, out: EngineOutputs) -> None:
+        """A user's call: its results, or the error it raised (as a value)."""
+        try:
+            method, args, kwargs = pickle.loads(command.call)
+            out.replies[command.token] = self.engine.collective_rpc(method, args, kwargs)
+        except Exception as err:  # noqa: BLE001 - the caller raises it
+            out.replies[command.token] = RuntimeError(str(err))
+
+    def _sleep(self, command: Sleep, out: EngineOutputs) -> None:
+        self._answer(command, out, self.engine.sleep, command.level)
+
+    def _wake_up(self, command: WakeUp, out: EngineOutputs) -> None:
+        self._answer(command, out, self.engine.wake_up, command.tags)
+
+    def _is_sleeping(self, command: IsSleeping, out: EngineOutputs) -> None:
+        self._answer(command, out, self.engine.is_sleeping)
+
+    @staticmethod
+    def _answer(command: Call, out: EngineOutputs, method: Callable, *args: Any) -> None:
+        """``method(*args)`` as the reply; the ValueError it raises comes back as the reply."""
+        try:
+            out.replies[command.token] = method(*args)
+        except ValueError as err:
+            out.replies[command.token] = ValueError(str(err))
+
+
+def _received(commands: Connection) -> Iterator[Command]:
+    """The commands queued in the pipe, without waiting for more."""
+    while commands.poll(0):
+        yield commands.recv()
 
 
 def run_engine_proc(cfg: VllmConfig, commands: Connection, results: Connection, log_level: int) -> None:
@@ -107,98 +173,140 @@ def run_engine_proc(cfg: VllmConfig, commands: Connection, results: Connection, 
     try:
         engine = LLMEngine(cfg)
     except BaseException as err:  # noqa: BLE001 - reported to the parent, which raises it
-        results.send(EngineMessage(fatal=_describe(err), fatal_is_config_error=isinstance(err, ValueError)))
+        results.send(failed(err))
         return
-    info = EngineInfo(kv_spec=engine.core.kv_spec)
-    results.send(EngineMessage(ready=info))
+    results.send(EngineReady(kv_spec=engine.core.kv_spec))
     try:
-        _loop(engine, commands, results)
+        EngineLoop(engine).run(commands, results)
     except (EOFError, OSError, BrokenPipeError):
         pass  # the front end is gone
     except BaseException as err:  # noqa: BLE001
         try:
-            results.send(EngineMessage(fatal=_describe(err)))
+            results.send(failed(err, at_start=False))
         except OSError:
             pass
     finally:
         engine.shutdown()
 
 
-def _loop(engine: Any, commands: Connection, results: Connection) -> None:
-    while True:
-        # Block while idle; between steps, only look.
-        idle = not engine.has_unfinished_requests()
-        msg = EngineMessage()
-        if commands.poll(None if idle else 0):
-            if not _drain(engine, commands, msg):
-                return
-        if msg:
-            results.send(msg)
-        if engine.has_unfinished_requests():
-            msg = step_once(engine)
-            if msg:
-                results.send(msg)
-
-
-def step_once(engine: Any) -> EngineMessage:
-    """One engine step, its outputs packed for the front end (pooled vectors travel as they are)."""
-    msg = EngineMessage()
-    for out in engine.step():
-        if isinstance(out, RequestOutput):
-            msg.outputs.append(pack_output(out))
-        else:
-            msg.pooled.append(out)
-    return msg
-
-
-def _drain(engine: Any, commands: Connection, msg: EngineMessage) -> bool:
-    """Apply every queued command; False when asked to shut down."""
-    while commands.poll(0):
-        kind, *args = commands.recv()
-        if kind == "add":
-            request = args[0]
-            try:
-                engine.add_processed(request)
-                msg.added.append(request.request_id)
-            except ValueError as err:
-                msg.add_errors[request.request_id] = str(err)
-        elif kind == "abort":
-            engine.abort_request(args[0])
-        elif kind == "stats":
-            msg.replies[args[0]] = engine.scheduler_stats()
-        elif kind == "rpc":
-            token, call = args
-            msg.replies[token] = _run_rpc(engine, call)
-        elif kind == "call":
-            token, name, call_args = args
-            msg.replies[token] = _call_engine(engine, name, call_args)
-        elif kind == "shutdown":
-            return False
-        else:
-            raise ValueError(f"engine process: unknown command {kind!r}")
-    return True
-
-
-def _run_rpc(engine: Any, call: bytes) -> Any:
-    """A user's ``collective_rpc``: its results, or the error it raised (as a value)."""
-    try:
-        method, args, kwargs = pickle.loads(call)
-        return engine.collective_rpc(method, args, kwargs)
-    except Exception as err:  # noqa: BLE001 - the caller raises it
-        return RuntimeError(str(err))
-
-
-def _call_engine(engine: Any, name: str, args: tuple) -> Any:
-    """``engine.<name>(*args)``; the ValueError it raises comes back as the reply."""
-    if name not in ENGINE_CALLS:
-        return ValueError(f"engine process: {name!r} is not one of {', '.join(ENGINE_CALLS)}")
-    try:
-        return getattr(engine, name)(*args)
-    except ValueError as err:
-        return ValueError(str(err))
-
-
-def _describe(err: BaseException) -> str:
+def failed(err: BaseException, at_start: bool = True) -> EngineFailed:
+    """Why the engine stopped: a ValueError's message (a bad config, at start-up), else the traceback."""
     if isinstance(err, ValueError):
-        return str(err)
-    return "".join(traceback.format_exception(type(err), err, err.__traceback__))
+        return EngineFailed(str(err), config_error=at_start)
+    return EngineFailed("".join(traceback.format_exception(type(err), err, err.__traceback__)))
+
+
+# ---- the front end's side -----------------------------------------------------------------
+
+
+class EngineClient:
+    def __init__(
+        self,
+        cfg: VllmConfig,
+        on_message: Callable[[EngineOutputs | EngineFailed, float], None],
+        on_exit: Callable[[str], None],
+    ) -> None:
+        """Start the engine process and wait until its model is loaded.
+
+        ``on_message(msg, arrival_time)`` and ``on_exit(reason)`` run on the reader thread.
+        Raises ValueError for a config the engine refused, RuntimeError if it crashed.
+        """
+        ctx = mp.get_context("spawn")  # fork is unsafe once torch has started threads
+        cmd_recv, self._commands = ctx.Pipe(duplex=False)
+        self._results, res_send = ctx.Pipe(duplex=False)
+        level = logging.getLogger("minivllm").getEffectiveLevel()
+        # Not a daemon: with parallel.tp > 1 the engine starts worker processes itself.
+        self._proc = ctx.Process(target=run_engine_proc, args=(cfg, cmd_recv, res_send, level), name="minivllm-engine")
+        self._proc.start()
+        self._outbox: queue.SimpleQueue[Command | None] = queue.SimpleQueue()
+        # At exit (priority >= 0: before multiprocessing joins its children) or when collected;
+        # holds no reference to self.
+        Finalize(self, _stop_engine, args=(self._proc, self._outbox, EXIT_GRACE_S), exitpriority=EXIT_PRIORITY)
+        cmd_recv.close()
+        res_send.close()  # so the reader sees EOF when the engine process exits
+        self.info = self._wait_until_ready()
+        self._on_message, self._on_exit = on_message, on_exit
+        threading.Thread(target=self._read_loop, name="minivllm-engine-reader", daemon=True).start()
+        threading.Thread(target=self._write_loop, name="minivllm-engine-writer", daemon=True).start()
+
+    def _wait_until_ready(self) -> EngineReady:
+        msg = self._first_message()
+        if not isinstance(msg, EngineReady):
+            self._proc.join(5)
+            if msg is None:
+                raise RuntimeError(f"engine process exited (code {self._proc.exitcode})")
+            raise (ValueError if msg.config_error else RuntimeError)(msg.reason)
+        return msg
+
+    def _first_message(self) -> EngineReady | EngineFailed | None:
+        """The engine's first message (ready, or why not); None if it died silently."""
+        while not self._results.poll(0.5):
+            if not self._proc.is_alive() and not self._results.poll(0):
+                return None
+        try:
+            return self._results.recv()
+        except EOFError:
+            return None
+
+    def _read_loop(self) -> None:
+        while True:
+            try:
+                msg: EngineOutputs | EngineFailed = self._results.recv()
+            except (EOFError, OSError):
+                self._proc.join(1)
+                self._on_exit(f"engine process exited (code {self._proc.exitcode})")
+                return
+            self._on_message(msg, time.monotonic())
+
+    def _write_loop(self) -> None:
+        while (command := self._outbox.get()) is not None:
+            try:
+                self._commands.send(command)
+            except OSError:
+                return  # the engine is gone; the reader reports it
+        self._commands.close()
+
+    def send(self, command: Command) -> None:
+        """Queue a command; never blocks."""
+        self._outbox.put(command)
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid
+
+    def is_alive(self) -> bool:
+        return self._proc.is_alive()
+
+    def request_stop(self) -> None:
+        """Ask the engine to stop after its step, without waiting (``shutdown`` waits)."""
+        _request_stop(self._proc, self._outbox)
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        """Ask the engine to stop (it finishes its step), then make sure it has."""
+        _stop_engine(self._proc, self._outbox, timeout)
+
+
+EXIT_GRACE_S = 5.0
+"""How long an engine left running at exit gets to stop before it is killed."""
+EXIT_PRIORITY = 10
+"""Of the ``Finalize`` that stops the engine at exit; any priority >= 0 runs before multiprocessing
+joins its children."""
+
+
+def _request_stop(proc: mp.process.BaseProcess, outbox: queue.SimpleQueue) -> None:
+    """Queue ``Shutdown`` for a live engine; the writer thread sends it after any command still queued."""
+    if proc.is_alive():
+        outbox.put(Shutdown())
+
+
+def _stop_engine(proc: mp.process.BaseProcess, outbox: queue.SimpleQueue, grace_s: float) -> None:
+    """Ask the engine to stop, wait ``grace_s``, then kill it: the engine ignores SIGTERM, so
+    ``terminate()`` would not stop it. Idempotent; a module function, so a finalizer holds no
+    reference to the client."""
+    if proc.is_alive():
+        _request_stop(proc, outbox)
+        proc.join(grace_s)
+    if proc.is_alive():
+        proc.kill()
+        proc.join(grace_s)
+    outbox.put(None)

@@ -8,20 +8,24 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from minivllm.config.vllm_config import VllmConfig
+from transformers import PreTrainedTokenizerBase
+
+from minivllm.config.vllm_config import ModelConfigView, VllmConfig
 from minivllm.core.scheduler import SchedulerStats
 from minivllm.engine.core import EngineCore
-from minivllm.engine.detokenizer import IncrementalDetokenizer
-from minivllm.engine.final_detokenizer import FinalDetokenizer, FinalTextDecoder, wants_final_text_only
-from minivllm.engine.logprob import LogprobBuilder
-from minivllm.engine.outputs import RequestOutput
+from minivllm.engine.detokenizer import (
+    FinalDetokenizer,
+    FinalTextDecoder,
+    IncrementalDetokenizer,
+    LogprobBuilder,
+    wants_final_text_only,
+)
 from minivllm.engine.parent_request import CompletionState, ParentRequest
 from minivllm.engine.processor import ProcessedRequest, Processor
-from minivllm.engine.request_intake import RequestIntake
 from minivllm.engine.stats import EngineStats, StatLogger
-from minivllm.engine.vllm_names import VllmEngineNames
-from minivllm.executor.user_calls import user_collective_rpc
-from minivllm.outputs import EngineCoreOutput
+from minivllm.inputs import PromptType
+from minivllm.lora_request import LoRARequest
+from minivllm.outputs import EngineCoreOutput, RequestOutput
 from minivllm.pooling.outputs import PoolingOutput, PoolingRequestOutput
 from minivllm.pooling.params import PoolingParams
 from minivllm.request import Request, RequestId
@@ -40,7 +44,7 @@ class EngineCounters:
     num_finished_requests: int = 0
 
 
-class LLMEngine(RequestIntake, VllmEngineNames):
+class LLMEngine:
     def __init__(self, cfg: VllmConfig) -> None:
         self.cfg = cfg
         self.tokenizer = get_tokenizer(cfg)
@@ -66,6 +70,19 @@ class LLMEngine(RequestIntake, VllmEngineNames):
         atexit.unregister(gc.unfreeze)  # once per process, however many engines
         atexit.register(gc.unfreeze)  # let the interpreter's last collection see them again
 
+    # ---- vLLM's names, for scripts written against vLLM --------------------------------
+    @property
+    def vllm_config(self) -> VllmConfig:
+        return self.cfg
+
+    @property
+    def model_config(self) -> ModelConfigView:
+        """``llm.llm_engine.model_config.max_model_len`` and friends."""
+        return ModelConfigView.of(self.cfg)
+
+    def get_tokenizer(self) -> PreTrainedTokenizerBase:
+        return self.tokenizer
+
     @property
     def eos_token_id(self) -> int | None:
         return self.processor.eos_token_id
@@ -82,6 +99,37 @@ class LLMEngine(RequestIntake, VllmEngineNames):
         return self.stat_logger.snapshot(self.scheduler_stats())
 
     # ---- requests -------------------------------------------------------------------
+    def add_request(
+        self,
+        request_id: str | None,
+        prompt: PromptType,
+        params: SamplingParams | None = None,
+        priority: int = 0,
+        cache_salt: str | None = None,
+        group_id: str | None = None,
+        pooling_params: PoolingParams | None = None,
+        lora_request: LoRARequest | None = None,
+    ) -> str:
+        """Validate (``Processor.process``) and queue a request (``params.n`` core requests); raises
+        ValueError (nothing queued) on bad input. ``request_id`` None: a new id of this engine's.
+
+        ``cache_salt``: only requests with the same salt share prefix-cache blocks.
+        ``group_id``: the client request it is part of (a server's request with several
+        prompts); the scheduler takes turns between groups. Default: its own id.
+        ``pooling_params``: a pooling request (model.runner=pooling) instead of ``params``.
+        ``lora_request``: the adapter to run under (needs ``lora.enable_lora``).
+        """
+        request = self.processor.process(
+            request_id,
+            prompt,
+            pooling_params if pooling_params is not None else params,
+            lora_request=lora_request,
+            priority=priority,
+            cache_salt=cache_salt,
+            group_id=group_id,
+        )
+        return self.add_processed(request)
+
     def add_processed(self, request: ProcessedRequest) -> RequestId:
         """Queue a request ``Processor.process`` made (here, or in a front end whose engine runs in
         this process): nothing is tokenized or checked again. Raises ValueError (nothing queued)
@@ -199,8 +247,8 @@ class LLMEngine(RequestIntake, VllmEngineNames):
             if core_out.new_logprobs is not None or core_out.prompt_logprobs is not None:
                 self._wrap_logprobs(core_out, parent.params)
             if parent.first_token_time is None or core_out.prompt_logprobs is not None:
-                parent.absorb_prompt_logprobs(core_out)
-            if state.absorb(core_out):  # a stop string: the core does not know yet
+                parent.note_first_output(core_out)
+            if state.append_output(core_out):  # a stop string: the core does not know yet
                 self.core.abort_requests([state.request_id])
             if state.finished:
                 del states[state.request_id]
@@ -228,8 +276,8 @@ class LLMEngine(RequestIntake, VllmEngineNames):
         return outputs
 
     def collective_rpc(self, method: str | Callable, args: tuple = (), kwargs: dict | None = None) -> list[Any]:
-        """A user's call on every worker (see ``executor/user_calls.py``); one result per rank."""
-        return user_collective_rpc(self.core.executor, method, args, kwargs)
+        """A user's call on every worker (``Executor.user_collective_rpc``); one result per rank."""
+        return self.core.executor.user_collective_rpc(method, args, kwargs)
 
     def _wrap_logprobs(self, core_out: EngineCoreOutput, params: SamplingParams) -> None:
         """The workers' {token: float} dicts as {token: Logprob} (rank and text added)."""

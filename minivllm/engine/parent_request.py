@@ -20,10 +20,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from minivllm.engine.detokenizer import IncrementalDetokenizer
-from minivllm.engine.final_detokenizer import FinalDetokenizer
-from minivllm.engine.outputs import CompletionOutput, Logprob, Logprobs, RequestOutput
-from minivllm.outputs import EngineCoreOutput
+from minivllm.engine.detokenizer import FinalDetokenizer, IncrementalDetokenizer
+from minivllm.outputs import CompletionOutput, EngineCoreOutput, Logprob, Logprobs, RequestOutput
 from minivllm.request import RequestId
 from minivllm.sampling_params import RequestOutputKind, SamplingParams
 
@@ -48,7 +46,7 @@ class CompletionState:
     def finished(self) -> bool:
         return self.finish_reason is not None
 
-    def absorb(self, core_out: EngineCoreOutput) -> bool:
+    def append_output(self, core_out: EngineCoreOutput) -> bool:
         """Take one step's new tokens; True when a stop string just ended the completion
         (the caller must then abort the core request)."""
         self.token_ids.extend(core_out.new_token_ids)
@@ -118,7 +116,9 @@ class ParentRequest:
     def finished(self) -> bool:
         return self.num_unfinished == 0
 
-    def absorb_prompt_logprobs(self, core_out: EngineCoreOutput) -> None:
+    def note_first_output(self, core_out: EngineCoreOutput) -> None:
+        """A child's first output: the request's first-token time and cached prompt tokens (from
+        whichever child came first), and the prompt logprobs (child 0's)."""
         if self.first_token_time is None:
             self.first_token_time = time.monotonic()
             self.num_cached_tokens = core_out.num_cached_tokens

@@ -1,36 +1,51 @@
-"""Checks and tokenizes a request before it reaches the engine core.
+"""Admission: check and tokenize a request before it reaches the engine core.
 
 ``Processor.process`` is the one admission path (vLLM's ``InputProcessor.process_inputs``):
 ``LLMEngine`` runs it for offline requests, the front ends of engine processes
 (``AsyncLLM``, ``DataParallelEngine``, through ``EngineCoreClient``) run it before
 they send a request, and the engine process then queues the ``ProcessedRequest``
 as it is. Every rule raises ValueError naming the problem, so a bad request
-fails before any work starts and the engine keeps serving the others.
+fails before any work starts and the engine keeps serving the others. The rules
+run in order: options (priority, cache salt), adapter, prompt, context, params,
+KV cache.
 
-The rules live beside it, and this module runs them in order (options, adapter,
-prompt, context, params, KV cache): ``prompt_tokens.py`` splits and tokenizes a
-prompt (once) and checks its ids, ``prompt_images.py`` runs a prompt's images
-through the model's processor, ``request_checks.py`` holds the checks that need
-the config or the model and prepares the params the workers get.
+**Prompts.** A prompt is a string, a list of token ids, or a dict with ``prompt``
+(text) and/or ``prompt_token_ids`` (given ids win over the text, which is then
+only reported back). A text prompt is tokenized here, once, with the tokenizer's
+special tokens. Every id list that leaves the processor is non-empty and inside
+``[0, vocab_size)``; ``truncate_prompt_tokens`` is applied before that check. As in
+vLLM, emptiness is a property of the token ids, not of the text: ``""`` is served
+when the tokenizer adds a BOS token (it tokenizes to ``[bos]``), and refused when
+its tokenization is empty, as ``prompt_token_ids=[]`` is.
+
+**Images.** A prompt with ``multi_modal_data`` is split into text and ids as any
+other, then the model's processor expands each image placeholder into the
+image's tokens and returns one ``MultiModalFeature`` per image (what the
+scheduler and the encoder cache run). A text-only model refuses images; a prompt
+that holds placeholder tokens must bring its images; ``truncate_prompt_tokens``
+cannot be combined with images (it could cut one in half).
+
+**Params.** ``SamplingParams`` checks its own fields when it is built; what it
+cannot know is checked here: ``n`` against ``serve.max_n``, logprobs against
+``model.max_logprobs``, token ids against the vocabulary, whether the request can
+ever fit the KV cache, priority against the scheduler's policy, and that params
+pickle when they travel to other processes. ``prepare_params`` never changes the
+caller's params: the workers get a copy with the stop and bad-word token ids
+filled in.
 """
 
 from __future__ import annotations
 
 import itertools
+import operator
 from dataclasses import dataclass, field
+from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.context_length import check_pooling_fits, check_prompt_fits
-from minivllm.engine.prompt_images import tokenize_with_images
-from minivllm.engine.prompt_tokens import PROMPT_KEYS, PromptTokenizer, PromptType
-from minivllm.engine.request_checks import (
-    check_fits_kv_cache,
-    check_params,
-    check_priority_and_salt,
-    prepare_params,
-)
+from minivllm.inputs import PromptType
 from minivllm.kv_cache_spec import KVCacheSpec
 from minivllm.lora.peft_loader import LoRAChecker
 from minivllm.lora_request import LoRARequest
@@ -39,9 +54,13 @@ from minivllm.models.registry import ModelRegistry
 from minivllm.multimodal.feature import MultiModalFeature
 from minivllm.multimodal.processing import MultiModalProcessor, load_multimodal_processor
 from minivllm.pooling.params import PoolingParams
+from minivllm.sample.custom_processors import check_picklable
 from minivllm.sampling_params import SamplingParams
+from minivllm.structured_output.backend import check_grammar
 
-__all__ = ["PROMPT_KEYS", "ProcessedRequest", "Processor", "PromptType"]
+PROMPT_KEYS = ("prompt", "prompt_token_ids", "multi_modal_data")
+"""The keys of a prompt dict the engine handles; any other is refused."""
+EMPTY_IDS = "prompt_token_ids: is empty and the decoder prompt cannot be empty; give at least one token id"
 
 
 @dataclass
@@ -90,8 +109,6 @@ class Processor:
         self._ids = itertools.count()
         """The ids ``process`` gives requests that come without one (0, 1, ...)."""
         self.vocab_size = cfg.hf_text_config.vocab_size
-        self.prompts = PromptTokenizer(tokenizer, self.vocab_size)
-        """Splits, tokenizes and checks prompts (``prompt_tokens.py``)."""
         self.lora = LoRAChecker(cfg.lora, cfg.hf_config)
         """``self.lora.check(lora_request)`` validates a request's adapter."""
         self.mm: MultiModalProcessor | None = None
@@ -132,11 +149,9 @@ class Processor:
         if self.cfg.model.runner == "pooling":
             raise ValueError("params: this engine pools (model.runner=pooling); generating needs runner=generate")
         params = SamplingParams() if params is None else params
-        check_priority_and_salt(self.cfg, priority, cache_salt)
+        self._check_priority_and_salt(priority, cache_salt)
         self.lora.check(lora_request)
-        text, ids, mm_features = tokenize_with_images(
-            self.prompts, self.mm, self.cfg.architecture, prompt, params.truncate_prompt_tokens
-        )
+        text, ids, mm_features = self._tokenize_with_images(prompt, params.truncate_prompt_tokens)
         check_prompt_fits(len(ids), params.max_tokens, self.cfg.max_model_len)
         max_tokens = self.max_output_tokens(len(ids), params)
         eos = self.eos_token_id
@@ -169,7 +184,7 @@ class Processor:
             raise ValueError("lora_request: pooling runs the base model; leave it None with pooling_params")
         if self.cfg.model.runner != "pooling":
             raise ValueError("pooling_params: this engine generates; pooling needs model.runner=pooling")
-        check_priority_and_salt(self.cfg, priority, cache_salt)
+        self._check_priority_and_salt(priority, cache_salt)
         params.check(self.cfg.hf_config, self.cfg.hf_config.hidden_size)
         text, ids = self.tokenize(prompt, params.truncate_prompt_tokens)
         check_pooling_fits(len(ids), self.cfg.max_model_len)
@@ -186,25 +201,180 @@ class Processor:
             pooling_params=params,
         )
 
+    def _check_priority_and_salt(self, priority: int, cache_salt: str | None) -> None:
+        policy = self.cfg.scheduler.policy
+        if not isinstance(priority, int):
+            raise ValueError(f"priority={priority!r}: must be an int")
+        if priority != 0 and policy != "priority":
+            raise ValueError(
+                f"priority={priority}: needs scheduler.policy=priority, LLM(scheduling_policy='priority') "
+                f"(the policy is {policy})"
+            )
+        if cache_salt is not None and (not isinstance(cache_salt, str) or not cache_salt):
+            raise ValueError(f"cache_salt={cache_salt!r}: must be a non-empty string or None")
+        if cache_salt is not None and self.cfg.parallel.dp > 1:
+            raise ValueError("cache_salt: not supported with parallel.dp > 1; leave it None")
+
+    # ---- prompts ---------------------------------------------------------------------
     def tokenize(self, prompt: PromptType, truncate_prompt_tokens: int | None = None) -> tuple[str | None, list[int]]:
         """(text, token ids); ``truncate_prompt_tokens`` keeps only the last k ids (before the checks)."""
-        return self.prompts.tokenize(prompt, truncate_prompt_tokens)
+        text, ids = self._split(prompt)
+        if truncate_prompt_tokens is not None:
+            ids = ids[-truncate_prompt_tokens:]
+        self._check_ids(ids)
+        return text, ids
 
+    def _tokenize_with_images(
+        self, prompt: PromptType, truncate_prompt_tokens: int | None
+    ) -> tuple[str | None, list[int], list[MultiModalFeature]]:
+        """``tokenize``, then a prompt's ``multi_modal_data`` through the model's processor."""
+        mm = self.mm
+        mm_data = prompt.get("multi_modal_data") if isinstance(prompt, dict) else None
+        if mm_data is None:
+            text, ids = self.tokenize(prompt, truncate_prompt_tokens)
+            if mm is not None and mm.image_token_id in ids:
+                raise ValueError(
+                    f"prompt: holds image placeholder tokens ({mm.image_token!r}) but no image was given; "
+                    "pass the images in multi_modal_data (or image_url content parts)"
+                )
+            return text, ids, []
+        if mm is None:
+            raise ValueError(f"multi_modal_data: {self.cfg.architecture} takes no images; send text only")
+        if truncate_prompt_tokens is not None:
+            raise ValueError("truncate_prompt_tokens: cannot be combined with multi_modal_data (it could cut an image)")
+        text, ids = self._split(prompt)
+        ids, features = mm.process(ids, mm_data)
+        self._check_ids(ids)
+        return text, ids, features
+
+    def _split(self, prompt: PromptType) -> tuple[str | None, list[int]]:
+        """(text, token ids) of a prompt, unchecked; text is None for token ids only."""
+        if isinstance(prompt, dict) and (unknown := sorted(set(prompt) - set(PROMPT_KEYS))):
+            raise ValueError(
+                f"prompt: key(s) {', '.join(map(repr, unknown))} not supported by this engine; "
+                f"a prompt dict may hold {' and '.join(PROMPT_KEYS)}"
+            )
+        if isinstance(prompt, str):
+            text, ids = prompt, self._encode(prompt)
+            if not ids:
+                raise ValueError(
+                    f"prompt: {prompt!r} tokenizes to no tokens (this tokenizer adds no BOS token) and the "
+                    "decoder prompt cannot be empty; give text that tokenizes to at least one token"
+                )
+        elif isinstance(prompt, dict) and "prompt_token_ids" in prompt:
+            text, ids = prompt.get("prompt"), _as_token_ids(prompt["prompt_token_ids"])
+        elif isinstance(prompt, dict) and "prompt" in prompt:
+            return self._split(prompt["prompt"])
+        elif isinstance(prompt, (list, tuple)) and all(isinstance(t, int) for t in prompt):
+            text, ids = None, list(prompt)
+        else:
+            raise ValueError(
+                f"prompt: expected a string, a list of token ids, or a dict with 'prompt' or 'prompt_token_ids'; "
+                f"got {type(prompt).__name__}"
+            )
+        if not ids:
+            raise ValueError(EMPTY_IDS)
+        return text, ids
+
+    def _encode(self, text: str) -> list[int]:
+        """Token ids; transformers' too-long warning is off (the context checks say it better)."""
+        return self.tokenizer.encode(text, add_special_tokens=True, verbose=False)
+
+    def _check_ids(self, ids: list[int]) -> None:
+        if not ids:
+            raise ValueError(EMPTY_IDS)
+        bad = [t for t in ids if not isinstance(t, int) or not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"prompt_token_ids: {bad[:5]} outside the vocabulary [0, {self.vocab_size})")
+
+    # ---- params ----------------------------------------------------------------------
     def max_output_tokens(self, num_prompt_tokens: int, params: SamplingParams) -> int:
         """``params.max_tokens`` capped by the room left in max_model_len, after checking ``params``
         and that the request can ever fit the KV cache."""
         room = self.cfg.max_model_len - num_prompt_tokens
         limit = room if params.max_tokens is None else min(params.max_tokens, room)
         self.check_params(params)
-        step_tokens = self.cfg.scheduler.max_num_batched_tokens
-        check_fits_kv_cache(self.kv_spec, self.kv_capacity_tokens, step_tokens, num_prompt_tokens, limit)
+        self._check_fits_kv_cache(num_prompt_tokens, limit)
         return limit
 
+    def _check_fits_kv_cache(self, num_prompt_tokens: int, max_tokens: int) -> None:
+        """Refuse a request whose prompt + ``max_tokens`` can never fit the KV cache. A
+        sliding-window model holds only its window's blocks (plus one step's) at once."""
+        spec, capacity = self.kv_spec, self.kv_capacity_tokens
+        step_tokens = self.cfg.scheduler.max_num_batched_tokens
+        held = spec.max_blocks_per_request(num_prompt_tokens + max_tokens, step_tokens) * spec.block_size
+        if held > capacity:
+            raise ValueError(
+                f"prompt ({num_prompt_tokens} tokens) + max_tokens ({max_tokens}) can never fit the KV cache "
+                f"({capacity} tokens); lower max_tokens or give the cache more memory"
+            )
+
     def check_params(self, params: SamplingParams) -> None:
-        """The SamplingParams checks that need the model (``request_checks.check_params``)."""
-        crosses_processes = self.cfg.world_size > 1 or self.engine_in_other_process
-        check_params(self.cfg, self.vocab_size, params, crosses_processes)
+        """The SamplingParams checks that need the model: logprob caps and token ids (bad words:
+        ``prepare_params``); params that travel to other processes must pickle."""
+        max_n = self.cfg.serve.max_n
+        if params.n > max_n:
+            raise ValueError(f"n={params.n}: must be in [1, {max_n}] (serve.max_n={max_n})")
+        cap = self.cfg.model.max_logprobs
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(params, name)
+            if value is None or cap == -1:
+                continue
+            if value == -1 or value > cap:
+                hint = "; -1 (the whole vocabulary) needs model.max_logprobs=-1" if value == -1 else ""
+                raise ValueError(f"{name}={value}: must be in [0, {cap}] (model.max_logprobs={cap}){hint}")
+        id_lists = {
+            "stop_token_ids": params.stop_token_ids,
+            "allowed_token_ids": params.allowed_token_ids or [],
+            "logit_bias": list(params.logit_bias or {}),
+        }
+        for name, ids in id_lists.items():
+            bad = [t for t in ids if t >= self.vocab_size]
+            if bad:
+                raise ValueError(f"{name}: token ids {bad[:5]} outside the vocabulary [0, {self.vocab_size})")
+        if self.cfg.world_size > 1 or self.engine_in_other_process:
+            check_picklable(params)
+        if params.structured_outputs is not None:
+            check_grammar(params.structured_outputs)
 
     def prepare_params(self, params: SamplingParams, eos_token_id: int | None) -> SamplingParams:
-        """A copy of ``params`` with the token ids the workers need filled in (stop ids, bad words)."""
-        return prepare_params(params, eos_token_id, self.tokenizer, self.vocab_size)
+        """A copy of ``params`` with the token ids the workers need filled in (stop ids, bad words);
+        raises ValueError for bad words whose tokens fall outside the vocabulary (they are
+        tokenized here, once)."""
+        params = params.clone()
+        for name in ("logprobs", "prompt_logprobs"):
+            if getattr(params, name) == -1:
+                setattr(params, name, self.vocab_size)
+        stop_ids = set(params.stop_token_ids)
+        if eos_token_id is not None and not params.ignore_eos:
+            stop_ids.add(eos_token_id)
+        params._all_stop_token_ids = stop_ids
+        params._bad_words_token_ids = self._bad_words_token_ids(params.bad_words or [])
+        return params
+
+    def _bad_words_token_ids(self, words: list[str]) -> list[list[int]]:
+        """Each word as token ids, alone and after a space. The spaced form is kept only
+        when the space merges into the first token (same length, different first id),
+        so a word is also banned mid-sentence without banning bare spaces."""
+        sequences: list[list[int]] = []
+        for word in words:
+            bare = self.tokenizer.encode(word.lstrip(), add_special_tokens=False)
+            spaced = self.tokenizer.encode(" " + word.lstrip(), add_special_tokens=False)
+            forms = [bare, spaced] if len(spaced) == len(bare) and spaced[:1] != bare[:1] else [bare]
+            for ids in forms:
+                if ids and ids not in sequences:
+                    sequences.append(ids)
+        too_big = [t for ids in sequences for t in ids if t >= self.vocab_size]
+        if too_big:
+            raise ValueError(f"bad_words: tokenize to ids {too_big[:5]} outside the vocabulary [0, {self.vocab_size})")
+        return sequences
+
+
+def _as_token_ids(ids: Any) -> list[int]:
+    """``prompt_token_ids`` as Python ints: numpy and torch integers (arrays too) are integers."""
+    try:
+        return [operator.index(t) for t in ids]
+    except TypeError:
+        raise ValueError(
+            f"prompt_token_ids: must be a list of integer token ids; got {type(ids).__name__} {str(ids)[:80]}"
+        ) from None

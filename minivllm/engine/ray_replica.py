@@ -8,15 +8,15 @@ placed with ``parallel.placement_strategy``, and starts replica ``i``'s
 ``EngineCoreClient`` (``core_client.py``) owns it, so both front ends, ``LLM``
 (through ``DataParallelEngine``) and the server's ``AsyncLLM``, get Ray replicas alike.
 
-``RayReplicaClient`` offers ``EngineClient``'s interface (``engine_client.py``)
+``RayReplicaClient`` offers ``EngineClient``'s interface (``engine_proc.py``)
 to ``EngineCoreClient``, which routes requests to it as to an engine process. A
 driver thread per replica plays the engine process's loop remotely::
 
     send(command) ─> outbox ─> driver thread: actor.run(commands) ─> EngineActor (its node)
-                                 on_message(EngineMessage) <──┘      drain commands, one step
+                                 on_message(EngineOutputs) <──┘      apply commands, one step
 
-Each ``run`` applies the queued commands the way the engine process drains its
-pipe (``engine_proc._drain``: same commands, same replies), then runs one step
+Each ``run`` applies the queued commands as the engine process applies those in
+its pipe (``EngineLoop``: same commands, same replies), then runs one step
 if a request is unfinished. While the engine is idle the thread waits on the
 outbox, and every ``idle_check_s`` without a command it runs an empty ``run``,
 so an idle replica's death is noticed within that time, as a process's is at once.
@@ -33,11 +33,11 @@ import queue
 import threading
 import time
 import weakref
-from collections import deque
 from typing import Any, Callable
 
 from minivllm.config.vllm_config import VllmConfig
-from minivllm.engine.engine_proc import EngineInfo, EngineMessage, _describe, _drain, step_once
+from minivllm.engine.engine_proc import EngineLoop, failed
+from minivllm.engine.messages import Command, EngineFailed, EngineOutputs, EngineReady, Shutdown
 from minivllm.executor.ray_cluster import (
     RayInstance,
     bundle_nodes,
@@ -58,40 +58,42 @@ class EngineActor:
     def __init__(self, cfg: VllmConfig, log_level: int) -> None:
         logging.basicConfig(level=log_level, format="%(asctime)s [replica] %(levelname)s %(name)s: %(message)s")
         self.cfg = cfg
-        self.engine: Any = None
+        self.loop: EngineLoop | None = None
 
     def where(self) -> tuple[str, str, int]:
         """(Ray node id, node IP, process id) of this actor."""
         return (*node_of_this_process(), os.getpid())
 
-    def start(self) -> EngineMessage:
-        """Build the engine: a ready message, or a fatal one saying why not."""
+    def start(self) -> EngineReady | EngineFailed:
+        """Build the engine: ready, or why not."""
         from minivllm.engine.llm_engine import LLMEngine
 
         try:
-            self.engine = LLMEngine(self.cfg)
+            engine = LLMEngine(self.cfg)
         except BaseException as err:  # noqa: BLE001 - reported to the client, which raises it
-            return EngineMessage(fatal=_describe(err), fatal_is_config_error=isinstance(err, ValueError))
-        return EngineMessage(ready=EngineInfo(kv_spec=self.engine.core.kv_spec))
+            return failed(err)
+        self.loop = EngineLoop(engine)
+        return EngineReady(kv_spec=engine.core.kv_spec)
 
-    def run(self, commands: list[tuple]) -> tuple[list[EngineMessage], bool, bool]:
+    def run(self, commands: list[Command]) -> tuple[list[EngineOutputs | EngineFailed], bool, bool]:
         """Apply ``commands``, then one step if a request is unfinished: one turn of the engine
-        process's loop. Returns its messages, whether to go on (False after ``shutdown`` or a
+        process's loop. Returns its messages, whether to go on (False after ``Shutdown`` or a
         failure; the engine is then shut down) and whether requests remain."""
-        out: list[EngineMessage] = []
+        loop, engine = self.loop, self.loop.engine
+        messages: list[EngineOutputs | EngineFailed] = []
         try:
-            msg = EngineMessage()
-            go_on = _drain(self.engine, _Queued(commands), msg)
-            out += [msg] if msg else []
-            if go_on and self.engine.has_unfinished_requests():
-                step = step_once(self.engine)
-                out += [step] if step else []
+            out = EngineOutputs()
+            go_on = loop.apply(commands, out)
+            messages += [out] if out else []
+            if go_on and engine.has_unfinished_requests():
+                step = loop.step()
+                messages += [step] if step else []
         except Exception as err:  # noqa: BLE001 - the engine cannot go on; the client raises it
-            out.append(EngineMessage(fatal=_describe(err)))
+            messages.append(failed(err, at_start=False))
             go_on = False
         if not go_on:
-            self.engine.shutdown()
-        return out, go_on, go_on and self.engine.has_unfinished_requests()
+            engine.shutdown()
+        return messages, go_on, go_on and engine.has_unfinished_requests()
 
 
 class RayReplicas:
@@ -115,7 +117,10 @@ class RayReplicas:
         self._finalizer = weakref.finalize(self, _release, self.ray, self._group)
 
     def start(
-        self, cfg: VllmConfig, on_message: Callable[[EngineMessage, float], None], on_exit: Callable[[str], None]
+        self,
+        cfg: VllmConfig,
+        on_message: Callable[[EngineOutputs | EngineFailed, float], None],
+        on_exit: Callable[[str], None],
     ) -> RayReplicaClient:
         """Start replica ``cfg.parallel.dp_rank`` in its bundle; returns once its model is loaded."""
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -152,7 +157,7 @@ class RayReplicaClient:
         self,
         ray: Any,
         actor: Any,
-        on_message: Callable[[EngineMessage, float], None],
+        on_message: Callable[[EngineOutputs | EngineFailed, float], None],
         on_exit: Callable[[str], None],
         idle_check_s: float = IDLE_CHECK_S,
     ) -> None:
@@ -163,16 +168,16 @@ class RayReplicaClient:
         self._finalizer = weakref.finalize(self, _kill, ray, actor)
         try:
             self.node_id, self.node_ip, self.pid = ray.get(actor.where.remote())
-            ready: EngineMessage = ray.get(actor.start.remote())
+            ready: EngineReady | EngineFailed = ray.get(actor.start.remote())
         except ray.exceptions.RayError as err:
             self._finalizer()
             raise RuntimeError(f"replica actor died while starting: {first_line(err)}") from None
-        if ready.ready is None:
+        if isinstance(ready, EngineFailed):
             self._finalizer()
-            raise (ValueError if ready.fatal_is_config_error else RuntimeError)(ready.fatal)
-        self.info = ready.ready
+            raise (ValueError if ready.config_error else RuntimeError)(ready.reason)
+        self.info = ready
         self._on_message, self._on_exit = on_message, on_exit
-        self._outbox: queue.SimpleQueue[tuple] = queue.SimpleQueue()
+        self._outbox: queue.SimpleQueue[Command] = queue.SimpleQueue()
         self._driver = threading.Thread(target=self._drive, name="minivllm-ray-replica", daemon=True)
         self._driver.start()
 
@@ -193,7 +198,7 @@ class RayReplicaClient:
                 self._finalizer()
                 return self._on_exit("engine actor stopped")
 
-    def _take(self, block: bool) -> list[tuple]:
+    def _take(self, block: bool) -> list[Command]:
         """Every queued command. While ``block``, waits for the first up to ``idle_check_s``;
         none then (an empty ``run`` follows: it checks that the actor lives)."""
         commands = []
@@ -208,7 +213,7 @@ class RayReplicaClient:
             except queue.Empty:
                 return commands
 
-    def send(self, command: tuple) -> None:
+    def send(self, command: Command) -> None:
         """Queue a command; never blocks."""
         self._outbox.put(command)
 
@@ -218,26 +223,13 @@ class RayReplicaClient:
     def request_stop(self) -> None:
         """Ask the engine to stop after its step, without waiting (``shutdown`` waits)."""
         if self._driver.is_alive():
-            self._outbox.put(("shutdown", None))
+            self._outbox.put(Shutdown())
 
     def shutdown(self, timeout: float = 10.0) -> None:
         """Ask the engine to stop, wait ``timeout``, then kill the actor (idempotent)."""
         self.request_stop()
         self._driver.join(timeout)
         self._finalizer()
-
-
-class _Queued:
-    """A list of commands read like the engine process's pipe (``poll``, ``recv``)."""
-
-    def __init__(self, commands: list[tuple]) -> None:
-        self._commands = deque(commands)
-
-    def poll(self, timeout: float | None = 0) -> bool:
-        return bool(self._commands)
-
-    def recv(self) -> tuple:
-        return self._commands.popleft()
 
 
 def _kill(ray: Any, actor: Any) -> None:

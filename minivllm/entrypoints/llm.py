@@ -1,38 +1,38 @@
-"""``LLM``: offline batched generation with vLLM's constructor keywords."""
+"""``LLM``: offline batched generation with vLLM's constructor keywords.
+
+Its methods take their arguments in vLLM's per-prompt form: one prompt or many,
+one set of parameters for all prompts or one per prompt (``per_prompt``).
+"""
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, TypeVar
 
 from omegaconf import DictConfig
 from torch import nn
 from tqdm.auto import tqdm
 
-from minivllm.beam_search import BeamSearchOutput, run_beam_search
 from minivllm.config.llm_kwargs import config_from_kwargs, name_the_keyword
 from minivllm.config.load import generation_defaults
 from minivllm.config.task import served_model_names
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.data_parallel.engine import DataParallelEngine
 from minivllm.engine.llm_engine import LLMEngine
-from minivllm.engine.metrics_reader import Metric, engine_metrics
-from minivllm.engine.outputs import RequestOutput
-from minivllm.engine.processor import ProcessedRequest, PromptType
+from minivllm.engine.processor import ProcessedRequest
+from minivllm.engine.stats import Metric, engine_metrics
+from minivllm.entrypoints.beam_search import BeamSearchOutput, run_beam_search
 from minivllm.entrypoints.chat_utils import Conversation, is_single_conversation, render_chat
-from minivllm.entrypoints.llm_args import (
-    as_list_of_prompts,
-    final_only,
-    loras_per_prompt,
-    params_per_prompt,
-    pooling_params_per_prompt,
-)
-from minivllm.executor.user_calls import apply_to_model
+from minivllm.executor.base import apply_to_model
+from minivllm.inputs import PromptType
 from minivllm.lora_request import LoRARequest
 from minivllm.multimodal.media import MediaConnector
+from minivllm.outputs import RequestOutput
 from minivllm.plugins import load_general_plugins
 from minivllm.pooling.outputs import EmbeddingRequestOutput, PoolingRequestOutput
 from minivllm.pooling.params import PoolingParams
-from minivllm.sampling_params import BeamSearchParams, SamplingParams
+from minivllm.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
+
+T = TypeVar("T")
 
 
 class LLM:
@@ -125,8 +125,9 @@ class LLM:
             sampling_params = self.get_default_sampling_params()
         params = params_per_prompt(sampling_params, len(prompts))
         loras = loras_per_prompt(lora_request, len(prompts))
+        processor = self.llm_engine.processor
         requests = [  # every prompt is checked (and tokenized, once) before any is queued
-            self.llm_engine.process(None, p, final_only(sp), priority[i] if priority else 0, lora_request=lora)
+            processor.process(None, p, final_only(sp), priority=priority[i] if priority else 0, lora_request=lora)
             for i, (p, sp, lora) in enumerate(zip(prompts, params, loras))
         ]
         return self._add_and_run(requests, use_tqdm)
@@ -165,7 +166,7 @@ class LLM:
     def beam_search(
         self, prompts: PromptType | Sequence[PromptType], params: BeamSearchParams, *, use_tqdm: bool = False
     ) -> list[BeamSearchOutput]:
-        """Beam search per prompt (see ``minivllm.beam_search``); each round is one batch of ordinary
+        """Beam search per prompt (see ``minivllm.entrypoints.beam_search``); each round is one batch of ordinary
         one-token requests, so beams share their prompt's KV blocks through the prefix cache."""
         self._needs_runner("generate", "beam_search")
         return run_beam_search(self.llm_engine, prompts, params, use_tqdm)
@@ -185,7 +186,8 @@ class LLM:
             raise ValueError(f"pooling_task={pooling_task!r}: only 'embed' is supported")
         prompts = as_list_of_prompts(prompts)
         params = pooling_params_per_prompt(pooling_params, len(prompts), truncate_prompt_tokens)
-        requests = [self.llm_engine.process(None, p, pp) for p, pp in zip(prompts, params)]  # all checked first
+        processor = self.llm_engine.processor
+        requests = [processor.process(None, p, pp) for p, pp in zip(prompts, params)]  # all checked first
         return self._add_and_run(requests, use_tqdm)
 
     def embed(
@@ -269,3 +271,51 @@ def _validated(tree: DictConfig) -> VllmConfig:
     """The plugins the tree allows are called first: one may register the architecture the config checks."""
     load_general_plugins(tree.get("plugins"))
     return VllmConfig.from_dictconfig(tree)
+
+
+def as_list_of_prompts(prompts: Any) -> list[PromptType]:
+    if isinstance(prompts, (str, dict)):
+        return [prompts]
+    if isinstance(prompts, (list, tuple)) and prompts and all(isinstance(t, int) for t in prompts):
+        return [list(prompts)]
+    prompts = list(prompts)
+    if not prompts:
+        raise ValueError("prompts: is empty; give at least one prompt")
+    return prompts
+
+
+def per_prompt(value: Any, n: int, name: str, single: type[T], default: Callable[[], T | None]) -> list[T | None]:
+    """``value`` broadcast to ``n`` prompts: None (``default()`` for each), one ``single``,
+    or a sequence of exactly ``n``."""
+    if value is None:
+        return [default()] * n
+    if isinstance(value, single):
+        return [value] * n
+    values = list(value)
+    if len(values) != n:
+        raise ValueError(f"{name}: {len(values)} given for {n} prompts; give one, or one per prompt")
+    return values
+
+
+def params_per_prompt(params: Any, n: int) -> list[SamplingParams]:
+    return per_prompt(params, n, "sampling_params", SamplingParams, SamplingParams)
+
+
+def loras_per_prompt(lora: Any, n: int) -> list[LoRARequest | None]:
+    return per_prompt(lora, n, "lora_request", LoRARequest, lambda: None)
+
+
+def pooling_params_per_prompt(params: Any, n: int, truncate: int | None) -> list[PoolingParams]:
+    params = per_prompt(params, n, "pooling_params", PoolingParams, PoolingParams)
+    if truncate is not None:
+        params = [PoolingParams(p.dimensions, p.normalize, truncate) for p in params]
+    return params
+
+
+def final_only(params: SamplingParams) -> SamplingParams:
+    """generate() returns finished outputs only, so it asks for nothing else (as vLLM's LLM does)."""
+    if params.output_kind == RequestOutputKind.FINAL_ONLY:
+        return params
+    params = params.clone()
+    params.output_kind = RequestOutputKind.FINAL_ONLY
+    return params

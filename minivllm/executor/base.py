@@ -1,22 +1,37 @@
-"""The executor interface the engine core talks to.
+"""The executor interface the engine core talks to, and the executor with one worker in
+the engine's own process (``UniProcExecutor``, tp=1).
 
 Every call fans out to all workers through ``collective_rpc``; only the output
 rank's ``execute_model`` result is returned (rank 0 with one pipeline stage;
 the first rank of the last stage, which samples, with several).
+
+Users' own calls to every worker (``LLM.collective_rpc``, ``LLM.apply_model``) go
+through ``Executor.user_collective_rpc``. A user's function runs in each worker as
+``fn(worker, *args, **kwargs)`` (a method name runs ``worker.<name>(*args,
+**kwargs)``); the executors ship it with ``cloudpickle``, so lambdas and closures
+reach worker processes too. Unlike the engine's own calls, a user's call that
+raises does not stop the engine: each worker catches the error and sends it back
+as a ``RemoteError`` value, and the driver raises one ``RuntimeError`` naming the
+rank(s) once every rank has answered. (A function that blocks forever in a
+collective one rank never joins blocks the engine; that one is the caller's to avoid.)
 """
 
 from __future__ import annotations
 
+import traceback
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from functools import partial
 from typing import Any, Callable, NoReturn
+
+from torch import nn
 
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.core.scheduler_output import SchedulerOutput
 from minivllm.distributed.utils import retry_on_address_in_use
 from minivllm.kv_cache_spec import KVCacheSpec
 from minivllm.outputs import DoneOutput, ModelRunnerOutput, StepResult
-from minivllm.worker.extension import check_worker_extension
+from minivllm.worker.extension import build_worker, check_worker_extension
 
 
 class WorkerFailedError(RuntimeError):
@@ -49,16 +64,49 @@ class Executor(ABC):
     def initialize_cache(self, num_blocks: int) -> None:
         self.collective_rpc("initialize_cache", (num_blocks,))
 
-    def execute_model(self, sched: SchedulerOutput) -> ModelRunnerOutput:
-        return self.collective_rpc("execute_model", (sched,))[self.cfg.parallel.output_rank]
+    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        return self.collective_rpc("execute_model", (scheduler_output,))[self.cfg.parallel.output_rank]
 
-    def execute_model_async(self, sched: SchedulerOutput) -> StepResult:
+    def execute_model_async(self, scheduler_output: SchedulerOutput) -> StepResult:
         """Launch a step and return before its tokens are known, where the executor can
         (one worker in this process); elsewhere the step completes before this returns."""
-        return DoneOutput(self.execute_model(sched))
+        return DoneOutput(self.execute_model(scheduler_output))
+
+    def user_collective_rpc(self, method: str | Callable, args: tuple = (), kwargs: dict | None = None) -> list[Any]:
+        """A user's call on every worker: one result per rank, in rank order; a rank's error
+        raises RuntimeError naming it (the engine keeps serving)."""
+        if not (isinstance(method, str) or callable(method)):
+            raise ValueError(f"collective_rpc: method={method!r} must be a Worker method name or a callable")
+        if not isinstance(args, (tuple, list)):
+            raise ValueError(f"collective_rpc: args={args!r} must be a tuple")
+        if kwargs is not None and not isinstance(kwargs, dict):
+            raise ValueError(f"collective_rpc: kwargs={kwargs!r} must be a dict or None")
+        results = self.collective_rpc(run_user_call, (method, tuple(args), kwargs))
+        return raise_remote_errors(method, results)
 
     def shutdown(self) -> None:  # noqa: B027 - a hook: executors without processes have nothing to release
         """Release workers and processes; safe to call more than once."""
+
+
+class UniProcExecutor(Executor):
+    """One worker in the engine's own process (tp=1)."""
+
+    def __init__(self, cfg: VllmConfig) -> None:
+        super().__init__(cfg)
+        self.worker = build_worker(cfg, rank=0)
+        self.worker.init_device()
+        self.worker.load_model()
+
+    def collective_rpc(self, method: str | Callable, args: tuple = (), kwargs: dict | None = None) -> list[Any]:
+        return [run_method(self.worker, method, args, kwargs)]
+
+    def execute_model_async(self, scheduler_output: SchedulerOutput) -> StepResult:
+        return self.worker.execute_model_async(scheduler_output)  # rank 0: the output rank
+
+    def shutdown(self) -> None:
+        if self.worker is not None:
+            self.worker.shutdown()
+            self.worker = None
 
 
 class ProcessExecutor(Executor):
@@ -113,3 +161,44 @@ def run_method(worker: Any, method: str | Callable, args: tuple, kwargs: dict | 
     """What a worker does with one ``collective_rpc`` call."""
     fn = getattr(worker, method) if isinstance(method, str) else partial(method, worker)
     return fn(*args, **(kwargs or {}))
+
+
+@dataclass(frozen=True)
+class RemoteError:
+    """What a user's call raised on one rank."""
+
+    rank: int
+    message: str
+    """``"ExceptionType: message"``."""
+    traceback: str
+
+
+def run_user_call(worker: Any, method: str | Callable, args: tuple, kwargs: dict | None) -> Any:
+    """Runs in a worker: the call's result, or a ``RemoteError`` instead of raising."""
+    try:
+        return run_method(worker, method, args, kwargs)
+    except Exception as err:
+        return RemoteError(getattr(worker, "rank", 0), f"{type(err).__name__}: {err}", traceback.format_exc())
+
+
+def apply_to_model(worker: Any, fn: Callable[[nn.Module], Any]) -> Any:
+    """Runs in a worker: ``fn`` applied to this rank's model."""
+    return fn(worker.get_model())
+
+
+def describe(method: str | Callable) -> str:
+    return method if isinstance(method, str) else getattr(method, "__qualname__", repr(method))
+
+
+def raise_remote_errors(method: str | Callable, results: list[Any]) -> list[Any]:
+    """``results`` unchanged, unless a rank raised: then a RuntimeError naming each such rank."""
+    errors = [r for r in results if isinstance(r, RemoteError)]
+    if not errors:
+        return results
+    ranks = ", ".join(str(e.rank) for e in errors)
+    first = errors[0]
+    raise RuntimeError(
+        f"collective_rpc({describe(method)}): worker rank {first.rank} raised {first.message}"
+        + (f" (ranks that raised: {ranks})" if len(errors) > 1 else "")
+        + f"\n--- rank {first.rank}'s traceback ---\n{first.traceback}"
+    )

@@ -82,9 +82,9 @@ class ExecutorWithExternalLauncher(Executor):
         dist.all_reduce(blocks, op=dist.ReduceOp.MIN)
         return dataclasses.replace(local, num_blocks=int(blocks.item()))
 
-    def execute_model(self, sched: SchedulerOutput) -> ModelRunnerOutput:
+    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         """Every rank needs the sampled tokens: its own scheduler advances with them."""
-        return self.worker.execute_model(sched)
+        return self.worker.execute_model(scheduler_output)
 
     def shutdown(self) -> None:
         if self.worker is not None:

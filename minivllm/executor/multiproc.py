@@ -20,6 +20,19 @@ oldest first; waiting for one call collects every earlier one on the way.
 Workers are stopped when the executor is shut down, garbage-collected, or the
 interpreter exits (``weakref.finalize``), and exit on their own if the driver
 is killed outright.
+
+**The worker's side** (``worker_main``). One duplex pipe per rank. The driver
+sends the same bytes to every rank: a pickled ``(seq, call)``, where ``call`` is
+the cloudpickled ``(method, args, kwargs)`` (so a user's lambda travels too;
+pickled apart, so that a call the worker cannot unpickle still gets a reply).
+The worker runs it and answers with a ``Reply`` carrying the same ``seq``, so
+the driver can drop replies to a call it stopped waiting for (Ctrl-C). The
+first reply (``seq`` 0), sent before any request, says whether the Worker could
+be built. A ``None`` call asks the worker to shut down.
+
+A worker ignores SIGINT: Ctrl-C reaches the whole process group, and it is the
+driver's to handle (it then stops the workers). A worker whose driver has gone
+(killed without a chance to clean up) exits on its own within a second.
 """
 
 from __future__ import annotations
@@ -29,9 +42,14 @@ import multiprocessing as mp
 import os
 import pickle
 import signal
+import sys
+import threading
 import time
+import traceback
 import weakref
 from collections import deque
+from dataclasses import dataclass
+from multiprocessing import util as mp_util
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from typing import Any, Callable
@@ -41,8 +59,8 @@ import cloudpickle
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.core.scheduler_output import SchedulerOutput
 from minivllm.distributed.utils import LOCALHOST, get_open_port, threads_per_rank
-from minivllm.executor.base import PendingStep, ProcessExecutor
-from minivllm.executor.worker_proc import SHUTDOWN, Reply, worker_main
+from minivllm.executor.base import PendingStep, ProcessExecutor, run_method
+from minivllm.worker.extension import build_worker
 
 logger = logging.getLogger(__name__)
 START_UP = "start-up"
@@ -50,6 +68,21 @@ MAIN_GUARD_HINT = (
     "; workers are spawned and import the main module again, so a script that creates an LLM with "
     "parallel.tp > 1 must do it under `if __name__ == '__main__':`"
 )
+SHUTDOWN = pickle.dumps((-1, None))
+"""What the driver sends a worker to make it exit."""
+
+
+@dataclass
+class Reply:
+    seq: int
+    ok: bool
+    value: Any = None
+    """The result when ``ok``; otherwise ``"ExceptionType: message"``."""
+    traceback: str = ""
+
+
+def error_reply(seq: int, err: BaseException) -> Reply:
+    return Reply(seq, False, f"{type(err).__name__}: {err}", traceback.format_exc())
 
 
 class MultiprocExecutor(ProcessExecutor):
@@ -109,10 +142,10 @@ class MultiprocExecutor(ProcessExecutor):
     def collective_rpc(self, method: str | Callable, args: tuple = (), kwargs: dict | None = None) -> list[Any]:
         return self._wait(self._send(method, args, kwargs))
 
-    def execute_model_async(self, sched: SchedulerOutput) -> PendingStep:
+    def execute_model_async(self, scheduler_output: SchedulerOutput) -> PendingStep:
         """Send the step to every rank and return at once; the future's ``result()``
         is the output rank's ``ModelRunnerOutput``."""
-        seq, rank = self._send("execute_model", (sched,), None), self.cfg.parallel.output_rank
+        seq, rank = self._send("execute_model", (scheduler_output,), None), self.cfg.parallel.output_rank
         return PendingStep(lambda: self._wait(seq)[rank])
 
     def _send(self, method: str | Callable, args: tuple, kwargs: dict | None) -> int:
@@ -223,3 +256,69 @@ def _stop_workers(procs: list[BaseProcess], conns: list[Connection], grace_s: fl
         conn.close()
     procs.clear()
     conns.clear()
+
+
+# ---- the worker's side ---------------------------------------------------------------------
+
+
+def worker_main(
+    cfg: VllmConfig, rank: int, init_method: str, num_threads: int, conn: Connection, parent_pid: int
+) -> None:
+    """Entry point of a worker process (``multiprocessing`` spawn target)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _exit_with_parent(parent_pid)
+    try:
+        worker = build_worker(cfg, rank=rank, distributed_init_method=init_method, num_threads=num_threads)
+    except BaseException as err:
+        conn.send(error_reply(0, err))
+        _exit_now(1)
+    conn.send(Reply(0, True))
+    try:
+        _serve(worker, conn)
+    finally:
+        worker.shutdown()
+        conn.close()
+        _exit_now(0)
+
+
+def _exit_now(code: int) -> None:
+    """Skip the interpreter's teardown: with torch and transformers loaded it
+    takes seconds, and the worker has released what it holds. multiprocessing's
+    own exit hook still runs (it releases the semaphores tqdm and others made)."""
+    mp_util._exit_function()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _serve(worker: Any, conn: Connection) -> None:
+    while True:
+        try:
+            seq, call = pickle.loads(conn.recv_bytes())
+        except (EOFError, OSError):  # the driver closed the pipe or died
+            return
+        if call is None:
+            return
+        try:
+            method, args, kwargs = pickle.loads(call)
+            reply = Reply(seq, True, run_method(worker, method, args, kwargs))
+        except BaseException as err:
+            reply = error_reply(seq, err)
+        try:
+            conn.send(reply)
+        except (BrokenPipeError, EOFError, OSError):
+            return
+        except Exception as err:  # the result did not pickle
+            conn.send(error_reply(seq, err))
+
+
+def _exit_with_parent(parent_pid: int, interval: float = 0.5) -> None:
+    """Exit when the driver is gone, even in the middle of a collective that will never finish."""
+
+    def watch() -> None:
+        while True:
+            time.sleep(interval)
+            if os.getppid() != parent_pid:
+                os._exit(1)
+
+    threading.Thread(target=watch, name="minivllm-parent-watch", daemon=True).start()

@@ -124,9 +124,12 @@ class RayDistributedExecutor(ProcessExecutor):
         what = method if isinstance(method, str) else getattr(method, "__name__", repr(method))
         return self._call_each(self._send(method, args, kwargs, what), what)
 
-    def execute_model_async(self, sched: SchedulerOutput) -> PendingStep:
+    def execute_model_async(self, scheduler_output: SchedulerOutput) -> PendingStep:
         """Send the step to every actor and return at once."""
-        refs, rank = self._send("execute_model", (sched,), None, "execute_model"), self.cfg.parallel.output_rank
+        refs, rank = (
+            self._send("execute_model", (scheduler_output,), None, "execute_model"),
+            self.cfg.parallel.output_rank,
+        )
         return PendingStep(lambda: self._call_each(refs, "execute_model")[rank])
 
     def _send(self, method: str | Callable, args: tuple, kwargs: dict | None, what: str) -> list[Any]:

@@ -19,8 +19,8 @@ from typing import Any, AsyncIterator
 
 from fastapi import Request
 
-from minivllm.engine.outputs import CompletionOutput
 from minivllm.engine.request_stream import RequestStream
+from minivllm.outputs import CompletionOutput
 from minivllm.sampling_params import RequestOutputKind
 from minivllm.serve.admission import (
     EngineRequests,

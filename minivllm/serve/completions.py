@@ -8,8 +8,8 @@ from typing import Any, AsyncIterator
 
 from fastapi import Request
 
-from minivllm.engine.outputs import CompletionOutput
 from minivllm.engine.request_stream import RequestStream
+from minivllm.outputs import CompletionOutput
 from minivllm.sampling_params import RequestOutputKind
 from minivllm.serve.admission import EngineRequests, Prompt, admit, check_text_length, off_loop, prompt_texts
 from minivllm.serve.errors import BadRequest

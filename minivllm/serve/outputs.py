@@ -23,8 +23,8 @@ from fastapi import Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
 
-from minivllm.engine.outputs import CompletionOutput, RequestOutput
 from minivllm.engine.request_stream import EngineDeadError, RequestStream
+from minivllm.outputs import CompletionOutput, RequestOutput
 from minivllm.serve.admission import Prompt
 from minivllm.serve.errors import ClientDisconnected, error_body
 from minivllm.serve.protocol import UsageInfo

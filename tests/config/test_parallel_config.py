@@ -18,7 +18,7 @@ def _cfg(ckpt, *overrides):
 @pytest.mark.parametrize(
     "overrides, target",
     [
-        ([], "minivllm.executor.uniproc.UniProcExecutor"),
+        ([], "minivllm.executor.base.UniProcExecutor"),
         (["parallel.tp=2"], "minivllm.executor.multiproc.MultiprocExecutor"),
         (["parallel.tp=2", "parallel.backend=ray"], "minivllm.executor.ray_executor.RayDistributedExecutor"),
         (["parallel.backend=mp"], "minivllm.executor.multiproc.MultiprocExecutor"),

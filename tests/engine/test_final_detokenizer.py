@@ -9,8 +9,12 @@ import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from minivllm.engine.detokenizer import IncrementalDetokenizer
-from minivllm.engine.final_detokenizer import FinalDetokenizer, FinalTextDecoder, wants_final_text_only
+from minivllm.engine.detokenizer import (
+    FinalDetokenizer,
+    FinalTextDecoder,
+    IncrementalDetokenizer,
+    wants_final_text_only,
+)
 from minivllm.sampling_params import RequestOutputKind, SamplingParams
 from tests.checkpoints import SPECIAL, local_corpus
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import threading
 import time
 
-from minivllm.engine.engine_proc import EngineInfo, EngineMessage
+from minivllm.engine.messages import AbortRequests, EngineReady
 from minivllm.engine.ray_replica import RayReplicaClient
 
 
@@ -40,12 +40,12 @@ class _Method:
 class _Actor:
     def __init__(self) -> None:
         self.alive = True
-        self.runs: list[list[tuple]] = []
+        self.runs: list[list] = []
         self.where = _Method(lambda: ("f00dfeed" * 4, "10.0.0.7", 4321))
-        self.start = _Method(lambda: EngineMessage(ready=EngineInfo(kv_spec=None)))
+        self.start = _Method(lambda: EngineReady(kv_spec=None))
         self.run = _Method(self._run)
 
-    def _run(self, commands: list[tuple]):
+    def _run(self, commands: list):
         if not self.alive:
             raise _ActorDied("The actor died unexpectedly before finishing this task.")
         self.runs.append(commands)
@@ -58,8 +58,8 @@ def test_an_idle_replica_whose_actor_dies_is_reported_within_the_idle_check():
     on_exit = lambda reason: (reasons.append(reason), exited.set())  # noqa: E731
     client = RayReplicaClient(_FakeRay(), actor, lambda msg, now: None, on_exit, idle_check_s=0.02)
     assert (client.node_ip, client.pid) == ("10.0.0.7", 4321)
-    client.send(("abort", ["r1"]))
-    assert _wait(lambda: [("abort", ["r1"])] in actor.runs)  # a command goes out as before
+    client.send(AbortRequests(["r1"]))
+    assert _wait(lambda: [AbortRequests(["r1"])] in actor.runs)  # a command goes out as before
     assert _wait(lambda: actor.runs.count([]) >= 2)  # idle: empty runs check the actor
     assert client.is_alive() and not exited.is_set()
     actor.alive = False

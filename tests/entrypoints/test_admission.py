@@ -10,8 +10,9 @@ import pytest
 from minivllm import LLM, SamplingParams
 from minivllm.config.llm_kwargs import config_from_kwargs
 from minivllm.config.vllm_config import VllmConfig
-from minivllm.engine.engine_proc import EngineMessage, _drain
+from minivllm.engine.engine_proc import EngineLoop
 from minivllm.engine.llm_engine import LLMEngine
+from minivllm.engine.messages import AddRequest, EngineOutputs
 
 KWARGS = dict(dtype="float32", block_size=8, num_gpu_blocks_override=64, max_model_len=128, disable_log_stats=True)
 PROMPTS = ["def f(x):", "import os", "class Stack:"]
@@ -61,14 +62,14 @@ def test_the_engine_process_queues_a_processed_request_as_it_is(llama_dir, monke
     tokenizer call and no second pass through the processor."""
     engine = LLMEngine(VllmConfig.from_dictconfig(config_from_kwargs(str(llama_dir), **KWARGS)))
     try:
-        request = engine.process("r", PROMPTS[0], SamplingParams(temperature=0, max_tokens=3))
+        request = engine.processor.process("r", PROMPTS[0], SamplingParams(temperature=0, max_tokens=3))
         texts = _count_encodes(engine.tokenizer, monkeypatch)
         monkeypatch.setattr(engine.processor, "process", lambda *a, **k: pytest.fail("processed again"))
         commands, send = Pipe(duplex=False)
-        send.send(("add", request))
-        msg = EngineMessage()
-        assert _drain(engine, commands, msg)
-        assert msg.added == ["r"] and not msg.add_errors and texts == []
+        send.send(AddRequest(request))
+        msg = EngineOutputs()
+        assert EngineLoop(engine).apply([commands.recv()], msg)
+        assert msg.added == ["r"] and not msg.refused and texts == []
         outs = []
         while engine.has_unfinished_requests():
             outs.extend(engine.step())

@@ -11,8 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from minivllm.config.task import ServeConfig
 from minivllm.core.stats import SchedulerStats
-from minivllm.engine.metrics_reader import engine_metrics
-from minivllm.engine.stats import StatLogger
+from minivllm.engine.stats import StatLogger, engine_metrics
 from minivllm.serve.metrics import ServerMetrics
 
 VLLM_SERVER_NAMES = {

@@ -16,22 +16,23 @@ are its beams' top tokens; per round (``BeamSearch.advance``), as transformers'
    better than the worst finished one.
 
 ``run_beam_search`` drives the engine ``LLM`` holds (``LLMEngine`` or
-``DataParallelEngine``) through the one admission path (``engine.process``,
+``DataParallelEngine``) through the one admission path (``engine.processor.process``,
 then ``engine.add_processed``) and returns the outputs to ``LLM.beam_search``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tqdm.auto import tqdm
 
 from minivllm.context_length import check_request_fits
+from minivllm.data_parallel.engine import DataParallelEngine
+from minivllm.engine.llm_engine import LLMEngine
 from minivllm.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
 
-if TYPE_CHECKING:
-    from minivllm.engine.llm_engine import LLMEngine
+OfflineEngine = LLMEngine | DataParallelEngine
 
 
 @dataclass
@@ -136,10 +137,10 @@ def _reason(token: int, eos: int | None) -> str:
 
 
 def run_beam_search(
-    engine: "LLMEngine", prompts: Any, params: BeamSearchParams, use_tqdm: bool
+    engine: OfflineEngine, prompts: Any, params: BeamSearchParams, use_tqdm: bool
 ) -> list[BeamSearchOutput]:
     """Drive one ``BeamSearch`` per prompt; each round is one batch of one-token requests, one per
-    live beam of every prompt. ``engine``: an ``LLMEngine`` or anything with its offline interface."""
+    live beam of every prompt."""
     width = 2 * params.beam_width
     cap = engine.cfg.model.max_logprobs
     if cap != -1 and width > cap:
@@ -164,10 +165,10 @@ def run_beam_search(
     return results
 
 
-def _run_round(engine: "LLMEngine", beams: list[list[int]], step: SamplingParams) -> list[Any]:
+def _run_round(engine: OfflineEngine, beams: list[list[int]], step: SamplingParams) -> list[Any]:
     """One request per beam (its token ids), run to the end; outputs in beam order. An error
     aborts the requests already queued."""
-    requests = [engine.process(None, {"prompt_token_ids": ids}, step) for ids in beams]
+    requests = [engine.processor.process(None, {"prompt_token_ids": ids}, step) for ids in beams]
     req_ids: list[str] = []
     finished: dict[str, Any] = {}
     try:
@@ -190,9 +191,9 @@ def _prompt_list(prompts: Any) -> list[Any]:
     return prompts
 
 
-def _start(engine: "LLMEngine", prompt: Any, params: BeamSearchParams) -> BeamSearch:
-    """A search for one prompt, after the checks that need the model (``engine.process``, which
+def _start(engine: OfflineEngine, prompt: Any, params: BeamSearchParams) -> BeamSearch:
+    """A search for one prompt, after the checks that need the model (``Processor.process``, which
     queues nothing, and one of beam search's own: prompt + max_tokens must fit, not be capped)."""
-    request = engine.process(None, prompt, SamplingParams(max_tokens=params.max_tokens))
+    request = engine.processor.process(None, prompt, SamplingParams(max_tokens=params.max_tokens))
     check_request_fits(len(request.prompt_token_ids), params.max_tokens, engine.cfg.max_model_len)
     return BeamSearch(request.prompt_token_ids, params, engine.eos_token_id)
