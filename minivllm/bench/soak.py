@@ -39,15 +39,32 @@ completions beside them:
 Half of the non-streamed constrained requests go through the official ``openai``
 client. Every stream is read to its end by ``Traffic.read_stream`` (a finish_reason
 for every choice, then ``[DONE]``).
+
+With ``images`` (a model that takes images), the image kinds (``ImageTraffic``), each a
+chat request with one image, every image a new one (so a leak per distinct image shows
+in the samples):
+
+- ``image_data``: a ``data:`` URL;
+- ``image_http``: an http URL to the loopback media server at ``media_url`` (it answers
+  ``/pic/<n>.png``; the server must allow its host in ``serve.allowed_media_domains``);
+- ``image_inward``: an http URL to ``[::1]`` (loopback, allowed by no configuration
+  here): a 400 ``could not fetch``, refused before any connection;
+- ``image_bomb``: a 12000 x 12000 PNG (a few hundred KB) as a data URL: a 400 naming
+  ``serve.max_image_pixels``, answered at once.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import functools
+import io
 import json
 import random
 import re
+import struct
 import time
+import zlib
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -74,6 +91,11 @@ class SoakConfig:
     constrained: bool = True
     """Send the constrained and over-limit chat kinds too (needs ``chat``; tool_choice=auto
     needs the server's serve.tool_call_parser)."""
+    images: bool = False
+    """Send the image kinds too (needs ``chat`` and a model that takes images)."""
+    media_url: str | None = None
+    """A loopback media server answering ``/pic/<n>.png`` with distinct PNGs, allowed by the
+    server's serve.allowed_media_domains; None: no http image URLs."""
     rss_slack: float = 0.10
     """Allowed RSS growth after warm-up, as a fraction of the baseline (plus 16 MiB)."""
     request_timeout_s: float = 120.0
@@ -172,12 +194,13 @@ async def run_soak(base_url: str, cfg: SoakConfig, pids: dict[str, int]) -> Soak
         card = (await http.get("/v1/models")).json()["data"][0]
         traffic = Traffic(http, card["id"], random.Random(cfg.seed), cfg.max_tokens, cfg.chat, report.stats)
         constrained = ConstrainedTraffic(traffic, client, card["max_model_len"])
-        await _drive(traffic, constrained, cfg, report, cfg.duration_s * cfg.warmup_frac)
+        images = ImageTraffic(traffic, cfg.media_url)
+        await _drive(traffic, constrained, images, cfg, report, cfg.duration_s * cfg.warmup_frac)
     await _wait_idle(base_url, report)
     report.baseline = {name: sample_process(pid) for name, pid in pids.items()}
     async with httpx.AsyncClient(base_url=base_url, timeout=cfg.request_timeout_s, limits=limits) as http:
         traffic.http = http
-        await _drive(traffic, constrained, cfg, report, cfg.duration_s * (1 - cfg.warmup_frac))
+        await _drive(traffic, constrained, images, cfg, report, cfg.duration_s * (1 - cfg.warmup_frac))
     await client.close()
     report.idle = await _wait_idle(base_url, report)
     report.end = {name: sample_process(pid) for name, pid in pids.items()}
@@ -186,11 +209,18 @@ async def run_soak(base_url: str, cfg: SoakConfig, pids: dict[str, int]) -> Soak
 
 
 async def _drive(
-    traffic: Traffic, constrained: ConstrainedTraffic, cfg: SoakConfig, report: SoakReport, seconds: float
+    traffic: Traffic,
+    constrained: ConstrainedTraffic,
+    images: ImageTraffic,
+    cfg: SoakConfig,
+    report: SoakReport,
+    seconds: float,
 ) -> None:
     kinds = traffic.kinds()
     if cfg.chat and cfg.constrained:
         kinds |= constrained.kinds()
+    if cfg.chat and cfg.images:
+        kinds |= images.kinds()
     names, weights = list(kinds), [w for w, _ in kinds.values()]
     deadline = time.monotonic() + seconds
 
@@ -612,3 +642,87 @@ def _check_structured(kind: str, content: str) -> None:
         raise Unexpected(f"regex: {content[:120]!r} does not match {REGEX}")
     if kind == "choice" and content not in CHOICES:
         raise Unexpected(f"choice: {content!r} not one of {CHOICES}")
+
+
+# ---- images ------------------------------------------------------------------------------------
+
+
+@dataclass
+class ImageTraffic:
+    base: Traffic
+    media_url: str | None
+    """The loopback media server (``/pic/<n>.png``); None: data URLs only."""
+    sent: int = 0
+    """Images sent so far: each request's image is a new one."""
+
+    def kinds(self) -> dict[str, tuple[float, Callable[[], Awaitable[str]]]]:
+        kinds = {"image_data": (1.5, self.data_url), "image_bomb": (0.2, self.bomb)}
+        if self.media_url is not None:
+            kinds["image_http"] = (1.5, self.http_url)
+            kinds["image_inward"] = (0.3, self.inward)
+        return kinds
+
+    async def data_url(self) -> str:
+        self.sent += 1
+        return await self._ok(_data_url(_png(self.sent)))
+
+    async def http_url(self) -> str:
+        self.sent += 1
+        return await self._ok(f"{self.media_url}/pic/{self.sent}.png")
+
+    async def inward(self) -> str:
+        port = httpx.URL(self.media_url).port
+        return await self._refused(f"http://[::1]:{port}/pic/0.png", "could not fetch")
+
+    async def bomb(self) -> str:
+        return await self._refused(_data_url(_bomb_png()), "serve.max_image_pixels")
+
+    def _body(self, url: str) -> dict[str, Any]:
+        parts = [{"type": "text", "text": "What is this?"}, {"type": "image_url", "image_url": {"url": url}}]
+        max_tokens = self.base.rng.randint(1, self.base.max_tokens)
+        return {"model": self.base.model, "messages": [{"role": "user", "content": parts}], "max_tokens": max_tokens}
+
+    async def _ok(self, url: str) -> str:
+        res = await self.base.http.post("/v1/chat/completions", json=self._body(url))
+        if res.status_code != 200:
+            return _status_outcome(res)
+        choices = parsed_body(res)["choices"]
+        if len(choices) != 1 or choices[0]["finish_reason"] not in ("stop", "length"):
+            raise Unexpected(f"image chat: {res.text[:200]}")
+        return "ok"
+
+    async def _refused(self, url: str, needle: str) -> str:
+        res = await self.base.http.post("/v1/chat/completions", json=self._body(url))
+        message = (parsed_body(res).get("error") or {}).get("message", "")
+        if res.status_code != 400 or needle not in message:
+            raise Unexpected(
+                f"image {url[:60]!r}: got {res.status_code}, wanted a 400 with {needle!r}: {message[:200]}"
+            )
+        return "refused"
+
+
+def _png(seed: int, size: int = 24) -> bytes:
+    from PIL import Image
+
+    pixels = random.Random(seed).randbytes(size * size * 3)
+    buf = io.BytesIO()
+    Image.frombytes("RGB", (size, size), pixels).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+@functools.lru_cache(maxsize=1)
+def _bomb_png(side: int = 12000) -> bytes:
+    """A valid grey PNG of side x side zero pixels: a few hundred KB."""
+    packer = zlib.compressobj(9)
+    row = b"\x00" * (side + 1)
+    data = b"".join(packer.compress(row) for _ in range(side)) + packer.flush()
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+    header = struct.pack(">IIBBBBB", side, side, 8, 0, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", data) + chunk(b"IEND", b"")
+
+
+def _data_url(png: bytes) -> str:
+    return "data:image/png;base64," + base64.b64encode(png).decode()

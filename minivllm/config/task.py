@@ -22,6 +22,7 @@ they miss).
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -152,7 +153,7 @@ class ServeConfig:
     port: int = 8000
     """Port the HTTP server binds."""
     api_key: Optional[str] = None
-    """When set, every /v1 route needs ``Authorization: Bearer <api_key>``."""
+    """When set, every route but /health, /ping, /version and /metrics needs ``Authorization: Bearer <api_key>``."""
     served_model_name: Optional[Any] = None
     """Model name(s) the server answers to: a name, a list (``[a,b]``) or comma-separated names; the first
     is reported. Defaults to model.path (``demo`` for the bundled demo model)."""
@@ -188,6 +189,16 @@ class ServeConfig:
     """Offer development routes: /sleep, /wake_up, /is_sleeping (vLLM's VLLM_SERVER_DEV_MODE); never on a public port."""
     metrics_prefix: str = "vllm"
     """Namespace of the /metrics names and LLM.get_metrics() (``vllm`` gives vLLM's ``vllm:prompt_tokens_total``)."""
+    fetch_media_urls: bool = True
+    """Fetch http(s) image URLs at all (under the media rules of docs/multimodal.md); false: they are a 400."""
+    allowed_media_domains: list[str] = field(default_factory=list)
+    """Empty: image URLs may name any host whose every address is public. Set: only these hosts, at any address."""
+    media_fetch_timeout_s: float = 10.0
+    """Deadline of one whole image fetch (connect, headers, body, redirects); then a 400 naming it."""
+    max_concurrent_media_fetches: int = 8
+    """Image fetches in flight at once in the server; more wait for a slot within their deadline."""
+    max_image_pixels: int = 40_000_000
+    """Largest image (width x height), read from its header before decoding; more is a 400."""
 
     def __post_init__(self) -> None:
         check_range("serve.port", self.port, low=0, high=65535)
@@ -200,12 +211,35 @@ class ServeConfig:
         check_range("serve.max_waiting", self.max_waiting, low=0)
         check_range("serve.max_request_bytes", self.max_request_bytes, low=1024)
         check_range("serve.max_header_bytes", self.max_header_bytes, low=1024)
-        for key in ("header_timeout", "body_timeout", "keep_alive_timeout"):
+        check_media_domains(self.allowed_media_domains)
+        check_range("serve.max_concurrent_media_fetches", self.max_concurrent_media_fetches, low=1)
+        check_range("serve.max_image_pixels", self.max_image_pixels, low=1)
+        for key in ("header_timeout", "body_timeout", "keep_alive_timeout", "media_fetch_timeout_s"):
             check_range(f"serve.{key}", getattr(self, key), low=0.0, low_open=True)
         for key, allowed in (("tool_call_parser", TOOL_CALL_PARSERS), ("reasoning_parser", REASONING_PARSERS)):
             value = getattr(self, key)
             if value is not None and value not in allowed:
                 raise ValueError(f"serve.{key}={value!r}: must be one of {', '.join(allowed)} (or null)")
+
+
+def check_media_domains(value: Any) -> None:
+    """A list of host names or address literals (no scheme, port or path); a ValueError naming the key."""
+    hosts = list(value) if isinstance(value, (list, tuple)) or type(value).__name__ == "ListConfig" else None
+    if hosts is None or not all(_is_host(h) for h in hosts):
+        raise ValueError(
+            f"serve.allowed_media_domains={value!r}: must be a list of host names or addresses, without scheme, "
+            "port or path (e.g. serve.allowed_media_domains=[media.example.com,127.0.0.1])"
+        )
+
+
+def _is_host(host: Any) -> bool:
+    if not isinstance(host, str) or not host.strip():
+        return False
+    try:
+        ipaddress.ip_address(host.strip("[]"))
+        return True
+    except ValueError:
+        return not any(c in host for c in "/:@ ?#")
 
 
 def check_metrics_prefix(prefix: object) -> None:

@@ -75,6 +75,23 @@ def render_chat(
     return prompt
 
 
+def image_urls(messages: Sequence[Any]) -> list[tuple[Any, str]]:
+    """``(url, field)`` of every ``image_url`` part of ``messages``, in the order ``render_chat``
+    loads them: what a server counts, checks and fetches before rendering."""
+    found = []
+    for i, message in enumerate(messages):
+        content = message.get("content") if isinstance(message, dict) else None
+        for j, part in enumerate(content if isinstance(content, list) else []):
+            if isinstance(part, dict) and part.get("type") == "image_url":
+                found.append((_image_url(part), f"messages[{i}].content[{j}].image_url"))
+    return found
+
+
+def _image_url(part: dict[str, Any]) -> Any:
+    url = part.get("image_url")
+    return url.get("url") if isinstance(url, dict) else url
+
+
 def _message(i: int, message: Any, images: list[Any], media: MediaConnector) -> dict[str, Any]:
     """The message as the template sees it; its images are appended to ``images``."""
     if not isinstance(message, dict) or "role" not in message:
@@ -95,8 +112,6 @@ def _part(i: int, j: int, part: Any, images: list[Any], media: MediaConnector) -
     if kind == "text" and isinstance(part.get("text"), str):
         return {"type": "text", "text": part["text"]}
     if kind == "image_url":
-        url = part.get("image_url")
-        url = url.get("url") if isinstance(url, dict) else url
-        images.append(media.load_image(url, f"messages[{i}].content[{j}].image_url"))
+        images.append(media.load_image(_image_url(part), f"messages[{i}].content[{j}].image_url"))
         return {"type": "image"}
     raise ValueError(f"messages[{i}].content[{j}]: only text and image_url parts are supported, got {kind!r}")

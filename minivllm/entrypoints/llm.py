@@ -157,7 +157,7 @@ class LLM:
                 continue_final_message=continue_final_message,
                 tools=tools,
                 chat_template_kwargs=chat_template_kwargs,
-                media=MediaConnector(self.cfg.model.allowed_local_media_path),
+                media=MediaConnector.for_config(self.cfg),
             )
             for conversation in conversations
         ]

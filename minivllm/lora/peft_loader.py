@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file
 from transformers import PretrainedConfig
 
@@ -84,7 +85,10 @@ def load_peft_adapter(request: LoRARequest, hf_config: PretrainedConfig, max_ran
     scaling = alpha / math.sqrt(rank) if peft_cfg.get("use_rslora") else alpha / rank
     if not (folder / WEIGHTS_FILE).is_file():
         raise ValueError(f"{name}: missing {WEIGHTS_FILE}")
-    tensors = load_file(str(folder / WEIGHTS_FILE))
+    try:
+        tensors = load_file(str(folder / WEIGHTS_FILE))
+    except (SafetensorError, OSError, ValueError) as err:
+        raise ValueError(f"{name}: {WEIGHTS_FILE} is not a safetensors file ({err})") from None
     weights = _pair_up(tensors, name, rank, hf_config)
     weights = {key: (a.t().contiguous(), (b.t() * scaling).contiguous()) for key, (a, b) in weights.items()}
     return LoRAAdapter(request, rank, weights)
@@ -93,13 +97,22 @@ def load_peft_adapter(request: LoRARequest, hf_config: PretrainedConfig, max_ran
 def _read_config(folder: Path, name: str) -> dict:
     if not (folder / CONFIG_FILE).is_file():
         raise ValueError(f"{name}: missing {CONFIG_FILE} (expected a PEFT adapter folder)")
-    cfg = json.loads((folder / CONFIG_FILE).read_text())
+    try:
+        cfg = json.loads((folder / CONFIG_FILE).read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{name}: {CONFIG_FILE} is not valid JSON ({err})") from None
+    if not isinstance(cfg, dict):
+        raise ValueError(f"{name}: {CONFIG_FILE} must hold a JSON object, not a {_json_kind(cfg)}")
     if cfg.get("peft_type", "LORA") != "LORA":
         raise ValueError(f"{name}: peft_type={cfg.get('peft_type')!r} is not supported (only LORA)")
     for key, default in _UNSUPPORTED_OPTIONS.items():
         if cfg.get(key, default) not in (default, None, {}):
             raise ValueError(f"{name}: {key}={cfg[key]!r} is not supported (only {default!r})")
     return cfg
+
+
+def _json_kind(value: object) -> str:
+    return {list: "list", str: "string", bool: "boolean", type(None): "null"}.get(type(value), "number")
 
 
 def _pair_up(

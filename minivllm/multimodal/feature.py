@@ -18,6 +18,11 @@ concatenated in the same order::
 
 So images join one call when every tensor agrees with the others' beyond dim 0 (the same
 keys, dtypes and trailing shapes); a model without the capability gets one image per call.
+
+A feature crosses to the engine process (and on to workers) pickled: its tensors travel
+as their bytes inside the message. Pickled through ``multiprocessing``, a torch tensor
+would instead move to shared memory and leave a descriptor in the sending process for
+every distinct image (a server fed enough images runs out of descriptors).
 """
 
 from __future__ import annotations
@@ -44,6 +49,15 @@ class MultiModalFeature:
     """Placeholder tokens, equal to the rows of embeddings the encoder returns."""
     data: dict[str, torch.Tensor] = field(default_factory=dict)
     """This image's processed tensors, e.g. ``pixel_values`` (1, 3, H, W); Qwen2-VL adds ``image_grid_thw``."""
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state["data"] = {name: _TensorBytes.of(t) for name, t in self.data.items()}
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        state["data"] = {name: packed.tensor() for name, packed in state["data"].items()}
+        self.__dict__.update(state)
 
     @property
     def end(self) -> int:
@@ -78,3 +92,22 @@ def _join_key(feature: MultiModalFeature, index: int) -> Hashable:
     if any(t.dim() == 0 for t in feature.data.values()):
         return ("alone", index)
     return tuple(sorted((key, t.dtype, tuple(t.shape[1:])) for key, t in feature.data.items()))
+
+
+@dataclass(frozen=True)
+class _TensorBytes:
+    """A CPU tensor as plain bytes (dtype, shape, raw): what pickles into a message."""
+
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    raw: bytes
+
+    @staticmethod
+    def of(tensor: torch.Tensor) -> _TensorBytes:
+        flat = tensor.detach().to("cpu").contiguous().reshape(-1)
+        return _TensorBytes(tensor.dtype, tuple(tensor.shape), flat.view(torch.uint8).numpy().tobytes())
+
+    def tensor(self) -> torch.Tensor:
+        if not self.raw:
+            return torch.empty(self.shape, dtype=self.dtype)
+        return torch.frombuffer(bytearray(self.raw), dtype=torch.uint8).view(self.dtype).reshape(self.shape)

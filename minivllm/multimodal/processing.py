@@ -168,12 +168,17 @@ class MultiModalProcessor:
                 raise ValueError(
                     f"multi_modal_data['image'][{i}]: must be a PIL.Image.Image, got {type(image).__name__}"
                 )
-        if len(images) > self.max_images:
+        self.check_image_count(len(images), "multi_modal_data['image']")
+        return images
+
+    def check_image_count(self, count: int, field: str) -> None:
+        """ValueError naming ``field`` when ``count`` images are more than a prompt may hold
+        (a server asks before fetching any of them)."""
+        if count > self.max_images:
             raise ValueError(
-                f"multi_modal_data['image']: {len(images)} images, more than the {self.max_images} allowed per "
+                f"{field}: {count} images, more than the {self.max_images} allowed per "
                 f"prompt (model.limit_mm_per_prompt.image={self.max_images})"
             )
-        return images
 
     def _process_image(self, image: Image.Image, index: int) -> ProcessedImage:
         key = image_hash(image, self.identity)

@@ -17,10 +17,16 @@ engine sees it, in the order a handler runs them.
 
    The body's size (``serve.max_request_bytes``) is capped before it is even read
    (``app.BodyLimits``).
-2. **Chat messages rendered** (``render_messages``): the chat template, and the one place
-   media enters the server: each ``image_url`` is loaded by ``MediaConnector`` under the
-   model's rules (``data:``, ``file:`` under ``model.allowed_local_media_path``, ``http(s):``
-   fetched with a timeout and a size cap).
+2. **Chat media fetched, then messages rendered** (``fetch_media``, ``render_messages``): the
+   one place media enters the server. Images a request could not use are refused before
+   anything is fetched (no chat template, a model that takes no images, more than
+   ``model.limit_mm_per_prompt``; a request without the key never gets here, see
+   ``app._Auth``). Then its http(s) image URLs are fetched concurrently on the event loop,
+   under the server's ``MediaConnector`` (``multimodal/fetch.py``'s rules: public addresses
+   unless named in ``serve.allowed_media_domains``, one deadline, a per-server cap on
+   fetches in flight), and the template is rendered on the tokenizer thread with the
+   bodies in hand (``data:`` and ``file:`` URLs are read there): the tokenizer thread
+   never waits on the network.
 3. **Each prompt tokenized and checked** by the engine's rules (``EngineRequests.add``,
    through ``AsyncLLM.process``), then **all started, or none** (``EngineRequests.start``):
    any refusal aborts the ones already started and becomes a 400 before a byte is
@@ -44,7 +50,7 @@ from minivllm.context_length import ContextLengthExceeded, Subject, check_reques
 from minivllm.engine.async_llm import AsyncLLM
 from minivllm.engine.processor import ProcessedRequest
 from minivllm.engine.request_stream import RequestStream
-from minivllm.entrypoints.chat_utils import render_chat
+from minivllm.entrypoints.chat_utils import image_urls, render_chat
 from minivllm.lora_request import LoRARequest
 from minivllm.multimodal.media import MediaConnector
 from minivllm.sampling_params import SamplingParams
@@ -144,14 +150,44 @@ def refuse_unknown_fields(request: Any) -> None:
 # ---- 2. chat messages and their media ------------------------------------------------------
 
 
+NO_TEMPLATE = (
+    "messages: this model's tokenizer has no chat template; start the server with "
+    "serve.chat_template=<a Jinja template or a file holding one> (vLLM: --chat-template), "
+    "or use /v1/completions"
+)
+
+
+async def fetch_media(state: ServerState, messages: list[dict[str, Any]]) -> MediaConnector:
+    """The server's connector holding the bodies of ``messages``' http(s) image URLs, fetched on
+    the running loop; 400s naming ``messages`` before any fetch for images the request could
+    not use, and for a refused, failed or late fetch."""
+    if not state.chat_template:
+        raise BadRequest("messages", NO_TEMPLATE)
+    images = image_urls(messages)
+    if not images:
+        return await state.media.fetch_ahead([])
+    mm = state.engine.processor.mm
+    if mm is None:
+        raise BadRequest("messages", f"messages: hold images, but {state.cfg.architecture} takes no images")
+    try:
+        mm.check_image_count(len(images), "messages")
+        return await state.media.fetch_ahead(images)
+    except ValueError as err:
+        raise BadRequest("messages", str(err)) from None
+
+
 def render_messages(
-    state: ServerState, body: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+    state: ServerState,
+    body: Any,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+    media: MediaConnector,
 ) -> dict[str, Any]:
     """The prompt text and ids (and images, as ``multi_modal_data``) the chat template makes of
     ``messages`` and ``tools``, as ``body`` (a chat or /tokenize request) asks: its
     ``add_generation_prompt``, ``continue_final_message``, ``chat_template_kwargs`` and
-    ``add_special_tokens``. Image URLs are loaded here; a 400 naming ``messages`` for any fault.
-    It tokenizes and may fetch over the network: call it off the event loop."""
+    ``add_special_tokens``. Images are loaded here from ``media`` (``fetch_media``'s: nothing
+    is fetched); a 400 naming ``messages`` for any fault. It tokenizes: call it off the loop."""
     tokenizer = state.engine.tokenizer
     try:
         rendered = render_chat(
@@ -162,7 +198,7 @@ def render_messages(
             continue_final_message=body.continue_final_message,
             tools=tools,
             chat_template_kwargs=body.chat_template_kwargs,
-            media=MediaConnector(state.cfg.model.allowed_local_media_path),
+            media=media,
         )
     except ValueError as err:
         raise BadRequest("messages", str(err)) from None

@@ -74,7 +74,7 @@ from minivllm.serve.protocol import (
     TokenizerInfoResponse,
     UnloadLoRAAdapterRequest,
 )
-from minivllm.serve.state import ServerState
+from minivllm.serve.state import OPEN_PATHS, ServerState
 from minivllm.serve.tokenize import create_detokenize, create_tokenize, tokenizer_info
 
 ROUTES = (
@@ -228,13 +228,13 @@ def _add_tokenizer_routes(app: FastAPI, state: ServerState) -> None:
 
 
 class Auth:
-    """401 on /v1 routes without ``Authorization: Bearer <api_key>`` (when a key is set)."""
+    """401 on every route but ``OPEN_PATHS`` without ``Authorization: Bearer <api_key>`` (when a key is set)."""
 
     def __init__(self, app: ASGIApp, api_key: str | None) -> None:
         self.app, self.expected = app, f"Bearer {api_key}".encode() if api_key else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if self.expected and scope["type"] == "http" and scope["path"].startswith("/v1"):
+        if self.expected and scope["type"] == "http" and scope["path"] not in OPEN_PATHS:
             given = dict(scope["headers"]).get(b"authorization", b"")
             if not hmac.compare_digest(given, self.expected):
                 msg = "invalid or missing API key; send the header 'Authorization: Bearer <serve.api_key>'"

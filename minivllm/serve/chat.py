@@ -12,7 +12,6 @@ text goes out as content, with ``finish_reason`` "length").
 
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
 from dataclasses import dataclass, field, replace
@@ -28,6 +27,7 @@ from minivllm.serve.admission import (
     Prompt,
     admit,
     check_text_length,
+    fetch_media,
     message_texts,
     off_loop,
     render_messages,
@@ -58,12 +58,6 @@ from minivllm.serve.state import ServerState
 from minivllm.serve.tools import ToolCall, ToolPlan, plan_tools
 from minivllm.structured_output import StructuredOutputsParams
 
-NO_TEMPLATE = (
-    "messages: this model's tokenizer has no chat template; start the server with "
-    "serve.chat_template=<a Jinja template or a file holding one> (vLLM: --chat-template), "
-    "or use /v1/completions"
-)
-
 
 async def create_chat_completion(state: ServerState, body: ChatCompletionRequest, raw: Request) -> Any:
     lora = state.check_model(body.model)
@@ -87,9 +81,9 @@ async def create_chat_completion(state: ServerState, body: ChatCompletionRequest
     )
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     check_text_length(state, "messages", message_texts(body.messages), body.truncate_prompt_tokens)
-    # off the event loop: on the tokenizer thread, or (image URLs may be fetched over the network) on another one
-    render_there = asyncio.to_thread if _has_images(body) else off_loop
-    rendered = await render_there(render, state, body, tools)
+    messages = [m.template_fields() for m in body.messages]
+    media = await fetch_media(state, messages)  # on the loop: http(s) image URLs, each under its deadline
+    rendered = await off_loop(render_messages, state, body, messages, tools.tools if tools is not None else None, media)
     requests = EngineRequests(
         state.engine, request_id, params, body.priority, lora, max_tokens=max_tokens, prompt_field="messages"
     )
@@ -104,12 +98,6 @@ async def create_chat_completion(state: ServerState, body: ChatCompletionRequest
     shown = prompt_logprobs_json(outs[0].prompt_logprobs) if body.prompt_logprobs is not None else None
     return ChatCompletionResponse(
         id=request_id, model=model, choices=choices, usage=usage([prompt], outs), prompt_logprobs=shown
-    )
-
-
-def _has_images(body: ChatCompletionRequest) -> bool:
-    return any(
-        isinstance(m.content, list) and any(part.type == "image_url" for part in m.content) for m in body.messages
     )
 
 
@@ -134,14 +122,6 @@ def _reasoning_parser(state: ServerState, constraint: StructuredOutputsParams | 
         return None
     parser = REASONING_PARSERS[name]
     return parser if constraint is None else replace(parser, starts_in_prompt=False)
-
-
-def render(state: ServerState, body: ChatCompletionRequest, tools: ToolPlan | None = None) -> dict[str, Any]:
-    """The prompt text and ids the template makes of the messages (and tools)."""
-    if not state.chat_template:
-        raise BadRequest("messages", NO_TEMPLATE)
-    messages = [m.template_fields() for m in body.messages]
-    return render_messages(state, body, messages, tools.tools if tools is not None else None)
 
 
 class _Formatter:

@@ -6,7 +6,7 @@ route (``ROUTES``):
 
 - the statuses a route can answer, each error with the OpenAI body
   (``ErrorResponse``): 400, 404, 408, 413, 503 (with ``Retry-After``), and 401
-  on /v1 routes when ``serve.api_key`` is set; never 422 (the server has none);
+  on every route but ``state.OPEN_PATHS`` when ``serve.api_key`` is set; never 422 (the server has none);
 - the media types: ``text/event-stream`` beside JSON for the generation routes,
   ``text/plain`` for /metrics and the LoRA routes, no body at all for /health's
   and /ping's 200.
@@ -25,6 +25,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
 from minivllm.serve.protocol import ErrorResponse
+from minivllm.serve.state import OPEN_PATHS
 
 ERROR_REF = {"$ref": "#/components/schemas/ErrorResponse"}
 EVENT_STREAM = {
@@ -104,7 +105,7 @@ def corrected(schema: dict[str, Any], api_key_set: bool) -> dict[str, Any]:
             responses = operation.setdefault("responses", {})
             responses.pop("422", None)
             _fix_ok(responses, doc)
-            errors = doc.errors + (("401",) if api_key_set and path.startswith("/v1") else ())
+            errors = doc.errors + (("401",) if api_key_set and path not in OPEN_PATHS else ())
             for code in errors:
                 responses[code] = _error_response(code, path)
     return schema

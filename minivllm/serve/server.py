@@ -19,6 +19,8 @@ made to fail safe.
   is ended with ``ShuttingDown`` (streams get an error event and ``[DONE]``, the
   others a 503), which aborts their engine requests, so no task is cancelled
   mid-write. uvicorn's own cancellation stays as a backstop ``CUT_GRACE_S`` later.
+  Image fetches in flight are cut at once (their requests get a 400): shutdown never
+  waits on a media server.
   Then the engine stops and the port is released.
 - **Stalled connections.** ``serve.header_timeout`` bounds how long a connection
   may take to send a request's headers (``HeaderTimeoutH11``); the body's pieces
@@ -43,6 +45,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from minivllm.config.task import metric_name
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.engine.async_llm import AsyncLLM
+from minivllm.multimodal.fetch import MediaFetcher
 from minivllm.serve.app import build_app
 from minivllm.serve.errors import ShuttingDown
 
@@ -53,9 +56,13 @@ CUT_GRACE_S = 5.0
 
 
 class ApiServer(uvicorn.Server):
-    def __init__(self, config: uvicorn.Config, engine: AsyncLLM, shutdown_timeout: float) -> None:
+    def __init__(
+        self, config: uvicorn.Config, engine: AsyncLLM, shutdown_timeout: float, fetcher: MediaFetcher | None = None
+    ) -> None:
         super().__init__(config)
         self.engine = engine
+        self.fetcher = fetcher
+        """The server's media fetcher: its fetches in flight are cut when shutdown begins."""
         self.shutdown_timeout = shutdown_timeout
         self.exit_code = 0
         """1 once the server stopped because its engine died."""
@@ -69,6 +76,8 @@ class ApiServer(uvicorn.Server):
         return await super().on_tick(counter)
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        if self.fetcher is not None:
+            self.fetcher.close()
         cut = asyncio.get_running_loop().call_later(self.shutdown_timeout, self._cut_requests)
         try:
             await super().shutdown(sockets)
@@ -124,7 +133,8 @@ def make_server(app: Any, cfg: VllmConfig, log_level: str = "info") -> ApiServer
         timeout_graceful_shutdown=int(serve.shutdown_timeout + CUT_GRACE_S + 0.999),
         lifespan="off",
     )
-    return ApiServer(config, app.state.server.engine, serve.shutdown_timeout)
+    state = app.state.server
+    return ApiServer(config, state.engine, serve.shutdown_timeout, state.media.fetcher)
 
 
 def bind_socket(host: str, port: int) -> socket.socket:

@@ -13,9 +13,15 @@ from minivllm.config.vllm_config import VllmConfig
 from minivllm.engine.async_llm import AsyncLLM
 from minivllm.lora.serving import ServedAdapters
 from minivllm.lora_request import LoRARequest
+from minivllm.multimodal.media import MediaConnector
 from minivllm.serve.errors import ModelNotFound
 from minivllm.serve.metrics import ServerMetrics
 from minivllm.serve.protocol import ModelCard
+
+OPEN_PATHS = frozenset({"/health", "/ping", "/version", "/metrics", "/openapi.json"})
+"""What answers without the key when ``serve.api_key`` is set: probes, the version, metrics and
+the schema. Every other route wants it (the /v1 routes; /tokenize, which renders and fetches
+images; every route that changes state), so nothing is fetched or changed for a caller without it."""
 
 
 class ServerState:
@@ -33,6 +39,8 @@ class ServerState:
         )
         self.adapters = ServedAdapters(list(cfg.serve.lora_modules), self.model_name, engine.processor.lora.check)
         """LoRA adapters the ``model`` field may name besides the base model."""
+        self.media = MediaConnector.for_config(cfg)
+        """Loads chat images under the server's media rules; its fetcher caps the fetches in flight."""
         self.metrics = ServerMetrics(self.model_name, cfg.serve.metrics_prefix)
         engine.stat_loggers.append(self.metrics)
         self.token_text = lru_cache(maxsize=65536)(self._token_text)

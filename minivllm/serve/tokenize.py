@@ -19,7 +19,15 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from minivllm.serve.admission import check_text_length, message_texts, off_loop, refuse_unknown_fields, render_messages
+from minivllm.multimodal.media import MediaConnector
+from minivllm.serve.admission import (
+    check_text_length,
+    fetch_media,
+    message_texts,
+    off_loop,
+    refuse_unknown_fields,
+    render_messages,
+)
 from minivllm.serve.errors import BadRequest
 from minivllm.serve.protocol import (
     DetokenizeRequest,
@@ -36,7 +44,10 @@ async def create_tokenize(state: ServerState, body: TokenizeRequest) -> Tokenize
     refuse_unknown_fields(body)
     texts = [body.prompt] if body.prompt is not None else message_texts(body.messages or [])
     check_text_length(state, "prompt" if body.prompt is not None else "messages", texts)
-    tokens = await off_loop(_token_ids, state, body)
+    if (body.prompt is None) == (body.messages is None):
+        raise BadRequest("prompt", "prompt: give exactly one of prompt or messages")
+    media = await fetch_media(state, body.messages) if body.messages is not None else None
+    tokens = await off_loop(_token_ids, state, body, media)
     strs = state.engine.tokenizer.convert_ids_to_tokens(tokens) if body.return_token_strs else None
     max_len = state.cfg.max_model_len
     return TokenizeResponse(count=len(tokens), max_model_len=max_len, tokens=tokens, token_strs=strs)
@@ -75,13 +86,11 @@ def _text(token: object) -> Optional[str]:
     return None if token is None else str(token)
 
 
-def _token_ids(state: ServerState, body: TokenizeRequest) -> list[int]:
-    if (body.prompt is None) == (body.messages is None):
-        raise BadRequest("prompt", "prompt: give exactly one of prompt or messages")
-    if body.prompt is not None:
+def _token_ids(state: ServerState, body: TokenizeRequest, media: MediaConnector | None) -> list[int]:
+    if body.prompt is not None or media is None:
         add_special = True if body.add_special_tokens is None else body.add_special_tokens
         return state.engine.tokenizer.encode(body.prompt, add_special_tokens=add_special, verbose=False)
-    rendered = render_messages(state, body, body.messages, body.tools)
+    rendered = render_messages(state, body, body.messages, body.tools, media)
     ids = rendered["prompt_token_ids"]
     mm_data = rendered.get("multi_modal_data")
     return ids if mm_data is None else _expand_images(state, ids, mm_data)

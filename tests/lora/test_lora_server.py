@@ -85,3 +85,24 @@ def test_load_and_unload_at_run_time(client, server, offline, adapters, tmp_path
         _complete(client, "new")
     assert httpx.post(f"{url}/v1/unload_lora_adapter", json={"lora_name": "new"}).status_code == 404
     assert _complete(client, "sql") == offline(adapters[0])  # still serving
+
+
+@pytest.mark.parametrize(
+    "config,weights,needle",
+    [
+        ("[1, 2]", None, "adapter_config.json must hold a JSON object, not a list"),
+        ("{not json", None, "adapter_config.json is not valid JSON"),
+        (None, b"not safetensors at all", "adapter_model.safetensors is not a safetensors file"),
+    ],
+)
+def test_a_malformed_adapter_is_a_400_naming_the_file(client, server, adapters, tmp_path, config, weights, needle):
+    folder = tmp_path / "broken"
+    folder.mkdir()
+    source = adapters[1]
+    (folder / "adapter_config.json").write_text(config or (source / "adapter_config.json").read_text())
+    (folder / "adapter_model.safetensors").write_bytes(weights or (source / "adapter_model.safetensors").read_bytes())
+    res = httpx.post(f"{server.base_url}/v1/load_lora_adapter", json={"lora_name": "broken", "lora_path": str(folder)})
+    assert res.status_code == 400, res.text
+    assert needle in res.json()["error"]["message"]
+    assert "Traceback" not in res.text
+    assert _complete(client, "sql")  # still serving

@@ -106,10 +106,12 @@ def test_local_files_refused_without_an_allowed_folder(media_dir):
 
 
 def test_unreachable_http_url_is_a_clear_error():
+    from minivllm.multimodal.fetch import FetchRules, MediaFetcher
     from minivllm.multimodal.media import MediaConnector
 
+    loopback = MediaFetcher(FetchRules(allowed_domains=("127.0.0.1",), deadline_s=2.0))
     with pytest.raises(ValueError, match="could not fetch"):
-        MediaConnector(timeout_s=2.0).load_image("http://127.0.0.1:9/none.png")
+        MediaConnector(fetcher=loopback).load_image("http://127.0.0.1:9/none.png")
 
 
 def test_text_only_model_refuses_images(llama_dir):

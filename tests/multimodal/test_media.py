@@ -9,6 +9,7 @@ from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from minivllm.multimodal.fetch import FetchRules, MediaFetcher
 from minivllm.multimodal.media import MediaConnector
 from tests.multimodal.llava_checkpoint import random_image
 
@@ -16,6 +17,11 @@ from tests.multimodal.llava_checkpoint import random_image
 class _Quiet(SimpleHTTPRequestHandler):
     def log_message(self, *args) -> None:
         pass
+
+
+def _loopback(**rules) -> MediaConnector:
+    """A connector that may fetch from the loopback test server (allowed by name)."""
+    return MediaConnector(fetcher=MediaFetcher(FetchRules(allowed_domains=("127.0.0.1",), deadline_s=5, **rules)))
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +38,7 @@ def http_root(tmp_path_factory):
 
 def test_http_image_equals_the_file(http_root):
     base, folder = http_root
-    fetched = MediaConnector(timeout_s=5).load_image(f"{base}/pic.png")
+    fetched = _loopback().load_image(f"{base}/pic.png")
     local = MediaConnector(allowed_local_media_path=str(folder)).load_image(f"file://{folder / 'pic.png'}")
     assert fetched.size == (40, 40) and fetched.tobytes() == local.tobytes()
 
@@ -40,6 +46,6 @@ def test_http_image_equals_the_file(http_root):
 def test_http_size_cap_and_missing_file(http_root):
     base, folder = http_root
     with pytest.raises(ValueError, match="larger than 100 bytes"):
-        MediaConnector(timeout_s=5, max_bytes=100).load_image(f"{base}/pic.png")
+        _loopback(max_bytes=100).load_image(f"{base}/pic.png")
     with pytest.raises(ValueError, match="could not fetch"):
-        MediaConnector(timeout_s=5).load_image(f"{base}/missing.png")
+        _loopback().load_image(f"{base}/missing.png")
