@@ -14,18 +14,17 @@ if TYPE_CHECKING:
     from minivllm.entrypoints.llm import LLM
     from minivllm.inputs import TextPrompt, TokensPrompt
     from minivllm.models.registry import ModelRegistry
-    from minivllm.outputs import CompletionOutput, RequestOutput
-    from minivllm.pooling.outputs import EmbeddingRequestOutput, PoolingRequestOutput
+    from minivllm.outputs import CompletionOutput, EmbeddingRequestOutput, PoolingRequestOutput, RequestOutput
     from minivllm.pooling.params import PoolingParams
     from minivllm.sampling_params import RequestOutputKind, SamplingParams
 
 _LAZY = {
     "LLM": "minivllm.entrypoints.llm",
     "CompletionOutput": "minivllm.outputs",
-    "EmbeddingRequestOutput": "minivllm.pooling.outputs",
+    "EmbeddingRequestOutput": "minivllm.outputs",
     "ModelRegistry": "minivllm.models.registry",
     "PoolingParams": "minivllm.pooling.params",
-    "PoolingRequestOutput": "minivllm.pooling.outputs",
+    "PoolingRequestOutput": "minivllm.outputs",
     "RequestOutput": "minivllm.outputs",
     "RequestOutputKind": "minivllm.sampling_params",
     "SamplingParams": "minivllm.sampling_params",

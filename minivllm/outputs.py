@@ -5,15 +5,16 @@
 These types cross the boundaries between workers, executor, scheduler, engine and
 front ends, so they sit at the bottom of the package graph next to
 ``minivllm/request.py``; vLLM's user-facing import path works too:
-``from minivllm.outputs import RequestOutput, CompletionOutput``. The pooling
-outputs (``PoolingRequestOutput``, ``EmbeddingRequestOutput``) are in
-``minivllm.pooling.outputs`` (and ``minivllm``'s top level).
+``from minivllm.outputs import RequestOutput, CompletionOutput, PoolingRequestOutput``
+(what ``LLM.encode`` / ``LLM.embed`` return: ``PoolingRequestOutput``, ``EmbeddingRequestOutput``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
+
+import torch
 
 from minivllm.request import RequestId
 
@@ -150,3 +151,43 @@ class RequestOutput:
     """Timestamps and counts: arrival_time, first_token_time, finished_time."""
     num_cached_tokens: int = 0
     """Prompt tokens whose KV came from the prefix cache when the request was first scheduled."""
+
+
+# ---- what LLM.encode / LLM.embed return (vLLM's classes and fields) ----
+
+
+@dataclass
+class PoolingOutput:
+    data: torch.Tensor
+    """(H,) or (dimensions,) fp32: the pooled (and finished) vector."""
+
+
+@dataclass
+class EmbeddingOutput:
+    embedding: list[float]
+
+    @property
+    def hidden_size(self) -> int:
+        return len(self.embedding)
+
+
+@dataclass
+class PoolingRequestOutput:
+    request_id: str
+    outputs: PoolingOutput
+    prompt_token_ids: list[int]
+    finished: bool = True
+    num_cached_tokens: int = 0
+    """Prompt tokens whose KV came from the prefix cache."""
+
+
+@dataclass
+class EmbeddingRequestOutput:
+    request_id: str
+    outputs: EmbeddingOutput
+    prompt_token_ids: list[int]
+    finished: bool = True
+
+    @classmethod
+    def from_base(cls, out: PoolingRequestOutput) -> "EmbeddingRequestOutput":
+        return cls(out.request_id, EmbeddingOutput(out.outputs.data.tolist()), out.prompt_token_ids, out.finished)

@@ -20,7 +20,7 @@ def test_vllms_other_top_level_names():
     """``from vllm import TextPrompt, TokensPrompt, EmbeddingRequestOutput, ...`` in vLLM scripts."""
     import minivllm
     from minivllm import EmbeddingRequestOutput, PoolingRequestOutput, TextPrompt, TokensPrompt, inputs
-    from minivllm.pooling import outputs
+    from minivllm import outputs
 
     assert TextPrompt is inputs.TextPrompt and TokensPrompt is inputs.TokensPrompt
     assert PoolingRequestOutput is outputs.PoolingRequestOutput
@@ -30,13 +30,13 @@ def test_vllms_other_top_level_names():
 
 def test_minivllm_outputs_gives_the_front_end_classes():
     import minivllm
-    from minivllm.outputs import CompletionOutput, Logprob, RequestOutput
-    from minivllm.pooling import outputs as pooling_outputs
+    from minivllm.outputs import CompletionOutput, EmbeddingRequestOutput, Logprob, PoolingRequestOutput, RequestOutput
+    from minivllm.pooling import EmbeddingRequestOutput as PoolingPackageEmbedding
 
     assert RequestOutput is minivllm.RequestOutput and CompletionOutput is minivllm.CompletionOutput
     assert Logprob(-0.5, rank=1).logprob == -0.5
-    assert minivllm.PoolingRequestOutput is pooling_outputs.PoolingRequestOutput
-    assert minivllm.EmbeddingRequestOutput is pooling_outputs.EmbeddingRequestOutput
+    assert PoolingRequestOutput is minivllm.PoolingRequestOutput
+    assert EmbeddingRequestOutput is minivllm.EmbeddingRequestOutput is PoolingPackageEmbedding
     with pytest.raises(ImportError):
         from minivllm.outputs import NoSuchOutput  # noqa: F401
 

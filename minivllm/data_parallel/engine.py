@@ -32,8 +32,7 @@ from minivllm.engine.processor import ProcessedRequest, Processor
 from minivllm.engine.ray_replica import RayReplicas
 from minivllm.inputs import PromptType
 from minivllm.lora_request import LoRARequest
-from minivllm.outputs import RequestOutput
-from minivllm.pooling.outputs import PoolingRequestOutput
+from minivllm.outputs import PoolingRequestOutput, RequestOutput
 from minivllm.pooling.params import PoolingParams
 from minivllm.sampling_params import SamplingParams
 

@@ -45,9 +45,8 @@ from minivllm.engine.processor import ProcessedRequest, Processor
 from minivllm.engine.request_stream import AsyncRequests, EngineDeadError, RequestStatLogger, RequestStream
 from minivllm.inputs import PromptType
 from minivllm.lora_request import LoRARequest
-from minivllm.outputs import RequestOutput
+from minivllm.outputs import PoolingRequestOutput, RequestOutput
 from minivllm.plugins import load_general_plugins
-from minivllm.pooling.outputs import PoolingRequestOutput
 from minivllm.pooling.params import PoolingParams
 from minivllm.sampling_params import RequestOutputKind, SamplingParams
 

@@ -25,8 +25,7 @@ from minivllm.engine.processor import ProcessedRequest, Processor
 from minivllm.engine.stats import EngineStats, StatLogger
 from minivllm.inputs import PromptType
 from minivllm.lora_request import LoRARequest
-from minivllm.outputs import EngineCoreOutput, RequestOutput
-from minivllm.pooling.outputs import PoolingOutput, PoolingRequestOutput
+from minivllm.outputs import EngineCoreOutput, PoolingOutput, PoolingRequestOutput, RequestOutput
 from minivllm.pooling.params import PoolingParams
 from minivllm.request import Request, RequestId
 from minivllm.sampling_params import RequestOutputKind, SamplingParams

@@ -37,8 +37,7 @@ from typing import Any
 
 from minivllm.engine.processor import ProcessedRequest
 from minivllm.kv_cache_spec import KVCacheSpec
-from minivllm.outputs import CompletionOutput, RequestOutput
-from minivllm.pooling.outputs import PoolingRequestOutput
+from minivllm.outputs import CompletionOutput, PoolingRequestOutput, RequestOutput
 
 # ---- commands (front end -> engine) --------------------------------------------------------
 

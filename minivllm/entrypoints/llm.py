@@ -26,9 +26,8 @@ from minivllm.executor.base import apply_to_model
 from minivllm.inputs import PromptType
 from minivllm.lora_request import LoRARequest
 from minivllm.multimodal.media import MediaConnector
-from minivllm.outputs import RequestOutput
+from minivllm.outputs import EmbeddingRequestOutput, PoolingRequestOutput, RequestOutput
 from minivllm.plugins import load_general_plugins
-from minivllm.pooling.outputs import EmbeddingRequestOutput, PoolingRequestOutput
 from minivllm.pooling.params import PoolingParams
 from minivllm.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
 

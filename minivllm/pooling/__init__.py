@@ -5,7 +5,7 @@ instead of sampling; the front end turns the pooled vector into an embedding
 (``dimensions``, ``normalize``) per request.
 """
 
-from minivllm.pooling.outputs import EmbeddingOutput, EmbeddingRequestOutput, PoolingOutput, PoolingRequestOutput
+from minivllm.outputs import EmbeddingOutput, EmbeddingRequestOutput, PoolingOutput, PoolingRequestOutput
 from minivllm.pooling.params import PoolingParams
 
 __all__ = ["EmbeddingOutput", "EmbeddingRequestOutput", "PoolingOutput", "PoolingParams", "PoolingRequestOutput"]
