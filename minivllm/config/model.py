@@ -133,7 +133,7 @@ class ModelConfig:
     max_logprobs: int = 20
     """Most logprobs a request may ask for per token; -1 puts no limit (logprobs=-1 then means the whole vocabulary)."""
     quantization: Optional[str] = None
-    """Quantization method (fp8, compressed-tensors, awq, gptq); null: config.json's decides; fp8 on an unquantized checkpoint quantizes while loading."""
+    """Quantization method (fp8, compressed-tensors, awq, gptq, mxfp4); null: config.json's decides; fp8 on an unquantized checkpoint quantizes while loading."""
     revision: Optional[str] = None
     """Branch, tag or commit of a hub checkpoint looked up in the local HF cache."""
     tokenizer_revision: Optional[str] = None

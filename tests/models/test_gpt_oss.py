@@ -155,3 +155,33 @@ def test_mxfp4_on_another_architecture_is_refused(make_checkpoint) -> None:
     hf.quantization_config = {"quant_method": "mxfp4"}
     with pytest.raises(ValueError, match="mxfp4 LlamaForCausalLM checkpoints are not supported"):
         resolve_quantization(None, hf, "LlamaForCausalLM")
+
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|start|>{{ m['role'] }}<|message|>{{ m['content'] }}<|end|>{% endfor %}"
+    "{% if add_generation_prompt %}<|start|>assistant<|message|>{% endif %}"
+)
+"""gpt-oss's harmony framing, reduced to its role/message markers (the test tokenizer has no template)."""
+
+
+def test_openai_server_chat_uses_the_checkpoint_template(gpt_oss_dirs, make_engine, tmp_path) -> None:
+    import openai
+
+    ckpt = tmp_path / "gpt-oss-chat"
+    ckpt.mkdir()
+    for f in gpt_oss_dirs["plain"].iterdir():
+        (ckpt / f.name).write_bytes(f.read_bytes())
+    tok_config = json.loads((ckpt / "tokenizer_config.json").read_text())
+    (ckpt / "tokenizer_config.json").write_text(json.dumps({**tok_config, "chat_template": CHAT_TEMPLATE}))
+    server = make_engine(str(ckpt), dtype="float32", device="cpu", block_size=4, num_gpu_blocks_override=64)
+    server = server.start_server()
+    messages = [{"role": "user", "content": "def add(a, b):"}]
+    tokenizer = server.harness.engine.tokenizer
+    rendered = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    assert rendered == "<|start|>user<|message|>def add(a, b):<|end|><|start|>assistant<|message|>"
+    ids = tokenizer.encode(rendered, add_special_tokens=False)
+    with openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="x", max_retries=0, timeout=60) as client:
+        chat = client.chat.completions.create(model=server.model_name, messages=messages, max_tokens=6, temperature=0)
+        plain = client.completions.create(model=server.model_name, prompt=ids, max_tokens=6, temperature=0)
+    assert chat.choices[0].message.content == plain.choices[0].text and plain.choices[0].text
+    assert chat.usage.prompt_tokens == len(ids)
