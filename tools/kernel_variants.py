@@ -162,7 +162,7 @@ def paged_attention_launches(
             block_tables_ptr=block_tables,
             seq_lens_ptr=seq_lens,
             query_start_loc_ptr=query_start_loc,
-            sinks_ptr=Tensor(torch.float32, num_heads),
+            sinks_ptr=Tensor(dtype, num_heads),  # the model's parameter
             scale=head_dim**-0.5,
             soft_cap=soft_cap or 0.0,
             window=sliding_window or 0,
@@ -208,7 +208,7 @@ def paged_attention_launches(
             part_max_ptr=partials[1],
             part_sum_ptr=partials[2],
             query_start_loc_ptr=query_start_loc,
-            sinks_ptr=Tensor(torch.float32, num_heads),
+            sinks_ptr=Tensor(dtype, num_heads),  # the model's parameter
             num_reqs=num_reqs,
             num_tokens=num_tokens,
             num_heads=num_heads,

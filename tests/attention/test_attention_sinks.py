@@ -7,13 +7,15 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 
 import pytest
 import torch
 
 from minivllm.attention.backend import AttentionBackend, check_no_sinks
+from minivllm.attention.kv_quant import FP8_KV_DTYPE, dequantize_fp8, quantize_fp8
 from minivllm.attention.ops import paged_attention
-from minivllm.attention.torch_backend import TorchAttentionBackend
+from minivllm.attention.torch_backend import TorchAttentionBackend, write_kv
 from minivllm.attention.triton_backend import TritonAttentionBackend
 from minivllm.layers.attention import Attention
 from tests.attention.test_triton_paged_attention import (
@@ -137,3 +139,33 @@ def test_a_backend_without_sinks_is_refused() -> None:
     with pytest.raises(ValueError, match="OldSignature takes no attention sinks"):
         Attention(OldSignature(), 4, 8, 2, 1.0, sinks=True)
     assert Attention(OldSignature(), 4, 8, 2, 1.0).sinks is None  # without sinks nothing changes
+
+
+@pytest.mark.parametrize("backend_cls", [TorchAttentionBackend, TritonAttentionBackend])
+def test_sinks_over_an_fp8_cache(backend_cls) -> None:
+    """The sink joins the softmax of keys read back from fp8 (times their scales), in both backends."""
+    if backend_cls is TritonAttentionBackend and os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("the Triton kernels run on the CPU only in the interpreter")
+    case = CASES[1].values[0]
+    batch = make_batch(case, "cpu")
+    k_scale, v_scale = 0.5, 0.25
+    cache = torch.zeros(batch.kv_cache.shape, dtype=FP8_KV_DTYPE)
+    write_kv(torch.cat(batch.keys), torch.cat(batch.values), cache, torch.cat(batch.slots), k_scale, v_scale)
+    sinks = make_sinks(case, "cpu")
+    out = backend_cls().forward(
+        batch.query,
+        batch.new_key,
+        batch.new_value,
+        cache,
+        batch.meta,
+        scale=1 / math.sqrt(case.head_dim),
+        k_scale=k_scale,
+        v_scale=v_scale,
+        sinks=sinks,
+    )
+    read_back = dataclasses.replace(
+        batch,
+        keys=[dequantize_fp8(quantize_fp8(k, k_scale), k_scale, torch.float32) for k in batch.keys],
+        values=[dequantize_fp8(quantize_fp8(v, v_scale), v_scale, torch.float32) for v in batch.values],
+    )
+    assert_close_to_reference(out, read_back, sinks)

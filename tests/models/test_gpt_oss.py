@@ -115,6 +115,7 @@ def test_greedy_matches_transformers(gpt_oss_dirs, reference, kind) -> None:
         ("chunked-prefill-budget-8", dict(max_num_batched_tokens=8, enable_chunked_prefill=True)),
         ("preemption-12-blocks", dict(num_gpu_blocks_override=12)),
         ("prefix-caching", dict(enable_prefix_caching=True)),
+        ("async-scheduling-chunked", dict(async_scheduling=True, max_num_batched_tokens=8)),
     ],
 )
 def test_combinations_match_transformers(gpt_oss_dirs, reference, name, kwargs) -> None:
@@ -128,6 +129,24 @@ def test_tp2_mxfp4_matches_transformers(gpt_oss_dirs, reference) -> None:
     """Two ranks: heads (and their sinks) and each expert's intermediate dim split, MXFP4 dequantized per rank."""
     prompts, ref = reference
     _assert_matches(_generate(gpt_oss_dirs["mxfp4"], prompts, tensor_parallel_size=2), ref["mxfp4"])
+
+
+@pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET") != "1", reason="the Triton backend runs on the CPU in the interpreter"
+)
+def test_fp8_kv_cache_same_in_both_backends(gpt_oss_dirs) -> None:
+    """Sinks over an fp8 cache: both backends read the same fp8 keys and values and agree token for
+    token (each against a float64 reference: tests/attention/test_attention_sinks.py); how far an fp8
+    cache moves a model is measured on real margins in tests/engine/test_fp8_kv_cache_e2e.py."""
+    prompts = _prompts()
+    runs = {
+        backend: _generate(gpt_oss_dirs["plain"], prompts, kv_cache_dtype="fp8", attention_backend=backend)
+        for backend in ("torch", "triton")
+    }
+    for a, b in zip(runs["torch"], runs["triton"], strict=True):
+        assert a.outputs[0].token_ids == b.outputs[0].token_ids
+        for lp_a, lp_b, t in zip(a.outputs[0].logprobs, b.outputs[0].logprobs, a.outputs[0].token_ids):
+            assert abs(lp_a[t] - lp_b[t]) < 1e-4
 
 
 def test_mxfp4_dequant_matches_transformers_and_the_triton_kernel() -> None:

@@ -66,7 +66,7 @@ def _paged_attention_kernel(
     block_tables_ptr,  # (B, max_blocks)
     seq_lens_ptr,  # (B,)
     query_start_loc_ptr,  # (B + 1,)
-    sinks_ptr,  # (H,) fp32 sink logits; USE_SINKS only
+    sinks_ptr,  # (H,) sink logits (read as fp32); USE_SINKS only
     scale,
     soft_cap,
     window,
@@ -190,7 +190,7 @@ def _combine_splits_kernel(
     part_max_ptr,
     part_sum_ptr,  # (NUM_SPLITS, T, H, D), (NUM_SPLITS, T, H) x2
     query_start_loc_ptr,  # (B + 1,)
-    sinks_ptr,  # (H,) fp32 sink logits; USE_SINKS only
+    sinks_ptr,  # (H,) sink logits (read as fp32); USE_SINKS only
     num_reqs,
     num_tokens,
     num_heads,

@@ -113,7 +113,6 @@ def paged_attention(
     if sinks is not None:
         check_tensor(sinks, "sinks", query.device, dims=1)
         require(sinks.shape[0] == query.shape[1], f"sinks must be (H,) = ({query.shape[1]},), got {tuple(sinks.shape)}")
-        sinks = sinks.float()
     out = torch.empty_like(query) if out is None else out
     num_tokens, num_heads, head_dim = query.shape
     num_reqs, num_kv_heads = seq_lens.shape[0], kv_cache.shape[3]
