@@ -204,3 +204,8 @@ def test_openai_server_chat_uses_the_checkpoint_template(gpt_oss_dirs, make_engi
         plain = client.completions.create(model=server.model_name, prompt=ids, max_tokens=6, temperature=0)
     assert chat.choices[0].message.content == plain.choices[0].text and plain.choices[0].text
     assert chat.usage.prompt_tokens == len(ids)
+
+
+def test_expert_parallel_is_refused_when_the_config_is_built(gpt_oss_dirs) -> None:
+    with pytest.raises(ValueError, match="parallel.enable_expert_parallel=true: gpt-oss's experts"):
+        LLM(model=str(gpt_oss_dirs["plain"]), enable_expert_parallel=True)
