@@ -7,6 +7,7 @@ from transformers import (
     Gemma3TextConfig,
     GPT2Config,
     GPTNeoXConfig,
+    GptOssConfig,
     GraniteConfig,
     LlamaConfig,
     MistralConfig,
@@ -242,3 +243,31 @@ def gpt_neox_config(**overrides) -> GPTNeoXConfig:
         architectures=["GPTNeoXForCausalLM"],
     )
     return GPTNeoXConfig(**{**base, **overrides})
+
+
+def gpt_oss_config(**overrides) -> GptOssConfig:
+    """Sinks, q/k/v/o biases, 4 layers alternating a window of 5 and full attention, 8 biased
+    experts of width 32 (MXFP4 needs multiples of 32) top-2 with the clamped SwiGLU (limit 2.0,
+    low enough that random weights hit it), YaRN over an original 64 positions."""
+    base = _llama_like(
+        hidden_size=64,
+        intermediate_size=32,
+        head_dim=16,
+        num_hidden_layers=4,
+        num_local_experts=8,
+        num_experts_per_tok=2,
+        sliding_window=5,
+        swiglu_limit=2.0,
+        rope_parameters={
+            "rope_type": "yarn",
+            "rope_theta": 10000.0,
+            "factor": 4.0,
+            "beta_fast": 32.0,
+            "beta_slow": 1.0,
+            "truncate": False,
+            "original_max_position_embeddings": 64,
+        },
+        tie_word_embeddings=False,
+        architectures=["GptOssForCausalLM"],
+    )
+    return GptOssConfig(**{**base, **overrides})

@@ -123,6 +123,7 @@ def paged_attention_launches(
     sliding_window: int | None = None,
     soft_cap: float | None = None,
     num_tokens: int | None = None,
+    sinks: bool = False,
 ) -> list[Variant]:
     """``paged_attention`` on a CUDA device of compute capability ``arch`` (80: 8.0) with NUM_SMS
     multiprocessors: requests of at most ``query_len`` new tokens (all of them: ``num_tokens``
@@ -161,6 +162,7 @@ def paged_attention_launches(
             block_tables_ptr=block_tables,
             seq_lens_ptr=seq_lens,
             query_start_loc_ptr=query_start_loc,
+            sinks_ptr=Tensor(dtype, num_heads),  # the model's parameter
             scale=head_dim**-0.5,
             soft_cap=soft_cap or 0.0,
             window=sliding_window or 0,
@@ -190,6 +192,7 @@ def paged_attention_launches(
             USE_SOFT_CAP=soft_cap is not None,
             FP32_DOT=dtype == torch.float32,
             FP8_KV=fp8_kv,
+            USE_SINKS=sinks,
         ),
         dict(num_warps=num_warps),
         fp8_kv=fp8_kv,
@@ -205,6 +208,7 @@ def paged_attention_launches(
             part_max_ptr=partials[1],
             part_sum_ptr=partials[2],
             query_start_loc_ptr=query_start_loc,
+            sinks_ptr=Tensor(dtype, num_heads),  # the model's parameter
             num_reqs=num_reqs,
             num_tokens=num_tokens,
             num_heads=num_heads,
@@ -213,6 +217,7 @@ def paged_attention_launches(
             HEAD_DIM=head_dim,
             BLOCK_D=triton.next_power_of_2(head_dim),
             NUM_SPLITS=num_splits,
+            USE_SINKS=sinks,
         ),
         fp8_kv=fp8_kv,
     )
@@ -316,6 +321,12 @@ def attention_variants(arch: int) -> list[Variant]:
         (
             "bf16 h32/8 window+softcap decode 2x1024",
             _shape(torch.bfloat16, 2, 1, 1024, 16, heads=(32, 8, 128), sliding_window=512, soft_cap=50.0),
+        ),
+        # gpt-oss-20b's heads (64 over 8, head_dim 64) with sinks: split decode, a windowed prefill chunk.
+        ("gpt-oss sinks decode 4x4096", _shape(torch.bfloat16, 4, 1, 4096, 16, heads=(64, 8, 64), sinks=True)),
+        (
+            "gpt-oss sinks window128 prefill 4x512@2048",
+            _shape(torch.bfloat16, 4, 512, 2048, 16, heads=(64, 8, 64), sliding_window=128, sinks=True),
         ),
     ]
     out = [v for label, shape in shapes for v in paged_attention_launches(label, arch=arch, **shape)]
@@ -422,6 +433,26 @@ def lora_variants(rank: int = 16, slots: int = 8, tokens: int = 256) -> list[Var
             )
         )
     return out
+
+
+def mxfp4_dequant_variants() -> list[Variant]:
+    """The MXFP4 expert dequantization of gpt-oss-20b's gate_up (32 experts x 5760 x 2880 / 32 groups), to bf16."""
+    from minivllm.quantization import mxfp4
+
+    groups = 32 * 5760 * 2880 // 32
+    return [
+        Variant(
+            mxfp4._dequant_mxfp4_kernel,
+            "gpt-oss-20b gate_up to bf16",
+            dict(
+                blocks_ptr=Tensor(torch.uint8, groups, 16),
+                scales_ptr=Tensor(torch.uint8, groups),
+                out_ptr=Tensor(torch.bfloat16, groups, 32),
+                num_groups=groups,
+                ROWS=64,
+            ),
+        )
+    ]
 
 
 def fp8_quant_variants() -> list[Variant]:
@@ -596,4 +627,11 @@ def int4_variants(arch: int) -> list[Variant]:
 def all_variants(arch: int) -> list[Variant]:
     """Every kernel's launches on a GPU of ``arch`` (the wrappers' choices may depend on it)."""
     gemms = fused_moe_variants(arch) + int4_variants(arch)
-    return attention_variants(arch) + layer_op_variants() + gemms + lora_variants() + fp8_quant_variants()
+    return (
+        attention_variants(arch)
+        + layer_op_variants()
+        + gemms
+        + lora_variants()
+        + fp8_quant_variants()
+        + mxfp4_dequant_variants()
+    )

@@ -101,6 +101,7 @@ class AttentionBackend(ABC):
         logits_soft_cap: float | None = None,
         k_scale: float = 1.0,
         v_scale: float = 1.0,
+        sinks: torch.Tensor | None = None,  # (num_heads,)
     ) -> torch.Tensor:  # (T, num_heads, head_dim)
         """Store ``key``/``value`` at ``meta.slot_mapping``, then attend.
 
@@ -111,4 +112,17 @@ class AttentionBackend(ABC):
         ``sliding_window=w`` lets a query at position p see positions
         ``p - w + 1 .. p`` (w tokens, itself included), as in Mistral/HF.
         ``logits_soft_cap=c`` replaces each score s by ``c * tanh(s / c)``.
+        ``sinks`` (gpt-oss) holds one learned logit per head that joins the softmax's
+        denominator and contributes no value: ``out = sum_j e^(s_j) v_j / (sum_j e^(s_j) + e^sink)``.
+        A backend without them raises ``NotImplementedError`` when given some
+        (``check_no_sinks``).
         """
+
+
+def check_no_sinks(backend: AttentionBackend, sinks: torch.Tensor | None) -> None:
+    """For a backend that cannot apply attention sinks: refuse them instead of ignoring them."""
+    if sinks is not None:
+        raise NotImplementedError(
+            f"the {backend.name!r} attention backend has no attention sinks (gpt-oss needs them); "
+            "use attention=torch or attention=triton"
+        )

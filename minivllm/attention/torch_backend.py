@@ -135,6 +135,7 @@ class TorchAttentionBackend(AttentionBackend):
         logits_soft_cap: float | None = None,
         k_scale: float = 1.0,
         v_scale: float = 1.0,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         if meta.backend_data is None:  # a caller that skipped prepare()
             meta.backend_data = self.prepare(meta, kv_cache.shape[2])
@@ -152,7 +153,7 @@ class TorchAttentionBackend(AttentionBackend):
                 k, v, mask = k[:, :, :n], v[:, :, :n], None
             else:
                 mask = group.bias(sliding_window, q.dtype, self.causal_rows)
-            o = _attend(q, k, v, mask, scale, logits_soft_cap).transpose(1, 2)  # (B, Q, H, D)
+            o = _attend(q, k, v, mask, scale, logits_soft_cap, sinks).transpose(1, 2)  # (B, Q, H, D)
             if out is None:
                 return o.reshape(query.shape)
             out[group.token_idx] = o.reshape(-1, *query.shape[1:]).to(out.dtype)
@@ -248,9 +249,10 @@ def _gather_blocks(kv_cache: torch.Tensor, block_ids: torch.Tensor) -> tuple[tor
     return kv[0].transpose(1, 2), kv[1].transpose(1, 2)
 
 
-def _attend(q, k, v, mask, scale: float, soft_cap: float | None) -> torch.Tensor:
+def _attend(q, k, v, mask, scale: float, soft_cap: float | None, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """q: (B, H, Q, D); k, v: (B, Hkv, L, D); mask: (B, 1, Q, L) additive, 0 = attend, -inf = not
-    (None: every key, the last query's causal context when Q == 1)."""
+    (None: every key, the last query's causal context when Q == 1); sinks: (H,) logits that join
+    each softmax's denominator (gpt-oss), None for none."""
     B, H, Q, D = q.shape
     group = H // k.shape[1]
     if k.dtype != q.dtype:
@@ -258,15 +260,20 @@ def _attend(q, k, v, mask, scale: float, soft_cap: float | None) -> torch.Tensor
     if group > 1 and Q == 1:
         # Decode: the heads sharing a KV head become that head's queries, so keys and
         # values are read as they are, never repeated (the mask is the same for them).
-        o = _attend(q.view(B, k.shape[1], group, D), k, v, mask, scale, soft_cap)  # (B, Hkv, group, D)
+        o = _attend(q.view(B, k.shape[1], group, D), k, v, mask, scale, soft_cap, sinks)  # (B, Hkv, group, D)
         return o.reshape(B, H, 1, D)
     if group > 1:
         k = k.repeat_interleave(group, dim=1)
         v = v.repeat_interleave(group, dim=1)
-    if soft_cap is None:
+    if soft_cap is None and sinks is None:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
     scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale
-    scores = soft_cap * torch.tanh(scores / soft_cap)
+    if soft_cap is not None:
+        scores = soft_cap * torch.tanh(scores / soft_cap)
     if mask is not None:
         scores = scores + mask
+    if sinks is not None:  # one more column per row: the sink's logit, dropped after the softmax
+        sink = sinks.float().view(1, -1, 1, 1).reshape(1, scores.shape[1], -1, 1)  # (1, H', Q' or 1, 1)
+        sink = sink.expand(*scores.shape[:-1], 1)
+        return torch.matmul(torch.cat([scores, sink], -1).softmax(dim=-1)[..., :-1], v.float()).to(q.dtype)
     return torch.matmul(scores.softmax(dim=-1), v.float()).to(q.dtype)

@@ -32,6 +32,7 @@ class TritonAttentionBackend(AttentionBackend):
         logits_soft_cap: float | None = None,
         k_scale: float = 1.0,
         v_scale: float = 1.0,
+        sinks: torch.Tensor | None = None,  # (num_heads,)
     ) -> torch.Tensor:  # (T, num_heads, head_dim)
         write_kv(key, value, kv_cache, meta.slot_mapping, k_scale, v_scale)
         return paged_attention(
@@ -47,4 +48,5 @@ class TritonAttentionBackend(AttentionBackend):
             logits_soft_cap=logits_soft_cap,
             k_scale=k_scale,
             v_scale=v_scale,
+            sinks=sinks,
         )

@@ -133,7 +133,7 @@ class ModelConfig:
     max_logprobs: int = 20
     """Most logprobs a request may ask for per token; -1 puts no limit (logprobs=-1 then means the whole vocabulary)."""
     quantization: Optional[str] = None
-    """Quantization method (fp8, compressed-tensors, awq, gptq); null: config.json's decides; fp8 on an unquantized checkpoint quantizes while loading."""
+    """Quantization method (fp8, compressed-tensors, awq, gptq, mxfp4); null: config.json's decides; fp8 on an unquantized checkpoint quantizes while loading."""
     revision: Optional[str] = None
     """Branch, tag or commit of a hub checkpoint looked up in the local HF cache."""
     tokenizer_revision: Optional[str] = None
@@ -256,6 +256,7 @@ ARCHITECTURES: dict[str, Any] = {
     "GraniteForCausalLM": "minivllm.models.granite:GraniteForCausalLM",
     "GPT2LMHeadModel": "minivllm.models.gpt2:GPT2LMHeadModel",
     "GPTNeoXForCausalLM": "minivllm.models.gpt_neox:GPTNeoXForCausalLM",
+    "GptOssForCausalLM": "minivllm.models.gpt_oss:GptOssForCausalLM",
     # vision-language models (images in the prompt: minivllm/multimodal/)
     "LlavaForConditionalGeneration": "minivllm.models.llava:LlavaForConditionalGeneration",
     "Qwen2VLForConditionalGeneration": "minivllm.models.qwen2_vl:Qwen2VLForConditionalGeneration",
@@ -391,7 +392,7 @@ def check_rope_types(hf_config: Any) -> None:
 # ``minivllm/quantization/``, which the loader builds (``quantization.registry.build_quant_config``)
 # to hand each linear layer its method.
 
-QUANT_METHODS = ("awq", "compressed-tensors", "fp8", "gptq")
+QUANT_METHODS = ("awq", "compressed-tensors", "fp8", "gptq", "mxfp4")
 """The methods ``minivllm/quantization/`` implements (``model.quantization`` choices)."""
 QUANTIZED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 """Families whose quantized checkpoints load and are tested: checkpoint names are module
@@ -441,7 +442,18 @@ def resolve_quantization(requested: str | None, hf_config: Any, architecture: st
     return QuantizationSpec(found, SETTINGS_PARSERS[found](config))
 
 
+MXFP4_ARCHITECTURES = ("GptOssForCausalLM",)
+"""Families whose MXFP4 experts load (the format of gpt-oss's released checkpoints)."""
+
+
 def _check_architecture(architecture: str, method: str) -> None:
+    if method == "mxfp4":
+        if architecture not in MXFP4_ARCHITECTURES:
+            raise ValueError(
+                f"mxfp4 {architecture} checkpoints are not supported; mxfp4 (expert weights) supports "
+                f"{list(MXFP4_ARCHITECTURES)}"
+            )
+        return
     if architecture not in QUANTIZED_ARCHITECTURES:
         raise ValueError(
             f"quantized {architecture} checkpoints ({method}) are not supported; quantization "
@@ -564,7 +576,13 @@ def _packed_scheme(weights: dict[str, Any], acts: dict[str, Any] | None) -> str:
     return "int4-packed" if bits == 4 else "int8-packed"
 
 
+def mxfp4_settings(config: dict[str, Any]) -> dict[str, Any]:
+    """config.json: ``{"quant_method": "mxfp4", "modules_to_not_convert": [...]}`` (gpt-oss's experts)."""
+    return {"modules_to_not_convert": list(config.get("modules_to_not_convert") or [])}
+
+
 SETTINGS_PARSERS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
+    "mxfp4": mxfp4_settings,
     "fp8": fp8_settings,
     "awq": awq_settings,
     "gptq": gptq_settings,

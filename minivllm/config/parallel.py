@@ -186,9 +186,14 @@ def check_expert_parallel(tp: int, enabled: bool, hf_config: Any) -> None:
     experts = num_experts(hf_config)
     if enabled and not experts:
         raise ValueError("parallel.enable_expert_parallel=true: the model has no experts (not a MoE model); unset it")
+    text_config = getattr(hf_config, "text_config", None) or hf_config
+    if enabled and getattr(text_config, "model_type", None) == "gpt_oss":
+        raise ValueError(
+            "parallel.enable_expert_parallel=true: gpt-oss's experts are split over the tensor-parallel "
+            "ranks only (its biased experts have no expert-parallel path); unset it"
+        )
     if tp == 1 or not experts:
         return
-    text_config = getattr(hf_config, "text_config", None) or hf_config
     if enabled and experts % tp:
         raise ValueError(
             f"parallel.tp={tp}: with parallel.enable_expert_parallel=true the model's {experts} experts "

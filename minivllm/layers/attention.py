@@ -7,11 +7,16 @@ already projected (and rotated) as flat ``(T, heads * head_dim)`` tensors.
 
 from __future__ import annotations
 
+import inspect
+from typing import Any
+
 import torch
 from torch import nn
 
 from minivllm.attention.backend import AttentionBackend, AttentionMetadata
 from minivllm.attention.kv_quant import is_fp8
+from minivllm.distributed.parallel_state import tp_rank
+from minivllm.layers.weight_utils import copy_checked, narrow
 
 
 class Attention(nn.Module):
@@ -24,7 +29,11 @@ class Attention(nn.Module):
         scale: float,
         sliding_window: int | None = None,
         logits_soft_cap: float | None = None,
+        sinks: bool = False,
     ) -> None:
+        """``sinks``: the layer holds one learned sink logit per local head (gpt-oss's ``sinks``,
+        loaded by ``weight_loader``: this rank's heads of the checkpoint's (total heads,) tensor),
+        handed to the backend with every call; a backend whose ``forward`` takes no ``sinks`` is refused."""
         super().__init__()
         if num_heads % num_kv_heads:
             raise ValueError(f"num_heads={num_heads} is not a multiple of num_kv_heads={num_kv_heads}")
@@ -35,12 +44,26 @@ class Attention(nn.Module):
         self.logits_soft_cap = logits_soft_cap
         self.kv_cache: torch.Tensor | None = None  # (2, num_blocks, block_size, num_kv_heads, head_dim)
         self.k_scale, self.v_scale = 1.0, 1.0  # fp8 KV cache: stored = k / k_scale (attention/kv_quant.py)
+        self.sinks: nn.Parameter | None = None  # (num_heads,) this rank's heads
+        if sinks:
+            if "sinks" not in inspect.signature(backend.forward).parameters:
+                raise ValueError(
+                    f"the attention backend {type(backend).__name__} takes no attention sinks, which this model "
+                    "needs; use attention=torch or attention=triton"
+                )
+            self.sinks = nn.Parameter(torch.empty(num_heads), requires_grad=False)
+
+    def weight_loader(self, param: nn.Parameter, loaded: Any, shard: Any = None) -> None:
+        """The checkpoint's (total heads,) sinks: this rank's ``num_heads`` of them."""
+        copy_checked(param.data, narrow(loaded, 0, tp_rank() * self.num_heads, self.num_heads), "sinks")
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         if self.kv_cache is None:
             raise RuntimeError("the KV cache is not allocated: the model runner binds it in init_kv_cache()")
         T = q.shape[0]
         scales = {"k_scale": self.k_scale, "v_scale": self.v_scale} if is_fp8(self.kv_cache) else {}
+        if self.sinks is not None:
+            scales["sinks"] = self.sinks
         out = self.backend.forward(
             q.view(T, self.num_heads, self.head_dim),
             k.view(T, self.num_kv_heads, self.head_dim),

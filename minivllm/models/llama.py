@@ -45,9 +45,11 @@ class LlamaAttention(nn.Module):
         logits_soft_cap: float | None = None,
         rope_layer_type: str | None = None,
         qk_norm_cls: type[RMSNorm] = RMSNorm,
+        sinks: bool = False,
     ) -> None:
         """``o_bias`` defaults to ``qkv_bias`` (Llama's ``attention_bias`` covers both; Qwen2 biases q/k/v only).
-        ``scale`` defaults to ``head_dim ** -0.5``; ``rope_layer_type`` picks a per-layer-type RoPE base (Gemma 3)."""
+        ``scale`` defaults to ``head_dim ** -0.5``; ``rope_layer_type`` picks a per-layer-type RoPE base (Gemma 3);
+        ``sinks``: one learned attention-sink logit per head (gpt-oss), held by ``self.attn``."""
         super().__init__()
         hidden = config.hidden_size
         num_heads = config.num_attention_heads
@@ -61,7 +63,9 @@ class LlamaAttention(nn.Module):
         self.k_norm = qk_norm_cls(head_dim, config.rms_norm_eps) if qk_norm else None
         local_heads, local_kv = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
         scale = head_dim**-0.5 if scale is None else scale
-        self.attn = Attention(backend, local_heads, head_dim, local_kv, scale, sliding_window, logits_soft_cap)
+        self.attn = Attention(
+            backend, local_heads, head_dim, local_kv, scale, sliding_window, logits_soft_cap, sinks=sinks
+        )
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         T = hidden.shape[0]

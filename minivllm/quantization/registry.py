@@ -22,9 +22,10 @@ from minivllm.quantization.base import QuantizationConfig
 from minivllm.quantization.compressed_tensors import CompressedTensorsConfig
 from minivllm.quantization.fp8 import Fp8Config
 from minivllm.quantization.gptq import GPTQConfig
+from minivllm.quantization.mxfp4 import Mxfp4Config
 
 QUANTIZATION_METHODS: dict[str, type[QuantizationConfig]] = {
-    cls.name: cls for cls in (Fp8Config, CompressedTensorsConfig, AWQConfig, GPTQConfig)
+    cls.name: cls for cls in (Fp8Config, CompressedTensorsConfig, AWQConfig, GPTQConfig, Mxfp4Config)
 }
 
 

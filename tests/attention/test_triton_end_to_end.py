@@ -5,18 +5,23 @@ from __future__ import annotations
 import pytest
 
 from minivllm import LLM, SamplingParams
-from tests.model_configs import gemma2_config, mistral_config
+from tests.model_configs import gemma2_config, gpt_oss_config, mistral_config
 
 PROMPTS = ["def fibonacci(n):", "import os\nimport sys\n", "x = [i * i for i in range(10)]"]
 
 
-CONFIGS = {"mistral-window5-mqa": mistral_config, "gemma2-softcaps-window6-alternating": gemma2_config}
+CONFIGS = {
+    "mistral-window5-mqa": mistral_config,
+    "gemma2-softcaps-window6-alternating": gemma2_config,
+    "gpt-oss-sinks-window5-alternating-yarn": gpt_oss_config,
+}
 
 
 @pytest.fixture(params=["llama-gqa", *CONFIGS])
 def checkpoint(request, llama_dir, make_checkpoint):
     """Llama with GQA; Mistral whose 5-token sliding window is shorter than the prompts;
-    Gemma 2 with per-layer windows (window 6, global, window 6) and soft-capped scores."""
+    Gemma 2 with per-layer windows (window 6, global, window 6) and soft-capped scores; gpt-oss
+    with attention sinks on alternating windowed and full layers."""
     return llama_dir if request.param == "llama-gqa" else make_checkpoint(request.param, CONFIGS[request.param]())
 
 

@@ -16,6 +16,7 @@ from tests.model_configs import (
     gemma3_config,
     gpt2_config,
     gpt_neox_config,
+    gpt_oss_config,
     granite_config,
     llama_config,
     mistral_config,
@@ -56,6 +57,7 @@ PARITY_CASES = [
         lambda: qwen3_moe_config(norm_topk_prob=True, mlp_only_layers=[], decoder_sparse_step=2),  # layer 0 dense
     ),
     ParityCase("mixtral-8x-top2-window6", "MixtralForCausalLM", mixtral_config),
+    ParityCase("gpt-oss-sinks-window5-alternating-yarn", "GptOssForCausalLM", gpt_oss_config),
     ParityCase("phi3-fused-partial-rope-window7", "Phi3ForCausalLM", phi3_config),
     ParityCase("phi3-longrope-original8", "Phi3ForCausalLM", phi3_longrope_config),
     ParityCase("qwen2-yarn-factor4-original8", "Qwen2ForCausalLM", qwen2_yarn_config),

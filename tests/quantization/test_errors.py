@@ -30,7 +30,9 @@ def _with_quant_config(src, dst, quant_config, drop=()):
 
 def test_unknown_quant_method_names_it_and_the_supported_ones(llama_dir, tmp_path):
     ckpt = _with_quant_config(llama_dir, tmp_path / "bnb", {"quant_method": "bitsandbytes"})
-    with pytest.raises(ValueError, match=r"'bitsandbytes'.*supported: \['awq', 'compressed-tensors', 'fp8', 'gptq'\]"):
+    with pytest.raises(
+        ValueError, match=r"'bitsandbytes'.*supported: \['awq', 'compressed-tensors', 'fp8', 'gptq', 'mxfp4'\]"
+    ):
         LLM(model=str(ckpt))
 
 

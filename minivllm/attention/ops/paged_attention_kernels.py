@@ -24,6 +24,11 @@ Split-KV (flash decoding): with few requests, a decode batch fills few
 programs, so each request's keys are cut into NUM_SPLITS ranges of
 ``split_len`` keys; every split writes an unnormalized partial result with its
 running max and sum, and ``_combine_splits_kernel`` merges them.
+
+Attention sinks (gpt-oss, ``USE_SINKS``): each head has a learned logit that joins the
+softmax's denominator and contributes no value, ``out = sum_j e^(s_j) v_j / (sum_j e^(s_j) +
+e^sink)``. It is added once, where the sum is final: when the kernel normalizes (one split)
+or in ``_combine_splits_kernel`` (several).
 """
 
 from __future__ import annotations
@@ -61,6 +66,7 @@ def _paged_attention_kernel(
     block_tables_ptr,  # (B, max_blocks)
     seq_lens_ptr,  # (B,)
     query_start_loc_ptr,  # (B + 1,)
+    sinks_ptr,  # (H,) sink logits (read as fp32); USE_SINKS only
     scale,
     soft_cap,
     window,
@@ -90,6 +96,7 @@ def _paged_attention_kernel(
     USE_SOFT_CAP: tl.constexpr,
     FP32_DOT: tl.constexpr,
     FP8_KV: tl.constexpr,
+    USE_SINKS: tl.constexpr,
 ):
     req = tl.program_id(0)
     tile_start = (tl.program_id(1) // NUM_SPLITS) * BLOCK_Q
@@ -160,6 +167,9 @@ def _paged_attention_kernel(
         m_i = m_new
 
     if NUM_SPLITS == 1:
+        if USE_SINKS:  # the sink's share of the denominator, in the running max's units
+            sink = tl.load(sinks_ptr + head, mask=row_ok, other=0.0).to(tl.float32)
+            l_i += tl.exp2(tl.where(row_ok, sink * LOG2E - m_i, float("-inf")))
         out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # padding rows may see no key at all
         tl.store(
             out_ptr + (q_begin + q_idx)[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :],
@@ -180,6 +190,7 @@ def _combine_splits_kernel(
     part_max_ptr,
     part_sum_ptr,  # (NUM_SPLITS, T, H, D), (NUM_SPLITS, T, H) x2
     query_start_loc_ptr,  # (B + 1,)
+    sinks_ptr,  # (H,) sink logits (read as fp32); USE_SINKS only
     num_reqs,
     num_tokens,
     num_heads,
@@ -188,6 +199,7 @@ def _combine_splits_kernel(
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
+    USE_SINKS: tl.constexpr,
 ):
     """One program per (token, head): rescale each split to the common max and normalize."""
     t = tl.program_id(0)
@@ -202,5 +214,7 @@ def _combine_splits_kernel(
         part_acc_ptr + part[:, None] * HEAD_DIM + d[None, :], mask=d[None, :] < HEAD_DIM, other=0.0
     )  # (NUM_SPLITS, BLOCK_D)
     total = tl.sum(tl.load(part_sum_ptr + part) * weight, 0)
+    if USE_SINKS:
+        total += tl.exp2(tl.load(sinks_ptr + h).to(tl.float32) * LOG2E - tl.max(m, 0))
     out = tl.sum(acc * weight[:, None], 0) / total
     tl.store(out_ptr + t * stride_ot + h * stride_oh + d, out.to(out_ptr.dtype.element_ty), mask=d < HEAD_DIM)

@@ -93,6 +93,7 @@ def paged_attention(
     num_splits: int | None = None,
     k_scale: float = 1.0,
     v_scale: float = 1.0,
+    sinks: torch.Tensor | None = None,  # (H,)
 ) -> torch.Tensor:  # (T, H, D)
     """Causal attention of each request's new queries over its cached tokens.
 
@@ -103,11 +104,15 @@ def paged_attention(
     ``query_start_loc[B]`` on (padding) are left untouched in ``out``.
     ``num_splits`` (a power of two) cuts each request's keys into that many
     ranges; None picks it from the batch. A float8_e4m3fn ``kv_cache`` holds keys and
-    values divided by ``k_scale``/``v_scale``, which are multiplied back on load. Metadata values are not validated
+    values divided by ``k_scale``/``v_scale``, which are multiplied back on load. ``sinks`` holds one
+    learned logit per head that joins each softmax's denominator (gpt-oss). Metadata values are not validated
     (that would synchronize with the device); only shapes, dtypes and devices are.
     """
     _check_args(query, kv_cache, out, max_query_len, max_seq_len, sliding_window, logits_soft_cap, num_splits)
     _check_metadata(query_start_loc, seq_lens, block_tables, query.device)
+    if sinks is not None:
+        check_tensor(sinks, "sinks", query.device, dims=1)
+        require(sinks.shape[0] == query.shape[1], f"sinks must be (H,) = ({query.shape[1]},), got {tuple(sinks.shape)}")
     out = torch.empty_like(query) if out is None else out
     num_tokens, num_heads, head_dim = query.shape
     num_reqs, num_kv_heads = seq_lens.shape[0], kv_cache.shape[3]
@@ -141,6 +146,7 @@ def paged_attention(
         block_tables,
         seq_lens,
         query_start_loc,
+        query if sinks is None else sinks,  # never read without sinks
         scale,
         logits_soft_cap or 0.0,
         sliding_window or 0,
@@ -167,6 +173,7 @@ def paged_attention(
         USE_SOFT_CAP=logits_soft_cap is not None,
         FP32_DOT=query.device.type != "cuda" or query.dtype == torch.float32,
         FP8_KV=kv_cache.dtype == torch.float8_e4m3fn,
+        USE_SINKS=sinks is not None,
         num_warps=num_warps,
     )
     if num_splits > 1:
@@ -174,6 +181,7 @@ def paged_attention(
             out,
             *partials,
             query_start_loc,
+            query if sinks is None else sinks,
             num_reqs,
             num_tokens,
             num_heads,
@@ -182,5 +190,6 @@ def paged_attention(
             HEAD_DIM=head_dim,
             BLOCK_D=triton.next_power_of_2(head_dim),
             NUM_SPLITS=num_splits,
+            USE_SINKS=sinks is not None,
         )
     return out
