@@ -19,8 +19,7 @@ def test_top_level_names():
 def test_vllms_other_top_level_names():
     """``from vllm import TextPrompt, TokensPrompt, EmbeddingRequestOutput, ...`` in vLLM scripts."""
     import minivllm
-    from minivllm import EmbeddingRequestOutput, PoolingRequestOutput, TextPrompt, TokensPrompt, inputs
-    from minivllm import outputs
+    from minivllm import EmbeddingRequestOutput, PoolingRequestOutput, TextPrompt, TokensPrompt, inputs, outputs
 
     assert TextPrompt is inputs.TextPrompt and TokensPrompt is inputs.TokensPrompt
     assert PoolingRequestOutput is outputs.PoolingRequestOutput
