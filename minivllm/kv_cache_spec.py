@@ -8,7 +8,7 @@ back from the worker that built it (vLLM's ``get_kv_cache_spec`` ->
       -> Executor.determine_kv_cache_spec()   merged over ranks (KVCacheSpec.merge)
         -> EngineCore.kv_spec ─┬─> Scheduler(cfg, kv_spec)    KV-cache manager frees out-of-window blocks
                                ├─> Processor(cfg, tok, spec)  "can never fit the KV cache"
-                               └─> EngineInfo (ready message) front ends: AsyncLLM, data-parallel
+                               └─> EngineReady (ready message) front ends: AsyncLLM, data-parallel
 
 It sits on the ground floor because it crosses all of those layers; it imports
 nothing from the engine's packages.

@@ -3,7 +3,7 @@
 Every field is checked in ``__post_init__``; a bad value raises ValueError naming
 the field and its allowed range, before the request reaches the engine. Checks
 that need the model (token ids inside the vocabulary, ``model.max_logprobs``)
-are in ``engine/request_checks.py`` and also run before any work. ``RANGES`` states
+are in ``engine/processor.py`` and also run before any work. ``RANGES`` states
 every numeric field's bounds once, for these checks and for the server's schema.
 """
 
@@ -191,7 +191,7 @@ RANGES: dict[str, Range] = {
     "truncate_prompt_tokens": Range(low=1),
 }
 """Each numeric field's allowed values (None passes where the field is optional). The server's
-request models declare the same bounds in its OpenAPI schema (``serve/protocol/ranges.py``)."""
+request models declare the same bounds in its OpenAPI schema (``serve/protocol.py``)."""
 
 _INTS = ("n", "top_k", "min_tokens", "max_tokens", "logprobs", "prompt_logprobs", "seed", "truncate_prompt_tokens")
 _OPTIONAL_INTS = ("max_tokens", "logprobs", "prompt_logprobs", "seed", "truncate_prompt_tokens")

@@ -309,7 +309,7 @@ SUPPORTED_ARCHITECTURES = ArchitectureTable(ARCHITECTURES)
 # builds and what the config checks when it is built (a rope_type this engine lacks fails there).
 
 ROPE_TYPES = ("default", "linear", "llama3", "dynamic", "yarn", "longrope")
-"""The schemes ``layers/rope_scaling.py`` computes frequencies for."""
+"""The schemes ``layers/rotary.py`` computes frequencies for."""
 
 
 def rope_parameters(hf_config: Any, layer_type: str | None = None) -> dict[str, Any]:

@@ -2,7 +2,7 @@
 
 Off by default (``method: null``). With ``method=ngram`` the scheduler proposes up
 to ``num_speculative_tokens`` draft tokens per decoding request by prompt lookup
-(``core/ngram_proposer.py``); with ``method=draft_model`` a smaller model of the same
+(``core/spec_decode.py``); with ``method=draft_model`` a smaller model of the same
 tokenizer (``model``) proposes them in the worker (``draft_model.py``), with
 ``method=eagle`` a head reading the target's hidden states (``eagle.py``). Either
 way the target model verifies them all in one forward pass, and the rejection

@@ -1,6 +1,6 @@
 """Helpers for starting tensor-parallel ranks: ports, threads, retries.
 
-Whether a model's shapes split over the ranks is the config's check (``config/parallel_checks.py``)."""
+Whether a model's shapes split over the ranks is the config's check (``config/parallel.py``)."""
 
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ the keys in the paged KV cache never need re-rotating:
   re-deriving it from each batch's longest sequence as transformers does.
 - ``longrope`` (Phi-3/3.5 128k, Phi-4-mini) uses its long factors at every
   position when the engine's context (``max_model_len``, chosen in
-  ``config/rope.py``; without an engine config, the checkpoint's
+  ``config/model.py``; without an engine config, the checkpoint's
   ``max_position_embeddings``) exceeds ``original_max_position_embeddings``,
   its short factors otherwise, as vLLM does. transformers picks per forward
   pass (long once the sequence is longer than the original context), which

@@ -37,7 +37,7 @@ class SupportsMultiModal(Protocol):
     def profile_image_size(cls, hf_config: Any, image_processor: Any, max_tokens: int) -> tuple[int, int] | None:
         """(width, height) of an image that the processor turns into the most placeholder tokens,
         at most ``max_tokens``; None when every image takes more. The start-up memory profile
-        encodes as many of these as one step may (``worker/encoder_profile.py``)."""
+        encodes as many of these as one step may (``worker/profile.py``)."""
         ...
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:

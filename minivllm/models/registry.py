@@ -1,6 +1,6 @@
 """Maps config.json ``architectures`` names to model classes, imported lazily.
 
-The names live with the config (``minivllm/config/architectures.py``), so that a
+The names live with the config (``minivllm/config/model.py``), so that a
 config is checked without importing any model; ``ModelRegistry`` works on the
 same dict and adds ``resolve``, which imports the class. Out-of-tree models
 register themselves::

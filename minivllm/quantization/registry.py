@@ -3,7 +3,7 @@
 ``model.quantization`` (vLLM's ``quantization``) names a method; when it is
 unset, config.json's ``quantization_config.quant_method`` decides. The config
 checks the checkpoint's settings and keeps them as a ``QuantizationSpec``
-(``config/quantization.py``); the loader builds the method's config from it
+(``config/model.py``); the loader builds the method's config from it
 (``build_quant_config``), calls ``quantize_model`` on the model built on the
 meta device (so the unquantized weights it replaces never take memory) and
 ``process_weights_after_loading`` once the checkpoint is in.

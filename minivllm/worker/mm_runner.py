@@ -6,7 +6,7 @@ The scheduler decides which images are encoded in a step
 and when their outputs may go (``free_encoder_input_ids``, or the request being
 forgotten). Per step this runs the scheduled encoder inputs
 (``model.embed_multimodal``: the step's images in as few calls as the model allows,
-``multimodal/encoder_batches.py``), then, when some scheduled
+``multimodal/feature.py``), then, when some scheduled
 token is an image placeholder, embeds the step's token ids
 (``model.embed_input_ids``) and writes each image's rows over its placeholders:
 the slice of the image that this step's chunk covers. The model then runs on
