@@ -7,7 +7,7 @@ tokenizer (``model``) proposes them in the worker (``draft_model.py``), with
 ``method=eagle`` a head reading the target's hidden states (``eagle.py``). Either
 way the target model verifies them all in one forward pass, and the rejection
 sampler keeps the longest prefix the target agrees with. (The files named are
-in ``minivllm/spec_decode/``; this schema only describes what they do.)
+in ``minivllm/worker/spec_decode/``; this schema only describes what they do.)
 """
 
 from __future__ import annotations
