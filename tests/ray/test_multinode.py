@@ -167,6 +167,7 @@ def test_tp2_spans_both_nodes_a_full_cluster_fails_clearly_and_a_lost_node_fails
     """Last in the module: it takes the worker node away. One engine for the three checks
     (each engine costs two actors that import torch)."""
     llm = _ray_llm(opt_dir, tensor_parallel_size=2)
+    remover: threading.Thread | None = None
     try:
         executor = llm.llm_engine.core.executor
         lost = _worker_node(cluster)
@@ -182,7 +183,8 @@ def test_tp2_spans_both_nodes_a_full_cluster_fails_clearly_and_a_lost_node_fails
         # The worker node goes away while a generate is in flight: the call fails naming its rank.
         rank = executor.worker_node_ids.index(lost)
         removing = threading.Event()
-        threading.Thread(target=_remove_once_running, args=(cluster, llm, removing), daemon=True).start()
+        remover = threading.Thread(target=_remove_once_running, args=(cluster, llm, removing), daemon=True)
+        remover.start()
         long = h.GREEDY.clone()
         long.max_tokens, long.ignore_eos = 100, True
         with pytest.raises(RuntimeError, match=rf"worker rank {rank} died on node {lost[:12]}"):
@@ -192,6 +194,8 @@ def test_tp2_spans_both_nodes_a_full_cluster_fails_clearly_and_a_lost_node_fails
             h.generate(llm)
     finally:
         llm.shutdown()
+        if remover is not None:  # the node's removal finishes before the cluster's teardown removes the rest
+            remover.join(timeout=60)
 
 
 def _remove_once_running(cluster, llm: LLM, removing: threading.Event) -> None:
