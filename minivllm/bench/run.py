@@ -86,11 +86,16 @@ def run_bench(cfg: VllmConfig, out_dir: Path) -> dict[str, Any]:
 
 def _workload(cfg: VllmConfig) -> tuple[list[BenchRequest], BenchRequest | None]:
     encode = None
-    if cfg.bench.workload == "jsonl":
+    if cfg.bench.workload == "jsonl":  # the tokenizer loads only for a text prompt (token-id lines need none)
         from minivllm.tokenizer import get_tokenizer
 
-        tokenizer = get_tokenizer(cfg)
-        encode = lambda text: tokenizer.encode(text, add_special_tokens=True)  # noqa: E731
+        loaded: list[Any] = []
+
+        def encode(text: str) -> list[int]:
+            if not loaded:
+                loaded.append(get_tokenizer(cfg))
+            return loaded[0].encode(text, add_special_tokens=True)
+
     vocab_size, exclude = cfg.hf_text_config.vocab_size, placeholder_token_ids(cfg)
     if cfg.bench.workload == "images":
         requests = image_requests(cfg)
