@@ -361,10 +361,10 @@ stage_p() {
 
 stage_m() {
   local sampler=(--vocab 151936 --batches 1 32 256 --repeats 5) attention moe=() quant=(--json "$STAGE_DIR/quant_gemm.json")
-  attention=(--batches 32 256 --contexts 300 600 1100 1600 --small-batch 0 --block-size 256 --num-heads 16
-    --num-kv-heads 8 --head-dim 128 --json "$STAGE_DIR/attention.json")
+  attention=(--batches 32 256 --contexts 600 1100 1600 --small-batch 0 --mixed 256 100 2048 --block-size 256
+    --num-heads 16 --num-kv-heads 8 --head-dim 128 --json "$STAGE_DIR/attention.json")
   if ((CPU_TRY)); then
-    sampler=(--vocab 512 --batches 1 4 --repeats 2); attention=(--cpu-smoke --json "$STAGE_DIR/attention.json")
+    sampler=(--vocab 512 --batches 1 4 --repeats 2); attention=(--cpu-smoke --mixed 3 5 40 --json "$STAGE_DIR/attention.json")
     moe=(--cpu-smoke); quant+=(--cpu-smoke)
   fi
   read -r -a extra <<<"${GPU_SESSION_SAMPLER_ARGS:-}"

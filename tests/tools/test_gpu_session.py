@@ -311,3 +311,15 @@ def test_results_update_replaces_summary_rows_of_the_same_kind_and_appends_the_s
     assert table[3] == "| prefix caching | CPU | 3.3x | Prefix caching |"
     assert "| 1 | old |" not in results.read_text()
     assert lines.index("## Older section") < lines.index("## GPU session: NVIDIA H200, 143771 MiB, 2026-11-28")
+
+
+def test_attention_benchmark_times_a_batch_of_mixed_contexts(tmp_path):
+    """--mixed: one decode batch whose requests' contexts differ (as a serving batch's do), checked
+    against SDPA on its first requests."""
+    out = tmp_path / "attention.json"
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "attention.py"), "--cpu-smoke", "--mixed", "3", "5", "40"]
+    proc = subprocess.run([*cmd, "--json", str(out)], capture_output=True, text=True, timeout=240, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    mixed = [r for r in json.loads(out.read_text())["rows"] if "mixed" in r["case"]]
+    assert len(mixed) == 1 and mixed[0]["num_reqs"] == 3 and 5 <= mixed[0]["context_len"] <= 40
+    assert mixed[0]["max |diff|"] < 0.05 and mixed[0]["KV GB/s"] > 0
