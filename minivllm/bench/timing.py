@@ -260,8 +260,20 @@ def _median_seconds(fn: Callable[[], object], device: torch.device, repeats: int
 def measure_copy_bandwidth(device: torch.device, num_bytes: int | None = None, repeats: int = 5) -> float:
     """Bytes per second moved by ``dst.copy_(src)`` on ``device``, each byte read once and written
     once (as benchmarks/attention.py counts them); ``num_bytes`` per buffer: 1 GiB on CUDA,
-    256 MiB on the CPU by default."""
+    256 MiB on the CPU by default. On CUDA, with an engine holding most of the memory, the buffers
+    halve until they fit (down to 256 MiB: still far past the L2 cache)."""
     num_bytes = num_bytes or ((1 << 30) if device.type == "cuda" else (256 << 20))
+    while True:
+        try:
+            return _copy_bandwidth(device, num_bytes, repeats)
+        except torch.OutOfMemoryError:
+            if device.type != "cuda" or num_bytes <= (256 << 20):
+                raise
+            torch.cuda.empty_cache()
+            num_bytes //= 2
+
+
+def _copy_bandwidth(device: torch.device, num_bytes: int, repeats: int) -> float:
     n = num_bytes // 4
     src = torch.empty(n, dtype=torch.float32, device=device).uniform_()  # never time all-zero data
     dst = torch.empty_like(src)

@@ -264,7 +264,11 @@ def _core_summaries(tmp_path: Path) -> list[Path]:
         ]
     }
     n2 = {"peer_status": "ok", "output_tokens_per_s": 16000.0, "total_tokens": 133966, "instance_match": True}
-    a = {"gpu": {"gpu": "NVIDIA H200, 143771 MiB"}, "versions": {"torch": "2.11", "triton": "3.6"}}
+    a = {
+        "gpu": {"gpu": "NVIDIA H200, 143771 MiB"},
+        "versions": {"torch": "2.11", "triton": "3.6"},
+        "device_rates": {"device": "cuda", "copy_bandwidth_gb_s": 4250.0, "gemm_tflop_s": 780.0},
+    }
     core, correctness = tmp_path / "core.json", tmp_path / "correctness.json"
     core.write_text(json.dumps({"stages": [{"stage": s, "metrics": m} for s, m in (("a", a), ("n1", n1), ("n2", n2))]}))
     b = {"passed": 120, "failed": 0, "skipped": 3}
@@ -288,6 +292,7 @@ def test_results_section_holds_the_floor_the_peer_and_the_ratio(tmp_path):
     assert "minivllm ÷ nano-vllm on the same GPU and instance: 1.25x (graphs), 1.12x (sync)." in text
     assert "`pytest -m gpu`: 120 passed, 0 failed (errors included), 3 skipped." in text
     assert "same text yes" in text
+    assert "Idle device: copy 4250 GB/s (1 GiB, CUDA events, read + write), bf16 GEMM 780.0 TFLOP/s." in text
 
 
 def test_results_update_replaces_summary_rows_of_the_same_kind_and_appends_the_section(tmp_path):

@@ -358,7 +358,7 @@ def render(stages: dict[str, dict[str, Any]], date: str) -> str:
         "",
         f"`bash tools/gpu_session.sh` (docs/gpu.md); torch {versions.get('torch')}, "
         f"triton {versions.get('triton')}, transformers {versions.get('transformers')}. "
-        f"Throughput: `{BENCH}` plus the overrides in the first column.",
+        + _rates(stages.get("a", {})).rstrip(),
         "",
     ]
     if "n1" in stages or "n2" in stages:
@@ -380,7 +380,7 @@ def render(stages: dict[str, dict[str, Any]], date: str) -> str:
     if any(k in stages for k in ("b", "c")):
         out += _correctness(stages) + [""]
     if any(k in stages for k in ("d1", "d2", "d3")):
-        out += _bench_table(stages)
+        out += [f"Throughput: `{BENCH}` plus the overrides in the first column.", ""] + _bench_table(stages)
     if "d4" in stages:
         out += ["", "Paged attention (`benchmarks/attention.py`):", ""] + _attention_table(stages["d4"])
     if "d5" in stages:
@@ -390,6 +390,17 @@ def render(stages: dict[str, dict[str, Any]], date: str) -> str:
     if "d7" in stages:
         out += [""] + _multimodal_table(stages["d7"])
     return "\n".join(out) + "\n"
+
+
+def _rates(env: dict[str, Any]) -> str:
+    rates = env.get("device_rates") or {}
+    if rates.get("copy_bandwidth_gb_s") is None:
+        return ""
+    how, dtype = ("1 GiB, CUDA events", "bf16") if rates.get("device") != "cpu" else ("CPU, wall clock", "fp32")
+    return (
+        f"Idle device: copy {_f(rates['copy_bandwidth_gb_s'])} GB/s ({how}, read + write), {dtype} GEMM "
+        f"{_f(rates.get('gemm_tflop_s'), '.1f')} TFLOP/s. "
+    )
 
 
 def _correctness(stages: dict[str, dict[str, Any]]) -> list[str]:

@@ -72,8 +72,10 @@ def _env(m: dict[str, Any]) -> str:
     v = m.get("versions") or {}
     name = gpu.get("gpu") or gpu.get("skipped") or "no GPU"
     failed = ", ".join(m.get("failed_checks") or []) or "none"
+    rates = m.get("device_rates") or {}
     return (
         f"{name}; torch {v.get('torch')}, triton {v.get('triton')}, transformers {v.get('transformers')}; "
+        f"copy {_num(rates.get('copy_bandwidth_gb_s'))} GB/s, GEMM {_num(rates.get('gemm_tflop_s'), '.1f')} TFLOP/s; "
         f"failed checks: {failed}"
     )
 
