@@ -213,3 +213,59 @@ def test_random_checkpoint_loads_in_transformers_with_its_tokenizer(tmp_path):
     tok = AutoTokenizer.from_pretrained(out)
     assert tok.eos_token_id is not None
     assert isinstance(tok.decode([5, 599, 151000]), str)  # nano-vllm decodes ids past the small vocabulary
+
+
+CHECKOUT = ROOT / "third_party" / "nano-vllm"
+
+
+@pytest.mark.skipif(
+    not (CHECKOUT / "nanovllm").is_dir(),
+    reason="no nano-vllm checkout in third_party/nano-vllm (ignored by git; docs/gpu.md says how to fetch one)",
+)
+def test_nanovllm_attention_layer_runs_on_the_stand_in(monkeypatch):
+    """nano-vllm's own Attention layer, as its model runner drives it: a prefill of two sequences
+    (keys written to the paged cache by its store kernel), then one decode step each, against
+    plain attention over the same tokens."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "flash_attn", shim)
+    monkeypatch.setitem(sys.modules, "xxhash", xxhash_shim)
+    monkeypatch.syspath_prepend(str(CHECKOUT))
+    for name in [m for m in sys.modules if m == "nanovllm" or m.startswith("nanovllm.")]:
+        monkeypatch.delitem(sys.modules, name)
+    from nanovllm.layers.attention import Attention
+    from nanovllm.utils.context import reset_context, set_context
+
+    torch.manual_seed(3)
+    block_size, scale = 4, D**-0.5
+    layer = Attention(H, D, scale, HKV)
+    kv, layer.k_cache, layer.v_cache = _nanovllm_caches(2, 6, block_size, layer=1)
+    kv.zero_()
+    tables = torch.tensor([[4, 0], [2, 5]], dtype=torch.int32)
+    lens = [6, 3]
+    slots = [tables[b, t // block_size].item() * block_size + t % block_size for b in range(2) for t in range(lens[b])]
+    q, k, v = torch.randn(9, H, D), torch.randn(9, HKV, D), torch.randn(9, HKV, D)
+    cu = torch.tensor([0, 6, 9], dtype=torch.int32)
+    set_context(True, cu, cu, 6, 6, torch.tensor(slots, dtype=torch.int32))
+    try:
+        out = layer(q, k, v)
+        for b in range(2):
+            rows = slice(cu[b].item(), cu[b + 1].item())
+            torch.testing.assert_close(out[rows], _reference(q[rows], k[rows], v[rows], scale), atol=1e-4, rtol=1e-4)
+        # decode: one new token each at positions 6 and 3, written by the layer then attended over
+        qd, kd, vd = torch.randn(2, H, D), torch.randn(2, HKV, D), torch.randn(2, HKV, D)
+        new_slots = torch.tensor([tables[0, 1].item() * block_size + 2, tables[1, 0].item() * block_size + 3])
+        set_context(
+            False,
+            slot_mapping=new_slots.int(),
+            context_lens=torch.tensor([7, 4], dtype=torch.int32),
+            block_tables=tables,
+        )
+        out = layer(qd, kd, vd)
+    finally:
+        reset_context()
+    assert out.shape == (2, 1, H, D)
+    for b, (start, n) in enumerate(((0, 6), (6, 3))):
+        keys = torch.cat([k[start : start + n], kd[b : b + 1]])
+        values = torch.cat([v[start : start + n], vd[b : b + 1]])
+        torch.testing.assert_close(out[b], _reference(qd[b : b + 1], keys, values, scale), atol=1e-4, rtol=1e-4)
