@@ -15,6 +15,10 @@ tensors; "gather+sdpa" times the gather too, as an unpaged engine would not
 need it but a paged one would. Every request of a scenario has the same
 lengths so that SDPA needs no padding. A small decode batch runs twice: with
 the kernel's own split-KV choice and with one split, to show what splitting buys.
+``--mixed B LOW HIGH`` adds a decode batch of B requests whose contexts are drawn
+uniformly in [LOW, HIGH] (seed 0), as a serving batch holds them (nano-vllm's
+workload: 256 requests, contexts of 100-2048); SDPA would need padding there, so
+only the kernel is timed and checked against SDPA on a few of its requests.
 """
 
 from __future__ import annotations
@@ -44,6 +48,8 @@ class Scenario:
     """New tokens per request (1: decode)."""
     num_splits: int | None = None
     """KV splits forced on the kernel (None: its own choice)."""
+    contexts: tuple[int, ...] | None = None
+    """Mixed decode: each request's context (context_len is their maximum)."""
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -63,6 +69,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=[4, 512, 2048],
         metavar=("REQS", "CHUNK", "CONTEXT"),
         help="prefill-chunk case: requests, new tokens each, context after the chunk",
+    )
+    p.add_argument(
+        "--mixed",
+        type=int,
+        nargs=3,
+        metavar=("REQS", "LOW", "HIGH"),
+        help="a decode case of REQS requests with contexts uniform in [LOW, HIGH]",
     )
     p.add_argument("--num-heads", type=int, default=16)
     p.add_argument("--num-kv-heads", type=int, default=8)
@@ -97,7 +110,7 @@ def build_inputs(sc: Scenario, args: argparse.Namespace, device: torch.device) -
         query=query,  # (T, H, D)
         kv_cache=kv_cache,  # (2, num_blocks, block_size, Hkv, D)
         query_start_loc=torch.arange(0, query.shape[0] + 1, sc.query_len, dtype=torch.int32, device=device),
-        seq_lens=torch.full((sc.num_reqs,), sc.context_len, dtype=torch.int32, device=device),
+        seq_lens=torch.tensor(sc.contexts or [sc.context_len] * sc.num_reqs, dtype=torch.int32, device=device),
         block_tables=block_tables,  # (B, blocks_per_req)
     )
 
@@ -138,6 +151,8 @@ def run_scenario(sc: Scenario, args: argparse.Namespace, device: torch.device, t
         )
 
     q = x["query"].view(sc.num_reqs, sc.query_len, args.num_heads, args.head_dim).transpose(1, 2)  # (B, H, L, D)
+    if sc.contexts:
+        return _mixed_row(sc, args, x, q, timer(triton_attention), triton_attention(), copy_bw)
     kv = gather_kv(x["kv_cache"], x["block_tables"], sc.context_len)
     t_triton = timer(triton_attention)
     t_sdpa = timer(lambda: sdpa(q, kv, sc.query_len))
@@ -156,6 +171,29 @@ def run_scenario(sc: Scenario, args: argparse.Namespace, device: torch.device, t
         "sdpa ms": t_sdpa * 1e3,
         "gather+sdpa ms": t_gather_sdpa * 1e3,
         "max |diff|": (triton_attention().float() - expected.float()).abs().max().item(),
+    }
+
+
+def _mixed_row(
+    sc: Scenario, args, x: dict, q: torch.Tensor, t_triton: float, out: torch.Tensor, copy_bw: float
+) -> dict:
+    """A mixed decode batch: the kernel's time and bandwidth, checked against SDPA on 4 requests."""
+    element = x["kv_cache"].element_size()
+    kv_bytes = 2 * sum(sc.contexts) * args.num_kv_heads * args.head_dim * element
+    diff = 0.0
+    for b in range(min(4, sc.num_reqs)):
+        kv = gather_kv(x["kv_cache"], x["block_tables"][b : b + 1], sc.contexts[b])
+        expected = sdpa(q[b : b + 1], kv, 1).transpose(1, 2).reshape(1, args.num_heads, args.head_dim)
+        diff = max(diff, (out[b : b + 1].float() - expected.float()).abs().max().item())
+    return {
+        "case": sc.name,
+        "triton ms": t_triton * 1e3,
+        "KV GB/s": kv_bytes / t_triton / 1e9,
+        "% copy bw": 100 * kv_bytes / t_triton / copy_bw,
+        "TFLOP/s": 4 * sum(sc.contexts) * args.num_heads * args.head_dim / t_triton / 1e12,
+        "sdpa ms": float("nan"),
+        "gather+sdpa ms": float("nan"),
+        "max |diff|": diff,
     }
 
 
@@ -192,6 +230,10 @@ def main() -> int:
             Scenario(f"{small} no split", args.small_batch, max(args.contexts), 1, num_splits=1),
         ]
     scenarios.append(Scenario(f"prefill {reqs}x{chunk}@{context}", reqs, context, chunk))
+    if args.mixed:
+        count, low, high = args.mixed
+        drawn = torch.randint(low, high + 1, (count,), generator=torch.Generator().manual_seed(0)).tolist()
+        scenarios.append(Scenario(f"decode {count}x[{low}-{high}] mixed", count, max(drawn), 1, contexts=tuple(drawn)))
     name = torch.cuda.get_device_name() if device.type == "cuda" else "CPU (Triton interpreter: timings meaningless)"
     print(
         f"{name}; {args.dtype}, heads {args.num_heads}/{args.num_kv_heads} (q/kv), head_dim {args.head_dim}, "

@@ -1,7 +1,21 @@
 #!/usr/bin/env bash
 # The whole GPU session in one script: prove the CUDA paths, then measure.
 #
-#   bash tools/gpu_session.sh [--quick] [--stages a,b,c,d1,d2,d3,d4,d5,d6,d7]
+#   bash tools/gpu_session.sh --core          # first call (~8 min): what decides speed, beside nano-vllm
+#   bash tools/gpu_session.sh --correctness   # second call: pytest -m gpu, the demo graphs vs eager
+#   bash tools/gpu_session.sh [--quick] [--stages a,b,c,d1,d2,d3,d4,d5,d6,d7,n1,n2,p,m]
+#
+# --core runs a,n1,n2,p,m (limits 40+215+130+65+90 = 540 s: give the call timeout_s 570),
+# --correctness b,c. Core stages:
+#   n1  bench=nanovllm on nano-vllm's exact request instance (bench.workload=jsonl, the file
+#       python -m minivllm.bench.workloads nanovllm writes), the defaults then
+#       scheduler.async_scheduling=false; each run's floor (copy bandwidth by CUDA events over
+#       1 GiB, prefill by FLOPs at the measured GEMM rate), prefill and decode seconds apart
+#   n2  nano-vllm itself on the same instance (tools/nanovllm_peer.py; its checkout in
+#       third_party/nano-vllm or $NANOVLLM_DIR, carried): the last of the timings
+#   p   benchmarks/profile_decode.py with graphs and compile on: batch 256 x 1024, batch 32 x 1024
+#   m   benchmarks/sampler.py, benchmarks/attention.py at the workload's context lengths,
+#       fused MoE and int4/fp8 GEMMs with the tuned tables as they are (no tuning)
 #
 # Stages (docs/gpu.md says what each writes and how to read it):
 #   a   environment: GPU, versions, Triton's launcher toolchain, the conf link, disk
@@ -48,19 +62,27 @@ export QUICK=0
 FAIL_STAGES=" ${GPU_SESSION_FAIL_STAGES:-} "
 ALL_STAGES=(a b c d1 d2 d3 d4 d5 d6 d7)
 QUICK_STAGES=(a b c d1 d4)
-declare -A LIMIT=([a]=90 [b]=330 [c]=150 [d1]=440 [d2]=400 [d3]=360 [d4]=150 [d5]=380 [d6]=220 [d7]=240)
-declare -A QUICK_LIMIT=([a]=40 [b]=90 [c]=60 [d1]=70 [d2]=120 [d3]=90 [d4]=40 [d5]=60 [d6]=60 [d7]=200)
+CORE_STAGES=(a n1 n2 p m)
+CORRECTNESS_STAGES=(b c)
+declare -A LIMIT=([a]=90 [b]=330 [c]=150 [d1]=440 [d2]=400 [d3]=360 [d4]=150 [d5]=380 [d6]=220 [d7]=240
+  [n1]=215 [n2]=130 [p]=65 [m]=90)
+declare -A QUICK_LIMIT=([a]=40 [b]=90 [c]=60 [d1]=70 [d2]=120 [d3]=90 [d4]=40 [d5]=60 [d6]=60 [d7]=200
+  [n1]=120 [n2]=60 [p]=60 [m]=60)
+declare -A CORE_LIMIT=([a]=40 [b]=420 [c]=120)  # --core / --correctness: stage a shorter, b and c their own call
 
 usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; }
 
 STAGES=()
+PRESET=""
 while (($#)); do
   case "$1" in
     --quick) QUICK=1 ;;
+    --core) PRESET=core; STAGES=("${CORE_STAGES[@]}") ;;
+    --correctness) PRESET=correctness; STAGES=("${CORRECTNESS_STAGES[@]}") ;;
     --stages) shift; IFS=, read -r -a STAGES <<<"${1:-}" ;;
     --stages=*) IFS=, read -r -a STAGES <<<"${1#--stages=}" ;;
     -h|--help) usage; exit 0 ;;
-    *) echo "gpu_session.sh: unknown argument '$1' (--quick, --stages a,b,c,d1,d2,d3,d4,d5,d6,d7)" >&2; exit 2 ;;
+    *) echo "gpu_session.sh: unknown argument '$1' (--core, --correctness, --quick, --stages a,b,...,d7,n1,n2,p,m)" >&2; exit 2 ;;
   esac
   shift
 done
@@ -291,6 +313,73 @@ stage_d7() {
   done
   "$PYTHON" -m tools.gpu_session.stage_metrics multimodal "$STAGE_DIR" "${names[@]}"
 }
+# ---- the core call's stages ------------------------------------------------------------------
+stage_n1() {
+  # nano-vllm's exact instance, one file both engines replay; the CPU try writes a toy instance
+  # its 512-token shrunken vocabulary can take
+  local instance="$STAGE_DIR/nanovllm.jsonl"
+  if ((CPU_TRY)); then
+    "$PYTHON" - "$instance" <<'PY' || return
+import sys
+from pathlib import Path
+from minivllm.bench.workloads import BenchRequest, write_jsonl
+write_jsonl([BenchRequest([(7 * i + j) % 500 for j in range(8 + i)], 4, temperature=0.6) for i in range(4)], Path(sys.argv[1]))
+PY
+  else
+    "$PYTHON" -m minivllm.bench.workloads nanovllm "$instance" || return
+  fi
+  local exact=(bench.workload=jsonl bench.prompts_file="$instance") runs=()
+  read -r -a runs <<<"${GPU_SESSION_RUNS_N1:-graphs sync}"
+  for run in "${runs[@]}"; do
+    case "$run" in
+      graphs) bench_run graphs 110 "${exact[@]}" ;;  # the defaults: graphs, async scheduling
+      sync) bench_run sync 100 "${exact[@]}" scheduler.async_scheduling=false bench.single_request=false ;;
+      *) echo "unknown n1 run '$run' (graphs, sync)" >&2; return 2 ;;
+    esac
+  done
+  "$PYTHON" -m tools.gpu_session.stage_metrics bench "$STAGE_DIR" "${runs[@]}"
+}
+
+stage_n2() {
+  if ((CPU_TRY)); then
+    echo '{"status": "skipped (CPU try: nano-vllm needs CUDA)"}' >"$STAGE_DIR/peer.json"
+    "$PYTHON" -m tools.nanovllm_peer --help >/dev/null || return
+    "$PYTHON" -m tools.gpu_session.stage_metrics peer "$STAGE_DIR"; return 0
+  fi
+  timeout --foreground --kill-after=10 120 "$PYTHON" -m tools.nanovllm_peer --work "$STAGE_DIR/peer" \
+    --json "$STAGE_DIR/peer.json" --timeout 110
+  "$PYTHON" -m tools.gpu_session.stage_metrics peer "$STAGE_DIR"
+}
+
+stage_p() {
+  local big=(--batch 256 --context 1024 --steps 10) small=(--batch 32 --context 1024 --steps 10)
+  if ((CPU_TRY)); then big=(--tiny --batch 4); small=(--tiny --batch 2); fi
+  timeout --foreground --kill-after=5 40 "$PYTHON" benchmarks/profile_decode.py "${big[@]}" --json "$STAGE_DIR/profile.json"
+  timeout --foreground --kill-after=5 25 "$PYTHON" benchmarks/profile_decode.py "${small[@]}" --json "$STAGE_DIR/batch32.json"
+  "$PYTHON" -m tools.gpu_session.stage_metrics profile "$STAGE_DIR"
+}
+
+stage_m() {
+  local sampler=(--vocab 151936 --batches 1 32 256 --repeats 5) attention moe=() quant=(--json "$STAGE_DIR/quant_gemm.json")
+  attention=(--batches 32 256 --contexts 600 1100 1600 --small-batch 0 --mixed 256 100 2048 --block-size 256
+    --num-heads 16 --num-kv-heads 8 --head-dim 128 --json "$STAGE_DIR/attention.json")
+  if ((CPU_TRY)); then
+    sampler=(--vocab 512 --batches 1 4 --repeats 2); attention=(--cpu-smoke --mixed 3 5 40 --json "$STAGE_DIR/attention.json")
+    moe=(--cpu-smoke); quant+=(--cpu-smoke)
+  fi
+  read -r -a extra <<<"${GPU_SESSION_SAMPLER_ARGS:-}"
+  echo "== sampler"
+  timeout --foreground 20 "$PYTHON" benchmarks/sampler.py "${sampler[@]}" "${extra[@]}" | tee "$STAGE_DIR/sampler.txt"
+  echo "== attention at the workload's context lengths (256-token blocks)"
+  timeout --foreground 20 "$PYTHON" benchmarks/attention.py "${attention[@]}"
+  echo "== fused MoE (tuned tables as they are)"
+  timeout --foreground 30 "$PYTHON" benchmarks/moe.py "${moe[@]}" --json "$STAGE_DIR/moe.json"
+  echo "== int4 and fp8 GEMMs (tuned tables as they are)"
+  timeout --foreground 20 "$PYTHON" benchmarks/quant_gemm.py "${quant[@]}"
+  "$PYTHON" -m tools.gpu_session.stage_metrics micro "$STAGE_DIR"
+}
+
+export -f stage_n1 stage_n2 stage_p stage_m
 export -f engine_args minivllm_run bench_run warm_triton bench_config bench_stage stage_a stage_b stage_c stage_d1 stage_d2 stage_d3 stage_d4 stage_d5 stage_d6 stage_d7
 
 # ---- the runner ----------------------------------------------------------------------------
@@ -303,6 +392,7 @@ run_stage() {
   local stage=$1 dir="$WORK/$1" limit
   limit=${LIMIT[$stage]}
   if ((QUICK)); then limit=${QUICK_LIMIT[$stage]}; fi
+  if [[ -n $PRESET && -n ${CORE_LIMIT[$stage]+x} ]]; then limit=${CORE_LIMIT[$stage]}; fi
   local var="GPU_SESSION_TIMEOUT_${stage^^}"
   limit=${!var:-$limit}
   mkdir -p "$dir"

@@ -86,16 +86,26 @@ def run_bench(cfg: VllmConfig, out_dir: Path) -> dict[str, Any]:
 
 def _workload(cfg: VllmConfig) -> tuple[list[BenchRequest], BenchRequest | None]:
     encode = None
-    if cfg.bench.workload == "jsonl":
+    if cfg.bench.workload == "jsonl":  # the tokenizer loads only for a text prompt (token-id lines need none)
         from minivllm.tokenizer import get_tokenizer
 
-        tokenizer = get_tokenizer(cfg)
-        encode = lambda text: tokenizer.encode(text, add_special_tokens=True)  # noqa: E731
+        loaded: list[Any] = []
+
+        def encode(text: str) -> list[int]:
+            if not loaded:
+                loaded.append(get_tokenizer(cfg))
+            return loaded[0].encode(text, add_special_tokens=True)
+
     vocab_size, exclude = cfg.hf_text_config.vocab_size, placeholder_token_ids(cfg)
     if cfg.bench.workload == "images":
         requests = image_requests(cfg)
     else:
         requests = build_workload(cfg.bench, vocab_size, cfg.max_model_len, encode, exclude)
+    if cfg.bench.baseline == "hf" and any(r.temperature is not None or not r.ignore_eos for r in requests):
+        raise ValueError(
+            "bench.baseline=hf: transformers runs every request at bench.temperature with EOS ignored; "
+            "the prompts_file's lines set their own temperature or ignore_eos=false (drop those keys)"
+        )
     single = None
     if cfg.bench.single_request and cfg.bench.mode == "throughput":
         rng = np.random.default_rng(cfg.bench.seed + 1)
@@ -217,12 +227,15 @@ def model_runner(llm: LLM) -> Any | None:
 # ---- throughput mode -----------------------------------------------------------------------
 
 
-def _params(request: BenchRequest, temperature: float) -> SamplingParams:
+def _params(
+    request: BenchRequest, temperature: float, kind: RequestOutputKind = RequestOutputKind.FINAL_ONLY
+) -> SamplingParams:
+    """The request's own temperature and ignore_eos (a jsonl line's), else bench.temperature."""
     return SamplingParams(
-        temperature=temperature,
+        temperature=temperature if request.temperature is None else request.temperature,
         max_tokens=request.max_tokens,
-        ignore_eos=True,
-        output_kind=RequestOutputKind.FINAL_ONLY,
+        ignore_eos=request.ignore_eos,
+        output_kind=kind,
     )
 
 
@@ -280,7 +293,7 @@ def bench_minivllm(cfg: VllmConfig, requests: list[BenchRequest], single: BenchR
         out["peak_memory_gib"] = peak.read_gib()
         out["engine"] = timer.summary()
         if timer.sees_model:
-            out["roofline"] = roofline(timer.steps, runner, device, seconds)
+            out["roofline"] = roofline(timer.steps, runner, device, seconds, produced)
         timer.detach()
     finally:
         llm.shutdown()
@@ -371,12 +384,7 @@ def replay(llm: LLM, requests: list[BenchRequest], arrivals: list[float], temper
         now = time.perf_counter() - start
         while order and arrivals[order[0]] <= now:
             i = order.popleft()
-            params = SamplingParams(
-                temperature=temperature,
-                max_tokens=requests[i].max_tokens,
-                ignore_eos=True,
-                output_kind=RequestOutputKind.DELTA,
-            )
+            params = _params(requests[i], temperature, RequestOutputKind.DELTA)
             rid = engine.add_request(f"replay-{i}", {"prompt_token_ids": requests[i].prompt_token_ids}, params)
             timings[rid] = RequestTiming(arrivals[i])
         if not engine.has_unfinished_requests():
@@ -535,12 +543,24 @@ def format_report(m: dict[str, Any]) -> str:
         lines.append(line)
     roof = m.get("roofline")
     if roof:
-        lines.append(
-            f"roofline ({roof['device']}, copy bandwidth {_num(roof['copy_bandwidth_gb_s'])} GB/s): floor "
-            f"{_num(roof['floor_s'], '.2f')} s of {_num(roof['measured_s'], '.2f')} s -> "
-            f"{_num(_pct(roof['achieved_fraction']))}% (decode steps {_num(_pct(roof['decode_achieved_fraction']))}%)"
-        )
+        lines += _floor_lines(roof, m.get("output_tokens"))
     return "\n".join(lines)
+
+
+def _floor_lines(roof: dict[str, Any], output_tokens: int | None) -> list[str]:
+    """The floor with both of its terms, and the measured prefill and decode seconds apart."""
+    floor_rate = roof.get("floor_output_tokens_per_s")
+    return [
+        f"floor ({roof['device']}: copy {_num(roof['copy_bandwidth_gb_s'])} GB/s, GEMM "
+        f"{_num(roof.get('gemm_tflop_s'), '.1f')} TFLOP/s): {_num(roof['floor_s'], '.2f')} s = decode "
+        f"{_num(roof.get('decode_floor_s'), '.2f')} s (bytes) + prefill {_num(roof.get('prefill_floor_s'), '.2f')} s "
+        f"(FLOPs {_num(roof.get('prefill_compute_floor_s'), '.2f')} s, bytes {_num(roof.get('prefill_memory_floor_s'), '.2f')} s)"
+        + ("" if floor_rate is None else f" -> {_num(floor_rate)} output tok/s at the floor"),
+        f"measured {_num(roof['measured_s'], '.2f')} s: prefill steps {_num(roof.get('prefill_measured_s'), '.2f')} s, "
+        f"decode steps {_num(roof.get('decode_measured_s'), '.2f')} s -> {_num(_pct(roof['achieved_fraction']))}% "
+        f"of the floor (prefill {_num(_pct(roof.get('prefill_achieved_fraction')))}%, decode "
+        f"{_num(_pct(roof['decode_achieved_fraction']))}%)",
+    ]
 
 
 def _row(name: str, m: dict[str, Any]) -> str:

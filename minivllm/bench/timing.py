@@ -26,17 +26,26 @@ Under async scheduling a step's record holds the shape (and model time) of
 the batch it launched, while its wall time mostly waits for the one before:
 sums over a run are exact, single steps are off by one.
 
-**The bandwidth floor** (``roofline``): the least time the recorded steps could take
-if every step only had to stream its bytes through memory once.
-Decoding small batches is memory-bound: each step reads every weight once and
-the KV cache of every scheduled token's context::
+**The floor** (``roofline``): the least time the recorded steps could take if
+each step only had to stream its bytes through memory once, or (whichever is
+longer) only had to do its matrix multiplications at the device's GEMM rate::
 
-    floor = sum over steps (weight bytes + kv tokens read x kv bytes per token) / bandwidth
+    step floor = max(bytes / bandwidth, FLOPs / GEMM rate)
+    bytes      = weight bytes + kv tokens read x kv bytes per token
+    FLOPs      = 2 x matmul parameters x new tokens          (the layers' GEMMs)
+               + 2 x vocab x hidden x requests                (the logits of each request's last token)
+               + 4 x layers x heads x head_dim x causal pairs (attention: QK^T and PV)
 
-``bandwidth`` is measured here with a large device-to-device copy (read + write).
-``achieved_fraction = floor / measured time``: 1.0 would be perfect streaming.
-Compute-bound prefill steps make the floor loose, so the fraction is a lower bound
-on how well the decode steps use memory bandwidth.
+Decode steps are memory-bound (the bytes term wins); prefill steps over thousands
+of tokens are compute-bound (the FLOPs term wins). ``bandwidth`` is measured here
+with a device-to-device copy of >= 1 GiB on CUDA timed by CUDA events (bytes read
++ written, as benchmarks/attention.py counts them), a copy of 256 MiB (past any
+CPU cache) on the CPU; the GEMM rate with a square matmul in the model's dtype
+(8192 on CUDA, 512 on the CPU). Both are medians of repeats after a warm-up.
+``achieved_fraction = floor / measured time``: 1.0 would be perfect. The report
+gives the floor's two parts (decode steps' bytes term, prefill steps' floor) and
+the measured prefill and decode seconds apart. MoE layers count every expert's
+weights as read and every expert as computed (a loose floor for them).
 
 **One kernel call** (``kernel_timer``), for the kernel benchmarks
 (``benchmarks/attention.py``, ``moe.py``, ``quant_gemm.py``). This module imports
@@ -65,6 +74,9 @@ class StepRecord:
     decode_only: bool
     encoder_s: float = 0.0
     """Time in the vision encoder (image models; 0 for the others)."""
+    attn_pairs: int = 0
+    """(query, key) pairs the step's causal attention computes: sum over requests of
+    new x computed + new x (new + 1) / 2."""
 
 
 @dataclass
@@ -80,7 +92,7 @@ class StepTimer:
     """CUDA: (start, end) events per timed part of the current step."""
     _unread: list[tuple[int, str, list[tuple[Any, Any]]]] = field(default_factory=list)
     """CUDA: (step index, part, its events) not yet read into the step's ``<part>_s``."""
-    _shape: tuple[int, int, int, bool] | None = None
+    _shape: tuple[int, int, int, bool, int] | None = None
     _undo: list[Callable[[], None]] = field(default_factory=list)
 
     @property
@@ -167,11 +179,12 @@ class StepTimer:
         start = time.perf_counter()
         outputs = step()
         wall = time.perf_counter() - start
-        shape = self._shape or (0, 0, 0, False)
+        tokens, reqs, kv_tokens, decode_only, pairs = self._shape or (0, 0, 0, False, 0)
         for part, events in self._events.items():
             self._unread.append((len(self._steps), part, events))
         seconds = self._seconds
-        self._steps.append(StepRecord(wall, seconds.get("model", 0.0), *shape, seconds.get("encoder", 0.0)))
+        model_s, encoder_s = seconds.get("model", 0.0), seconds.get("encoder", 0.0)
+        self._steps.append(StepRecord(wall, model_s, tokens, reqs, kv_tokens, decode_only, encoder_s, pairs))
         return outputs
 
     def reset(self) -> None:
@@ -186,6 +199,8 @@ class StepTimer:
             "step_time_s": wall,
             "num_prefill_steps": len(prefill),
             "prefill_step_time_s": sum(s.wall_s for s in prefill),
+            "num_decode_steps": sum(s.decode_only for s in steps),
+            "decode_step_time_s": sum(s.wall_s for s in steps if s.decode_only),
         }
         if not self.sees_model or not steps:
             out.update(model_time_s=None, overhead_s=None, overhead_per_step_ms=None, overhead_fraction=None)
@@ -204,43 +219,75 @@ class StepTimer:
         return out
 
 
-def _shape(sched: Any) -> tuple[int, int, int, bool]:
-    """(new tokens, requests, context tokens read, decode only) of a SchedulerOutput."""
+def _shape(sched: Any) -> tuple[int, int, int, bool, int]:
+    """(new tokens, requests, context tokens read, decode only, causal pairs) of a SchedulerOutput."""
     computed = {r.req_id: r.num_computed_tokens for r in sched.new_reqs}
     computed.update(zip(sched.cached_reqs.req_ids, sched.cached_reqs.num_computed_tokens))
     scheduled = sched.num_scheduled_tokens
     kv_tokens = sum(computed.get(req, 0) + n for req, n in scheduled.items())
+    pairs = sum(n * computed.get(req, 0) + n * (n + 1) // 2 for req, n in scheduled.items())
     return (
         sum(scheduled.values()),
         len(scheduled),
         kv_tokens,
         bool(scheduled) and all(n == 1 for n in scheduled.values()),
+        pairs,
     )
 
 
 # ---- the bandwidth floor ------------------------------------------------------------------
 
 
-def measure_copy_bandwidth(device: torch.device, num_bytes: int = 256 << 20, repeats: int = 5) -> float:
-    """Bytes per second moved by ``dst.copy_(src)`` on ``device`` (each byte read once and written once)."""
-    n = num_bytes // 4
-    src = torch.empty(n, dtype=torch.float32, device=device).uniform_()
-    dst = torch.empty_like(src)
-    dst.copy_(src)  # first touch / warm-up
-    best = float("inf")
+def _median_seconds(fn: Callable[[], object], device: torch.device, repeats: int) -> float:
+    """Median seconds of ``fn`` after one warm-up call: CUDA events on CUDA, the wall clock on the CPU."""
+    fn()
+    times = []
     for _ in range(repeats):
-        _sync(device)
-        start = time.perf_counter()
-        dst.copy_(src)
-        _sync(device)
-        best = min(best, time.perf_counter() - start)
-    del src, dst
-    return 2 * n * 4 / best
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1e3)
+        else:
+            start_s = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - start_s)
+    return statistics.median(times)
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+def measure_copy_bandwidth(device: torch.device, num_bytes: int | None = None, repeats: int = 5) -> float:
+    """Bytes per second moved by ``dst.copy_(src)`` on ``device``, each byte read once and written
+    once (as benchmarks/attention.py counts them); ``num_bytes`` per buffer: 1 GiB on CUDA,
+    256 MiB on the CPU by default. On CUDA, with an engine holding most of the memory, the buffers
+    halve until they fit (down to 256 MiB: still far past the L2 cache)."""
+    num_bytes = num_bytes or ((1 << 30) if device.type == "cuda" else (256 << 20))
+    while True:
+        try:
+            return _copy_bandwidth(device, num_bytes, repeats)
+        except torch.OutOfMemoryError:
+            if device.type != "cuda" or num_bytes <= (256 << 20):
+                raise
+            torch.cuda.empty_cache()
+            num_bytes //= 2
+
+
+def _copy_bandwidth(device: torch.device, num_bytes: int, repeats: int) -> float:
+    n = num_bytes // 4
+    src = torch.empty(n, dtype=torch.float32, device=device).uniform_()  # never time all-zero data
+    dst = torch.empty_like(src)
+    seconds = _median_seconds(lambda: dst.copy_(src), device, repeats)
+    return 2 * n * 4 / seconds
+
+
+def measure_gemm_rate(device: torch.device, dtype: torch.dtype, size: int | None = None, repeats: int = 5) -> float:
+    """FLOP/s of a square ``size`` x ``size`` matmul in ``dtype`` (8192 on CUDA, 512 on the CPU)."""
+    size = size or (8192 if device.type == "cuda" else 512)
+    a = torch.randn(size, size, device=device).to(dtype)
+    b = torch.randn(size, size, device=device).to(dtype)
+    seconds = _median_seconds(lambda: a @ b, device, repeats)
+    return 2 * size**3 / seconds
 
 
 def weight_bytes(model: nn.Module) -> int:
@@ -259,27 +306,94 @@ def kv_bytes_per_token(kv_caches: list[torch.Tensor]) -> int:
     return sum(2 * c.shape[-2] * c.shape[-1] * c.element_size() for c in kv_caches)
 
 
-def roofline(steps: list[StepRecord], model_runner: Any, device: torch.device, measured_s: float) -> dict[str, Any]:
-    """The floor of the recorded steps and the fraction of it the run achieved."""
+@dataclass(frozen=True, slots=True)
+class ComputeShape:
+    """What a step's FLOPs scale with: matmul parameters per token, the logits' GEMM per
+    request, attention per causal (query, key) pair."""
+
+    matmul_params: int
+    logits_params: int
+    attn_flops_per_pair: int
+
+    def flops(self, step: StepRecord) -> int:
+        return (
+            2 * self.matmul_params * step.num_tokens
+            + 2 * self.logits_params * step.num_reqs
+            + self.attn_flops_per_pair * step.attn_pairs
+        )
+
+
+def compute_shape(model: nn.Module, vocab_size: int, num_layers: int, num_heads: int, head_dim: int) -> ComputeShape:
+    """Parameters of 2-D (or stacked 3-D expert) weights, less the lookups (embeddings) and those
+    with a vocabulary-sized dim (the LM head: one row of logits per request); tied weights once."""
+    seen, matmul, logits = set(), 0, 0
+    for name, p in model.named_parameters():
+        if p.data_ptr() in seen or p.dim() < 2:
+            continue
+        seen.add(p.data_ptr())
+        if vocab_size in p.shape[:2]:
+            logits = max(logits, p.numel())
+        elif "embed" not in name:
+            matmul += p.numel()
+    return ComputeShape(matmul, logits, 4 * num_layers * num_heads * head_dim)
+
+
+def _compute_shape(model_runner: Any) -> ComputeShape:
+    hf = model_runner.cfg.hf_text_config
+    heads = hf.num_attention_heads
+    head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // heads
+    return compute_shape(model_runner.model, hf.vocab_size, hf.num_hidden_layers, heads, head_dim)
+
+
+def roofline(
+    steps: list[StepRecord],
+    model_runner: Any,
+    device: torch.device,
+    measured_s: float,
+    output_tokens: int | None = None,
+) -> dict[str, Any]:
+    """The floor of the recorded steps (bytes at the copy bandwidth, FLOPs at the GEMM rate)
+    and the fraction of it the run achieved."""
     bandwidth = measure_copy_bandwidth(device)
     w_bytes = weight_bytes(model_runner.model)
+    dtype = next(model_runner.model.parameters()).dtype
+    gemm_rate = measure_gemm_rate(device, dtype if dtype.is_floating_point else torch.float32)
+    shape = _compute_shape(model_runner)
     kv_token = kv_bytes_per_token(model_runner.kv_caches)
-    bytes_moved = sum(w_bytes + s.kv_tokens * kv_token for s in steps if s.num_tokens)
-    floor_s = bytes_moved / bandwidth
-    decode = [s for s in steps if s.decode_only]
-    decode_bytes = sum(w_bytes + s.kv_tokens * kv_token for s in decode)
-    decode_s = sum(s.wall_s for s in decode)
-    return {
+    launched = [s for s in steps if s.num_tokens]
+    memory = [(w_bytes + s.kv_tokens * kv_token) / bandwidth for s in launched]
+    compute = [shape.flops(s) / gemm_rate for s in launched]
+    floors = [max(m, c) for m, c in zip(memory, compute)]
+    decode = [i for i, s in enumerate(launched) if s.decode_only]
+    prefill = [i for i, s in enumerate(launched) if not s.decode_only]
+    floor_s = sum(floors)
+    decode_floor = sum(floors[i] for i in decode)
+    decode_s = sum(launched[i].wall_s for i in decode)
+    prefill_s = sum(launched[i].wall_s for i in prefill)
+    out = {
         "device": str(device),
         "copy_bandwidth_gb_s": bandwidth / 1e9,
+        "gemm_tflop_s": gemm_rate / 1e12,
         "weight_bytes": w_bytes,
         "kv_bytes_per_token": kv_token,
-        "bytes_moved": bytes_moved,
+        "bytes_moved": sum(w_bytes + s.kv_tokens * kv_token for s in launched),
+        "flops": sum(shape.flops(s) for s in launched),
+        "matmul_params": shape.matmul_params,
         "floor_s": floor_s,
+        "decode_floor_s": decode_floor,
+        "prefill_floor_s": sum(floors[i] for i in prefill),
+        "prefill_memory_floor_s": sum(memory[i] for i in prefill),
+        "prefill_compute_floor_s": sum(compute[i] for i in prefill),
         "measured_s": measured_s,
+        "decode_measured_s": decode_s,
+        "prefill_measured_s": prefill_s,
         "achieved_fraction": floor_s / measured_s if measured_s > 0 else None,
-        "decode_achieved_fraction": (decode_bytes / bandwidth) / decode_s if decode_s > 0 else None,
+        "decode_achieved_fraction": decode_floor / decode_s if decode_s > 0 else None,
+        "prefill_achieved_fraction": (floor_s - decode_floor) / prefill_s if prefill_s > 0 else None,
     }
+    if output_tokens is not None:
+        out["floor_output_tokens_per_s"] = output_tokens / floor_s if floor_s > 0 else None
+    return out
 
 
 # ---- one kernel call ----------------------------------------------------------------------

@@ -1,7 +1,14 @@
 """Benchmark workloads: a list of requests (prompt token ids + output length, and images).
 
 Every request generates exactly ``max_tokens`` tokens (EOS is ignored), so the
-work is fixed by the workload and identical for minivllm and the baseline.
+work is fixed by the workload and identical for minivllm and the baseline; a jsonl
+line may set its own ``temperature`` and ``ignore_eos``.
+
+``nanovllm_instance`` is the exact request list of nano-vllm's ``bench.py``;
+``write_jsonl`` saves requests as lines ``bench.workload=jsonl`` replays, so a peer
+engine and minivllm run the same instance (``tools/nanovllm_peer.py``)::
+
+    python -m minivllm.bench.workloads nanovllm PATH.jsonl
 
 The ``images`` workload gives each request some random images ahead of random text.
 Random text must never hold the image model's placeholder tokens (a prompt with
@@ -13,6 +20,8 @@ throughput counts the expanded prompts.
 from __future__ import annotations
 
 import json
+import random
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Collection
@@ -32,6 +41,10 @@ class BenchRequest:
     max_tokens: int
     images: tuple[Any, ...] = ()
     """PIL images whose placeholder tokens the prompt holds (bench.workload=images)."""
+    temperature: float | None = None
+    """This request's temperature (a jsonl line's); None: bench.temperature."""
+    ignore_eos: bool = True
+    """Generate all max_tokens whatever the model samples (a jsonl line may say false)."""
 
     @property
     def prompt(self) -> dict[str, Any]:
@@ -126,7 +139,15 @@ def jsonl_requests(
             raise ValueError(f"{path}:{number}: a text prompt needs a tokenizer")
         else:
             ids = encode(str(record["prompt"]))
-        requests.append(BenchRequest(ids, int(record.get("max_tokens", default_len))))
+        temperature = record.get("temperature")
+        requests.append(
+            BenchRequest(
+                ids,
+                int(record.get("max_tokens", default_len)),
+                temperature=None if temperature is None else float(temperature),
+                ignore_eos=bool(record.get("ignore_eos", True)),
+            )
+        )
     return requests
 
 
@@ -138,6 +159,39 @@ def _parse_line(line: str, path: Path, number: int) -> dict:
     if not isinstance(record, dict) or not ({"prompt", "prompt_token_ids"} & record.keys()):
         raise ValueError(f"bench.prompts_file: {path}:{number} needs a 'prompt' or 'prompt_token_ids' key")
     return record
+
+
+NANOVLLM_SEED = 0
+NANOVLLM_NUM_SEQS = 256
+NANOVLLM_MAX_INPUT_LEN = 1024
+NANOVLLM_MAX_OUTPUT_LEN = 1024
+NANOVLLM_TEMPERATURE = 0.6
+
+
+def nanovllm_instance() -> list[BenchRequest]:
+    """nano-vllm's bench.py requests, draw for draw: Python's ``random`` seeded with 0, then
+    256 prompts (each a length ``randint(100, 1024)`` drawn first, then that many token ids
+    ``randint(0, 10000)``), then 256 ``max_tokens`` of ``randint(100, 1024)``; temperature
+    0.6, EOS ignored. A private generator: the global ``random`` state is left alone."""
+    rng = random.Random(NANOVLLM_SEED)
+    prompts = [
+        [rng.randint(0, 10000) for _ in range(rng.randint(100, NANOVLLM_MAX_INPUT_LEN))]
+        for _ in range(NANOVLLM_NUM_SEQS)
+    ]
+    max_tokens = [rng.randint(100, NANOVLLM_MAX_OUTPUT_LEN) for _ in range(NANOVLLM_NUM_SEQS)]
+    return [BenchRequest(p, m, temperature=NANOVLLM_TEMPERATURE) for p, m in zip(prompts, max_tokens)]
+
+
+def write_jsonl(requests: list[BenchRequest], path: Path) -> None:
+    """One line per request: prompt_token_ids, max_tokens, temperature (when set), ignore_eos."""
+    lines = []
+    for r in requests:
+        record: dict[str, Any] = {"prompt_token_ids": r.prompt_token_ids, "max_tokens": r.max_tokens}
+        if r.temperature is not None:
+            record["temperature"] = r.temperature
+        record["ignore_eos"] = r.ignore_eos
+        lines.append(json.dumps(record, separators=(",", ":")))
+    Path(path).write_text("\n".join(lines) + "\n")
 
 
 def check_fits(requests: list[BenchRequest], max_model_len: int) -> None:
@@ -201,3 +255,16 @@ def image_requests(cfg: VllmConfig) -> list[BenchRequest]:
         requests.append(BenchRequest(ids, m, images))
     check_fits(requests, cfg.max_model_len)  # before expansion: the engine refuses what still does not fit
     return requests
+
+
+INSTANCES = {"nanovllm": nanovllm_instance}
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3 or sys.argv[1] not in INSTANCES:
+        sys.exit(f"usage: python -m minivllm.bench.workloads {{{','.join(INSTANCES)}}} PATH.jsonl")
+    instance = INSTANCES[sys.argv[1]]()
+    write_jsonl(instance, Path(sys.argv[2]))
+    print(
+        f"{sys.argv[2]}: {len(instance)} requests, {sum(len(r.prompt_token_ids) for r in instance)} prompt tokens, "
+        f"{sum(r.max_tokens for r in instance)} output tokens"
+    )

@@ -84,7 +84,7 @@ class BenchConfig:
     arrival: str = "poisson"
     """serving: poisson (exponential gaps at request_rate) or uniform (evenly spaced at request_rate)."""
     prompts_file: Optional[str] = None
-    """jsonl: lines of {"prompt": str} or {"prompt_token_ids": [...]}, with an optional "max_tokens"."""
+    """jsonl: lines of {"prompt": str} or {"prompt_token_ids": [...]}, optionally "max_tokens", "temperature", "ignore_eos"."""
     image_size: int = 112
     """images: side in pixels of each request's random square image (the model's processor resizes it)."""
     images_per_request: int = 1

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import random
 
 import pytest
 
-from minivllm.bench.workloads import build_workload
+from minivllm.bench.run import _params
+from minivllm.bench.workloads import BenchRequest, build_workload, nanovllm_instance, write_jsonl
 from minivllm.config.task import BenchConfig
 
 
@@ -75,3 +77,61 @@ def test_workload_longer_than_max_model_len_fails_before_work():
 def test_bad_bench_config_names_the_key(kwargs, message):
     with pytest.raises(ValueError, match=message):
         BenchConfig(**kwargs)
+
+
+def _nanovllm_bench_py_instance() -> tuple[list[list[int]], list[int]]:
+    """nano-vllm's bench.py, as it draws: the global ``random`` seeded with 0, the prompts (each
+    length drawn before its ids), then the max_tokens. The global state is restored after."""
+    state = random.getstate()
+    try:
+        random.seed(0)
+        prompts = [[random.randint(0, 10000) for _ in range(random.randint(100, 1024))] for _ in range(256)]
+        max_tokens = [random.randint(100, 1024) for _ in range(256)]
+    finally:
+        random.setstate(state)
+    return prompts, max_tokens
+
+
+def test_nanovllm_instance_is_bench_py_draw_for_draw():
+    prompts, max_tokens = _nanovllm_bench_py_instance()
+    state = random.getstate()
+    instance = nanovllm_instance()
+    assert random.getstate() == state  # its own generator: the caller's random state is untouched
+    assert [r.prompt_token_ids for r in instance] == prompts
+    assert [r.max_tokens for r in instance] == max_tokens
+    assert {(r.temperature, r.ignore_eos) for r in instance} == {(0.6, True)}
+
+
+def test_nanovllm_instance_replays_through_jsonl(tmp_path):
+    path = tmp_path / "nanovllm.jsonl"
+    write_jsonl(nanovllm_instance(), path)
+    prompts, max_tokens = _nanovllm_bench_py_instance()
+    # the lengths the file holds would be drawn differently: every line must carry its own
+    cfg = BenchConfig(workload="jsonl", prompts_file=str(path), num_prompts=256, min_output_len=1, max_output_len=1)
+    reqs = build_workload(cfg, vocab_size=151936, max_model_len=4096)
+    assert [r.prompt_token_ids for r in reqs] == prompts
+    assert [r.max_tokens for r in reqs] == max_tokens
+    params = [_params(r, temperature=0.0) for r in reqs]
+    assert {(p.temperature, p.ignore_eos) for p in params} == {(0.6, True)}
+
+
+def test_jsonl_lines_set_temperature_and_ignore_eos(tmp_path):
+    path = tmp_path / "p.jsonl"
+    lines = [
+        {"prompt_token_ids": [1], "max_tokens": 3, "temperature": 0.5, "ignore_eos": False},
+        {"prompt_token_ids": [2], "max_tokens": 3},
+    ]
+    path.write_text("\n".join(json.dumps(x) for x in lines))
+    reqs = build_workload(BenchConfig(workload="jsonl", prompts_file=str(path)), 100, 64)
+    assert [(r.temperature, r.ignore_eos) for r in reqs] == [(0.5, False), (None, True)]
+    first, second = (_params(r, temperature=0.9) for r in reqs)
+    assert (first.temperature, first.ignore_eos, first.max_tokens) == (0.5, False, 3)
+    assert (second.temperature, second.ignore_eos) == (0.9, True)
+
+
+def test_write_jsonl_round_trips(tmp_path):
+    path = tmp_path / "r.jsonl"
+    reqs = [BenchRequest([5, 6], 2), BenchRequest([7], 4, temperature=1.0, ignore_eos=False)]
+    write_jsonl(reqs, path)
+    cfg = BenchConfig(workload="jsonl", prompts_file=str(path), min_output_len=9, max_output_len=9)
+    assert build_workload(cfg, 100, 64) == reqs

@@ -209,3 +209,122 @@ def test_a_missing_package_skips_its_tests_and_a_missing_project_module_still_fa
     assert "1 failed, 1 passed, 2 skipped" in out, out
     assert "needs surely_not_installed_pkg, which is not installed" in out
     assert "E       ModuleNotFoundError: No module named 'minivllm.surely_not_a_module'" in out
+
+
+def test_core_runs_its_stages_in_the_issue_order_within_one_call(tmp_path):
+    """--core: environment, nano-vllm's instance (defaults, sync), nano-vllm itself, the profile, the
+    microbenchmarks; limits that fit a ~570 s call. Every stage fails on purpose here: only the plan."""
+    proc = _session(tmp_path, "--core", GPU_SESSION_FAIL_STAGES="a n1 n2 p m")
+    assert proc.returncode == 0, proc.stderr
+    stages = json.loads((tmp_path / "out" / "summary.json").read_text())["stages"]
+    assert [s["stage"] for s in stages] == ["a", "n1", "n2", "p", "m"]
+    limits = [int(line.split("limit ")[1].split("s,")[0]) for line in proc.stdout.splitlines() if "limit " in line]
+    assert len(limits) == 5 and sum(limits) <= 545
+    proc = _session(tmp_path, "--correctness", GPU_SESSION_FAIL_STAGES="b c")
+    assert [s["stage"] for s in json.loads((tmp_path / "out" / "summary.json").read_text())["stages"]] == ["b", "c"]
+
+
+def test_core_bench_stages_run_on_the_cpu(tmp_path):
+    """n1 replays an instance file through bench.workload=jsonl with the defaults and with sync
+    scheduling (the CPU try: a toy instance the shrunken model can take), each with its floor;
+    n2 says it needs CUDA."""
+    proc = _session(tmp_path, "--stages", "n1,n2")
+    assert proc.returncode == 0, proc.stderr
+    stages = {s["stage"]: s for s in json.loads((tmp_path / "out" / "summary.json").read_text())["stages"]}
+    assert (stages["n1"]["status"], stages["n2"]["status"]) == ("ok", "ok"), proc.stdout
+    runs = {r["run"]: r for r in stages["n1"]["metrics"]["runs"]}
+    assert set(runs) == {"graphs", "sync"}
+    for r in runs.values():
+        assert r["status"] == "ok" and r["num_requests"] == 4
+        assert "bench.workload=jsonl" in r["overrides"]
+        assert r["floor_output_tokens_per_s"] > 0 and r["gemm_tflop_s"] > 0
+        assert r["prefill_measured_s"] > 0 and r["decode_measured_s"] > 0
+    assert "scheduler.async_scheduling=false" in runs["sync"]["overrides"]
+    assert "needs CUDA" in stages["n2"]["key_numbers"]
+
+
+def _core_summaries(tmp_path: Path) -> list[Path]:
+    run = dict(
+        status="ok",
+        output_tokens_per_s=20000.0,
+        roofline_percent=55.9,
+        floor_output_tokens_per_s=35800.0,
+        copy_bandwidth_gb_s=4250.0,
+        gemm_tflop_s=780.0,
+        roofline_floor_s=3.74,
+        prefill_floor_s=0.18,
+        prefill_measured_s=0.9,
+        decode_measured_s=5.8,
+        single_decode_tokens_per_s=820.0,
+    )
+    n1 = {
+        "runs": [
+            dict(run, run="graphs", overrides=["bench.workload=jsonl", "bench.prompts_file=/x/nanovllm.jsonl"]),
+            dict(run, run="sync", output_tokens_per_s=18000.0, overrides=["scheduler.async_scheduling=false"]),
+        ]
+    }
+    n2 = {"peer_status": "ok", "output_tokens_per_s": 16000.0, "total_tokens": 133966, "instance_match": True}
+    a = {
+        "gpu": {"gpu": "NVIDIA H200, 143771 MiB"},
+        "versions": {"torch": "2.11", "triton": "3.6"},
+        "device_rates": {"device": "cuda", "copy_bandwidth_gb_s": 4250.0, "gemm_tflop_s": 780.0},
+    }
+    core, correctness = tmp_path / "core.json", tmp_path / "correctness.json"
+    core.write_text(json.dumps({"stages": [{"stage": s, "metrics": m} for s, m in (("a", a), ("n1", n1), ("n2", n2))]}))
+    b = {"passed": 120, "failed": 0, "skipped": 3}
+    correctness.write_text(
+        json.dumps({"stages": [{"stage": "b", "metrics": b}, {"stage": "c", "metrics": {"same_text": True}}]})
+    )
+    return [core, correctness]
+
+
+def test_results_section_holds_the_floor_the_peer_and_the_ratio(tmp_path):
+    stages = load_stages(_core_summaries(tmp_path))
+    text = render(stages, "2026-11-28")
+    assert text.startswith("## GPU session: NVIDIA H200, 143771 MiB, 2026-11-28")
+    rows = [line for line in text.splitlines() if line.startswith("| minivllm") or line.startswith("| nano-vllm")]
+    assert rows[0] == (
+        "| minivllm `(defaults: CUDA graphs, async scheduling)` | 20000 | 55.9 | 35800 (4250, 780) | 0.90 (0.18) "
+        "| 5.80 (3.56) | 820 |"
+    )
+    assert rows[1].startswith("| minivllm `scheduler.async_scheduling=false` | 18000 |")
+    assert rows[2].startswith("| nano-vllm bench.py (?; instance match True) | 16000 |")
+    assert "minivllm ÷ nano-vllm on the same GPU and instance: 1.25x (graphs), 1.12x (sync)." in text
+    assert "`pytest -m gpu`: 120 passed, 0 failed (errors included), 3 skipped." in text
+    assert "same text yes" in text
+    assert "Idle device: copy 4250 GB/s (1 GiB, CUDA events, read + write), bf16 GEMM 780.0 TFLOP/s." in text
+
+
+def test_results_update_replaces_summary_rows_of_the_same_kind_and_appends_the_section(tmp_path):
+    results = tmp_path / "RESULTS.md"
+    results.write_text(
+        "# Benchmark results\n\n## Summary\n\n| what | machine, date | result | section |\n| --- | --- | --- | --- |\n"
+        "| nano-vllm's exact instance, output tok/s (defaults: graphs, async) | H200, 2026-11-26 | 1 | old |\n"
+        "| prefix caching | CPU | 3.3x | Prefix caching |\n\n## Older section\n\ntext\n"
+    )
+    from tools.gpu_session import results_md
+
+    assert (
+        results_md.main([*map(str, _core_summaries(tmp_path)), "--date", "2026-11-28", "--results", str(results)]) == 0
+    )
+    lines = results.read_text().splitlines()
+    table = [line for line in lines if line.startswith("| ") and not line.startswith("| ---")][:4]
+    assert table[1].startswith(
+        "| nano-vllm's exact instance, output tok/s (defaults: graphs, async) | H200, 2026-11-28 | 20000"
+    )
+    assert table[2].startswith("| against nano-vllm on the same GPU and instance | H200, 2026-11-28 | 1.25x")
+    assert table[3] == "| prefix caching | CPU | 3.3x | Prefix caching |"
+    assert "| 1 | old |" not in results.read_text()
+    assert lines.index("## Older section") < lines.index("## GPU session: NVIDIA H200, 143771 MiB, 2026-11-28")
+
+
+def test_attention_benchmark_times_a_batch_of_mixed_contexts(tmp_path):
+    """--mixed: one decode batch whose requests' contexts differ (as a serving batch's do), checked
+    against SDPA on its first requests."""
+    out = tmp_path / "attention.json"
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "attention.py"), "--cpu-smoke", "--mixed", "3", "5", "40"]
+    proc = subprocess.run([*cmd, "--json", str(out)], capture_output=True, text=True, timeout=240, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    mixed = [r for r in json.loads(out.read_text())["rows"] if "mixed" in r["case"]]
+    assert len(mixed) == 1 and mixed[0]["num_reqs"] == 3 and 5 <= mixed[0]["context_len"] <= 40
+    assert mixed[0]["max |diff|"] < 0.05 and mixed[0]["KV GB/s"] > 0

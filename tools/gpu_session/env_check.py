@@ -6,8 +6,9 @@ Checks, each a line of the log and a key of OUT_DIR/metrics.json: the GPU
 (nvidia-smi and torch), the versions of torch, triton and transformers, what
 Triton's launcher needs to build (a C compiler and Python.h), a tiny Triton
 kernel run on the GPU (the launcher built for real), the ``minivllm/conf`` link
-and the config tree it holds, free disk, and which optional packages are installed
-(tests needing a missing one are skipped). Exits 1 when a check the later stages
+and the config tree it holds, free disk, which optional packages are installed
+(tests needing a missing one are skipped), and the idle device's copy bandwidth
+(1 GiB, CUDA events, read + write) and bf16 GEMM rate, the two rates of the bench's floor. Exits 1 when a check the later stages
 need fails; with ``--cpu-try`` the GPU checks are skipped and reported so.
 """
 
@@ -67,6 +68,23 @@ def gpu_info(cpu_try: bool) -> dict[str, Any]:
     if cpu_try and not out["cuda_available"]:
         out["skipped"] = "CPU try: no CUDA device expected"
     return out
+
+
+def device_rates(cpu_try: bool) -> dict[str, Any]:
+    """Copy bandwidth and GEMM rate as ``minivllm.bench.timing`` measures them for the floor
+    (the CPU try: small sizes on the CPU)."""
+    import torch
+
+    from minivllm.bench.timing import measure_copy_bandwidth, measure_gemm_rate
+
+    cuda = torch.cuda.is_available() and not cpu_try
+    device = torch.device("cuda" if cuda else "cpu")
+    try:
+        copy = measure_copy_bandwidth(device, None if cuda else 16 << 20)
+        gemm = measure_gemm_rate(device, torch.bfloat16 if cuda else torch.float32, None if cuda else 128)
+    except Exception as e:  # a broken device shows in the other checks; this records why
+        return {"error": f"{type(e).__name__}: {e}"[:300]}
+    return {"device": str(device), "copy_bandwidth_gb_s": copy / 1e9, "gemm_tflop_s": gemm / 1e12}
 
 
 def versions() -> dict[str, str | None]:
@@ -163,6 +181,7 @@ def main(argv: list[str] | None = None) -> int:
         "versions": versions(),
         "free_disk_gib": disk.free / 2**30,
         "optional_packages": optional_packages(),
+        "device_rates": device_rates(args.cpu_try),
         "failed_checks": [name for name, c in checks.items() if not c["ok"]],
     }
     for name, value in metrics.items():

@@ -1,6 +1,12 @@
 """A benchmarks/RESULTS.md section drafted from the summary.json files of GPU session runs.
 
     python3 -m tools.gpu_session.results_md OUT1/summary.json [OUT2/summary.json ...] [--date 2026-11-24]
+        [--results benchmarks/RESULTS.md]    # append the section and update the summary table there
+
+The --core call's stages (n1: nano-vllm's exact instance with the defaults and with sync
+scheduling, each against its corrected floor; n2: nano-vllm itself on the same GPU; p: the
+decode profile at batch 256 and 32; m: sampler, attention, MoE and quantized GEMMs) come
+first, then the --correctness call's (b, c) and the older stages.
 
 Stages found in later files replace those of earlier ones, except the bench
 stages (d1-d3, d7), whose runs are merged by name (a later run of the same name
@@ -30,7 +36,7 @@ CONFIGS = {
 }
 
 
-MERGED = ("d1", "d2", "d3", "d7")
+MERGED = ("d1", "d2", "d3", "d7", "n1")
 """Stages whose runs merge by name across summaries (their other keys: the later file's, else the earlier's)."""
 MM_BENCH = "python3 -m minivllm task=bench bench=multimodal load.format=dummy model.path=DIR"
 MM_BASE = {"task", "bench", "load.format", "bench.progress", "hydra.run.dir", "model.path"}
@@ -239,6 +245,111 @@ def _against_bf16(row: dict[str, Any], key: str) -> str:
     return f"{_f(row.get(key), '.4f')} ({_f(ratio, '.2f')}x)"
 
 
+EXACT = (
+    "python3 -m minivllm task=bench bench=nanovllm model=qwen3-0.6b load.format=dummy bench.workload=jsonl "
+    "bench.prompts_file=nanovllm.jsonl"
+)
+"""n1's command: nano-vllm's exact instance (python3 -m minivllm.bench.workloads nanovllm nanovllm.jsonl)."""
+EXACT_BASE = BASE_OVERRIDES | {"bench.workload", "bench.prompts_file"}
+
+
+def ratio_to_peer(stages: dict[str, dict[str, Any]], run: str = "graphs") -> float | None:
+    """minivllm's output tok/s on the instance (``run`` of n1) over nano-vllm's (n2), same GPU, same call."""
+    ours = next((r for r in stages.get("n1", {}).get("runs", []) if r["run"] == run and r.get("status") == "ok"), None)
+    peer = stages.get("n2", {})
+    if ours is None or not peer.get("output_tokens_per_s"):
+        return None
+    return ours["output_tokens_per_s"] / peer["output_tokens_per_s"]
+
+
+def _core_table(stages: dict[str, dict[str, Any]]) -> list[str]:
+    """n1's runs against the corrected floor, nano-vllm's run (n2) and the ratio."""
+    lines = [
+        f"nano-vllm's exact request instance (its bench.py: 256 requests, `random.seed(0)`): `{EXACT}` plus the "
+        "overrides shown; nano-vllm itself by `python3 -m tools.nanovllm_peer` (its bench.py, unmodified, flash-attn "
+        "served by minivllm's paged-attention kernel) on the same GPU in the same call.",
+        "",
+        "| engine, configuration | output tok/s | % of the corrected floor | floor tok/s (copy GB/s, GEMM TFLOP/s) "
+        "| prefill s (floor s) | decode s (floor s) | single-request decode tok/s |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in stages.get("n1", {}).get("runs", []):
+        label = f"minivllm `{_added(r.get('overrides', []), EXACT_BASE) or CONFIGS['graphs']}`"
+        if r.get("status") != "ok":
+            lines.append(f"| {label} | {r.get('status')} | | | | | |")
+            continue
+        floor = (
+            f"{_f(r.get('floor_output_tokens_per_s'))} ({_f(r.get('copy_bandwidth_gb_s'))}, "
+            f"{_f(r.get('gemm_tflop_s'))})"
+        )
+        decode_floor = (
+            None
+            if r.get("roofline_floor_s") is None or r.get("prefill_floor_s") is None
+            else r["roofline_floor_s"] - r["prefill_floor_s"]
+        )
+        lines.append(
+            f"| {label} | {_f(r['output_tokens_per_s'])} | {_f(r['roofline_percent'], '.1f')} | {floor} | "
+            f"{_f(r.get('prefill_measured_s'), '.2f')} ({_f(r.get('prefill_floor_s'), '.2f')}) | "
+            f"{_f(r.get('decode_measured_s'), '.2f')} ({_f(decode_floor, '.2f')}) | "
+            f"{_f(r.get('single_decode_tokens_per_s'))} |"
+        )
+    peer = stages.get("n2")
+    if peer:
+        rate = _f(peer.get("output_tokens_per_s")) if peer.get("output_tokens_per_s") else peer.get("peer_status")
+        lines.append(
+            f"| nano-vllm bench.py ({str(peer.get('commit') or '?')[:7]}; instance match "
+            f"{peer.get('instance_match')}) | {rate} | | | | | |"
+        )
+    ratios = [(run, ratio_to_peer(stages, run)) for run in ("graphs", "sync")]
+    known = [f"{_f(x, '.2f')}x ({run})" for run, x in ratios if x is not None]
+    if known:
+        lines += ["", f"minivllm ÷ nano-vllm on the same GPU and instance: {', '.join(known)}."]
+    return lines
+
+
+def summary_rows(stages: dict[str, dict[str, Any]], machine: str, date: str) -> list[str]:
+    """Rows of RESULTS.md's summary table from the core call (n1, n2)."""
+    rows = []
+    runs = {r["run"]: r for r in stages.get("n1", {}).get("runs", []) if r.get("status") == "ok"}
+    if "graphs" in runs:
+        r = runs["graphs"]
+        text = (
+            f"{_f(r['output_tokens_per_s'])} ({_f(r['roofline_percent'], '.1f')}% of the corrected floor, "
+            f"{_f(r.get('floor_output_tokens_per_s'))} tok/s)"
+        )
+        if "sync" in runs:
+            text += f"; {_f(runs['sync']['output_tokens_per_s'])} with sync scheduling"
+        rows.append(
+            f"| nano-vllm's exact instance, output tok/s (defaults: graphs, async) | {machine}, {date} | {text} "
+            "| GPU session |"
+        )
+    ratio = ratio_to_peer(stages)
+    if ratio is not None:
+        peer = stages["n2"]["output_tokens_per_s"]
+        rows.append(
+            f"| against nano-vllm on the same GPU and instance | {machine}, {date} | {ratio:.2f}x "
+            f"({_f(runs['graphs']['output_tokens_per_s'])} against {_f(peer)} tok/s) | GPU session |"
+        )
+    return rows
+
+
+def update_results(path: Path, section: str, rows: list[str]) -> str:
+    """RESULTS.md with ``section`` appended and the summary table's rows of the same kind replaced
+    (a row whose first cell matches a new row's), new kinds added at the table's top."""
+    text = path.read_text()
+    lines = text.splitlines()
+    kinds = {row.split("|")[1].strip(): row for row in rows}
+    header = next((i for i, line in enumerate(lines) if line.startswith("| what |")), None)
+    if header is not None:
+        body = header + 2  # past the separator
+        end = body
+        while end < len(lines) and lines[end].startswith("|"):
+            end += 1
+        kept = [line for line in lines[body:end] if line.split("|")[1].strip() not in kinds]
+        lines[body:end] = rows + kept
+    return "\n".join(lines).rstrip("\n") + "\n\n" + section
+
+
 def render(stages: dict[str, dict[str, Any]], date: str) -> str:
     gpu = (stages.get("a", {}).get("gpu") or {}).get("gpu") or stages.get("d5", {}).get("device")
     versions = stages.get("a", {}).get("versions") or {}
@@ -247,10 +358,29 @@ def render(stages: dict[str, dict[str, Any]], date: str) -> str:
         "",
         f"`bash tools/gpu_session.sh` (docs/gpu.md); torch {versions.get('torch')}, "
         f"triton {versions.get('triton')}, transformers {versions.get('transformers')}. "
-        f"Throughput: `{BENCH}` plus the overrides in the first column.",
+        + _rates(stages.get("a", {})).rstrip(),
         "",
     ]
-    out += _bench_table(stages)
+    if "n1" in stages or "n2" in stages:
+        out += _core_table(stages) + [""]
+    if "p" in stages:
+        out += ["Decode profile (`benchmarks/profile_decode.py`, graphs and compile on):", ""]
+        out += _profile_table(stages["p"])
+        if stages["p"].get("batch32"):
+            out += [""] + _profile_table(stages["p"]["batch32"])
+        out += [""]
+    if "m" in stages:
+        if stages["m"].get("attention"):
+            out += ["Paged attention at the workload's context lengths (`benchmarks/attention.py`):", ""]
+            out += _attention_table(stages["m"]["attention"]) + [""]
+        out += _kernel_tables(stages["m"])
+        if stages["m"].get("sampler"):
+            out += ["", "Sampler (`benchmarks/sampler.py`):", "", "```", stages["m"]["sampler"].rstrip(), "```"]
+        out += [""]
+    if any(k in stages for k in ("b", "c")):
+        out += _correctness(stages) + [""]
+    if any(k in stages for k in ("d1", "d2", "d3")):
+        out += [f"Throughput: `{BENCH}` plus the overrides in the first column.", ""] + _bench_table(stages)
     if "d4" in stages:
         out += ["", "Paged attention (`benchmarks/attention.py`):", ""] + _attention_table(stages["d4"])
     if "d5" in stages:
@@ -262,12 +392,50 @@ def render(stages: dict[str, dict[str, Any]], date: str) -> str:
     return "\n".join(out) + "\n"
 
 
+def _rates(env: dict[str, Any]) -> str:
+    rates = env.get("device_rates") or {}
+    if rates.get("copy_bandwidth_gb_s") is None:
+        return ""
+    how, dtype = ("1 GiB, CUDA events", "bf16") if rates.get("device") != "cpu" else ("CPU, wall clock", "fp32")
+    return (
+        f"Idle device: copy {_f(rates['copy_bandwidth_gb_s'])} GB/s ({how}, read + write), {dtype} GEMM "
+        f"{_f(rates.get('gemm_tflop_s'), '.1f')} TFLOP/s. "
+    )
+
+
+def _correctness(stages: dict[str, dict[str, Any]]) -> list[str]:
+    out = []
+    b = stages.get("b")
+    if b:
+        out.append(
+            f"`pytest -m gpu`: {b.get('passed')} passed, {b.get('failed')} failed (errors included), "
+            f"{b.get('skipped')} skipped."
+        )
+    c = stages.get("c")
+    if c:
+        out.append(f"Demo model, CUDA graphs against eager: same text {'yes' if c.get('same_text') else 'NO'}.")
+    return out
+
+
+def _machine(stages: dict[str, dict[str, Any]]) -> str:
+    gpu = (stages.get("a", {}).get("gpu") or {}).get("gpu") or "GPU"
+    return str(gpu).replace("NVIDIA ", "").split(",")[0].strip()
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("summaries", nargs="+", type=Path)
     p.add_argument("--date", default=datetime.date.today().isoformat())
+    p.add_argument("--results", type=Path, help="append the section to this RESULTS.md and update its summary table")
     args = p.parse_args(argv)
-    print(render(load_stages(args.summaries), args.date), end="")
+    stages = load_stages(args.summaries)
+    section = render(stages, args.date)
+    if args.results:
+        rows = summary_rows(stages, _machine(stages), args.date)
+        args.results.write_text(update_results(args.results, section, rows))
+        print(f"{args.results}: section appended, {len(rows)} summary rows updated")
+    else:
+        print(section, end="")
     return 0
 
 

@@ -114,6 +114,13 @@ def bench_row(run: Path) -> dict[str, Any]:
         "roofline_percent": None if pct is None else 100 * pct,
         "decode_roofline_percent": None if decode_pct is None else 100 * decode_pct,
         "roofline_floor_s": roof.get("floor_s"),
+        "floor_output_tokens_per_s": roof.get("floor_output_tokens_per_s"),
+        "decode_floor_s": roof.get("decode_floor_s"),
+        "prefill_floor_s": roof.get("prefill_floor_s"),
+        "prefill_compute_floor_s": roof.get("prefill_compute_floor_s"),
+        "prefill_measured_s": roof.get("prefill_measured_s"),
+        "decode_measured_s": roof.get("decode_measured_s"),
+        "gemm_tflop_s": roof.get("gemm_tflop_s"),
         "copy_bandwidth_gb_s": roof.get("copy_bandwidth_gb_s"),
         "total_time_s": m.get("total_time_s"),
         "num_preemptions": m.get("num_preemptions"),
@@ -185,9 +192,30 @@ def kernel_metrics(stage: Path, files: list[str]) -> dict[str, Any]:
     return out
 
 
+def peer_metrics(stage: Path) -> dict[str, Any]:
+    """tools/nanovllm_peer.py's record (peer.json)."""
+    m = _read(stage / "peer.json")
+    status = m.pop("status", "no peer.json")
+    return {**m, "peer_status": status, "ok": status == "ok" or status.startswith("skipped")}
+
+
+def profile_metrics(stage: Path) -> dict[str, Any]:
+    """The batch-256 profile (profile.json) with the batch-32 one (batch32.json) under ``batch32``."""
+    m, small = _read(stage / "profile.json"), _read(stage / "batch32.json")
+    return {**m, "batch32": small or None, "ok": bool(m) and bool(small)}
+
+
+def micro_metrics(stage: Path) -> dict[str, Any]:
+    """Fused MoE and quantized GEMMs (as the kernels stage) with the attention rows under ``attention``."""
+    m = kernel_metrics(stage, ["moe.json", "quant_gemm.json"])
+    attention = _read(stage / "attention.json")
+    sampler = (stage / "sampler.txt").read_text() if (stage / "sampler.txt").is_file() else ""
+    return {**m, "attention": attention or None, "sampler": sampler, "ok": m["ok"] and bool(attention)}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("kind", choices=("pytest", "demo", "bench", "kernels", "multimodal"))
+    p.add_argument("kind", choices=("pytest", "demo", "bench", "kernels", "multimodal", "peer", "profile", "micro"))
     p.add_argument("stage_dir", type=Path)
     p.add_argument(
         "runs",
@@ -206,6 +234,12 @@ def main(argv: list[str] | None = None) -> int:
         metrics = kernel_metrics(args.stage_dir, args.runs)
     elif args.kind == "multimodal":
         metrics = multimodal_metrics(args.stage_dir, args.runs)
+    elif args.kind == "peer":
+        metrics = peer_metrics(args.stage_dir)
+    elif args.kind == "profile":
+        metrics = profile_metrics(args.stage_dir)
+    elif args.kind == "micro":
+        metrics = micro_metrics(args.stage_dir)
     else:
         metrics = bench_metrics(args.stage_dir, args.runs)
     (args.stage_dir / "metrics.json").write_text(json.dumps(metrics, indent=2))

@@ -31,6 +31,10 @@ STAGES = {
     "d5": "decode profile",
     "d6": "fused MoE, int4 and fp8 GEMMs",
     "d7": "multimodal: LLaVA, Qwen2-VL shapes",
+    "n1": "nano-vllm instance: defaults, sync",
+    "n2": "nano-vllm itself, same instance",
+    "p": "decode profile: batch 256, 32",
+    "m": "sampler, attention, MoE, int4/fp8",
 }
 
 
@@ -68,8 +72,10 @@ def _env(m: dict[str, Any]) -> str:
     v = m.get("versions") or {}
     name = gpu.get("gpu") or gpu.get("skipped") or "no GPU"
     failed = ", ".join(m.get("failed_checks") or []) or "none"
+    rates = m.get("device_rates") or {}
     return (
         f"{name}; torch {v.get('torch')}, triton {v.get('triton')}, transformers {v.get('transformers')}; "
+        f"copy {_num(rates.get('copy_bandwidth_gb_s'))} GB/s, GEMM {_num(rates.get('gemm_tflop_s'), '.1f')} TFLOP/s; "
         f"failed checks: {failed}"
     )
 
@@ -148,6 +154,42 @@ def _multimodal(m: dict[str, Any]) -> str:
     return "; ".join(parts)
 
 
+def _exact(m: dict[str, Any]) -> str:
+    """Each run's tok/s, % of the corrected floor and its prefill/decode seconds."""
+    parts = []
+    for r in m.get("runs") or []:
+        if r.get("status") != "ok":
+            parts.append(f"{r['run']}: {r.get('status')}")
+            continue
+        parts.append(
+            f"{r['run']}: {_num(r['output_tokens_per_s'])} tok/s = {_num(r['roofline_percent'], '.1f')}% of floor "
+            f"{_num(r.get('floor_output_tokens_per_s'))} tok/s (prefill {_num(r.get('prefill_measured_s'), '.2f')} s, "
+            f"decode {_num(r.get('decode_measured_s'), '.2f')} s)"
+        )
+    return "; ".join(parts)
+
+
+def _peer(m: dict[str, Any]) -> str:
+    if m.get("output_tokens_per_s") is None:
+        return f"nano-vllm: {m.get('peer_status')}"
+    text = f"nano-vllm {_num(m.get('output_tokens_per_s'))} tok/s ({m.get('total_tokens')} tokens"
+    return text + f", instance match {m.get('instance_match')})"
+
+
+def _core_profile(m: dict[str, Any]) -> str:
+    parts = [_profile(m)]
+    if m.get("batch32"):
+        parts.append(_profile(m["batch32"]))
+    return " | ".join(parts)
+
+
+def _micro(m: dict[str, Any]) -> str:
+    parts = [_kernels(m)]
+    if m.get("attention"):
+        parts.append(_attention(m["attention"]))
+    return "; ".join(p for p in parts if p)
+
+
 KEY_NUMBERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "a": _env,
     "b": _pytest,
@@ -159,6 +201,10 @@ KEY_NUMBERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "d5": _profile,
     "d6": _kernels,
     "d7": _multimodal,
+    "n1": _exact,
+    "n2": _peer,
+    "p": _core_profile,
+    "m": _micro,
 }
 
 
