@@ -5,7 +5,8 @@ not the math, bound it. Capturing the model's forward once per batch size and
 replaying the graph removes that overhead.
 
 Graphs are captured for ``compilation.cudagraph_capture_sizes`` (capped at
-``scheduler.max_num_seqs``) after the KV cache is allocated, largest first, all
+``scheduler.max_num_seqs``; by default 1, 2, 4 and every multiple of 8, see
+``config.device.capture_sizes``) after the KV cache is allocated, largest first, all
 sharing one memory pool. A decode step of ``B`` requests replays the smallest
 captured size ``N >= B``; rows ``B .. N-1`` are padding::
 
@@ -21,6 +22,7 @@ backend is captured: the torch backend builds its gather indices on the host.
 from __future__ import annotations
 
 import bisect
+import time
 
 import torch
 from torch import nn
@@ -44,6 +46,10 @@ class CUDAGraphRunner:
         self.block_tables = torch.zeros(n, max_blocks_per_seq, dtype=torch.int32, device=device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
+        self.capture_s = 0.0
+        """Seconds ``capture`` took (start-up log, ``benchmarks/profile_decode.py``)."""
+        self.memory_bytes = 0
+        """Device memory the captured graphs hold (their pool and static outputs)."""
 
     def covers(self, meta: AttentionMetadata) -> bool:
         """A decode step fits a captured graph: a captured batch size and no sequence longer than
@@ -67,6 +73,11 @@ class CUDAGraphRunner:
 
     @torch.inference_mode()
     def capture(self) -> None:
+        """Capture every size, largest first, into one pool; records ``capture_s`` (wall seconds,
+        warm-ups included) and ``memory_bytes`` (device memory the capture kept allocated: the
+        graphs' pool and outputs)."""
+        torch.cuda.synchronize()
+        start, before = time.perf_counter(), torch.cuda.memory_allocated()
         pool = None
         for n in reversed(self.sizes):
             meta = self._meta(n)
@@ -77,6 +88,9 @@ class CUDAGraphRunner:
                 self.outputs[n] = self.model(self.input_ids[:n], self.positions[:n], meta)
             pool = graph.pool()
             self.graphs[n] = graph
+        torch.cuda.synchronize()
+        self.capture_s = time.perf_counter() - start
+        self.memory_bytes = torch.cuda.memory_allocated() - before
 
     def padded_size(self, num_reqs: int) -> int | None:
         """The captured size a decode step of ``num_reqs`` requests runs at; None above the largest."""

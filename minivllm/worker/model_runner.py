@@ -36,6 +36,7 @@ from torch import nn
 from minivllm.attention.backend import AttentionMetadata
 from minivllm.attention.kv_quant import FP8_KV_DTYPE
 from minivllm.attention.ops.checks import check_fp8_kv_capability
+from minivllm.config.device import capture_sizes
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.core.scheduler_output import NewRequestData, SchedulerOutput
 from minivllm.distributed.parallel_state import broadcast_from_first
@@ -196,12 +197,21 @@ class ModelRunner:
         """Capture decode steps after the KV cache exists (no-op where graphs are off)."""
         if not self.cuda_graphs_enabled:
             return
-        sizes = [s for s in self.cfg.compilation.cudagraph_capture_sizes if s <= self.cfg.scheduler.max_num_seqs]
+        sizes = capture_sizes(self.cfg.compilation.cudagraph_capture_sizes, self.cfg.scheduler.max_num_seqs)
         if not sizes:
             return
         max_len = min(self.cfg.max_model_len, self.cfg.compilation.max_seq_len_to_capture)
         self.cuda_graphs = CUDAGraphRunner(self.model, sizes, cdiv(max_len, self.block_size), max_len, self.device)
         self.cuda_graphs.capture()
+        graphs = self.cuda_graphs
+        logger.info(
+            "Captured %d CUDA graphs (batch sizes %d..%d) in %.2f s, %.1f MiB of graph memory",
+            len(graphs.sizes),
+            graphs.sizes[0],
+            graphs.sizes[-1],
+            graphs.capture_s,
+            graphs.memory_bytes / 2**20,
+        )
 
     def _forward(
         self,

@@ -3,11 +3,15 @@ on the CPU with a stand-in for graph replay, and graphs == eager on a GPU."""
 
 from __future__ import annotations
 
+import random
+
 import pytest
 import torch
 
 from minivllm import LLM, SamplingParams
 from minivllm.attention.backend import AttentionMetadata
+from minivllm.config import build_config
+from minivllm.config.device import CompilationConfig, capture_sizes
 from minivllm.worker.cuda_graphs import CUDAGraphRunner
 
 
@@ -28,6 +32,40 @@ def test_graphs_are_off_on_the_cpu_even_when_asked_for(llama_dir):
         assert not _runner(llm).cuda_graphs_enabled and _runner(llm).cuda_graphs is None
         out = llm.generate(["def f():"], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True), use_tqdm=False)
         assert len(out[0].outputs[0].token_ids) == 3
+
+
+def test_default_capture_sizes_are_1_2_4_then_every_multiple_of_8():
+    assert capture_sizes(None, 40) == [1, 2, 4, 8, 16, 24, 32, 40]
+    assert capture_sizes(None, 3) == [1, 2, 3]  # max_num_seqs itself, so every batch is covered
+    assert capture_sizes(None, 21) == [1, 2, 4, 8, 16, 21]
+    sizes = capture_sizes(None, 256)
+    assert len(sizes) == 35 and sizes[-1] == 256
+    assert all(b - a <= 8 for a, b in zip(sizes, sizes[1:]))
+
+
+def test_explicit_capture_sizes_win_and_are_validated(llama_dir):
+    assert capture_sizes([16, 1, 4, 1000], 64) == [1, 4, 16]  # sorted; past max_num_seqs dropped
+    cfg = build_config([f"model.path={llama_dir}", "compilation.cudagraph_capture_sizes=[1,3,5]"])
+    assert cfg.compilation.cudagraph_capture_sizes == [1, 3, 5]
+    assert build_config([f"model.path={llama_dir}"]).compilation.cudagraph_capture_sizes is None
+    with pytest.raises(ValueError, match=r"compilation\.cudagraph_capture_sizes"):
+        CompilationConfig(cudagraph_capture_sizes=[1, 0])
+
+
+def test_default_sizes_pad_nano_vllm_s_shrinking_batch_by_at_most_5_percent():
+    """nano-vllm's workload: 256 requests decoding together, output lengths uniform in
+    [100, 1024]; the batch shrinks by one as each finishes. Powers of two pad ~20%."""
+    rng = random.Random(0)
+    lengths = [rng.randint(100, 1024) for _ in range(256)]
+    trace = [sum(n > step for n in lengths) for step in range(max(lengths))]
+
+    def padded_fraction(sizes: list[int]) -> float:
+        graphs = CUDAGraphRunner(None, sizes, max_blocks_per_seq=1, max_model_len=16, device=torch.device("cpu"))
+        replayed = sum(graphs.padded_size(b) for b in trace)
+        return (replayed - sum(trace)) / replayed
+
+    assert padded_fraction(capture_sizes(None, 256)) <= 0.05
+    assert padded_fraction([1, 2, 4, 8, 16, 32, 64, 128, 256]) > 0.15  # the check can fail
 
 
 class _RecordingModel(torch.nn.Module):
@@ -101,6 +139,28 @@ def test_graph_outputs_equal_eager_outputs(llama_dir, batch):
             max_num_seqs=16,
         )
         assert (_runner(llm).cuda_graphs is None) == eager
+        outs[eager] = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+        llm.shutdown()
+    assert outs[True] == outs[False]
+
+
+@pytest.mark.gpu
+def test_graphs_at_the_default_sizes_equal_eager(llama_dir):
+    """Batches between the multiples of 8 (9..17 requests) pad to 16 and 24 rows of the default sizes."""
+    prompts = [f"def g{i}(y):" + " y" * (i % 5) for i in range(17)]
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    outs = {}
+    for eager in (True, False):
+        llm = LLM(
+            model=str(llama_dir),
+            dtype="bfloat16",
+            num_gpu_blocks_override=256,
+            enforce_eager=eager,
+            attention_backend="triton",
+            max_num_seqs=24,
+        )
+        if not eager:
+            assert _runner(llm).cuda_graphs.sizes == [1, 2, 4, 8, 16, 24]
         outs[eager] = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
         llm.shutdown()
     assert outs[True] == outs[False]
