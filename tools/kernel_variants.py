@@ -83,6 +83,7 @@ def model_shape() -> dict:
         dtype=getattr(torch, hf["torch_dtype"]),
         rms_norm_eps=hf["rms_norm_eps"],
         max_position=hf["max_position_embeddings"],
+        intermediate=hf["intermediate_size"],
     )
 
 
@@ -336,8 +337,9 @@ def attention_variants(arch: int) -> list[Variant]:
 
 
 def layer_op_variants() -> list[Variant]:
-    """RMSNorm (with and without the residual add) and rotary over Qwen3-0.6B's hidden size and heads."""
-    from minivllm.layers.ops import fused_rms_norm, rotary_inplace
+    """RMSNorm (with and without the residual add), rotary and SiLU-and-mul over Qwen3-0.6B's
+    hidden size, heads and intermediate size."""
+    from minivllm.layers.ops import fused_rms_norm, rotary_inplace, silu_and_mul
 
     m = model_shape()
     tokens, out = 256, []
@@ -372,6 +374,20 @@ def layer_op_variants() -> list[Variant]:
                 stride_xt=qkv.stride(0),
                 stride_xh=qkv.stride(1),
                 **rotary_inplace.launch_constexprs(m["head_dim"], True),
+            ),
+        )
+    )
+    gate_up, act = Tensor(m["dtype"], tokens, 2 * m["intermediate"]), Tensor(m["dtype"], tokens, m["intermediate"])
+    out.append(
+        Variant(
+            silu_and_mul._silu_and_mul_kernel,
+            f"intermediate {m['intermediate']}",
+            dict(
+                x_ptr=gate_up,
+                out_ptr=act,
+                stride_x=gate_up.stride(0),
+                stride_out=act.stride(0),
+                **silu_and_mul.launch_constexprs(m["intermediate"]),
             ),
         )
     )
