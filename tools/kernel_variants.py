@@ -609,7 +609,37 @@ def int4_variants(arch: int) -> list[Variant]:
     return [int4_launch_variant(shape, m, tiles) for shape, m, tiles in int4_configs(arch)]
 
 
+def graph_staging_variants() -> list[Variant]:
+    """The CUDA-graph input staging of a 256-request decode step into graphs captured up to 256 rows,
+    block tables as wide as the default ``compilation.max_seq_len_to_capture`` (8192) in 16-token blocks."""
+    from minivllm.config.device import CompilationConfig
+    from minivllm.worker import cuda_graphs
+
+    reqs, dst_width = 256, CompilationConfig().max_seq_len_to_capture // 16
+    wide, narrow = (Tensor(torch.int64, reqs), Tensor(torch.int32, reqs))
+    src_tables, dst_tables = Tensor(torch.int32, reqs, 64), Tensor(torch.int32, reqs, dst_width)
+    args = dict(
+        src_ids_ptr=wide,
+        src_pos_ptr=wide,
+        src_slots_ptr=wide,
+        src_lens_ptr=narrow,
+        src_tables_ptr=src_tables,
+        dst_ids_ptr=wide,
+        dst_pos_ptr=wide,
+        dst_slots_ptr=wide,
+        dst_lens_ptr=narrow,
+        dst_tables_ptr=dst_tables,
+        num_reqs=reqs - 3,
+        src_width=64,
+        stride_src_table=src_tables.stride(0),
+        stride_dst_table=dst_tables.stride(0),
+        **cuda_graphs.stage_launch_constexprs(dst_width),
+    )
+    return [Variant(cuda_graphs._stage_inputs_kernel, f"{reqs} rows, tables {dst_width} wide", args)]
+
+
 def all_variants(arch: int) -> list[Variant]:
     """Every kernel's launches on a GPU of ``arch`` (the wrappers' choices may depend on it)."""
     gemms = fused_moe_variants(arch) + int4_variants(arch)
-    return attention_variants(arch) + layer_op_variants() + gemms + lora_variants() + fp8_quant_variants()
+    small = layer_op_variants() + graph_staging_variants()
+    return attention_variants(arch) + small + gemms + lora_variants() + fp8_quant_variants()

@@ -15,8 +15,11 @@ captured size ``N >= B``; rows ``B .. N-1`` are padding::
     block_tables   0
 
 Every input lives in a static buffer the graph reads; ``run`` copies the step's
-values in, replays, and returns a view of the static output. Only the Triton
-backend is captured: the torch backend builds its gather indices on the host.
+values in, replays, and returns a view of the static output. On CUDA the copies
+and the padding are one launch (``_stage_inputs_kernel``, one program per
+captured row) instead of eight copy/fill kernels; the torch code in
+``_stage_torch`` is the reference and the CPU path. Only the Triton backend is
+captured: the torch backend builds its gather indices on the host.
 """
 
 from __future__ import annotations
@@ -25,9 +28,64 @@ import bisect
 import time
 
 import torch
+import triton
+import triton.language as tl
 from torch import nn
 
 from minivllm.attention.backend import AttentionMetadata
+from minivllm.attention.ops.checks import check_launchable, check_tensor, require
+
+MAX_BLOCK_W = 1024  # block-table entries one program writes per loop step
+
+
+@triton.jit
+def _stage_inputs_kernel(
+    src_ids_ptr,  # (B,) a decode step's inputs, one row per request
+    src_pos_ptr,  # (B,)
+    src_slots_ptr,  # (B,)
+    src_lens_ptr,  # (B,)
+    src_tables_ptr,  # (B, W)
+    dst_ids_ptr,  # (N,) the graph's static buffers, N >= B rows
+    dst_pos_ptr,  # (N,)
+    dst_slots_ptr,  # (N,)
+    dst_lens_ptr,  # (N,)
+    dst_tables_ptr,  # (N, DST_W)
+    num_reqs,
+    src_width,
+    stride_src_table,
+    stride_dst_table,
+    DST_W: tl.constexpr,
+    BLOCK_W: tl.constexpr,
+):
+    """One program per captured row: a request's values, or the padding (slot -1, length 1,
+    block table 0) for rows ``B .. N-1``; block-table entries past ``W`` are zeroed."""
+    row = tl.program_id(0)
+    live = row < num_reqs
+    src_row = tl.minimum(row, num_reqs - 1).to(tl.int64)  # padding rows read (and drop) the last request
+    ids = tl.load(src_ids_ptr + src_row)
+    pos = tl.load(src_pos_ptr + src_row)
+    slot = tl.load(src_slots_ptr + src_row)
+    seq_len = tl.load(src_lens_ptr + src_row)
+    tl.store(dst_ids_ptr + row, tl.where(live, ids, 0).to(dst_ids_ptr.dtype.element_ty))
+    tl.store(dst_pos_ptr + row, tl.where(live, pos, 0).to(dst_pos_ptr.dtype.element_ty))
+    tl.store(dst_slots_ptr + row, tl.where(live, slot, -1).to(dst_slots_ptr.dtype.element_ty))
+    tl.store(dst_lens_ptr + row, tl.where(live, seq_len, 1).to(dst_lens_ptr.dtype.element_ty))
+    row64 = row.to(tl.int64)
+    width = tl.where(live, src_width, 0)  # padding rows copy no entries
+    for start in range(0, DST_W, BLOCK_W):
+        cols = start + tl.arange(0, BLOCK_W)
+        entries = tl.load(src_tables_ptr + src_row * stride_src_table + cols, mask=cols < width, other=0)
+        tl.store(
+            dst_tables_ptr + row64 * stride_dst_table + cols,
+            entries.to(dst_tables_ptr.dtype.element_ty),
+            mask=cols < DST_W,
+        )
+
+
+def stage_launch_constexprs(dst_width: int) -> dict:
+    """The staging kernel's compile-time arguments for block tables ``dst_width`` entries wide
+    (also read by ``tools/kernel_report.py``)."""
+    return dict(DST_W=dst_width, BLOCK_W=min(MAX_BLOCK_W, triton.next_power_of_2(dst_width)))
 
 
 class CUDAGraphRunner:
@@ -46,6 +104,8 @@ class CUDAGraphRunner:
         self.block_tables = torch.zeros(n, max_blocks_per_seq, dtype=torch.int32, device=device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
+        self.fused_staging = device.type == "cuda"
+        """Stage a step's inputs with ``_stage_inputs_kernel`` (CUDA) instead of the torch copies."""
         self.capture_s = 0.0
         """Seconds ``capture`` took (start-up log, ``benchmarks/profile_decode.py``)."""
         self.memory_bytes = 0
@@ -100,7 +160,51 @@ class CUDAGraphRunner:
     def run(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """Replay for a decode-only step (``meta.max_query_len == 1``): (B, hidden) hidden states."""
         b, n = meta.num_reqs, self.padded_size(meta.num_reqs)
-        width = meta.block_tables.shape[1]
+        if self.fused_staging:
+            self._stage_fused(input_ids, positions, meta, n)
+        else:
+            self._stage_torch(input_ids, positions, meta, n)
+        self.graphs[n].replay()
+        return self.outputs[n][:b]
+
+    def _stage_fused(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, n: int) -> None:
+        """``_stage_torch`` in one launch. Checks shapes, dtypes and strides (never values: that
+        would synchronize)."""
+        device, b = self.input_ids.device, meta.num_reqs
+        check_launchable(device, _stage_inputs_kernel)
+        for name, t in (("input_ids", input_ids), ("positions", positions), ("slot_mapping", meta.slot_mapping)):
+            check_tensor(t, name, device, dims=1)
+            require(t.shape[0] == b and not t.is_floating_point(), f"{name} must be ({b},) integers, got {t.dtype}")
+        check_tensor(meta.seq_lens, "seq_lens", device, dims=1)
+        check_tensor(meta.block_tables, "block_tables", device, dims=2)
+        tables, dst_width = meta.block_tables, self.block_tables.shape[1]
+        require(
+            meta.seq_lens.shape[0] == b and tables.shape[0] == b and tables.shape[1] <= dst_width,
+            f"seq_lens ({b},) and block_tables ({b}, <= {dst_width}) expected, "
+            f"got {tuple(meta.seq_lens.shape)} and {tuple(tables.shape)}",
+        )
+        require(1 <= b <= n <= self.sizes[-1], f"{b} requests do not fit {n} captured rows")
+        _stage_inputs_kernel[(n,)](
+            input_ids,
+            positions,
+            meta.slot_mapping,
+            meta.seq_lens,
+            tables,
+            self.input_ids,
+            self.positions,
+            self.slot_mapping,
+            self.seq_lens,
+            self.block_tables,
+            b,
+            tables.shape[1],
+            tables.stride(0),
+            self.block_tables.stride(0),
+            **stage_launch_constexprs(dst_width),
+        )
+
+    def _stage_torch(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, n: int) -> None:
+        """The step's values into rows ``0 .. B-1`` of the static buffers, padding into ``B .. n-1``."""
+        b, width = meta.num_reqs, meta.block_tables.shape[1]
         self.input_ids[:b].copy_(input_ids, non_blocking=True)
         self.positions[:b].copy_(positions, non_blocking=True)
         self.slot_mapping[:b].copy_(meta.slot_mapping, non_blocking=True)
@@ -109,5 +213,3 @@ class CUDAGraphRunner:
         self.seq_lens[b:n].fill_(1)
         self.block_tables[:n].zero_()
         self.block_tables[:b, :width].copy_(meta.block_tables, non_blocking=True)
-        self.graphs[n].replay()
-        return self.outputs[n][:b]

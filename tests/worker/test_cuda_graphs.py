@@ -93,11 +93,16 @@ class _EagerReplay:
         g.outputs[n].copy_(g.model(g.input_ids[:n], g.positions[:n], g._meta(n)))
 
 
-def test_decode_steps_pad_to_the_next_captured_size():
+@pytest.mark.parametrize("fused", [False, True], ids=["torch-copies", "staging-kernel"])
+def test_decode_steps_pad_to_the_next_captured_size(fused):
+    """Both ways of staging a step's inputs (the Triton kernel CUDA uses, here in the
+    interpreter, and the torch copies) leave the same values in the rows the graph reads."""
     model = _RecordingModel()
     graphs = CUDAGraphRunner(
         model, sizes=[1, 2, 4, 8], max_blocks_per_seq=6, max_model_len=96, device=torch.device("cpu")
     )
+    assert not graphs.fused_staging  # the CPU default: torch copies
+    graphs.fused_staging = fused
     assert [graphs.padded_size(b) for b in (1, 2, 3, 4, 5, 8, 9)] == [1, 2, 4, 4, 8, 8, None]
     for n in graphs.sizes:
         graphs.outputs[n] = torch.zeros(n, 2)
@@ -120,6 +125,38 @@ def test_decode_steps_pad_to_the_next_captured_size():
     assert seen["seq_lens"].tolist() == [18, 9, 6, 1]
     assert seen["tables"].tolist() == [[3, 4, 0, 0, 0, 0], [2, 9, 0, 0, 0, 0], [1, 0, 0, 0, 0, 0], [0] * 6]
     assert seen["max_seq_len"] == 96  # fixed, so the kernel grid never changes between replays
+    one = AttentionMetadata(  # then a smaller step: the rows it no longer uses become padding again
+        slot_mapping=torch.tensor([9]),
+        query_start_loc=torch.tensor([0, 1], dtype=torch.int32),
+        seq_lens=torch.tensor([10], dtype=torch.int32),
+        block_tables=torch.tensor([[5]], dtype=torch.int32),
+        max_query_len=1,
+        max_seq_len=10,
+        query_lens_cpu=[1],
+        seq_lens_cpu=[10],
+    )
+    graphs.sizes.remove(1)  # pad 1 request to 2 rows
+    assert graphs.run(torch.tensor([4]), torch.tensor([9]), one).tolist() == [[4009, 10]]
+    assert model.seen["slots"].tolist() == [9, -1] and model.seen["seq_lens"].tolist() == [10, 1]
+    assert model.seen["tables"].tolist() == [[5, 0, 0, 0, 0, 0], [0] * 6]
+
+
+def test_staging_kernel_rejects_mismatched_inputs():
+    graphs = CUDAGraphRunner(None, [1, 2], max_blocks_per_seq=2, max_model_len=32, device=torch.device("cpu"))
+    meta = AttentionMetadata(
+        slot_mapping=torch.tensor([1, 2]),
+        query_start_loc=torch.tensor([0, 1, 2], dtype=torch.int32),
+        seq_lens=torch.tensor([3, 4], dtype=torch.int32),
+        block_tables=torch.zeros(2, 3, dtype=torch.int32),  # wider than the captured tables
+        max_query_len=1,
+        max_seq_len=4,
+        query_lens_cpu=[1, 1],
+        seq_lens_cpu=[3, 4],
+    )
+    with pytest.raises(ValueError, match="block_tables"):
+        graphs._stage_fused(torch.tensor([1, 2]), torch.tensor([2, 3]), meta, 2)
+    with pytest.raises(ValueError, match="positions must be"):
+        graphs._stage_fused(torch.tensor([1, 2]), torch.tensor([2.0, 3.0]), meta, 2)
 
 
 @pytest.mark.gpu
@@ -164,3 +201,27 @@ def test_graphs_at_the_default_sizes_equal_eager(llama_dir):
         outs[eager] = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
         llm.shutdown()
     assert outs[True] == outs[False]
+
+
+@pytest.mark.gpu
+def test_staging_kernel_equals_the_torch_copies_on_cuda():
+    cuda, buffers = torch.device("cuda"), {}
+    b, n, width = 5, 8, 3
+    meta = AttentionMetadata(
+        slot_mapping=torch.arange(b, device=cuda) * 7,
+        query_start_loc=torch.arange(b + 1, dtype=torch.int32, device=cuda),
+        seq_lens=torch.arange(1, b + 1, dtype=torch.int32, device=cuda) * 5,
+        block_tables=torch.randint(0, 100, (b, width), dtype=torch.int32, device=cuda),
+        max_query_len=1,
+        max_seq_len=25,
+        query_lens_cpu=[1] * b,
+        seq_lens_cpu=[5, 10, 15, 20, 25],
+    )
+    ids, positions = torch.arange(b, device=cuda) + 100, torch.arange(b, device=cuda) + 4
+    for fused in (False, True):
+        graphs = CUDAGraphRunner(None, [4, n], max_blocks_per_seq=6, max_model_len=96, device=cuda)
+        graphs.block_tables.fill_(7)
+        (graphs._stage_fused if fused else graphs._stage_torch)(ids, positions, meta, n)
+        buffers[fused] = [graphs.slot_mapping, graphs.seq_lens, graphs.block_tables, graphs.input_ids[:b]]
+    for want, got in zip(buffers[False], buffers[True]):
+        assert torch.equal(want, got)
