@@ -8,7 +8,8 @@ Graphs are captured for ``compilation.cudagraph_capture_sizes`` (capped at
 ``scheduler.max_num_seqs``; by default 1, 2, 4 and every multiple of 8, see
 ``config.device.capture_sizes``) after the KV cache is allocated, largest first, all
 sharing one memory pool. A decode step of ``B`` requests replays the smallest
-captured size ``N >= B``; rows ``B .. N-1`` are padding::
+captured size ``N >= B`` (the short-context graph of that size, when there is one and
+every sequence is under ``SPLIT_MIN_CONTEXT``); rows ``B .. N-1`` are padding::
 
     slot_mapping  -1   (the KV write skips them)
     seq_lens       1   (attend to one key: block 0, slot 0; the result is discarded)
@@ -34,6 +35,7 @@ from torch import nn
 
 from minivllm.attention.backend import AttentionMetadata
 from minivllm.attention.ops.checks import check_launchable, check_tensor, require
+from minivllm.attention.ops.paged_attention_tiles import SPLIT_MIN_CONTEXT
 
 MAX_BLOCK_W = 1024  # block-table entries one program writes per loop step
 
@@ -90,11 +92,25 @@ def stage_launch_constexprs(dst_width: int) -> dict:
 
 class CUDAGraphRunner:
     def __init__(
-        self, model: nn.Module, sizes: list[int], max_blocks_per_seq: int, max_model_len: int, device: torch.device
+        self,
+        model: nn.Module,
+        sizes: list[int],
+        max_blocks_per_seq: int,
+        max_model_len: int,
+        device: torch.device,
+        short_sizes: list[int] = (),
     ) -> None:
+        """``short_sizes`` (a subset of ``sizes``) are captured a second time for steps whose
+        sequences are all shorter than ``SPLIT_MIN_CONTEXT``: the attention kernel's split count
+        follows the graph's ``max_seq_len``, so there it is one launch with no combine pass."""
         self.model = model
         self.sizes = sorted(set(sizes))
         self.max_model_len = max_model_len
+        self.short_len = min(max_model_len, SPLIT_MIN_CONTEXT - 1)
+        """The ``max_seq_len`` the short-context graphs are captured at."""
+        self.short_sizes = sorted(set(short_sizes) & set(self.sizes)) if self.short_len < max_model_len else []
+        self.short_graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.short_outputs: dict[int, torch.Tensor] = {}
         n = self.sizes[-1]
         self.input_ids = torch.zeros(n, dtype=torch.long, device=device)
         self.positions = torch.zeros(n, dtype=torch.long, device=device)
@@ -117,18 +133,19 @@ class CUDAGraphRunner:
         width follows its longest sequence)."""
         return meta.max_seq_len <= self.max_model_len and self.padded_size(meta.num_reqs) is not None
 
-    def _meta(self, n: int) -> AttentionMetadata:
+    def _meta(self, n: int, max_seq_len: int | None = None) -> AttentionMetadata:
         """Metadata over the first ``n`` rows of the static buffers. ``max_seq_len`` is
-        the model's limit so the kernel's launch grid is the same at every replay."""
+        the model's limit (or ``short_len``) so the kernel's launch grid is the same at every replay."""
+        max_seq_len = self.max_model_len if max_seq_len is None else max_seq_len
         return AttentionMetadata(
             slot_mapping=self.slot_mapping[:n],
             query_start_loc=self.query_start_loc[: n + 1],
             seq_lens=self.seq_lens[:n],
             block_tables=self.block_tables[:n],
             max_query_len=1,
-            max_seq_len=self.max_model_len,
+            max_seq_len=max_seq_len,
             query_lens_cpu=[1] * n,
-            seq_lens_cpu=[self.max_model_len] * n,
+            seq_lens_cpu=[max_seq_len] * n,
         )
 
     @torch.inference_mode()
@@ -139,15 +156,17 @@ class CUDAGraphRunner:
         torch.cuda.synchronize()
         start, before = time.perf_counter(), torch.cuda.memory_allocated()
         pool = None
-        for n in reversed(self.sizes):
-            meta = self._meta(n)
+        captures = [(n, self.max_model_len, self.graphs, self.outputs) for n in reversed(self.sizes)]
+        captures += [(n, self.short_len, self.short_graphs, self.short_outputs) for n in reversed(self.short_sizes)]
+        for n, max_seq_len, graphs, outputs in captures:
+            meta = self._meta(n, max_seq_len)
             self.model(self.input_ids[:n], self.positions[:n], meta)  # warm-up: kernels compiled outside capture
             torch.cuda.synchronize()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
-                self.outputs[n] = self.model(self.input_ids[:n], self.positions[:n], meta)
+                outputs[n] = self.model(self.input_ids[:n], self.positions[:n], meta)
             pool = graph.pool()
-            self.graphs[n] = graph
+            graphs[n] = graph
         torch.cuda.synchronize()
         self.capture_s = time.perf_counter() - start
         self.memory_bytes = torch.cuda.memory_allocated() - before
@@ -164,6 +183,9 @@ class CUDAGraphRunner:
             self._stage_fused(input_ids, positions, meta, n)
         else:
             self._stage_torch(input_ids, positions, meta, n)
+        if meta.max_seq_len <= self.short_len and n in self.short_graphs:
+            self.short_graphs[n].replay()
+            return self.short_outputs[n][:b]
         self.graphs[n].replay()
         return self.outputs[n][:b]
 

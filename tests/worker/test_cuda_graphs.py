@@ -13,6 +13,7 @@ from minivllm.attention.backend import AttentionMetadata
 from minivllm.config import build_config
 from minivllm.config.device import CompilationConfig, capture_sizes
 from minivllm.worker.cuda_graphs import CUDAGraphRunner
+from tests.model_configs import llama_config
 
 
 def _runner(llm: LLM):
@@ -93,6 +94,12 @@ class _EagerReplay:
         g.outputs[n].copy_(g.model(g.input_ids[:n], g.positions[:n], g._meta(n)))
 
 
+class _ShortReplay(_EagerReplay):
+    def replay(self) -> None:
+        g, n = self.graphs, self.n
+        g.short_outputs[n].copy_(g.model(g.input_ids[:n], g.positions[:n], g._meta(n, g.short_len)))
+
+
 @pytest.mark.parametrize("fused", [False, True], ids=["torch-copies", "staging-kernel"])
 def test_decode_steps_pad_to_the_next_captured_size(fused):
     """Both ways of staging a step's inputs (the Triton kernel CUDA uses, here in the
@@ -139,6 +146,39 @@ def test_decode_steps_pad_to_the_next_captured_size(fused):
     assert graphs.run(torch.tensor([4]), torch.tensor([9]), one).tolist() == [[4009, 10]]
     assert model.seen["slots"].tolist() == [9, -1] and model.seen["seq_lens"].tolist() == [10, 1]
     assert model.seen["tables"].tolist() == [[5, 0, 0, 0, 0, 0], [0] * 6]
+
+
+def test_short_context_steps_replay_the_short_graph():
+    """Sizes whose attention would split at the graphs' context are captured again at a context under
+    ``SPLIT_MIN_CONTEXT`` (one launch, no combine pass); a step picks it while every sequence fits."""
+    from minivllm.attention.ops.paged_attention_tiles import SPLIT_MIN_CONTEXT
+
+    model = _RecordingModel()
+    graphs = CUDAGraphRunner(model, [1, 2, 4], 200, 3200, torch.device("cpu"), short_sizes=[1, 2, 8])
+    assert graphs.short_len == SPLIT_MIN_CONTEXT - 1 and graphs.short_sizes == [1, 2]  # 8 is not captured
+    for n in graphs.sizes:
+        graphs.outputs[n], graphs.graphs[n] = torch.zeros(n, 2), _EagerReplay(graphs, n)
+    for n in graphs.short_sizes:
+        graphs.short_outputs[n], graphs.short_graphs[n] = torch.zeros(n, 2), _ShortReplay(graphs, n)
+
+    def step(seq_len: int, num_reqs: int = 1) -> int:
+        meta = AttentionMetadata(
+            slot_mapping=torch.arange(num_reqs),
+            query_start_loc=torch.arange(num_reqs + 1, dtype=torch.int32),
+            seq_lens=torch.full((num_reqs,), seq_len, dtype=torch.int32),
+            block_tables=torch.zeros(num_reqs, 2, dtype=torch.int32),
+            max_query_len=1,
+            max_seq_len=seq_len,
+            query_lens_cpu=[1] * num_reqs,
+            seq_lens_cpu=[seq_len] * num_reqs,
+        )
+        graphs.run(torch.arange(num_reqs), torch.arange(num_reqs), meta)
+        return model.seen["max_seq_len"]
+
+    assert step(SPLIT_MIN_CONTEXT - 1) == SPLIT_MIN_CONTEXT - 1  # the short graph
+    assert step(SPLIT_MIN_CONTEXT) == 3200  # a longer sequence: the full graph, split
+    assert step(10, num_reqs=3) == 3200  # 3 pads to 4: no short graph there
+    assert CUDAGraphRunner(None, [1], 4, 900, torch.device("cpu"), short_sizes=[1]).short_sizes == []
 
 
 def test_staging_kernel_rejects_mismatched_inputs():
@@ -225,3 +265,28 @@ def test_staging_kernel_equals_the_torch_copies_on_cuda():
         buffers[fused] = [graphs.slot_mapping, graphs.seq_lens, graphs.block_tables, graphs.input_ids[:b]]
     for want, got in zip(buffers[False], buffers[True]):
         assert torch.equal(want, got)
+
+
+@pytest.mark.gpu
+def test_a_single_request_crossing_the_split_threshold_equals_eager(make_checkpoint):
+    """One request decodes from under ``SPLIT_MIN_CONTEXT`` keys (the short, one-launch graph) past it
+    (the split graph): the tokens equal eager decoding."""
+    model_dir = make_checkpoint("llama-2k-context", llama_config(max_position_embeddings=2048))
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    prompt = {"prompt_token_ids": [(7 * i) % 200 + 3 for i in range(1000)]}
+    outs = {}
+    for eager in (True, False):
+        llm = LLM(
+            model=str(model_dir),
+            dtype="bfloat16",
+            num_gpu_blocks_override=512,
+            enforce_eager=eager,
+            attention_backend="triton",
+            max_num_seqs=8,
+            max_model_len=2048,
+        )
+        if not eager:
+            assert 1 in _runner(llm).cuda_graphs.short_sizes
+        outs[eager] = llm.generate([prompt], params, use_tqdm=False)[0].outputs[0].token_ids
+        llm.shutdown()
+    assert outs[True] == outs[False]
