@@ -34,7 +34,7 @@ import triton.language as tl
 from torch import nn
 
 from minivllm.attention.backend import AttentionMetadata
-from minivllm.attention.ops.checks import check_launchable, check_tensor, require
+from minivllm.attention.ops.checks import check_launchable, check_tensor, is_interpreted, require
 from minivllm.attention.ops.paged_attention_tiles import SPLIT_MIN_CONTEXT
 
 MAX_BLOCK_W = 1024  # block-table entries one program writes per loop step
@@ -121,6 +121,7 @@ class CUDAGraphRunner:
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
         self.fused_staging = device.type == "cuda"
+        self._stage_constexprs = stage_launch_constexprs(max_blocks_per_seq)
         """Stage a step's inputs with ``_stage_inputs_kernel`` (CUDA) instead of the torch copies."""
         self.capture_s = 0.0
         """Seconds ``capture`` took (start-up log, ``benchmarks/profile_decode.py``)."""
@@ -191,21 +192,11 @@ class CUDAGraphRunner:
 
     def _stage_fused(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, n: int) -> None:
         """``_stage_torch`` in one launch. Checks shapes, dtypes and strides (never values: that
-        would synchronize)."""
-        device, b = self.input_ids.device, meta.num_reqs
-        check_launchable(device, _stage_inputs_kernel)
-        for name, t in (("input_ids", input_ids), ("positions", positions), ("slot_mapping", meta.slot_mapping)):
-            check_tensor(t, name, device, dims=1)
-            require(t.shape[0] == b and not t.is_floating_point(), f"{name} must be ({b},) integers, got {t.dtype}")
-        check_tensor(meta.seq_lens, "seq_lens", device, dims=1)
-        check_tensor(meta.block_tables, "block_tables", device, dims=2)
-        tables, dst_width = meta.block_tables, self.block_tables.shape[1]
-        require(
-            meta.seq_lens.shape[0] == b and tables.shape[0] == b and tables.shape[1] <= dst_width,
-            f"seq_lens ({b},) and block_tables ({b}, <= {dst_width}) expected, "
-            f"got {tuple(meta.seq_lens.shape)} and {tuple(tables.shape)}",
-        )
-        require(1 <= b <= n <= self.sizes[-1], f"{b} requests do not fit {n} captured rows")
+        would synchronize); a step that passes costs a few comparisons, the messages are built
+        only for one that does not."""
+        b, tables = meta.num_reqs, meta.block_tables
+        if not self._stageable(input_ids, positions, meta, n):
+            self._check_staging(input_ids, positions, meta, n)
         _stage_inputs_kernel[(n,)](
             input_ids,
             positions,
@@ -221,8 +212,41 @@ class CUDAGraphRunner:
             tables.shape[1],
             tables.stride(0),
             self.block_tables.stride(0),
-            **stage_launch_constexprs(dst_width),
+            **self._stage_constexprs,
         )
+
+    def _stageable(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, n: int) -> bool:
+        """The few comparisons ``_stage_fused`` makes per step; ``_check_staging`` says what failed."""
+        b, device, tables = meta.num_reqs, self.input_ids.device, meta.block_tables
+        vectors = (input_ids, positions, meta.slot_mapping, meta.seq_lens)
+        return (
+            (device.type == "cuda" or is_interpreted(_stage_inputs_kernel))
+            and 1 <= b <= n <= self.sizes[-1]
+            and all(t.device == device and t.dim() == 1 and t.shape[0] == b and t.stride(0) == 1 for t in vectors)
+            and not any(t.is_floating_point() for t in vectors)
+            and tables.device == device
+            and tables.dim() == 2
+            and tables.shape[0] == b
+            and tables.shape[1] <= self.block_tables.shape[1]
+            and tables.stride(1) == 1
+        )
+
+    def _check_staging(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, n: int) -> None:
+        """The ValueError for inputs ``_stageable`` refused, naming what is wrong."""
+        device, b = self.input_ids.device, meta.num_reqs
+        check_launchable(device, _stage_inputs_kernel)
+        vectors = (("input_ids", input_ids), ("positions", positions), ("slot_mapping", meta.slot_mapping))
+        for name, t in (*vectors, ("seq_lens", meta.seq_lens)):
+            check_tensor(t, name, device, dims=1)
+            require(t.shape[0] == b and not t.is_floating_point(), f"{name} must be ({b},) integers, got {t.dtype}")
+        check_tensor(meta.block_tables, "block_tables", device, dims=2)
+        dst_width = self.block_tables.shape[1]
+        require(
+            meta.block_tables.shape[0] == b and meta.block_tables.shape[1] <= dst_width,
+            f"block_tables ({b}, <= {dst_width}) expected, got {tuple(meta.block_tables.shape)}",
+        )
+        require(1 <= b <= n <= self.sizes[-1], f"{b} requests do not fit {n} captured rows")
+        raise ValueError(f"unit strides expected, got {[t.stride() for _, t in vectors]}")
 
     def _stage_torch(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, n: int) -> None:
         """The step's values into rows ``0 .. B-1`` of the static buffers, padding into ``B .. n-1``."""
