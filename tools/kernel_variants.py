@@ -377,6 +377,7 @@ def layer_op_variants() -> list[Variant]:
             ),
         )
     )
+    out += qkv_prep_variants(m, tokens)
     gate_up, act = Tensor(m["dtype"], tokens, 2 * m["intermediate"]), Tensor(m["dtype"], tokens, m["intermediate"])
     out.append(
         Variant(
@@ -607,6 +608,44 @@ def fused_moe_variants(arch: int) -> list[Variant]:
 
 def int4_variants(arch: int) -> list[Variant]:
     return [int4_launch_variant(shape, m, tiles) for shape, m, tiles in int4_configs(arch)]
+
+
+def qkv_prep_variants(m: dict, tokens: int) -> list[Variant]:
+    """The fused q/k-norm + rotary + KV write over Qwen3-0.6B's heads (with the norms, as Qwen3; without,
+    as Llama), 16-token KV blocks."""
+    from minivllm.layers.ops import qk_norm_rope_kv
+
+    heads, kv_heads, head_dim = m["num_heads"], m["num_kv_heads"], m["head_dim"]
+    qkv = Tensor(m["dtype"], tokens, heads + 2 * kv_heads, head_dim)  # q, k and v: views of it
+    cache = Tensor(m["dtype"], 2, 4096, 16, kv_heads, head_dim)
+    out = []
+    for norm in (True, False):
+        args = dict(
+            q_ptr=qkv,
+            k_ptr=qkv,
+            v_ptr=qkv,
+            positions_ptr=Tensor(torch.int64, tokens),
+            cache_ptr=Tensor(torch.float32, m["max_position"], head_dim),
+            q_weight_ptr=Tensor(m["dtype"], head_dim),
+            k_weight_ptr=Tensor(m["dtype"], head_dim),
+            kv_ptr=cache,
+            slot_mapping_ptr=Tensor(torch.int64, tokens),
+            eps=m["rms_norm_eps"],
+            stride_qt=qkv.stride(0),
+            stride_qh=qkv.stride(1),
+            stride_kt=qkv.stride(0),
+            stride_kh=qkv.stride(1),
+            stride_vt=qkv.stride(0),
+            stride_vh=qkv.stride(1),
+            stride_kv=cache.stride(0),
+            stride_cb=cache.stride(1),
+            stride_cs=cache.stride(2),
+            stride_ch=cache.stride(3),
+            **qk_norm_rope_kv.launch_constexprs(heads, head_dim, head_dim, 16, True, norm),
+        )
+        label = f"head_dim {head_dim}, {heads}/{kv_heads} heads" + (" +qk-norm" if norm else "")
+        out.append(Variant(qk_norm_rope_kv._qk_norm_rope_kv_kernel, label, args))
+    return out
 
 
 def graph_staging_variants() -> list[Variant]:
