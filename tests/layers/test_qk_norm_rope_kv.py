@@ -107,6 +107,33 @@ def test_layers_take_the_fused_kernel_only_where_told_and_generate_the_same(conf
     assert outs[0] == outs[1]
 
 
+def test_fused_path_with_prefix_caching_chunked_prefill_and_async_scheduling(make_checkpoint, monkeypatch):
+    """Through the interpreter: the fused path with cached prefix blocks (the KV written by an
+    earlier request is read, never rewritten), 8-token prefill chunks, and async scheduling."""
+    model_dir = make_checkpoint("qwen3_config-fused-qkv", qwen3_config())
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    prompts = ["def f(x): return x + 1", "def f(x): return x * 2"]  # a shared prefix
+    outs = []
+    for devices in (("cuda",), ("cuda", "cpu")):
+        monkeypatch.setattr(attention_layer, "FUSED_QKV_DEVICES", devices)
+        llm = LLM(
+            model=str(model_dir),
+            dtype="float32",
+            num_gpu_blocks_override=32,
+            block_size=4,
+            attention_backend="triton",
+            enable_prefix_caching=True,
+            enable_chunked_prefill=True,
+            max_num_batched_tokens=8,
+            async_scheduling=True,
+        )
+        runs = [[o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)] for _ in range(2)]
+        llm.shutdown()
+        assert runs[0] == runs[1]  # the second run reads the first run's cached blocks
+        outs.append(runs[0])
+    assert outs[0] == outs[1]
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_fused_equals_the_torch_path_on_cuda(dtype):
