@@ -93,6 +93,8 @@ class Attention(nn.Module):
         norms = q_norm is not None
         if norms and not (type(q_norm) is RMSNorm and type(k_norm) is RMSNorm and q_norm.eps == k_norm.eps):
             return False
+        if norms and not all(n.weight.dtype == q.dtype and n.weight.shape[0] == q.shape[-1] for n in (q_norm, k_norm)):
+            return False  # per-head norms in the model's dtype only
         from minivllm.layers.ops.qk_norm_rope_kv import qk_norm_rope_write_kv_
 
         qk_norm_rope_write_kv_(

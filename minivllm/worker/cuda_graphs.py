@@ -98,7 +98,7 @@ class CUDAGraphRunner:
         max_blocks_per_seq: int,
         max_model_len: int,
         device: torch.device,
-        short_sizes: list[int] = (),
+        short_sizes: list[int] | None = None,
     ) -> None:
         """``short_sizes`` (a subset of ``sizes``) are captured a second time for steps whose
         sequences are all shorter than ``SPLIT_MIN_CONTEXT``: the attention kernel's split count
@@ -108,7 +108,8 @@ class CUDAGraphRunner:
         self.max_model_len = max_model_len
         self.short_len = min(max_model_len, SPLIT_MIN_CONTEXT - 1)
         """The ``max_seq_len`` the short-context graphs are captured at."""
-        self.short_sizes = sorted(set(short_sizes) & set(self.sizes)) if self.short_len < max_model_len else []
+        short = set(short_sizes or ()) & set(self.sizes)
+        self.short_sizes = sorted(short) if self.short_len < max_model_len else []
         self.short_graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.short_outputs: dict[int, torch.Tensor] = {}
         n = self.sizes[-1]
@@ -121,8 +122,8 @@ class CUDAGraphRunner:
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
         self.fused_staging = device.type == "cuda"
-        self._stage_constexprs = stage_launch_constexprs(max_blocks_per_seq)
         """Stage a step's inputs with ``_stage_inputs_kernel`` (CUDA) instead of the torch copies."""
+        self._stage_constexprs = stage_launch_constexprs(max_blocks_per_seq)
         self.capture_s = 0.0
         """Seconds ``capture`` took (start-up log, ``benchmarks/profile_decode.py``)."""
         self.memory_bytes = 0
