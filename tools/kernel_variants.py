@@ -337,15 +337,15 @@ def attention_variants(arch: int) -> list[Variant]:
 
 
 def layer_op_variants() -> list[Variant]:
-    """RMSNorm (with and without the residual add), rotary and SiLU-and-mul over Qwen3-0.6B's
+    """RMSNorm (with and without the residual add; Gemma's too), rotary and SiLU-and-mul over Qwen3-0.6B's
     hidden size, heads and intermediate size."""
     from minivllm.layers.ops import fused_rms_norm, rotary_inplace, silu_and_mul
 
     m = model_shape()
     tokens, out = 256, []
-    for residual in (False, True):
+    for residual, gemma in ((False, False), (True, False), (True, True)):
         x = Tensor(m["dtype"], tokens, m["hidden"])
-        label = f"hidden {m['hidden']}" + (" +residual" if residual else "")
+        label = f"hidden {m['hidden']}" + (" +residual" if residual else "") + (" gemma" if gemma else "")
         out.append(
             Variant(
                 fused_rms_norm._rms_norm_kernel,
@@ -357,7 +357,7 @@ def layer_op_variants() -> list[Variant]:
                     stride_x=x.stride(0),
                     stride_r=x.stride(0) if residual else 0,
                     eps=m["rms_norm_eps"],
-                    **fused_rms_norm.launch_constexprs(m["hidden"], residual),
+                    **fused_rms_norm.launch_constexprs(m["hidden"], residual, gemma),
                 ),
             )
         )

@@ -8,7 +8,7 @@ import torch
 
 from minivllm.layers.activation import ActAndMul
 from minivllm.layers.compile import compile_small_ops
-from minivllm.layers.norm import RMSNorm
+from minivllm.layers.norm import GemmaRMSNorm, RMSNorm
 from minivllm.layers.ops.fused_rms_norm import rms_norm_
 from minivllm.layers.ops.rotary_inplace import rotary_embedding_
 from minivllm.layers.ops.silu_and_mul import silu_and_mul
@@ -44,6 +44,26 @@ def test_rms_norm_with_and_without_residual_equals_torch(hidden, dtype):
     rms_norm_(got_out, norm.weight, norm.eps, got_sum)
     torch.testing.assert_close(got_plain, want_plain, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(got_out, want_out, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got_sum, want_sum, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("hidden", [33, 64])
+def test_gemma_rms_norm_with_and_without_residual_equals_torch(hidden, dtype):
+    """Gemma's ``(1 + weight)`` scaling, in fp32 and rounded once (half precision: fp16, whose
+    casts the interpreter rounds as a GPU does)."""
+    torch.manual_seed(hidden)
+    norm = GemmaRMSNorm(hidden, eps=1e-6)
+    norm.weight.data = (torch.rand(hidden) - 0.5).to(dtype)  # zero-centred, as Gemma stores it
+    assert norm.use_triton and not norm.is_plain
+    x, residual = torch.randn(5, hidden).to(dtype), torch.randn(5, hidden).to(dtype)
+    want_plain, want_out, want_sum = norm._norm(x), norm._norm(x + residual), x + residual
+    got_plain, got_out, got_sum = x.clone(), x.clone(), residual.clone()
+    rms_norm_(got_plain, norm.weight, norm.eps, gemma=True)
+    rms_norm_(got_out, norm.weight, norm.eps, got_sum, gemma=True)
+    tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=1e-3, rtol=1e-3)
+    torch.testing.assert_close(got_plain, want_plain, **tol)
+    torch.testing.assert_close(got_out, want_out, **tol)
     torch.testing.assert_close(got_sum, want_sum, atol=0, rtol=0)
 
 
@@ -160,6 +180,11 @@ def test_fused_layers_on_cuda_equal_the_torch_path(dtype):
     want_out, want_sum = norm._norm(x + residual), x + residual
     got_out, got_sum = norm(x.clone(), residual.clone())
     torch.testing.assert_close(got_sum, want_sum, atol=0, rtol=0)
+    torch.testing.assert_close(got_out, want_out, atol=1e-2, rtol=1e-2)
+    gemma = GemmaRMSNorm(96).to(cuda)
+    gemma.weight.data = (torch.rand(96, device=cuda) - 0.5).to(dtype)
+    want_out = gemma._norm(x + residual)
+    got_out, _ = gemma(x.clone(), residual.clone())
     torch.testing.assert_close(got_out, want_out, atol=1e-2, rtol=1e-2)
     rope = RotaryEmbedding(64, 32, {"rope_type": "default", "rope_theta": 10000.0})
     positions = torch.arange(7, device=cuda) * 5
