@@ -144,6 +144,9 @@ def profile(llm: LLM, args: argparse.Namespace) -> dict[str, Any]:
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "kernels_from": "device" if device.type == "cuda" else "cpu ops (self time)",
         "cudagraph": bool(runner.cuda_graphs is not None),
+        "cudagraph_sizes": len(runner.cuda_graphs.sizes) if runner.cuda_graphs is not None else 0,
+        "cudagraph_capture_s": runner.cuda_graphs.capture_s if runner.cuda_graphs is not None else 0.0,
+        "cudagraph_memory_mib": runner.cuda_graphs.memory_bytes / 2**20 if runner.cuda_graphs is not None else 0.0,
         "batch": args.batch,
         "context": args.context,
         "steps": args.steps,
@@ -170,6 +173,11 @@ def main(argv: list[str] | None = None) -> int:
         f"step {summary['step_ms']:.2f} ms ({summary['decode_tokens_per_s']:.0f} tok/s) unprofiled, "
         f"kernels {summary['kernel_ms_per_step']:.2f} ms/step profiled"
     )
+    if summary["cudagraph"]:
+        print(
+            f"CUDA graphs: {summary['cudagraph_sizes']} sizes captured in {summary['cudagraph_capture_s']:.2f} s, "
+            f"{summary['cudagraph_memory_mib']:.1f} MiB"
+        )
     print(format_summary(summary))
     if args.json:
         with open(args.json, "w") as f:

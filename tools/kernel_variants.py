@@ -83,6 +83,7 @@ def model_shape() -> dict:
         dtype=getattr(torch, hf["torch_dtype"]),
         rms_norm_eps=hf["rms_norm_eps"],
         max_position=hf["max_position_embeddings"],
+        intermediate=hf["intermediate_size"],
     )
 
 
@@ -347,14 +348,15 @@ def attention_variants(arch: int) -> list[Variant]:
 
 
 def layer_op_variants() -> list[Variant]:
-    """RMSNorm (with and without the residual add) and rotary over Qwen3-0.6B's hidden size and heads."""
-    from minivllm.layers.ops import fused_rms_norm, rotary_inplace
+    """RMSNorm (with and without the residual add; Gemma's too), rotary and SiLU-and-mul over Qwen3-0.6B's
+    hidden size, heads and intermediate size."""
+    from minivllm.layers.ops import fused_rms_norm, rotary_inplace, silu_and_mul
 
     m = model_shape()
     tokens, out = 256, []
-    for residual in (False, True):
+    for residual, gemma in ((False, False), (True, False), (True, True)):
         x = Tensor(m["dtype"], tokens, m["hidden"])
-        label = f"hidden {m['hidden']}" + (" +residual" if residual else "")
+        label = f"hidden {m['hidden']}" + (" +residual" if residual else "") + (" gemma" if gemma else "")
         out.append(
             Variant(
                 fused_rms_norm._rms_norm_kernel,
@@ -366,7 +368,7 @@ def layer_op_variants() -> list[Variant]:
                     stride_x=x.stride(0),
                     stride_r=x.stride(0) if residual else 0,
                     eps=m["rms_norm_eps"],
-                    **fused_rms_norm.launch_constexprs(m["hidden"], residual),
+                    **fused_rms_norm.launch_constexprs(m["hidden"], residual, gemma),
                 ),
             )
         )
@@ -383,6 +385,21 @@ def layer_op_variants() -> list[Variant]:
                 stride_xt=qkv.stride(0),
                 stride_xh=qkv.stride(1),
                 **rotary_inplace.launch_constexprs(m["head_dim"], True),
+            ),
+        )
+    )
+    out += qkv_prep_variants(m, tokens)
+    gate_up, act = Tensor(m["dtype"], tokens, 2 * m["intermediate"]), Tensor(m["dtype"], tokens, m["intermediate"])
+    out.append(
+        Variant(
+            silu_and_mul._silu_and_mul_kernel,
+            f"intermediate {m['intermediate']}",
+            dict(
+                x_ptr=gate_up,
+                out_ptr=act,
+                stride_x=gate_up.stride(0),
+                stride_out=act.stride(0),
+                **silu_and_mul.launch_constexprs(m["intermediate"]),
             ),
         )
     )
@@ -624,14 +641,75 @@ def int4_variants(arch: int) -> list[Variant]:
     return [int4_launch_variant(shape, m, tiles) for shape, m, tiles in int4_configs(arch)]
 
 
+def qkv_prep_variants(m: dict, tokens: int) -> list[Variant]:
+    """The fused q/k-norm + rotary + KV write over Qwen3-0.6B's heads (with the norms, as Qwen3; without,
+    as Llama), 16-token KV blocks."""
+    from minivllm.layers.ops import qk_norm_rope_kv
+
+    heads, kv_heads, head_dim = m["num_heads"], m["num_kv_heads"], m["head_dim"]
+    qkv = Tensor(m["dtype"], tokens, heads + 2 * kv_heads, head_dim)  # q, k and v: views of it
+    cache = Tensor(m["dtype"], 2, 4096, 16, kv_heads, head_dim)
+    out = []
+    for norm in (True, False):
+        args = dict(
+            q_ptr=qkv,
+            k_ptr=qkv,
+            v_ptr=qkv,
+            positions_ptr=Tensor(torch.int64, tokens),
+            cache_ptr=Tensor(torch.float32, m["max_position"], head_dim),
+            q_weight_ptr=Tensor(m["dtype"], head_dim),
+            k_weight_ptr=Tensor(m["dtype"], head_dim),
+            kv_ptr=cache,
+            slot_mapping_ptr=Tensor(torch.int64, tokens),
+            eps=m["rms_norm_eps"],
+            stride_qt=qkv.stride(0),
+            stride_qh=qkv.stride(1),
+            stride_kt=qkv.stride(0),
+            stride_kh=qkv.stride(1),
+            stride_vt=qkv.stride(0),
+            stride_vh=qkv.stride(1),
+            stride_kv=cache.stride(0),
+            stride_cb=cache.stride(1),
+            stride_cs=cache.stride(2),
+            stride_ch=cache.stride(3),
+            **qk_norm_rope_kv.launch_constexprs(heads, head_dim, head_dim, 16, True, norm),
+        )
+        label = f"head_dim {head_dim}, {heads}/{kv_heads} heads" + (" +qk-norm" if norm else "")
+        out.append(Variant(qk_norm_rope_kv._qk_norm_rope_kv_kernel, label, args))
+    return out
+
+
+def graph_staging_variants() -> list[Variant]:
+    """The CUDA-graph input staging of a 256-request decode step into graphs captured up to 256 rows,
+    block tables as wide as the default ``compilation.max_seq_len_to_capture`` (8192) in 16-token blocks."""
+    from minivllm.config.device import CompilationConfig
+    from minivllm.worker import cuda_graphs
+
+    reqs, dst_width = 256, CompilationConfig().max_seq_len_to_capture // 16
+    wide, narrow = (Tensor(torch.int64, reqs), Tensor(torch.int32, reqs))
+    src_tables, dst_tables = Tensor(torch.int32, reqs, 64), Tensor(torch.int32, reqs, dst_width)
+    args = dict(
+        src_ids_ptr=wide,
+        src_pos_ptr=wide,
+        src_slots_ptr=wide,
+        src_lens_ptr=narrow,
+        src_tables_ptr=src_tables,
+        dst_ids_ptr=wide,
+        dst_pos_ptr=wide,
+        dst_slots_ptr=wide,
+        dst_lens_ptr=narrow,
+        dst_tables_ptr=dst_tables,
+        num_reqs=reqs - 3,
+        src_width=64,
+        stride_src_table=src_tables.stride(0),
+        stride_dst_table=dst_tables.stride(0),
+        **cuda_graphs.stage_launch_constexprs(dst_width),
+    )
+    return [Variant(cuda_graphs._stage_inputs_kernel, f"{reqs} rows, tables {dst_width} wide", args)]
+
+
 def all_variants(arch: int) -> list[Variant]:
     """Every kernel's launches on a GPU of ``arch`` (the wrappers' choices may depend on it)."""
     gemms = fused_moe_variants(arch) + int4_variants(arch)
-    return (
-        attention_variants(arch)
-        + layer_op_variants()
-        + gemms
-        + lora_variants()
-        + fp8_quant_variants()
-        + mxfp4_dequant_variants()
-    )
+    small = layer_op_variants() + graph_staging_variants()
+    return attention_variants(arch) + small + gemms + lora_variants() + fp8_quant_variants() + mxfp4_dequant_variants()

@@ -33,8 +33,11 @@ class TritonAttentionBackend(AttentionBackend):
         k_scale: float = 1.0,
         v_scale: float = 1.0,
         sinks: torch.Tensor | None = None,  # (num_heads,)
+        kv_written: bool = False,
     ) -> torch.Tensor:  # (T, num_heads, head_dim)
-        write_kv(key, value, kv_cache, meta.slot_mapping, k_scale, v_scale)
+        """``kv_written``: the layer already stored the step's keys and values (``Attention.prepare_qkv_``)."""
+        if not kv_written:
+            write_kv(key, value, kv_cache, meta.slot_mapping, k_scale, v_scale)
         return paged_attention(
             query,
             kv_cache,

@@ -7,7 +7,7 @@ functions here; the backend class is a ``_target_`` node a user may point at the
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
@@ -68,8 +68,9 @@ class CompilationConfig:
 
     cudagraph: bool = True
     """Capture CUDA graphs for decode-only steps (CUDA only; ignored on the CPU)."""
-    cudagraph_capture_sizes: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64, 128, 256, 512])
-    """Batch sizes captured as CUDA graphs; other sizes pad up to the next one."""
+    cudagraph_capture_sizes: Optional[list[int]] = None
+    """Batch sizes captured as CUDA graphs; other sizes pad up to the next one (null: 1, 2, 4, then every
+    multiple of 8 up to scheduler.max_num_seqs, and max_num_seqs itself, as vLLM captures)."""
     torch_compile: Optional[bool] = None
     """Compile the small elementwise ops (norms, rotary, gated activations) with torch.compile instead of
     running the Triton kernels and eager torch. null: on for CUDA (8% faster decode steps on an H200,
@@ -78,9 +79,22 @@ class CompilationConfig:
     """Decode steps with a sequence longer than this run eagerly instead of replaying a CUDA graph."""
 
     def __post_init__(self) -> None:
-        for size in self.cudagraph_capture_sizes:
+        for size in self.cudagraph_capture_sizes or ():
             check_range("compilation.cudagraph_capture_sizes[]", size, low=1)
         check_range("compilation.max_seq_len_to_capture", self.max_seq_len_to_capture, low=1)
+
+
+def capture_sizes(requested: list[int] | None, max_num_seqs: int) -> list[int]:
+    """The batch sizes captured as CUDA graphs, ascending, none above ``max_num_seqs``.
+
+    ``compilation.cudagraph_capture_sizes``: an explicit list wins (its sizes past
+    ``max_num_seqs`` dropped). Null follows vLLM: 1, 2, 4, then every multiple of 8, and
+    ``max_num_seqs`` itself, so a decode step of ``B`` requests pads to at most ``B + 7``
+    rows (under 5% padding over a batch shrinking from 256, ``benchmarks/graph_padding.py``)."""
+    if requested is not None:
+        return sorted({s for s in requested if s <= max_num_seqs})
+    sizes = {s for s in (1, 2, 4) if s <= max_num_seqs} | set(range(8, max_num_seqs + 1, 8)) | {max_num_seqs}
+    return sorted(sizes)
 
 
 def resolve_torch_compile(requested: bool | None, device_type: str) -> bool:

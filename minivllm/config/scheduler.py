@@ -11,8 +11,8 @@ does not single out (its larger values need the device's memory and name, a quer
 that would start a CUDA context in the process that builds the config, before any
 worker runs): 256 requests, and 8,192 tokens a step offline (``LLM``, task=generate,
 task=bench) but 2,048 for task=serve, where a shorter prefill step keeps decode
-latency low. 256 is within the largest default CUDA graph
-(``compilation.cudagraph_capture_sizes`` ends at 512), so every decode batch replays a
+latency low. The default CUDA graphs
+(``compilation.cudagraph_capture_sizes=null``) reach ``max_num_seqs``, so every decode batch replays a
 captured graph, and the token budget is what the worker's profile run measures before
 it sizes the KV cache. With chunked prefill off, a null token budget is at least
 ``max_model_len`` (as in vLLM), so that every prompt the context length admits can be

@@ -31,12 +31,21 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
 
 
 class ActAndMul(nn.Module):
-    """``act(gate) * up`` on the fused ``[gate | up]`` output of a gate_up projection."""
+    """``act(gate) * up`` on the fused ``[gate | up]`` output of a gate_up projection.
+
+    On CUDA, SiLU runs as one Triton kernel (``layers.ops.silu_and_mul``); the torch code
+    is the reference and the CPU path."""
 
     def __init__(self, act: str = "silu") -> None:
         super().__init__()
         self.act = get_act_fn(act)
+        self.use_triton = act in ("silu", "swish")
+        """Whether CUDA inputs take the fused Triton kernel (off under torch.compile)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (T, 2I) -> (T, I)
+        if self.use_triton and x.is_cuda and x.dim() == 2:
+            from minivllm.layers.ops.silu_and_mul import silu_and_mul as fused
+
+            return fused(x)
         gate, up = x.chunk(2, dim=-1)
         return self.act(gate).mul_(up)  # the activation's output is fresh: multiplied in place

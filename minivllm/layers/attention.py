@@ -16,7 +16,12 @@ from torch import nn
 from minivllm.attention.backend import AttentionBackend, AttentionMetadata
 from minivllm.attention.kv_quant import is_fp8
 from minivllm.distributed.parallel_state import tp_rank
+from minivllm.layers.norm import RMSNorm
+from minivllm.layers.rotary import RotaryEmbedding
 from minivllm.layers.weight_utils import copy_checked, narrow
+
+FUSED_QKV_DEVICES = ("cuda",)
+"""Where ``Attention.prepare_qkv_`` takes the fused kernel (the CPU keeps the torch layers)."""
 
 
 class Attention(nn.Module):
@@ -44,6 +49,8 @@ class Attention(nn.Module):
         self.logits_soft_cap = logits_soft_cap
         self.kv_cache: torch.Tensor | None = None  # (2, num_blocks, block_size, num_kv_heads, head_dim)
         self.k_scale, self.v_scale = 1.0, 1.0  # fp8 KV cache: stored = k / k_scale (attention/kv_quant.py)
+        self.fuse_qkv_prep = True
+        """Whether ``prepare_qkv_`` may take the fused kernel (where it applies: CUDA, Triton backend)."""
         self.sinks: nn.Parameter | None = None  # (num_heads,) this rank's heads
         if sinks:
             if "sinks" not in inspect.signature(backend.forward).parameters:
@@ -57,13 +64,18 @@ class Attention(nn.Module):
         """The checkpoint's (total heads,) sinks: this rank's ``num_heads`` of them."""
         copy_checked(param.data, narrow(loaded, 0, tp_rank() * self.num_heads, self.num_heads), "sinks")
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata, kv_written: bool = False
+    ) -> torch.Tensor:
+        """``kv_written``: ``prepare_qkv_`` already stored k and v in the cache (Triton backend only)."""
         if self.kv_cache is None:
             raise RuntimeError("the KV cache is not allocated: the model runner binds it in init_kv_cache()")
         T = q.shape[0]
         scales = {"k_scale": self.k_scale, "v_scale": self.v_scale} if is_fp8(self.kv_cache) else {}
         if self.sinks is not None:
             scales["sinks"] = self.sinks
+        if kv_written:
+            scales["kv_written"] = True
         out = self.backend.forward(
             q.view(T, self.num_heads, self.head_dim),
             k.view(T, self.num_kv_heads, self.head_dim),
@@ -76,6 +88,52 @@ class Attention(nn.Module):
             **scales,
         )
         return out.reshape(T, self.num_heads * self.head_dim)
+
+    def prepare_qkv_(
+        self,
+        positions: torch.Tensor,  # (T,)
+        q: torch.Tensor,  # (T, Hq, D)
+        k: torch.Tensor,  # (T, Hkv, D)
+        v: torch.Tensor,  # (T, Hkv, D)
+        rotary: nn.Module,
+        q_norm: nn.Module | None,
+        k_norm: nn.Module | None,
+        meta: AttentionMetadata,
+    ) -> bool:
+        """On CUDA with the Triton backend: the per-head q/k norms (where given), rotary and
+        the KV-cache write in one kernel (``layers.ops.qk_norm_rope_kv``), ``q`` and ``k`` in
+        place; then call ``forward`` with ``kv_written=True``. Returns False, doing nothing,
+        where that path does not apply (the CPU, another backend, an fp8 cache, a rotary
+        embedding other than the plain one with its cos/sin table, a norm with other arithmetic,
+        or ``fuse_qkv_prep`` off); the caller runs the torch layers then."""
+        if not (self.fuse_qkv_prep and q.device.type in FUSED_QKV_DEVICES and self.backend.name == "triton"):
+            return False
+        cache = self.kv_cache
+        if cache is None or cache.dtype != q.dtype or positions.dim() != 1:
+            return False
+        if type(rotary) is not RotaryEmbedding or rotary.cos_sin_cache is None:
+            return False
+        norms = q_norm is not None
+        if norms and not (type(q_norm) is RMSNorm and type(k_norm) is RMSNorm and q_norm.eps == k_norm.eps):
+            return False
+        if norms and not all(n.weight.dtype == q.dtype and n.weight.shape[0] == q.shape[-1] for n in (q_norm, k_norm)):
+            return False  # per-head norms in the model's dtype only
+        from minivllm.layers.ops.qk_norm_rope_kv import qk_norm_rope_write_kv_
+
+        qk_norm_rope_write_kv_(
+            positions,
+            q,
+            k,
+            v,
+            rotary.cos_sin_cache,
+            rotary.neox_style,
+            cache,
+            meta.slot_mapping,
+            q_norm.weight if norms else None,
+            k_norm.weight if norms else None,
+            q_norm.eps if norms else 0.0,
+        )
+        return True
 
 
 def attention_layers(model: nn.Module) -> list[Attention]:

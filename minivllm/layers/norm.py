@@ -1,11 +1,11 @@
 """Normalisation layers; statistics are computed in fp32 whatever the model dtype.
 
-On CUDA, ``RMSNorm`` runs as one Triton kernel (``layers.ops.fused_rms_norm``),
-fused with the residual add where there is one; the torch code below is the
+On CUDA, ``RMSNorm`` and ``GemmaRMSNorm`` run as one Triton kernel
+(``layers.ops.fused_rms_norm``), fused with the residual add where there is one; the torch code below is the
 reference and the CPU path. On the CPU, fp32 inputs take
 ``torch.rms_norm``, which gives the reference's bits in one call from Python (on
 the CPU it still runs the same few elementwise ops inside).
-A subclass that changes the arithmetic (a different ``_norm``) keeps the torch path.
+A further subclass that changes the arithmetic (a different ``_norm``) keeps the torch path.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.empty(hidden_size), requires_grad=False)
         self.is_plain = type(self)._norm is RMSNorm._norm
         """Llama's arithmetic (a subclass with its own ``_norm`` keeps it on every path)."""
-        self.use_triton = self.is_plain
+        self.use_triton = self.is_plain or type(self)._norm is GemmaRMSNorm._norm
         """Whether CUDA inputs take the fused Triton kernel (off under torch.compile)."""
 
     def _norm(self, x: torch.Tensor) -> torch.Tensor:
@@ -57,15 +57,15 @@ class RMSNorm(nn.Module):
         sum, owned by the caller's forward, so both are updated in place."""
         from minivllm.layers.ops.fused_rms_norm import rms_norm_
 
-        shape = x.shape
+        shape, gemma = x.shape, not self.is_plain
         if residual is None:
             out = x.reshape(-1, shape[-1]).clone()
-            rms_norm_(out, self.weight, self.eps)
+            rms_norm_(out, self.weight, self.eps, gemma=gemma)
             return out.view(shape)
         if not (x.is_contiguous() and residual.is_contiguous()):
             x, residual = x.contiguous(), residual.contiguous()
         flat_x, flat_r = x.view(-1, shape[-1]), residual.view(-1, shape[-1])
-        rms_norm_(flat_x, self.weight, self.eps, flat_r)
+        rms_norm_(flat_x, self.weight, self.eps, flat_r, gemma=gemma)
         return x, residual
 
 

@@ -72,6 +72,9 @@ class LlamaAttention(nn.Module):
         num_q, num_kv = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
         qkv = self.qkv_proj(hidden).view(T, -1, self.head_dim)  # (T, heads + 2 * kv_heads, head_dim)
         v = qkv[:, num_q + num_kv :]
+        q, k = qkv[:, :num_q], qkv[:, num_q : num_q + num_kv]
+        if self.attn.prepare_qkv_(positions, q, k, v, self.rotary_emb, self.q_norm, self.k_norm, meta):
+            return self.o_proj(self.attn(q.reshape(T, -1), k.reshape(T, -1), v.reshape(T, -1), meta, kv_written=True))
         if self.q_norm is None:  # q and k side by side, rotated together
             q, k = self.rotary_emb.forward_qk(positions, qkv[:, : num_q + num_kv], num_q)
         else:

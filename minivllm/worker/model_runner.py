@@ -36,6 +36,8 @@ from torch import nn
 from minivllm.attention.backend import AttentionMetadata
 from minivllm.attention.kv_quant import FP8_KV_DTYPE
 from minivllm.attention.ops.checks import check_fp8_kv_capability
+from minivllm.attention.ops.paged_attention_tiles import default_num_splits
+from minivllm.config.device import capture_sizes
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.core.scheduler_output import NewRequestData, SchedulerOutput
 from minivllm.distributed.parallel_state import broadcast_from_first
@@ -51,6 +53,7 @@ from minivllm.pooling.pooler import Pooler
 from minivllm.request import RequestId
 from minivllm.sample.sampler import Sampler, SamplerOutput
 from minivllm.structured_output.backend import bitmask_for_rows
+from minivllm.tuned_tiles import device_facts
 from minivllm.utils import cdiv, instantiate_target
 from minivllm.worker.cuda_graphs import CUDAGraphRunner
 from minivllm.worker.input_batch import InputBatch, SampledTokens, record_event, to_host
@@ -196,12 +199,32 @@ class ModelRunner:
         """Capture decode steps after the KV cache exists (no-op where graphs are off)."""
         if not self.cuda_graphs_enabled:
             return
-        sizes = [s for s in self.cfg.compilation.cudagraph_capture_sizes if s <= self.cfg.scheduler.max_num_seqs]
+        sizes = capture_sizes(self.cfg.compilation.cudagraph_capture_sizes, self.cfg.scheduler.max_num_seqs)
         if not sizes:
             return
         max_len = min(self.cfg.max_model_len, self.cfg.compilation.max_seq_len_to_capture)
-        self.cuda_graphs = CUDAGraphRunner(self.model, sizes, cdiv(max_len, self.block_size), max_len, self.device)
+        self.cuda_graphs = CUDAGraphRunner(
+            self.model, sizes, cdiv(max_len, self.block_size), max_len, self.device, self._split_sizes(sizes, max_len)
+        )
         self.cuda_graphs.capture()
+        graphs = self.cuda_graphs
+        logger.info(
+            "Captured %d CUDA graphs (batch sizes %d..%d) in %.2f s, %.1f MiB of graph memory",
+            len(graphs.sizes) + len(graphs.short_sizes),
+            graphs.sizes[0],
+            graphs.sizes[-1],
+            graphs.capture_s,
+            graphs.memory_bytes / 2**20,
+        )
+
+    def _split_sizes(self, sizes: list[int], max_len: int) -> list[int]:
+        """The captured batch sizes whose decode attention splits the keys at ``max_len`` (the
+        graphs' context): they also get a short-context graph with one launch a layer."""
+        if not self.attention_layers:
+            return []
+        num_sms = device_facts(self.device).num_sms  # what the attention wrapper decides with
+        kv_heads = min(layer.num_kv_heads for layer in self.attention_layers)
+        return [n for n in sizes if default_num_splits(num_sms, n * kv_heads, 1, max_len) > 1]
 
     def _forward(
         self,

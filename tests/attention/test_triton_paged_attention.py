@@ -323,7 +323,9 @@ def test_backend_is_a_hydra_target() -> None:
     ("num_sms", "programs", "max_query_len", "max_seq_len", "expected"),
     [
         (132, 8, 1, 4096, 16),  # one request, 8 KV heads: as many splits as allowed
-        (132, 8, 1, 600, 2),  # short context: splits of >= 256 keys
+        (132, 8, 1, 1100, 4),  # splits of >= 256 keys
+        (132, 8, 1, 1023, 1),  # a short context: one launch, no combine pass
+        (132, 1, 1, 1023, 1),
         (132, 64, 1, 4096, 8),
         (132, 512, 1, 4096, 1),  # the batch fills the GPU already
         (132, 8, 7, 4096, 1),  # prefill work in the batch

@@ -9,7 +9,7 @@ import logging
 import pytest
 
 from minivllm.config import build_config
-from minivllm.config.device import CompilationConfig
+from minivllm.config.device import CompilationConfig, capture_sizes
 from minivllm.config.llm_kwargs import config_from_kwargs
 from minivllm.config.scheduler import SchedulerConfig, default_limits, resolve_batch_limits
 from minivllm.config.vllm_config import VllmConfig
@@ -45,7 +45,7 @@ def test_cuda_defaults_are_larger_and_fit_the_captured_graphs():
     assert offline.max_num_seqs == serve.max_num_seqs > cpu.max_num_seqs
     assert offline.max_num_batched_tokens > serve.max_num_batched_tokens >= cpu.max_num_batched_tokens
     # every decode batch a null limit admits pads up to a graph the default capture list holds
-    assert offline.max_num_seqs <= max(CompilationConfig().cudagraph_capture_sizes)
+    assert capture_sizes(CompilationConfig().cudagraph_capture_sizes, offline.max_num_seqs)[-1] == offline.max_num_seqs
 
 
 @pytest.mark.parametrize("task", ["generate", "serve"])

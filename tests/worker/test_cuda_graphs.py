@@ -3,12 +3,17 @@ on the CPU with a stand-in for graph replay, and graphs == eager on a GPU."""
 
 from __future__ import annotations
 
+import random
+
 import pytest
 import torch
 
 from minivllm import LLM, SamplingParams
 from minivllm.attention.backend import AttentionMetadata
+from minivllm.config import build_config
+from minivllm.config.device import CompilationConfig, capture_sizes
 from minivllm.worker.cuda_graphs import CUDAGraphRunner
+from tests.model_configs import llama_config
 
 
 def _runner(llm: LLM):
@@ -28,6 +33,40 @@ def test_graphs_are_off_on_the_cpu_even_when_asked_for(llama_dir):
         assert not _runner(llm).cuda_graphs_enabled and _runner(llm).cuda_graphs is None
         out = llm.generate(["def f():"], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True), use_tqdm=False)
         assert len(out[0].outputs[0].token_ids) == 3
+
+
+def test_default_capture_sizes_are_1_2_4_then_every_multiple_of_8():
+    assert capture_sizes(None, 40) == [1, 2, 4, 8, 16, 24, 32, 40]
+    assert capture_sizes(None, 3) == [1, 2, 3]  # max_num_seqs itself, so every batch is covered
+    assert capture_sizes(None, 21) == [1, 2, 4, 8, 16, 21]
+    sizes = capture_sizes(None, 256)
+    assert len(sizes) == 35 and sizes[-1] == 256
+    assert all(b - a <= 8 for a, b in zip(sizes, sizes[1:]))
+
+
+def test_explicit_capture_sizes_win_and_are_validated(llama_dir):
+    assert capture_sizes([16, 1, 4, 1000], 64) == [1, 4, 16]  # sorted; past max_num_seqs dropped
+    cfg = build_config([f"model.path={llama_dir}", "compilation.cudagraph_capture_sizes=[1,3,5]"])
+    assert cfg.compilation.cudagraph_capture_sizes == [1, 3, 5]
+    assert build_config([f"model.path={llama_dir}"]).compilation.cudagraph_capture_sizes is None
+    with pytest.raises(ValueError, match=r"compilation\.cudagraph_capture_sizes"):
+        CompilationConfig(cudagraph_capture_sizes=[1, 0])
+
+
+def test_default_sizes_pad_nano_vllm_s_shrinking_batch_by_at_most_5_percent():
+    """nano-vllm's workload: 256 requests decoding together, output lengths uniform in
+    [100, 1024]; the batch shrinks by one as each finishes. Powers of two pad ~20%."""
+    rng = random.Random(0)
+    lengths = [rng.randint(100, 1024) for _ in range(256)]
+    trace = [sum(n > step for n in lengths) for step in range(max(lengths))]
+
+    def padded_fraction(sizes: list[int]) -> float:
+        graphs = CUDAGraphRunner(None, sizes, max_blocks_per_seq=1, max_model_len=16, device=torch.device("cpu"))
+        replayed = sum(graphs.padded_size(b) for b in trace)
+        return (replayed - sum(trace)) / replayed
+
+    assert padded_fraction(capture_sizes(None, 256)) <= 0.05
+    assert padded_fraction([1, 2, 4, 8, 16, 32, 64, 128, 256]) > 0.15  # the check can fail
 
 
 class _RecordingModel(torch.nn.Module):
@@ -55,11 +94,22 @@ class _EagerReplay:
         g.outputs[n].copy_(g.model(g.input_ids[:n], g.positions[:n], g._meta(n)))
 
 
-def test_decode_steps_pad_to_the_next_captured_size():
+class _ShortReplay(_EagerReplay):
+    def replay(self) -> None:
+        g, n = self.graphs, self.n
+        g.short_outputs[n].copy_(g.model(g.input_ids[:n], g.positions[:n], g._meta(n, g.short_len)))
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["torch-copies", "staging-kernel"])
+def test_decode_steps_pad_to_the_next_captured_size(fused):
+    """Both ways of staging a step's inputs (the Triton kernel CUDA uses, here in the
+    interpreter, and the torch copies) leave the same values in the rows the graph reads."""
     model = _RecordingModel()
     graphs = CUDAGraphRunner(
         model, sizes=[1, 2, 4, 8], max_blocks_per_seq=6, max_model_len=96, device=torch.device("cpu")
     )
+    assert not graphs.fused_staging  # the CPU default: torch copies
+    graphs.fused_staging = fused
     assert [graphs.padded_size(b) for b in (1, 2, 3, 4, 5, 8, 9)] == [1, 2, 4, 4, 8, 8, None]
     for n in graphs.sizes:
         graphs.outputs[n] = torch.zeros(n, 2)
@@ -82,6 +132,71 @@ def test_decode_steps_pad_to_the_next_captured_size():
     assert seen["seq_lens"].tolist() == [18, 9, 6, 1]
     assert seen["tables"].tolist() == [[3, 4, 0, 0, 0, 0], [2, 9, 0, 0, 0, 0], [1, 0, 0, 0, 0, 0], [0] * 6]
     assert seen["max_seq_len"] == 96  # fixed, so the kernel grid never changes between replays
+    one = AttentionMetadata(  # then a smaller step: the rows it no longer uses become padding again
+        slot_mapping=torch.tensor([9]),
+        query_start_loc=torch.tensor([0, 1], dtype=torch.int32),
+        seq_lens=torch.tensor([10], dtype=torch.int32),
+        block_tables=torch.tensor([[5]], dtype=torch.int32),
+        max_query_len=1,
+        max_seq_len=10,
+        query_lens_cpu=[1],
+        seq_lens_cpu=[10],
+    )
+    graphs.sizes.remove(1)  # pad 1 request to 2 rows
+    assert graphs.run(torch.tensor([4]), torch.tensor([9]), one).tolist() == [[4009, 10]]
+    assert model.seen["slots"].tolist() == [9, -1] and model.seen["seq_lens"].tolist() == [10, 1]
+    assert model.seen["tables"].tolist() == [[5, 0, 0, 0, 0, 0], [0] * 6]
+
+
+def test_short_context_steps_replay_the_short_graph():
+    """Sizes whose attention would split at the graphs' context are captured again at a context under
+    ``SPLIT_MIN_CONTEXT`` (one launch, no combine pass); a step picks it while every sequence fits."""
+    from minivllm.attention.ops.paged_attention_tiles import SPLIT_MIN_CONTEXT
+
+    model = _RecordingModel()
+    graphs = CUDAGraphRunner(model, [1, 2, 4], 200, 3200, torch.device("cpu"), short_sizes=[1, 2, 8])
+    assert graphs.short_len == SPLIT_MIN_CONTEXT - 1 and graphs.short_sizes == [1, 2]  # 8 is not captured
+    for n in graphs.sizes:
+        graphs.outputs[n], graphs.graphs[n] = torch.zeros(n, 2), _EagerReplay(graphs, n)
+    for n in graphs.short_sizes:
+        graphs.short_outputs[n], graphs.short_graphs[n] = torch.zeros(n, 2), _ShortReplay(graphs, n)
+
+    def step(seq_len: int, num_reqs: int = 1) -> int:
+        meta = AttentionMetadata(
+            slot_mapping=torch.arange(num_reqs),
+            query_start_loc=torch.arange(num_reqs + 1, dtype=torch.int32),
+            seq_lens=torch.full((num_reqs,), seq_len, dtype=torch.int32),
+            block_tables=torch.zeros(num_reqs, 2, dtype=torch.int32),
+            max_query_len=1,
+            max_seq_len=seq_len,
+            query_lens_cpu=[1] * num_reqs,
+            seq_lens_cpu=[seq_len] * num_reqs,
+        )
+        graphs.run(torch.arange(num_reqs), torch.arange(num_reqs), meta)
+        return model.seen["max_seq_len"]
+
+    assert step(SPLIT_MIN_CONTEXT - 1) == SPLIT_MIN_CONTEXT - 1  # the short graph
+    assert step(SPLIT_MIN_CONTEXT) == 3200  # a longer sequence: the full graph, split
+    assert step(10, num_reqs=3) == 3200  # 3 pads to 4: no short graph there
+    assert CUDAGraphRunner(None, [1], 4, 900, torch.device("cpu"), short_sizes=[1]).short_sizes == []
+
+
+def test_staging_kernel_rejects_mismatched_inputs():
+    graphs = CUDAGraphRunner(None, [1, 2], max_blocks_per_seq=2, max_model_len=32, device=torch.device("cpu"))
+    meta = AttentionMetadata(
+        slot_mapping=torch.tensor([1, 2]),
+        query_start_loc=torch.tensor([0, 1, 2], dtype=torch.int32),
+        seq_lens=torch.tensor([3, 4], dtype=torch.int32),
+        block_tables=torch.zeros(2, 3, dtype=torch.int32),  # wider than the captured tables
+        max_query_len=1,
+        max_seq_len=4,
+        query_lens_cpu=[1, 1],
+        seq_lens_cpu=[3, 4],
+    )
+    with pytest.raises(ValueError, match="block_tables"):
+        graphs._stage_fused(torch.tensor([1, 2]), torch.tensor([2, 3]), meta, 2)
+    with pytest.raises(ValueError, match="positions must be"):
+        graphs._stage_fused(torch.tensor([1, 2]), torch.tensor([2.0, 3.0]), meta, 2)
 
 
 @pytest.mark.gpu
@@ -102,5 +217,76 @@ def test_graph_outputs_equal_eager_outputs(llama_dir, batch):
         )
         assert (_runner(llm).cuda_graphs is None) == eager
         outs[eager] = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+        llm.shutdown()
+    assert outs[True] == outs[False]
+
+
+@pytest.mark.gpu
+def test_graphs_at_the_default_sizes_equal_eager(llama_dir):
+    """Batches between the multiples of 8 (9..17 requests) pad to 16 and 24 rows of the default sizes."""
+    prompts = [f"def g{i}(y):" + " y" * (i % 5) for i in range(17)]
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    outs = {}
+    for eager in (True, False):
+        llm = LLM(
+            model=str(llama_dir),
+            dtype="bfloat16",
+            num_gpu_blocks_override=256,
+            enforce_eager=eager,
+            attention_backend="triton",
+            max_num_seqs=24,
+        )
+        if not eager:
+            assert _runner(llm).cuda_graphs.sizes == [1, 2, 4, 8, 16, 24]
+        outs[eager] = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+        llm.shutdown()
+    assert outs[True] == outs[False]
+
+
+@pytest.mark.gpu
+def test_staging_kernel_equals_the_torch_copies_on_cuda():
+    cuda, buffers = torch.device("cuda"), {}
+    b, n, width = 5, 8, 3
+    meta = AttentionMetadata(
+        slot_mapping=torch.arange(b, device=cuda) * 7,
+        query_start_loc=torch.arange(b + 1, dtype=torch.int32, device=cuda),
+        seq_lens=torch.arange(1, b + 1, dtype=torch.int32, device=cuda) * 5,
+        block_tables=torch.randint(0, 100, (b, width), dtype=torch.int32, device=cuda),
+        max_query_len=1,
+        max_seq_len=25,
+        query_lens_cpu=[1] * b,
+        seq_lens_cpu=[5, 10, 15, 20, 25],
+    )
+    ids, positions = torch.arange(b, device=cuda) + 100, torch.arange(b, device=cuda) + 4
+    for fused in (False, True):
+        graphs = CUDAGraphRunner(None, [4, n], max_blocks_per_seq=6, max_model_len=96, device=cuda)
+        graphs.block_tables.fill_(7)
+        (graphs._stage_fused if fused else graphs._stage_torch)(ids, positions, meta, n)
+        buffers[fused] = [graphs.slot_mapping, graphs.seq_lens, graphs.block_tables, graphs.input_ids[:b]]
+    for want, got in zip(buffers[False], buffers[True]):
+        assert torch.equal(want, got)
+
+
+@pytest.mark.gpu
+def test_a_single_request_crossing_the_split_threshold_equals_eager(make_checkpoint):
+    """One request decodes from under ``SPLIT_MIN_CONTEXT`` keys (the short, one-launch graph) past it
+    (the split graph): the tokens equal eager decoding."""
+    model_dir = make_checkpoint("llama-2k-context", llama_config(max_position_embeddings=2048))
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    prompt = {"prompt_token_ids": [(7 * i) % 200 + 3 for i in range(1000)]}
+    outs = {}
+    for eager in (True, False):
+        llm = LLM(
+            model=str(model_dir),
+            dtype="bfloat16",
+            num_gpu_blocks_override=512,
+            enforce_eager=eager,
+            attention_backend="triton",
+            max_num_seqs=8,
+            max_model_len=2048,
+        )
+        if not eager:
+            assert 1 in _runner(llm).cuda_graphs.short_sizes
+        outs[eager] = llm.generate([prompt], params, use_tqdm=False)[0].outputs[0].token_ids
         llm.shutdown()
     assert outs[True] == outs[False]

@@ -14,6 +14,8 @@ import triton
 
 MIN_KEYS_PER_SPLIT = 256
 MAX_SPLITS = 16
+SPLIT_MIN_CONTEXT = 1024
+"""Below this many keys a decode launch never splits (``default_num_splits``)."""
 
 
 def tile_config(
@@ -43,9 +45,19 @@ def tile_config(
 
 
 def default_num_splits(num_sms: int, programs: int, max_query_len: int, max_seq_len: int) -> int:
-    """KV splits for a batch: decode batches whose ``programs`` would not fill the
-    ``num_sms`` multiprocessors twice over get more, each still >= 256 keys long."""
-    if max_query_len != 1:
+    """KV splits for a batch from (batch, context, SMs): decode batches whose ``programs``
+    (requests x KV heads) would not fill the ``num_sms`` multiprocessors twice over get more,
+    each still >= ``MIN_KEYS_PER_SPLIT`` keys long.
+
+    One split means one launch and no combine pass. That is the choice for prefill work, for
+    batches that fill the GPU, and for contexts under ``SPLIT_MIN_CONTEXT`` keys: there one
+    program reads its whole context (1024 keys of a 128-wide bf16 head are 0.5 MiB: a few
+    microseconds at one multiprocessor's share of the bandwidth) in about the time the combine
+    pass (a second launch, and partial results written and read back in fp32) would add, so
+    splitting does not pay. A CUDA graph sees the graphs' longest context here; the runner
+    captures its small batches a second time at a context under the threshold
+    (``worker/cuda_graphs.py``), so a short single request replays one launch per layer."""
+    if max_query_len != 1 or max_seq_len < SPLIT_MIN_CONTEXT:
         return 1
     wanted = triton.next_power_of_2(triton.cdiv(2 * num_sms, programs))
     affordable = 1 << (max(1, max_seq_len // MIN_KEYS_PER_SPLIT).bit_length() - 1)  # power of two, rounded down

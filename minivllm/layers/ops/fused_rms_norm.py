@@ -8,7 +8,9 @@ on it. This kernel reads each row once and writes both results in place::
     x        <- weight * (s * rsqrt(mean(s^2) + eps))
 
 The arithmetic follows ``layers.norm.RMSNorm`` step by step (fp32 statistics,
-roundings at the same points), so both paths agree to the last bit or close.
+roundings at the same points), so both paths agree to the last bit or close. With
+``GEMMA`` it follows ``GemmaRMSNorm`` instead: ``(s * rstd) * (1 + weight)`` in fp32,
+rounded once.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ def _rms_norm_kernel(
     HIDDEN: tl.constexpr,
     BLOCK: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr,
+    GEMMA: tl.constexpr,
 ):
     """One program per row."""
     row = tl.program_id(0).to(tl.int64)
@@ -44,20 +47,25 @@ def _rms_norm_kernel(
         tl.store(residual_ptr + row * stride_r + cols, x, mask=mask)
     s = x.to(tl.float32)
     rstd = 1.0 / tl.sqrt(tl.sum(s * s, axis=0) / HIDDEN + eps)
-    normed = (s * rstd).to(dtype).to(tl.float32)
     w = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    tl.store(x_ptr + row * stride_x + cols, (w * normed).to(dtype), mask=mask)
+    if GEMMA:
+        out = (s * rstd) * (1.0 + w)
+    else:
+        out = w * (s * rstd).to(dtype).to(tl.float32)
+    tl.store(x_ptr + row * stride_x + cols, out.to(dtype), mask=mask)
 
 
-def launch_constexprs(hidden: int, has_residual: bool) -> dict:
+def launch_constexprs(hidden: int, has_residual: bool, gemma: bool = False) -> dict:
     """The kernel's compile-time arguments for rows of ``hidden`` features: one block holds a
     whole row (also read by ``tools/kernel_report.py``)."""
-    return dict(HIDDEN=hidden, BLOCK=triton.next_power_of_2(hidden), HAS_RESIDUAL=has_residual)
+    return dict(HIDDEN=hidden, BLOCK=triton.next_power_of_2(hidden), HAS_RESIDUAL=has_residual, GEMMA=gemma)
 
 
-def rms_norm_(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None) -> None:
-    """In place: ``x`` (N, H) becomes ``weight * rmsnorm(x [+ residual])``; with
-    ``residual`` (N, H), it becomes ``x + residual`` first."""
+def rms_norm_(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None, gemma: bool = False
+) -> None:
+    """In place: ``x`` (N, H) becomes ``weight * rmsnorm(x [+ residual])`` (``(1 + weight) * ...``
+    with ``gemma``); with ``residual`` (N, H), it becomes ``x + residual`` first."""
     device = x.device
     check_launchable(device, _rms_norm_kernel)
     check_tensor(x, "x", device, dims=2)
@@ -83,5 +91,5 @@ def rms_norm_(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch
         x.stride(0),
         residual.stride(0) if residual is not None else 0,
         eps,
-        **launch_constexprs(hidden, residual is not None),
+        **launch_constexprs(hidden, residual is not None, gemma),
     )
