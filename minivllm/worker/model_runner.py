@@ -82,7 +82,7 @@ class ModelRunner:
         self.model: nn.Module | None = None
         self.kv_caches: list[torch.Tensor] = []
         self.cuda_graphs: CUDAGraphRunner | None = None
-        self.sampler = Sampler(torch.Generator(device=device).manual_seed(cfg.model.seed))
+        self.sampler = Sampler(torch.Generator(device=device).manual_seed(cfg.model.seed), fused=cfg.fused_sampler)
         self.pooler = Pooler(cfg.model.pooler_config.pooling_type) if cfg.model.runner == "pooling" else None
         max_reqs, max_blocks = cfg.scheduler.max_num_seqs, cdiv(cfg.max_model_len, self.block_size)
         self.batch = InputBatch(max_reqs, cfg.max_model_len, max_blocks, device)
