@@ -164,6 +164,58 @@ def test_fused_sampler_follows_the_device_and_needs_the_interpreter_on_the_cpu(m
         resolve_fused_sampler(True, "cpu")
 
 
+@pytest.mark.parametrize("value, expected", [("null", False), ("true", True), ("false", False)])
+def test_the_config_carries_the_resolved_choice_to_the_runner(llama_dir, value, expected):
+    from minivllm.config.store import build_config
+
+    cfg = build_config([f"model.path={llama_dir}", "device=cpu", f"compilation.fused_sampler={value}"])
+    assert cfg.fused_sampler is expected
+
+
 def test_truncated_rows_follow_the_rows_asked_for():
     meta = sampling_metadata([SamplingParams(temperature=1.0), SamplingParams(temperature=0.5, min_p=0.1)])
     assert isinstance(meta.truncated_rows, np.ndarray) and meta.truncated_rows.tolist() == [1]
+
+
+# ---- the engine with compilation.fused_sampler=true (the kernel interpreted) ----------------
+
+PROMPTS = ["def fibonacci(n):\n", "class Stack:\n    def __init__(self):\n", "for line in open(path):\n"]
+
+
+def _engine(llama_dir, fused: bool, **kwargs):
+    from minivllm import LLM
+
+    overrides = [f"compilation.fused_sampler={str(fused).lower()}", "cache.enable_prefix_caching=true"]
+    return LLM(
+        model=str(llama_dir), dtype="float32", block_size=4, max_num_batched_tokens=16, overrides=overrides, **kwargs
+    )
+
+
+def test_engine_greedy_tokens_are_the_torch_samplers(llama_dir):
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    outs = {}
+    for fused in (False, True):
+        llm = _engine(llama_dir, fused)
+        outs[fused] = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params, use_tqdm=False)]
+        llm.shutdown()
+    assert outs[True] == outs[False]
+
+
+def test_engine_seeded_request_gives_the_same_tokens_alone_and_in_any_batch(llama_dir):
+    """Chunked prefill (16-token budget) and prefix caching on; the seeded request rides alone,
+    then beside greedy, unseeded and other seeded requests, at another row."""
+    llm = _engine(llama_dir, True)
+    seeded = SamplingParams(temperature=0.9, top_p=0.95, seed=5, max_tokens=12, ignore_eos=True)
+    alone = llm.generate([PROMPTS[0]], seeded, use_tqdm=False)[0].outputs[0].token_ids
+    others = [
+        SamplingParams(temperature=0, max_tokens=8),
+        SamplingParams(temperature=1.0, max_tokens=14, ignore_eos=True),
+        SamplingParams(temperature=0.7, top_k=5, seed=9, max_tokens=6),
+    ]
+    batch = llm.generate([*PROMPTS, PROMPTS[0]], [*others, seeded], use_tqdm=False)
+    assert batch[-1].outputs[0].token_ids == alone
+    unseeded = llm.generate(
+        [PROMPTS[0]] * 2, SamplingParams(temperature=1.0, max_tokens=12, ignore_eos=True), use_tqdm=False
+    )
+    assert unseeded[0].outputs[0].token_ids != unseeded[1].outputs[0].token_ids  # rows draw their own noise
+    llm.shutdown()
