@@ -16,23 +16,44 @@ captured size ``N >= B``; rows ``B .. N-1`` are padding::
 Every input lives in a static buffer the graph reads; ``run`` copies the step's
 values in, replays, and returns a view of the static output. Only the Triton
 backend is captured: the torch backend builds its gather indices on the host.
+
+With the fused sampler (``compilation.fused_sampler``) the graphs also hold the
+logits and the sampler (``compute_logits`` given): each replay computes the rows'
+tokens from three more static inputs, the rows' temperatures and Philox keys and
+offsets (``Sampler.philox_inputs``), so a plain decode step is one replay
+(``run_sampled``). A step the runner samples itself (logit edits, logprobs, a
+grammar, min-p / top-k / top-p) replays the same graph and ignores its tokens;
+padding rows sample from stale inputs, and their tokens are dropped. The graphs'
+pool then holds one (largest size, vocab) logits tensor of the model's dtype.
 """
 
 from __future__ import annotations
 
 import bisect
+from typing import Callable
 
 import torch
 from torch import nn
 
 from minivllm.attention.backend import AttentionMetadata
+from minivllm.sample.triton_sampler import fused_sample
 
 
 class CUDAGraphRunner:
     def __init__(
-        self, model: nn.Module, sizes: list[int], max_blocks_per_seq: int, max_model_len: int, device: torch.device
+        self,
+        model: nn.Module,
+        sizes: list[int],
+        max_blocks_per_seq: int,
+        max_model_len: int,
+        device: torch.device,
+        compute_logits: Callable[[torch.Tensor], torch.Tensor] | None = None,
     ) -> None:
         self.model = model
+        self.compute_logits = compute_logits
+        """The model's logits, captured with the fused sampler; None: the graphs end at the hidden states."""
+        self.vocab_size: int | None = None
+        """The logits' width, known after ``capture`` when the graphs sample."""
         self.sizes = sorted(set(sizes))
         self.max_model_len = max_model_len
         n = self.sizes[-1]
@@ -44,6 +65,11 @@ class CUDAGraphRunner:
         self.block_tables = torch.zeros(n, max_blocks_per_seq, dtype=torch.int32, device=device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
+        if compute_logits is not None:  # the fused sampler's inputs and output
+            self.temperature = torch.zeros(n, dtype=torch.float32, device=device)
+            self.seeds = torch.zeros(n, dtype=torch.int64, device=device)
+            self.offsets = torch.zeros(n, dtype=torch.int64, device=device)
+            self.tokens = torch.zeros(n, dtype=torch.int64, device=device)
 
     def covers(self, meta: AttentionMetadata) -> bool:
         """A decode step fits a captured graph: a captured batch size and no sequence longer than
@@ -69,14 +95,23 @@ class CUDAGraphRunner:
     def capture(self) -> None:
         pool = None
         for n in reversed(self.sizes):
-            meta = self._meta(n)
-            self.model(self.input_ids[:n], self.positions[:n], meta)  # warm-up: kernels compiled outside capture
+            self.step(n)  # warm-up: kernels compiled outside capture
             torch.cuda.synchronize()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
-                self.outputs[n] = self.model(self.input_ids[:n], self.positions[:n], meta)
+                self.outputs[n] = self.step(n)
             pool = graph.pool()
             self.graphs[n] = graph
+
+    def step(self, n: int) -> torch.Tensor:
+        """What a graph of ``n`` rows runs: the model over the static buffers, then (when the graphs
+        sample) the logits and the fused sampler into ``tokens``. Returns the (n, hidden) states."""
+        hidden = self.model(self.input_ids[:n], self.positions[:n], self._meta(n))
+        if self.compute_logits is not None:
+            logits = self.compute_logits(hidden)  # (n, vocab)
+            self.vocab_size = logits.shape[-1]
+            fused_sample(logits, self.temperature[:n], self.seeds[:n], self.offsets[:n], out=self.tokens[:n])
+        return hidden
 
     def padded_size(self, num_reqs: int) -> int | None:
         """The captured size a decode step of ``num_reqs`` requests runs at; None above the largest."""
@@ -97,3 +132,22 @@ class CUDAGraphRunner:
         self.block_tables[:b, :width].copy_(meta.block_tables, non_blocking=True)
         self.graphs[n].replay()
         return self.outputs[n][:b]
+
+    def run_sampled(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        temperature: torch.Tensor,
+        seeds: torch.Tensor,
+        offsets: torch.Tensor,
+    ) -> torch.Tensor:
+        """Replay a decode step and its sampling (graphs captured with ``compute_logits``): (B,) int64
+        the rows' tokens, a view of the static output that the next replay overwrites.
+        ``temperature``, ``seeds``, ``offsets``: (B,) the fused sampler's inputs."""
+        b = meta.num_reqs
+        self.temperature[:b].copy_(temperature, non_blocking=True)
+        self.seeds[:b].copy_(seeds, non_blocking=True)
+        self.offsets[:b].copy_(offsets, non_blocking=True)
+        self.run(input_ids, positions, meta)
+        return self.tokens[:b]
