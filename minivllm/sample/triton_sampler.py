@@ -1,6 +1,7 @@
 """The fused sampler: one pass over each row of logits picks its token.
 
-Per row ``r`` of (N, V) logits, in their dtype, one program walks the vocabulary once:
+Each row of (N, V) logits, read in their dtype, is walked once, ``BLOCK`` entries at a time, by
+one program (a large vocabulary) or with other rows by one program (a small one, ``ROWS`` rows):
 
 - greedy rows (temperature 0) keep the running maximum: the first largest entry, as
   ``torch.argmax`` picks it (a NaN entry is passed over, where torch would pick it);
