@@ -219,3 +219,16 @@ def test_engine_seeded_request_gives_the_same_tokens_alone_and_in_any_batch(llam
     )
     assert unseeded[0].outputs[0].token_ids != unseeded[1].outputs[0].token_ids  # rows draw their own noise
     llm.shutdown()
+
+
+def test_engine_tp2_samples_the_tp1_tokens(llama_dir):
+    """Two worker processes run the kernel on the same logits; the first rank's tokens are kept."""
+    params = [SamplingParams(temperature=0, max_tokens=6), SamplingParams(temperature=0.8, seed=4, max_tokens=6)]
+    outs = {}
+    for tp in (1, 2):
+        llm = _engine(llama_dir, True, tensor_parallel_size=tp)
+        try:
+            outs[tp] = [o.outputs[0].token_ids for o in llm.generate(PROMPTS[:2], params, use_tqdm=False)]
+        finally:
+            llm.shutdown()
+    assert outs[2] == outs[1]
