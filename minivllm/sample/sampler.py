@@ -81,9 +81,7 @@ class Sampler(nn.Module):
         """Temperature, then the min-p and top-k / top-p masks (masked entries become -inf)."""
         return truncate(logits, meta.temperature, meta.top_k, meta.top_p, meta.min_p)
 
-    def sample_fused(
-        self, logits: torch.Tensor, meta: SamplingMetadata, out: torch.Tensor | None = None
-    ) -> torch.Tensor:
+    def sample_fused(self, logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
         """(N,) int64 from the fused kernel: the same distribution per row as ``_sample_torch``
         (greedy rows: the same token). Rows asking for min-p / top-k / top-p (``meta.truncated_rows``)
         are processed by ``truncate`` first, those rows alone."""
@@ -96,11 +94,9 @@ class Sampler(nn.Module):
             index[rows] = np.arange(len(rows), dtype=np.int32)
             masked_rows = torch.from_numpy(index).to(logits.device, non_blocking=True)
             take = torch.from_numpy(rows).to(logits.device, non_blocking=True)
-            pick = lambda t: None if t is None else t[take]  # noqa: E731
-            masked = truncate(
-                logits[take].float(), meta.temperature[take], pick(meta.top_k), pick(meta.top_p), pick(meta.min_p)
-            )
-        return fused_sample(logits, meta.temperature, seeds, offsets, masked, masked_rows, out)
+            top_k, top_p, min_p = (None if t is None else t[take] for t in (meta.top_k, meta.top_p, meta.min_p))
+            masked = truncate(logits[take].float(), meta.temperature[take], top_k, top_p, min_p)  # (F, V)
+        return fused_sample(logits, meta.temperature, seeds, offsets, masked, masked_rows)
 
     def philox_inputs(self, meta: SamplingMetadata, n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """Each row's Philox key and offset ((N,) int64 each, on ``device``, one copy): a seeded row
