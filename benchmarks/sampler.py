@@ -4,6 +4,14 @@ grows, plain vs with every logit edit, at a real vocabulary size.
     python benchmarks/sampler.py [--vocab 32000] [--seq-len 512] [--repeats 20]
 
 Prints the median milliseconds per step for each batch size and configuration.
+
+    python benchmarks/sampler.py --fused [--vocab 151936] [--batches 1 64 256]
+
+The fused Triton sampler against the torch path (``compilation.fused_sampler``) on the
+device (CUDA when there is one), alternating the two, for greedy rows, temperature 0.6
+(nano-vllm's bench workload) and top-p/k rows, on fp32 logits (what ``compute_logits``
+gives) and bf16 logits (fused only). Without a GPU the kernel runs in Triton's interpreter
+(set TRITON_INTERPRET=1) and its numbers say nothing about a GPU.
 """
 
 from __future__ import annotations
@@ -65,8 +73,56 @@ def step_ms(batch: int, config: dict, vocab: int, seq_len: int, repeats: int) ->
     return 1e3 * statistics.median(times[2:])
 
 
+FUSED_CONFIGS = {
+    "greedy": dict(temperature=0),
+    "temp 0.6": dict(temperature=0.6),
+    "top-p/k": dict(temperature=0.8, top_p=0.9, top_k=50),
+}
+
+
+def fused_vs_torch(batches: list[int], vocab: int, repeats: int) -> None:
+    """Median ms of ``Sampler.forward`` per step, torch then fused (fp32, bf16 logits), alternating."""
+    from minivllm.sample.metadata import SamplingRows
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.type == "cpu":
+        print("no GPU: the fused kernel runs in Triton's interpreter; these numbers mean nothing for a GPU")
+    print(f"vocab {vocab} on {torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu'}")
+    print(f"{'batch':>6} {'config':>9} {'torch fp32':>11} {'fused fp32':>11} {'fused bf16':>11} {'speed-up':>9}")
+    for batch in batches:
+        logits = torch.randn(batch, vocab, device=device, generator=torch.Generator(device).manual_seed(0))
+        inputs = (logits, logits, logits.bfloat16())
+        for name, config in FUSED_CONFIGS.items():
+            rows = SamplingRows(batch, device)
+            for i in range(batch):
+                rows.set_row(i, SamplingParams(**config))
+            meta = rows.metadata(np.arange(batch))
+            samplers = [Sampler(torch.Generator(device).manual_seed(0), fused=f) for f in (False, True, True)]
+            times = [[], [], []]
+            for _ in range(repeats + 2):
+                for i, (sampler, x) in enumerate(zip(samplers, inputs)):
+                    times[i].append(_time_ms(sampler, x, meta, device))
+            ms = [statistics.median(t[2:]) for t in times]
+            print(f"{batch:>6} {name:>9} {ms[0]:>11.3f} {ms[1]:>11.3f} {ms[2]:>11.3f} {ms[0] / ms[1]:>8.2f}x")
+
+
+def _time_ms(sampler: Sampler, logits: torch.Tensor, meta, device: torch.device) -> float:
+    """One call's milliseconds: CUDA events on a GPU, the wall clock on the CPU."""
+    if device.type == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        sampler(logits, meta)
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end)
+    start_s = time.perf_counter()
+    sampler(logits, meta)
+    return 1e3 * (time.perf_counter() - start_s)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
+    parser.add_argument("--fused", action="store_true", help="the fused sampler against the torch path")
     parser.add_argument("--vocab", type=int, default=32000)
     parser.add_argument("--seq-len", type=int, default=512, help="prompt + output tokens per row (half each)")
     parser.add_argument("--repeats", type=int, default=20)
@@ -74,6 +130,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    if args.fused:
+        fused_vs_torch(args.batches, args.vocab, args.repeats)
+        return
     print(f"vocab {args.vocab}, {args.seq_len} tokens per row, torch threads {torch.get_num_threads()}")
     print(f"{'batch':>6} " + " ".join(f"{name:>14}" for name in CONFIGS) + "   (ms per step, median)")
     for batch in args.batches:

@@ -708,8 +708,49 @@ def graph_staging_variants() -> list[Variant]:
     return [Variant(cuda_graphs._stage_inputs_kernel, f"{reqs} rows, tables {dst_width} wide", args)]
 
 
+def sampler_variants(rows: int = 256) -> list[Variant]:
+    """The fused sampler over Qwen3's 151,936-token vocabulary (fp32 logits, as ``compute_logits``
+    gives them, and bf16), with and without rows truncated by top-k / top-p / min-p; and a small
+    vocabulary, where a program takes several rows."""
+    from minivllm.sample import triton_sampler
+
+    out = []
+    for vocab, dtype, masked in (
+        (151_936, torch.float32, False),
+        (151_936, torch.float32, True),
+        (151_936, torch.bfloat16, False),
+        (1_000, torch.float32, True),
+    ):
+        logits, processed = Tensor(dtype, rows, vocab), Tensor(torch.float32, rows, vocab)
+        per_row = dict(
+            masked_rows_ptr=Tensor(torch.int32, rows),
+            temperature_ptr=Tensor(torch.float32, rows),
+            seed_ptr=Tensor(torch.int64, rows),
+            offset_ptr=Tensor(torch.int64, rows),
+            out_ptr=Tensor(torch.int64, rows),
+        )
+        out.append(
+            Variant(
+                triton_sampler._fused_sample_kernel,
+                f"{rows}x{vocab} {str(dtype).removeprefix('torch.')}" + (" +truncated rows" if masked else ""),
+                dict(
+                    logits_ptr=logits,
+                    masked_ptr=processed,
+                    **per_row,
+                    num_rows=rows,
+                    vocab_size=vocab,
+                    stride_l=logits.stride(0),
+                    stride_m=processed.stride(0),
+                    **triton_sampler.launch_constexprs(vocab, masked),
+                ),
+                dict(num_warps=triton_sampler.NUM_WARPS),
+            )
+        )
+    return out
+
+
 def all_variants(arch: int) -> list[Variant]:
     """Every kernel's launches on a GPU of ``arch`` (the wrappers' choices may depend on it)."""
     gemms = fused_moe_variants(arch) + int4_variants(arch)
-    small = layer_op_variants() + graph_staging_variants()
-    return attention_variants(arch) + small + gemms + lora_variants() + fp8_quant_variants() + mxfp4_dequant_variants()
+    small = layer_op_variants() + graph_staging_variants() + lora_variants() + fp8_quant_variants()
+    return attention_variants(arch) + small + sampler_variants() + gemms + mxfp4_dequant_variants()

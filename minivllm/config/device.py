@@ -7,6 +7,7 @@ functions here; the backend class is a ``_target_`` node a user may point at the
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -64,7 +65,7 @@ def attention_target(name: str, device_type: str) -> str:
 
 @dataclass
 class CompilationConfig:
-    """CUDA graphs and torch.compile (GPU only; ignored on the CPU)."""
+    """CUDA graphs and torch.compile (GPU only; ignored on the CPU), and the fused sampler."""
 
     cudagraph: bool = True
     """Capture CUDA graphs for decode-only steps (CUDA only; ignored on the CPU)."""
@@ -77,6 +78,9 @@ class CompilationConfig:
     benchmarks/RESULTS.md), off on the CPU (nothing measured to gain there; it adds start-up)."""
     max_seq_len_to_capture: int = 8192
     """Decode steps with a sequence longer than this run eagerly instead of replaying a CUDA graph."""
+    fused_sampler: Optional[bool] = None
+    """Sample with one fused Triton pass over the logits instead of the torch ops (docs/sampling.md).
+    null: on for CUDA, off on the CPU, where true needs TRITON_INTERPRET=1 (Triton's interpreter: slow)."""
 
     def __post_init__(self) -> None:
         for size in self.cudagraph_capture_sizes or ():
@@ -95,6 +99,19 @@ def capture_sizes(requested: list[int] | None, max_num_seqs: int) -> list[int]:
         return sorted({s for s in requested if s <= max_num_seqs})
     sizes = {s for s in (1, 2, 4) if s <= max_num_seqs} | set(range(8, max_num_seqs + 1, 8)) | {max_num_seqs}
     return sorted(sizes)
+
+
+def resolve_fused_sampler(requested: bool | None, device_type: str) -> bool:
+    """``compilation.fused_sampler``: null follows the device (on for CUDA, off on the CPU). On the
+    CPU the kernel runs only in Triton's interpreter, which must be on before Triton is imported."""
+    if requested is None:
+        return device_type == "cuda"
+    if requested and device_type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError(
+            "compilation.fused_sampler=true on the CPU needs TRITON_INTERPRET=1 in the environment "
+            "(the kernel runs in Triton's interpreter there); use null or false"
+        )
+    return requested
 
 
 def resolve_torch_compile(requested: bool | None, device_type: str) -> bool:

@@ -41,6 +41,7 @@ from minivllm.config.device import (
     DeviceConfig,
     attention_target,
     resolve_device,
+    resolve_fused_sampler,
     resolve_torch_compile,
 )
 from minivllm.config.load import HubOptions, LoadConfig, read_checkpoint, safetensors_names, tokenizer_vocab
@@ -142,6 +143,8 @@ class VllmConfig:
             device_type=self.device_type,
         )
         self.torch_compile: bool = resolve_torch_compile(self.compilation.torch_compile, self.device_type)
+        self.fused_sampler: bool = resolve_fused_sampler(self.compilation.fused_sampler, self.device_type)
+        """``compilation.fused_sampler`` resolved: the runner's sampler runs the fused Triton kernel."""
 
     def _derive_from_checkpoint(self) -> None:
         """What the checkpoint's config decides: the architecture (checked against what this engine

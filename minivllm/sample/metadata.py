@@ -95,6 +95,9 @@ class SamplingMetadata:
     """Penalties' counts, logit_bias, allowed/bad tokens, min_tokens; None when no row asks."""
     grammar_bitmask: torch.Tensor | None = None
     """Structured outputs: (N, ceil(V / 32)) int32 allowed-token bits; None when no row has a grammar."""
+    truncated_rows: np.ndarray | None = None
+    """(F,) int64 the random rows (temperature > 0) asking for min-p, top-k or top-p, ascending;
+    None when none does (the fused sampler truncates these rows alone)."""
 
 
 class SamplingRows:
@@ -143,7 +146,14 @@ class SamplingRows:
             all_greedy=not self.columns["temperature"][rows].any(),
             num_logprobs=asked,
             max_num_logprobs=max(given) if given else None,
+            truncated_rows=self._truncated(rows),
         )
+
+    def _truncated(self, rows: np.ndarray) -> np.ndarray | None:
+        c = self.columns
+        asks = (c["top_k"][rows] > 0) | (c["top_p"][rows] < 1.0) | (c["min_p"][rows] > 0.0)
+        found = np.flatnonzero(asks & (c["temperature"][rows] > 0.0))
+        return found if len(found) else None
 
     def _tensor(self, p: RowParam, values: np.ndarray) -> torch.Tensor | None:
         if p.neutral is not None and (values == p.neutral).all():

@@ -21,12 +21,22 @@ and the padding are one launch (``_stage_inputs_kernel``, one program per
 captured row) instead of eight copy/fill kernels; the torch code in
 ``_stage_torch`` is the reference and the CPU path. Only the Triton backend is
 captured: the torch backend builds its gather indices on the host.
+
+With the fused sampler (``compilation.fused_sampler``) the graphs also hold the
+logits and the sampler (``compute_logits`` given): each replay computes the rows'
+tokens from three more static inputs, the rows' temperatures and Philox keys and
+offsets (``Sampler.philox_inputs``), so a plain decode step is one replay
+(``run_sampled``). A step the runner samples itself (logit edits, logprobs, a
+grammar, min-p / top-k / top-p) replays the same graph and ignores its tokens;
+padding rows sample from stale inputs, and their tokens are dropped. The graphs'
+pool then holds one (largest size, vocab) logits tensor of the model's dtype.
 """
 
 from __future__ import annotations
 
 import bisect
 import time
+from typing import Callable
 
 import torch
 import triton
@@ -36,6 +46,7 @@ from torch import nn
 from minivllm.attention.backend import AttentionMetadata
 from minivllm.attention.ops.checks import check_launchable, check_tensor, is_interpreted, require
 from minivllm.attention.ops.paged_attention_tiles import SPLIT_MIN_CONTEXT
+from minivllm.sample.triton_sampler import fused_sample
 
 MAX_BLOCK_W = 1024  # block-table entries one program writes per loop step
 
@@ -99,11 +110,16 @@ class CUDAGraphRunner:
         max_model_len: int,
         device: torch.device,
         short_sizes: list[int] | None = None,
+        compute_logits: Callable[[torch.Tensor], torch.Tensor] | None = None,
     ) -> None:
         """``short_sizes`` (a subset of ``sizes``) are captured a second time for steps whose
         sequences are all shorter than ``SPLIT_MIN_CONTEXT``: the attention kernel's split count
         follows the graph's ``max_seq_len``, so there it is one launch with no combine pass."""
         self.model = model
+        self.compute_logits = compute_logits
+        """The model's logits, captured with the fused sampler; None: the graphs end at the hidden states."""
+        self.vocab_size: int | None = None
+        """The logits' width, known after ``capture`` when the graphs sample."""
         self.sizes = sorted(set(sizes))
         self.max_model_len = max_model_len
         self.short_len = min(max_model_len, SPLIT_MIN_CONTEXT - 1)
@@ -128,6 +144,11 @@ class CUDAGraphRunner:
         """Seconds ``capture`` took (start-up log, ``benchmarks/profile_decode.py``)."""
         self.memory_bytes = 0
         """Device memory the captured graphs hold (their pool and static outputs)."""
+        if compute_logits is not None:  # the fused sampler's inputs and output
+            self.temperature = torch.zeros(n, dtype=torch.float32, device=device)
+            self.seeds = torch.zeros(n, dtype=torch.int64, device=device)
+            self.offsets = torch.zeros(n, dtype=torch.int64, device=device)
+            self.tokens = torch.zeros(n, dtype=torch.int64, device=device)
 
     def covers(self, meta: AttentionMetadata) -> bool:
         """A decode step fits a captured graph: a captured batch size and no sequence longer than
@@ -161,17 +182,27 @@ class CUDAGraphRunner:
         captures = [(n, self.max_model_len, self.graphs, self.outputs) for n in reversed(self.sizes)]
         captures += [(n, self.short_len, self.short_graphs, self.short_outputs) for n in reversed(self.short_sizes)]
         for n, max_seq_len, graphs, outputs in captures:
-            meta = self._meta(n, max_seq_len)
-            self.model(self.input_ids[:n], self.positions[:n], meta)  # warm-up: kernels compiled outside capture
+            self.step(n, max_seq_len)  # warm-up: kernels compiled outside capture
             torch.cuda.synchronize()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
-                outputs[n] = self.model(self.input_ids[:n], self.positions[:n], meta)
+                outputs[n] = self.step(n, max_seq_len)
             pool = graph.pool()
             graphs[n] = graph
         torch.cuda.synchronize()
         self.capture_s = time.perf_counter() - start
         self.memory_bytes = torch.cuda.memory_allocated() - before
+
+    def step(self, n: int, max_seq_len: int | None = None) -> torch.Tensor:
+        """What a graph of ``n`` rows runs: the model over the static buffers (attention launched for
+        ``max_seq_len``, the model's limit by default), then (when the graphs sample) the logits and the
+        fused sampler into ``tokens``. Returns the (n, hidden) states."""
+        hidden = self.model(self.input_ids[:n], self.positions[:n], self._meta(n, max_seq_len))
+        if self.compute_logits is not None:
+            logits = self.compute_logits(hidden)  # (n, vocab)
+            self.vocab_size = logits.shape[-1]
+            fused_sample(logits, self.temperature[:n], self.seeds[:n], self.offsets[:n], out=self.tokens[:n])
+        return hidden
 
     def padded_size(self, num_reqs: int) -> int | None:
         """The captured size a decode step of ``num_reqs`` requests runs at; None above the largest."""
@@ -260,3 +291,22 @@ class CUDAGraphRunner:
         self.seq_lens[b:n].fill_(1)
         self.block_tables[:n].zero_()
         self.block_tables[:b, :width].copy_(meta.block_tables, non_blocking=True)
+
+    def run_sampled(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        temperature: torch.Tensor,
+        seeds: torch.Tensor,
+        offsets: torch.Tensor,
+    ) -> torch.Tensor:
+        """Replay a decode step and its sampling (graphs captured with ``compute_logits``): (B,) int64
+        the rows' tokens, a view of the static output that the next replay overwrites.
+        ``temperature``, ``seeds``, ``offsets``: (B,) the fused sampler's inputs."""
+        b = meta.num_reqs
+        self.temperature[:b].copy_(temperature, non_blocking=True)
+        self.seeds[:b].copy_(seeds, non_blocking=True)
+        self.offsets[:b].copy_(offsets, non_blocking=True)
+        self.run(input_ids, positions, meta)
+        return self.tokens[:b]

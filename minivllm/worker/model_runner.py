@@ -51,6 +51,7 @@ from minivllm.multimodal.feature import MultiModalFeature
 from minivllm.outputs import DoneOutput, ModelRunnerOutput, PositionLogprobs
 from minivllm.pooling.pooler import Pooler
 from minivllm.request import RequestId
+from minivllm.sample.metadata import SamplingMetadata
 from minivllm.sample.sampler import Sampler, SamplerOutput
 from minivllm.structured_output.backend import bitmask_for_rows
 from minivllm.tuned_tiles import device_facts
@@ -85,7 +86,7 @@ class ModelRunner:
         self.model: nn.Module | None = None
         self.kv_caches: list[torch.Tensor] = []
         self.cuda_graphs: CUDAGraphRunner | None = None
-        self.sampler = Sampler(torch.Generator(device=device).manual_seed(cfg.model.seed))
+        self.sampler = Sampler(torch.Generator(device=device).manual_seed(cfg.model.seed), fused=cfg.fused_sampler)
         self.pooler = Pooler(cfg.model.pooler_config.pooling_type) if cfg.model.runner == "pooling" else None
         max_reqs, max_blocks = cfg.scheduler.max_num_seqs, cdiv(cfg.max_model_len, self.block_size)
         self.batch = InputBatch(max_reqs, cfg.max_model_len, max_blocks, device)
@@ -203,8 +204,18 @@ class ModelRunner:
         if not sizes:
             return
         max_len = min(self.cfg.max_model_len, self.cfg.compilation.max_seq_len_to_capture)
+        # The fused sampler joins the graphs where a decode step's tokens come from the last rank's
+        # logits alone (no pooler, drafts, pipeline stages or images).
+        samples = self.sampler.fused and self.pooler is None and self.spec is None and self.mm is None
+        logits = self.model.compute_logits if samples and self.pipeline is None else None
         self.cuda_graphs = CUDAGraphRunner(
-            self.model, sizes, cdiv(max_len, self.block_size), max_len, self.device, self._split_sizes(sizes, max_len)
+            self.model,
+            sizes,
+            cdiv(max_len, self.block_size),
+            max_len,
+            self.device,
+            self._split_sizes(sizes, max_len),
+            compute_logits=logits,
         )
         self.cuda_graphs.capture()
         graphs = self.cuda_graphs
@@ -261,6 +272,11 @@ class ModelRunner:
         if self.mm is not None and self.mm.features:  # images: encode this step's, merge their rows
             self.mm.encode(scheduler_output)
             embeds = self.mm.inputs_embeds(step, self.batch)
+        meta = None
+        if intermediate is None and embeds is None and self.pooler is None and self.spec is None:
+            pending, meta = self._sample_in_graph(step, scheduler_output)
+            if pending is not None:
+                return pending
         hidden = self._forward(step.input_ids, step.positions, step.meta, intermediate, embeds)  # (T, hidden)
         if self.pipeline is not None and not self.pipeline.is_last:  # hand on to the next stage; it samples
             self.pipeline.send(hidden)  # and the scheduler sends its tokens back with the next step
@@ -274,7 +290,7 @@ class ModelRunner:
             if self.drafter is not None:  # a prefill chunk: the draft's KV catches up
                 self.drafter.propose(self.batch, step, hidden)
             return DoneOutput(ModelRunnerOutput())
-        pending = self._sample(hidden, step, prompt_logprobs, scheduler_output)
+        pending = self._sample(hidden, step, prompt_logprobs, scheduler_output, meta)
         if self.spec is not None:
             out = pending.result()
             self.batch.store_sampled()  # the verifier replaces the plain samples in the rows
@@ -331,20 +347,55 @@ class ModelRunner:
             step.input_ids[dst] = prev.device[src]
         return step
 
-    def _sample(
-        self, hidden: torch.Tensor, step: StepInputs, prompt_logprobs: dict, scheduler_output: SchedulerOutput
-    ) -> PendingOutput:
-        rows = step.rows[step.sample_idx]  # ascending
+    def _sample_in_graph(
+        self, step: StepInputs, scheduler_output: SchedulerOutput
+    ) -> tuple[PendingOutput | None, SamplingMetadata | None]:
+        """A decode step whose tokens the captured graphs sample (``CUDAGraphRunner.run_sampled``:
+        the model and the fused sampler in one replay): every row samples, and none asks for logit
+        edits, a grammar, logprobs or min-p / top-k / top-p. Otherwise (None, the step's sampling
+        metadata when it was built, for ``_sample`` to reuse)."""
+        graphs = self.cuda_graphs
+        if graphs is None or graphs.vocab_size is None or step.meta.max_query_len != 1 or not graphs.covers(step.meta):
+            return None, None
+        if scheduler_output.grammar_bitmask is not None or self.prompt_logprobs:
+            return None, None
+        rows = step.rows[step.sample_idx]
+        if len(rows) != len(step.input_ids):
+            return None, None
+        seq_lens = step.query_lens[step.sample_idx] + self.batch.num_computed_tokens[rows]
+        meta = self.batch.sampling_metadata(rows, seq_lens, graphs.vocab_size)
+        if meta.edits is not None or meta.max_num_logprobs is not None or meta.truncated_rows is not None:
+            return None, meta
+        seeds, offsets = self.sampler.philox_inputs(meta, len(rows), self.device)
+        tokens = graphs.run_sampled(step.input_ids, step.positions, step.meta, meta.temperature, seeds, offsets)
+        tokens = tokens.clone()  # the next replay overwrites the static output
+        broadcast_from_first(tokens)
+        held = self.batch.hold_sampled(self._req_ids(rows), rows, tokens)
+        return PendingOutput(held, SamplerOutput(tokens, None, None, None), meta.num_logprobs, {}), None
+
+    def _req_ids(self, rows: np.ndarray) -> list[RequestId]:
         if rows[-1] == len(rows) - 1:  # rows 0 .. S-1, the common decode step
-            req_ids = self.batch.req_ids[: len(rows)]
-        else:
-            req_ids = [self.batch.req_ids[r] for r in rows.tolist()]
+            return self.batch.req_ids[: len(rows)]
+        return [self.batch.req_ids[r] for r in rows.tolist()]
+
+    def _sample(
+        self,
+        hidden: torch.Tensor,
+        step: StepInputs,
+        prompt_logprobs: dict,
+        scheduler_output: SchedulerOutput,
+        meta: SamplingMetadata | None = None,
+    ) -> PendingOutput:
+        """``meta``: the step's sampling metadata when ``_sample_in_graph`` built it already."""
+        rows = step.rows[step.sample_idx]  # ascending
+        req_ids = self._req_ids(rows)
         if len(rows) < len(step.input_ids):
             hidden = hidden[step.logits_index]
         # else every token is a request's last (decode only) and samples: hidden is in order
         logits = self.model.compute_logits(hidden)  # (S, vocab) fp32
-        seq_lens = step.query_lens[step.sample_idx] + self.batch.num_computed_tokens[rows]
-        meta = self.batch.sampling_metadata(rows, seq_lens, logits.shape[-1])
+        if meta is None:
+            seq_lens = step.query_lens[step.sample_idx] + self.batch.num_computed_tokens[rows]
+            meta = self.batch.sampling_metadata(rows, seq_lens, logits.shape[-1])
         meta.grammar_bitmask = None
         if scheduler_output.grammar_bitmask is not None:
             meta.grammar_bitmask = bitmask_for_rows(

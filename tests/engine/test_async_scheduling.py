@@ -20,7 +20,7 @@ PROMPTS = [
 ]
 
 
-def make_engine(llama_dir, async_scheduling: bool, num_blocks: int = 14) -> LLMEngine:
+def make_engine(llama_dir, async_scheduling: bool, num_blocks: int = 14, fused_sampler: bool = False) -> LLMEngine:
     return LLMEngine(
         build_config(
             [
@@ -32,6 +32,7 @@ def make_engine(llama_dir, async_scheduling: bool, num_blocks: int = 14) -> LLME
                 "scheduler.max_num_batched_tokens=32",
                 "scheduler.log_stats_interval=0",
                 f"scheduler.async_scheduling={str(async_scheduling).lower()}",
+                f"compilation.fused_sampler={str(fused_sampler).lower()}",  # the Triton sampler, interpreted
             ]
         )
     )
@@ -78,10 +79,11 @@ def probe(llama_dir):
     return finals
 
 
-def test_async_scheduling_equals_the_synchronous_loop(llama_dir, probe):
+@pytest.mark.parametrize("fused_sampler", [False, True], ids=["torch-sampler", "fused-sampler"])
+def test_async_scheduling_equals_the_synchronous_loop(llama_dir, probe, fused_sampler):
     results = {}
     for mode in (False, True):
-        engine = make_engine(llama_dir, async_scheduling=mode)
+        engine = make_engine(llama_dir, async_scheduling=mode, fused_sampler=fused_sampler)
         results[mode] = run(engine, workload(probe), abort_id="3")
         results[mode] += (engine.core.scheduler.num_preemptions,)
         engine.shutdown()

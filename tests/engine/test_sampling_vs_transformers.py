@@ -19,11 +19,17 @@ MAX_TOKENS = 10
 EOS = 2  # tests.model_configs
 
 
-@pytest.fixture(scope="module")
-def llm(llama_dir):
-    # a small token budget splits prompts and batches across steps (chunked prefill)
+@pytest.fixture(scope="module", params=[False, True], ids=["torch-sampler", "fused-sampler"])
+def llm(llama_dir, request):
+    # a small token budget splits prompts and batches across steps (chunked prefill); the fused
+    # sampler (Triton, interpreted here) runs after the same logit edits
     engine = LLM(
-        model=str(llama_dir), dtype="float32", block_size=8, num_gpu_blocks_override=96, max_num_batched_tokens=16
+        model=str(llama_dir),
+        dtype="float32",
+        block_size=8,
+        num_gpu_blocks_override=96,
+        max_num_batched_tokens=16,
+        overrides=[f"compilation.fused_sampler={str(request.param).lower()}"],
     )
     yield engine
     engine.shutdown()

@@ -221,6 +221,116 @@ def test_graph_outputs_equal_eager_outputs(llama_dir, batch):
     assert outs[True] == outs[False]
 
 
+class _EagerStep:
+    """A captured graph with the sampler inside, stood in for on the CPU: replay re-runs the
+    graph's step (model, logits, fused sampler: interpreted) over the static buffers."""
+
+    def __init__(self, graphs: CUDAGraphRunner, n: int) -> None:
+        self.graphs, self.n = graphs, n
+        self.replays = 0
+
+    def replay(self) -> None:
+        self.graphs.outputs[self.n] = self.graphs.step(self.n)
+        self.replays += 1
+
+
+def _sampling_graphs(llm: LLM, sizes: list[int]) -> CUDAGraphRunner:
+    """Graphs with the sampler, as ``capture_cuda_graphs`` makes them, replayed by ``_EagerStep``."""
+    runner = _runner(llm)
+    max_len = llm.cfg.max_model_len
+    graphs = CUDAGraphRunner(
+        runner.model,
+        sizes,
+        -(-max_len // runner.block_size),
+        max_len,
+        runner.device,
+        compute_logits=runner.model.compute_logits,
+    )
+    for n in graphs.sizes:
+        graphs.outputs[n] = graphs.step(n)
+        graphs.graphs[n] = _EagerStep(graphs, n)
+    runner.cuda_graphs = graphs
+    return graphs
+
+
+def _counted(run_sampled, calls: list[int]):
+    """``run_sampled`` that records each call's number of rows in ``calls``."""
+
+    def run(*args):
+        calls.append(args[3].shape[0])
+        return run_sampled(*args)
+
+    return run
+
+
+SAMPLED_PARAMS = [
+    SamplingParams(temperature=0, max_tokens=6, ignore_eos=True),
+    SamplingParams(temperature=0.9, seed=3, max_tokens=6, ignore_eos=True),
+    SamplingParams(temperature=0.6, seed=8, max_tokens=4, ignore_eos=True),
+]
+
+
+def _cpu_llm(llama_dir) -> LLM:
+    return LLM(
+        model=str(llama_dir),
+        dtype="float32",
+        num_gpu_blocks_override=32,
+        block_size=8,
+        attention_backend="triton",  # interpreted: the graphs' static metadata needs no host work
+        max_num_seqs=4,
+        overrides=["compilation.fused_sampler=true"],
+    )
+
+
+def test_decode_steps_sample_inside_the_graph_with_the_eager_steps_tokens(llama_dir):
+    """The runner's in-graph sampling path on the CPU, with the graph replay stood in for: greedy
+    and seeded requests get the tokens of the eager steps, and plain decode steps sample in the
+    graph; a step with logprobs replays the graph but samples the usual way."""
+    prompts = ["def f(x):", "class A:", "import os"]
+    outs = {}
+    for in_graph in (False, True):
+        llm = _cpu_llm(llama_dir)
+        graphs = _sampling_graphs(llm, [1, 2, 4]) if in_graph else None
+        calls = []
+        if graphs is not None:
+            graphs.run_sampled = _counted(graphs.run_sampled, calls)
+        outs[in_graph] = [o.outputs[0].token_ids for o in llm.generate(prompts, SAMPLED_PARAMS, use_tqdm=False)]
+        if graphs is not None:
+            assert calls and set(calls) <= {1, 2, 3}  # decode steps of 3, then fewer rows (padded to 4, 2)
+            replays = sum(g.replays for g in graphs.graphs.values())
+            before = len(calls)
+            logprobs = SamplingParams(temperature=0, max_tokens=3, logprobs=1, ignore_eos=True)
+            out = llm.generate(prompts[:1], logprobs, use_tqdm=False)[0].outputs[0]
+            assert len(out.logprobs) == 3 and len(calls) == before  # sampled outside the graph
+            assert sum(g.replays for g in graphs.graphs.values()) > replays
+        llm.shutdown()
+    assert outs[True] == outs[False]
+
+
+@pytest.mark.gpu
+def test_graphs_with_the_sampler_inside_give_the_eager_tokens(llama_dir):
+    """compilation.fused_sampler on (the CUDA default): decode steps replay the model and the
+    sampler in one graph; greedy and seeded requests get the eager engine's tokens."""
+    prompts = [f"def f{i}(x):" + " x" * i for i in range(5)]
+    params = [*SAMPLED_PARAMS, SAMPLED_PARAMS[1], SAMPLED_PARAMS[0]]
+    outs = {}
+    for eager in (True, False):
+        llm = LLM(
+            model=str(llama_dir),
+            dtype="bfloat16",
+            num_gpu_blocks_override=256,
+            enforce_eager=eager,
+            attention_backend="triton",
+            cuda_graph_sizes=[1, 2, 4, 8],
+            max_num_seqs=16,
+        )
+        graphs = _runner(llm).cuda_graphs
+        assert (graphs is None) == eager and (eager or graphs.vocab_size is not None)
+        outs[eager] = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+        llm.shutdown()
+    assert outs[True] == outs[False]
+
+
 @pytest.mark.gpu
 def test_graphs_at_the_default_sizes_equal_eager(llama_dir):
     """Batches between the multiples of 8 (9..17 requests) pad to 16 and 24 rows of the default sizes."""

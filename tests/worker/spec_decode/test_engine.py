@@ -140,14 +140,31 @@ def test_seeded_sampling_is_reproducible_with_top_k_top_p(models):
     assert all(len(v[0][0]) == 20 for v in first.values())
 
 
-def test_requests_that_may_not_speculate_match_the_plain_engine(models):
+def test_seeded_sampling_with_the_fused_sampler_is_reproducible(models):
+    """The plain sample beside the verifier from the Triton kernel (interpreted): the same seeded
+    tokens run after run. (Across preemptions a seeded request keeps its tokens only while its
+    drafts fall at the same positions, with either sampler: a position verified draws other
+    noise than a position sampled plainly.)"""
+    params = [
+        SamplingParams(temperature=0.9, top_k=20, top_p=0.9, seed=7 + i, max_tokens=12, ignore_eos=True)
+        for i in range(len(PROMPTS))
+    ]
+    keys = {"compilation.fused_sampler": "true"}
+    first = run(make_engine(models["demo"], spec=True, num_blocks=64, **keys), params)
+    assert first == run(make_engine(models["demo"], spec=True, num_blocks=64, **keys), params)
+    assert all(len(v[0][0]) == 12 for v in first.values())
+
+
+@pytest.mark.parametrize("fused", ["false", "true"], ids=["torch-sampler", "fused-sampler"])
+def test_requests_that_may_not_speculate_match_the_plain_engine(models, fused):
     """Logprobs and penalties read the raw distribution or the history: no drafts, same outputs."""
     params = [
         SamplingParams(temperature=0, max_tokens=16, logprobs=2, ignore_eos=True),
         SamplingParams(temperature=0, max_tokens=16, repetition_penalty=1.3, ignore_eos=True),
         *greedy_params()[2:],
     ]
-    assert run(make_engine(models["demo"], spec=True, num_blocks=64), params) == run(
+    keys = {"compilation.fused_sampler": fused}
+    assert run(make_engine(models["demo"], spec=True, num_blocks=64, **keys), params) == run(
         make_engine(models["demo"], spec=False, num_blocks=64), params
     )
 
