@@ -112,3 +112,21 @@ class AttentionBackend(ABC):
         ``p - w + 1 .. p`` (w tokens, itself included), as in Mistral/HF.
         ``logits_soft_cap=c`` replaces each score s by ``c * tanh(s / c)``.
         """
+
+    def forward_mla(
+        self,
+        q_nope: torch.Tensor,  # (T, num_heads, qk_nope_head_dim)
+        q_pe: torch.Tensor,  # (T, num_heads, qk_rope_head_dim), rotated
+        latent: torch.Tensor,  # (T, kv_lora_rank + qk_rope_head_dim): [c ; k_pe], k_pe rotated
+        kv_cache: torch.Tensor,  # (num_blocks, block_size, 1, kv_lora_rank + qk_rope_head_dim)
+        meta: AttentionMetadata,
+        *,
+        w_uk: torch.Tensor,  # (num_heads, qk_nope_head_dim, kv_lora_rank)
+        w_uv: torch.Tensor,  # (num_heads, v_head_dim, kv_lora_rank)
+        scale: float,
+        k_scale: float = 1.0,
+    ) -> torch.Tensor:  # (T, num_heads, v_head_dim)
+        """Multi-head Latent Attention (DeepSeek V2/V3, ``attention/mla.py``): store ``latent`` at
+        ``meta.slot_mapping`` in the latent cache, then attend. A separate entry from ``forward``:
+        the cache holds one latent per token, not per-head keys and values."""
+        raise NotImplementedError(f"attention backend {self.name!r} has no MLA path (DeepSeek V2/V3); use torch")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from minivllm.attention.backend import AttentionBackend, AttentionMetadata
+from minivllm.attention.mla import mla_attention
 from minivllm.attention.ops import paged_attention, write_kv
 
 
@@ -48,3 +49,19 @@ class TritonAttentionBackend(AttentionBackend):
             k_scale=k_scale,
             v_scale=v_scale,
         )
+
+    def forward_mla(
+        self,
+        q_nope: torch.Tensor,
+        q_pe: torch.Tensor,
+        latent: torch.Tensor,
+        kv_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        *,
+        w_uk: torch.Tensor,
+        w_uv: torch.Tensor,
+        scale: float,
+        k_scale: float = 1.0,
+    ) -> torch.Tensor:
+        """MLA (``attention/mla.py``): the torch path, on the device the tensors are on."""
+        return mla_attention(q_nope, q_pe, latent, kv_cache, meta, w_uk=w_uk, w_uv=w_uv, scale=scale, k_scale=k_scale)

@@ -36,6 +36,10 @@ class Attention(nn.Module):
         self.kv_cache: torch.Tensor | None = None  # (2, num_blocks, block_size, num_kv_heads, head_dim)
         self.k_scale, self.v_scale = 1.0, 1.0  # fp8 KV cache: stored = k / k_scale (attention/kv_quant.py)
 
+    def kv_cache_shape(self, num_blocks: int, block_size: int) -> tuple[int, ...]:
+        """This layer's slice of the paged cache: (2, num_blocks, block_size, num_kv_heads, head_dim)."""
+        return (2, num_blocks, block_size, self.num_kv_heads, self.head_dim)
+
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         if self.kv_cache is None:
             raise RuntimeError("the KV cache is not allocated: the model runner binds it in init_kv_cache()")

@@ -153,9 +153,9 @@ class ModelRunner:
             check_fp8_kv_capability(torch.cuda.get_device_capability(self.device), self.cfg.cache.cache_dtype)
 
     # ---- the KV cache: one (2, num_blocks, block_size, kv_heads, head_dim) tensor per attention layer ----
+    # (an MLA layer's is (num_blocks, block_size, 1, kv_lora_rank + qk_rope_head_dim): layers/mla.py)
     def kv_cache_shape(self, num_blocks: int) -> tuple[int, ...]:
-        layer = self.attention_layers[0]
-        return (2, num_blocks, self.block_size, layer.num_kv_heads, layer.head_dim)
+        return self.attention_layers[0].kv_cache_shape(num_blocks, self.block_size)
 
     def kv_cache_bytes_per_block(self) -> int:
         per_layer = int(np.prod(self.kv_cache_shape(1)))

@@ -90,12 +90,23 @@ class Worker:
         widest step (``max_num_seqs`` rows); for a model that takes images, around the vision
         encoder on one step's largest input too, and its whole encoder cache is reserved (0 bytes
         for a text-only model): ``profile.py``.
+        ``cache.kv_cache_memory_bytes`` replaces all of this with an exact budget (vLLM's
+        ``kv_cache_memory_bytes``), on the CPU and CUDA alike.
         On the CPU, ``cache.cpu_memory_gb`` stands in for device memory and the
         peak is the weights plus the growth of the process's resident high-water mark.
         """
         override = self.cfg.cache.num_gpu_blocks_override
         if override is not None:
             return override
+        budget = self.cfg.cache.kv_cache_memory_bytes
+        if budget is not None:  # an exact budget: no profile, no memory fraction
+            per_block = self.model_runner.kv_cache_bytes_per_block()
+            if budget < per_block:
+                raise ValueError(
+                    f"cache.kv_cache_memory_bytes={budget}: less than one KV block of this model "
+                    f"({per_block} bytes at cache.block_size={self.cfg.cache.block_size}); raise it"
+                )
+            return budget // per_block
         total, peak = self._profile_memory()
         encoder_cache = self.model_runner.encoder_cache_bytes()  # images: held between steps, outside the peak
         free = total * self.cfg.cache.gpu_memory_utilization - peak - encoder_cache
