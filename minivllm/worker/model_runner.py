@@ -42,6 +42,7 @@ from minivllm.distributed.parallel_state import broadcast_from_first
 from minivllm.distributed.pipeline import IntermediateTensors, PipelineStage, pipeline_stage
 from minivllm.layers.attention import attention_layers
 from minivllm.layers.compile import compile_small_ops
+from minivllm.layers.mla import MLAAttention
 from minivllm.layers.rotary import share_cos_sin_caches
 from minivllm.lora.manager import LoRAModelManager
 from minivllm.models.interfaces import supports_mrope, supports_multimodal
@@ -190,6 +191,7 @@ class ModelRunner:
         nor with pipeline stages or LoRA (its token groups change per step)."""
         graphs = self.cfg.compilation.cudagraph and self.cfg.parallel.pp == 1 and not self.cfg.lora.enable_lora
         graphs = graphs and self.mrope is None  # (3, T) positions: no captured (T,) buffers for them
+        graphs = graphs and not any(isinstance(a, MLAAttention) for a in self.attention_layers)  # MLA: host arrays
         return graphs and self.device.type == "cuda" and self.attn_backend.name == "triton"
 
     def capture_cuda_graphs(self) -> None:

@@ -78,10 +78,11 @@ class Worker:
         return self.model_runner.model
 
     def determine_kv_cache_spec(self) -> KVCacheSpec:
-        """This rank's KV cache as the engine plans with it: the blocks that fit, and the
-        sliding window of the model it loaded (``KVCacheSpec``)."""
+        """This rank's KV cache as the engine plans with it: the blocks that fit, the
+        sliding window of the model it loaded and what a block costs (``KVCacheSpec``)."""
         window = uniform_sliding_window(self.model_runner.model)
-        return KVCacheSpec(self.cfg.cache.block_size, self.determine_num_available_blocks(), window)
+        num_blocks = self.determine_num_available_blocks()
+        return KVCacheSpec(self.cfg.cache.block_size, num_blocks, window, self.model_runner.kv_cache_bytes_per_block())
 
     def determine_num_available_blocks(self) -> int:
         """KV blocks that fit: (device memory x utilization - peak usage - encoder cache) / bytes per block.
