@@ -243,10 +243,11 @@ def test_fp8_latent_cache_generates_close_to_fp32(v3_dir):
         assert a.token_ids[0] == b.token_ids[0]  # the first token reads the prompt's latents back from fp8
 
 
-@pytest.mark.parametrize("which", ["v2", "v3"])
+@pytest.mark.parametrize("which", ["v2", "v3", "v3-expert-parallel"])
 def test_tp2_replicates_the_latent_and_splits_heads(which, v2_dir, v3_dir):
+    """tp=2 gives tp=1's tokens and logprobs; with expert parallelism each rank holds 4 whole experts."""
     ckpt = v2_dir if which == "v2" else v3_dir
-    llm = LLM(model=str(ckpt), tensor_parallel_size=2, **h.LLM_KWARGS)
+    llm = LLM(model=str(ckpt), tensor_parallel_size=2, enable_expert_parallel="expert" in which, **h.LLM_KWARGS)
     try:
         h.assert_same_outputs(h.reference(ckpt), h.generate(llm))
         shapes = llm.collective_rpc(h.kv_cache_shape)
@@ -255,3 +256,44 @@ def test_tp2_replicates_the_latent_and_splits_heads(which, v2_dir, v3_dir):
         llm.shutdown()
     assert shapes[0] == shapes[1] == (64, 8, 1, 16 + 8)  # the whole latent on each rank
     assert heads == [2, 2]  # 4 heads split
+
+
+TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+
+
+@torch.no_grad()
+def test_openai_chat_with_the_checkpoints_template_matches_transformers(v3_dir, tmp_path, make_engine, openai_client):
+    """The server renders the checkpoint's own chat template; the reply is transformers' greedy text."""
+    import json
+    import shutil
+
+    ckpt = tmp_path / "deepseek-v3-chat"
+    shutil.copytree(v3_dir, ckpt)
+    tok_config = json.loads((ckpt / "tokenizer_config.json").read_text())
+    (ckpt / "tokenizer_config.json").write_text(json.dumps({**tok_config, "chat_template": TEMPLATE}))
+    server = make_engine(ckpt).start_server()
+    client = openai_client(server)
+    messages = [{"role": "user", "content": "def add(a, b):"}]
+    chat = client.chat.completions.create(model=server.model_name, messages=messages, max_tokens=8, temperature=0)
+
+    tokenizer = server.harness.engine.tokenizer
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+    assert tokenizer.decode(ids).endswith("<|assistant|>\n")
+    hf = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32, attn_implementation="eager").eval()
+    for _ in range(8):  # greedy, one token at a time (transformers' generate would stop at eos)
+        ids = ids + [int(hf(input_ids=torch.tensor([ids])).logits[0, -1].argmax())]
+    expected = tokenizer.decode(ids[-8:], skip_special_tokens=True)
+    assert chat.choices[0].message.content == expected
+    assert chat.usage.completion_tokens == 8
+
+
+def test_pipeline_parallel_stages_match_one_stage(v3_dir):
+    """pp=2: the dense layer on one stage, the MoE layer on the other, each with its latent cache."""
+    llm = LLM(model=str(v3_dir), pipeline_parallel_size=2, **h.LLM_KWARGS)
+    try:
+        h.assert_same_outputs(h.reference(v3_dir), h.generate(llm))
+    finally:
+        llm.shutdown()
