@@ -297,3 +297,45 @@ def test_pipeline_parallel_stages_match_one_stage(v3_dir):
         h.assert_same_outputs(h.reference(v3_dir), h.generate(llm))
     finally:
         llm.shutdown()
+
+
+# ---- the routers against transformers' -------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "which, overrides",
+    [
+        ("v3", {}),
+        ("v3", {"norm_topk_prob": False, "n_group": 1, "topk_group": 1}),
+        ("v2", {}),
+        ("v2", {"topk_method": "group_limited_greedy", "n_group": 4, "topk_group": 2, "routed_scaling_factor": 1.5}),
+    ],
+)
+@torch.no_grad()
+def test_router_picks_transformers_experts_and_weights(which, overrides):
+    """Same weights (and V3's correction bias, large enough to change the choice) -> the same
+    experts and routing weights as transformers' router, on 64 random tokens."""
+    from transformers.models.deepseek_v2.modeling_deepseek_v2 import DeepseekV2TopkRouter
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3TopkRouter
+
+    from minivllm.models.deepseek_v2 import DeepseekRouter
+
+    config = (deepseek_v3_config if which == "v3" else deepseek_v2_config)(**overrides)
+    gen = torch.Generator().manual_seed(0)
+    ref = (DeepseekV3TopkRouter if which == "v3" else DeepseekV2TopkRouter)(config)
+    ref.weight.copy_(torch.randn(ref.weight.shape, generator=gen))
+    ours = DeepseekRouter(config)
+    ours.weight.copy_(ref.weight)
+    if which == "v3":
+        ref.e_score_correction_bias.copy_(0.5 * torch.randn(8, generator=gen))
+        ours.e_score_correction_bias.copy_(ref.e_score_correction_bias)
+    hidden = torch.randn(64, config.hidden_size, generator=gen)
+    _, ref_weights, ref_ids = ref(hidden)
+    weights, ids = ours(hidden)
+    order, ref_order = ids.argsort(dim=1), ref_ids.argsort(dim=1)
+    assert torch.equal(ids.gather(1, order), ref_ids.gather(1, ref_order))
+    torch.testing.assert_close(weights.gather(1, order), ref_weights.gather(1, ref_order))
+    if which == "v3" and config.n_group > 1:  # the bias moved some choice (else it would test nothing)
+        ours.e_score_correction_bias.zero_()
+        unbiased_ids = ours(hidden)[1]
+        assert not torch.equal(unbiased_ids.sort(dim=1).values, ids.sort(dim=1).values)
