@@ -88,3 +88,13 @@ def test_triton_backend_runs_deepseek_like_torch(make_checkpoint):
         assert a.outputs[0].token_ids == b.outputs[0].token_ids
         for lp_a, lp_b, t in zip(a.outputs[0].logprobs, b.outputs[0].logprobs, a.outputs[0].token_ids):
             assert abs(lp_a[t] - lp_b[t]) < 1e-4
+
+
+@pytest.mark.skipif(not INTERPRETED, reason="the CPU smoke run needs TRITON_INTERPRET=1")
+def test_mla_decode_benchmark_smoke_prints_a_row(capsys):
+    from tools.kernel_variants import benchmark_module
+
+    assert benchmark_module("mla_decode").main(["--cpu-smoke"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("device cpu, copy") and len(lines) == 3
+    assert lines[2].split()[:3] == ["4", "2", "40"]  # heads, batch, context
