@@ -339,3 +339,12 @@ def test_router_picks_transformers_experts_and_weights(which, overrides):
         ours.e_score_correction_bias.zero_()
         unbiased_ids = ours(hidden)[1]
         assert not torch.equal(unbiased_ids.sort(dim=1).values, ids.sort(dim=1).values)
+
+
+def test_ngram_speculation_verifies_drafts_against_the_latent_cache(v3_dir):
+    """Verify steps give each request several queries at once (expanded form, not a prefill);
+    rejected drafts' latents are overwritten. The tokens equal transformers' greedy ones."""
+    prompts = [p * 3 for p in _prompts()]  # repeats give the n-gram proposer matches
+    spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+    outs, _ = _generate(v3_dir, prompts, speculative_config=spec, max_model_len=128)
+    _assert_matches_transformers(v3_dir, prompts, outs)
