@@ -184,6 +184,17 @@ def test_latent_cache_holds_four_times_the_tokens_of_per_head_kv(v3_dir):
     assert spec.num_tokens >= 4 * (budget // expanded_per_token)
 
 
+def test_kv_cache_memory_bytes_is_a_hydra_key_and_an_llm_keyword(llama_dir):
+    from minivllm.config.llm_kwargs import config_from_kwargs
+    from minivllm.config.store import build_config
+
+    cfg = build_config([f"model.path={llama_dir}", "cache.kv_cache_memory_bytes=1048576"])
+    assert cfg.cache.kv_cache_memory_bytes == 1 << 20
+    assert config_from_kwargs(str(llama_dir), kv_cache_memory_bytes=1 << 20).cache.kv_cache_memory_bytes == 1 << 20
+    with pytest.raises(ValueError, match="cache.kv_cache_memory_bytes=-5"):
+        build_config([f"model.path={llama_dir}", "cache.kv_cache_memory_bytes=-5"])
+
+
 def test_kv_cache_memory_bytes_sets_the_budget_and_is_checked(llama_dir):
     """It overrides the memory fraction (a tiny cpu_memory_gb would leave nothing), and a budget
     below one block, or one set beside num_gpu_blocks_override, fails naming the key."""
@@ -243,9 +254,10 @@ def test_fp8_latent_cache_generates_close_to_fp32(v3_dir):
         assert a.token_ids[0] == b.token_ids[0]  # the first token reads the prompt's latents back from fp8
 
 
-@pytest.mark.parametrize("which", ["v2", "v3", "v3-expert-parallel"])
+@pytest.mark.parametrize("which", ["v2", "v3-expert-parallel"])
 def test_tp2_replicates_the_latent_and_splits_heads(which, v2_dir, v3_dir):
-    """tp=2 gives tp=1's tokens and logprobs; with expert parallelism each rank holds 4 whole experts."""
+    """tp=2 gives tp=1's tokens and logprobs: V2 with q_proj and each expert sliced, V3 with the
+    low-rank q and expert parallelism (each rank holds 4 whole experts)."""
     ckpt = v2_dir if which == "v2" else v3_dir
     llm = LLM(model=str(ckpt), tensor_parallel_size=2, enable_expert_parallel="expert" in which, **h.LLM_KWARGS)
     try:
