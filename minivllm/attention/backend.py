@@ -62,6 +62,8 @@ class AttentionMetadata:
     stored); None: unknown, and a backend that cares reads ``slot_mapping`` to learn it."""
     backend_data: Any = None
     """What ``AttentionBackend.prepare`` derived for this step (shared by all layers)."""
+    mla_plan: Any = None
+    """MLA layers' per-step index tensors (``attention/mla.py``), built by the first of them."""
 
     @property
     def num_reqs(self) -> int:

@@ -26,6 +26,8 @@ An fp8 cache stores ``latent / k_scale`` (one scale for the layer's latent).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -80,35 +82,63 @@ def mla_attention(
     form, batched; prefill chunks one request at a time in the expanded form. ``absorb``
     forces one form for every request (tests compare the two)."""
     write_latent(latent, kv_cache, meta.slot_mapping, k_scale, meta.has_padding)
+    plan = meta.mla_plan if absorb is None else None
+    if plan is None:
+        plan = _Plan.build(meta, kv_cache.shape[1], q_nope.device, absorb)
+        if absorb is None:  # the same for every layer of the step
+            meta.mla_plan = plan
     T, H, _ = q_nope.shape
     out = q_nope.new_zeros(T, H, w_uv.shape[1])  # padding rows stay zero
-    query_lens = np.asarray(meta.query_lens_cpu)  # (B,)
-    seq_lens = np.asarray(meta.seq_lens_cpu)  # (B,)
-    starts = meta.query_start_loc_cpu
-    if starts is None:
-        starts = meta.query_start_loc.cpu().numpy()
-    tables = meta.block_tables_cpu if meta.block_tables_cpu is not None else meta.block_tables.cpu().numpy()
-    block_size, device = kv_cache.shape[1], q_nope.device
-    batched = query_lens == 1 if absorb is None else np.zeros(len(query_lens), dtype=bool)
-    rows = np.flatnonzero(batched)
-    if len(rows):  # decode: one query per request, all requests at once
-        nb = -(-int(seq_lens[rows].max()) // block_size)
-        tokens = torch.from_numpy(np.asarray(starts)[rows].astype(np.int64)).to(device)
-        blocks = torch.from_numpy(tables[rows, :nb].astype(np.int64)).to(device)
-        lat = gather_latent(kv_cache, blocks, q_nope.dtype, k_scale)  # (B, L, r + dr)
-        q_pos = torch.from_numpy((seq_lens[rows] - 1).astype(np.int64)).to(device).view(-1, 1)  # (B, 1)
-        o = _absorbed(q_nope[tokens].unsqueeze(1), q_pe[tokens].unsqueeze(1), lat, q_pos, w_uk, w_uv, scale)
-        out[tokens] = o.squeeze(1)
-    for i in np.flatnonzero(~batched).tolist():
-        n, seq_len, start = int(query_lens[i]), int(seq_lens[i]), int(starts[i])
-        nb = -(-seq_len // block_size)
-        blocks = torch.from_numpy(tables[i : i + 1, :nb].astype(np.int64)).to(device)
-        lat = gather_latent(kv_cache, blocks, q_nope.dtype, k_scale)[:, :seq_len]  # (1, seq_len, r + dr)
-        q_pos = torch.arange(seq_len - n, seq_len, device=device).view(1, n)
+    if plan.decode_tokens is not None:  # decode: one query per request, all requests at once
+        tokens = plan.decode_tokens
+        lat = gather_latent(kv_cache, plan.decode_blocks, q_nope.dtype, k_scale)  # (B, L, r + dr)
+        qn, qp = q_nope[tokens].unsqueeze(1), q_pe[tokens].unsqueeze(1)
+        out[tokens] = _absorbed(qn, qp, lat, plan.decode_q_pos, w_uk, w_uv, scale).squeeze(1)
+    form = _absorbed if absorb else _expanded
+    for start, n, blocks, q_pos in plan.chunks:
+        lat = gather_latent(kv_cache, blocks, q_nope.dtype, k_scale)  # (1, nb * block_size, r + dr)
         qn, qp = q_nope[start : start + n].unsqueeze(0), q_pe[start : start + n].unsqueeze(0)
-        form = _absorbed if absorb else _expanded
         out[start : start + n] = form(qn, qp, lat, q_pos, w_uk, w_uv, scale).squeeze(0)
     return out
+
+
+@dataclass
+class _Plan:
+    """What a step's MLA layers index with, built once per step (on the host, uploaded once)."""
+
+    decode_tokens: torch.Tensor | None
+    """(B,) int64 rows of the decode requests' tokens in the flat batch; None: no decode request."""
+    decode_blocks: torch.Tensor | None
+    """(B, nb) int64 their block tables, cut to the longest one's blocks."""
+    decode_q_pos: torch.Tensor | None
+    """(B, 1) int64 their queries' positions."""
+    chunks: list[tuple[int, int, torch.Tensor, torch.Tensor]]
+    """Per prefill chunk: first token row, query count, (1, nb) block ids, (1, n) query positions."""
+
+    @classmethod
+    def build(cls, meta: AttentionMetadata, block_size: int, device: torch.device, absorb: bool | None) -> _Plan:
+        query_lens = np.asarray(meta.query_lens_cpu)  # (B,)
+        seq_lens = np.asarray(meta.seq_lens_cpu)  # (B,)
+        starts = meta.query_start_loc_cpu
+        if starts is None:
+            starts = meta.query_start_loc.cpu().numpy()
+        tables = meta.block_tables_cpu if meta.block_tables_cpu is not None else meta.block_tables.cpu().numpy()
+        batched = query_lens == 1 if absorb is None else np.zeros(len(query_lens), dtype=bool)
+        rows = np.flatnonzero(batched)
+        decode = (None, None, None)
+        if len(rows):
+            nb = -(-int(seq_lens[rows].max()) // block_size)
+            decode = (
+                torch.from_numpy(np.asarray(starts)[rows].astype(np.int64)).to(device),
+                torch.from_numpy(tables[rows, :nb].astype(np.int64)).to(device),
+                torch.from_numpy((seq_lens[rows] - 1).astype(np.int64)).to(device).view(-1, 1),
+            )
+        chunks = []
+        for i in np.flatnonzero(~batched).tolist():
+            n, seq_len = int(query_lens[i]), int(seq_lens[i])
+            blocks = torch.from_numpy(tables[i : i + 1, : -(-seq_len // block_size)].astype(np.int64)).to(device)
+            chunks.append((int(starts[i]), n, blocks, torch.arange(seq_len - n, seq_len, device=device).view(1, n)))
+        return cls(*decode, chunks)
 
 
 def _bias(q_pos: torch.Tensor, num_keys: int, dtype: torch.dtype) -> torch.Tensor:
