@@ -103,7 +103,8 @@ class DeepseekRouter(nn.Module):
     def __init__(self, config: PretrainedConfig) -> None:
         super().__init__()
         self.num_experts, self.top_k = config.n_routed_experts, config.num_experts_per_tok
-        self.method = getattr(config, "topk_method", None) or "noaux_tc"  # V3's config has no topk_method
+        # V3 always routes by biased sigmoid scores in groups (its checkpoints say "noaux_tc"); V2 by topk_method.
+        self.method = "noaux_tc" if config.model_type == "deepseek_v3" else getattr(config, "topk_method", "greedy")
         if self.method not in ("greedy", "group_limited_greedy", "noaux_tc"):
             raise ValueError(f"topk_method={self.method!r}: supported are greedy, group_limited_greedy, noaux_tc")
         self.n_group, self.topk_group = getattr(config, "n_group", None), getattr(config, "topk_group", None)
