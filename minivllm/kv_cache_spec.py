@@ -16,7 +16,7 @@ nothing from the engine's packages.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterable
 
 from minivllm.utils import cdiv
@@ -33,6 +33,16 @@ class KVCacheSpec:
     sliding_window: int | None = None
     """Window behind which blocks are freed: set when every attention layer of the loaded
     model slides (the widest window), None when any attends globally."""
+    block_bytes: int = field(default=0, compare=False)
+    """Bytes one block takes on a rank, over all its KV layers (0: not reported): what a token
+    really costs. Per-head K/V: 2 * kv_heads * head_dim values per token and layer; MLA
+    (DeepSeek): one latent of kv_lora_rank + qk_rope_head_dim values. Informational: the
+    scheduler plans in blocks, so equal plans compare equal whatever it says."""
+
+    @property
+    def bytes_per_token(self) -> float:
+        """``block_bytes`` per token (0 when not reported)."""
+        return self.block_bytes / self.block_size
 
     @property
     def num_tokens(self) -> int:
@@ -57,7 +67,8 @@ class KVCacheSpec:
             raise ValueError(f"KVCacheSpec.merge: ranks disagree on cache.block_size: {sorted(sizes)}")
         windows = [s.sliding_window for s in specs]
         window = None if any(w is None for w in windows) else max(windows)
-        return cls(specs[0].block_size, min(s.num_blocks for s in specs), window)
+        block_bytes = max(s.block_bytes for s in specs)  # pipeline stages differ: the largest rank's
+        return cls(specs[0].block_size, min(s.num_blocks for s in specs), window, block_bytes)
 
 
 def max_blocks_per_request(num_tokens: int, block_size: int, window: int | None, max_step_tokens: int) -> int:

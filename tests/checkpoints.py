@@ -61,6 +61,9 @@ def _spread_weights(model: torch.nn.Module, seed: int) -> None:
             p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=gen))
         else:
             p.copy_(0.1 * torch.randn(p.shape, generator=gen))
+    for name, b in model.named_buffers():
+        if name.endswith("e_score_correction_bias"):  # DeepSeek V3's routing offset: zero would test nothing
+            b.copy_(0.3 * torch.randn(b.shape, generator=gen))
 
 
 def read_config(path: Path) -> dict:

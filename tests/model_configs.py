@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from transformers import (
+    DeepseekV2Config,
+    DeepseekV3Config,
     Gemma2Config,
     Gemma3TextConfig,
     GPT2Config,
@@ -271,3 +273,63 @@ def gpt_oss_config(**overrides) -> GptOssConfig:
         architectures=["GptOssForCausalLM"],
     )
     return GptOssConfig(**{**base, **overrides})
+
+
+def _deepseek_like(**overrides) -> dict:
+    """MLA with 4 heads: latent 16 + rope 8 per token (24 values) against per-head K/V of
+    4 * (16 + 8 + 12) = 144; 8 routed experts of width 32 top-2 plus a shared one; layer 0 dense."""
+    base = dict(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=96,
+        moe_intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        kv_lora_rank=16,
+        qk_nope_head_dim=16,
+        qk_rope_head_dim=8,
+        v_head_dim=12,
+        n_routed_experts=8,
+        n_shared_experts=1,
+        num_experts_per_tok=2,
+        first_k_dense_replace=1,
+        max_position_embeddings=256,
+        rms_norm_eps=1e-6,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+        tie_word_embeddings=False,
+    )
+    return {**base, **overrides}
+
+
+def deepseek_v2_config(**overrides) -> DeepseekV2Config:
+    """V2-Lite's shape: no q_lora_rank (q_proj), greedy softmax top-2, interleaved rope."""
+    base = _deepseek_like(q_lora_rank=None, topk_method="greedy", architectures=["DeepseekV2ForCausalLM"])
+    return DeepseekV2Config(**{**base, **overrides})
+
+
+def deepseek_v3_config(**overrides) -> DeepseekV3Config:
+    """V3's shape: q_lora_rank 24, sigmoid router with correction bias over 4 groups (2 kept),
+    renormalized and scaled by 2.5; DeepSeek yarn (factor 4 over 64, mscale 1, mscale_all_dim 0.8)."""
+    base = _deepseek_like(
+        q_lora_rank=24,
+        n_group=4,
+        topk_group=2,
+        norm_topk_prob=True,
+        routed_scaling_factor=2.5,
+        rope_interleave=True,
+        rope_parameters={
+            "rope_type": "yarn",
+            "rope_theta": 10000.0,
+            "factor": 4.0,
+            "original_max_position_embeddings": 64,
+            "mscale": 1.0,
+            "mscale_all_dim": 0.8,
+            "beta_fast": 32,
+            "beta_slow": 1,
+        },
+        architectures=["DeepseekV3ForCausalLM"],
+    )
+    return DeepseekV3Config(**{**base, **overrides})

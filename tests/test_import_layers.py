@@ -83,11 +83,11 @@ def _base_name(node: ast.expr) -> str:
 
 
 def _is_mixin(cls: ast.ClassDef, classes: dict[str, ast.ClassDef]) -> bool:
-    """A class that only lends methods to the classes that inherit it: no ``__init__``, not a
-    dataclass or an abstract base, and its methods read state (``self.x``) that it neither
-    sets nor defines, leaving it for its heirs to provide."""
-    if any(_base_name(b) in ("ABC", "Protocol", "BaseModel", "NamedTuple", "TypedDict") for b in cls.bases):
-        return False
+    """A class that only lends methods to the classes that inherit it: a plain class with no
+    ``__init__``, not a dataclass or an abstract base, whose methods read state (``self.x``)
+    that it neither sets nor defines, leaving it for its heirs to provide."""
+    if cls.bases:
+        return False  # a subclass of something (nn.Module, a base model, an ABC): an is-a
     if any("dataclass" in ast.unparse(d) for d in cls.decorator_list):
         return False
     methods = [n for n in cls.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]

@@ -268,6 +268,43 @@ def write_kv_launch(
     )
 
 
+def mla_decode_variants() -> list[Variant]:
+    """``mla_decode`` at DeepSeek V3's latent (kv_lora_rank 512 + rope 64): 128 heads (tp=1) and
+    16 (tp=8), a bf16 and an fp8 latent cache, blocks of 16 tokens."""
+    from minivllm.attention.kv_quant import FP8_KV_DTYPE
+    from minivllm.attention.ops import triton_mla_decode as mla
+
+    r, dr, block_size, num_blocks, batch = 512, 64, 16, 4096, 64
+    out = []
+    for heads in (128, 16):
+        for kv_dtype in (torch.bfloat16, FP8_KV_DTYPE):
+            q = Tensor(torch.bfloat16, batch, heads, r + dr)
+            kv_cache = Tensor(kv_dtype, num_blocks, block_size, 1, r + dr)
+            o = Tensor(torch.bfloat16, batch, heads, r)
+            tables = Tensor(torch.int32, batch, 256)
+            fp8 = kv_dtype == FP8_KV_DTYPE
+            args = dict(
+                q_ptr=q,
+                kv_ptr=kv_cache,
+                block_tables_ptr=tables,
+                seq_lens_ptr=Tensor(torch.int32, batch),
+                out_ptr=o,
+                scale=0.1,
+                k_scale=1.0,
+                num_heads=heads,
+                stride_qb=q.stride(0),
+                stride_qh=q.stride(1),
+                stride_ob=o.stride(0),
+                stride_oh=o.stride(1),
+                stride_bt=tables.stride(0),
+                stride_kv_slot=kv_cache.stride(1),
+                **mla.launch_constexprs(r, dr, heads, block_size, fp8, False),
+            )
+            label = f"mla decode H{heads} r{r}+{dr} {'fp8' if fp8 else 'bf16'} kv"
+            out.append(Variant(mla._mla_decode_kernel, label, args, {"num_warps": mla.num_warps_for(r)}, fp8_kv=fp8))
+    return out
+
+
 def _shape(
     dtype: torch.dtype, num_reqs: int, query_len: int, context_len: int, block_size: int, *, heads, **extra
 ) -> dict:
@@ -753,4 +790,5 @@ def all_variants(arch: int) -> list[Variant]:
     """Every kernel's launches on a GPU of ``arch`` (the wrappers' choices may depend on it)."""
     gemms = fused_moe_variants(arch) + int4_variants(arch)
     small = layer_op_variants() + graph_staging_variants() + lora_variants() + fp8_quant_variants()
-    return attention_variants(arch) + small + sampler_variants() + gemms + mxfp4_dequant_variants()
+    attention = attention_variants(arch) + mla_decode_variants()
+    return attention + small + sampler_variants() + gemms + mxfp4_dequant_variants()

@@ -62,6 +62,8 @@ class AttentionMetadata:
     stored); None: unknown, and a backend that cares reads ``slot_mapping`` to learn it."""
     backend_data: Any = None
     """What ``AttentionBackend.prepare`` derived for this step (shared by all layers)."""
+    mla_plan: Any = None
+    """MLA layers' per-step index tensors (``attention/mla.py``), built by the first of them."""
 
     @property
     def num_reqs(self) -> int:
@@ -117,6 +119,24 @@ class AttentionBackend(ABC):
         A backend without them raises ``NotImplementedError`` when given some
         (``check_no_sinks``).
         """
+
+    def forward_mla(
+        self,
+        q_nope: torch.Tensor,  # (T, num_heads, qk_nope_head_dim)
+        q_pe: torch.Tensor,  # (T, num_heads, qk_rope_head_dim), rotated
+        latent: torch.Tensor,  # (T, kv_lora_rank + qk_rope_head_dim): [c ; k_pe], k_pe rotated
+        kv_cache: torch.Tensor,  # (num_blocks, block_size, 1, kv_lora_rank + qk_rope_head_dim)
+        meta: AttentionMetadata,
+        *,
+        w_uk: torch.Tensor,  # (num_heads, qk_nope_head_dim, kv_lora_rank)
+        w_uv: torch.Tensor,  # (num_heads, v_head_dim, kv_lora_rank)
+        scale: float,
+        k_scale: float = 1.0,
+    ) -> torch.Tensor:  # (T, num_heads, v_head_dim)
+        """Multi-head Latent Attention (DeepSeek V2/V3, ``attention/mla.py``): store ``latent`` at
+        ``meta.slot_mapping`` in the latent cache, then attend. A separate entry from ``forward``:
+        the cache holds one latent per token, not per-head keys and values."""
+        raise NotImplementedError(f"attention backend {self.name!r} has no MLA path (DeepSeek V2/V3); use torch")
 
 
 def check_no_sinks(backend: AttentionBackend, sinks: torch.Tensor | None) -> None:

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 
 from minivllm.attention.backend import AttentionBackend, AttentionMetadata
 from minivllm.attention.kv_quant import dequantize_fp8, is_fp8, quantize_fp8
+from minivllm.attention.mla import mla_attention
 
 
 @dataclass
@@ -158,6 +159,22 @@ class TorchAttentionBackend(AttentionBackend):
                 return o.reshape(query.shape)
             out[group.token_idx] = o.reshape(-1, *query.shape[1:]).to(out.dtype)
         return out
+
+    def forward_mla(
+        self,
+        q_nope: torch.Tensor,
+        q_pe: torch.Tensor,
+        latent: torch.Tensor,
+        kv_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        *,
+        w_uk: torch.Tensor,
+        w_uv: torch.Tensor,
+        scale: float,
+        k_scale: float = 1.0,
+    ) -> torch.Tensor:
+        """MLA in torch (``attention/mla.py``): decode absorbed, prefill chunks expanded."""
+        return mla_attention(q_nope, q_pe, latent, kv_cache, meta, w_uk=w_uk, w_uv=w_uv, scale=scale, k_scale=k_scale)
 
 
 def _is_whole_batch(groups: list[_Group], num_tokens: int) -> bool:

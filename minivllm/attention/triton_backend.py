@@ -5,7 +5,9 @@ from __future__ import annotations
 import torch
 
 from minivllm.attention.backend import AttentionBackend, AttentionMetadata
+from minivllm.attention.mla import mla_attention, write_latent
 from minivllm.attention.ops import paged_attention, write_kv
+from minivllm.attention.ops.triton_mla_decode import mla_decode
 
 
 class TritonAttentionBackend(AttentionBackend):
@@ -53,3 +55,31 @@ class TritonAttentionBackend(AttentionBackend):
             v_scale=v_scale,
             sinks=sinks,
         )
+
+    def forward_mla(
+        self,
+        q_nope: torch.Tensor,
+        q_pe: torch.Tensor,
+        latent: torch.Tensor,
+        kv_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        *,
+        w_uk: torch.Tensor,
+        w_uv: torch.Tensor,
+        scale: float,
+        k_scale: float = 1.0,
+    ) -> torch.Tensor:
+        """MLA (``attention/mla.py``): a step of decode tokens only runs the Triton latent kernel
+        (absorbed form, ``ops/triton_mla_decode.py``); a step with a prefill chunk takes the
+        torch path (prefill chunks expanded, its decode tokens absorbed)."""
+        if meta.max_query_len > 1 or meta.num_reqs != meta.num_tokens:
+            return mla_attention(
+                q_nope, q_pe, latent, kv_cache, meta, w_uk=w_uk, w_uv=w_uv, scale=scale, k_scale=k_scale
+            )
+        write_latent(latent, kv_cache, meta.slot_mapping, k_scale, meta.has_padding)
+        q_lat = torch.einsum("thd,hdr->thr", q_nope, w_uk)  # (T, H, r): the queries in the latent space
+        q = torch.cat((q_lat, q_pe), dim=-1)  # (T, H, r + dr)
+        o_lat = mla_decode(
+            q, kv_cache, meta.block_tables, meta.seq_lens, kv_lora_rank=w_uk.shape[-1], scale=scale, k_scale=k_scale
+        )
+        return torch.einsum("thr,hvr->thv", o_lat, w_uv)  # (T, H, dv)

@@ -302,8 +302,9 @@ def weight_bytes(model: nn.Module) -> int:
 
 def kv_bytes_per_token(kv_caches: list[torch.Tensor]) -> int:
     """Bytes of keys + values one token occupies across all layers: each cache is
-    (2, num_blocks, block_size, kv_heads, head_dim)."""
-    return sum(2 * c.shape[-2] * c.shape[-1] * c.element_size() for c in kv_caches)
+    (2, num_blocks, block_size, kv_heads, head_dim), or an MLA layer's latent cache
+    (num_blocks, block_size, 1, kv_lora_rank + qk_rope_head_dim) with no K/V pair."""
+    return sum((2 if c.dim() == 5 else 1) * c.shape[-2] * c.shape[-1] * c.element_size() for c in kv_caches)
 
 
 @dataclass(frozen=True, slots=True)

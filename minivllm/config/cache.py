@@ -33,6 +33,8 @@ class CacheConfig:
     """Reuse the KV blocks of identical prompt prefixes across requests."""
     num_gpu_blocks_override: Optional[int] = None
     """Use exactly this many KV blocks instead of profiling."""
+    kv_cache_memory_bytes: Optional[int] = None
+    """KV-cache bytes per rank, exactly (blocks = bytes // bytes per block); overrides gpu_memory_utilization."""
     cpu_memory_gb: float = 2.0
     """Memory in GiB that stands in for device memory when the device is the CPU."""
 
@@ -43,4 +45,10 @@ class CacheConfig:
         check_choice("cache.cache_dtype", self.cache_dtype, CACHE_DTYPES)
         if self.num_gpu_blocks_override is not None:
             check_range("cache.num_gpu_blocks_override", self.num_gpu_blocks_override, low=1)
+        if self.kv_cache_memory_bytes is not None:
+            check_range("cache.kv_cache_memory_bytes", self.kv_cache_memory_bytes, low=1)
+            if self.num_gpu_blocks_override is not None:
+                raise ValueError(
+                    "cache.kv_cache_memory_bytes and cache.num_gpu_blocks_override both size the KV cache; set one"
+                )
         check_range("cache.cpu_memory_gb", self.cpu_memory_gb, low=0.0, low_open=True)

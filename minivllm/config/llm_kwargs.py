@@ -47,6 +47,7 @@ KWARG_KEYS = {
     "kv_cache_dtype": "cache.cache_dtype",
     "enable_prefix_caching": "cache.enable_prefix_caching",
     "num_gpu_blocks_override": "cache.num_gpu_blocks_override",
+    "kv_cache_memory_bytes": "cache.kv_cache_memory_bytes",
     "cpu_memory_gb": "cache.cpu_memory_gb",
     "max_num_seqs": "scheduler.max_num_seqs",
     "max_num_batched_tokens": "scheduler.max_num_batched_tokens",

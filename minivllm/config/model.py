@@ -256,6 +256,8 @@ ARCHITECTURES: dict[str, Any] = {
     "GraniteForCausalLM": "minivllm.models.granite:GraniteForCausalLM",
     "GPT2LMHeadModel": "minivllm.models.gpt2:GPT2LMHeadModel",
     "GPTNeoXForCausalLM": "minivllm.models.gpt_neox:GPTNeoXForCausalLM",
+    "DeepseekV2ForCausalLM": "minivllm.models.deepseek_v2:DeepseekV2ForCausalLM",
+    "DeepseekV3ForCausalLM": "minivllm.models.deepseek_v2:DeepseekV3ForCausalLM",
     "GptOssForCausalLM": "minivllm.models.gpt_oss:GptOssForCausalLM",
     # vision-language models (images in the prompt: minivllm/multimodal/)
     "LlavaForConditionalGeneration": "minivllm.models.llava:LlavaForConditionalGeneration",

@@ -171,9 +171,13 @@ def check_tensor_parallel(tp: int, hf_config: Any) -> None:
 
 
 def num_experts(hf_config: Any) -> int:
-    """Routed experts per MoE layer (Mixtral's num_local_experts, Qwen3-MoE's num_experts); 0 when dense."""
+    """Routed experts per MoE layer (Mixtral's num_local_experts, Qwen3-MoE's num_experts, DeepSeek's
+    n_routed_experts); 0 when dense."""
     text_config = getattr(hf_config, "text_config", None) or hf_config
-    return int(getattr(text_config, "num_local_experts", None) or getattr(text_config, "num_experts", None) or 0)
+    for key in ("num_local_experts", "num_experts", "n_routed_experts"):
+        if getattr(text_config, key, None):
+            return int(getattr(text_config, key))
+    return 0
 
 
 def check_expert_parallel(tp: int, enabled: bool, hf_config: Any) -> None:

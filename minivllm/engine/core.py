@@ -68,10 +68,11 @@ class EngineCore:
         # fewer blocks per request when out-of-window blocks are freed
         per_request = spec.max_blocks_per_request(self.cfg.max_model_len, self.cfg.scheduler.max_num_batched_tokens)
         logger.info(
-            "KV cache: %d blocks of %d tokens (%d tokens); max concurrency at max_model_len=%d: %.2fx",
+            "KV cache: %d blocks of %d tokens (%d tokens, %.0f bytes a token); max concurrency at max_model_len=%d: %.2fx",
             spec.num_blocks,
             spec.block_size,
             spec.num_tokens,
+            spec.bytes_per_token,
             self.cfg.max_model_len,
             spec.num_blocks / per_request,
         )

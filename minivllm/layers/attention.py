@@ -64,6 +64,10 @@ class Attention(nn.Module):
         """The checkpoint's (total heads,) sinks: this rank's ``num_heads`` of them."""
         copy_checked(param.data, narrow(loaded, 0, tp_rank() * self.num_heads, self.num_heads), "sinks")
 
+    def kv_cache_shape(self, num_blocks: int, block_size: int) -> tuple[int, ...]:
+        """This layer's slice of the paged cache: (2, num_blocks, block_size, num_kv_heads, head_dim)."""
+        return (2, num_blocks, block_size, self.num_kv_heads, self.head_dim)
+
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata, kv_written: bool = False
     ) -> torch.Tensor:

@@ -44,6 +44,7 @@ from minivllm.distributed.parallel_state import broadcast_from_first
 from minivllm.distributed.pipeline import IntermediateTensors, PipelineStage, pipeline_stage
 from minivllm.layers.attention import attention_layers
 from minivllm.layers.compile import compile_small_ops
+from minivllm.layers.mla import MLAAttention
 from minivllm.layers.rotary import share_cos_sin_caches
 from minivllm.lora.manager import LoRAModelManager
 from minivllm.models.interfaces import supports_mrope, supports_multimodal
@@ -157,9 +158,9 @@ class ModelRunner:
             check_fp8_kv_capability(torch.cuda.get_device_capability(self.device), self.cfg.cache.cache_dtype)
 
     # ---- the KV cache: one (2, num_blocks, block_size, kv_heads, head_dim) tensor per attention layer ----
+    # (an MLA layer's is (num_blocks, block_size, 1, kv_lora_rank + qk_rope_head_dim): layers/mla.py)
     def kv_cache_shape(self, num_blocks: int) -> tuple[int, ...]:
-        layer = self.attention_layers[0]
-        return (2, num_blocks, self.block_size, layer.num_kv_heads, layer.head_dim)
+        return self.attention_layers[0].kv_cache_shape(num_blocks, self.block_size)
 
     def kv_cache_bytes_per_block(self) -> int:
         per_layer = int(np.prod(self.kv_cache_shape(1)))
@@ -194,6 +195,7 @@ class ModelRunner:
         nor with pipeline stages or LoRA (its token groups change per step)."""
         graphs = self.cfg.compilation.cudagraph and self.cfg.parallel.pp == 1 and not self.cfg.lora.enable_lora
         graphs = graphs and self.mrope is None  # (3, T) positions: no captured (T,) buffers for them
+        graphs = graphs and not any(isinstance(a, MLAAttention) for a in self.attention_layers)  # MLA: host arrays
         return graphs and self.device.type == "cuda" and self.attn_backend.name == "triton"
 
     def capture_cuda_graphs(self) -> None:

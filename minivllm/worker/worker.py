@@ -78,10 +78,11 @@ class Worker:
         return self.model_runner.model
 
     def determine_kv_cache_spec(self) -> KVCacheSpec:
-        """This rank's KV cache as the engine plans with it: the blocks that fit, and the
-        sliding window of the model it loaded (``KVCacheSpec``)."""
+        """This rank's KV cache as the engine plans with it: the blocks that fit, the
+        sliding window of the model it loaded and what a block costs (``KVCacheSpec``)."""
         window = uniform_sliding_window(self.model_runner.model)
-        return KVCacheSpec(self.cfg.cache.block_size, self.determine_num_available_blocks(), window)
+        num_blocks = self.determine_num_available_blocks()
+        return KVCacheSpec(self.cfg.cache.block_size, num_blocks, window, self.model_runner.kv_cache_bytes_per_block())
 
     def determine_num_available_blocks(self) -> int:
         """KV blocks that fit: (device memory x utilization - peak usage - encoder cache) / bytes per block.
@@ -90,12 +91,23 @@ class Worker:
         widest step (``max_num_seqs`` rows); for a model that takes images, around the vision
         encoder on one step's largest input too, and its whole encoder cache is reserved (0 bytes
         for a text-only model): ``profile.py``.
+        ``cache.kv_cache_memory_bytes`` replaces all of this with an exact budget (vLLM's
+        ``kv_cache_memory_bytes``), on the CPU and CUDA alike.
         On the CPU, ``cache.cpu_memory_gb`` stands in for device memory and the
         peak is the weights plus the growth of the process's resident high-water mark.
         """
         override = self.cfg.cache.num_gpu_blocks_override
         if override is not None:
             return override
+        budget = self.cfg.cache.kv_cache_memory_bytes
+        if budget is not None:  # an exact budget: no profile, no memory fraction
+            per_block = self.model_runner.kv_cache_bytes_per_block()
+            if budget < per_block:
+                raise ValueError(
+                    f"cache.kv_cache_memory_bytes={budget}: less than one KV block of this model "
+                    f"({per_block} bytes at cache.block_size={self.cfg.cache.block_size}); raise it"
+                )
+            return budget // per_block
         total, peak = self._profile_memory()
         encoder_cache = self.model_runner.encoder_cache_bytes()  # images: held between steps, outside the peak
         free = total * self.cfg.cache.gpu_memory_utilization - peak - encoder_cache

@@ -12,6 +12,8 @@ from typing import Callable
 from transformers import PretrainedConfig
 
 from tests.model_configs import (
+    deepseek_v2_config,
+    deepseek_v3_config,
     gemma2_config,
     gemma3_config,
     gpt2_config,
@@ -70,6 +72,18 @@ PARITY_CASES = [
         "gpt2-untied-inverse-layer-scale",
         "GPT2LMHeadModel",
         lambda: gpt2_config(tie_word_embeddings=False, scale_attn_by_inverse_layer_idx=True),
+    ),
+    ParityCase("deepseek-v2-lite-mla-greedy-router", "DeepseekV2ForCausalLM", deepseek_v2_config),
+    ParityCase(
+        "deepseek-v2-mla-qlora-group-limited",
+        "DeepseekV2ForCausalLM",
+        lambda: deepseek_v2_config(q_lora_rank=24, topk_method="group_limited_greedy", n_group=4, topk_group=2),
+    ),
+    ParityCase("deepseek-v3-mla-yarn-grouped-sigmoid-router", "DeepseekV3ForCausalLM", deepseek_v3_config),
+    ParityCase(
+        "deepseek-v3-no-qlora-neox-rope",
+        "DeepseekV3ForCausalLM",
+        lambda: deepseek_v3_config(q_lora_rank=None, rope_interleave=False),
     ),
     ParityCase("gpt-neox-parallel-rotary25", "GPTNeoXForCausalLM", gpt_neox_config),
     ParityCase(

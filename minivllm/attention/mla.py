@@ -1,0 +1,175 @@
+"""Multi-head Latent Attention (DeepSeek V2/V3) over a paged latent cache, in torch.
+
+The cache of one MLA layer holds, per token, what every head's key and value are
+made from: the normalized compressed KV ``c`` (``kv_lora_rank`` = r values) and the
+rotated shared rope key ``k_pe`` (``qk_rope_head_dim`` = dr values)::
+
+    kv_cache: (num_blocks, block_size, 1, r + dr)      one latent "head" per token
+                                    [ c (r) | k_pe (dr) ]
+
+``kv_b_proj`` (H * (dn + dv), r) splits per head h into ``W_UK[h]`` (dn, r) and
+``W_UV[h]`` (dv, r); head h's key is ``[W_UK[h] c ; k_pe]`` and its value ``W_UV[h] c``.
+Two ways to attend, equal in exact arithmetic:
+
+* expanded (prefill chunks): the gathered latents are turned into per-head keys
+  (dn + dr) and values (dv), then ordinary attention. Costs H * (dn + dr + dv)
+  per context token, paid once for many queries.
+* absorbed (decode): each query is moved into the latent space,
+  ``q_lat[h] = W_UK[h]^T q_nope[h]`` (r), and attends to the latents themselves
+  as one key of width r + dr (``[q_lat ; q_pe] . [c ; k_pe]``) whose first r
+  features are also the value; the latent output goes back through ``W_UV[h]``.
+  Every query head shares the one latent head (MQA with K width r + dr, V width r),
+  so a decode step reads r + dr values per context token instead of H * (dn + dr + dv).
+
+An fp8 cache stores ``latent / k_scale`` (one scale for the layer's latent).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from minivllm.attention.backend import AttentionMetadata
+from minivllm.attention.kv_quant import dequantize_fp8, is_fp8, quantize_fp8
+
+
+def write_latent(
+    latent: torch.Tensor,  # (T, r + dr)
+    kv_cache: torch.Tensor,  # (num_blocks, block_size, 1, r + dr)
+    slot_mapping: torch.Tensor,  # (T,)
+    k_scale: float = 1.0,
+    has_padding: bool | None = None,
+) -> None:
+    """Store each new token's latent at its slot; negative slots (padding) are skipped."""
+    width = kv_cache.shape[-1]
+    if has_padding is None:
+        has_padding = bool((slot_mapping < 0).any())
+    if has_padding:
+        keep = slot_mapping >= 0
+        latent, slot_mapping = latent[keep], slot_mapping[keep]
+    if is_fp8(kv_cache):  # CPU torch has no fp8 index_copy_: copy the bytes
+        kv_cache, latent = kv_cache.view(torch.uint8), quantize_fp8(latent, k_scale).view(torch.uint8)
+    flat = kv_cache.view(-1, width)  # (num_blocks * block_size, r + dr)
+    flat.index_copy_(0, slot_mapping, latent.to(flat.dtype))
+
+
+def gather_latent(kv_cache: torch.Tensor, block_ids: torch.Tensor, dtype: torch.dtype, k_scale: float = 1.0):
+    """(B, nb) block tables -> (B, nb * block_size, r + dr) latents in ``dtype``; index l is position l."""
+    B, nb = block_ids.shape
+    num_blocks, block_size, _, width = kv_cache.shape
+    rows = kv_cache.view(num_blocks, -1).index_select(0, block_ids.reshape(-1))  # one row per block
+    latent = rows.view(B, nb * block_size, width)
+    return dequantize_fp8(latent, k_scale, dtype) if is_fp8(kv_cache) else latent.to(dtype)
+
+
+def mla_attention(
+    q_nope: torch.Tensor,  # (T, H, dn)
+    q_pe: torch.Tensor,  # (T, H, dr), rotated
+    latent: torch.Tensor,  # (T, r + dr): the new tokens' [c ; k_pe], k_pe rotated
+    kv_cache: torch.Tensor,  # (num_blocks, block_size, 1, r + dr)
+    meta: AttentionMetadata,
+    *,
+    w_uk: torch.Tensor,  # (H, dn, r)
+    w_uv: torch.Tensor,  # (H, dv, r)
+    scale: float,
+    k_scale: float = 1.0,
+    absorb: bool | None = None,
+) -> torch.Tensor:  # (T, H, dv)
+    """Store the new latents, then attend: decode requests (one new token) in the absorbed
+    form, batched; prefill chunks one request at a time in the expanded form. ``absorb``
+    forces one form for every request (tests compare the two)."""
+    write_latent(latent, kv_cache, meta.slot_mapping, k_scale, meta.has_padding)
+    plan = meta.mla_plan if absorb is None else None
+    if plan is None:
+        plan = _Plan.build(meta, kv_cache.shape[1], q_nope.device, absorb)
+        if absorb is None:  # the same for every layer of the step
+            meta.mla_plan = plan
+    T, H, _ = q_nope.shape
+    out = q_nope.new_zeros(T, H, w_uv.shape[1])  # padding rows stay zero
+    if plan.decode_tokens is not None:  # decode: one query per request, all requests at once
+        tokens = plan.decode_tokens
+        lat = gather_latent(kv_cache, plan.decode_blocks, q_nope.dtype, k_scale)  # (B, L, r + dr)
+        qn, qp = q_nope[tokens].unsqueeze(1), q_pe[tokens].unsqueeze(1)
+        out[tokens] = _absorbed(qn, qp, lat, plan.decode_q_pos, w_uk, w_uv, scale).squeeze(1)
+    form = _absorbed if absorb else _expanded
+    for start, n, blocks, q_pos in plan.chunks:
+        lat = gather_latent(kv_cache, blocks, q_nope.dtype, k_scale)  # (1, nb * block_size, r + dr)
+        qn, qp = q_nope[start : start + n].unsqueeze(0), q_pe[start : start + n].unsqueeze(0)
+        out[start : start + n] = form(qn, qp, lat, q_pos, w_uk, w_uv, scale).squeeze(0)
+    return out
+
+
+@dataclass
+class _Plan:
+    """What a step's MLA layers index with, built once per step (on the host, uploaded once)."""
+
+    decode_tokens: torch.Tensor | None
+    """(B,) int64 rows of the decode requests' tokens in the flat batch; None: no decode request."""
+    decode_blocks: torch.Tensor | None
+    """(B, nb) int64 their block tables, cut to the longest one's blocks."""
+    decode_q_pos: torch.Tensor | None
+    """(B, 1) int64 their queries' positions."""
+    chunks: list[tuple[int, int, torch.Tensor, torch.Tensor]]
+    """Per prefill chunk: first token row, query count, (1, nb) block ids, (1, n) query positions."""
+
+    @classmethod
+    def build(cls, meta: AttentionMetadata, block_size: int, device: torch.device, absorb: bool | None) -> _Plan:
+        query_lens = np.asarray(meta.query_lens_cpu)  # (B,)
+        seq_lens = np.asarray(meta.seq_lens_cpu)  # (B,)
+        starts = meta.query_start_loc_cpu
+        if starts is None:
+            starts = meta.query_start_loc.cpu().numpy()
+        tables = meta.block_tables_cpu if meta.block_tables_cpu is not None else meta.block_tables.cpu().numpy()
+        batched = query_lens == 1 if absorb is None else np.zeros(len(query_lens), dtype=bool)
+        rows = np.flatnonzero(batched)
+        decode = (None, None, None)
+        if len(rows):
+            nb = -(-int(seq_lens[rows].max()) // block_size)
+            decode = (
+                torch.from_numpy(np.asarray(starts)[rows].astype(np.int64)).to(device),
+                torch.from_numpy(tables[rows, :nb].astype(np.int64)).to(device),
+                torch.from_numpy((seq_lens[rows] - 1).astype(np.int64)).to(device).view(-1, 1),
+            )
+        chunks = []
+        for i in np.flatnonzero(~batched).tolist():
+            n, seq_len = int(query_lens[i]), int(seq_lens[i])
+            blocks = torch.from_numpy(tables[i : i + 1, : -(-seq_len // block_size)].astype(np.int64)).to(device)
+            chunks.append((int(starts[i]), n, blocks, torch.arange(seq_len - n, seq_len, device=device).view(1, n)))
+        return cls(*decode, chunks)
+
+
+def _bias(q_pos: torch.Tensor, num_keys: int, dtype: torch.dtype) -> torch.Tensor:
+    """q_pos (B, Q) -> (B, 1, Q, L) additive causal mask (it also hides gathered slots past the end)."""
+    k_pos = torch.arange(num_keys, device=q_pos.device).view(1, 1, -1)
+    hidden = k_pos > q_pos.unsqueeze(-1)  # (B, Q, L)
+    return torch.zeros(hidden.shape, dtype=dtype, device=q_pos.device).masked_fill_(hidden, float("-inf")).unsqueeze(1)
+
+
+def _absorbed(q_nope, q_pe, lat, q_pos, w_uk, w_uv, scale: float) -> torch.Tensor:
+    """q_nope (B, Q, H, dn), q_pe (B, Q, H, dr), lat (B, L, r + dr), q_pos (B, Q) -> (B, Q, H, dv).
+    Attention over the latents themselves: one shared key/value head."""
+    r = w_uk.shape[-1]
+    q_lat = torch.einsum("bqhd,hdr->bhqr", q_nope, w_uk)  # (B, H, Q, r)
+    q = torch.cat((q_lat, q_pe.transpose(1, 2)), dim=-1)  # (B, H, Q, r + dr)
+    k = lat.unsqueeze(1)  # (B, 1, L, r + dr)
+    v = lat[..., :r].unsqueeze(1)  # (B, 1, L, r)
+    B, H, Q, _ = q.shape
+    q = q.reshape(B, 1, H * Q, -1)  # every head a query of the one latent head
+    mask = _bias(q_pos, lat.shape[1], q.dtype).expand(B, H, Q, -1).reshape(B, 1, H * Q, -1)
+    o_lat = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale).view(B, H, Q, r)
+    return torch.einsum("bhqr,hvr->bqhv", o_lat, w_uv)
+
+
+def _expanded(q_nope, q_pe, lat, q_pos, w_uk, w_uv, scale: float) -> torch.Tensor:
+    """Same contract as ``_absorbed``: the latents expanded to per-head keys and values first."""
+    r = w_uk.shape[-1]
+    c, k_pe = lat[..., :r], lat[..., r:]  # (B, L, r), (B, L, dr)
+    k_nope = torch.einsum("blr,hdr->bhld", c, w_uk)  # (B, H, L, dn)
+    v = torch.einsum("blr,hvr->bhlv", c, w_uv)  # (B, H, L, dv)
+    k = torch.cat((k_nope, k_pe.unsqueeze(1).expand(-1, k_nope.shape[1], -1, -1)), dim=-1)  # (B, H, L, dn + dr)
+    q = torch.cat((q_nope, q_pe), dim=-1).transpose(1, 2)  # (B, H, Q, dn + dr)
+    mask = _bias(q_pos, lat.shape[1], q.dtype)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale).transpose(1, 2)  # (B, Q, H, dv)
