@@ -33,6 +33,8 @@ class KVCacheSpec:
     sliding_window: int | None = None
     """Window behind which blocks are freed: set when every attention layer of the loaded
     model slides (the widest window), None when any attends globally."""
+    kv_bytes_per_block: int = 0
+    """Bytes one block takes on one rank over all its attention layers (what a KV connector moves)."""
 
     @property
     def num_tokens(self) -> int:
@@ -57,7 +59,8 @@ class KVCacheSpec:
             raise ValueError(f"KVCacheSpec.merge: ranks disagree on cache.block_size: {sorted(sizes)}")
         windows = [s.sliding_window for s in specs]
         window = None if any(w is None for w in windows) else max(windows)
-        return cls(specs[0].block_size, min(s.num_blocks for s in specs), window)
+        bytes_per_block = max(s.kv_bytes_per_block for s in specs)
+        return cls(specs[0].block_size, min(s.num_blocks for s in specs), window, bytes_per_block)
 
 
 def max_blocks_per_request(num_tokens: int, block_size: int, window: int | None, max_step_tokens: int) -> int:

@@ -81,7 +81,8 @@ class Worker:
         """This rank's KV cache as the engine plans with it: the blocks that fit, and the
         sliding window of the model it loaded (``KVCacheSpec``)."""
         window = uniform_sliding_window(self.model_runner.model)
-        return KVCacheSpec(self.cfg.cache.block_size, self.determine_num_available_blocks(), window)
+        num_blocks = self.determine_num_available_blocks()
+        return KVCacheSpec(self.cfg.cache.block_size, num_blocks, window, self.model_runner.kv_bytes_per_block())
 
     def determine_num_available_blocks(self) -> int:
         """KV blocks that fit: (device memory x utilization - peak usage - encoder cache) / bytes per block.
@@ -134,6 +135,7 @@ class Worker:
     def initialize_cache(self, num_blocks: int) -> None:
         self.num_blocks = num_blocks
         self.model_runner.init_kv_cache(num_blocks)
+        self.model_runner.init_kv_connector()
         self.model_runner.capture_cuda_graphs()
 
     # ---- sleep mode (worker/sleep.py) ----------------------------------------------------
