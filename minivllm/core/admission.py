@@ -3,8 +3,10 @@
 After the running requests have had their share of the step, the head of the
 waiting queue is admitted while the step has token budget, a seat and KV blocks
 for its first chunk. An admitted request starts at the end of its longest cached
-prefix (``num_computed_tokens > 0`` with prefix caching); its first chunk is the
-rest of its tokens, cut to the budget when ``chunked_prefill`` is on (without it,
+prefix (``num_computed_tokens > 0`` with prefix caching), and, with a KV connector
+(``kv_transfer``), past the blocks after that prefix the connector can load: they take
+blocks but no budget, and the connector is told their blocks once they are allocated
+(``minivllm/kv_transfer/connector.py``). Its first chunk is the rest of its tokens, cut to the budget when ``chunked_prefill`` is on (without it,
 a prompt that does not fit whole waits for a later step).
 
 The head is never skipped for a later request, with two exceptions that step

@@ -86,3 +86,24 @@ def test_kv_both_with_chunked_prefill_and_async_scheduling(llama_dir, tmp_path, 
     outs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outs] == reference
     assert all(o.num_cached_tokens == (len(o.prompt_token_ids) - 1) // 4 * 4 for o in outs)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_tp2_producer_and_consumer(llama_dir, tmp_path, reference):
+    """Each rank writes and reads its own shard's file; a tp=1 engine finds none of them."""
+    producer = _engine(llama_dir, tmp_path, "kv_producer", tensor_parallel_size=2)
+    try:
+        producer.generate(PROMPTS, PREFILL, use_tqdm=False)
+    finally:
+        producer.shutdown()
+    assert {p.name.split(".")[1] for p in tmp_path.glob("*.kv")} == {"tp2r0", "tp2r1"}
+    consumer = _engine(llama_dir, tmp_path, "kv_consumer", tensor_parallel_size=2)
+    try:
+        outs = consumer.generate(PROMPTS, GREEDY, use_tqdm=False)
+    finally:
+        consumer.shutdown()
+    assert [o.outputs[0].token_ids for o in outs] == reference
+    assert all(o.num_cached_tokens == (len(o.prompt_token_ids) - 1) // 4 * 4 for o in outs)
+    single = _engine(llama_dir, tmp_path, "kv_consumer").generate(PROMPTS, GREEDY, use_tqdm=False)
+    assert [o.num_cached_tokens for o in single] == [0, 0]
