@@ -181,6 +181,10 @@ class KVConnector:
         if row != self.kv_bytes_per_block:
             raise RuntimeError(f"KV connector: a block is {row} bytes here, {self.kv_bytes_per_block} planned")
 
+    def release_kv_caches(self) -> None:
+        """Drop the views of the KV cache (sleep mode gives its memory back)."""
+        self._layers = []
+
     def gather(self, block_ids: list[int]) -> torch.Tensor:
         """(n, kv_bytes_per_block) uint8 on the device: the blocks' bytes, layer after layer."""
         idx = torch.tensor(block_ids, device=self._layers[0].device)

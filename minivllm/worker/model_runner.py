@@ -207,6 +207,8 @@ class ModelRunner:
             layer.kv_cache = None
         if self.drafter is not None:
             self.drafter.release_kv_cache()
+        if self.kv_connector is not None:  # its views would keep the memory
+            self.kv_connector.release_kv_caches()
         self.cuda_graphs = None
 
     # ---- CUDA graphs --------------------------------------------------------------

@@ -94,3 +94,17 @@ def test_cuda_copies_run_on_their_own_stream(llama_dir):
         lambda w: (w.model_runner.kv_connector.pool.is_pinned(), w.model_runner.kv_connector.stream is not None)
     )[0]
     assert pinned and stream
+
+
+def test_sleep_mode_lets_go_of_the_cache_and_forgets_the_host_tier(llama_dir):
+    """Sleeping frees the KV cache (the connector keeps no view of it) and resets the prefix
+    cache, host copies included; after waking the engine offloads into the new tensors."""
+    llm = LLM(str(llama_dir), kv_offloading_size=0.01, enable_sleep_mode=True, **KWARGS)
+    want = [llm.generate(p, GREEDY, use_tqdm=False)[0].outputs[0].token_ids for p in (A, B)]
+    llm.sleep(level=1)
+    assert llm.collective_rpc(lambda w: len(w.model_runner.kv_connector._layers)) == [0]
+    llm.wake_up()
+    outs = [llm.generate(p, GREEDY, use_tqdm=False)[0] for p in (A, B, A)]
+    assert _tokens(outs) == [want[0], want[1], want[0]]
+    assert outs[0].num_cached_tokens == 0  # nothing survived the sleep
+    assert outs[2].num_cached_tokens > 0  # the new cache's blocks were offloaded
