@@ -14,6 +14,10 @@ Per step (``execute_model_async``) it
    (``InputBatch.sampling_metadata``), and with speculative decoding verifies the drafts
    (``spec_decode/``).
 
+With a KV connector (``kv_transfer``) a step whose scheduler output carries transfers loads
+its blocks before all this and saves the blocks it computed after (``kv_transfer/connector.py``);
+other steps pass one ``None`` check.
+
 The batch holds the sampled ids (``InputBatch.hold_sampled``); they come back to the host
 in the step's one synchronization (``PendingOutput.result``), which with async scheduling
 happens after the next step is already launched: the next step then reads those tokens
