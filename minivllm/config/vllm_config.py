@@ -264,6 +264,16 @@ class VllmConfig:
             kvt.kv_connector = "OffloadingConnector"
         elif kvt.kv_connector == "OffloadingConnector":
             raise ValueError("kv_transfer.kv_connector=OffloadingConnector: needs cache.kv_offloading_size (GiB)")
+        if kvt.kv_connector == "OffloadingConnector" and kvt.kv_connector_extra_config:
+            raise ValueError(
+                f"kv_transfer.kv_connector_extra_config: OffloadingConnector takes no keys, got "
+                f"{', '.join(sorted(kvt.kv_connector_extra_config))}; its size is cache.kv_offloading_size"
+            )
+        if kvt.kv_connector == "OffloadingConnector" and kvt.kv_role != "kv_both":
+            raise ValueError(
+                f"kv_transfer.kv_role={kvt.kv_role}: the host-memory tier saves and loads its own blocks; "
+                "use kv_both (the default)"
+            )
         if not kvt.enabled:
             return
         key = f"kv_transfer.kv_connector={kvt.kv_connector}"

@@ -58,6 +58,7 @@ def test_llm_keywords_take_vllms_dict(tmp_path):
         (["cache.kv_offloading_size=1", "cache.enable_prefix_caching=false"], "needs cache.enable_prefix_caching"),
         (["kv_transfer.kv_connector=OffloadingConnector"], "OffloadingConnector: needs cache.kv_offloading_size"),
         (["kv_transfer=shared_storage", "cache.kv_offloading_size=1"], "one connector at a time"),
+        (["cache.kv_offloading_size=1", "kv_transfer.kv_role=kv_consumer"], "kv_role=kv_consumer: the host-memory"),
         (["kv_transfer=shared_storage", "speculative.method=draft_model", "speculative.model=x"], "draft's own KV"),
     ],
 )
@@ -71,6 +72,14 @@ def test_an_unknown_kv_transfer_config_key_is_refused():
         ValueError, match="kv_transfer_config: unknown or unsupported key.*kv_rank.*known: kv_connector"
     ):
         config_from_kwargs("opt-125m", kv_transfer_config={"kv_connector": "X", "kv_rank": 0})
+
+
+def test_offloading_takes_no_extra_keys():
+    with pytest.raises(ValueError, match="OffloadingConnector takes no keys, got block_size"):
+        config = {"kv_connector": "OffloadingConnector", "kv_connector_extra_config": {"block_size": 4}}
+        VllmConfig.from_dictconfig(
+            config_from_kwargs("opt-125m", load_format="dummy", kv_offloading_size=1, kv_transfer_config=config)
+        )
 
 
 def test_an_unknown_connector_lists_the_known_ones(llama_dir):
