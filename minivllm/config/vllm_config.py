@@ -62,7 +62,7 @@ from minivllm.config.model import (
 from minivllm.config.parallel import ParallelConfig, check_expert_parallel, check_partition, check_tensor_parallel
 from minivllm.config.scheduler import SchedulerConfig, resolve_async_scheduling, resolve_batch_limits
 from minivllm.config.speculative import SpeculativeConfig
-from minivllm.config.task import BenchConfig, ServeConfig, TaskConfig, TuneConfig
+from minivllm.config.task import BenchConfig, DisaggProxyConfig, ServeConfig, TaskConfig, TuneConfig
 
 logger = logging.getLogger(__name__)
 
@@ -107,6 +107,8 @@ class VllmConfig:
     """Workload and baseline of task=bench (options in conf/bench/)."""
     serve: ServeConfig = field(default_factory=ServeConfig)
     """HTTP server of task=serve."""
+    disagg_proxy: DisaggProxyConfig = field(default_factory=DisaggProxyConfig)
+    """The proxy of task=disagg_proxy: its prefill and decode servers."""
     lora: LoRAConfig = field(default_factory=LoRAConfig)
     """Multi-LoRA serving: adapter slots and ranks."""
     tune: TuneConfig = field(default_factory=TuneConfig)

@@ -117,3 +117,16 @@ def test_a_registered_connector_is_found_by_name(llama_dir, tmp_path):
         assert len(out.prompt_token_ids) // 4 <= sum(CountingConnector.saved)
     finally:
         KV_CONNECTORS.pop("CountingConnector")
+
+
+def test_the_proxy_task_wants_http_urls():
+    cfg = build_config(
+        [*BASE, "task=disagg_proxy", "disagg_proxy.prefill=[http://a:1]", "disagg_proxy.decode=[http://b:2]"]
+    )
+    assert (cfg.task.name, cfg.disagg_proxy.prefill, cfg.disagg_proxy.decode) == (
+        "disagg_proxy",
+        ["http://a:1"],
+        ["http://b:2"],
+    )
+    with pytest.raises(ValueError, match=r"disagg_proxy.decode: 'b:2' is not an http\(s\) URL"):
+        build_config([*BASE, "task=disagg_proxy", "disagg_proxy.decode=[b:2]"])
