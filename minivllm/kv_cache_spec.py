@@ -37,7 +37,8 @@ class KVCacheSpec:
     """Bytes one block takes on a rank, over all its KV layers (0: not reported): what a token
     really costs. Per-head K/V: 2 * kv_heads * head_dim values per token and layer; MLA
     (DeepSeek): one latent of kv_lora_rank + qk_rope_head_dim values. Informational: the
-    scheduler plans in blocks, so equal plans compare equal whatever it says."""
+    scheduler plans in blocks, so equal plans compare equal whatever it says. A KV connector
+    moves blocks of this size (``kv_transfer/``)."""
 
     @property
     def bytes_per_token(self) -> float:

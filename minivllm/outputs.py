@@ -31,6 +31,16 @@ class PositionLogprobs(NamedTuple):
 
 
 @dataclass
+class KVConnectorOutput:
+    """What a KV connector's worker half reports after a step (``minivllm/kv_transfer/``)."""
+
+    finished_loading: set[RequestId] = field(default_factory=set)
+    """Requests whose blocks loaded in this step are in the cache."""
+    finished_saving: set[RequestId] = field(default_factory=set)
+    """Requests whose blocks saved in this step are held outside (or ordered before any reuse)."""
+
+
+@dataclass
 class ModelRunnerOutput:
     """Sampled tokens of one step, from rank 0."""
 
@@ -49,6 +59,8 @@ class ModelRunnerOutput:
     spec_token_ids: dict[RequestId, list[int]] = field(default_factory=dict)
     """Speculative decoding with a draft model: per request that sampled, the drafts it
     proposes to follow this step's tokens (the scheduler schedules them next step)."""
+    kv_connector_output: KVConnectorOutput | None = None
+    """With a KV connector: the step's finished transfers; None otherwise."""
 
 
 @dataclass(slots=True)
@@ -63,7 +75,8 @@ class EngineCoreOutput:
     prompt_logprobs: list[PositionLogprobs | None] | None = None
     """With the first new token of a request that asked: one entry per prompt token (the first None)."""
     num_cached_tokens: int = 0
-    """Prompt tokens the request found in the prefix cache when first scheduled."""
+    """Prompt tokens whose KV was not computed when the request was first scheduled (prefix-cache
+    hits and tokens loaded through a KV connector)."""
     pooling_output: Any = None
     """runner=pooling: the request's pooled (H,) tensor, with its one placeholder token."""
 
@@ -150,7 +163,8 @@ class RequestOutput:
     metrics: dict[str, float] = field(default_factory=dict)
     """Timestamps and counts: arrival_time, first_token_time, finished_time."""
     num_cached_tokens: int = 0
-    """Prompt tokens whose KV came from the prefix cache when the request was first scheduled."""
+    """Prompt tokens whose KV was not computed when the request was first scheduled: found in
+    the device's prefix cache, or loaded through a KV connector (host memory, another engine)."""
 
 
 # ---- what LLM.encode / LLM.embed return (vLLM's classes and fields) ----

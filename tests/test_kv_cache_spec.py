@@ -29,3 +29,9 @@ def test_blocks_a_request_holds_follow_the_window():
 def test_blocks_per_request_for_the_logged_concurrency():
     assert max_blocks_per_request(4096, 16, None, 512) == 256
     assert max_blocks_per_request(4096, 16, 256, 512) == 49  # cdiv(255 + 512, 16) + 1
+
+
+def test_merge_keeps_the_bytes_per_block_of_a_rank():
+    """What a KV connector moves per block on each rank: the ranks agree; the largest is kept."""
+    merged = KVCacheSpec.merge([KVCacheSpec(16, 100, None, 4096), KVCacheSpec(16, 90, None, 4096)])
+    assert merged == KVCacheSpec(16, 90, None, 4096)

@@ -47,9 +47,11 @@ def _tasks() -> dict[str, Callable[[VllmConfig, Path], dict[str, Any]]]:
     except ImportError:
         pass
     try:
+        from minivllm.serve.disagg_proxy import run_disagg_proxy
         from minivllm.serve.server import run_serve
 
         tasks["serve"] = run_serve
+        tasks["disagg_proxy"] = run_disagg_proxy
     except ImportError:
         pass
     return tasks

@@ -14,7 +14,7 @@ a module named for it:
 - ``model``: the ``model`` group, and what the checkpoint's config says (architectures,
   rope types, quantization); the key checks every group calls (``check_choice``, ``Range``)
 - ``load``: the ``load`` group, and ``read_checkpoint``, the one step that reads disk
-- ``parallel``, ``cache``, ``scheduler``, ``speculative``, ``lora``: the group of that name
+- ``parallel``, ``cache``, ``scheduler``, ``speculative``, ``lora``, ``kv_transfer``: the group of that name
 - ``device``: the ``device``, ``attention`` and ``compilation`` groups
 - ``task``: the ``task`` group and the keys of each task (``bench``, ``serve``, ``tune``)
 - ``vllm_config``: the root, ``VllmConfig``, which validates and derives

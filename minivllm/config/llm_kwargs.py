@@ -13,6 +13,7 @@ from typing import Any, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
+from minivllm.config.kv_transfer import KVTransferConfig
 from minivllm.config.speculative import SpeculativeConfig
 from minivllm.config.store import compose, is_preset
 
@@ -49,6 +50,9 @@ KWARG_KEYS = {
     "num_gpu_blocks_override": "cache.num_gpu_blocks_override",
     "kv_cache_memory_bytes": "cache.kv_cache_memory_bytes",
     "cpu_memory_gb": "cache.cpu_memory_gb",
+    "kv_offloading_size": "cache.kv_offloading_size",
+    "kv_offloading_backend": "cache.kv_offloading_backend",
+    "kv_transfer_config": "kv_transfer",
     "max_num_seqs": "scheduler.max_num_seqs",
     "max_num_batched_tokens": "scheduler.max_num_batched_tokens",
     "enable_chunked_prefill": "scheduler.enable_chunked_prefill",
@@ -138,6 +142,9 @@ def config_from_kwargs(model: str | None = None, overrides: Sequence[str] = (), 
     for name, value in kwargs.items():
         if name == "speculative_config" and value is not None:
             OmegaConf.update(cfg, "speculative", _speculative_node(value), merge=True)
+        elif name == "kv_transfer_config" and value is not None:
+            for key, item in _kv_transfer_node(value).items():  # each key replaced whole (the extra dict too)
+                OmegaConf.update(cfg, f"kv_transfer.{key}", item, merge=False)
         elif value is not None:
             OmegaConf.update(cfg, KWARG_KEYS[name], value, merge=False)
     return cfg
@@ -188,5 +195,20 @@ def _speculative_node(value: dict) -> dict:
     if unknown:
         raise ValueError(
             f"speculative_config: unknown or unsupported key(s) {', '.join(unknown)}; known: {', '.join(known)}"
+        )
+    return dict(value)
+
+
+def _kv_transfer_node(value: Any) -> dict:
+    """``LLM(kv_transfer_config={...})``: vLLM's dict (or a KVTransferConfig), checked for unknown keys."""
+    if isinstance(value, KVTransferConfig):
+        value = {f.name: getattr(value, f.name) for f in fields(KVTransferConfig)}
+    if not isinstance(value, dict):
+        raise ValueError(f"kv_transfer_config={value!r}: must be a dict of kv_transfer.* keys")
+    known = [f.name for f in fields(KVTransferConfig)]
+    unknown = sorted(set(value) - set(known))
+    if unknown:
+        raise ValueError(
+            f"kv_transfer_config: unknown or unsupported key(s) {', '.join(unknown)}; known: {', '.join(known)}"
         )
     return dict(value)

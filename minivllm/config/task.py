@@ -31,7 +31,7 @@ from typing import Any, Optional
 from minivllm.config.lora import parse_lora_modules
 from minivllm.config.model import check_choice, check_range
 
-TASKS = ("generate", "bench", "serve")
+TASKS = ("generate", "bench", "serve", "disagg_proxy")
 
 
 @dataclass
@@ -39,7 +39,7 @@ class TaskConfig:
     """What `python -m minivllm` does."""
 
     name: str = "generate"
-    """What ``python -m minivllm`` does: generate, bench or serve."""
+    """What ``python -m minivllm`` does: generate, bench, serve or disagg_proxy."""
 
     def __post_init__(self) -> None:
         check_choice("task.name", self.name, TASKS)
@@ -142,6 +142,30 @@ TOOL_CALL_PARSERS = ("hermes", "llama3_json")
 REASONING_PARSERS = ("deepseek_r1", "qwen3")
 METRICS_PREFIX = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 """What a Prometheus metric name may start with (the prefix is joined to vLLM's names by a colon)."""
+
+
+@dataclass
+class DisaggProxyConfig:
+    """The proxy of task=disagg_proxy: prefill on one server, decode on another (docs/serving.md)."""
+
+    prefill: list[str] = field(default_factory=list)
+    """Base URLs of the prefill servers (kv_producer engines), tried in turn."""
+    decode: list[str] = field(default_factory=list)
+    """Base URLs of the decode servers (kv_consumer engines), round-robin."""
+    host: str = "127.0.0.1"
+    """Address the proxy binds."""
+    port: int = 8000
+    """Port the proxy binds."""
+    timeout_s: float = 600.0
+    """Seconds the proxy waits for a server's answer."""
+
+    def __post_init__(self) -> None:
+        for key in ("prefill", "decode"):
+            for url in getattr(self, key):
+                if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+                    raise ValueError(f"disagg_proxy.{key}: {url!r} is not an http(s) URL")
+        check_range("disagg_proxy.port", self.port, low=0, high=65535)
+        check_range("disagg_proxy.timeout_s", self.timeout_s, low=0.0, low_open=True)
 
 
 @dataclass

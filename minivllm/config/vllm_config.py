@@ -44,6 +44,7 @@ from minivllm.config.device import (
     resolve_fused_sampler,
     resolve_torch_compile,
 )
+from minivllm.config.kv_transfer import KVTransferConfig
 from minivllm.config.load import HubOptions, LoadConfig, read_checkpoint, safetensors_names, tokenizer_vocab
 from minivllm.config.lora import LoRAConfig
 from minivllm.config.model import (
@@ -62,7 +63,7 @@ from minivllm.config.model import (
 from minivllm.config.parallel import ParallelConfig, check_expert_parallel, check_partition, check_tensor_parallel
 from minivllm.config.scheduler import SchedulerConfig, resolve_async_scheduling, resolve_batch_limits
 from minivllm.config.speculative import SpeculativeConfig
-from minivllm.config.task import BenchConfig, ServeConfig, TaskConfig, TuneConfig
+from minivllm.config.task import BenchConfig, DisaggProxyConfig, ServeConfig, TaskConfig, TuneConfig
 
 logger = logging.getLogger(__name__)
 
@@ -93,6 +94,8 @@ class VllmConfig:
     """What the CLI does."""
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
     """Speculative decoding (vLLM's speculative_config): proposer and draft length."""
+    kv_transfer: KVTransferConfig = field(default_factory=KVTransferConfig)
+    """KV connector (vLLM's kv_transfer_config): host-memory offload, disaggregated prefill."""
     prompts: list[str] = field(
         default_factory=lambda: ["def fibonacci(n):", "class Stack:\n    def __init__(self):", "for line in open("]
     )
@@ -105,6 +108,8 @@ class VllmConfig:
     """Workload and baseline of task=bench (options in conf/bench/)."""
     serve: ServeConfig = field(default_factory=ServeConfig)
     """HTTP server of task=serve."""
+    disagg_proxy: DisaggProxyConfig = field(default_factory=DisaggProxyConfig)
+    """The proxy of task=disagg_proxy: its prefill and decode servers."""
     lora: LoRAConfig = field(default_factory=LoRAConfig)
     """Multi-LoRA serving: adapter slots and ranks."""
     tune: TuneConfig = field(default_factory=TuneConfig)
@@ -130,6 +135,7 @@ class VllmConfig:
         self._check_scheduler()
         self._check_lora()
         self._check_pooling()
+        self._check_kv_transfer()
         self.draft_config: VllmConfig | None = self._check_speculative()
         """The draft model's (or EAGLE head's) own config; None without one."""
         self._check_multimodal()
@@ -249,6 +255,41 @@ class VllmConfig:
         for key, on in refused.items():
             if on:
                 raise ValueError(f"{key}: not supported with {self.architecture} (a model that takes images)")
+
+    def _check_kv_transfer(self) -> None:
+        """``cache.kv_offloading_size`` picks the offloading connector; a connector needs the
+        block hashes of prefix caching, and what it has not been checked with is refused."""
+        kvt, size = self.kv_transfer, self.cache.kv_offloading_size
+        if size is not None:
+            if kvt.kv_connector not in (None, "OffloadingConnector"):
+                raise ValueError(
+                    f"cache.kv_offloading_size={size} with kv_transfer.kv_connector={kvt.kv_connector}: "
+                    "one connector at a time; drop one of them"
+                )
+            kvt.kv_connector = "OffloadingConnector"
+        elif kvt.kv_connector == "OffloadingConnector":
+            raise ValueError("kv_transfer.kv_connector=OffloadingConnector: needs cache.kv_offloading_size (GiB)")
+        if kvt.kv_connector == "OffloadingConnector" and kvt.kv_connector_extra_config:
+            raise ValueError(
+                f"kv_transfer.kv_connector_extra_config: OffloadingConnector takes no keys, got "
+                f"{', '.join(sorted(kvt.kv_connector_extra_config))}; its size is cache.kv_offloading_size"
+            )
+        if kvt.kv_connector == "OffloadingConnector" and kvt.kv_role != "kv_both":
+            raise ValueError(
+                f"kv_transfer.kv_role={kvt.kv_role}: the host-memory tier saves and loads its own blocks; "
+                "use kv_both (the default)"
+            )
+        if not kvt.enabled:
+            return
+        key = f"kv_transfer.kv_connector={kvt.kv_connector}"
+        if not self.cache.enable_prefix_caching:
+            raise ValueError(f"{key}: moves blocks by their prefix-cache hashes; needs cache.enable_prefix_caching")
+        if self.parallel.pp > 1:
+            raise ValueError(f"{key}: not supported with parallel.pp={self.parallel.pp}; use pp=1")
+        if self.speculative.uses_model:
+            raise ValueError(f"{key}: the draft's own KV is not transferred; use speculative.method=ngram or null")
+        if self.model.runner == "pooling":
+            raise ValueError(f"{key}: model.runner=pooling keeps no KV between requests")
 
     def _check_speculative(self) -> VllmConfig | None:
         """The verifier runs on the last pipeline stage's sampled tokens of a generating runner;

@@ -3,8 +3,10 @@
 After the running requests have had their share of the step, the head of the
 waiting queue is admitted while the step has token budget, a seat and KV blocks
 for its first chunk. An admitted request starts at the end of its longest cached
-prefix (``num_computed_tokens > 0`` with prefix caching); its first chunk is the
-rest of its tokens, cut to the budget when ``chunked_prefill`` is on (without it,
+prefix (``num_computed_tokens > 0`` with prefix caching), and, with a KV connector
+(``kv_transfer``), past the blocks after that prefix the connector can load: they take
+blocks but no budget, and the connector is told their blocks once they are allocated
+(``minivllm/kv_transfer/connector.py``). Its first chunk is the rest of its tokens, cut to the budget when ``chunked_prefill`` is on (without it,
 a prompt that does not fit whole waits for a later step).
 
 The head is never skipped for a later request, with two exceptions that step
@@ -21,6 +23,7 @@ from minivllm.core.encoder_scheduling import EncoderCacheManager
 from minivllm.core.kv_cache_manager import KVCacheManager
 from minivllm.core.request_queue import FairRequestQueue
 from minivllm.core.scheduler_output import StepPlan
+from minivllm.kv_transfer.connector import KVConnector
 from minivllm.request import Request, RequestId, RequestStatus
 from minivllm.structured_output.manager import StructuredOutputManager
 
@@ -39,6 +42,7 @@ class Admission:
         encoder: EncoderCacheManager,
         structured: StructuredOutputManager,
         in_flight: set[RequestId] | None,
+        connector: KVConnector | None,
         *,
         max_num_seqs: int,
         max_num_batched_tokens: int,
@@ -52,6 +56,8 @@ class Admission:
         self.structured = structured
         self.in_flight = in_flight
         """Micro-batching: requests in a batch whose output has not come back (None when off)."""
+        self.connector = connector
+        """A KV connector's scheduler half: blocks past the device's hits loaded from it (None when off)."""
         self.max_num_seqs = max_num_seqs
         """Most running requests."""
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -67,7 +73,7 @@ class Admission:
         waiting, running, kv, encoder, structured = self.waiting, self.running, self.kv, self.encoder, self.structured
         if not waiting:
             return
-        in_flight, chunked_prefill = self.in_flight, self.chunked_prefill
+        in_flight, chunked_prefill, connector = self.in_flight, self.chunked_prefill, self.connector
         set_aside: list[Request] = []
         adapters = {r.lora_int_id for r in running} - {None} if self.max_loras else set()
         while waiting and plan.budget > 0 and len(running) < self.max_num_seqs:
@@ -84,7 +90,9 @@ class Admission:
                     set_aside.append(waiting.popleft())  # its adapter waits for a free slot
                     continue
             cached = kv.get_computed_blocks(request)
-            num_cached = len(cached) * kv.block_size
+            num_cached = num_device = len(cached) * kv.block_size
+            if connector is not None:  # loaded tokens take blocks, not budget: computed once loaded
+                num_cached += connector.get_num_new_matched_tokens(request, num_device)
             num_new = request.num_tokens - num_cached
             if num_new > plan.budget and not chunked_prefill:
                 break
@@ -94,8 +102,12 @@ class Admission:
                 if not fitting or (fitting < num_new and not chunked_prefill):
                     break  # its next image waits for encoder budget or cache
                 num_new = fitting
-            if kv.allocate_slots(request, num_new, cached) is None:
+            if kv.allocate_slots(request, num_cached - num_device + num_new, cached) is None:
                 break
+            if connector is not None:
+                connector.update_state_after_alloc(
+                    request, kv.block_ids(request.request_id), num_device, num_cached - num_device
+                )
             waiting.popleft()
             if request.mm_features:
                 encoder.commit(request, plan.encoder, num_cached, num_new)
@@ -121,5 +133,7 @@ class Admission:
             return False
         kv = self.kv
         cached = kv.get_computed_blocks(request)
-        num_new = min(request.num_tokens - len(cached) * kv.block_size, self.max_num_batched_tokens)
-        return kv.can_allocate(request, num_new, cached)
+        num_device = len(cached) * kv.block_size
+        num_external = self.connector.get_num_new_matched_tokens(request, num_device) if self.connector else 0
+        num_new = min(request.num_tokens - num_device - num_external, self.max_num_batched_tokens)
+        return kv.can_allocate(request, num_external + num_new, cached)

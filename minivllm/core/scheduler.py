@@ -80,6 +80,7 @@ from minivllm.core.scheduler_output import SchedulerOutput, StepPlan, cached_req
 from minivllm.core.spec_decode import SpecDecodeScheduling
 from minivllm.core.stats import SchedulerStats
 from minivllm.kv_cache_spec import KVCacheSpec
+from minivllm.kv_transfer import make_kv_connector
 from minivllm.outputs import EngineCoreOutput, ModelRunnerOutput
 from minivllm.request import Request, RequestId, RequestStatus
 from minivllm.structured_output.backend import backend_for
@@ -126,6 +127,9 @@ class Scheduler:
             sched_cfg.encoder_cache_size or sched_cfg.max_num_batched_tokens,
         )
         """Images: which step runs each one's vision encoder (``encoder_scheduling.py``); idle for text."""
+        self.connector = make_kv_connector(cfg, "scheduler", kv_spec) if cfg.kv_transfer.enabled else None
+        """The KV connector's scheduler half (``kv_transfer``): blocks loaded at admission, saved
+        after the step that computes them; None when off."""
         self.admission = Admission(
             self.waiting,
             self.running,
@@ -133,6 +137,7 @@ class Scheduler:
             self.encoder,
             self.structured,
             self.in_flight,
+            self.connector,
             max_num_seqs=self.max_num_seqs,
             max_num_batched_tokens=self.max_num_batched_tokens,
             max_loras=cfg.lora.max_loras if cfg.lora.enable_lora else 0,
@@ -161,8 +166,12 @@ class Scheduler:
         return len(self.waiting) + len(self.running)
 
     def reset_prefix_cache(self) -> bool:
-        """Forget every cached prefix block; False (nothing changed) while requests hold blocks."""
-        return self.kv.reset_prefix_cache()
+        """Forget every cached prefix block (the host-memory tier's too); False (nothing changed)
+        while requests hold blocks."""
+        done = self.kv.reset_prefix_cache()
+        if done and self.connector is not None:
+            self.connector.reset_cache()
+        return done
 
     @property
     def has_grammars(self) -> bool:
@@ -180,7 +189,14 @@ class Scheduler:
             num_preempted=sum(1 for r in self.waiting if r.num_preemptions > 0),
             prefix_cache_queries=self.kv.prefix_cache_stats.queries,
             prefix_cache_hits=self.kv.prefix_cache_stats.hits,
+            **(self._connector_stats() if self.connector is not None else {}),
             **(self.spec.stats.as_scheduler_stats() if self.spec is not None else {}),
+        )
+
+    def _connector_stats(self) -> dict:
+        return dict(
+            external_prefix_cache_queries=self.connector.num_queried_tokens,
+            external_prefix_cache_hits=self.connector.num_loaded_tokens,
         )
 
     def _finish(self, request: Request, status: RequestStatus) -> None:
@@ -193,6 +209,8 @@ class Scheduler:
         self.kv.free(request)
         if request.mm_features:
             self.encoder.free(request)
+        if self.connector is not None:
+            self.connector.request_finished(request)
         self._forget.add(request.request_id)
         self.structured.remove(request.request_id)
         del self.requests[request.request_id]
@@ -345,6 +363,10 @@ class Scheduler:
 
     # ---- the step's output ----------------------------------------------------------
     def _make_output(self, plan: StepPlan) -> SchedulerOutput:
+        connector_meta = None
+        if self.connector is not None:  # before the requests advance
+            requests = (*plan.continuing, *plan.newly_admitted)
+            connector_meta = self.connector.build_connector_meta(requests, plan.scheduled, self.kv.block_ids)
         scheduler_output = SchedulerOutput(
             new_reqs=[new_request_data(r, self.kv.block_ids(r.request_id)) for r in plan.newly_admitted],
             cached_reqs=cached_request_data(plan, self.send_token_ids),
@@ -353,6 +375,7 @@ class Scheduler:
             scheduled_spec_decode_tokens=plan.spec_tokens,
             scheduled_encoder_inputs=plan.encoder.inputs,
             free_encoder_input_ids=self.encoder.take_freed(),
+            kv_connector_metadata=connector_meta,
         )
         self._forget = set()
         self._advance(plan.continuing, plan.scheduled)
@@ -411,6 +434,8 @@ class Scheduler:
         grammar, spec = self.structured.active, self.spec
         if spec is not None:
             spec.receive(output.spec_token_ids)
+        if output.kv_connector_output is not None:
+            self.connector.update_connector_output(output.kv_connector_output)
         if self.in_flight is not None:
             self.in_flight.difference_update(scheduler_output.num_scheduled_tokens)
         step_id = scheduler_output.step_id if scheduler_output.step_id is not None else self._num_steps + 1

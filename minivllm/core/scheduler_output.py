@@ -18,6 +18,7 @@ import numpy as np
 
 from minivllm.core.block_pool import BlockId
 from minivllm.core.encoder_scheduling import EncoderStep
+from minivllm.kv_transfer.connector import KVConnectorMetadata
 from minivllm.lora_request import LoRARequest
 from minivllm.multimodal.feature import MultiModalFeature
 from minivllm.request import Request, RequestId
@@ -87,6 +88,9 @@ class SchedulerOutput:
     """Identifiers (``MultiModalFeature.identifier``) of encoder outputs the workers may drop: no
     request needs them any more (placeholders all computed, or finished or preempted). Applied
     before this step's encoder inputs run."""
+    kv_connector_metadata: KVConnectorMetadata | None = None
+    """A KV connector's loads (before the forward) and saves (after it) for this step; None
+    when there is no connector or nothing to move (``minivllm/kv_transfer/connector.py``)."""
 
     @property
     def total_num_scheduled_tokens(self) -> int:

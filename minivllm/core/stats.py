@@ -76,6 +76,10 @@ class SchedulerStats:
     """Tokens looked up in the prefix cache since the engine started."""
     prefix_cache_hits: int = 0
     """Of those, tokens found."""
+    external_prefix_cache_queries: int = 0
+    """With a KV connector: prompt tokens looked up past the device's hits (vLLM's external prefix cache)."""
+    external_prefix_cache_hits: int = 0
+    """Of those, tokens loaded through the connector (host memory, shared storage)."""
     spec_decoding: bool = False
     """Whether speculative decoding is on (the spec_* counters below are then live)."""
     spec_num_drafts: int = 0

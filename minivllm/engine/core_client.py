@@ -257,6 +257,8 @@ _COUNTS = (
     "num_preempted",
     "prefix_cache_queries",
     "prefix_cache_hits",
+    "external_prefix_cache_queries",
+    "external_prefix_cache_hits",
     "spec_num_drafts",
     "spec_num_draft_tokens",
     "spec_num_accepted_tokens",

@@ -63,6 +63,10 @@ class EngineStats:
     """Speculative decoding counters since the start; None when it is off."""
     spec_drafts_per_s: float = 0.0
     """Verification steps with drafts per second over the current window."""
+    external_prefix_cache_queries: int = 0
+    """With a KV connector: prompt tokens looked up past the device's hits since the start."""
+    external_prefix_cache_hits: int = 0
+    """Of those, tokens loaded through the connector (host memory, shared storage)."""
 
     def format(self) -> str:
         return (
@@ -119,6 +123,8 @@ class StatLogger:
             window_s=window,
             spec_decoding=_spec_stats(sched),
             spec_drafts_per_s=(sched.spec_num_drafts - self._window_drafts_start) / window,
+            external_prefix_cache_queries=sched.external_prefix_cache_queries,
+            external_prefix_cache_hits=sched.external_prefix_cache_hits,
         )
 
     def maybe_log(self, sched_stats: Callable[[], SchedulerStats]) -> EngineStats | None:
@@ -171,4 +177,6 @@ def engine_metrics(stats: EngineStats, num_finished: int, model_name: str, prefi
         Counter(name("num_preemptions"), dict(labels), stats.num_preemptions),
         Counter(name("prefix_cache_queries"), dict(labels), stats.prefix_cache_queries),
         Counter(name("prefix_cache_hits"), dict(labels), stats.prefix_cache_hits),
+        Counter(name("external_prefix_cache_queries"), dict(labels), stats.external_prefix_cache_queries),
+        Counter(name("external_prefix_cache_hits"), dict(labels), stats.external_prefix_cache_hits),
     ]

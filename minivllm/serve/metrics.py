@@ -138,6 +138,14 @@ class _EngineCollector(Collector):
             "num_preemptions": ("Preemptions since start.", s.num_preemptions),
             "prefix_cache_queries": ("Prompt tokens looked up in the prefix cache.", s.prefix_cache_queries),
             "prefix_cache_hits": ("Of those, tokens found in the prefix cache.", s.prefix_cache_hits),
+            "external_prefix_cache_queries": (
+                "Prompt tokens looked up through the KV connector past the device's prefix-cache hits.",
+                s.external_prefix_cache_queries,
+            ),
+            "external_prefix_cache_hits": (
+                "Of those, tokens loaded through the KV connector (host memory, shared storage).",
+                s.external_prefix_cache_hits,
+            ),
             "spec_decode_num_drafts": ("Speculative verification steps with drafts.", s.spec_num_drafts),
             "spec_decode_num_draft_tokens": ("Draft tokens proposed.", s.spec_num_draft_tokens),
             "spec_decode_num_accepted_tokens": ("Draft tokens accepted.", s.spec_num_accepted_tokens),

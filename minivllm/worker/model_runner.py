@@ -14,6 +14,10 @@ Per step (``execute_model_async``) it
    (``InputBatch.sampling_metadata``), and with speculative decoding verifies the drafts
    (``spec_decode/``).
 
+With a KV connector (``kv_transfer``) a step whose scheduler output carries transfers loads
+its blocks before all this and saves the blocks it computed after (``kv_transfer/connector.py``);
+other steps pass one ``None`` check.
+
 The batch holds the sampled ids (``InputBatch.hold_sampled``); they come back to the host
 in the step's one synchronization (``PendingOutput.result``), which with async scheduling
 happens after the next step is already launched: the next step then reads those tokens
@@ -42,6 +46,9 @@ from minivllm.config.vllm_config import VllmConfig
 from minivllm.core.scheduler_output import NewRequestData, SchedulerOutput
 from minivllm.distributed.parallel_state import broadcast_from_first
 from minivllm.distributed.pipeline import IntermediateTensors, PipelineStage, pipeline_stage
+from minivllm.kv_cache_spec import KVCacheSpec
+from minivllm.kv_transfer import make_kv_connector
+from minivllm.kv_transfer.connector import KVConnector
 from minivllm.layers.attention import attention_layers
 from minivllm.layers.compile import compile_small_ops
 from minivllm.layers.mla import MLAAttention
@@ -49,7 +56,7 @@ from minivllm.layers.rotary import share_cos_sin_caches
 from minivllm.lora.manager import LoRAModelManager
 from minivllm.models.interfaces import supports_mrope, supports_multimodal
 from minivllm.multimodal.feature import MultiModalFeature
-from minivllm.outputs import DoneOutput, ModelRunnerOutput, PositionLogprobs
+from minivllm.outputs import DoneOutput, KVConnectorOutput, ModelRunnerOutput, PositionLogprobs, StepResult
 from minivllm.pooling.pooler import Pooler
 from minivllm.request import RequestId
 from minivllm.sample.metadata import SamplingMetadata
@@ -110,6 +117,8 @@ class ModelRunner:
         """Images: the vision encoder's outputs and their merge (set in ``load_model`` for a model that takes them)."""
         self.profile_images: list[MultiModalFeature] | None = None
         """The memory profile's encoder input, between ``prepare_profile`` and ``profile_run``."""
+        self.kv_connector: KVConnector | None = None
+        """The KV connector's worker half (``kv_transfer``; set in ``init_kv_connector``); None when off."""
 
     # ---- set-up -------------------------------------------------------------------
     def load_model(self) -> None:
@@ -163,9 +172,28 @@ class ModelRunner:
         return self.attention_layers[0].kv_cache_shape(num_blocks, self.block_size)
 
     def kv_cache_bytes_per_block(self) -> int:
-        per_layer = int(np.prod(self.kv_cache_shape(1)))
         draft = self.drafter.kv_cache_bytes_per_block() if self.drafter is not None else 0
-        return per_layer * len(self.attention_layers) * self.cfg.kv_cache_dtype.itemsize + draft
+        return self.kv_bytes_per_block() + draft
+
+    def kv_bytes_per_block(self) -> int:
+        """One block over the model's attention layers (a draft's aside): what a KV connector moves."""
+        per_layer = int(np.prod(self.kv_cache_shape(1)))
+        return per_layer * len(self.attention_layers) * self.cfg.kv_cache_dtype.itemsize
+
+    def init_kv_connector(self) -> None:
+        """The KV connector's worker half, bound to the KV cache (no-op without ``kv_transfer``).
+        Not in ``init_kv_cache``: the memory profile allocates a cache too."""
+        if not self.cfg.kv_transfer.enabled:
+            return
+        num_blocks = self.kv_caches[0].shape[self._kv_block_dim()]
+        spec = KVCacheSpec(self.block_size, num_blocks, None, self.kv_bytes_per_block())
+        self.kv_connector = make_kv_connector(self.cfg, "worker", spec)
+        self.kv_connector.register_kv_caches(self.kv_caches, self._kv_block_dim())
+
+    def _kv_block_dim(self) -> int:
+        """The dimension of a layer's KV cache that counts blocks."""
+        one, two = self.kv_cache_shape(1), self.kv_cache_shape(2)
+        return next(d for d in range(len(one)) if one[d] != two[d])
 
     def init_kv_cache(self, num_blocks: int) -> None:
         """Allocate one zeroed tensor per layer and bind it to the layer (``Attention.kv_cache``),
@@ -177,6 +205,8 @@ class ModelRunner:
             self.kv_caches.append(layer.kv_cache)
         if self.drafter is not None:  # its own tensors over the same block ids
             self.drafter.init_kv_cache(num_blocks)
+        if self.kv_connector is not None:  # woken from sleep mode: new tensors
+            self.kv_connector.register_kv_caches(self.kv_caches, self._kv_block_dim())
 
     def release_kv_cache(self) -> None:
         """Drop the KV cache and the CUDA graphs that read it (sleep mode: the memory goes back);
@@ -186,6 +216,8 @@ class ModelRunner:
             layer.kv_cache = None
         if self.drafter is not None:
             self.drafter.release_kv_cache()
+        if self.kv_connector is not None:  # its views would keep the memory
+            self.kv_connector.release_kv_caches()
         self.cuda_graphs = None
 
     # ---- CUDA graphs --------------------------------------------------------------
@@ -263,8 +295,18 @@ class ModelRunner:
         return self.execute_model_async(scheduler_output).result()
 
     @torch.inference_mode()
-    def execute_model_async(self, scheduler_output: SchedulerOutput) -> PendingOutput | DoneOutput:
-        """Launch the step; the result's ``result()`` waits for its sampled tokens."""
+    def execute_model_async(self, scheduler_output: SchedulerOutput) -> StepResult:
+        """Launch the step; the result's ``result()`` waits for its sampled tokens. A step with
+        KV-connector transfers loads its blocks before it runs and saves them after."""
+        meta = scheduler_output.kv_connector_metadata
+        if meta is None:
+            return self._execute(scheduler_output)
+        self.kv_connector.start_load_kv(meta)
+        launched = self._execute(scheduler_output)
+        self.kv_connector.save_kv(meta)
+        return _ConnectorStep(launched, self.kv_connector.get_finished(meta))
+
+    def _execute(self, scheduler_output: SchedulerOutput) -> PendingOutput | DoneOutput:
         self._update_states(scheduler_output)
         if scheduler_output.is_empty:
             return DoneOutput(ModelRunnerOutput())
@@ -505,6 +547,23 @@ class _AdapterRequests:
 
     def remove(self, req_id: RequestId) -> None:
         self.manager.remove_request(req_id)
+
+
+class _ConnectorStep:
+    """A launched step whose output carries its KV connector's finished transfers."""
+
+    def __init__(self, launched: StepResult, finished: KVConnectorOutput) -> None:
+        self.launched = launched
+        self.finished = finished
+
+    @property
+    def resolved(self) -> bool:
+        return self.launched.resolved
+
+    def result(self) -> ModelRunnerOutput:
+        out = self.launched.result()
+        out.kv_connector_output = self.finished
+        return out
 
 
 class PendingOutput:

@@ -146,6 +146,7 @@ class Worker:
     def initialize_cache(self, num_blocks: int) -> None:
         self.num_blocks = num_blocks
         self.model_runner.init_kv_cache(num_blocks)
+        self.model_runner.init_kv_connector()
         self.model_runner.capture_cuda_graphs()
 
     # ---- sleep mode (worker/sleep.py) ----------------------------------------------------

@@ -7,7 +7,6 @@ from __future__ import annotations
 import pytest
 
 from minivllm import LLM
-from minivllm.kv_cache_spec import KVCacheSpec
 from minivllm.layers.attention import Attention
 from minivllm.models.registry import ModelRegistry
 from minivllm.sampling_params import RequestOutputKind, SamplingParams
@@ -41,7 +40,9 @@ def test_async_front_end_gets_the_window_from_the_engine_without_a_model(make_ch
     ckpt = make_checkpoint("mistral-window5-mqa", mistral_config())
     with make_engine(ckpt, **KWARGS) as harness:
         engine = harness.engine
-        assert engine.processor.kv_spec == KVCacheSpec(BLOCK_SIZE, NUM_BLOCKS, sliding_window=5)
+        spec = engine.processor.kv_spec
+        assert (spec.block_size, spec.num_blocks, spec.sliding_window) == (BLOCK_SIZE, NUM_BLOCKS, 5)
+        assert spec.block_bytes > 0  # measured by the worker, for KV connectors
         # 8 + 56 tokens outgrow the 24-token cache: admitted (and run) only because the
         # blocks behind the window go back to the pool
         assert PROMPT_LEN + MAX_TOKENS > NUM_BLOCKS * BLOCK_SIZE
@@ -64,7 +65,8 @@ def test_data_parallel_front_end_gets_the_window_from_its_replicas(make_checkpoi
     with one_intra_op_thread():
         llm = LLM(model=str(ckpt), data_parallel_size=2, **KWARGS)
     try:
-        assert llm.llm_engine.processor.kv_spec == KVCacheSpec(BLOCK_SIZE, NUM_BLOCKS, sliding_window=5)
+        spec = llm.llm_engine.processor.kv_spec
+        assert (spec.block_size, spec.num_blocks, spec.sliding_window) == (BLOCK_SIZE, NUM_BLOCKS, 5)
         params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
         out = llm.generate([PROMPT], params, use_tqdm=False)[0]
         assert len(out.outputs[0].token_ids) == MAX_TOKENS

@@ -20,6 +20,8 @@ VLLM_SERVER_NAMES = {
     "vllm:kv_cache_usage_perc",
     "vllm:prefix_cache_queries",
     "vllm:prefix_cache_hits",
+    "vllm:external_prefix_cache_queries",
+    "vllm:external_prefix_cache_hits",
     "vllm:num_preemptions",
     "vllm:prompt_tokens",
     "vllm:generation_tokens",

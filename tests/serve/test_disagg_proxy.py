@@ -1,0 +1,68 @@
+"""The disaggregated-prefill proxy in front of a prefill server (kv_producer) and a decode server
+(kv_consumer) sharing KV through a directory: an OpenAI client sees an ordinary server, the
+decode engine loads the prompt's KV instead of computing it, and a dead prefill server costs a
+503 naming it, never a wrong answer. The oracle is one engine doing both."""
+
+from __future__ import annotations
+
+import pytest
+from fastapi.testclient import TestClient
+
+from minivllm.serve.disagg_proxy import build_proxy_app, prefill_body
+from tests.serve.harness import ENGINE_KWARGS
+
+PROMPT = "import os\nimport sys\n\nclass Config:\n    def __init__(self, path):\n        self.path = path\n"
+
+
+def _kv(path, role):
+    extra = {"shared_storage_path": str(path)}
+    return {"kv_connector": "SharedStorageConnector", "kv_role": role, "kv_connector_extra_config": extra}
+
+
+@pytest.fixture(scope="module")
+def servers(llama_dir, make_engine, tmp_path_factory):
+    path = tmp_path_factory.mktemp("kv")
+    single = make_engine(llama_dir, **ENGINE_KWARGS).start_server()
+    prefill = make_engine(llama_dir, **ENGINE_KWARGS, kv_transfer_config=_kv(path, "kv_producer"))
+    decode = make_engine(llama_dir, **ENGINE_KWARGS, kv_transfer_config=_kv(path, "kv_consumer"))
+    return single, prefill.start_server(), decode, decode.start_server(), path
+
+
+def test_prefill_body_asks_for_one_token_without_a_stream():
+    body = {"prompt": "x", "max_tokens": 9, "stream": True, "stream_options": {"include_usage": True}}
+    assert prefill_body(body) == {"prompt": "x", "max_tokens": 1, "stream": False}
+    assert prefill_body({"messages": [], "max_completion_tokens": 5})["max_completion_tokens"] == 1
+
+
+def test_an_openai_client_against_the_proxy(servers):
+    import openai
+
+    single, prefill, _, decode, path = servers
+    request = dict(model=single.model_name, prompt=PROMPT, max_tokens=8, temperature=0)
+    want = openai.OpenAI(base_url=single.base_url + "/v1", api_key="x").completions.create(**request)
+    with TestClient(build_proxy_app([prefill.base_url], [decode.base_url])) as http:
+        client = openai.OpenAI(base_url="http://proxy/v1", api_key="x", http_client=http)
+        got = client.completions.create(**request)
+        streamed = "".join(c.choices[0].text for c in client.completions.create(**request, stream=True))
+    assert got.choices[0].text == want.choices[0].text == streamed
+    assert list(path.glob("*.kv"))  # the prefill server saved the prompt's blocks
+    assert decode.metric("vllm:external_prefix_cache_hits_total") > 0  # the decode server loaded them
+
+
+def test_a_dead_prefill_server_is_skipped_then_a_503(servers):
+    single, prefill, _, decode, _ = servers
+    dead = "http://127.0.0.1:9"  # discard port: nothing listens
+    body = dict(model=single.model_name, prompt="def f(x):", max_tokens=4, temperature=0)
+    with TestClient(build_proxy_app([dead, prefill.base_url], [decode.base_url])) as http:
+        assert http.post("/v1/completions", json=body).status_code == 200  # the next one took it
+        assert http.post("/v1/completions", json=body).status_code == 200
+    with TestClient(build_proxy_app([dead], [decode.base_url])) as http:
+        reply = http.post("/v1/completions", json=body)
+    assert reply.status_code == 503 and dead in reply.json()["error"]["message"]
+
+
+def test_a_bad_request_comes_back_from_the_prefill_server(servers):
+    _, prefill, _, decode, _ = servers
+    with TestClient(build_proxy_app([prefill.base_url], [decode.base_url])) as http:
+        reply = http.post("/v1/completions", json={"model": "nope", "prompt": "x"})
+    assert 400 <= reply.status_code < 500
