@@ -28,9 +28,14 @@ class DeviceConfig:
 
     type: str = "auto"
     """auto (cuda when available, else cpu), cpu or cuda."""
+    cpu_threads: Optional[int] = None
+    """Intra-op threads of each CPU worker (torch's and the CPU attention kernel's). null: OMP_NUM_THREADS
+    when set, else the cores of the process's affinity mask (os.sched_getaffinity), shared among local ranks."""
 
     def __post_init__(self) -> None:
         check_choice("device.type", self.type, DEVICE_TYPES)
+        if self.cpu_threads is not None:
+            check_range("device.cpu_threads", self.cpu_threads, low=1)
 
 
 def resolve_device(device_type: str) -> str:
