@@ -598,6 +598,12 @@ def format_report(m: dict[str, Any]) -> str:
             f"{_num(roof['floor_s'], '.2f')} s of {_num(roof['measured_s'], '.2f')} s -> "
             f"{_num(_pct(roof['achieved_fraction']))}% (decode steps {_num(_pct(roof['decode_achieved_fraction']))}%)"
         )
+    if roof and "gemm_peak_gflop_s" in roof:
+        lines.append(
+            f"CPU matmul roofline (GEMM peak {_num(roof['gemm_peak_gflop_s'])} GFLOP/s at {roof['threads']} threads): "
+            f"{_num(roof['matmul_gflop'])} GFLOP, floor {_num(roof['compute_floor_s'], '.2f')} s -> "
+            f"{_num(_pct(roof['compute_fraction']))}% (decode steps {_num(_pct(roof['decode_compute_fraction']))}%)"
+        )
     return "\n".join(lines)
 
 

@@ -259,8 +259,60 @@ def kv_bytes_per_token(kv_caches: list[torch.Tensor]) -> int:
     return sum(2 * c.shape[-2] * c.shape[-1] * c.element_size() for c in kv_caches)
 
 
+def measure_gemm_peak(
+    device: torch.device, dtype: torch.dtype = torch.float32, n: int = 1024, repeats: int = 5
+) -> float:
+    """FLOP/s of a square ``n`` matmul on ``device`` at torch's current thread count (the best of
+    ``repeats``: other work on a shared machine only ever slows a run)."""
+    a = torch.randn(n, n, device=device).to(dtype)
+    b = torch.randn(n, n, device=device).to(dtype)
+    torch.matmul(a, b)  # warm-up
+    best = float("inf")
+    for _ in range(repeats):
+        _sync(device)
+        start = time.perf_counter()
+        torch.matmul(a, b)
+        _sync(device)
+        best = min(best, time.perf_counter() - start)
+    return 2 * n**3 / best
+
+
+def matmul_params(model: nn.Module) -> tuple[int, int]:
+    """(weights every token multiplies by, the LM head's weights: only each request's last token's)."""
+    body = head = 0
+    for name, module in model.named_modules():
+        weight = getattr(module, "weight", None)
+        if isinstance(module, nn.Embedding) or not isinstance(weight, torch.Tensor) or weight.dim() != 2:
+            continue
+        if name.endswith("lm_head"):
+            head += weight.numel()
+        else:
+            body += weight.numel()
+    return body, head
+
+
+def cpu_compute_roofline(steps: list[StepRecord], model: nn.Module, measured_s: float) -> dict[str, Any]:
+    """The CPU's matmul floor: the steps' GEMM FLOPs at this CPU's measured fp32 (or the model's
+    dtype) GEMM rate, and the fraction of it the run achieved (all steps, and decode-only ones)."""
+    dtype = next(model.parameters()).dtype
+    peak = measure_gemm_peak(torch.device("cpu"), dtype)
+    body, head = matmul_params(model)
+    flops = [2 * (body * s.num_tokens + head * s.num_reqs) for s in steps]
+    decode = [(f, s.wall_s) for f, s in zip(flops, steps) if s.decode_only]
+    decode_s = sum(t for _, t in decode)
+    return {
+        "threads": torch.get_num_threads(),
+        "gemm_peak_gflop_s": peak / 1e9,
+        "matmul_gflop": sum(flops) / 1e9,
+        "compute_floor_s": sum(flops) / peak,
+        "compute_fraction": sum(flops) / peak / measured_s if measured_s > 0 else None,
+        "decode_compute_fraction": sum(f for f, _ in decode) / peak / decode_s if decode_s > 0 else None,
+    }
+
+
 def roofline(steps: list[StepRecord], model_runner: Any, device: torch.device, measured_s: float) -> dict[str, Any]:
-    """The floor of the recorded steps and the fraction of it the run achieved."""
+    """The floor of the recorded steps and the fraction of it the run achieved (on the CPU, with
+    the matmul floor at the measured GEMM rate too: ``cpu_compute_roofline``)."""
     bandwidth = measure_copy_bandwidth(device)
     w_bytes = weight_bytes(model_runner.model)
     kv_token = kv_bytes_per_token(model_runner.kv_caches)
@@ -279,6 +331,7 @@ def roofline(steps: list[StepRecord], model_runner: Any, device: torch.device, m
         "measured_s": measured_s,
         "achieved_fraction": floor_s / measured_s if measured_s > 0 else None,
         "decode_achieved_fraction": (decode_bytes / bandwidth) / decode_s if decode_s > 0 else None,
+        **(cpu_compute_roofline(steps, model_runner.model, measured_s) if device.type == "cpu" else {}),
     }
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from minivllm.bench.timing import StepTimer, kv_bytes_per_token, roofline, weight_bytes
+from minivllm.bench.timing import StepTimer, kv_bytes_per_token, matmul_params, roofline, weight_bytes
 from minivllm.entrypoints.llm import LLM
 from minivllm.sampling_params import SamplingParams
 
@@ -47,6 +47,13 @@ def test_records_every_step_of_one_request(opt_dir, async_scheduling):
         per_token = 2 * 2 * 64 * 4  # layers x (K, V) x hidden x fp32 bytes
         assert kv_bytes_per_token(runner.kv_caches) == per_token
         assert roof["bytes_moved"] == 5 * weight_bytes(runner.model) + (10 + 11 + 12 + 13 + 14) * per_token
+        body, head = matmul_params(runner.model)
+        assert head == runner.model.lm_head.weight.numel() and body > 0
+        # every token through the body, one row per request through the head: 14 tokens, 5 steps of one request
+        assert roof["matmul_gflop"] * 1e9 == pytest.approx(2 * (body * 14 + head * 5))
+        assert roof["gemm_peak_gflop_s"] > 0 and roof["compute_floor_s"] == pytest.approx(
+            roof["matmul_gflop"] / roof["gemm_peak_gflop_s"]
+        )
     finally:
         llm.shutdown()
 
