@@ -11,7 +11,7 @@ to the copy torch already loaded), with ``torch.get_num_threads()`` threads.
 
 It is plain C with no torch headers, so it compiles in about a second with the
 system's C compiler (``$CC`` or ``cc``) on first use, and is cached under
-``$MINIVLLM_CACHE_DIR`` (default ``~/.cache/minivllm``) keyed by its source, flags and
+``minivllm.utils.cache_dir()`` (``$MINIVLLM_CACHE_DIR``, default ``~/.cache/minivllm``) keyed by its source, flags and
 this CPU's instruction-set flags (it is built for the machine it runs on). Where
 no compiler is found or the build fails, ``load()`` returns None once and the
 backend keeps its block-gather path: same results, more copying. fp32 caches and
@@ -30,6 +30,8 @@ import tempfile
 from pathlib import Path
 
 import torch
+
+from minivllm.utils import cache_dir
 
 logger = logging.getLogger(__name__)
 
@@ -122,19 +124,13 @@ def _cpu_flags() -> str:
     return ""
 
 
-def cache_dir() -> Path:
-    """Where compiled CPU kernels are kept: ``$MINIVLLM_CACHE_DIR`` or ``~/.cache/minivllm``."""
-    root = os.environ.get("MINIVLLM_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "minivllm")
-    return Path(root) / "cpu_kernels"
-
-
 def _build() -> ctypes.CDLL | None:
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if cc is None:
         logger.info("no C compiler found: CPU decode attention gathers blocks instead of reading them in place")
         return None
     key = hashlib.sha256("\0".join([_SOURCE, cc, *_FLAGS, _cpu_flags()]).encode()).hexdigest()[:16]
-    path = cache_dir() / f"paged_decode_{key}.so"
+    path = cache_dir("cpu_kernels") / f"paged_decode_{key}.so"
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=path.parent) as tmp:

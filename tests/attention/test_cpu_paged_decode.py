@@ -122,3 +122,15 @@ def test_loading_the_kernel_keeps_denormals():
     assert cpu_paged_decode.load() is not None
     tiny = torch.tensor([1e-40], dtype=torch.float32)  # a denormal
     assert float(tiny * 1.0) != 0.0
+
+
+@needs_kernel
+def test_the_kernel_is_built_once_under_the_cache_dir(monkeypatch, tmp_path):
+    monkeypatch.setattr(cpu_paged_decode, "_lib", cpu_paged_decode._UNLOADED)
+    monkeypatch.setenv("MINIVLLM_CACHE_DIR", str(tmp_path))
+    assert cpu_paged_decode.load() is not None
+    built = list((tmp_path / "cpu_kernels").glob("paged_decode_*.so"))
+    assert len(built) == 1
+    monkeypatch.setattr(cpu_paged_decode, "_lib", cpu_paged_decode._UNLOADED)
+    monkeypatch.setenv("CC", "false")  # a second process finds it built: no compiler needed
+    assert cpu_paged_decode.load() is not None
