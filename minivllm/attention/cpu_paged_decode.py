@@ -125,13 +125,13 @@ def _cpu_flags() -> str:
 
 
 def _build() -> ctypes.CDLL | None:
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
-        logger.info("no C compiler found: CPU decode attention gathers blocks instead of reading them in place")
-        return None
-    key = hashlib.sha256("\0".join([_SOURCE, cc, *_FLAGS, _cpu_flags()]).encode()).hexdigest()[:16]
+    key = hashlib.sha256("\0".join([_SOURCE, *_FLAGS, _cpu_flags()]).encode()).hexdigest()[:16]
     path = cache_dir("cpu_kernels") / f"paged_decode_{key}.so"
     if not path.exists():
+        cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+        if cc is None:
+            logger.info("no C compiler found: CPU decode attention gathers blocks instead of reading them in place")
+            return None
         path.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
             src, obj, so = Path(tmp) / "paged_decode.c", Path(tmp) / "paged_decode.o", Path(tmp) / "out.so"

@@ -500,7 +500,9 @@ def bench_vllm(
     token_ids: list[list[int]] | None,
 ) -> None:
     gc.collect()  # the engine's KV cache may still be held by reference cycles: free it before the peer starts
-    base = vllm_peer.run_peer(cfg, requests, single, cpu_threads(cfg.device.cpu_threads, None))
+    per_token = (metrics.get("roofline") or {}).get("kv_bytes_per_token")
+    kv_bytes = metrics["num_kv_blocks"] * cfg.cache.block_size * per_token if per_token else 1 << 30
+    base = vllm_peer.run_peer(cfg, requests, single, cpu_threads(cfg.device.cpu_threads, None), kv_bytes)
     base["tokens"] = vllm_peer.token_agreement(token_ids, base.pop("token_ids"))
     if single is not None and "decode_tokens_per_s" in base:
         ours = metrics["single_request"]

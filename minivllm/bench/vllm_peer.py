@@ -9,7 +9,7 @@ throughput, CPU time, start-up time, single-request decode speed and every
 request's token ids, which the report compares with minivllm's.
 
 The peer gets the same checkpoint (random weights are saved first, as for the hf
-baseline), dtype, context length, KV block size, sequence and token budgets, and
+baseline), dtype, context length, KV block size and cache bytes, sequence and token budgets, and
 as many intra-op threads as minivllm's worker (``VLLM_CPU_OMP_THREADS_BIND``, unless
 set); its engine runs in the script's process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``),
 so its CPU time is its own.
@@ -35,9 +35,12 @@ if TYPE_CHECKING:
 # ---- the driver (minivllm's process) ---------------------------------------------------------
 
 
-def peer_request(cfg: VllmConfig, requests: list[BenchRequest], single: BenchRequest | None) -> dict[str, Any]:
+def peer_request(
+    cfg: VllmConfig, requests: list[BenchRequest], single: BenchRequest | None, kv_cache_bytes: int
+) -> dict[str, Any]:
     """What the script is told: the engine settings and the requests, as JSON-able values."""
     return {
+        "kv_cache_memory_bytes": kv_cache_bytes,
         "model": cfg.model.path,
         "dtype": str(cfg.dtype).removeprefix("torch."),
         "max_model_len": cfg.max_model_len,
@@ -65,15 +68,16 @@ def peer_env(threads: int) -> dict[str, str]:
 
 
 def run_peer(
-    cfg: VllmConfig, requests: list[BenchRequest], single: BenchRequest | None, threads: int
+    cfg: VllmConfig, requests: list[BenchRequest], single: BenchRequest | None, threads: int, kv_cache_bytes: int
 ) -> dict[str, Any]:
-    """Run the workload through vLLM in ``cfg.bench.peer_python``; its numbers (``main``'s output)."""
+    """Run the workload through vLLM in ``cfg.bench.peer_python`` with a KV cache of ``kv_cache_bytes``
+    (minivllm's, so neither engine has more room); its numbers (``main``'s output)."""
     python = cfg.bench.peer_python
     if not python or not Path(python).exists():
         raise ValueError(f"bench.peer_python={python!r}: not a python executable (the venv with vLLM; docs/bench.md)")
     with tempfile.TemporaryDirectory(prefix="minivllm-peer-") as tmp:
         inp, out = Path(tmp) / "requests.json", Path(tmp) / "result.json"
-        inp.write_text(json.dumps(peer_request(cfg, requests, single)))
+        inp.write_text(json.dumps(peer_request(cfg, requests, single, kv_cache_bytes)))
         proc = subprocess.run(
             [python, __file__, str(inp), str(out)], env=peer_env(threads), capture_output=True, text=True
         )
@@ -127,6 +131,7 @@ def main(inp: str, out: str) -> None:
         max_num_seqs=spec["max_num_seqs"],
         max_num_batched_tokens=spec["max_num_batched_tokens"],
         seed=spec["seed"],
+        kv_cache_memory_bytes=spec["kv_cache_memory_bytes"],
         skip_tokenizer_init=True,
     )
     startup_s = time.perf_counter() - started

@@ -31,8 +31,8 @@ class SamplingParams:
 
 
 class LLM:
-    def __init__(self, model, dtype, skip_tokenizer_init, **engine_args):
-        assert skip_tokenizer_init and dtype == "float32"
+    def __init__(self, model, dtype, skip_tokenizer_init, kv_cache_memory_bytes, **engine_args):
+        assert skip_tokenizer_init and dtype == "float32" and kv_cache_memory_bytes > 0
         self.model = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
 
     def generate(self, prompts, params, use_tqdm):
