@@ -69,7 +69,7 @@ def attention_target(name: str, device_type: str) -> str:
 
 @dataclass
 class CompilationConfig:
-    """CUDA graphs and torch.compile (GPU only; ignored on the CPU)."""
+    """CUDA graphs (GPU only; ignored on the CPU) and torch.compile (either device)."""
 
     cudagraph: bool = True
     """Capture CUDA graphs for decode-only steps (CUDA only; ignored on the CPU)."""
@@ -78,7 +78,8 @@ class CompilationConfig:
     torch_compile: Optional[bool] = None
     """Compile the small elementwise ops (norms, rotary, gated activations) with torch.compile instead of
     running the Triton kernels and eager torch. null: on for CUDA (8% faster decode steps on an H200,
-    benchmarks/RESULTS.md), off on the CPU (nothing measured to gain there; it adds start-up)."""
+    benchmarks/RESULTS.md), off on the CPU (inductor's C++ gained ~4% CPU time on a 768-hidden Llama, for
+    14-65 s of start-up: benchmarks/RESULTS.md); compiled kernels are cached under minivllm's cache folder."""
     max_seq_len_to_capture: int = 8192
     """Decode steps with a sequence longer than this run eagerly instead of replaying a CUDA graph."""
 
