@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any
 
 from hydra.utils import instantiate
@@ -19,3 +21,14 @@ def instantiate_target(node: Any, **runtime_kwargs: Any) -> Any:
 
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def cache_dir(*parts: str) -> Path:
+    """minivllm's folder for what it builds once per machine (compiled CPU kernels, inductor's
+    cache): ``$MINIVLLM_CACHE_DIR``, else ``$XDG_CACHE_HOME/minivllm``, else ``~/.cache/minivllm``."""
+    root = os.environ.get("MINIVLLM_CACHE_DIR")
+    if not root:
+        root = os.path.join(
+            os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "minivllm"
+        )
+    return Path(root, *parts)

@@ -13,6 +13,11 @@ where a boolean one is converted in every call). Without a sliding window a
 query's mask is a row of the causal mask, so a step's masks are rows looked up
 in a table the backend keeps (``_CausalRows``), not comparisons redone every
 step. This is the CPU default and the oracle the Triton kernels are tested against.
+
+On the CPU with an fp32 cache, decode requests instead read the cache in place
+through a small C kernel (``cpu_paged_decode.py``) when it builds: one
+``_PagedDecode`` entry stands for all of a step's decode tokens, and falls back to
+the gathered groups above for a cache or query the kernel does not serve.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from minivllm.attention import cpu_paged_decode
 from minivllm.attention.backend import AttentionBackend, AttentionMetadata
 from minivllm.attention.kv_quant import dequantize_fp8, is_fp8, quantize_fp8
 from minivllm.attention.mla import mla_attention
@@ -96,25 +102,43 @@ class _CausalRows:
         return table[:, :num_keys].index_select(0, q_pos.view(-1)).view(B, 1, Q, num_keys)
 
 
+class _PagedDecode:
+    """A step's decode tokens for the in-place CPU kernel: each request's query row,
+    block table and length, with the gathered groups built only if a layer needs them."""
+
+    def __init__(self, host: "_HostIndex", decode: np.ndarray, block_size: int) -> None:
+        seq_lens = host.seq_lens[decode]
+        num_blocks = -(-int(seq_lens.max()) // block_size)
+        self.rows = torch.from_numpy(host.query_start[decode].astype(np.int64))  # (B,)
+        self.block_tables = torch.from_numpy(np.ascontiguousarray(host.block_tables[decode, :num_blocks], np.int32))
+        self.seq_lens = torch.from_numpy(seq_lens.astype(np.int32))  # (B,)
+        self._fallback = (host, decode, block_size)
+        self._groups: list[_Group] | None = None
+
+    def groups(self) -> list[_Group]:
+        """The same tokens as block-gather groups (for a cache the kernel does not serve)."""
+        if self._groups is None:
+            self._groups = _decode_groups(*self._fallback, self.rows.device)
+        return self._groups
+
+
 class TorchAttentionBackend(AttentionBackend):
     name = "torch"
 
     def __init__(self) -> None:
         self.causal_rows = _CausalRows()
 
-    def prepare(self, meta: AttentionMetadata, block_size: int) -> list[_Group]:
+    def prepare(self, meta: AttentionMetadata, block_size: int) -> list[_Group | _PagedDecode]:
         query_lens = np.asarray(meta.query_lens_cpu)  # (B,)
         seq_lens = np.asarray(meta.seq_lens_cpu)  # (B,)
         decode = np.flatnonzero(query_lens == 1)
-        groups = []
+        groups: list[_Group | _PagedDecode] = []
         if len(decode):
             host = _HostIndex(meta, seq_lens)
-            num_blocks = -(-seq_lens[decode] // block_size)
-            _, size_class = np.frexp(num_blocks - 1)  # (num_blocks - 1).bit_length(), vectorized
-            classes = np.unique(size_class)
-            for c in classes:
-                rows = decode if len(classes) == 1 else decode[size_class == c]
-                groups.append(_decode_group(host, rows, block_size, meta.seq_lens.device))
+            if meta.seq_lens.device.type == "cpu" and cpu_paged_decode.load() is not None:
+                groups.append(_PagedDecode(host, decode, block_size))
+            else:
+                groups += _decode_groups(host, decode, block_size, meta.seq_lens.device)
         if len(decode) < len(query_lens):
             starts = meta.query_start_loc.tolist()
             groups += [
@@ -142,7 +166,11 @@ class TorchAttentionBackend(AttentionBackend):
             meta.backend_data = self.prepare(meta, kv_cache.shape[2])
         write_kv(key, value, kv_cache, meta.slot_mapping, k_scale, v_scale, meta.has_padding)
         groups = meta.backend_data
-        out = None if _is_whole_batch(groups, len(query)) else torch.empty_like(query)
+        if any(isinstance(g, _PagedDecode) for g in groups):
+            groups = self._paged_decode(groups, query, kv_cache, scale, sliding_window, logits_soft_cap, sinks)
+            out = groups.pop()  # the decode rows, written; the prefill groups write theirs below
+        else:
+            out = None if _is_whole_batch(groups, len(query)) else torch.empty_like(query)
         for group in groups:
             B = group.block_ids.shape[0]
             q = query[group.token_idx].view(B, -1, *query.shape[1:]).transpose(1, 2)  # (B, H, Q, D)
@@ -175,6 +203,26 @@ class TorchAttentionBackend(AttentionBackend):
     ) -> torch.Tensor:
         """MLA in torch (``attention/mla.py``): decode absorbed, prefill chunks expanded."""
         return mla_attention(q_nope, q_pe, latent, kv_cache, meta, w_uk=w_uk, w_uv=w_uv, scale=scale, k_scale=k_scale)
+
+    @staticmethod
+    def _paged_decode(groups, query, kv_cache, scale, sliding_window, soft_cap, sinks) -> list:
+        """Run the in-place kernel for the ``_PagedDecode`` entry (or expand it into gather
+        groups where the kernel does not serve these tensors, or attention sinks, which it does
+        not apply): the groups left to run, and last, the output tensor."""
+        lib = cpu_paged_decode.load()
+        rest: list = []
+        out = torch.empty_like(query)
+        for g in groups:
+            if not isinstance(g, _PagedDecode):
+                rest.append(g)
+            elif sinks is None and cpu_paged_decode.supports(query, kv_cache):
+                with torch.profiler.record_function("cpu_paged_decode_attention"):  # named for profiles
+                    cpu_paged_decode.paged_decode(
+                        lib, query, kv_cache, out, g.block_tables, g.seq_lens, g.rows, scale, sliding_window, soft_cap
+                    )
+            else:
+                rest += g.groups()
+        return rest + [out]
 
 
 def _is_whole_batch(groups: list[_Group], num_tokens: int) -> bool:
@@ -225,6 +273,17 @@ class _HostIndex:
         self.block_tables = meta.block_tables_cpu  # (B, W)
         if self.block_tables is None:
             self.block_tables = meta.block_tables.cpu().numpy()
+
+
+def _decode_groups(host: _HostIndex, decode: np.ndarray, block_size: int, device: torch.device) -> list[_Group]:
+    """Decode requests ``decode`` batched into one group per power-of-two number of blocks."""
+    num_blocks = -(-host.seq_lens[decode] // block_size)
+    _, size_class = np.frexp(num_blocks - 1)  # (num_blocks - 1).bit_length(), vectorized
+    classes = np.unique(size_class)
+    return [
+        _decode_group(host, decode if len(classes) == 1 else decode[size_class == c], block_size, device)
+        for c in classes
+    ]
 
 
 def _decode_group(host: _HostIndex, rows: np.ndarray, block_size: int, device: torch.device) -> _Group:

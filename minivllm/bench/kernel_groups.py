@@ -102,12 +102,16 @@ def device_kernels(events: Iterable[Any]) -> list[KernelTime]:
     return kernels
 
 
+CPU_KERNEL_RANGES = ("cpu_paged_decode_attention",)
+"""Ranges around the engine's own CPU kernels (called outside aten, so only their range shows)."""
+
+
 def cpu_ops(events: Iterable[Any]) -> list[KernelTime]:
-    """The CPU's stand-in for kernels: each aten op's self time."""
+    """The CPU's stand-in for kernels: each aten op's self time, and the engine's own CPU kernels'."""
     return [
         KernelTime(e.name, float(e.self_cpu_time_total), _inside(e, SAMPLER_RANGE))
         for e in events
-        if e.name.startswith("aten::") and e.self_cpu_time_total > 0
+        if (e.name.startswith("aten::") or e.name in CPU_KERNEL_RANGES) and e.self_cpu_time_total > 0
     ]
 
 

@@ -7,7 +7,9 @@ requests arriving over time (``bench=serving``); optionally against transformers
 Writes ``metrics.json`` into the run folder and prints the same numbers as a report:
 requests/s, input and output tokens/s, total time, KV blocks, preemptions, peak memory,
 the engine's overhead per step, single-request decode speed, the bandwidth roofline
-and, with ``bench.baseline=hf``, transformers' numbers and the ratio.
+and, with ``bench.baseline=hf``, transformers' numbers and the ratio (``bench.baseline=vllm``:
+vLLM's, run from the venv of ``bench.peer_python`` by ``vllm_peer.py``, with how many
+requests generated the same tokens on both).
 
 Peak memory is read on the device the run used. CUDA: the allocator's high-water
 mark. CPU: the process's resident high-water mark (``VmHWM``), reset at the start
@@ -46,7 +48,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from minivllm.bench import hf_baseline
+from minivllm.bench import hf_baseline, vllm_peer
 from minivllm.bench.timing import StepTimer, roofline
 from minivllm.bench.workloads import (
     BenchRequest,
@@ -58,6 +60,7 @@ from minivllm.bench.workloads import (
 )
 from minivllm.config.task import BenchConfig
 from minivllm.config.vllm_config import VllmConfig
+from minivllm.distributed.utils import cpu_threads
 from minivllm.entrypoints.llm import LLM
 from minivllm.sampling_params import RequestOutputKind, SamplingParams
 
@@ -69,15 +72,18 @@ def run_bench(cfg: VllmConfig, out_dir: Path) -> dict[str, Any]:
     """Run the workload (and the baseline), print the report, write out_dir/metrics.json."""
     requests, single = _workload(cfg)  # a bad workload fails before any work
     with tempfile.TemporaryDirectory(prefix="minivllm-bench-") as tmp:
-        if cfg.bench.baseline == "hf":
+        if cfg.bench.baseline != "none":
             cfg = hf_baseline.shared_checkpoint(cfg, Path(tmp))
         metrics = _describe(cfg, requests)
+        token_ids: list[list[int]] | None = [] if cfg.bench.baseline == "vllm" else None
         if cfg.bench.mode == "serving":
             metrics.update(bench_serving(cfg, requests))
         else:
-            metrics.update(bench_minivllm(cfg, requests, single))
+            metrics.update(bench_minivllm(cfg, requests, single, token_ids))
         if cfg.bench.baseline == "hf":
             bench_transformers(cfg, requests, single, metrics)
+        if cfg.bench.baseline == "vllm":
+            bench_vllm(cfg, requests, single, metrics, token_ids)
     (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2))
     print(format_report(metrics))
     print(f"metrics in {out_dir / 'metrics.json'}")
@@ -240,28 +246,42 @@ def _params(
 
 
 def _drive(
-    llm: LLM, requests: list[BenchRequest], cfg: VllmConfig, timer: StepTimer, desc: str | None
+    llm: LLM,
+    requests: list[BenchRequest],
+    cfg: VllmConfig,
+    timer: StepTimer,
+    desc: str | None,
+    token_ids: list[list[int]] | None = None,
 ) -> tuple[float, int, float, int]:
     """Queue every request, step until all finish; returns (seconds, output tokens, CPU seconds,
-    prompt tokens: image placeholders expanded)."""
+    prompt tokens: image placeholders expanded). ``token_ids``: filled with each request's
+    generated tokens, in the order of ``requests``."""
     engine = llm.llm_engine
+    generated: dict[str, list[int]] = {}
     show = desc is not None and cfg.bench.progress
     bar = tqdm(total=len(requests), desc=desc, unit="req", disable=not show or None)
     produced = prompt_tokens = 0
     start, start_cpu = time.perf_counter(), time.process_time()
     with bar:
-        for r in requests:
-            engine.add_request(None, r.prompt, _params(r, cfg.bench.temperature))
+        ids = [engine.add_request(None, r.prompt, _params(r, cfg.bench.temperature)) for r in requests]
         while engine.has_unfinished_requests():
             for out in timer.run_step(engine.step):
                 if out.finished:
                     produced += len(out.outputs[0].token_ids)
                     prompt_tokens += len(out.prompt_token_ids)
+                    generated[out.request_id] = list(out.outputs[0].token_ids)
                     bar.update(1)
+    if token_ids is not None:
+        token_ids[:] = [generated[i] for i in ids]
     return time.perf_counter() - start, produced, time.process_time() - start_cpu, prompt_tokens
 
 
-def bench_minivllm(cfg: VllmConfig, requests: list[BenchRequest], single: BenchRequest | None) -> dict[str, Any]:
+def bench_minivllm(
+    cfg: VllmConfig,
+    requests: list[BenchRequest],
+    single: BenchRequest | None,
+    token_ids: list[list[int]] | None = None,
+) -> dict[str, Any]:
     if cfg.parallel.dp > 1:
         raise ValueError(
             f"parallel.dp={cfg.parallel.dp}: task=bench times one engine's steps and does not support data "
@@ -284,7 +304,7 @@ def bench_minivllm(cfg: VllmConfig, requests: list[BenchRequest], single: BenchR
         before = llm.llm_engine.scheduler_stats().num_preemptions
         mm = getattr(runner, "mm", None)
         encoded = (mm.num_encoded, mm.num_encoder_calls) if mm is not None else None
-        seconds, produced, cpu_s, prompt_tokens = _drive(llm, requests, cfg, timer, "minivllm")
+        seconds, produced, cpu_s, prompt_tokens = _drive(llm, requests, cfg, timer, "minivllm", token_ids)
         stats = llm.llm_engine.scheduler_stats()
         out.update(_throughput(requests, seconds, produced, prompt_tokens), cpu_time_s=cpu_s)
         if cfg.bench.workload == "images":
@@ -477,6 +497,30 @@ def bench_transformers(
     metrics["speedup_cpu_time"] = _ratio(base["cpu_time_s"], metrics["cpu_time_s"])
 
 
+# ---- the vLLM peer (its own venv, vllm_peer.py) ----------------------------------------------
+
+
+def bench_vllm(
+    cfg: VllmConfig,
+    requests: list[BenchRequest],
+    single: BenchRequest | None,
+    metrics: dict[str, Any],
+    token_ids: list[list[int]] | None,
+) -> None:
+    gc.collect()  # the engine's KV cache may still be held by reference cycles: free it before the peer starts
+    per_token = (metrics.get("roofline") or {}).get("kv_bytes_per_token")
+    kv_bytes = metrics["num_kv_blocks"] * cfg.cache.block_size * per_token if per_token else 1 << 30
+    base = vllm_peer.run_peer(cfg, requests, single, cpu_threads(cfg.device.cpu_threads, None), kv_bytes)
+    base["tokens"] = vllm_peer.token_agreement(token_ids, base.pop("token_ids"))
+    if single is not None and "decode_tokens_per_s" in base:
+        ours = metrics["single_request"]
+        ours["vllm_decode_tokens_per_s"] = base["decode_tokens_per_s"]
+        ours["decode_speedup_vs_vllm"] = _ratio(ours["decode_tokens_per_s"], base["decode_tokens_per_s"])
+    metrics["baseline"] = base
+    metrics["speedup_output_tokens_per_s"] = _ratio(metrics["output_tokens_per_s"], base["output_tokens_per_s"])
+    metrics["speedup_cpu_time"] = _ratio(base["cpu_time_s"], metrics["cpu_time_s"])
+
+
 def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a and b else None
 
@@ -504,6 +548,17 @@ def format_report(m: dict[str, Any]) -> str:
             f"speedup: {_num(m.get('speedup_output_tokens_per_s'), '.2f')}x output tok/s, "
             f"{_num(m.get('speedup_cpu_time'), '.2f')}x CPU time"
         )
+        agree = base.get("tokens")
+        if agree:
+            lines.append(
+                f"{base['name']} {base.get('version', '')}: start-up {_num(base.get('startup_s'))} s; same tokens in "
+                f"{agree['identical_requests']}/{agree['requests']} requests"
+                + (
+                    f" (first difference at token {agree['first_difference_at']})"
+                    if agree["first_difference_at"] is not None
+                    else ""
+                )
+            )
     lines.append(
         f"KV blocks {m['num_kv_blocks']} x {m['block_size']} tokens, preemptions {m['num_preemptions']}, "
         f"peak memory {_num(m['peak_memory_gib'], '.2f')} GiB"
@@ -535,6 +590,11 @@ def format_report(m: dict[str, Any]) -> str:
             f"{_num(single['decode_tokens_per_s'])} tok/s, median step {_num(single['decode_step_ms'], '.2f')} ms "
             f"(model {_num(single['model_ms_per_step'], '.2f')}, overhead {_num(single['overhead_ms_per_step'], '.2f')})"
         )
+        if "vllm_decode_tokens_per_s" in single:
+            line += (
+                f"; vllm {_num(single['vllm_decode_tokens_per_s'])} tok/s "
+                f"({_num(single['decode_speedup_vs_vllm'], '.2f')}x)"
+            )
         if "hf_decode_tokens_per_s" in single:
             line += (
                 f"; transformers {_num(single['hf_decode_tokens_per_s'])} tok/s "

@@ -29,9 +29,14 @@ class DeviceConfig:
 
     type: str = "auto"
     """auto (cuda when available, else cpu), cpu or cuda."""
+    cpu_threads: Optional[int] = None
+    """Intra-op threads of each CPU worker (torch's and the CPU attention kernel's). null: OMP_NUM_THREADS
+    when set, else the cores of the process's affinity mask (os.sched_getaffinity), shared among local ranks."""
 
     def __post_init__(self) -> None:
         check_choice("device.type", self.type, DEVICE_TYPES)
+        if self.cpu_threads is not None:
+            check_range("device.cpu_threads", self.cpu_threads, low=1)
 
 
 def resolve_device(device_type: str) -> str:
@@ -65,7 +70,7 @@ def attention_target(name: str, device_type: str) -> str:
 
 @dataclass
 class CompilationConfig:
-    """CUDA graphs and torch.compile (GPU only; ignored on the CPU), and the fused sampler."""
+    """CUDA graphs (GPU only; ignored on the CPU), torch.compile (either device) and the fused sampler."""
 
     cudagraph: bool = True
     """Capture CUDA graphs for decode-only steps (CUDA only; ignored on the CPU)."""
@@ -75,7 +80,8 @@ class CompilationConfig:
     torch_compile: Optional[bool] = None
     """Compile the small elementwise ops (norms, rotary, gated activations) with torch.compile instead of
     running the Triton kernels and eager torch. null: on for CUDA (8% faster decode steps on an H200,
-    benchmarks/RESULTS.md), off on the CPU (nothing measured to gain there; it adds start-up)."""
+    benchmarks/RESULTS.md), off on the CPU (inductor's C++ gained ~4% CPU time on a 768-hidden Llama, for
+    14-65 s of start-up: benchmarks/RESULTS.md); compiled kernels are cached under minivllm's cache folder."""
     max_seq_len_to_capture: int = 8192
     """Decode steps with a sequence longer than this run eagerly instead of replaying a CUDA graph."""
     fused_sampler: Optional[bool] = None

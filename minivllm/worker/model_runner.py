@@ -31,6 +31,7 @@ Before the KV cache exists the worker measures a start-up profile (``prepare_pro
 from __future__ import annotations
 
 import logging
+import os
 import time
 
 import numpy as np
@@ -63,7 +64,7 @@ from minivllm.sample.metadata import SamplingMetadata
 from minivllm.sample.sampler import Sampler, SamplerOutput
 from minivllm.structured_output.backend import bitmask_for_rows
 from minivllm.tuned_tiles import device_facts
-from minivllm.utils import cdiv, instantiate_target
+from minivllm.utils import cache_dir, cdiv, instantiate_target
 from minivllm.worker.cuda_graphs import CUDAGraphRunner
 from minivllm.worker.input_batch import InputBatch, SampledTokens, record_event, to_host
 from minivllm.worker.mm_runner import MRopePositions, MultiModalRunner
@@ -127,7 +128,8 @@ class ModelRunner:
         loader = instantiate_target(self.cfg.load.loader)
         self.model = loader.load_model(self.cfg, self.attn_backend, self.device)
         share_cos_sin_caches(self.model, self.cfg.max_model_len, self.device)
-        if self.cfg.torch_compile:
+        if self.cfg.torch_compile:  # inductor's compiled kernels kept across runs, under minivllm's cache
+            os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir("inductor")))
             compile_small_ops(self.model)
         self.attention_layers = attention_layers(self.model)
         if supports_multimodal(self.model):

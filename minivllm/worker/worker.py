@@ -17,6 +17,7 @@ import torch.distributed as dist
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.core.scheduler_output import SchedulerOutput
 from minivllm.distributed.parallel_state import destroy_model_parallel, init_model_parallel
+from minivllm.distributed.utils import cpu_threads
 from minivllm.kv_cache_spec import KVCacheSpec
 from minivllm.layers.attention import uniform_sliding_window
 from minivllm.outputs import ModelRunnerOutput, StepResult
@@ -59,7 +60,12 @@ class Worker:
             first = self.cfg.parallel.dp_rank * self.cfg.world_size  # data-parallel replicas take disjoint GPUs
             self.device = torch.device("cuda", (first + self.rank) % torch.cuda.device_count())
             torch.cuda.set_device(self.device)
-        if self.num_threads:
+        if self.device.type == "cpu":
+            threads = cpu_threads(self.cfg.device.cpu_threads, self.num_threads)
+            if threads != torch.get_num_threads():
+                torch.set_num_threads(threads)
+            logger.info("CPU worker rank %d: %d intra-op threads", self.rank, threads)
+        elif self.num_threads:
             torch.set_num_threads(self.num_threads)
         if self.cfg.world_size > 1:
             backend = "nccl" if self.cfg.device_type == "cuda" else "gloo"

@@ -12,7 +12,7 @@ import torch
 from safetensors import safe_open
 
 from minivllm import LLM
-from minivllm.distributed.utils import threads_per_rank
+from minivllm.distributed.utils import cpu_threads, threads_per_rank
 from minivllm.executor.multiproc import MultiprocExecutor
 from tests.executor import tp_helpers as h
 from tests.model_configs import llama_config, olmo2_config
@@ -132,7 +132,7 @@ def test_kv_heads_are_replicated_when_tp_exceeds_them(llama_kv1_tp2):
 
 
 def test_ranks_share_the_cores(opt_tp2):
-    assert _executor(opt_tp2).collective_rpc(h.num_threads) == [threads_per_rank(2)] * 2
+    assert _executor(opt_tp2).collective_rpc(h.num_threads) == [cpu_threads(None, threads_per_rank(2))] * 2
 
 
 def test_mp_lambda_returns_one_result_per_rank(opt_tp2):

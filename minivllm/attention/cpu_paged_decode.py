@@ -1,0 +1,215 @@
+"""Decode attention on the CPU that reads the paged KV cache in place: a small C kernel.
+
+The torch backend's decode path copies every request's blocks into a dense tensor
+(one ``index_select`` per layer) before SDPA reads them again. This kernel walks
+each request's block table instead and reads each key and value row once, where
+it lies in the cache: per (request, KV head), the scores of the ``H / Hkv`` query
+heads that share the head (GQA), a softmax, and the weighted sum of values, all
+in fp32. Work is split over the requests and KV heads with OpenMP, in the same
+runtime torch uses (the kernel links ``libgomp.so.1``, which the loader resolves
+to the copy torch already loaded), with ``torch.get_num_threads()`` threads.
+
+It is plain C with no torch headers, so it compiles in about a second with the
+system's C compiler (``$CC`` or ``cc``) on first use, and is cached under
+``minivllm.utils.cache_dir()`` (``$MINIVLLM_CACHE_DIR``, default ``~/.cache/minivllm``) keyed by its source, flags and
+this CPU's instruction-set flags (it is built for the machine it runs on). Where
+no compiler is found or the build fails, ``load()`` returns None once and the
+backend keeps its block-gather path: same results, more copying. fp32 caches and
+queries only (bf16 and fp8 caches take the gather path).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+from minivllm.utils import cache_dir
+
+logger = logging.getLogger(__name__)
+
+_SOURCE = r"""
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+/* q: rows of (H, D) at q_stride floats apart; k_cache, v_cache: (num_blocks, bs, Hkv, D);
+   out: rows like q; block_tables: (B, bt_stride) int32; seq_lens: (B,) int32; rows: (B,) int64
+   token row of each request's query. window <= 0: none; soft_cap <= 0: none. */
+void paged_decode_f32(const float* q, const float* k_cache, const float* v_cache, float* out,
+                      const int32_t* block_tables, int64_t bt_stride, const int32_t* seq_lens,
+                      const int64_t* rows, int64_t B, int64_t H, int64_t Hkv, int64_t D,
+                      int64_t block_size, int64_t q_stride, int64_t out_stride, float scale,
+                      int64_t window, float soft_cap, int num_threads) {
+    const int64_t G = H / Hkv;
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) num_threads(num_threads)
+    for (int64_t b = 0; b < B; ++b) {
+        for (int64_t h = 0; h < Hkv; ++h) {
+            const int64_t n = seq_lens[b];
+            const int64_t start = (window > 0 && n > window) ? n - window : 0;
+            const int64_t L = n - start;
+            float* s = (float*)malloc(sizeof(float) * (size_t)(G * L + G * D));
+            float* acc = s + G * L;
+            const float* qh = q + rows[b] * q_stride + h * G * D;
+            const int32_t* table = block_tables + b * bt_stride;
+            for (int64_t p = start; p < n;) {  /* block by block: rows of a block are Hkv * D apart */
+                const int64_t off = p % block_size, m = (n - p < block_size - off) ? n - p : block_size - off;
+                const float* kr = k_cache + (((int64_t)table[p / block_size] * block_size + off) * Hkv + h) * D;
+                for (int64_t j = 0; j < m; ++j, kr += Hkv * D) {
+                    for (int64_t g = 0; g < G; ++g) {
+                        const float* qg = qh + g * D;
+                        float dot = 0.f;
+#pragma omp simd reduction(+ : dot)
+                        for (int64_t d = 0; d < D; ++d) dot += qg[d] * kr[d];
+                        s[g * L + p - start + j] = dot * scale;
+                    }
+                }
+                p += m;
+            }
+            if (soft_cap > 0.f)
+                for (int64_t i = 0; i < G * L; ++i) s[i] = soft_cap * tanhf(s[i] / soft_cap);
+            for (int64_t g = 0; g < G; ++g) {
+                float* sg = s + g * L;
+                float m = sg[0];
+                for (int64_t l = 1; l < L; ++l) m = sg[l] > m ? sg[l] : m;
+                float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+                for (int64_t l = 0; l < L; ++l) { sg[l] = expf(sg[l] - m); sum += sg[l]; }
+                const float inv = 1.f / sum;
+                for (int64_t l = 0; l < L; ++l) sg[l] *= inv;
+                for (int64_t d = 0; d < D; ++d) acc[g * D + d] = 0.f;
+            }
+            for (int64_t p = start; p < n;) {
+                const int64_t off = p % block_size, m = (n - p < block_size - off) ? n - p : block_size - off;
+                const float* vr = v_cache + (((int64_t)table[p / block_size] * block_size + off) * Hkv + h) * D;
+                for (int64_t j = 0; j < m; ++j, vr += Hkv * D) {
+                    for (int64_t g = 0; g < G; ++g) {
+                        const float w = s[g * L + p - start + j];
+                        float* ag = acc + g * D;
+#pragma omp simd
+                        for (int64_t d = 0; d < D; ++d) ag[d] += w * vr[d];
+                    }
+                }
+                p += m;
+            }
+            float* oh = out + rows[b] * out_stride + h * G * D;
+            for (int64_t i = 0; i < G * D; ++i) oh[i] = acc[i];
+            free(s);
+        }
+    }
+}
+"""
+
+_FLAGS = ["-O3", "-march=native", "-fopenmp", "-ffast-math", "-fPIC"]
+"""Compile flags. Linking is a separate step without ``-ffast-math``, which would link in
+``crtfastmath.o`` and flush denormals to zero for the whole process on load."""
+_UNLOADED = object()
+_lib: object = _UNLOADED
+
+
+def _cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return line
+    except OSError:
+        pass
+    return ""
+
+
+def _build() -> ctypes.CDLL | None:
+    key = hashlib.sha256("\0".join([_SOURCE, *_FLAGS, _cpu_flags()]).encode()).hexdigest()[:16]
+    path = cache_dir("cpu_kernels") / f"paged_decode_{key}.so"
+    if not path.exists():
+        cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+        if cc is None:
+            logger.info("no C compiler found: CPU decode attention gathers blocks instead of reading them in place")
+            return None
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
+            src, obj, so = Path(tmp) / "paged_decode.c", Path(tmp) / "paged_decode.o", Path(tmp) / "out.so"
+            src.write_text(_SOURCE)
+            proc = subprocess.run([cc, *_FLAGS, "-c", str(src), "-o", str(obj)], capture_output=True, text=True)
+            if proc.returncode == 0:
+                link = [cc, "-shared", "-fopenmp", str(obj), "-o", str(so), "-lm"]
+                proc = subprocess.run(link, capture_output=True, text=True)
+            if proc.returncode != 0:
+                logger.warning(
+                    "the CPU decode attention kernel did not build (%s); gathering blocks instead", proc.stderr
+                )
+                return None
+            os.replace(so, path)  # atomic: processes building at once each install a whole file
+    lib = ctypes.CDLL(str(path))
+    i64, f32, ptr = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
+    lib.paged_decode_f32.argtypes = [ptr] * 5 + [i64, ptr, ptr] + [i64] * 7 + [f32, i64, f32, ctypes.c_int]
+    lib.paged_decode_f32.restype = None
+    return lib
+
+
+def load() -> ctypes.CDLL | None:
+    """The compiled kernel library, built on first use; None where it cannot be (see module doc)."""
+    global _lib
+    if _lib is _UNLOADED:
+        try:
+            _lib = _build()
+        except OSError as err:
+            logger.warning("the CPU decode attention kernel could not be loaded (%s); gathering blocks instead", err)
+            _lib = None
+    return _lib  # type: ignore[return-value]
+
+
+def supports(query: torch.Tensor, kv_cache: torch.Tensor) -> bool:
+    """Whether the kernel serves these tensors: fp32 on the CPU, cache contiguous, heads packed."""
+    return (
+        query.device.type == "cpu"
+        and query.dtype == torch.float32
+        and kv_cache.dtype == torch.float32
+        and kv_cache.is_contiguous()
+        and query.stride(-1) == 1
+        and query.stride(-2) == query.shape[-1]
+    )
+
+
+def paged_decode(
+    lib: ctypes.CDLL,
+    query: torch.Tensor,  # (T, H, D) fp32
+    kv_cache: torch.Tensor,  # (2, num_blocks, block_size, Hkv, D) fp32
+    out: torch.Tensor,  # (T, H, D) fp32, rows ``rows`` written
+    block_tables: torch.Tensor,  # (B, W) int32 contiguous
+    seq_lens: torch.Tensor,  # (B,) int32
+    rows: torch.Tensor,  # (B,) int64: each request's query row in ``query``/``out``
+    scale: float,
+    sliding_window: int | None,
+    soft_cap: float | None,
+) -> None:
+    """Attention of one query per request over its first ``seq_lens[b]`` cached positions
+    (the last ``sliding_window`` of them with a window), written to ``out[rows[b]]``."""
+    _, num_blocks, block_size, num_kv_heads, head_dim = kv_cache.shape
+    lib.paged_decode_f32(
+        query.data_ptr(),
+        kv_cache[0].data_ptr(),
+        kv_cache[1].data_ptr(),
+        out.data_ptr(),
+        block_tables.data_ptr(),
+        block_tables.stride(0),
+        seq_lens.data_ptr(),
+        rows.data_ptr(),
+        len(rows),
+        query.shape[1],
+        num_kv_heads,
+        head_dim,
+        block_size,
+        query.stride(0),
+        out.stride(0),
+        scale,
+        sliding_window or 0,
+        soft_cap or 0.0,
+        torch.get_num_threads(),
+    )
