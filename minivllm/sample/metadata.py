@@ -112,27 +112,27 @@ class SamplingRows:
             p.name: np.full(max_rows, p.neutral or 0, dtype=p.dtype) for p in ROW_PARAMS
         }
         """Entry name -> (max_rows,) its value per row."""
-        self.generators: dict[int, torch.Generator] = {}
-        """Row -> the request's own noise source, for requests with a seed (``generator``)."""
+        self.seeded: set[int] = set()
+        """Rows of requests with a seed: they draw their noise from ``generator``."""
 
     def set_row(self, row: int, params: SamplingParams) -> None:
         self.params[row] = params
         for p in ROW_PARAMS:
             self.columns[p.name][row] = p.of(params)
         if params.seed is not None:
-            self.generators[row] = torch.Generator(device=self.device)
+            self.seeded.add(row)
 
     def clear_row(self, row: int) -> None:
         self.params[row] = None
-        self.generators.pop(row, None)
+        self.seeded.discard(row)
 
     def move_row(self, src: int, dst: int) -> None:
         for column in self.columns.values():
             column[dst] = column[src]
         self.params[dst], self.params[src] = self.params[src], None
-        generator = self.generators.pop(src, None)
-        if generator is not None:
-            self.generators[dst] = generator
+        if src in self.seeded:
+            self.seeded.discard(src)
+            self.seeded.add(dst)
 
     def metadata(self, rows: np.ndarray) -> SamplingMetadata:
         """The sampler's inputs for ``rows`` (in order; a row may repeat, as the verifier's
@@ -161,11 +161,11 @@ class SamplingRows:
         return torch.from_numpy(values).to(self.device)
 
     def generator(self, row: int, position: int) -> torch.Generator:
-        """The row's generator, re-seeded for output position ``position``: the noise depends
-        only on (seed, position), so a seeded request samples the same tokens whatever the
-        batch and across preemptions."""
+        """A new generator for the row's output position ``position``: the noise depends only on
+        (seed, position), so a seeded request samples the same tokens whatever the batch, across
+        preemptions and whether a position is sampled plainly or verified after a draft."""
         seed = self.params[row].seed
-        return self.generators[row].manual_seed((seed * 1_000_003 + position) % (1 << 63))
+        return torch.Generator(device=self.device).manual_seed((seed * 1_000_003 + position) % (1 << 63))
 
 
 def has_logits_edits(p: SamplingParams) -> bool:

@@ -13,6 +13,9 @@ min-p, top-k / top-p, exactly as the plain sampler) and ``d`` the draft:
 ``q`` is one-hot at ``d`` for deterministic proposers (n-gram, greedy draft
 models): then acceptance is ``p(d)`` and the residual is ``p`` without ``d``. A
 sampling draft model passes its own (N, V) distributions (``draft_probs``).
+For one-hot drafts the engine's verifier uses the equivalent coupled form (the
+row's plain sample, accepted iff it equals ``d``: ``DraftVerifier._sample_and_match``),
+which draws the plain sampler's noise; this function serves sampled drafts.
 
 The emitted tokens of a request are its drafts up to the first rejection, then
 that row's own token. Its first token is distributed exactly as ``p``: token

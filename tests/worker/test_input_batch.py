@@ -34,7 +34,7 @@ def test_add_fills_rows_in_order_with_tokens_blocks_and_params():
     assert batch.block_table.num_blocks[:2].tolist() == [1, 2]
     assert batch.sampling.columns["temperature"][:2].tolist() == [0.0, 0.5]
     assert batch.sampling.columns["top_k"][:2].tolist() == [0, 3]
-    assert set(batch.sampling.generators) == {batch.row_of["b"]}
+    assert batch.sampling.seeded == {batch.row_of["b"]}
 
 
 def test_remove_leaves_a_hole_that_the_next_request_reuses():

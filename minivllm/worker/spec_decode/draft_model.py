@@ -190,7 +190,7 @@ class DraftModelProposer:
         q = self.sampler.process(logits, sampling).softmax(dim=-1)  # (B, V)
         noise = torch.empty_like(q).exponential_(generator=self.sampler.generator)
         for i, row in enumerate(rows.tolist()):
-            if row in batch.sampling.generators:
+            if row in batch.sampling.seeded:
                 position = int(positions[i]) - int(batch.num_prompt_tokens[row]) + _DRAFT_SEED_OFFSET
                 noise[i].exponential_(generator=batch.sampling.generator(row, position))
         drawn = torch.where(sampling.temperature == 0.0, logits.argmax(dim=-1), q.div(noise).argmax(dim=-1))

@@ -83,13 +83,14 @@ class DraftVerifier:
         index = torch.tensor(flat, dtype=torch.int64, device=self.device)
         logits = compute_logits(hidden[index])  # (N, V) fp32
         meta = batch.sampling.metadata(rows)
-        probs = self.sampler.process(logits, meta).softmax(dim=-1)  # (N, V)
-        greedy = meta.temperature == 0.0
-        inputs = self._noise(batch, rows, seq_lens, draft_ids, greedy, probs.shape)
         if draft_probs:
+            probs = self.sampler.process(logits, meta).softmax(dim=-1)  # (N, V)
+            inputs = self._noise(batch, rows, seq_lens, draft_ids, meta.temperature == 0.0, probs.shape)
             req_ids = [batch.req_ids[row] for _, row in drafted]
             inputs.draft_probs = _draft_prob_rows(req_ids, drafts, draft_probs, probs.shape, self.device)
-        own, accepted = rejection_sample(logits, probs, inputs)
+            own, accepted = rejection_sample(logits, probs, inputs)
+        else:
+            own, accepted = self._sample_and_match(batch, logits, meta, rows, seq_lens, draft_ids)
         accepted = broadcast_from_first(accepted.to(torch.int64))  # every rank keeps the same tokens
         own = broadcast_from_first(own)
         own_host, accepted_host = own.tolist(), accepted.tolist()
@@ -119,6 +120,31 @@ class DraftVerifier:
         own, _ = rejection_sample(logits, probs, inputs)
         return own
 
+    def _sample_and_match(
+        self,
+        batch: InputBatch,
+        logits: torch.Tensor,
+        meta: SamplingMetadata,
+        rows: np.ndarray,
+        seq_lens: list[int],
+        draft_ids: list[int],
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Deterministic drafts: every verified position is sampled as the plain sampler samples
+        it (same processing, same per-(seed, position) noise, torch or fused), and a draft is
+        accepted iff it equals that sample. For a one-hot ``q`` this is rejection sampling
+        itself (the draft is accepted with probability ``p(d)``; otherwise the token is drawn
+        from ``p`` without ``d``), and it shares its noise with plain sampling: a seeded request
+        emits the same tokens with speculation as without, wherever its drafts fall.
+        Returns (N,) int64 each row's own token and (N,) bool accepted."""
+        meta.generators = {
+            i: batch.sampling.generator(row, seq_lens[i] - int(batch.num_prompt_tokens[row]))
+            for i, row in enumerate(rows.tolist())
+            if row in batch.sampling.seeded
+        }
+        own = self.sampler(logits, meta).token_ids  # (N,)
+        drafts = torch.tensor(draft_ids, dtype=torch.int64, device=own.device)
+        return own, own == drafts
+
     def _noise(
         self,
         batch: InputBatch,
@@ -133,7 +159,7 @@ class DraftVerifier:
         uniform = torch.rand(shape[0], device=self.device, generator=self.sampler.generator)
         expo = torch.empty(shape, device=self.device).exponential_(generator=self.sampler.generator)
         for i, row in enumerate(rows.tolist()):
-            if row in batch.sampling.generators:
+            if row in batch.sampling.seeded:
                 gen = batch.sampling.generator(row, seq_lens[i] - int(batch.num_prompt_tokens[row]))
                 uniform[i] = torch.rand(1, device=self.device, generator=gen)[0]
                 expo[i].exponential_(generator=gen)
