@@ -1,0 +1,651 @@
+"""Triton kernels of Gated DeltaNet (Qwen3-Next's linear-attention layers): the short causal
+convolution over the mixed q/k/v channels, and the gated delta rule in its chunked (prefill)
+and recurrent (decode) forms. Packed varlen tokens throughout; one state slot per sequence.
+
+The delta rule, per head, with a state ``S`` (Dk, Dv), a key ``k`` and query ``q`` already
+L2-normalised, a log-decay ``g <= 0`` and a write strength ``beta`` per token::
+
+    S <- exp(g) * S
+    S <- S + k (beta * (v - k^T S))        # the delta rule: write the correction only
+    o  = scale * q^T S
+
+The recurrent form runs exactly that, one token after the other, the state in registers
+(one program per sequence, head and block of Dv columns): decode reads and writes each
+state once per step, so its speed is the state's bytes over the memory bandwidth.
+
+The chunked form (the WY / UT-transform formulation) makes prefill matmuls. Inside a chunk
+of ``BT`` tokens with ``G`` the cumulative log-decay from the chunk's start, the ``BT``
+updates collapse to ``S_end = exp(G_last) S + (K * exp(G_last - G))^T V'`` where the new
+values ``V' = U - W S`` come from the unit-lower-triangular system
+``(I + A) [U | W] = [beta V | beta K exp(G)]``, ``A_ij = beta_i k_i.k_j exp(G_i - G_j)``
+for ``j < i``. The outputs are ``scale * (Q exp(G) S + (Q K^T o exp(G_i - G_j))_{j<=i} V')``.
+Two kernels: ``_chunk_wy_kernel`` solves each chunk's system (all chunks in parallel: it
+needs no state) into fp32 scratch ``W`` (T, H, Dk) and ``U`` (T, H, Dv);
+``_chunk_state_kernel`` walks each sequence's chunks in order, the state in registers,
+and writes the outputs and the final state. The triangular inverse is exact forward
+substitution (a Neumann series in powers of ``A`` would cancel catastrophically when keys
+repeat).
+
+Shapes: q, k (T, H, Dk) and v (T, H, Dv) with any token and head strides (unit stride in
+the last dim): the caller has expanded k-heads to the v-heads; g, beta (T, H) fp32;
+states (num_slots, H, Dk, Dv) fp32, sequence ``i``'s final state written in place to
+``states[state_indices[i]]``; ``has_initial_state[i]`` False starts it from zeros. Every
+sum and matmul is fp32: Triton's interpreter computes bf16 ``tl.dot`` wrongly, and on a
+GPU the fp32 dots run in TF32.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from minivllm.attention.ops.checks import SUPPORTED_DTYPES, check_launchable, check_tensor, require
+
+CONV_BLOCK_T = 16  # tokens of one conv tile
+CONV_BLOCK_C = 128  # channels of one conv program
+RECURRENT_BLOCK_V = 32  # Dv columns of one recurrent program: Dk x 32 fp32 state in registers
+CHUNK_BLOCK_V = 32  # Dv columns of one chunk-state program
+CHUNK_NUM_WARPS = 8
+
+
+# --------------------------------------------------------------------------------------------
+# Causal depthwise conv1d over packed sequences, with a (K - 1)-input state per sequence.
+
+
+@triton.jit
+def _causal_conv1d_kernel(
+    x_ptr,  # (T, C)
+    w_ptr,  # (C, K)
+    b_ptr,  # (C,) or a dummy when HAS_BIAS is False
+    y_ptr,  # (T, C)
+    state_ptr,  # (num_slots, C, K - 1)
+    state_idx_ptr,  # (N,)
+    cu_ptr,  # (N + 1,) int32
+    has_init_ptr,  # (N,) bool
+    channels,
+    stride_xt,
+    stride_yt,
+    stride_wc,
+    stride_ss,
+    stride_sc,
+    stride_sk,
+    K: tl.constexpr,
+    KPAD: tl.constexpr,  # next power of two >= K - 1
+    HAS_BIAS: tl.constexpr,
+    SILU: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
+    """One program per (sequence, block of BLOCK_C channels): the sequence's outputs tile by
+    tile, then its last K - 1 inputs into the state slot (after a barrier: every read of the
+    old state comes first)."""
+    n = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    cmask = cols < channels
+    start = tl.load(cu_ptr + n).to(tl.int64)
+    end = tl.load(cu_ptr + n + 1).to(tl.int64)
+    slot = tl.load(state_idx_ptr + n).to(tl.int64)
+    init = tl.load(has_init_ptr + n).to(tl.int32)  # 0: start from zeros
+    lo = start - (K - 1) * init  # the first position the old state provides (none: start)
+    state_base = state_ptr + slot * stride_ss + cols[None, :] * stride_sc  # [1, BLOCK_C]
+    if HAS_BIAS:
+        bias = tl.load(b_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+    else:
+        bias = tl.zeros([BLOCK_C], dtype=tl.float32)
+    for t0 in range(start, end, BLOCK_T):
+        pos = t0 + tl.arange(0, BLOCK_T)  # [BLOCK_T]
+        live = pos < end
+        acc = tl.zeros([BLOCK_T, BLOCK_C], dtype=tl.float32) + bias[None, :]
+        for k in tl.static_range(K):
+            p = pos - (K - 1) + k  # the input position tap k reads
+            in_x = p >= start
+            xv = tl.load(
+                x_ptr + p[:, None] * stride_xt + cols[None, :],
+                mask=(live & in_x)[:, None] & cmask[None, :],
+                other=0.0,
+            ).to(tl.float32)
+            sv = tl.load(
+                state_base + ((K - 1) + (p - start))[:, None] * stride_sk,
+                mask=(live & (p >= lo) & (p < start))[:, None] & cmask[None, :],
+                other=0.0,
+            ).to(tl.float32)
+            w = tl.load(w_ptr + cols * stride_wc + k, mask=cmask, other=0.0).to(tl.float32)
+            acc += (xv + sv) * w[None, :]
+        if SILU:
+            acc = acc / (1.0 + tl.exp(-acc))
+        tl.store(
+            y_ptr + pos[:, None] * stride_yt + cols[None, :],
+            acc.to(y_ptr.dtype.element_ty),
+            mask=live[:, None] & cmask[None, :],
+        )
+    # the new state: inputs end-(K-1) .. end-1, older ones from the old state (or zeros)
+    j = tl.arange(0, KPAD)
+    p = end - (K - 1) + j  # [KPAD]
+    jmask = j < K - 1
+    in_x = p >= start
+    xv = tl.load(x_ptr + p[:, None] * stride_xt + cols[None, :], mask=(jmask & in_x)[:, None] & cmask[None, :])
+    sv = tl.load(
+        state_base + ((K - 1) + (p - start))[:, None] * stride_sk,
+        mask=(jmask & (p >= lo) & (p < start))[:, None] & cmask[None, :],
+        other=0.0,
+    )
+    new = tl.where(in_x[:, None], xv.to(tl.float32), sv.to(tl.float32))
+    tl.debug_barrier()
+    tl.store(
+        state_base + j[:, None] * stride_sk, new.to(state_ptr.dtype.element_ty), mask=jmask[:, None] & cmask[None, :]
+    )
+
+
+def conv_launch_constexprs(kernel_size: int, has_bias: bool, silu: bool) -> dict:
+    """The conv kernel's compile-time arguments (also read by ``tools/kernel_report.py``)."""
+    return dict(
+        K=kernel_size,
+        KPAD=max(triton.next_power_of_2(kernel_size - 1), 2),
+        HAS_BIAS=has_bias,
+        SILU=silu,
+        BLOCK_T=CONV_BLOCK_T,
+        BLOCK_C=CONV_BLOCK_C,
+    )
+
+
+def _check_varlen(state_indices, cu_seqlens, has_initial_state, tokens: int, device) -> int:
+    """The per-sequence arguments: (N,), (N + 1,), (N,); returns N."""
+    check_tensor(cu_seqlens, "cu_seqlens", device, dims=1)
+    check_tensor(state_indices, "state_indices", device, dims=1)
+    check_tensor(has_initial_state, "has_initial_state", device, dims=1)
+    n = cu_seqlens.shape[0] - 1
+    require(cu_seqlens.dtype == torch.int32, f"cu_seqlens must be int32, got {cu_seqlens.dtype}")
+    require(
+        state_indices.dtype in (torch.int32, torch.int64), f"state_indices must be int32/int64, got {state_indices.dtype}"
+    )
+    require(has_initial_state.dtype == torch.bool, f"has_initial_state must be bool, got {has_initial_state.dtype}")
+    require(
+        n >= 0 and state_indices.shape[0] == n and has_initial_state.shape[0] == n,
+        f"{n} sequences by cu_seqlens, but state_indices has {state_indices.shape[0]} and has_initial_state "
+        f"{has_initial_state.shape[0]}",
+    )
+    return n
+
+
+def causal_conv1d(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    *,
+    conv_states: torch.Tensor,
+    state_indices: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    has_initial_state: torch.Tensor,
+    activation: str | None = "silu",
+) -> torch.Tensor:
+    """Depthwise causal conv of each packed sequence of ``x`` (T, C) with ``weight`` (C, K),
+    its left context the sequence's state ``conv_states[state_indices[i]]`` (C, K - 1) (zeros
+    where ``has_initial_state[i]`` is False); then the state holds the sequence's last K - 1
+    inputs (left-padded with the old state, or zeros). Returns y (T, C) in x's dtype."""
+    device = x.device
+    check_launchable(device, _causal_conv1d_kernel)
+    check_tensor(x, "x", device, dims=2)
+    check_tensor(weight, "weight", device, dims=2)
+    require(x.dtype in SUPPORTED_DTYPES, f"x dtype must be one of {SUPPORTED_DTYPES}, got {x.dtype}")
+    require(activation in ("silu", None), f"activation must be 'silu' or None, got {activation!r}")
+    tokens, channels = x.shape
+    kernel_size = weight.shape[1]
+    require(
+        weight.shape[0] == channels and kernel_size >= 2,
+        f"weight must be ({channels}, K >= 2), got {tuple(weight.shape)}",
+    )
+    require(
+        conv_states.dim() == 3 and tuple(conv_states.shape[1:]) == (channels, kernel_size - 1),
+        f"conv_states must be (num_slots, {channels}, {kernel_size - 1}), got {tuple(conv_states.shape)}",
+    )
+    require(conv_states.device == device, f"conv_states is on {conv_states.device}, expected {device}")
+    if bias is not None:
+        check_tensor(bias, "bias", device, dims=1)
+        require(bias.shape[0] == channels, f"bias must be ({channels},), got {tuple(bias.shape)}")
+    n = _check_varlen(state_indices, cu_seqlens, has_initial_state, tokens, device)
+    y = torch.empty(tokens, channels, dtype=x.dtype, device=device)
+    if n == 0:
+        return y
+    grid = (n, triton.cdiv(channels, CONV_BLOCK_C))
+    _causal_conv1d_kernel[grid](
+        x,
+        weight,
+        bias if bias is not None else weight,
+        y,
+        conv_states,
+        state_indices,
+        cu_seqlens,
+        has_initial_state,
+        channels,
+        x.stride(0),
+        y.stride(0),
+        weight.stride(0),
+        conv_states.stride(0),
+        conv_states.stride(1),
+        conv_states.stride(2),
+        **conv_launch_constexprs(kernel_size, bias is not None, activation == "silu"),
+    )
+    return y
+
+
+# --------------------------------------------------------------------------------------------
+# The recurrent form: one token after the other (decode).
+
+
+@triton.jit
+def _recurrent_kernel(
+    q_ptr,  # (T, H, Dk)
+    k_ptr,  # (T, H, Dk)
+    v_ptr,  # (T, H, Dv)
+    g_ptr,  # (T, H) fp32
+    beta_ptr,  # (T, H) fp32
+    o_ptr,  # (T, H, Dv)
+    state_ptr,  # (num_slots, H, Dk, Dv) fp32
+    state_idx_ptr,  # (N,)
+    cu_ptr,  # (N + 1,) int32
+    has_init_ptr,  # (N,) bool
+    scale,
+    stride_qt,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_gt,
+    stride_bt,
+    stride_ot,
+    stride_oh,
+    stride_ss,
+    stride_sh,
+    stride_sk,
+    DK: tl.constexpr,
+    DV: tl.constexpr,
+    BK: tl.constexpr,  # next power of two >= DK
+    BV: tl.constexpr,
+):
+    """One program per (sequence, head, block of BV value columns); the (Dk, BV) state in
+    registers across the sequence's tokens."""
+    n = tl.program_id(0)
+    h = tl.program_id(1).to(tl.int64)
+    dk = tl.arange(0, BK)
+    dv = tl.program_id(2) * BV + tl.arange(0, BV)
+    kmask = dk < DK
+    vmask = dv < DV
+    start = tl.load(cu_ptr + n).to(tl.int64)
+    end = tl.load(cu_ptr + n + 1).to(tl.int64)
+    slot = tl.load(state_idx_ptr + n).to(tl.int64)
+    init = tl.load(has_init_ptr + n).to(tl.int32)  # 0: start from zeros
+    s_ptrs = state_ptr + slot * stride_ss + h * stride_sh + dk[:, None] * stride_sk + dv[None, :]
+    smask = kmask[:, None] & vmask[None, :]
+    state = tl.load(s_ptrs, mask=(dk < DK * init)[:, None] & vmask[None, :], other=0.0)  # [BK, BV] fp32
+    for t in range(start, end):
+        q = tl.load(q_ptr + t * stride_qt + h * stride_qh + dk, mask=kmask, other=0.0).to(tl.float32) * scale
+        k = tl.load(k_ptr + t * stride_kt + h * stride_kh + dk, mask=kmask, other=0.0).to(tl.float32)
+        v = tl.load(v_ptr + t * stride_vt + h * stride_vh + dv, mask=vmask, other=0.0).to(tl.float32)
+        decay = tl.exp(tl.load(g_ptr + t * stride_gt + h))
+        beta = tl.load(beta_ptr + t * stride_bt + h)
+        state = state * decay
+        delta = (v - tl.sum(state * k[:, None], axis=0)) * beta  # [BV]
+        state = state + k[:, None] * delta[None, :]
+        o = tl.sum(state * q[:, None], axis=0)
+        tl.store(o_ptr + t * stride_ot + h * stride_oh + dv, o.to(o_ptr.dtype.element_ty), mask=vmask)
+    tl.debug_barrier()
+    tl.store(s_ptrs, state, mask=smask)
+
+
+def recurrent_launch_constexprs(dk: int, dv: int) -> dict:
+    """The recurrent kernel's compile-time arguments (also read by ``tools/kernel_report.py``)."""
+    return dict(
+        DK=dk,
+        DV=dv,
+        BK=triton.next_power_of_2(dk),
+        BV=min(RECURRENT_BLOCK_V, triton.next_power_of_2(dv)),
+    )
+
+
+def _check_rule_inputs(q, k, v, g, beta, states, state_indices, cu_seqlens, has_initial_state):
+    """Shapes, dtypes and devices of a delta-rule call; returns (N, H, Dk, Dv)."""
+    device = v.device
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        check_tensor(t, name, device, dims=3)
+        require(t.dtype in SUPPORTED_DTYPES, f"{name} dtype must be one of {SUPPORTED_DTYPES}, got {t.dtype}")
+    tokens, heads, dv = v.shape
+    dk = q.shape[2]
+    require(
+        tuple(q.shape) == tuple(k.shape) == (tokens, heads, dk),
+        f"q and k must be (T={tokens}, H={heads}, Dk) like v's tokens and heads (k-heads expanded), "
+        f"got {tuple(q.shape)} and {tuple(k.shape)}",
+    )
+    for name, t in (("g", g), ("beta", beta)):
+        check_tensor(t, name, device, dims=2)
+        require(
+            tuple(t.shape) == (tokens, heads) and t.dtype == torch.float32,
+            f"{name} must be ({tokens}, {heads}) float32, got {tuple(t.shape)} {t.dtype}",
+        )
+    check_tensor(states, "states", device, dims=4)
+    require(
+        tuple(states.shape[1:]) == (heads, dk, dv) and states.dtype == torch.float32,
+        f"states must be (num_slots, {heads}, {dk}, {dv}) float32, got {tuple(states.shape)} {states.dtype}",
+    )
+    n = _check_varlen(state_indices, cu_seqlens, has_initial_state, tokens, device)
+    return n, heads, dk, dv
+
+
+def recurrent_gated_delta_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    *,
+    scale: float,
+    states: torch.Tensor,
+    state_indices: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    has_initial_state: torch.Tensor,
+) -> torch.Tensor:
+    """The gated delta rule token by token (the decode path); returns o (T, H, Dv) in v's
+    dtype and writes each sequence's final state to its slot of ``states``."""
+    device = v.device
+    check_launchable(device, _recurrent_kernel)
+    n, heads, dk, dv = _check_rule_inputs(q, k, v, g, beta, states, state_indices, cu_seqlens, has_initial_state)
+    o = torch.empty(v.shape, dtype=v.dtype, device=device)
+    if n == 0:
+        return o
+    constexprs = recurrent_launch_constexprs(dk, dv)
+    _recurrent_kernel[(n, heads, triton.cdiv(dv, constexprs["BV"]))](
+        q,
+        k,
+        v,
+        g,
+        beta,
+        o,
+        states,
+        state_indices,
+        cu_seqlens,
+        has_initial_state,
+        scale,
+        q.stride(0),
+        q.stride(1),
+        k.stride(0),
+        k.stride(1),
+        v.stride(0),
+        v.stride(1),
+        g.stride(0),
+        beta.stride(0),
+        o.stride(0),
+        o.stride(1),
+        states.stride(0),
+        states.stride(1),
+        states.stride(2),
+        **constexprs,
+    )
+    return o
+
+
+# --------------------------------------------------------------------------------------------
+# The chunked form: the WY system per chunk, then the state passed from chunk to chunk.
+
+
+@triton.jit
+def _chunk_wy_kernel(
+    k_ptr,  # (T, H, Dk)
+    v_ptr,  # (T, H, Dv)
+    g_ptr,  # (T, H) fp32
+    beta_ptr,  # (T, H) fp32
+    w_ptr,  # (T, H, Dk) fp32 out: T (beta K exp(G))
+    u_ptr,  # (T, H, Dv) fp32 out: T (beta V)
+    chunk_start_ptr,  # (num_chunks,) int32: first token of the chunk
+    chunk_end_ptr,  # (num_chunks,) int32: one past its last (== start for a padding entry)
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_gt,
+    stride_bt,
+    stride_wt,
+    stride_wh,
+    stride_ut,
+    stride_uh,
+    DK: tl.constexpr,
+    DV: tl.constexpr,
+    BK: tl.constexpr,
+    BVU: tl.constexpr,  # Dv columns of U per step
+    BT: tl.constexpr,
+):
+    """One program per (chunk, head): ``T = (I + A)^-1`` by forward substitution, then
+    ``W = T (beta K exp(G))`` and ``U = T (beta V)``."""
+    c = tl.program_id(0)
+    h = tl.program_id(1).to(tl.int64)
+    start = tl.load(chunk_start_ptr + c).to(tl.int64)
+    end = tl.load(chunk_end_ptr + c).to(tl.int64)
+    if end <= start:
+        return
+    rows = tl.arange(0, BT)
+    pos = start + rows
+    live = pos < end
+    dk = tl.arange(0, BK)
+    kmask = dk < DK
+    key = tl.load(
+        k_ptr + pos[:, None] * stride_kt + h * stride_kh + dk[None, :], mask=live[:, None] & kmask[None, :], other=0.0
+    ).to(tl.float32)  # [BT, BK]
+    g = tl.load(g_ptr + pos * stride_gt + h, mask=live, other=0.0)
+    beta = tl.load(beta_ptr + pos * stride_bt + h, mask=live, other=0.0)
+    G = tl.cumsum(g, axis=0)  # [BT]
+    k_beta = key * beta[:, None]
+    lower = rows[:, None] > rows[None, :]
+    decay = tl.exp(tl.where(lower, G[:, None] - G[None, :], float("-inf")))
+    a = tl.dot(k_beta, tl.trans(key)) * decay  # [BT, BT] strictly lower
+    # forward substitution: row i of T is e_i - sum_{j<i} A_ij T_j (rows j < i already final)
+    tri = tl.where(rows[:, None] == rows[None, :], 1.0, 0.0)
+    for i in range(1, BT):
+        a_i = tl.sum(tl.where(rows[:, None] == i, a, 0.0), axis=0)  # [BT]: A[i, :]
+        new = -tl.sum(a_i[:, None] * tri, axis=0)  # [BT]
+        tri = tl.where(rows[:, None] == i, tri + new[None, :], tri)
+    w = tl.dot(tri, k_beta * tl.exp(G)[:, None])
+    tl.store(
+        w_ptr + pos[:, None] * stride_wt + h * stride_wh + dk[None, :], w, mask=live[:, None] & kmask[None, :]
+    )
+    for v0 in tl.static_range(0, DV, BVU):
+        dv = v0 + tl.arange(0, BVU)
+        vmask = dv < DV
+        val = tl.load(
+            v_ptr + pos[:, None] * stride_vt + h * stride_vh + dv[None, :],
+            mask=live[:, None] & vmask[None, :],
+            other=0.0,
+        ).to(tl.float32)
+        u = tl.dot(tri, val * beta[:, None])
+        tl.store(
+            u_ptr + pos[:, None] * stride_ut + h * stride_uh + dv[None, :], u, mask=live[:, None] & vmask[None, :]
+        )
+
+
+@triton.jit
+def _chunk_state_kernel(
+    q_ptr,  # (T, H, Dk)
+    k_ptr,  # (T, H, Dk)
+    g_ptr,  # (T, H) fp32
+    w_ptr,  # (T, H, Dk) fp32
+    u_ptr,  # (T, H, Dv) fp32
+    o_ptr,  # (T, H, Dv)
+    state_ptr,  # (num_slots, H, Dk, Dv) fp32
+    state_idx_ptr,  # (N,)
+    cu_ptr,  # (N + 1,) int32
+    has_init_ptr,  # (N,) bool
+    scale,
+    stride_qt,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    stride_gt,
+    stride_wt,
+    stride_wh,
+    stride_ut,
+    stride_uh,
+    stride_ot,
+    stride_oh,
+    stride_ss,
+    stride_sh,
+    stride_sk,
+    DK: tl.constexpr,
+    DV: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    BT: tl.constexpr,
+):
+    """One program per (sequence, head, block of BV value columns): the sequence's chunks in
+    order, the (Dk, BV) state in registers; outputs, then the final state."""
+    n = tl.program_id(0)
+    h = tl.program_id(1).to(tl.int64)
+    dk = tl.arange(0, BK)
+    dv = tl.program_id(2) * BV + tl.arange(0, BV)
+    kmask = dk < DK
+    vmask = dv < DV
+    rows = tl.arange(0, BT)
+    causal = rows[:, None] >= rows[None, :]
+    start = tl.load(cu_ptr + n).to(tl.int64)
+    end = tl.load(cu_ptr + n + 1).to(tl.int64)
+    slot = tl.load(state_idx_ptr + n).to(tl.int64)
+    init = tl.load(has_init_ptr + n).to(tl.int32)  # 0: start from zeros
+    s_ptrs = state_ptr + slot * stride_ss + h * stride_sh + dk[:, None] * stride_sk + dv[None, :]
+    smask = kmask[:, None] & vmask[None, :]
+    state = tl.load(s_ptrs, mask=(dk < DK * init)[:, None] & vmask[None, :], other=0.0)  # [BK, BV] fp32
+    for c0 in range(start, end, BT):
+        pos = c0 + rows
+        live = pos < end
+        km = live[:, None] & kmask[None, :]
+        vm = live[:, None] & vmask[None, :]
+        g = tl.load(g_ptr + pos * stride_gt + h, mask=live, other=0.0)
+        G = tl.cumsum(g, axis=0)  # [BT]; flat past the chunk's end (g = 0 there)
+        g_last = tl.sum(g, axis=0)
+        q = tl.load(q_ptr + pos[:, None] * stride_qt + h * stride_qh + dk[None, :], mask=km, other=0.0)
+        q = q.to(tl.float32) * scale
+        key = tl.load(k_ptr + pos[:, None] * stride_kt + h * stride_kh + dk[None, :], mask=km, other=0.0)
+        key = key.to(tl.float32)
+        w = tl.load(w_ptr + pos[:, None] * stride_wt + h * stride_wh + dk[None, :], mask=km, other=0.0)
+        u = tl.load(u_ptr + pos[:, None] * stride_ut + h * stride_uh + dv[None, :], mask=vm, other=0.0)
+        v_new = u - tl.dot(w, state)  # [BT, BV]
+        attn = tl.dot(q, tl.trans(key)) * tl.exp(tl.where(causal, G[:, None] - G[None, :], float("-inf")))
+        o = tl.dot(q * tl.exp(G)[:, None], state) + tl.dot(attn, v_new)
+        tl.store(o_ptr + pos[:, None] * stride_ot + h * stride_oh + dv[None, :], o.to(o_ptr.dtype.element_ty), mask=vm)
+        state = state * tl.exp(g_last) + tl.dot(tl.trans(key * tl.exp(g_last - G)[:, None]), v_new)
+    tl.debug_barrier()
+    tl.store(s_ptrs, state, mask=smask)
+
+
+def chunk_launch_constexprs(dk: int, dv: int, chunk_size: int) -> tuple[dict, dict]:
+    """The two chunk kernels' compile-time arguments, (WY kernel, state kernel) (also read by
+    ``tools/kernel_report.py``). Tiles are at least 16 wide: ``tl.dot``'s minimum."""
+    bk = max(triton.next_power_of_2(dk), 16)
+    bv = max(min(CHUNK_BLOCK_V, triton.next_power_of_2(dv)), 16)
+    wy = dict(DK=dk, DV=dv, BK=bk, BVU=bv, BT=chunk_size)
+    state = dict(DK=dk, DV=dv, BK=bk, BV=bv, BT=chunk_size)
+    return wy, state
+
+
+def chunk_table(cu_seqlens: torch.Tensor, tokens: int, chunk_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each chunk's first token and one past its last, (C,) int32 each, on cu_seqlens' device
+    without a host sync: C = cdiv(T, chunk_size) + N bounds the count (each sequence adds at
+    most one partial chunk); entries past the real chunks have end == start."""
+    n = cu_seqlens.shape[0] - 1
+    bound = triton.cdiv(tokens, chunk_size) + n
+    cu = cu_seqlens.long()
+    lens = cu[1:] - cu[:-1]  # [N]
+    chunk_cu = torch.cumsum((lens + chunk_size - 1) // chunk_size, 0)  # [N]: chunks through sequence i
+    idx = torch.arange(bound, device=cu.device)
+    seq = torch.searchsorted(chunk_cu, idx, right=True).clamp_(max=max(n - 1, 0))  # [C]
+    first_chunk = chunk_cu[seq] - (lens[seq] + chunk_size - 1) // chunk_size
+    start = cu[seq] + (idx - first_chunk) * chunk_size
+    end = torch.minimum(start + chunk_size, cu[seq + 1])
+    end = torch.where(idx < chunk_cu[-1], end, start)
+    return start.to(torch.int32), end.to(torch.int32)
+
+
+def chunk_gated_delta_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    *,
+    scale: float,
+    states: torch.Tensor,
+    state_indices: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    has_initial_state: torch.Tensor,
+    chunk_size: int = 64,
+) -> torch.Tensor:
+    """The gated delta rule by chunks of ``chunk_size`` tokens (the prefill path); returns o
+    (T, H, Dv) in v's dtype and writes each sequence's final state to its slot of ``states``.
+    Scratch: W (T, H, Dk) and U (T, H, Dv) in fp32."""
+    device = v.device
+    check_launchable(device, _chunk_state_kernel)
+    n, heads, dk, dv = _check_rule_inputs(q, k, v, g, beta, states, state_indices, cu_seqlens, has_initial_state)
+    require(
+        chunk_size >= 16 and chunk_size & (chunk_size - 1) == 0,
+        f"chunk_size must be a power of two >= 16, got {chunk_size}",
+    )
+    tokens = v.shape[0]
+    o = torch.empty(v.shape, dtype=v.dtype, device=device)
+    if n == 0:
+        return o
+    wy_constexprs, state_constexprs = chunk_launch_constexprs(dk, dv, chunk_size)
+    if tokens > 0:
+        w = torch.empty(tokens, heads, dk, dtype=torch.float32, device=device)
+        u = torch.empty(tokens, heads, dv, dtype=torch.float32, device=device)
+        chunk_start, chunk_end = chunk_table(cu_seqlens, tokens, chunk_size)
+        _chunk_wy_kernel[(chunk_start.shape[0], heads)](
+            k,
+            v,
+            g,
+            beta,
+            w,
+            u,
+            chunk_start,
+            chunk_end,
+            k.stride(0),
+            k.stride(1),
+            v.stride(0),
+            v.stride(1),
+            g.stride(0),
+            beta.stride(0),
+            w.stride(0),
+            w.stride(1),
+            u.stride(0),
+            u.stride(1),
+            num_warps=CHUNK_NUM_WARPS,
+            **wy_constexprs,
+        )
+    else:
+        w = u = torch.empty(1, 1, 1, dtype=torch.float32, device=device)
+    _chunk_state_kernel[(n, heads, triton.cdiv(dv, state_constexprs["BV"]))](
+        q,
+        k,
+        g,
+        w,
+        u,
+        o,
+        states,
+        state_indices,
+        cu_seqlens,
+        has_initial_state,
+        scale,
+        q.stride(0),
+        q.stride(1),
+        k.stride(0),
+        k.stride(1),
+        g.stride(0),
+        w.stride(0),
+        w.stride(1),
+        u.stride(0),
+        u.stride(1),
+        o.stride(0),
+        o.stride(1),
+        states.stride(0),
+        states.stride(1),
+        states.stride(2),
+        num_warps=CHUNK_NUM_WARPS,
+        **state_constexprs,
+    )
+    return o
