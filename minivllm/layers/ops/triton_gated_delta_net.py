@@ -19,12 +19,13 @@ updates collapse to ``S_end = exp(G_last) S + (K * exp(G_last - G))^T V'`` where
 values ``V' = U - W S`` come from the unit-lower-triangular system
 ``(I + A) [U | W] = [beta V | beta K exp(G)]``, ``A_ij = beta_i k_i.k_j exp(G_i - G_j)``
 for ``j < i``. The outputs are ``scale * (Q exp(G) S + (Q K^T o exp(G_i - G_j))_{j<=i} V')``.
-Two kernels: ``_chunk_wy_kernel`` solves each chunk's system (all chunks in parallel: it
-needs no state) into fp32 scratch ``W`` (T, H, Dk) and ``U`` (T, H, Dv);
-``_chunk_state_kernel`` walks each sequence's chunks in order, the state in registers,
-and writes the outputs and the final state. The triangular inverse is exact forward
-substitution (a Neumann series in powers of ``A`` would cancel catastrophically when keys
-repeat).
+Three kernels, so that no program holds more than two (BT, Dk) tiles (none spills):
+``_chunk_wy_kernel`` solves each chunk's system (all chunks in parallel: it needs no state)
+into fp32 scratch ``W`` (T, H, Dk) and ``U`` (T, H, Dv); ``_chunk_state_kernel`` walks each
+sequence's chunks in order, the state in registers, turning ``U`` into ``V'`` in place and
+recording the state each chunk starts from (C, H, Dk, Dv); ``_chunk_output_kernel`` makes
+the outputs of all chunks in parallel. The triangular inverse is exact forward substitution
+(a Neumann series in powers of ``A`` would cancel catastrophically when keys repeat).
 
 Shapes: q, k (T, H, Dk) and v (T, H, Dv) with any token and head strides (unit stride in
 the last dim): the caller has expanded k-heads to the v-heads; g, beta (T, H) fp32;
@@ -42,10 +43,10 @@ import triton.language as tl
 
 from minivllm.attention.ops.checks import SUPPORTED_DTYPES, check_launchable, check_tensor, require
 
-CONV_BLOCK_T = 16  # tokens of one conv tile
+CONV_BLOCK_T = 8  # tokens of one conv tile
 CONV_BLOCK_C = 128  # channels of one conv program
 RECURRENT_BLOCK_V = 32  # Dv columns of one recurrent program: Dk x 32 fp32 state in registers
-CHUNK_BLOCK_V = 32  # Dv columns of one chunk-state program
+CHUNK_BLOCK_V = 16  # Dv columns of one chunk-state / output program (and of a WY step)
 CHUNK_NUM_WARPS = 8
 
 
@@ -79,43 +80,47 @@ def _causal_conv1d_kernel(
 ):
     """One program per (sequence, block of BLOCK_C channels): the sequence's outputs tile by
     tile, then its last K - 1 inputs into the state slot (after a barrier: every read of the
-    old state comes first)."""
+    old state comes first). Tile addresses are int32 offsets from per-tile base pointers."""
     n = tl.program_id(0)
-    cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
-    cmask = cols < channels
+    c0 = tl.program_id(1) * BLOCK_C
+    cols = tl.arange(0, BLOCK_C)
+    cmask = c0 + cols < channels
     start = tl.load(cu_ptr + n).to(tl.int64)
     end = tl.load(cu_ptr + n + 1).to(tl.int64)
     slot = tl.load(state_idx_ptr + n).to(tl.int64)
     init = tl.load(has_init_ptr + n).to(tl.int32)  # 0: start from zeros
     lo = start - (K - 1) * init  # the first position the old state provides (none: start)
-    state_base = state_ptr + slot * stride_ss + cols[None, :] * stride_sc  # [1, BLOCK_C]
+    state_base = state_ptr + slot * stride_ss + c0 * stride_sc
     if HAS_BIAS:
-        bias = tl.load(b_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+        bias = tl.load(b_ptr + c0 + cols, mask=cmask, other=0.0).to(tl.float32)
     else:
         bias = tl.zeros([BLOCK_C], dtype=tl.float32)
+    rows = tl.arange(0, BLOCK_T)
     for t0 in range(start, end, BLOCK_T):
-        pos = t0 + tl.arange(0, BLOCK_T)  # [BLOCK_T]
-        live = pos < end
+        live = t0 + rows < end
+        x_base = x_ptr + t0 * stride_xt + c0
         acc = tl.zeros([BLOCK_T, BLOCK_C], dtype=tl.float32) + bias[None, :]
         for k in tl.static_range(K):
-            p = pos - (K - 1) + k  # the input position tap k reads
-            in_x = p >= start
+            r = rows - (K - 1) + k  # the input row tap k reads, relative to t0
+            p = t0 + r
             xv = tl.load(
-                x_ptr + p[:, None] * stride_xt + cols[None, :],
-                mask=(live & in_x)[:, None] & cmask[None, :],
+                x_base + r[:, None] * stride_xt + cols[None, :],
+                mask=(live & (p >= start))[:, None] & cmask[None, :],
                 other=0.0,
             ).to(tl.float32)
+            # position p < start is the old state's column (K - 1) + (p - start)
             sv = tl.load(
-                state_base + ((K - 1) + (p - start))[:, None] * stride_sk,
+                state_base + cols[None, :] * stride_sc + ((K - 1) + (p - start)).to(tl.int32)[:, None] * stride_sk,
                 mask=(live & (p >= lo) & (p < start))[:, None] & cmask[None, :],
                 other=0.0,
             ).to(tl.float32)
-            w = tl.load(w_ptr + cols * stride_wc + k, mask=cmask, other=0.0).to(tl.float32)
+            w = tl.load(w_ptr + (c0 + cols) * stride_wc + k, mask=cmask, other=0.0).to(tl.float32)
             acc += (xv + sv) * w[None, :]
         if SILU:
             acc = acc / (1.0 + tl.exp(-acc))
+        y_base = y_ptr + t0 * stride_yt + c0
         tl.store(
-            y_ptr + pos[:, None] * stride_yt + cols[None, :],
+            y_base + rows[:, None] * stride_yt + cols[None, :],
             acc.to(y_ptr.dtype.element_ty),
             mask=live[:, None] & cmask[None, :],
         )
@@ -124,16 +129,23 @@ def _causal_conv1d_kernel(
     p = end - (K - 1) + j  # [KPAD]
     jmask = j < K - 1
     in_x = p >= start
-    xv = tl.load(x_ptr + p[:, None] * stride_xt + cols[None, :], mask=(jmask & in_x)[:, None] & cmask[None, :])
+    xv = tl.load(
+        x_ptr + (end - (K - 1)) * stride_xt + c0 + j[:, None] * stride_xt + cols[None, :],
+        mask=(jmask & in_x)[:, None] & cmask[None, :],
+        other=0.0,
+    )
+    state_offs = cols[None, :] * stride_sc  # [1, BLOCK_C]
     sv = tl.load(
-        state_base + ((K - 1) + (p - start))[:, None] * stride_sk,
+        state_base + state_offs + ((K - 1) + (p - start)).to(tl.int32)[:, None] * stride_sk,
         mask=(jmask & (p >= lo) & (p < start))[:, None] & cmask[None, :],
         other=0.0,
     )
     new = tl.where(in_x[:, None], xv.to(tl.float32), sv.to(tl.float32))
     tl.debug_barrier()
     tl.store(
-        state_base + j[:, None] * stride_sk, new.to(state_ptr.dtype.element_ty), mask=jmask[:, None] & cmask[None, :]
+        state_base + state_offs + j[:, None] * stride_sk,
+        new.to(state_ptr.dtype.element_ty),
+        mask=jmask[:, None] & cmask[None, :],
     )
 
 
@@ -157,7 +169,8 @@ def _check_varlen(state_indices, cu_seqlens, has_initial_state, tokens: int, dev
     n = cu_seqlens.shape[0] - 1
     require(cu_seqlens.dtype == torch.int32, f"cu_seqlens must be int32, got {cu_seqlens.dtype}")
     require(
-        state_indices.dtype in (torch.int32, torch.int64), f"state_indices must be int32/int64, got {state_indices.dtype}"
+        state_indices.dtype in (torch.int32, torch.int64),
+        f"state_indices must be int32/int64, got {state_indices.dtype}",
     )
     require(has_initial_state.dtype == torch.bool, f"has_initial_state must be bool, got {has_initial_state.dtype}")
     require(
@@ -385,7 +398,7 @@ def recurrent_gated_delta_rule(
 
 
 # --------------------------------------------------------------------------------------------
-# The chunked form: the WY system per chunk, then the state passed from chunk to chunk.
+# The chunked form: the WY system per chunk, the state passed from chunk to chunk, the outputs.
 
 
 @triton.jit
@@ -396,8 +409,8 @@ def _chunk_wy_kernel(
     beta_ptr,  # (T, H) fp32
     w_ptr,  # (T, H, Dk) fp32 out: T (beta K exp(G))
     u_ptr,  # (T, H, Dv) fp32 out: T (beta V)
-    chunk_start_ptr,  # (num_chunks,) int32: first token of the chunk
-    chunk_end_ptr,  # (num_chunks,) int32: one past its last (== start for a padding entry)
+    chunk_start_ptr,  # (C,) int32: first token of the chunk
+    chunk_end_ptr,  # (C,) int32: one past its last (== start for a padding entry)
     stride_kt,
     stride_kh,
     stride_vt,
@@ -423,59 +436,54 @@ def _chunk_wy_kernel(
     if end <= start:
         return
     rows = tl.arange(0, BT)
-    pos = start + rows
-    live = pos < end
+    live = start + rows < end
     dk = tl.arange(0, BK)
     kmask = dk < DK
-    key = tl.load(
-        k_ptr + pos[:, None] * stride_kt + h * stride_kh + dk[None, :], mask=live[:, None] & kmask[None, :], other=0.0
-    ).to(tl.float32)  # [BT, BK]
-    g = tl.load(g_ptr + pos * stride_gt + h, mask=live, other=0.0)
-    beta = tl.load(beta_ptr + pos * stride_bt + h, mask=live, other=0.0)
+    # tile-relative int32 offsets from per-chunk base pointers: cheap to keep or recompute
+    k_base = k_ptr + start * stride_kt + h * stride_kh
+    g = tl.load(g_ptr + (start + rows) * stride_gt + h, mask=live, other=0.0)
+    beta = tl.load(beta_ptr + (start + rows) * stride_bt + h, mask=live, other=0.0)
     G = tl.cumsum(g, axis=0)  # [BT]
-    k_beta = key * beta[:, None]
+    key = tl.load(k_base + rows[:, None] * stride_kt + dk[None, :], mask=live[:, None] & kmask[None, :], other=0.0).to(
+        tl.float32
+    )  # [BT, BK]
     lower = rows[:, None] > rows[None, :]
     decay = tl.exp(tl.where(lower, G[:, None] - G[None, :], float("-inf")))
-    a = tl.dot(k_beta, tl.trans(key)) * decay  # [BT, BT] strictly lower
+    a = tl.dot(key * beta[:, None], tl.trans(key)) * decay  # [BT, BT] strictly lower
     # forward substitution: row i of T is e_i - sum_{j<i} A_ij T_j (rows j < i already final)
     tri = tl.where(rows[:, None] == rows[None, :], 1.0, 0.0)
     for i in range(1, BT):
         a_i = tl.sum(tl.where(rows[:, None] == i, a, 0.0), axis=0)  # [BT]: A[i, :]
         new = -tl.sum(a_i[:, None] * tri, axis=0)  # [BT]
         tri = tl.where(rows[:, None] == i, tri + new[None, :], tri)
-    w = tl.dot(tri, k_beta * tl.exp(G)[:, None])
-    tl.store(
-        w_ptr + pos[:, None] * stride_wt + h * stride_wh + dk[None, :], w, mask=live[:, None] & kmask[None, :]
-    )
-    for v0 in tl.static_range(0, DV, BVU):
+    key = tl.load(k_base + rows[:, None] * stride_kt + dk[None, :], mask=live[:, None] & kmask[None, :], other=0.0).to(
+        tl.float32
+    )  # again: not kept live across the loop
+    w = tl.dot(tri, key * (beta * tl.exp(G))[:, None])
+    w_base = w_ptr + start * stride_wt + h * stride_wh
+    tl.store(w_base + rows[:, None] * stride_wt + dk[None, :], w, mask=live[:, None] & kmask[None, :])
+    v_base = v_ptr + start * stride_vt + h * stride_vh
+    u_base = u_ptr + start * stride_ut + h * stride_uh
+    for v0 in range(0, DV, BVU):  # a loop, not unrolled: one V tile live at a time
         dv = v0 + tl.arange(0, BVU)
-        vmask = dv < DV
-        val = tl.load(
-            v_ptr + pos[:, None] * stride_vt + h * stride_vh + dv[None, :],
-            mask=live[:, None] & vmask[None, :],
-            other=0.0,
-        ).to(tl.float32)
+        v_mask = live[:, None] & (dv < DV)[None, :]
+        val = tl.load(v_base + rows[:, None] * stride_vt + dv[None, :], mask=v_mask, other=0.0).to(tl.float32)
         u = tl.dot(tri, val * beta[:, None])
-        tl.store(
-            u_ptr + pos[:, None] * stride_ut + h * stride_uh + dv[None, :], u, mask=live[:, None] & vmask[None, :]
-        )
+        tl.store(u_base + rows[:, None] * stride_ut + dv[None, :], u, mask=v_mask)
 
 
 @triton.jit
 def _chunk_state_kernel(
-    q_ptr,  # (T, H, Dk)
     k_ptr,  # (T, H, Dk)
     g_ptr,  # (T, H) fp32
     w_ptr,  # (T, H, Dk) fp32
-    u_ptr,  # (T, H, Dv) fp32
-    o_ptr,  # (T, H, Dv)
+    u_ptr,  # (T, H, Dv) fp32: U in, the new values V' = U - W S out (in place)
+    h_ptr,  # (C, H, Dk, Dv) fp32 out: the state each chunk starts from
     state_ptr,  # (num_slots, H, Dk, Dv) fp32
     state_idx_ptr,  # (N,)
     cu_ptr,  # (N + 1,) int32
     has_init_ptr,  # (N,) bool
-    scale,
-    stride_qt,
-    stride_qh,
+    first_chunk_ptr,  # (N,) int32: the sequence's first chunk in the chunk table
     stride_kt,
     stride_kh,
     stride_gt,
@@ -483,8 +491,8 @@ def _chunk_state_kernel(
     stride_wh,
     stride_ut,
     stride_uh,
-    stride_ot,
-    stride_oh,
+    stride_hc,
+    stride_hh,
     stride_ss,
     stride_sh,
     stride_sk,
@@ -495,7 +503,8 @@ def _chunk_state_kernel(
     BT: tl.constexpr,
 ):
     """One program per (sequence, head, block of BV value columns): the sequence's chunks in
-    order, the (Dk, BV) state in registers; outputs, then the final state."""
+    order, the (Dk, BV) state in registers; per chunk the state it starts from and the new
+    values, then the final state."""
     n = tl.program_id(0)
     h = tl.program_id(1).to(tl.int64)
     dk = tl.arange(0, BK)
@@ -503,63 +512,134 @@ def _chunk_state_kernel(
     kmask = dk < DK
     vmask = dv < DV
     rows = tl.arange(0, BT)
-    causal = rows[:, None] >= rows[None, :]
     start = tl.load(cu_ptr + n).to(tl.int64)
     end = tl.load(cu_ptr + n + 1).to(tl.int64)
     slot = tl.load(state_idx_ptr + n).to(tl.int64)
     init = tl.load(has_init_ptr + n).to(tl.int32)  # 0: start from zeros
-    s_ptrs = state_ptr + slot * stride_ss + h * stride_sh + dk[:, None] * stride_sk + dv[None, :]
+    chunk = tl.load(first_chunk_ptr + n).to(tl.int64)
+    s_offs = dk[:, None] * stride_sk + dv[None, :]
     smask = kmask[:, None] & vmask[None, :]
+    s_ptrs = state_ptr + slot * stride_ss + h * stride_sh + s_offs
     state = tl.load(s_ptrs, mask=(dk < DK * init)[:, None] & vmask[None, :], other=0.0)  # [BK, BV] fp32
+    h_offs = dk[:, None] * DV + dv[None, :]
     for c0 in range(start, end, BT):
+        tl.store(h_ptr + chunk * stride_hc + h * stride_hh + h_offs, state, mask=smask)
         pos = c0 + rows
         live = pos < end
         km = live[:, None] & kmask[None, :]
         vm = live[:, None] & vmask[None, :]
         g = tl.load(g_ptr + pos * stride_gt + h, mask=live, other=0.0)
-        G = tl.cumsum(g, axis=0)  # [BT]; flat past the chunk's end (g = 0 there)
         g_last = tl.sum(g, axis=0)
-        q = tl.load(q_ptr + pos[:, None] * stride_qt + h * stride_qh + dk[None, :], mask=km, other=0.0)
-        q = q.to(tl.float32) * scale
-        key = tl.load(k_ptr + pos[:, None] * stride_kt + h * stride_kh + dk[None, :], mask=km, other=0.0)
-        key = key.to(tl.float32)
+        G = tl.cumsum(g, axis=0)  # [BT]; flat past the chunk's end (g = 0 there)
         w = tl.load(w_ptr + pos[:, None] * stride_wt + h * stride_wh + dk[None, :], mask=km, other=0.0)
-        u = tl.load(u_ptr + pos[:, None] * stride_ut + h * stride_uh + dv[None, :], mask=vm, other=0.0)
-        v_new = u - tl.dot(w, state)  # [BT, BV]
-        attn = tl.dot(q, tl.trans(key)) * tl.exp(tl.where(causal, G[:, None] - G[None, :], float("-inf")))
-        o = tl.dot(q * tl.exp(G)[:, None], state) + tl.dot(attn, v_new)
-        tl.store(o_ptr + pos[:, None] * stride_ot + h * stride_oh + dv[None, :], o.to(o_ptr.dtype.element_ty), mask=vm)
-        state = state * tl.exp(g_last) + tl.dot(tl.trans(key * tl.exp(g_last - G)[:, None]), v_new)
+        u_ptrs = u_ptr + pos[:, None] * stride_ut + h * stride_uh + dv[None, :]
+        v_new = tl.load(u_ptrs, mask=vm, other=0.0) - tl.dot(w, state)  # [BT, BV]
+        tl.store(u_ptrs, v_new, mask=vm)
+        key = tl.load(k_ptr + pos[:, None] * stride_kt + h * stride_kh + dk[None, :], mask=km, other=0.0)
+        key = key.to(tl.float32) * tl.exp(g_last - G)[:, None]
+        state = state * tl.exp(g_last) + tl.dot(tl.trans(key), v_new)
+        chunk += 1
     tl.debug_barrier()
     tl.store(s_ptrs, state, mask=smask)
 
 
-def chunk_launch_constexprs(dk: int, dv: int, chunk_size: int) -> tuple[dict, dict]:
-    """The two chunk kernels' compile-time arguments, (WY kernel, state kernel) (also read by
-    ``tools/kernel_report.py``). Tiles are at least 16 wide: ``tl.dot``'s minimum."""
-    bk = max(triton.next_power_of_2(dk), 16)
+@triton.jit
+def _chunk_output_kernel(
+    q_ptr,  # (T, H, Dk)
+    k_ptr,  # (T, H, Dk)
+    g_ptr,  # (T, H) fp32
+    u_ptr,  # (T, H, Dv) fp32: the new values V'
+    h_ptr,  # (C, H, Dk, Dv) fp32: the state each chunk starts from
+    o_ptr,  # (T, H, Dv)
+    chunk_start_ptr,  # (C,) int32
+    chunk_end_ptr,  # (C,) int32
+    scale,
+    stride_qt,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    stride_gt,
+    stride_ut,
+    stride_uh,
+    stride_hc,
+    stride_hh,
+    stride_ot,
+    stride_oh,
+    DK: tl.constexpr,
+    DV: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    BT: tl.constexpr,
+):
+    """One program per (chunk, head, block of BV value columns):
+    ``o = scale * (Q exp(G) S + (Q K^T o exp(G_i - G_j))_{j<=i} V')``."""
+    c = tl.program_id(0)
+    h = tl.program_id(1).to(tl.int64)
+    start = tl.load(chunk_start_ptr + c).to(tl.int64)
+    end = tl.load(chunk_end_ptr + c).to(tl.int64)
+    if end <= start:
+        return
+    dk = tl.arange(0, BK)
+    dv = tl.program_id(2) * BV + tl.arange(0, BV)
+    kmask = dk < DK
+    vmask = dv < DV
+    rows = tl.arange(0, BT)
+    pos = start + rows
+    live = pos < end
+    km = live[:, None] & kmask[None, :]
+    vm = live[:, None] & vmask[None, :]
+    g = tl.load(g_ptr + pos * stride_gt + h, mask=live, other=0.0)
+    G = tl.cumsum(g, axis=0)  # [BT]
+    q = tl.load(q_ptr + pos[:, None] * stride_qt + h * stride_qh + dk[None, :], mask=km, other=0.0)
+    q = q.to(tl.float32) * scale
+    key = tl.load(k_ptr + pos[:, None] * stride_kt + h * stride_kh + dk[None, :], mask=km, other=0.0)
+    causal = rows[:, None] >= rows[None, :]
+    attn = tl.dot(q, tl.trans(key.to(tl.float32))) * tl.exp(tl.where(causal, G[:, None] - G[None, :], float("-inf")))
+    v_new = tl.load(u_ptr + pos[:, None] * stride_ut + h * stride_uh + dv[None, :], mask=vm, other=0.0)
+    state = tl.load(
+        h_ptr + c * stride_hc + h * stride_hh + dk[:, None] * DV + dv[None, :],
+        mask=kmask[:, None] & vmask[None, :],
+        other=0.0,
+    )
+    o = tl.dot(q * tl.exp(G)[:, None], state) + tl.dot(attn, v_new)
+    tl.store(o_ptr + pos[:, None] * stride_ot + h * stride_oh + dv[None, :], o.to(o_ptr.dtype.element_ty), mask=vm)
+
+
+def chunk_launch_constexprs(dk: int, dv: int, chunk_size: int) -> dict:
+    """The chunk kernels' compile-time arguments (``BVU`` for the WY kernel, ``BV`` for the
+    others; also read by ``tools/kernel_report.py``). Tiles are at least 16 wide: ``tl.dot``'s
+    minimum."""
     bv = max(min(CHUNK_BLOCK_V, triton.next_power_of_2(dv)), 16)
-    wy = dict(DK=dk, DV=dv, BK=bk, BVU=bv, BT=chunk_size)
-    state = dict(DK=dk, DV=dv, BK=bk, BV=bv, BT=chunk_size)
-    return wy, state
+    return dict(DK=dk, DV=dv, BK=max(triton.next_power_of_2(dk), 16), BV=bv, BT=chunk_size)
 
 
-def chunk_table(cu_seqlens: torch.Tensor, tokens: int, chunk_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each chunk's first token and one past its last, (C,) int32 each, on cu_seqlens' device
-    without a host sync: C = cdiv(T, chunk_size) + N bounds the count (each sequence adds at
-    most one partial chunk); entries past the real chunks have end == start."""
+def wy_constexprs(constexprs: dict) -> dict:
+    """The WY kernel's share of ``chunk_launch_constexprs``."""
+    out = dict(constexprs)
+    out["BVU"] = out.pop("BV")
+    return out
+
+
+def chunk_table(
+    cu_seqlens: torch.Tensor, tokens: int, chunk_size: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each chunk's first token and one past its last, (C,) int32 each, and each sequence's
+    first chunk, (N,) int32; on cu_seqlens' device without a host sync: C = cdiv(T,
+    chunk_size) + N bounds the count (each sequence adds at most one partial chunk), and
+    entries past the real chunks have end == start."""
     n = cu_seqlens.shape[0] - 1
     bound = triton.cdiv(tokens, chunk_size) + n
     cu = cu_seqlens.long()
     lens = cu[1:] - cu[:-1]  # [N]
-    chunk_cu = torch.cumsum((lens + chunk_size - 1) // chunk_size, 0)  # [N]: chunks through sequence i
+    counts = (lens + chunk_size - 1) // chunk_size
+    chunk_cu = torch.cumsum(counts, 0)  # [N]: chunks through sequence i
+    first = chunk_cu - counts  # [N]
     idx = torch.arange(bound, device=cu.device)
-    seq = torch.searchsorted(chunk_cu, idx, right=True).clamp_(max=max(n - 1, 0))  # [C]
-    first_chunk = chunk_cu[seq] - (lens[seq] + chunk_size - 1) // chunk_size
-    start = cu[seq] + (idx - first_chunk) * chunk_size
+    seq = torch.searchsorted(chunk_cu, idx, right=True).clamp_(max=n - 1)  # [C]
+    start = cu[seq] + (idx - first[seq]) * chunk_size
     end = torch.minimum(start + chunk_size, cu[seq + 1])
     end = torch.where(idx < chunk_cu[-1], end, start)
-    return start.to(torch.int32), end.to(torch.int32)
+    return start.to(torch.int32), end.to(torch.int32), first.to(torch.int32)
 
 
 def chunk_gated_delta_rule(
@@ -578,7 +658,7 @@ def chunk_gated_delta_rule(
 ) -> torch.Tensor:
     """The gated delta rule by chunks of ``chunk_size`` tokens (the prefill path); returns o
     (T, H, Dv) in v's dtype and writes each sequence's final state to its slot of ``states``.
-    Scratch: W (T, H, Dk) and U (T, H, Dv) in fp32."""
+    Scratch in fp32: W (T, H, Dk), U (T, H, Dv) and each chunk's starting state (C, H, Dk, Dv)."""
     device = v.device
     check_launchable(device, _chunk_state_kernel)
     n, heads, dk, dv = _check_rule_inputs(q, k, v, g, beta, states, state_indices, cu_seqlens, has_initial_state)
@@ -590,12 +670,15 @@ def chunk_gated_delta_rule(
     o = torch.empty(v.shape, dtype=v.dtype, device=device)
     if n == 0:
         return o
-    wy_constexprs, state_constexprs = chunk_launch_constexprs(dk, dv, chunk_size)
+    constexprs = chunk_launch_constexprs(dk, dv, chunk_size)
+    v_blocks = triton.cdiv(dv, constexprs["BV"])
+    chunk_start, chunk_end, first_chunk = chunk_table(cu_seqlens, tokens, chunk_size)
+    num_chunks = chunk_start.shape[0]
+    w = torch.empty(tokens, heads, dk, dtype=torch.float32, device=device)
+    u = torch.empty(tokens, heads, dv, dtype=torch.float32, device=device)
+    chunk_states = torch.empty(num_chunks, heads, dk, dv, dtype=torch.float32, device=device)
     if tokens > 0:
-        w = torch.empty(tokens, heads, dk, dtype=torch.float32, device=device)
-        u = torch.empty(tokens, heads, dv, dtype=torch.float32, device=device)
-        chunk_start, chunk_end = chunk_table(cu_seqlens, tokens, chunk_size)
-        _chunk_wy_kernel[(chunk_start.shape[0], heads)](
+        _chunk_wy_kernel[(num_chunks, heads)](
             k,
             v,
             g,
@@ -615,24 +698,20 @@ def chunk_gated_delta_rule(
             u.stride(0),
             u.stride(1),
             num_warps=CHUNK_NUM_WARPS,
-            **wy_constexprs,
+            num_stages=1,
+            **wy_constexprs(constexprs),
         )
-    else:
-        w = u = torch.empty(1, 1, 1, dtype=torch.float32, device=device)
-    _chunk_state_kernel[(n, heads, triton.cdiv(dv, state_constexprs["BV"]))](
-        q,
+    _chunk_state_kernel[(n, heads, v_blocks)](
         k,
         g,
         w,
         u,
-        o,
+        chunk_states,
         states,
         state_indices,
         cu_seqlens,
         has_initial_state,
-        scale,
-        q.stride(0),
-        q.stride(1),
+        first_chunk,
         k.stride(0),
         k.stride(1),
         g.stride(0),
@@ -640,12 +719,39 @@ def chunk_gated_delta_rule(
         w.stride(1),
         u.stride(0),
         u.stride(1),
-        o.stride(0),
-        o.stride(1),
+        chunk_states.stride(0),
+        chunk_states.stride(1),
         states.stride(0),
         states.stride(1),
         states.stride(2),
         num_warps=CHUNK_NUM_WARPS,
-        **state_constexprs,
+        num_stages=1,
+        **constexprs,
     )
+    if tokens > 0:
+        _chunk_output_kernel[(num_chunks, heads, v_blocks)](
+            q,
+            k,
+            g,
+            u,
+            chunk_states,
+            o,
+            chunk_start,
+            chunk_end,
+            scale,
+            q.stride(0),
+            q.stride(1),
+            k.stride(0),
+            k.stride(1),
+            g.stride(0),
+            u.stride(0),
+            u.stride(1),
+            chunk_states.stride(0),
+            chunk_states.stride(1),
+            o.stride(0),
+            o.stride(1),
+            num_warps=CHUNK_NUM_WARPS,
+            num_stages=1,
+            **constexprs,
+        )
     return o
