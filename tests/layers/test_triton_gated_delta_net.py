@@ -302,6 +302,10 @@ def test_gated_delta_rule_benchmark_smoke_prints_rows(capsys):
     from tools.kernel_variants import benchmark_module
 
     assert benchmark_module("gated_delta_rule").main(["--cpu-smoke"]) == 0
-    out = capsys.readouterr().out
-    assert out.startswith("device cpu, copy")
-    assert "decode" in out and "prefill" in out
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("device cpu, copy") and len(lines) == 6
+    assert [line.split()[:4] for line in lines[3:]] == [
+        ["decode", "rule", "2", "2"],
+        ["decode", "conv", "2", "2"],
+        ["prefill", "chunk", "2", "40"],
+    ]
