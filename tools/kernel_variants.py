@@ -337,7 +337,7 @@ def gated_delta_net_variants() -> list[Variant]:
             **gdn.conv_launch_constexprs(width, bias, True),
         )
         label = f"conv1d {channels} channels, K={width}, {tokens} tokens / {n} seqs" + (" +bias" if bias else "")
-        out.append(Variant(gdn._causal_conv1d_kernel, label, args))
+        out.append(Variant(gdn._causal_conv1d_kernel, label, args, {"num_warps": gdn.CONV_NUM_WARPS}))
     states = Tensor(torch.float32, slots, heads, dk, dv)
     state_strides = dict(stride_ss=states.stride(0), stride_sh=states.stride(1), stride_sk=states.stride(2))
     batch = 256

@@ -272,6 +272,45 @@ def test_causal_conv1d_state_carried_across_two_calls_equals_one_call(device):
     assert torch.equal(states, whole_states)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_negative_slot_is_a_padding_entry(device):
+    """Slot -1 (a CUDA-graph batch's padding) between two sequences: no state touched (the
+    slot before it in memory included), the others' outputs and states as without it."""
+    lens, slots, has_init = [6, 1, 5], torch.tensor([1, -1, 0]), [True, True, False]
+    keep = torch.tensor([0, 1, 2, 3, 4, 5, 7, 8, 9, 10, 11])  # the padding entry's token is 6
+    q, k, v, g, beta, _, _ = _rule_inputs(lens, 1, 2, 16, 16, torch.float32, seed=10)
+    states = torch.randn(2, 2, 16, 16, generator=torch.Generator().manual_seed(11)).to(device)
+    for kernel, extra in ((chunk_gated_delta_rule, dict(chunk_size=16)), (recurrent_gated_delta_rule, {})):
+        padded_states, plain_states = states.clone(), states.clone()
+        padded = _run(kernel, q, k, v, g, beta, padded_states, slots, lens, has_init, device, **extra)
+        parts = [x[keep] for x in (q, k, v, g, beta)]
+        plain = _run(kernel, *parts, plain_states, slots[[0, 2]], [6, 5], [True, False], device, **extra)
+        torch.testing.assert_close(padded[keep.to(device)], plain, atol=0, rtol=0)
+        assert torch.equal(padded_states, plain_states)
+    x = torch.randn(12, 40, generator=torch.Generator().manual_seed(12)).to(device)
+    weight = torch.randn(40, 4, generator=torch.Generator().manual_seed(13)).to(device)
+    conv_states = torch.randn(2, 40, 3, generator=torch.Generator().manual_seed(14)).to(device)
+    outs = []
+    for xs, sl, seq_lens, init in (
+        (x, slots, lens, has_init),
+        (x[keep.to(device)], slots[[0, 2]], [6, 5], [True, False]),
+    ):
+        st = conv_states.clone()
+        outs.append(
+            causal_conv1d(
+                xs,
+                weight,
+                None,
+                conv_states=st,
+                state_indices=sl.to(device),
+                cu_seqlens=_cu(seq_lens).to(device),
+                has_initial_state=torch.tensor(init, device=device),
+            )
+        )
+        outs.append(st)
+    assert torch.equal(outs[0][keep.to(device)], outs[2]) and torch.equal(outs[1], outs[3])
+
+
 @pytest.mark.skipif(not INTERPRETED, reason="CPU runs need TRITON_INTERPRET=1")
 def test_kernels_check_their_arguments():
     q = torch.zeros(3, 2, 8)

@@ -30,7 +30,9 @@ the outputs of all chunks in parallel. The triangular inverse is exact forward s
 Shapes: q, k (T, H, Dk) and v (T, H, Dv) with any token and head strides (unit stride in
 the last dim): the caller has expanded k-heads to the v-heads; g, beta (T, H) fp32;
 states (num_slots, H, Dk, Dv) fp32, sequence ``i``'s final state written in place to
-``states[state_indices[i]]``; ``has_initial_state[i]`` False starts it from zeros. Every
+``states[state_indices[i]]``; ``has_initial_state[i]`` False starts it from zeros; a negative
+slot (a padding entry of a CUDA-graph batch) is skipped: no state read or written, its
+outputs left unwritten. Every
 sum and matmul is fp32: Triton's interpreter computes bf16 ``tl.dot`` wrongly, and on a
 GPU the fp32 dots run in TF32.
 """
@@ -45,6 +47,7 @@ from minivllm.attention.ops.checks import SUPPORTED_DTYPES, check_launchable, ch
 
 CONV_BLOCK_T = 8  # tokens of one conv tile
 CONV_BLOCK_C = 128  # channels of one conv program
+CONV_NUM_WARPS = 8  # 4 elements of a tile per thread: at 4 warps the unrolled taps nearly spill on sm_90
 RECURRENT_BLOCK_V = 32  # Dv columns of one recurrent program: Dk x 32 fp32 state in registers
 CHUNK_BLOCK_V = 16  # Dv columns of one chunk-state / output program (and of a WY step)
 CHUNK_NUM_WARPS = 8
@@ -88,6 +91,8 @@ def _causal_conv1d_kernel(
     start = tl.load(cu_ptr + n).to(tl.int64)
     end = tl.load(cu_ptr + n + 1).to(tl.int64)
     slot = tl.load(state_idx_ptr + n).to(tl.int64)
+    if slot < 0:  # a padding entry (PAD_SLOT_ID): no state, outputs left unwritten
+        return
     init = tl.load(has_init_ptr + n).to(tl.int32)  # 0: start from zeros
     lo = start - (K - 1) * init  # the first position the old state provides (none: start)
     state_base = state_ptr + slot * stride_ss + c0 * stride_sc
@@ -237,6 +242,7 @@ def causal_conv1d(
         conv_states.stride(0),
         conv_states.stride(1),
         conv_states.stride(2),
+        num_warps=CONV_NUM_WARPS,
         **conv_launch_constexprs(kernel_size, bias is not None, activation == "silu"),
     )
     return y
@@ -288,6 +294,8 @@ def _recurrent_kernel(
     start = tl.load(cu_ptr + n).to(tl.int64)
     end = tl.load(cu_ptr + n + 1).to(tl.int64)
     slot = tl.load(state_idx_ptr + n).to(tl.int64)
+    if slot < 0:  # a padding entry (PAD_SLOT_ID): no state, outputs left unwritten
+        return
     init = tl.load(has_init_ptr + n).to(tl.int32)  # 0: start from zeros
     s_ptrs = state_ptr + slot * stride_ss + h * stride_sh + dk[:, None] * stride_sk + dv[None, :]
     smask = kmask[:, None] & vmask[None, :]
@@ -515,6 +523,8 @@ def _chunk_state_kernel(
     start = tl.load(cu_ptr + n).to(tl.int64)
     end = tl.load(cu_ptr + n + 1).to(tl.int64)
     slot = tl.load(state_idx_ptr + n).to(tl.int64)
+    if slot < 0:  # a padding entry (PAD_SLOT_ID): no state, outputs left unwritten
+        return
     init = tl.load(has_init_ptr + n).to(tl.int32)  # 0: start from zeros
     chunk = tl.load(first_chunk_ptr + n).to(tl.int64)
     s_offs = dk[:, None] * stride_sk + dv[None, :]
