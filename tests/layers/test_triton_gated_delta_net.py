@@ -103,6 +103,7 @@ def _run(kernel, q, k, v, g, beta, states, slots, lens, has_init, device, **extr
 
 RULES = [
     pytest.param(chunk_gated_delta_rule, dict(chunk_size=16), id="chunk16"),
+    pytest.param(chunk_gated_delta_rule, dict(chunk_size=32), id="chunk32"),  # a solve of two blocks
     pytest.param(recurrent_gated_delta_rule, {}, id="recurrent"),
 ]
 
@@ -111,7 +112,7 @@ RULES = [
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
 @pytest.mark.parametrize("kernel, extra", RULES)
 def test_gated_delta_rule_matches_transformers(kernel, extra, dtype, device):
-    """Four sequences (5, 37, 1 and 20 tokens: within, across and at chunk edges of 16) in slots
+    """Four sequences (5, 37, 1 and 20 tokens: within, across and at chunk edges of 16 or 32) in slots
     4, 0, 6, 2 of 8, the first and third from their slot's state, the others from zeros; 4
     v-heads over 2 k-heads, Dk 12 (a padded tile) and Dv 24 (two blocks of 16 columns)."""
     lens, slots, has_init = [5, 37, 1, 20], torch.tensor([4, 0, 6, 2]), [True, False, True, False]
@@ -142,6 +143,24 @@ def test_chunk_rule_at_the_default_chunk_size(device):
     torch.testing.assert_close(o.cpu(), expected, **_tol(torch.float32, device))
     torch.testing.assert_close(got_states[1].cpu(), finals[0], **_tol(torch.float32, device))
     torch.testing.assert_close(got_states[0].cpu(), finals[1], **_tol(torch.float32, device))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_chunk_rule_is_stable_when_keys_repeat(device):
+    """64 tokens whose keys take only two values, beta near 1 and no decay: (I + A) is far from
+    the identity (its inverse as a power series in A would cancel catastrophically); the
+    chunk of 64 solved by blocks still matches the token-by-token reference."""
+    q, k, v, g, beta, q_small, k_small = _rule_inputs([64], 1, 1, 16, 16, torch.float32, seed=15)
+    k_small = k_small[torch.arange(64) % 2][:, :1]  # two distinct keys, alternating
+    k = k_small.clone()
+    beta = torch.full_like(beta, 0.95)
+    g = torch.zeros_like(g)
+    states = torch.zeros(1, 1, 16, 16)
+    expected, finals = _reference(q_small, k_small, v, g, beta, [64], [None])
+    got_states = states.to(device)
+    o = _run(chunk_gated_delta_rule, q, k, v, g, beta, got_states, torch.tensor([0]), [64], [False], device)
+    torch.testing.assert_close(o.cpu(), expected, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(got_states[0].cpu(), finals[0], atol=1e-4, rtol=1e-4)
 
 
 def test_chunk_rule_matches_transformers_chunked_form():

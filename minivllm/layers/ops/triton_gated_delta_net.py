@@ -24,8 +24,10 @@ Three kernels, so that no program holds more than two (BT, Dk) tiles (none spill
 into fp32 scratch ``W`` (T, H, Dk) and ``U`` (T, H, Dv); ``_chunk_state_kernel`` walks each
 sequence's chunks in order, the state in registers, turning ``U`` into ``V'`` in place and
 recording the state each chunk starts from (C, H, Dk, Dv); ``_chunk_output_kernel`` makes
-the outputs of all chunks in parallel. The triangular inverse is exact forward substitution
-(a Neumann series in powers of ``A`` would cancel catastrophically when keys repeat).
+the outputs of all chunks in parallel. The triangular inverse is block forward substitution:
+elementwise inside 16-row diagonal blocks (all blocks at once), then the blocks joined by
+matmuls (a Neumann series in powers of ``A`` itself would cancel catastrophically when keys
+repeat).
 
 Shapes: q, k (T, H, Dk) and v (T, H, Dv) with any token and head strides (unit stride in
 the last dim): the caller has expanded k-heads to the v-heads; g, beta (T, H) fp32;
@@ -51,6 +53,7 @@ CONV_NUM_WARPS = 8  # 4 elements of a tile per thread: at 4 warps the unrolled t
 RECURRENT_BLOCK_V = 32  # Dv columns of one recurrent program: Dk x 32 fp32 state in registers
 CHUNK_BLOCK_V = 16  # Dv columns of one chunk-state / output program (and of a WY step)
 CHUNK_NUM_WARPS = 8
+SOLVE_BLOCK = 16  # the WY solve's diagonal blocks: forward substitution inside, dots between
 
 
 # --------------------------------------------------------------------------------------------
@@ -434,6 +437,7 @@ def _chunk_wy_kernel(
     BK: tl.constexpr,
     BVU: tl.constexpr,  # Dv columns of U per step
     BT: tl.constexpr,
+    SUB: tl.constexpr,  # rows of a diagonal block of the triangular solve
 ):
     """One program per (chunk, head): ``T = (I + A)^-1`` by forward substitution, then
     ``W = T (beta K exp(G))`` and ``U = T (beta V)``."""
@@ -458,12 +462,23 @@ def _chunk_wy_kernel(
     lower = rows[:, None] > rows[None, :]
     decay = tl.exp(tl.where(lower, G[:, None] - G[None, :], float("-inf")))
     a = tl.dot(key * beta[:, None], tl.trans(key)) * decay  # [BT, BT] strictly lower
-    # forward substitution: row i of T is e_i - sum_{j<i} A_ij T_j (rows j < i already final)
-    tri = tl.where(rows[:, None] == rows[None, :], 1.0, 0.0)
-    for i in range(1, BT):
-        a_i = tl.sum(tl.where(rows[:, None] == i, a, 0.0), axis=0)  # [BT]: A[i, :]
-        new = -tl.sum(a_i[:, None] * tri, axis=0)  # [BT]
-        tri = tl.where(rows[:, None] == i, tri + new[None, :], tri)
+    # T = (I + A)^-1 by blocks of SUB rows: I + A = D + E, D its block diagonal, E below it.
+    # D^-1 by forward substitution, all blocks at once (row r of each block per step: row i
+    # of D^-1 is e_i - sum_j A_ij D^-1_j over the earlier rows j of its block, all final);
+    # then T = D^-1 - (D^-1 E) T, exact after BT / SUB - 1 steps (D^-1 E is nilpotent).
+    blk = rows // SUB
+    same = blk[:, None] == blk[None, :]
+    a_diag = tl.where(same, a, 0.0)
+    d_inv = tl.where(rows[:, None] == rows[None, :], 1.0, 0.0)
+    for r in range(1, SUB):
+        at_r = (rows % SUB == r)[:, None]
+        a_r = tl.sum(tl.where(at_r, a_diag, 0.0), axis=0)  # [BT]: block b's part is A[SUB*b + r, block b]
+        new = -tl.sum(a_r[:, None] * d_inv, axis=0)  # [BT]
+        d_inv = tl.where(at_r & same, d_inv + new[None, :], d_inv)
+    n_mat = tl.dot(d_inv, tl.where(same, 0.0, a))
+    tri = d_inv
+    for _ in range(BT // SUB - 1):
+        tri = d_inv - tl.dot(n_mat, tri)
     key = tl.load(k_base + rows[:, None] * stride_kt + dk[None, :], mask=live[:, None] & kmask[None, :], other=0.0).to(
         tl.float32
     )  # again: not kept live across the loop
@@ -627,7 +642,7 @@ def wy_constexprs(constexprs: dict) -> dict:
     """The WY kernel's share of ``chunk_launch_constexprs``."""
     out = dict(constexprs)
     out["BVU"] = out.pop("BV")
-    return out
+    return dict(out, SUB=SOLVE_BLOCK)
 
 
 def chunk_table(
