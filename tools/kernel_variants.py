@@ -391,7 +391,7 @@ def gated_delta_net_variants() -> list[Variant]:
         stride_wh=w.stride(1),
         stride_ut=u.stride(0),
         stride_uh=u.stride(1),
-        **gdn.wy_constexprs(constexprs),
+        **constexprs["wy"],
     )
     options = {"num_warps": gdn.CHUNK_NUM_WARPS, "num_stages": 1}
     label = f"prefill H{heads} Dk{dk} Dv{dv}, {tokens} tokens, chunks of {chunk}"
@@ -415,7 +415,7 @@ def gated_delta_net_variants() -> list[Variant]:
         stride_hc=chunk_states.stride(0),
         stride_hh=chunk_states.stride(1),
         **state_strides,
-        **constexprs,
+        **constexprs["state"],
     )
     out.append(Variant(gdn._chunk_state_kernel, label, passing, options))
     output = dict(
@@ -438,7 +438,7 @@ def gated_delta_net_variants() -> list[Variant]:
         stride_hh=chunk_states.stride(1),
         stride_ot=v.stride(0),
         stride_oh=v.stride(1),
-        **constexprs,
+        **constexprs["output"],
     )
     out.append(Variant(gdn._chunk_output_kernel, label, output, options))
     return out

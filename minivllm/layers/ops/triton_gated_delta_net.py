@@ -51,7 +51,8 @@ CONV_BLOCK_T = 8  # tokens of one conv tile
 CONV_BLOCK_C = 128  # channels of one conv program
 CONV_NUM_WARPS = 8  # 4 elements of a tile per thread: at 4 warps the unrolled taps nearly spill on sm_90
 RECURRENT_BLOCK_V = 32  # Dv columns of one recurrent program: Dk x 32 fp32 state in registers
-CHUNK_BLOCK_V = 16  # Dv columns of one chunk-state / output program (and of a WY step)
+CHUNK_BLOCK_V = 16  # Dv columns of one chunk-state program (and of a WY step)
+OUTPUT_BLOCK_V = 64  # Dv columns of one chunk-output program
 CHUNK_NUM_WARPS = 8
 SOLVE_BLOCK = 16  # the WY solve's diagonal blocks: forward substitution inside, dots between
 
@@ -630,19 +631,18 @@ def _chunk_output_kernel(
     tl.store(o_ptr + pos[:, None] * stride_ot + h * stride_oh + dv[None, :], o.to(o_ptr.dtype.element_ty), mask=vm)
 
 
-def chunk_launch_constexprs(dk: int, dv: int, chunk_size: int) -> dict:
-    """The chunk kernels' compile-time arguments (``BVU`` for the WY kernel, ``BV`` for the
-    others; also read by ``tools/kernel_report.py``). Tiles are at least 16 wide: ``tl.dot``'s
-    minimum."""
-    bv = max(min(CHUNK_BLOCK_V, triton.next_power_of_2(dv)), 16)
-    return dict(DK=dk, DV=dv, BK=max(triton.next_power_of_2(dk), 16), BV=bv, BT=chunk_size)
-
-
-def wy_constexprs(constexprs: dict) -> dict:
-    """The WY kernel's share of ``chunk_launch_constexprs``."""
-    out = dict(constexprs)
-    out["BVU"] = out.pop("BV")
-    return dict(out, SUB=SOLVE_BLOCK)
+def chunk_launch_constexprs(dk: int, dv: int, chunk_size: int) -> dict[str, dict]:
+    """The chunk kernels' compile-time arguments by kernel: ``wy``, ``state``, ``output``
+    (also read by ``tools/kernel_report.py``). Tiles are at least 16 wide: ``tl.dot``'s
+    minimum. The state kernel is serial over chunks: narrow Dv blocks give it more programs;
+    the output kernel recomputes ``Q K^T`` per Dv block: wide blocks recompute it less."""
+    common = dict(DK=dk, DV=dv, BK=max(triton.next_power_of_2(dk), 16), BT=chunk_size)
+    width = lambda block: max(min(block, triton.next_power_of_2(dv)), 16)  # noqa: E731
+    return dict(
+        wy=dict(common, BVU=width(CHUNK_BLOCK_V), SUB=SOLVE_BLOCK),
+        state=dict(common, BV=width(CHUNK_BLOCK_V)),
+        output=dict(common, BV=width(OUTPUT_BLOCK_V)),
+    )
 
 
 def chunk_table(
@@ -696,7 +696,6 @@ def chunk_gated_delta_rule(
     if n == 0:
         return o
     constexprs = chunk_launch_constexprs(dk, dv, chunk_size)
-    v_blocks = triton.cdiv(dv, constexprs["BV"])
     chunk_start, chunk_end, first_chunk = chunk_table(cu_seqlens, tokens, chunk_size)
     num_chunks = chunk_start.shape[0]
     w = torch.empty(tokens, heads, dk, dtype=torch.float32, device=device)
@@ -724,9 +723,9 @@ def chunk_gated_delta_rule(
             u.stride(1),
             num_warps=CHUNK_NUM_WARPS,
             num_stages=1,
-            **wy_constexprs(constexprs),
+            **constexprs["wy"],
         )
-    _chunk_state_kernel[(n, heads, v_blocks)](
+    _chunk_state_kernel[(n, heads, triton.cdiv(dv, constexprs["state"]["BV"]))](
         k,
         g,
         w,
@@ -751,10 +750,10 @@ def chunk_gated_delta_rule(
         states.stride(2),
         num_warps=CHUNK_NUM_WARPS,
         num_stages=1,
-        **constexprs,
+        **constexprs["state"],
     )
     if tokens > 0:
-        _chunk_output_kernel[(num_chunks, heads, v_blocks)](
+        _chunk_output_kernel[(num_chunks, heads, triton.cdiv(dv, constexprs["output"]["BV"]))](
             q,
             k,
             g,
@@ -777,6 +776,6 @@ def chunk_gated_delta_rule(
             o.stride(1),
             num_warps=CHUNK_NUM_WARPS,
             num_stages=1,
-            **constexprs,
+            **constexprs["output"],
         )
     return o
