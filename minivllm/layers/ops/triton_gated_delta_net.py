@@ -204,7 +204,8 @@ def causal_conv1d(
     """Depthwise causal conv of each packed sequence of ``x`` (T, C) with ``weight`` (C, K),
     its left context the sequence's state ``conv_states[state_indices[i]]`` (C, K - 1) (zeros
     where ``has_initial_state[i]`` is False); then the state holds the sequence's last K - 1
-    inputs (left-padded with the old state, or zeros). Returns y (T, C) in x's dtype."""
+    inputs (left-padded with the old state, or zeros). Returns y (T, C) in x's dtype. A
+    negative slot (padding) is skipped: its state untouched, its outputs unwritten."""
     device = x.device
     check_launchable(device, _causal_conv1d_kernel)
     check_tensor(x, "x", device, dims=2)
@@ -599,7 +600,7 @@ def _chunk_output_kernel(
 ):
     """One program per (chunk, head, block of BV value columns):
     ``o = scale * (Q exp(G) S + (Q K^T o exp(G_i - G_j))_{j<=i} V')``."""
-    c = tl.program_id(0)
+    c = tl.program_id(0).to(tl.int64)  # c * stride_hc passes 2**31 past 4096 chunks at H32 Dk=Dv=128
     h = tl.program_id(1).to(tl.int64)
     start = tl.load(chunk_start_ptr + c).to(tl.int64)
     end = tl.load(chunk_end_ptr + c).to(tl.int64)
