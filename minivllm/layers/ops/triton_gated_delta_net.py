@@ -170,7 +170,7 @@ def conv_launch_constexprs(kernel_size: int, has_bias: bool, silu: bool) -> dict
     )
 
 
-def _check_varlen(state_indices, cu_seqlens, has_initial_state, tokens: int, device) -> int:
+def _check_varlen(state_indices, cu_seqlens, has_initial_state, device) -> int:
     """The per-sequence arguments: (N,), (N + 1,), (N,); returns N."""
     check_tensor(cu_seqlens, "cu_seqlens", device, dims=1)
     check_tensor(state_indices, "state_indices", device, dims=1)
@@ -226,7 +226,7 @@ def causal_conv1d(
     if bias is not None:
         check_tensor(bias, "bias", device, dims=1)
         require(bias.shape[0] == channels, f"bias must be ({channels},), got {tuple(bias.shape)}")
-    n = _check_varlen(state_indices, cu_seqlens, has_initial_state, tokens, device)
+    n = _check_varlen(state_indices, cu_seqlens, has_initial_state, device)
     y = torch.empty(tokens, channels, dtype=x.dtype, device=device)
     if n == 0:
         return y
@@ -354,7 +354,7 @@ def _check_rule_inputs(q, k, v, g, beta, states, state_indices, cu_seqlens, has_
         tuple(states.shape[1:]) == (heads, dk, dv) and states.dtype == torch.float32,
         f"states must be (num_slots, {heads}, {dk}, {dv}) float32, got {tuple(states.shape)} {states.dtype}",
     )
-    n = _check_varlen(state_indices, cu_seqlens, has_initial_state, tokens, device)
+    n = _check_varlen(state_indices, cu_seqlens, has_initial_state, device)
     return n, heads, dk, dv
 
 
