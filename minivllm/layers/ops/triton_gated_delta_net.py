@@ -441,8 +441,8 @@ def _chunk_wy_kernel(
     BT: tl.constexpr,
     SUB: tl.constexpr,  # rows of a diagonal block of the triangular solve
 ):
-    """One program per (chunk, head): ``T = (I + A)^-1`` by forward substitution, then
-    ``W = T (beta K exp(G))`` and ``U = T (beta V)``."""
+    """One program per (chunk, head): ``T = (I + A)^-1`` by block forward substitution,
+    then ``W = T (beta K exp(G))`` and ``U = T (beta V)``."""
     c = tl.program_id(0)
     h = tl.program_id(1).to(tl.int64)
     start = tl.load(chunk_start_ptr + c).to(tl.int64)
