@@ -24,7 +24,8 @@
 #   d1  bench=nanovllm with CUDA graphs (the default) and eager
 #   d2  bench=nanovllm with compilation.torch_compile on, and with async scheduling off
 #   d3  transformers generate vs minivllm on a scaled-down nanovllm workload
-#   d4  benchmarks/attention.py: decode bandwidth at batch 1/64/256, contexts 512-4096, a prefill
+#   d4  benchmarks/attention.py: decode bandwidth at batch 1/64/256, contexts 512-4096, a prefill;
+#       benchmarks/gated_delta_rule.py: Qwen3-Next's delta rule, decode bandwidth and prefill TFLOP/s
 #   d5  benchmarks/profile_decode.py: 10 full-batch decode steps, kernels by group
 #   d6  benchmarks/moe.py and benchmarks/quant_gemm.py: fused MoE, int4 and fp8 GEMMs vs torch,
 #       after tuning both kernels' tiles on this GPU (--tune: the tables in minivllm/tuned_tiles/tables)
@@ -64,7 +65,7 @@ ALL_STAGES=(a b c d1 d2 d3 d4 d5 d6 d7)
 QUICK_STAGES=(a b c d1 d4)
 CORE_STAGES=(a n1 n2 p m)
 CORRECTNESS_STAGES=(b c)
-declare -A LIMIT=([a]=90 [b]=330 [c]=150 [d1]=440 [d2]=400 [d3]=360 [d4]=150 [d5]=380 [d6]=220 [d7]=240
+declare -A LIMIT=([a]=90 [b]=330 [c]=150 [d1]=440 [d2]=400 [d3]=360 [d4]=190 [d5]=380 [d6]=220 [d7]=240
   [n1]=215 [n2]=130 [p]=65 [m]=90)
 declare -A QUICK_LIMIT=([a]=40 [b]=90 [c]=60 [d1]=70 [d2]=120 [d3]=90 [d4]=40 [d5]=60 [d6]=60 [d7]=200
   [n1]=120 [n2]=60 [p]=60 [m]=60)
@@ -240,6 +241,10 @@ stage_d4() {
     echo "== 256-token blocks"
     "$PYTHON" benchmarks/attention.py --batches 256 --contexts 1024 4096 --small-batch 0 --block-size 256 \
       --num-heads 16 --num-kv-heads 8 --head-dim 128 --json "$STAGE_DIR/block256.json" || true
+  fi
+  if ((!CPU_TRY && !QUICK)); then  # Qwen3-Next's linear attention: decode % of copy bandwidth, prefill TFLOP/s
+    echo "== gated delta rule (Qwen3-Next-80B's linear-attention layer)"
+    timeout --foreground 40 "$PYTHON" benchmarks/gated_delta_rule.py --json "$STAGE_DIR/gated_delta_rule.json" || true
   fi
 }
 

@@ -305,6 +305,145 @@ def mla_decode_variants() -> list[Variant]:
     return out
 
 
+def gated_delta_net_variants() -> list[Variant]:
+    """Qwen3-Next-80B's Gated DeltaNet layer (32 v-heads, Dk = Dv = 128, q/k expanded from 16
+    k-heads; conv over 2 * 16 * 128 + 32 * 128 channels, kernel 4), bf16 activations: the conv
+    (with and without a bias), the recurrent decode step at batch 256 and the two chunk kernels
+    of a 4096-token prefill in 64-token chunks."""
+    from minivllm.layers.ops import triton_gated_delta_net as gdn
+
+    heads, dk, dv, channels, width, slots, dtype = 32, 128, 128, 8192, 4, 512, torch.bfloat16
+    out = []
+    per_seq = lambda n: dict(  # noqa: E731
+        state_idx_ptr=Tensor(torch.int32, n), cu_ptr=Tensor(torch.int32, n + 1), has_init_ptr=Tensor(torch.bool, n)
+    )
+    for tokens, n, bias in ((256, 256, True), (4096, 1, False)):
+        x, y = Tensor(dtype, tokens, channels), Tensor(dtype, tokens, channels)
+        w, states = Tensor(dtype, channels, width), Tensor(dtype, slots, channels, width - 1)
+        args = dict(
+            x_ptr=x,
+            w_ptr=w,
+            b_ptr=Tensor(dtype, channels),
+            y_ptr=y,
+            state_ptr=states,
+            **per_seq(n),
+            channels=channels,
+            stride_xt=x.stride(0),
+            stride_yt=y.stride(0),
+            stride_wc=w.stride(0),
+            stride_ss=states.stride(0),
+            stride_sc=states.stride(1),
+            stride_sk=states.stride(2),
+            **gdn.conv_launch_constexprs(width, bias, True),
+        )
+        label = f"conv1d {channels} channels, K={width}, {tokens} tokens / {n} seqs" + (" +bias" if bias else "")
+        out.append(Variant(gdn._causal_conv1d_kernel, label, args, {"num_warps": gdn.CONV_NUM_WARPS}))
+    states = Tensor(torch.float32, slots, heads, dk, dv)
+    state_strides = dict(stride_ss=states.stride(0), stride_sh=states.stride(1), stride_sk=states.stride(2))
+    batch = 256
+    q, v, g = Tensor(dtype, batch, heads, dk), Tensor(dtype, batch, heads, dv), Tensor(torch.float32, batch, heads)
+    rec = dict(
+        q_ptr=q,
+        k_ptr=q,
+        v_ptr=v,
+        g_ptr=g,
+        beta_ptr=g,
+        o_ptr=v,
+        state_ptr=states,
+        **per_seq(batch),
+        scale=dk**-0.5,
+        stride_qt=q.stride(0),
+        stride_qh=q.stride(1),
+        stride_kt=q.stride(0),
+        stride_kh=q.stride(1),
+        stride_vt=v.stride(0),
+        stride_vh=v.stride(1),
+        stride_gt=g.stride(0),
+        stride_bt=g.stride(0),
+        stride_ot=v.stride(0),
+        stride_oh=v.stride(1),
+        **state_strides,
+        **gdn.recurrent_launch_constexprs(dk, dv),
+    )
+    out.append(Variant(gdn._recurrent_kernel, f"decode H{heads} Dk{dk} Dv{dv}, batch {batch}", rec))
+    tokens, chunk = 4096, 64
+    constexprs = gdn.chunk_launch_constexprs(dk, dv, chunk)
+    q, v, g = Tensor(dtype, tokens, heads, dk), Tensor(dtype, tokens, heads, dv), Tensor(torch.float32, tokens, heads)
+    w, u = Tensor(torch.float32, tokens, heads, dk), Tensor(torch.float32, tokens, heads, dv)
+    num_chunks = tokens // chunk + 1
+    chunk_states = Tensor(torch.float32, num_chunks, heads, dk, dv)
+    table = dict(chunk_start_ptr=Tensor(torch.int32, num_chunks), chunk_end_ptr=Tensor(torch.int32, num_chunks))
+    wy = dict(
+        k_ptr=q,
+        v_ptr=v,
+        g_ptr=g,
+        beta_ptr=g,
+        w_ptr=w,
+        u_ptr=u,
+        **table,
+        stride_kt=q.stride(0),
+        stride_kh=q.stride(1),
+        stride_vt=v.stride(0),
+        stride_vh=v.stride(1),
+        stride_gt=g.stride(0),
+        stride_bt=g.stride(0),
+        stride_wt=w.stride(0),
+        stride_wh=w.stride(1),
+        stride_ut=u.stride(0),
+        stride_uh=u.stride(1),
+        **constexprs["wy"],
+    )
+    options = {"num_warps": gdn.CHUNK_NUM_WARPS, "num_stages": 1}
+    label = f"prefill H{heads} Dk{dk} Dv{dv}, {tokens} tokens, chunks of {chunk}"
+    out.append(Variant(gdn._chunk_wy_kernel, label, wy, options))
+    passing = dict(
+        k_ptr=q,
+        g_ptr=g,
+        w_ptr=w,
+        u_ptr=u,
+        h_ptr=chunk_states,
+        state_ptr=states,
+        **per_seq(1),
+        first_chunk_ptr=Tensor(torch.int32, 1),
+        stride_kt=q.stride(0),
+        stride_kh=q.stride(1),
+        stride_gt=g.stride(0),
+        stride_wt=w.stride(0),
+        stride_wh=w.stride(1),
+        stride_ut=u.stride(0),
+        stride_uh=u.stride(1),
+        stride_hc=chunk_states.stride(0),
+        stride_hh=chunk_states.stride(1),
+        **state_strides,
+        **constexprs["state"],
+    )
+    out.append(Variant(gdn._chunk_state_kernel, label, passing, options))
+    output = dict(
+        q_ptr=q,
+        k_ptr=q,
+        g_ptr=g,
+        u_ptr=u,
+        h_ptr=chunk_states,
+        o_ptr=v,
+        **table,
+        scale=dk**-0.5,
+        stride_qt=q.stride(0),
+        stride_qh=q.stride(1),
+        stride_kt=q.stride(0),
+        stride_kh=q.stride(1),
+        stride_gt=g.stride(0),
+        stride_ut=u.stride(0),
+        stride_uh=u.stride(1),
+        stride_hc=chunk_states.stride(0),
+        stride_hh=chunk_states.stride(1),
+        stride_ot=v.stride(0),
+        stride_oh=v.stride(1),
+        **constexprs["output"],
+    )
+    out.append(Variant(gdn._chunk_output_kernel, label, output, options))
+    return out
+
+
 def _shape(
     dtype: torch.dtype, num_reqs: int, query_len: int, context_len: int, block_size: int, *, heads, **extra
 ) -> dict:
@@ -791,4 +930,5 @@ def all_variants(arch: int) -> list[Variant]:
     gemms = fused_moe_variants(arch) + int4_variants(arch)
     small = layer_op_variants() + graph_staging_variants() + lora_variants() + fp8_quant_variants()
     attention = attention_variants(arch) + mla_decode_variants()
+    small += gated_delta_net_variants()
     return attention + small + sampler_variants() + gemms + mxfp4_dequant_variants()
