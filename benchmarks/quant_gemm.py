@@ -60,9 +60,10 @@ class Shape:
     n: int  # output features
 
 
-SHAPES = [
+SHAPES = [  # Llama-3-8B's projections
     Shape("qkv 4096->6144", 4096, 6144),
-    Shape("gate_up 4096->28672", 4096, 28672),
+    Shape("o 4096->4096", 4096, 4096),
+    Shape("up 4096->14336", 4096, 14336),
     Shape("down 14336->4096", 14336, 4096),
 ]
 TINY = [Shape("tiny 64->32", 64, 32)]
@@ -132,13 +133,15 @@ def run_shape(shape: Shape, tokens: int, device: torch.device, timer, dtype: tor
         from minivllm.tuned_tiles import device_facts, lookup
 
         facts, dtype_name = device_facts(device), str(dtype).removeprefix("torch.")
-        group = shape.k // layer.scales.shape[0]
+        group, w = layer.int4_group_size, (layer.qweight, layer.scales, layer.zeros, layer.g_idx)
         chosen = int4_tiles.choose_tiles(tokens, shape.n, shape.k, group, dtype_name, facts)
         tuned = lookup(int4_tiles.KERNEL, facts.name, int4_tiles.shape_key(shape.n, shape.k, group, dtype_name), tokens)
         row["int4_tiles"] = chosen.name + (" tuned" if tuned is not None else "")
-        run = lambda: int4_matmul(x, layer.qweight, layer.scales, layer.zeros, layer.g_idx)  # noqa: E731
-        row["int4_err"] = rel_err(run(), x.float() @ w4)
-        row["int4_ms"] = timer(run) * 1e3
+        reference = x.float() @ w4
+        for key, group_size in (("int4", group), ("int4_act_order", 0)):  # the fast path; the general one
+            run = lambda g=group_size: int4_matmul(x, *w, group_size=g)  # noqa: E731
+            row[f"{key}_err"] = rel_err(run(), reference)
+            row[f"{key}_ms"] = timer(run) * 1e3
         row["int4_weight_gbs"] = int4_bytes / row["int4_ms"] / 1e6
     del w4
 
@@ -248,7 +251,9 @@ def tune(args, device: torch.device) -> None:
                 shape.name,
                 m,
                 candidates(shape, m),
-                lambda c, x=x, w=(layer.qweight, layer.scales, layer.zeros, layer.g_idx): int4_matmul(x, *w, tiles=c),
+                lambda c, x=x, w=(layer.qweight, layer.scales, layer.zeros, layer.g_idx), g=layer.int4_group_size: (
+                    int4_matmul(x, *w, tiles=c, group_size=g)
+                ),
                 x.float() @ w4,
                 {c: why for (name, mm, c), why in failures.items() if (name, mm) == (shape.name, m)},
             )
@@ -256,7 +261,7 @@ def tune(args, device: torch.device) -> None:
             winners[m] = None if result.best is None else result.best.as_dict()
         del w4
         if winners:
-            key = int4_tiles.shape_key(shape.n, shape.k, shape.k // layer.scales.shape[0], "bfloat16")
+            key = int4_tiles.shape_key(shape.n, shape.k, layer.int4_group_size, "bfloat16")
             merge_entries(table, int4_tiles.KERNEL, facts.name, key, winners)
             tuned = sum(cfg is not None for cfg in winners.values())
             print(f"tune: {tuned} of {len(winners)} buckets of {key} on {facts.name} written to {table}")
@@ -278,10 +283,33 @@ def format_row(r: dict) -> str:
 
     return (
         f"| {r['shape']} | {r['tokens']} | {r['bf16_ms']:.4f} | {cell('int4_ms', '.4f')} | {ratio('int4_ms')} "
+        f"| {cell('int4_act_order_ms', '.4f')} | {ratio('int4_act_order_ms')} "
         f"| {r['int4_torch_ms']:.4f} | {cell('fp8_ms', '.4f')} | {ratio('fp8_ms')} "
         f"| {r['bf16_weight_gbs']:.0f} / {cell('int4_weight_gbs', '.0f')} / {cell('fp8_weight_gbs', '.0f')} "
         f"| {cell('int4_err', '.1e')} / {cell('fp8_err', '.1e')} | {r.get('int4_tiles', '-')} |"
     )
+
+
+GOALS = (("int4_ms", "int4", 2.0), ("fp8_ms", "fp8", 1.5))
+"""(timing key, name, least bf16 / quantized ratio at M <= GOAL_MAX_M on every shape)."""
+GOAL_MAX_M = 16
+
+
+def goal_lines(rows: list[dict]) -> list[str]:
+    """One line per goal: the smallest ratio over the rows at M <= GOAL_MAX_M, met or not."""
+    out = []
+    for key, name, goal in GOALS:
+        ratios = [(r["bf16_ms"] / r[key], r) for r in rows if key in r and r["tokens"] <= GOAL_MAX_M]
+        if not ratios:
+            out.append(f"goal {name} >= {goal}x bf16 at M <= {GOAL_MAX_M}: not measured here")
+            continue
+        worst, r = min(ratios, key=lambda p: p[0])
+        verdict = "met" if worst >= goal else "NOT met"
+        out.append(
+            f"goal {name} >= {goal}x bf16 at M <= {GOAL_MAX_M}: smallest {worst:.2f}x "
+            f"({r['shape']}, M={r['tokens']}) over {len(ratios)} rows: {verdict}"
+        )
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -296,15 +324,17 @@ def main(argv: list[str] | None = None) -> int:
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     print(f"device={name} dtype={dtype} int4 group={GROUP}; ratios are bf16 time / quantized time")
     print(
-        "| weight (K->N) | M | bf16 ms | int4 ms | int4 vs bf16 | int4 torch ms | fp8 ms | fp8 vs bf16 "
-        "| weight GB/s bf16 / int4 / fp8 | err int4 / fp8 | int4 tiles |"
+        "| weight (K->N) | M | bf16 ms | int4 ms | int4 vs bf16 | int4 act-order ms | act-order vs bf16 "
+        "| int4 torch ms | fp8 ms | fp8 vs bf16 | weight GB/s bf16 / int4 / fp8 | err int4 / fp8 | int4 tiles |"
     )
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
     rows = []
     for shape in TINY if args.cpu_smoke else SHAPES:
         for tokens in args.tokens:
             rows.append(run_shape(shape, tokens, device, timer, dtype))
             print(format_row(rows[-1]), flush=True)
+    for line in goal_lines(rows):
+        print(line)
     shapes = TINY if args.cpu_smoke else SHAPES
     fp8_quant_rows = print_fp8_quant_table(args.tokens, shapes, device, timer, dtype)
     if args.json:

@@ -594,11 +594,15 @@ def moe_launch_variants(shape, tokens: int, tiles, dtype: torch.dtype = torch.bf
     return out
 
 
-def int4_launch_variant(shape, m: int, tiles, dtype: torch.dtype = torch.bfloat16) -> Variant:
-    """``int4_matmul`` of (m, K) activations on a benchmarks/quant_gemm.py weight shape."""
+def int4_launch_variant(shape, m: int, tiles, dtype: torch.dtype = torch.bfloat16, act_order: bool = False) -> Variant:
+    """``int4_matmul`` of (m, K) activations on a benchmarks/quant_gemm.py weight shape: the
+    contiguous-groups path (group INT4_GROUP, BLOCK_K cut to it as the wrapper does), or the
+    act-order path through ``g_idx``."""
     from minivllm.quantization import triton_int4
 
     n, k = shape.n, shape.k
+    group = 0 if act_order else INT4_GROUP
+    tiles = tiles if act_order else triton_int4.fast_path_tiles(tiles, group)
     splits = tiles.splits(k)
     x = Tensor(dtype, m, k)
     out = Tensor(dtype, m, n) if splits == 1 else Tensor(torch.float32, splits, m, n)
@@ -625,10 +629,33 @@ def int4_launch_variant(shape, m: int, tiles, dtype: torch.dtype = torch.bfloat1
         BLOCK_N=tiles.block_n,
         BLOCK_K=tiles.block_k,
         SPLIT_K=splits,
+        GROUP_SIZE=group,
         FP32_DOT=dtype == torch.float32,
     )
     options = dict(num_warps=tiles.num_warps, num_stages=tiles.num_stages)
-    return Variant(triton_int4._int4_matmul_kernel, f"{shape.name} M={m} {tiles.name}", args, options)
+    path = "act-order" if act_order else "contiguous"
+    return Variant(triton_int4._int4_matmul_kernel, f"{shape.name} M={m} {tiles.name} {path}", args, options)
+
+
+def int4_sum_variants() -> list[Variant]:
+    """The split-K reduction of ``int4_matmul`` at the splits the int4 configs use."""
+    from minivllm.quantization import triton_int4
+
+    out, seen = [], set()
+    for arch in (80, 90):
+        for shape, m, tiles in int4_configs(arch):
+            splits = tiles.splits(shape.k)
+            if splits > 1 and (splits, m == 1) not in seen:
+                seen.add((splits, m == 1))
+                args = dict(
+                    partials_ptr=Tensor(torch.float32, splits, m, shape.n),
+                    out_ptr=Tensor(torch.bfloat16, m, shape.n),
+                    numel=m * shape.n,
+                    SPLITS=splits,
+                    BLOCK=triton_int4.SUM_BLOCK,
+                )
+                out.append(Variant(triton_int4._sum_splits_kernel, f"{splits} splits M={m}", args, {}))
+    return out
 
 
 def moe_configs(arch: int) -> list[tuple[object, int, object]]:
@@ -675,7 +702,19 @@ def fused_moe_variants(arch: int) -> list[Variant]:
 
 
 def int4_variants(arch: int) -> list[Variant]:
-    return [int4_launch_variant(shape, m, tiles) for shape, m, tiles in int4_configs(arch)]
+    """Every config on the contiguous-groups path; the heuristic's picks on the act-order path too."""
+    from minivllm.quantization import int4_tiles
+
+    bench = benchmark_module("quant_gemm")
+    general = [
+        int4_launch_variant(
+            shape, m, int4_tiles.heuristic_tiles(m, shape.n, shape.k, arch, NUM_SMS, act_order=True), act_order=True
+        )
+        for shape in bench.SHAPES
+        for m in bench.TOKENS
+    ]
+    fast = [int4_launch_variant(shape, m, tiles) for shape, m, tiles in int4_configs(arch)]
+    return fast + general + int4_sum_variants()
 
 
 def qkv_prep_variants(m: dict, tokens: int) -> list[Variant]:
