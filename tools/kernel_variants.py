@@ -666,9 +666,13 @@ def moe_configs(arch: int) -> list[tuple[object, int, object]]:
     bench = benchmark_module("moe")
     seen, out = set(), []
     for shape in bench.SHAPES:
-        picks = [(t, moe_tiles.heuristic_tiles(t, shape.experts, shape.top_k, arch)) for t in bench.TOKENS]
+        picks = [
+            (t, moe_tiles.heuristic_tiles(t, shape.experts, shape.top_k, arch, shape.hidden)) for t in bench.TOKENS
+        ]
         picks += [
-            (t, c) for t in bench.TUNE_TOKENS for c in moe_tiles.tune_candidates(t, shape.experts, shape.top_k, arch)
+            (t, c)
+            for t in bench.TUNE_TOKENS
+            for c in moe_tiles.tune_candidates(t, shape.experts, shape.top_k, arch, shape.hidden)
         ]
         for t, tiles in picks:
             if (shape.name, tiles) not in seen:

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from minivllm.layers.fused_moe import route, torch_fused_experts
-from minivllm.layers.fused_moe.tiles import MoeTiles, heuristic_tiles, tune_candidates
+from minivllm.layers.fused_moe.tiles import MoeTiles, expert_kind, heuristic_tiles, tune_candidates
 from minivllm.layers.fused_moe.triton_experts import triton_fused_experts
 
 DEVICES = [
@@ -30,6 +30,10 @@ CASES = [
     (50, 4, 2, 32, 48, MoeTiles(32, 64, 64, group_m=8)),
     (90, 4, 2, 40, 72, MoeTiles(64, 128, 64, group_m=8)),  # N = 144 and 40: masked column tails
     (300, 2, 2, 32, 16, MoeTiles(128, 128, 64, group_m=8, num_warps=8)),
+    # the few-large-experts families: K steps of 256 at decode, 128-wide N and K, 256-wide N
+    (5, 4, 2, 64, 136, MoeTiles(16, 64, 256)),  # K = 272 for the down GEMM: a short last step
+    (40, 4, 2, 48, 80, MoeTiles(32, 128, 128, group_m=4)),
+    (260, 2, 2, 32, 24, MoeTiles(128, 256, 64, group_m=8, num_warps=8)),
 ]
 
 
@@ -65,28 +69,47 @@ def test_heuristic_tiles_in_bf16_on_cuda(tokens):
     assert (actual - expected).abs().max() <= 3e-2 * expected.abs().max()
 
 
-SHAPES = [(128, 8), (8, 2)]  # (experts, top_k): Qwen3-30B-A3B and Mixtral-8x7B
+SHAPES = [(128, 8, 2048), (8, 2, 4096)]  # (experts, top_k, hidden): Qwen3-30B-A3B and Mixtral-8x7B
+SHARED = {80: 166912, 90: 232448}  # bytes of shared memory a block may use (tools/kernel_report.py)
 
 
-@pytest.mark.parametrize("E, k", SHAPES)
-def test_row_blocks_follow_the_rows_each_expert_gets(E, k):
+@pytest.mark.parametrize("E, k, H", SHAPES)
+def test_row_blocks_follow_the_rows_each_expert_gets(E, k, H):
     tokens = [1, 8, 64, 256, 1024, 4096, 16384]
     for arch in (80, 90):
-        picks = [heuristic_tiles(t, E, k, arch) for t in tokens]
+        picks = [heuristic_tiles(t, E, k, arch, H) for t in tokens]
         assert [p.block_m for p in picks] == sorted(p.block_m for p in picks)  # never smaller for more tokens
         for t, p in zip(tokens, picks):
             rows = t * k / E
             assert p.block_m <= max(16, 2 * rows)  # padding stays under half a block per expert
-            assert p.num_stages == (4 if arch >= 90 else 3)
+            assert p.num_stages == 3 if arch < 90 else p.num_stages in (3, 4)
+            stage_bytes = 2 * (p.block_m * p.block_k + p.block_k * p.block_n)  # bf16 A and W tiles
+            assert p.num_stages * stage_bytes <= SHARED[arch]
             assert (p.group_m == 1) == (rows <= 16)  # no swizzle at decode: one row block per expert
         assert picks[-1].block_m * picks[-1].block_n >= 8 * picks[0].block_m * picks[0].block_n
 
 
+def test_few_large_experts_get_their_own_wider_tiles():
+    """Mixtral's 8 experts of hidden 4096 read 32 KiB of weight a K step at decode (BLOCK_K 256:
+    its down GEMM has only 64 programs an active expert) and take 128 x 256 tiles once each
+    expert is a dense GEMM (sm_90); Qwen3-30B-A3B's 128 small experts keep the other family."""
+    assert expert_kind(8, 4096) == "few" and expert_kind(128, 2048) == "many" and expert_kind(8, 2048) == "many"
+    for arch in (80, 90):
+        decode, qwen = heuristic_tiles(1, 8, 2, arch, 4096), heuristic_tiles(1, 128, 8, arch, 2048)
+        assert decode.block_k == 256 and decode.block_n * decode.block_k * 2 == 32768 and qwen.block_k == 128
+        small = heuristic_tiles(256, 8, 2, arch, 4096)  # 64 rows an expert
+        assert (small.block_n, small.block_k) == (128, 128)
+        large = heuristic_tiles(4096, 8, 2, arch, 4096)
+        assert (large.block_m, large.block_n) == ((128, 256) if arch >= 90 else (128, 128))
+    assert heuristic_tiles(1, 8, 2, 90) == heuristic_tiles(1, 8, 2, 90, 2048)  # hidden unknown: many
+
+
 def test_tune_candidates_are_few_and_start_with_the_heuristic():
     for t in (1, 64, 256, 1024, 4096):
-        for E, k in SHAPES:
-            found = tune_candidates(t, E, k, 90)
-            assert found[0] == heuristic_tiles(t, E, k, 90) and 2 <= len(found) <= 6
+        for E, k, H in SHAPES:
+            found = tune_candidates(t, E, k, 90, H)
+            assert found[0] == heuristic_tiles(t, E, k, 90, H) and 2 <= len(found) <= 6
+            assert len(set(found)) == len(found)
             assert len({c.block_m for c in found}) <= 3  # row blocks near the heuristic's
 
 

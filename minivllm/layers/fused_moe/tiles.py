@@ -1,25 +1,38 @@
 """Tile configs of the fused-MoE kernel: a heuristic by shape, overridden by the tuned table.
 
 One config serves both grouped GEMMs of a layer (the row blocks of the expert-sorted
-layout must be the same for both). The heuristic reads the average number of rows an
-expert receives, ``tokens * top_k / experts``:
+layout must be the same for both). The heuristic is one table (``FAMILIES``) read by
+the layer's kind of experts and the average number of rows an expert receives,
+``tokens * top_k / experts``. Few large experts (``LARGE_EXPERTS``: at most 16 experts of
+hidden size >= 4096, Mixtral's 8) and many small ones (Qwen3-30B-A3B's 128 of hidden 2048)
+want different tiles at the same rows per expert:
 
-==========  ======  =====================================================================
-rows/expert family  tiles (BLOCK_M x BLOCK_N x BLOCK_K, GROUP_M, warps)
-==========  ======  =====================================================================
-<= 16       decode  16 x 64 x 128, 1, 4: every expert is one short row block and the GEMM
-                    is a read of the active experts' weights: wide K steps and many
-                    programs along N keep the loads in flight
-<= 48       small   32 x 64 x 64, 8, 4
-<= 192      medium  64 x 128 x 64, 8, 4
-> 192       large   128 x 128 x 64, 8, 8: compute bound (Mixtral's 8 experts from ~1k
-                    tokens): the tiles of a dense GEMM, swizzled in groups of GROUP_M row
-                    blocks so a group's weight columns stay in L2
-==========  ======  =====================================================================
+=======  ==========  =======  ====================================================================
+experts  rows/expert family   tiles (BLOCK_M x BLOCK_N x BLOCK_K, GROUP_M, warps)
+=======  ==========  =======  ====================================================================
+many     <= 16       decode   16 x 64 x 128, 1, 4: every expert is one short row block and the GEMM
+                              is a read of the active experts' weights: wide K steps and many
+                              programs along N keep the loads in flight
+many     <= 48       small    32 x 64 x 64, 8, 4
+many     <= 192      medium   64 x 128 x 64, 8, 4
+many     > 192       large    128 x 128 x 64, 8, 8
+few      <= 16       decode   16 x 64 x 256, 1, 4: the down projection (N = 4096, K = 14336) has
+                              only N / 64 programs per active expert, so each must keep twice
+                              the bytes in flight (32 KiB of weight a K step)
+few      <= 64       small    32 x 128 x 128, 4, 4: up to 64 rows per expert are still a read
+                              of the weights; wider N and K tiles halve the K steps
+few      <= 256      medium   64 x 128 x 64, 8, 4
+few      > 256       large    128 x 256 x 64, 8, 8 on sm_90 (128 x 128 x 64 below): a dense
+                              GEMM per expert (Mixtral's 8 experts from ~1k tokens); the wide N
+                              tile halves the reads of A, GROUP_M keeps a group's weight
+                              columns in L2
+=======  ==========  =======  ====================================================================
 
-Pipelining depth: 4 stages on sm_90 (227 KiB of shared memory a block), 3 below. The
-tuned table (``minivllm/tuned_tiles/tables/fused_moe.json``) is keyed by the device's
-name and ``shape_key`` and its entries replace the heuristic for that device.
+Pipelining depth: 4 stages on sm_90 (227 KiB of shared memory a block), 3 below (3 on
+sm_90 too where 4 stages of the tile would not fit). The tuned table
+(``minivllm/tuned_tiles/tables/fused_moe.json``, written by ``benchmarks/moe.py --tune``)
+is keyed by the device's name and ``shape_key`` and its entries replace the heuristic for
+that device.
 """
 
 from __future__ import annotations
@@ -56,22 +69,47 @@ class MoeTiles:
         return f"{self.block_m}x{self.block_n}x{self.block_k} g{self.group_m} w{self.num_warps} s{self.num_stages}"
 
 
-# (upper bound on rows per expert, block_m, block_n, block_k, group_m, num_warps)
-FAMILIES = (
-    (16, 16, 64, 128, 1, 4),
-    (48, 32, 64, 64, 8, 4),
-    (192, 64, 128, 64, 8, 4),
-    (float("inf"), 128, 128, 64, 8, 8),
-)
+LARGE_EXPERTS = (16, 4096)
+"""(most experts, least hidden size) of a layer of few large experts."""
+
+# kind of experts -> (upper bound on rows per expert, block_m, block_n, block_k, group_m, num_warps)
+FAMILIES = {
+    "many": (
+        (16, 16, 64, 128, 1, 4),
+        (48, 32, 64, 64, 8, 4),
+        (192, 64, 128, 64, 8, 4),
+        (float("inf"), 128, 128, 64, 8, 8),
+    ),
+    "few": (
+        (16, 16, 64, 256, 1, 4),
+        (64, 32, 128, 128, 4, 4),
+        (256, 64, 128, 64, 8, 4),
+        (float("inf"), 128, 256, 64, 8, 8),  # 128 x 128 x 64 below sm_90 (heuristic_tiles)
+    ),
+}
 
 
-def heuristic_tiles(tokens: int, experts: int, top_k: int, arch: int | None) -> MoeTiles:
-    """The default config for ``tokens`` routed to ``top_k`` of ``experts`` on sm_``arch``
-    (None: the interpreter, which ignores warps and stages)."""
+def expert_kind(experts: int, hidden: int) -> str:
+    """ "few" for a layer of few large experts (``LARGE_EXPERTS``), else "many"."""
+    most, least_hidden = LARGE_EXPERTS
+    return "few" if experts <= most and hidden >= least_hidden else "many"
+
+
+def _stages(bm: int, bn: int, bk: int, arch: int | None, itemsize: int = 2) -> int:
+    """4 on sm_90 where four stages of the A and W tiles fit its shared memory, else 3."""
+    per_stage = (bm * bk + bk * bn) * itemsize
+    return 4 if (arch or 0) >= 90 and 4 * per_stage <= 160 * 1024 else 3
+
+
+def heuristic_tiles(tokens: int, experts: int, top_k: int, arch: int | None, hidden: int = 0) -> MoeTiles:
+    """The default config for ``tokens`` routed to ``top_k`` of ``experts`` of hidden size
+    ``hidden`` on sm_``arch`` (None: the interpreter, which ignores warps and stages)."""
     rows_per_expert = tokens * top_k / max(experts, 1)
-    for bound, bm, bn, bk, group_m, warps in FAMILIES:
+    for bound, bm, bn, bk, group_m, warps in FAMILIES[expert_kind(experts, hidden)]:
         if rows_per_expert <= bound:
-            return MoeTiles(bm, bn, bk, group_m, warps, 4 if (arch or 0) >= 90 else 3)
+            if bn == 256 and (arch or 0) < 90:
+                bn = 128
+            return MoeTiles(bm, bn, bk, group_m, warps, _stages(bm, bn, bk, arch))
     raise AssertionError("the last family has no bound")
 
 
@@ -87,17 +125,36 @@ def choose_tiles(
     tuned = lookup(KERNEL, device.name, shape_key(experts, n, k, top_k, dtype), tokens)
     if tuned is not None:
         return MoeTiles(**tuned)
-    return heuristic_tiles(tokens, experts, top_k, device.arch)
+    return heuristic_tiles(tokens, experts, top_k, device.arch, k)
 
 
-def tune_candidates(tokens: int, experts: int, top_k: int, arch: int | None) -> list[MoeTiles]:
+def tune_candidates(tokens: int, experts: int, top_k: int, arch: int | None, hidden: int = 0) -> list[MoeTiles]:
     """The small set ``benchmarks/moe.py --tune`` times at one M: the heuristic's pick, its
     neighbouring row blocks, and wider or narrower N and K tiles (at most 6)."""
-    base = heuristic_tiles(tokens, experts, top_k, arch)
+    base = heuristic_tiles(tokens, experts, top_k, arch, hidden)
     stages = base.num_stages
     out = [base]
     rows_per_expert = tokens * top_k / max(experts, 1)
-    if rows_per_expert <= 16:
+    if expert_kind(experts, hidden) == "few":
+        sm90 = (arch or 0) >= 90
+        if rows_per_expert <= 64:
+            bm = base.block_m
+            out += [
+                MoeTiles(bm, 64, 128, base.group_m, 4, stages),
+                MoeTiles(bm, 32, 256, base.group_m, 4, 3),
+                MoeTiles(bm, 128, 128, base.group_m, 4, 3),
+                MoeTiles(bm, 64, 256, base.group_m, 8, 3),
+                MoeTiles(16 if bm == 32 else 32, 64, 128, 4, 4, stages),
+            ]
+        else:
+            out += [
+                MoeTiles(128, 128, 64, 8, 8, stages),
+                MoeTiles(64, 128, 64, 8, 4, stages),
+                MoeTiles(128, 256, 64, 8, 8, 3) if sm90 else MoeTiles(128, 128, 32, 8, 4, 4),
+                MoeTiles(64, 256, 64, 8, 8, 3) if sm90 else MoeTiles(64, 128, 128, 8, 4, 3),
+                MoeTiles(256, 128, 64, 8, 8, 3) if sm90 else MoeTiles(128, 64, 64, 8, 8, stages),
+            ]
+    elif rows_per_expert <= 16:
         out += [MoeTiles(16, 32, 128, 1, 4, stages), MoeTiles(16, 128, 64, 1, 4, stages), MoeTiles(16, 64, 64, 1, 4, 3)]
     elif rows_per_expert <= 192:
         out += [MoeTiles(32, 128, 64, 8, 4, stages), MoeTiles(64, 64, 64, 8, 4, stages), MoeTiles(64, 128, 64, 8, 8, 3)]
@@ -107,4 +164,4 @@ def tune_candidates(tokens: int, experts: int, top_k: int, arch: int | None) -> 
             MoeTiles(64, 128, 64, 8, 4, stages),
             MoeTiles(128, 128, 32, 8, 4, 4),
         ]
-    return list(dict.fromkeys(out))  # the heuristic's pick may already be one of the others
+    return list(dict.fromkeys(out))[:6]  # the heuristic's pick may already be one of the others
