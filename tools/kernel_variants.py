@@ -637,6 +637,62 @@ def int4_launch_variant(shape, m: int, tiles, dtype: torch.dtype = torch.bfloat1
     return Variant(triton_int4._int4_matmul_kernel, f"{shape.name} M={m} {tiles.name} {path}", args, options)
 
 
+def fp8_gemm_launch_variant(shape, m: int, tiles, dtype: torch.dtype = torch.float16) -> Variant:
+    """``fp8_gemm`` of (m, K) fp8 activations on a benchmarks/quant_gemm.py weight shape with
+    ``dtype`` output. Refused below sm_89, as its wrapper does."""
+    from minivllm.quantization import triton_fp8_gemm as fg
+
+    splits = tiles.splits(shape.k)
+    x, w = Tensor(torch.float8_e4m3fn, m, shape.k), Tensor(torch.float8_e4m3fn, shape.n, shape.k)
+    c = Tensor(dtype, m, shape.n) if splits == 1 else Tensor(torch.float32, splits, m, shape.n)
+    args = dict(
+        x_ptr=x,
+        w_ptr=w,
+        x_scale_ptr=Tensor(torch.float32, m),
+        w_scale_ptr=Tensor(torch.float32, shape.n),
+        bias_ptr=Tensor(torch.float32, shape.n),
+        out_ptr=c,
+        M=m,
+        N=shape.n,
+        K=shape.k,
+        stride_xm=x.stride(0),
+        stride_wn=w.stride(0),
+        stride_om=shape.n,
+        stride_os=m * shape.n,
+        k_per_split=tiles.k_per_split(shape.k),
+        BLOCK_M=tiles.block_m,
+        BLOCK_N=tiles.block_n,
+        BLOCK_K=tiles.block_k,
+        SPLIT_K=splits,
+        HAS_BIAS=False,
+        FP32_DOT=False,
+    )
+    label = f"{shape.name} M={m} {tiles.name} {str(dtype).removeprefix('torch.')}"
+    options = dict(num_warps=tiles.num_warps, num_stages=tiles.num_stages)
+    return Variant(fg._fp8_gemm_kernel, label, args, options, capability_check=fg.check_fp8_gemm_capability)
+
+
+def fp8_gemm_variants(arch: int) -> list[Variant]:
+    """``fp8_gemm`` at benchmarks/quant_gemm.py's shapes and token counts: ``fp8_tiles``' picks
+    with fp16 output (where fp8 linears use it), and the tuner's candidates with bf16 output."""
+    from minivllm.quantization import triton_fp8_gemm as fg
+
+    bench, out, seen = benchmark_module("quant_gemm"), [], set()
+    for shape in bench.SHAPES:
+        picks = [(m, fg.fp8_tiles(m, shape.n, shape.k, arch, NUM_SMS), torch.float16) for m in bench.TOKENS]
+        picks += [
+            (m, c, torch.bfloat16)
+            for m in bench.TUNE_TOKENS
+            for c in fg.tune_candidates(m, shape.n, shape.k, arch, NUM_SMS)
+        ]
+        for m, tiles, dtype in picks:
+            key = (shape.name, tiles, m == 1, dtype)
+            if key not in seen:
+                seen.add(key)
+                out.append(fp8_gemm_launch_variant(shape, m, tiles, dtype))
+    return out
+
+
 def int4_sum_variants() -> list[Variant]:
     """The split-K reduction of ``int4_matmul`` at the splits the int4 configs use."""
     from minivllm.quantization import triton_int4
@@ -831,7 +887,7 @@ def sampler_variants(rows: int = 256) -> list[Variant]:
 
 def all_variants(arch: int) -> list[Variant]:
     """Every kernel's launches on a GPU of ``arch`` (the wrappers' choices may depend on it)."""
-    gemms = fused_moe_variants(arch) + int4_variants(arch)
+    gemms = fused_moe_variants(arch) + int4_variants(arch) + fp8_gemm_variants(arch)
     small = layer_op_variants() + graph_staging_variants() + lora_variants() + fp8_quant_variants()
     attention = attention_variants(arch) + mla_decode_variants()
     return attention + small + sampler_variants() + gemms + mxfp4_dequant_variants()

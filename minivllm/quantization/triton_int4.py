@@ -195,8 +195,16 @@ def int4_matmul(
         num_stages=tiles.num_stages,
     )
     if splits > 1:
-        out = torch.empty(m, n, dtype=x.dtype, device=device)
-        _sum_splits_kernel[(triton.cdiv(m * n, SUM_BLOCK),)](partials, out, m * n, SPLITS=splits, BLOCK=SUM_BLOCK)
+        out = add_splits(partials, x.dtype)
+    return out
+
+
+def add_splits(partials: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """(S, M, N) fp32 split-K partials -> their sum (M, N) in ``dtype``, added in fp32 and
+    rounded once, in one launch (the int4 and fp8 GEMMs' reduction)."""
+    splits, m, n = partials.shape
+    out = torch.empty(m, n, dtype=dtype, device=partials.device)
+    _sum_splits_kernel[(triton.cdiv(m * n, SUM_BLOCK),)](partials, out, m * n, SPLITS=splits, BLOCK=SUM_BLOCK)
     return out
 
 
