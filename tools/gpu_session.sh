@@ -15,8 +15,8 @@
 #       third_party/nano-vllm or $NANOVLLM_DIR, carried): the last of the timings
 #   p   benchmarks/profile_decode.py with graphs and compile on: batch 256 x 1024, batch 32 x 1024
 #   m   benchmarks/sampler.py, benchmarks/attention.py at the workload's context lengths,
-#       fused MoE and int4/fp8 GEMMs; on its own (--stages m, ~4 min) it first tunes the MoE
-#       and int4 tiles on this GPU (--tune: tables into minivllm/tuned_tiles/tables and m/tuned_tables),
+#       fused MoE and int4/fp8 GEMMs; on its own (--stages m, ~5 min) it first tunes the MoE
+#       and int4 tiles and the fp8 GEMM's choice on this GPU (--tune: tables into minivllm/tuned_tiles/tables and m/tuned_tables),
 #       inside --core it runs the tables as they are (the call's 600 s leave no room to tune).
 #       The GEMM tables print each quantized time against bf16 (int4 also its act-order path,
 #       the general kernel) and the goals' verdicts: int4 >= 2x and fp8 >= 1.5x bf16 at M <= 16,
@@ -53,8 +53,8 @@
 # Triton warm-up run before the timed ones: they warm up each engine themselves),
 # GPU_SESSION_RUNS_D7="llava graphs" (which of llava, qwen2_vl, graphs d7 runs),
 # GPU_SESSION_D7_ARGS="k=v ..." (added to d7's bench runs), GPU_SESSION_TUNE=0 (d6 without
-# tuning), GPU_SESSION_TUNE_MOE_S / GPU_SESSION_TUNE_INT4_S (d6's and m's tuning budgets, 40 and
-# 25 s), GPU_SESSION_TUNE_M=0 (stage m without tuning).
+# tuning), GPU_SESSION_TUNE_MOE_S / GPU_SESSION_TUNE_INT4_S (the tuning budgets: d6 40 and 25 s,
+# m 60 and 80 s; the int4 one is shared with the fp8 GEMM's), GPU_SESSION_TUNE_M=0 (m without tuning).
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -71,7 +71,7 @@ QUICK_STAGES=(a b c d1 d4)
 CORE_STAGES=(a n1 n2 p m)
 CORRECTNESS_STAGES=(b c)
 declare -A LIMIT=([a]=90 [b]=330 [c]=150 [d1]=440 [d2]=400 [d3]=360 [d4]=150 [d5]=380 [d6]=220 [d7]=240
-  [n1]=215 [n2]=130 [p]=65 [m]=260)
+  [n1]=215 [n2]=130 [p]=65 [m]=360)
 declare -A QUICK_LIMIT=([a]=40 [b]=90 [c]=60 [d1]=70 [d2]=120 [d3]=90 [d4]=40 [d5]=60 [d6]=60 [d7]=200
   [n1]=120 [n2]=60 [p]=60 [m]=60)
 declare -A CORE_LIMIT=([a]=40 [b]=420 [c]=120 [m]=90)  # --core / --correctness: a and m shorter, b and c their own call
@@ -380,7 +380,7 @@ stage_m() {
   if ((CPU_TRY)) || [[ $SESSION_PRESET == core || ${GPU_SESSION_TUNE_M:-1} != 1 ]]; then
     echo "== tile tuning skipped (CPU try, --core or GPU_SESSION_TUNE_M=0): the tuned tables as they are"
   else
-    tune_tables "${GPU_SESSION_TUNE_MOE_S:-40}" "${GPU_SESSION_TUNE_INT4_S:-25}"
+    tune_tables "${GPU_SESSION_TUNE_MOE_S:-60}" "${GPU_SESSION_TUNE_INT4_S:-80}"  # int4 and fp8 share the second
   fi
   read -r -a extra <<<"${GPU_SESSION_SAMPLER_ARGS:-}"
   echo "== sampler"

@@ -9,7 +9,7 @@ import torch
 
 from minivllm import tuned_tiles
 from minivllm.layers.linear import ReplicatedLinear
-from minivllm.quantization.fp8 import FP8, Fp8LinearMethod, _fp8_matmul, _pick_gemm, _triton_gemm
+from minivllm.quantization.fp8 import FP8, Fp8LinearMethod, Fp8OnlineMethod, _fp8_matmul, _pick_gemm, _triton_gemm
 from minivllm.quantization.int4_tiles import Int4Tiles
 from minivllm.quantization.triton_fp8_gemm import (
     KERNEL,
@@ -172,3 +172,19 @@ def test_linear_takes_the_gemm_the_table_names(tables_dir):
     # one bf16 rounding each (the interpreter's cast truncates: one ulp)
     torch.testing.assert_close(triton.float(), expected, rtol=2**-7, atol=1e-3)
     torch.testing.assert_close(scaled_mm.float(), expected, rtol=2**-8, atol=1e-3)
+
+
+@pytest.mark.parametrize("online", [False, True], ids=["checkpoint", "online"])
+def test_the_loaded_weight_is_the_operand_scaled_mm_wants_without_a_copy(online):
+    """(out, in) row-major after loading: ``weight.t()`` is the column-major (in, out) view the
+    row-wise ``_scaled_mm`` takes, and the per-channel scale a contiguous (out,) fp32 vector."""
+    if online:
+        layer = ReplicatedLinear(64, 32, bias=False)
+        layer.set_quant_method(Fp8OnlineMethod(), torch.float32)
+        layer.weight.data.normal_()
+        layer.quant_method.process_weights_after_loading(layer)
+    else:
+        layer = _fp8_layer()
+    assert layer.weight.dtype == FP8 and layer.weight.shape == (32, 64) and layer.weight.is_contiguous()
+    assert layer.weight.t().stride() == (1, 64)  # column-major (in, out)
+    assert layer.weight_scale.shape == (32,) and layer.weight_scale.is_contiguous()
