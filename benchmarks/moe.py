@@ -99,7 +99,9 @@ def run_shape(shape: Shape, tokens: int, args, device: torch.device, timer) -> d
         actual = triton_fused_experts(hidden, w13, w2, weights, ids).float()
         row["max_err"] = (actual - expected).abs().max().item()
         row["triton_ms"] = timer(lambda: triton_fused_experts(hidden, w13, w2, weights, ids)) * 1e3
-        heuristic = moe_tiles.heuristic_tiles(tokens, shape.experts, shape.top_k, facts.arch, shape.hidden)
+        heuristic = moe_tiles.heuristic_tiles(
+            tokens, shape.experts, shape.top_k, facts.arch, shape.hidden, I, facts.num_sms
+        )
         if heuristic != chosen:  # the tuned table's config against the heuristic's: before and after tuning
             run = lambda: triton_fused_experts(hidden, w13, w2, weights, ids, tiles=heuristic)  # noqa: E731
             row["heuristic_ms"] = timer(run) * 1e3
@@ -151,7 +153,9 @@ def tune(args, device: torch.device) -> None:
         (shape.name, t, c): moe_launch_variants(shape, t, c, dtype)
         for shape in shapes
         for t in args.tune_tokens
-        for c in moe_tiles.tune_candidates(t, shape.experts, shape.top_k, facts.arch, shape.hidden)
+        for c in moe_tiles.tune_candidates(
+            t, shape.experts, shape.top_k, facts.arch, shape.hidden, shape.intermediate, facts.num_sms
+        )
     }
     failures = compile_failures(plan, facts.arch)
     for shape in shapes:
@@ -162,7 +166,9 @@ def tune(args, device: torch.device) -> None:
                 winners[tokens] = None  # a null bucket: nearer Ms take the heuristic, not a farther bucket
                 continue
             hidden, w13, w2, weights, ids = make_inputs(shape, tokens, args, device)
-            candidates = moe_tiles.tune_candidates(tokens, shape.experts, shape.top_k, facts.arch, shape.hidden)
+            candidates = moe_tiles.tune_candidates(
+                tokens, shape.experts, shape.top_k, facts.arch, shape.hidden, shape.intermediate, facts.num_sms
+            )
             result = time_candidates(
                 shape.name,
                 tokens,

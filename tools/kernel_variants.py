@@ -559,12 +559,14 @@ def moe_launch_variants(shape, tokens: int, tiles, dtype: torch.dtype = torch.bf
     )
     hidden, act = Tensor(dtype, t, H), Tensor(dtype, t * k, I)
     w13, w2 = Tensor(dtype, E, 2 * I, H), Tensor(dtype, E, H, I)
+    splits = tiles.splits(I)
+    down = Tensor(dtype, t * k, H) if splits == 1 else Tensor(torch.float32, splits, t * k, H)
     gemms = (
-        ("gate_up", hidden, w13, Tensor(dtype, t * k, 2 * I), k, False),
-        ("down", act, w2, Tensor(dtype, t * k, H), 1, True),
+        ("gate_up", hidden, w13, Tensor(dtype, t * k, 2 * I), k, False, 1),
+        ("down", act, w2, down, 1, True, splits),
     )
     out = []
-    for name, a, w, c, a_rows_per_row, mul_weight in gemms:
+    for name, a, w, c, a_rows_per_row, mul_weight, split in gemms:
         args = dict(
             a_ptr=a,
             w_ptr=w,
@@ -572,14 +574,16 @@ def moe_launch_variants(shape, tokens: int, tiles, dtype: torch.dtype = torch.bf
             **routing,
             N=w.shape[1],
             K=w.shape[2],
-            num_valid=c.shape[0],
+            num_valid=c.shape[-2],
             stride_am=a.stride(0),
             stride_ak=a.stride(1),
             stride_we=w.stride(0),
             stride_wn=w.stride(1),
             stride_wk=w.stride(2),
-            stride_cm=c.stride(0),
-            stride_cn=c.stride(1),
+            stride_cm=c.stride(-2),
+            stride_cn=c.stride(-1),
+            stride_cs=c.stride(0) if split > 1 else 0,
+            k_per_split=tiles.k_per_split(w.shape[2]),
             A_ROWS_PER_ROW=a_rows_per_row,
             MUL_WEIGHT=mul_weight,
             FP32_DOT=dtype == torch.float32,
@@ -587,6 +591,7 @@ def moe_launch_variants(shape, tokens: int, tiles, dtype: torch.dtype = torch.bf
             BLOCK_N=tiles.block_n,
             BLOCK_K=tiles.block_k,
             GROUP_M=tiles.group_m,
+            SPLIT_K=split,
         )
         options = dict(num_warps=tiles.num_warps, num_stages=tiles.num_stages)
         label = f"{shape.name} {name} T={t} {tiles.name}"
@@ -728,7 +733,9 @@ def moe_configs(arch: int) -> list[tuple[object, int, object]]:
         picks += [
             (t, c)
             for t in bench.TUNE_TOKENS
-            for c in moe_tiles.tune_candidates(t, shape.experts, shape.top_k, arch, shape.hidden)
+            for c in moe_tiles.tune_candidates(
+                t, shape.experts, shape.top_k, arch, shape.hidden, shape.intermediate, NUM_SMS
+            )
         ]
         for t, tiles in picks:
             if (shape.name, tiles) not in seen:

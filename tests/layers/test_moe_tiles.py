@@ -34,6 +34,9 @@ CASES = [
     (5, 4, 2, 64, 136, MoeTiles(16, 64, 256)),  # K = 272 for the down GEMM: a short last step
     (40, 4, 2, 48, 80, MoeTiles(32, 128, 128, group_m=4)),
     (260, 2, 2, 32, 24, MoeTiles(128, 256, 64, group_m=8, num_warps=8)),
+    # the down GEMM split along I: 4 splits of 32 (I = 128), 3 of 64 + 64 + 16 (I = 144, a short last)
+    (3, 8, 2, 48, 128, MoeTiles(16, 32, 32, split_k=4)),
+    (6, 4, 2, 40, 144, MoeTiles(16, 64, 64, split_k=3)),
 ]
 
 
@@ -104,11 +107,44 @@ def test_few_large_experts_get_their_own_wider_tiles():
     assert heuristic_tiles(1, 8, 2, 90) == heuristic_tiles(1, 8, 2, 90, 2048)  # hidden unknown: many
 
 
+def test_mixtral_decode_splits_the_down_gemm_until_two_programs_an_sm():
+    """At one token Mixtral's down GEMM has 2 active experts x 4096 / 64 = 128 programs on 132
+    SMs: I = 14336 is split 4 ways (512 programs, 14 K steps of 256 each); Qwen3-30B-A3B's small
+    experts (I = 768) never split, nor does anything with one SM (the interpreter)."""
+    t = heuristic_tiles(1, 8, 2, 90, 4096, 14336, 132)
+    assert t.split_k == 4 and t.splits(14336) == 4 and 2 * (4096 // t.block_n) * t.split_k >= 2 * 132
+    assert heuristic_tiles(1, 128, 8, 90, 2048, 768, 132).split_k == 1
+    assert heuristic_tiles(4096, 8, 2, 90, 4096, 14336, 132).split_k == 1  # a dense GEMM per expert
+    assert heuristic_tiles(1, 8, 2, 90, 4096, 14336).split_k == 1
+    with pytest.raises(ValueError, match="MoeTiles.split_k in 1..8"):
+        MoeTiles(16, 64, 64, split_k=16)
+
+
+def test_split_down_gemm_fp16_adds_in_fp32_and_rounds_once():
+    """fp16 (the interpreter's bf16 dot is wrong): the splits' fp32 partials and the k slots are
+    added in fp32 and rounded once, so the output is within one fp16 rounding of the fp32
+    product of the same fp16 inputs (plus the fp32 sums' order)."""
+    gen = torch.Generator().manual_seed(7)
+    T, E, k, H, I = 2, 4, 2, 32, 256
+    hidden = torch.randn(T, H, generator=gen).half()
+    w13 = (torch.randn(E, 2 * I, H, generator=gen) / H**0.5).half()
+    w2 = (torch.randn(E, H, I, generator=gen) / I**0.5).half()
+    weights, ids = route(torch.randn(T, E, generator=gen) * 3, k, renormalize=True)
+    # the reference on the kernel's own fp16 activation between the GEMMs
+    gate_up = torch.einsum("th,teih->tei", hidden.float(), w13[ids].float()).half()  # (T, k, 2I)
+    act = (torch.nn.functional.silu(gate_up[..., :I].float()) * gate_up[..., I:].float()).half()
+    terms = torch.einsum("tei,tehi->tehi", act.float(), w2[ids].float()) * weights[:, :, None, None]
+    expected, magnitude = terms.sum(dim=(1, 3)), terms.abs().sum(dim=(1, 3))  # (T, H)
+    split = triton_fused_experts(hidden, w13, w2, weights, ids, tiles=MoeTiles(16, 32, 32, split_k=4))
+    assert split.dtype == torch.float16
+    assert ((split.float() - expected).abs() <= expected.abs() * 2**-10 + 1e-3 * magnitude).all()
+
+
 def test_tune_candidates_are_few_and_start_with_the_heuristic():
     for t in (1, 64, 256, 1024, 4096):
         for E, k, H in SHAPES:
-            found = tune_candidates(t, E, k, 90, H)
-            assert found[0] == heuristic_tiles(t, E, k, 90, H) and 2 <= len(found) <= 6
+            found = tune_candidates(t, E, k, 90, H, 4 * H, 132)
+            assert found[0] == heuristic_tiles(t, E, k, 90, H, 4 * H, 132) and 2 <= len(found) <= 6
             assert len(set(found)) == len(found)
             assert len({c.block_m for c in found}) <= 3  # row blocks near the heuristic's
 
