@@ -156,12 +156,14 @@ def int4_matmul(
     m, k = x.shape
     n = qweight.shape[1]
     dtype_name = str(x.dtype).removeprefix("torch.")
-    act_order = group_size <= 0
-    tiles = tiles or choose_tiles(m, n, k, k // scales.shape[0], dtype_name, device_facts(device), act_order)
+    given, facts = tiles, device_facts(device)
+    tiles = given or choose_tiles(m, n, k, k // scales.shape[0], dtype_name, facts, act_order=group_size <= 0)
     fast = fast_path_tiles(tiles, group_size)
     if fast is not None:
         require(group_size * scales.shape[0] == k, f"group_size {group_size} x {scales.shape[0]} groups != K={k}")
         tiles = fast
+    elif given is None and group_size > 0:  # a group no K tile fits in: the general path's tiles
+        tiles = choose_tiles(m, n, k, k // scales.shape[0], dtype_name, facts, act_order=True)
     splits = tiles.splits(k)
     if splits == 1:
         out = partials = torch.empty(m, n, dtype=x.dtype, device=device)
