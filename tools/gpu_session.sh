@@ -15,7 +15,7 @@
 #       third_party/nano-vllm or $NANOVLLM_DIR, carried): the last of the timings
 #   p   benchmarks/profile_decode.py with graphs and compile on: batch 256 x 1024, batch 32 x 1024
 #   m   benchmarks/sampler.py, benchmarks/attention.py at the workload's context lengths,
-#       fused MoE and int4/fp8 GEMMs; on its own (--stages m, ~5 min) it first tunes the MoE
+#       fused MoE and int4/fp8 GEMMs; on its own (--stages m, limit 480 s) it first tunes the MoE
 #       and int4 tiles and the fp8 GEMM's choice on this GPU (--tune: tables into minivllm/tuned_tiles/tables and m/tuned_tables),
 #       inside --core it runs the tables as they are (the call's 600 s leave no room to tune).
 #       The GEMM tables print each quantized time against bf16 (int4 also its act-order path,
@@ -71,7 +71,7 @@ QUICK_STAGES=(a b c d1 d4)
 CORE_STAGES=(a n1 n2 p m)
 CORRECTNESS_STAGES=(b c)
 declare -A LIMIT=([a]=90 [b]=330 [c]=150 [d1]=440 [d2]=400 [d3]=360 [d4]=150 [d5]=380 [d6]=220 [d7]=240
-  [n1]=215 [n2]=130 [p]=65 [m]=360)
+  [n1]=215 [n2]=130 [p]=65 [m]=480)
 declare -A QUICK_LIMIT=([a]=40 [b]=90 [c]=60 [d1]=70 [d2]=120 [d3]=90 [d4]=40 [d5]=60 [d6]=60 [d7]=200
   [n1]=120 [n2]=60 [p]=60 [m]=60)
 declare -A CORE_LIMIT=([a]=40 [b]=420 [c]=120 [m]=90)  # --core / --correctness: a and m shorter, b and c their own call
@@ -377,6 +377,8 @@ stage_m() {
     sampler=(--vocab 512 --batches 1 4 --repeats 2); attention=(--cpu-smoke --mixed 3 5 40 --json "$STAGE_DIR/attention.json")
     moe=(--cpu-smoke); quant+=(--cpu-smoke)
   fi
+  local moe_s=90 quant_s=150  # alone: room for Triton to compile every config the benchmarks launch
+  if [[ $SESSION_PRESET == core ]]; then moe_s=30 quant_s=25; fi  # inside the core call's 90 s
   if ((CPU_TRY)) || [[ $SESSION_PRESET == core || ${GPU_SESSION_TUNE_M:-1} != 1 ]]; then
     echo "== tile tuning skipped (CPU try, --core or GPU_SESSION_TUNE_M=0): the tuned tables as they are"
   else
@@ -388,9 +390,9 @@ stage_m() {
   echo "== attention at the workload's context lengths (256-token blocks)"
   timeout --foreground 20 "$PYTHON" benchmarks/attention.py "${attention[@]}"
   echo "== fused MoE against the torch loop"
-  timeout --foreground 40 "$PYTHON" benchmarks/moe.py "${moe[@]}" --json "$STAGE_DIR/moe.json"
+  timeout --foreground "$moe_s" "$PYTHON" benchmarks/moe.py "${moe[@]}" --json "$STAGE_DIR/moe.json"
   echo "== int4 and fp8 GEMMs against bf16"
-  timeout --foreground 40 "$PYTHON" benchmarks/quant_gemm.py "${quant[@]}"
+  timeout --foreground "$quant_s" "$PYTHON" benchmarks/quant_gemm.py "${quant[@]}"
   "$PYTHON" -m tools.gpu_session.stage_metrics micro "$STAGE_DIR"
 }
 
