@@ -8,12 +8,14 @@ A variant is one launch: the wrapper's own functions choose the tiles, warps and
 of the right dtype and shape (``Tensor``), integers and floats of the benchmark's sizes.
 Each builder mirrors its wrapper's launch.
 
-The grouped (fused-MoE) and int4 GEMMs: for each benchmark shape, every config the
+The grouped (fused-MoE), int4 and fp8 GEMMs: for each benchmark shape, every config the
 wrapper's heuristic picks at the benchmark's token counts, and every candidate the
 benchmark's ``--tune`` mode times, so that a config the engine or the tuner can launch
 is compiled (and checked for spills and shared memory) on each architecture. A config
 is built once, at the first token count that picks it: the tiles, warps and stages are
-what its resources depend on.
+what its resources depend on. The int4 GEMM is built on its contiguous-groups path for
+every config and on its act-order path for the heuristic's picks; the split-K
+reduction at the splits those configs use.
 """
 
 from __future__ import annotations
