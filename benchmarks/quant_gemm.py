@@ -28,8 +28,12 @@ Weight GB/s counts the layer's stored weight bytes read once per call. The int4
 
 ``--tune`` first times ``tune_candidates`` (minivllm/quantization/int4_tiles.py) at
 ``--tune-tokens`` for each shape and merges the winners into the tuned table
-(``minivllm/tuned_tiles/tables/int4_gemm.json``, under this GPU's name), then runs the
-benchmark, which now reads the table (``--tune-only``: no benchmark).
+(``minivllm/tuned_tiles/tables/int4_gemm.json``, under this GPU's name); then, on an
+sm89+ GPU, ``torch._scaled_mm`` against the Triton fp8 GEMM's candidates
+(``triton_fp8_gemm.tune_candidates``), the winner per shape and M into ``fp8_gemm.json``
+(which GEMM a bf16 fp8 linear runs); then runs the benchmark, which now reads the tables
+(``--tune-only``: no benchmark). The fp8 columns give the layer's pick, and
+``_scaled_mm`` and the Triton GEMM each against bf16.
 """
 
 from __future__ import annotations
@@ -46,7 +50,7 @@ import torch.nn.functional as F
 from minivllm.bench.timing import kernel_timer
 from minivllm.layers.linear import ReplicatedLinear
 from minivllm.quantization.awq import AWQLinearMethod
-from minivllm.quantization.fp8 import FP8, Fp8LinearMethod, _fp8_matmul, _scaled_mm_usable
+from minivllm.quantization.fp8 import FP8, Fp8LinearMethod, _fp8_matmul, _scaled_mm_usable, _triton_gemm
 from minivllm.quantization.int4 import dequantize
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/, when run as a script
@@ -60,9 +64,10 @@ class Shape:
     n: int  # output features
 
 
-SHAPES = [
+SHAPES = [  # Llama-3-8B's projections
     Shape("qkv 4096->6144", 4096, 6144),
-    Shape("gate_up 4096->28672", 4096, 28672),
+    Shape("o 4096->4096", 4096, 4096),
+    Shape("up 4096->14336", 4096, 14336),
     Shape("down 14336->4096", 14336, 4096),
 ]
 TINY = [Shape("tiny 64->32", 64, 32)]
@@ -132,13 +137,15 @@ def run_shape(shape: Shape, tokens: int, device: torch.device, timer, dtype: tor
         from minivllm.tuned_tiles import device_facts, lookup
 
         facts, dtype_name = device_facts(device), str(dtype).removeprefix("torch.")
-        group = shape.k // layer.scales.shape[0]
+        group, w = layer.int4_group_size, (layer.qweight, layer.scales, layer.zeros, layer.g_idx)
         chosen = int4_tiles.choose_tiles(tokens, shape.n, shape.k, group, dtype_name, facts)
         tuned = lookup(int4_tiles.KERNEL, facts.name, int4_tiles.shape_key(shape.n, shape.k, group, dtype_name), tokens)
         row["int4_tiles"] = chosen.name + (" tuned" if tuned is not None else "")
-        run = lambda: int4_matmul(x, layer.qweight, layer.scales, layer.zeros, layer.g_idx)  # noqa: E731
-        row["int4_err"] = rel_err(run(), x.float() @ w4)
-        row["int4_ms"] = timer(run) * 1e3
+        reference = x.float() @ w4
+        for key, group_size in (("int4", group), ("int4_act_order", 0)):  # the fast path; the general one
+            run = lambda g=group_size: int4_matmul(x, *w, group_size=g)  # noqa: E731
+            row[f"{key}_err"] = rel_err(run(), reference)
+            row[f"{key}_ms"] = timer(run) * 1e3
         row["int4_weight_gbs"] = int4_bytes / row["int4_ms"] / 1e6
     del w4
 
@@ -146,8 +153,11 @@ def run_shape(shape: Shape, tokens: int, device: torch.device, timer, dtype: tor
         fp8 = fp8_layer(weight)
         reference = x.float() @ fp8.quant_method.dequantize(fp8, torch.float32).t()
         row["fp8_err"] = rel_err(fp8(x), reference)
-        row["fp8_ms"] = timer(lambda: fp8(x)) * 1e3
+        row["fp8_ms"] = timer(lambda: fp8(x)) * 1e3  # the layer's pick: _scaled_mm unless the table says Triton
         row["fp8_weight_gbs"] = fp8.weight.numel() / row["fp8_ms"] / 1e6
+        row["fp8_scaled_mm_ms"] = timer(lambda: _fp8_matmul(x, fp8, None)) * 1e3
+        row["fp8_triton_err"] = rel_err(_fp8_matmul(x, fp8, None, gemm=_triton_gemm), reference)
+        row["fp8_triton_ms"] = timer(lambda: _fp8_matmul(x, fp8, None, gemm=_triton_gemm)) * 1e3
     return row
 
 
@@ -233,7 +243,7 @@ def tune(args, device: torch.device) -> None:
     }
     failures = compile_failures(plan, facts.arch)
     for shape in SHAPES:
-        budget = Budget(args.tune_budget_s / len(SHAPES))  # an equal share for each shape
+        budget = Budget(args.tune_budget_s / (2 * len(SHAPES)))  # an equal share for each shape; half is fp8's
         gen = torch.Generator().manual_seed(0)
         layer = int4_layer(shape, device, gen)
         w4 = dequantize(layer.qweight, layer.scales, layer.zeros, layer.g_idx, torch.float32)  # (K, N)
@@ -248,7 +258,9 @@ def tune(args, device: torch.device) -> None:
                 shape.name,
                 m,
                 candidates(shape, m),
-                lambda c, x=x, w=(layer.qweight, layer.scales, layer.zeros, layer.g_idx): int4_matmul(x, *w, tiles=c),
+                lambda c, x=x, w=(layer.qweight, layer.scales, layer.zeros, layer.g_idx), g=layer.int4_group_size: (
+                    int4_matmul(x, *w, tiles=c, group_size=g)
+                ),
                 x.float() @ w4,
                 {c: why for (name, mm, c), why in failures.items() if (name, mm) == (shape.name, m)},
             )
@@ -256,10 +268,80 @@ def tune(args, device: torch.device) -> None:
             winners[m] = None if result.best is None else result.best.as_dict()
         del w4
         if winners:
-            key = int4_tiles.shape_key(shape.n, shape.k, shape.k // layer.scales.shape[0], "bfloat16")
+            key = int4_tiles.shape_key(shape.n, shape.k, layer.int4_group_size, "bfloat16")
             merge_entries(table, int4_tiles.KERNEL, facts.name, key, winners)
             tuned = sum(cfg is not None for cfg in winners.values())
             print(f"tune: {tuned} of {len(winners)} buckets of {key} on {facts.name} written to {table}")
+
+
+@dataclass(frozen=True)
+class ScaledMm:
+    """The ``torch._scaled_mm`` candidate among the fp8 GEMM's Triton tiles."""
+
+    name: str = "scaled_mm"
+
+    def as_dict(self) -> dict:
+        return {"backend": "scaled_mm"}
+
+
+def tune_fp8(args, device: torch.device) -> None:
+    """Time ``_scaled_mm`` against the Triton fp8 GEMM's candidates at the tune token counts
+    (bf16, the fused activation quantization included in both); merge the winners into the
+    fp8 table (``{"backend": "scaled_mm"}`` or ``{"backend": "triton", <tiles>}``)."""
+    from minivllm.quantization import triton_fp8_gemm as fg
+    from minivllm.tuned_tiles import device_facts, merge_entries, table_path
+    from tools.gemm_tune import Budget, compile_failures, report_line, time_candidates
+    from tools.kernel_variants import fp8_gemm_launch_variant
+
+    facts = device_facts(device)
+    gen = torch.Generator().manual_seed(0)
+    probe = torch.zeros(16, 16, device=device, dtype=torch.bfloat16)
+    if not _scaled_mm_usable(probe, probe):
+        print("tune fp8: this GPU has no fp8 GEMM (compute capability 8.9+): nothing to tune")
+        return
+    table = (args.table.parent / f"{fg.KERNEL}.json") if args.table else table_path(fg.KERNEL)
+
+    def candidates(shape: Shape, m: int) -> list:
+        return [ScaledMm(), *fg.tune_candidates(m, shape.n, shape.k, facts.arch, facts.num_sms)]
+
+    plan = {
+        (shape.name, m, c): [fp8_gemm_launch_variant(shape, m, c, torch.bfloat16)]
+        for shape in SHAPES
+        for m in args.tune_tokens
+        for c in candidates(shape, m)[1:]
+    }
+    failures = compile_failures(plan, facts.arch)
+    for shape in SHAPES:
+        budget = Budget(args.tune_budget_s / (2 * len(SHAPES)))  # half the budget is int4's
+        weight = (torch.randn(shape.n, shape.k, generator=gen) * 0.02).to(device, torch.bfloat16)
+        layer = fp8_layer(weight)
+        w = layer.quant_method.dequantize(layer, torch.float32).t()  # (K, N)
+        winners = {}
+        for m in args.tune_tokens:
+            if budget.spent():
+                print(f"tune fp8 {shape.name} M={m}: budget spent, _scaled_mm stays")
+                winners[m] = None
+                continue
+            x = torch.randn(m, shape.k, generator=gen).to(device, torch.bfloat16)
+
+            def run(c, x=x, layer=layer):
+                if isinstance(c, ScaledMm):
+                    return _fp8_matmul(x, layer, None)
+                return _fp8_matmul(x, layer, None, gemm=lambda *a: _triton_gemm(*a, tiles=c))
+
+            found = {c: why for (name, mm, c), why in failures.items() if (name, mm) == (shape.name, m)}
+            result = time_candidates(f"fp8 {shape.name}", m, candidates(shape, m), run, x.float() @ w, found)
+            print(report_line(result, ScaledMm().name), flush=True)
+            best = result.best
+            if best is None or isinstance(best, ScaledMm):
+                winners[m] = None if best is None else best.as_dict()
+            else:
+                winners[m] = {"backend": "triton", **best.as_dict()}
+        key = fg.shape_key(shape.n, shape.k, "bfloat16")
+        merge_entries(table, fg.KERNEL, facts.name, key, winners)
+        print(
+            f"tune: {sum(v is not None for v in winners.values())} of {len(winners)} buckets of {key} written to {table}"
+        )
 
 
 def _interpreted() -> bool:
@@ -278,10 +360,34 @@ def format_row(r: dict) -> str:
 
     return (
         f"| {r['shape']} | {r['tokens']} | {r['bf16_ms']:.4f} | {cell('int4_ms', '.4f')} | {ratio('int4_ms')} "
+        f"| {cell('int4_act_order_ms', '.4f')} | {ratio('int4_act_order_ms')} "
         f"| {r['int4_torch_ms']:.4f} | {cell('fp8_ms', '.4f')} | {ratio('fp8_ms')} "
+        f"| {ratio('fp8_scaled_mm_ms')} / {ratio('fp8_triton_ms')} "
         f"| {r['bf16_weight_gbs']:.0f} / {cell('int4_weight_gbs', '.0f')} / {cell('fp8_weight_gbs', '.0f')} "
         f"| {cell('int4_err', '.1e')} / {cell('fp8_err', '.1e')} | {r.get('int4_tiles', '-')} |"
     )
+
+
+GOALS = (("int4_ms", "int4", 2.0), ("fp8_ms", "fp8", 1.5))
+"""(timing key, name, least bf16 / quantized ratio at M <= GOAL_MAX_M on every shape)."""
+GOAL_MAX_M = 16
+
+
+def goal_lines(rows: list[dict]) -> list[str]:
+    """One line per goal: the smallest ratio over the rows at M <= GOAL_MAX_M, met or not."""
+    out = []
+    for key, name, goal in GOALS:
+        ratios = [(r["bf16_ms"] / r[key], r) for r in rows if key in r and r["tokens"] <= GOAL_MAX_M]
+        if not ratios:
+            out.append(f"goal {name} >= {goal}x bf16 at M <= {GOAL_MAX_M}: not measured here")
+            continue
+        worst, r = min(ratios, key=lambda p: p[0])
+        verdict = "met" if worst >= goal else "NOT met"
+        out.append(
+            f"goal {name} >= {goal}x bf16 at M <= {GOAL_MAX_M}: smallest {worst:.2f}x "
+            f"({r['shape']}, M={r['tokens']}) over {len(ratios)} rows: {verdict}"
+        )
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -289,6 +395,7 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device("cpu" if args.cpu_smoke or not torch.cuda.is_available() else "cuda")
     if args.tune:
         tune(args, device)
+        tune_fp8(args, device)
         if args.tune_only:
             return 0
     dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
@@ -296,15 +403,18 @@ def main(argv: list[str] | None = None) -> int:
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     print(f"device={name} dtype={dtype} int4 group={GROUP}; ratios are bf16 time / quantized time")
     print(
-        "| weight (K->N) | M | bf16 ms | int4 ms | int4 vs bf16 | int4 torch ms | fp8 ms | fp8 vs bf16 "
-        "| weight GB/s bf16 / int4 / fp8 | err int4 / fp8 | int4 tiles |"
+        "| weight (K->N) | M | bf16 ms | int4 ms | int4 vs bf16 | int4 act-order ms | act-order vs bf16 "
+        "| int4 torch ms | fp8 ms | fp8 vs bf16 | fp8 _scaled_mm / Triton vs bf16 | weight GB/s bf16 / int4 / fp8 "
+        "| err int4 / fp8 | int4 tiles |"
     )
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
     rows = []
     for shape in TINY if args.cpu_smoke else SHAPES:
         for tokens in args.tokens:
             rows.append(run_shape(shape, tokens, device, timer, dtype))
             print(format_row(rows[-1]), flush=True)
+    for line in goal_lines(rows):
+        print(line)
     shapes = TINY if args.cpu_smoke else SHAPES
     fp8_quant_rows = print_fp8_quant_table(args.tokens, shapes, device, timer, dtype)
     if args.json:

@@ -15,7 +15,12 @@
 #       third_party/nano-vllm or $NANOVLLM_DIR, carried): the last of the timings
 #   p   benchmarks/profile_decode.py with graphs and compile on: batch 256 x 1024, batch 32 x 1024
 #   m   benchmarks/sampler.py, benchmarks/attention.py at the workload's context lengths,
-#       fused MoE and int4/fp8 GEMMs with the tuned tables as they are (no tuning)
+#       fused MoE and int4/fp8 GEMMs; on its own (--stages m, limit 480 s) it first tunes the MoE
+#       and int4 tiles and the fp8 GEMM's choice on this GPU (--tune: tables into minivllm/tuned_tiles/tables and m/tuned_tables),
+#       inside --core it runs the tables as they are (the call's 600 s leave no room to tune).
+#       The GEMM tables print each quantized time against bf16 (int4 also its act-order path,
+#       the general kernel) and the goals' verdicts: int4 >= 2x and fp8 >= 1.5x bf16 at M <= 16,
+#       fused MoE >= the torch loop at every token count
 #
 # Stages (docs/gpu.md says what each writes and how to read it):
 #   a   environment: GPU, versions, Triton's launcher toolchain, the conf link, disk
@@ -49,7 +54,8 @@
 # Triton warm-up run before the timed ones: they warm up each engine themselves),
 # GPU_SESSION_RUNS_D7="llava graphs" (which of llava, qwen2_vl, graphs d7 runs),
 # GPU_SESSION_D7_ARGS="k=v ..." (added to d7's bench runs), GPU_SESSION_TUNE=0 (d6 without
-# tuning), GPU_SESSION_TUNE_MOE_S / GPU_SESSION_TUNE_INT4_S (d6's tuning budgets, 40 and 25 s).
+# tuning), GPU_SESSION_TUNE_MOE_S / GPU_SESSION_TUNE_INT4_S (the tuning budgets: d6 40 and 25 s,
+# m 60 and 80 s; the int4 one is shared with the fp8 GEMM's), GPU_SESSION_TUNE_M=0 (m without tuning).
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -66,10 +72,10 @@ QUICK_STAGES=(a b c d1 d4)
 CORE_STAGES=(a n1 n2 p m)
 CORRECTNESS_STAGES=(b c)
 declare -A LIMIT=([a]=90 [b]=330 [c]=150 [d1]=440 [d2]=400 [d3]=360 [d4]=190 [d5]=380 [d6]=220 [d7]=240
-  [n1]=215 [n2]=130 [p]=65 [m]=90)
+  [n1]=215 [n2]=130 [p]=65 [m]=480)
 declare -A QUICK_LIMIT=([a]=40 [b]=90 [c]=60 [d1]=70 [d2]=120 [d3]=90 [d4]=40 [d5]=60 [d6]=60 [d7]=200
   [n1]=120 [n2]=60 [p]=60 [m]=60)
-declare -A CORE_LIMIT=([a]=40 [b]=420 [c]=120)  # --core / --correctness: stage a shorter, b and c their own call
+declare -A CORE_LIMIT=([a]=40 [b]=420 [c]=120 [m]=90)  # --core / --correctness: a and m shorter, b and c their own call
 
 usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; }
 
@@ -99,6 +105,7 @@ for s in "${STAGES[@]}"; do
   expanded+=("$s")
 done
 STAGES=("${expanded[@]}")
+export SESSION_PRESET=$PRESET
 
 # ---- environment -------------------------------------------------------------------------
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
@@ -270,13 +277,7 @@ stage_d6() {
   else
     # Each writes the winners into minivllm/tuned_tiles/tables/ (under this GPU's name); the
     # benchmarks below then run with them. Copies land in the stage folder, to be committed.
-    echo "== tuning the fused-MoE tiles (budget ${GPU_SESSION_TUNE_MOE_S:-40}s)"
-    timeout --kill-after=10 $((${GPU_SESSION_TUNE_MOE_S:-40} + 30)) "$PYTHON" benchmarks/moe.py --tune --tune-only \
-      --tune-budget-s "${GPU_SESSION_TUNE_MOE_S:-40}" || echo "== MoE tuning: exit $?"
-    echo "== tuning the int4 tiles (budget ${GPU_SESSION_TUNE_INT4_S:-25}s)"
-    timeout --kill-after=10 $((${GPU_SESSION_TUNE_INT4_S:-25} + 30)) "$PYTHON" benchmarks/quant_gemm.py --tune \
-      --tune-only --tune-budget-s "${GPU_SESSION_TUNE_INT4_S:-25}" || echo "== int4 tuning: exit $?"
-    mkdir -p "$STAGE_DIR/tuned_tables" && cp minivllm/tuned_tiles/tables/*.json "$STAGE_DIR/tuned_tables/" 2>/dev/null
+    tune_tables "${GPU_SESSION_TUNE_MOE_S:-40}" "${GPU_SESSION_TUNE_INT4_S:-25}"
   fi
   echo "== fused MoE"
   "$PYTHON" benchmarks/moe.py "${moe[@]}" --json "$STAGE_DIR/moe.json"
@@ -364,6 +365,15 @@ stage_p() {
   "$PYTHON" -m tools.gpu_session.stage_metrics profile "$STAGE_DIR"
 }
 
+tune_tables() {  # LIMIT_MOE_S LIMIT_INT4_S: --tune both kernels' tiles; copies into the stage folder
+  echo "== tuning the fused-MoE tiles (budget ${1}s)"
+  timeout --kill-after=10 $(($1 + 30)) "$PYTHON" benchmarks/moe.py --tune --tune-only --tune-budget-s "$1" \
+    || echo "== MoE tuning: exit $?"
+  echo "== tuning the int4 tiles (budget ${2}s)"
+  timeout --kill-after=10 $(($2 + 30)) "$PYTHON" benchmarks/quant_gemm.py --tune --tune-only --tune-budget-s "$2" \
+    || echo "== int4 tuning: exit $?"
+  mkdir -p "$STAGE_DIR/tuned_tables" && cp minivllm/tuned_tiles/tables/*.json "$STAGE_DIR/tuned_tables/" 2>/dev/null
+}
 stage_m() {
   local sampler=(--vocab 151936 --batches 1 32 256 --repeats 5) attention moe=() quant=(--json "$STAGE_DIR/quant_gemm.json")
   attention=(--batches 32 256 --contexts 600 1100 1600 --small-batch 0 --mixed 256 100 2048 --block-size 256
@@ -372,19 +382,26 @@ stage_m() {
     sampler=(--vocab 512 --batches 1 4 --repeats 2); attention=(--cpu-smoke --mixed 3 5 40 --json "$STAGE_DIR/attention.json")
     moe=(--cpu-smoke); quant+=(--cpu-smoke)
   fi
+  local moe_s=90 quant_s=150  # alone: room for Triton to compile every config the benchmarks launch
+  if [[ $SESSION_PRESET == core ]]; then moe_s=30 quant_s=25; fi  # inside the core call's 90 s
+  if ((CPU_TRY)) || [[ $SESSION_PRESET == core || ${GPU_SESSION_TUNE_M:-1} != 1 ]]; then
+    echo "== tile tuning skipped (CPU try, --core or GPU_SESSION_TUNE_M=0): the tuned tables as they are"
+  else
+    tune_tables "${GPU_SESSION_TUNE_MOE_S:-60}" "${GPU_SESSION_TUNE_INT4_S:-80}"  # int4 and fp8 share the second
+  fi
   read -r -a extra <<<"${GPU_SESSION_SAMPLER_ARGS:-}"
   echo "== sampler"
   timeout --foreground 20 "$PYTHON" benchmarks/sampler.py "${sampler[@]}" "${extra[@]}" | tee "$STAGE_DIR/sampler.txt"
   echo "== attention at the workload's context lengths (256-token blocks)"
   timeout --foreground 20 "$PYTHON" benchmarks/attention.py "${attention[@]}"
-  echo "== fused MoE (tuned tables as they are)"
-  timeout --foreground 30 "$PYTHON" benchmarks/moe.py "${moe[@]}" --json "$STAGE_DIR/moe.json"
-  echo "== int4 and fp8 GEMMs (tuned tables as they are)"
-  timeout --foreground 20 "$PYTHON" benchmarks/quant_gemm.py "${quant[@]}"
+  echo "== fused MoE against the torch loop"
+  timeout --foreground "$moe_s" "$PYTHON" benchmarks/moe.py "${moe[@]}" --json "$STAGE_DIR/moe.json"
+  echo "== int4 and fp8 GEMMs against bf16"
+  timeout --foreground "$quant_s" "$PYTHON" benchmarks/quant_gemm.py "${quant[@]}"
   "$PYTHON" -m tools.gpu_session.stage_metrics micro "$STAGE_DIR"
 }
 
-export -f stage_n1 stage_n2 stage_p stage_m
+export -f stage_n1 stage_n2 stage_p stage_m tune_tables
 export -f engine_args minivllm_run bench_run warm_triton bench_config bench_stage stage_a stage_b stage_c stage_d1 stage_d2 stage_d3 stage_d4 stage_d5 stage_d6 stage_d7
 
 # ---- the runner ----------------------------------------------------------------------------

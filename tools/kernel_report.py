@@ -3,6 +3,7 @@ report the registers, shared memory and register spills of each compiled variant
 
     PYTHONPATH=. python -m tools.kernel_report                      # sm_80 and sm_90, a table
     PYTHONPATH=. python -m tools.kernel_report --arch 90 --json report.json --jobs 2
+    PYTHONPATH=. python -m tools.kernel_report --kernels int4 sum_splits   # kernels named so
 
 A variant is one launch of a kernel as its wrapper makes it for a benchmark shape on a
 GPU of the architecture (``tools/kernel_variants.py`` builds them all); its arguments
@@ -308,11 +309,21 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--json", metavar="PATH", help="also write the rows here")
     p.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="compiles in parallel")
+    p.add_argument(
+        "--kernels", nargs="+", metavar="PART", help="only the kernels whose function name contains one of these"
+    )
     args = p.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET") == "1":
         p.error("unset TRITON_INTERPRET: the kernels must be compiled, not interpreted")
     start = time.perf_counter()
-    rows = report(tuple(args.arch), args.jobs)
+    variants = all_variants
+    if args.kernels:
+        parts = args.kernels
+
+        def variants(arch: int) -> list[Variant]:
+            return [v for v in all_variants(arch) if any(part in v.kernel.fn.__name__ for part in parts)]
+
+    rows = report(tuple(args.arch), args.jobs, variants)
     print(format_table(rows))
     print(f"{time.perf_counter() - start:.1f} s with {args.jobs} job(s)")
     if args.json:

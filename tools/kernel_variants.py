@@ -8,12 +8,14 @@ A variant is one launch: the wrapper's own functions choose the tiles, warps and
 of the right dtype and shape (``Tensor``), integers and floats of the benchmark's sizes.
 Each builder mirrors its wrapper's launch.
 
-The grouped (fused-MoE) and int4 GEMMs: for each benchmark shape, every config the
+The grouped (fused-MoE), int4 and fp8 GEMMs: for each benchmark shape, every config the
 wrapper's heuristic picks at the benchmark's token counts, and every candidate the
 benchmark's ``--tune`` mode times, so that a config the engine or the tuner can launch
 is compiled (and checked for spills and shared memory) on each architecture. A config
 is built once, at the first token count that picks it: the tiles, warps and stages are
-what its resources depend on.
+what its resources depend on. The int4 GEMM is built on its contiguous-groups path for
+every config and on its act-order path for the heuristic's picks; the split-K
+reduction at the splits those configs use.
 """
 
 from __future__ import annotations
@@ -698,12 +700,14 @@ def moe_launch_variants(shape, tokens: int, tiles, dtype: torch.dtype = torch.bf
     )
     hidden, act = Tensor(dtype, t, H), Tensor(dtype, t * k, I)
     w13, w2 = Tensor(dtype, E, 2 * I, H), Tensor(dtype, E, H, I)
+    splits = tiles.splits(I)
+    down = Tensor(dtype, t * k, H) if splits == 1 else Tensor(torch.float32, splits, t * k, H)
     gemms = (
-        ("gate_up", hidden, w13, Tensor(dtype, t * k, 2 * I), k, False),
-        ("down", act, w2, Tensor(dtype, t * k, H), 1, True),
+        ("gate_up", hidden, w13, Tensor(dtype, t * k, 2 * I), k, False, 1),
+        ("down", act, w2, down, 1, True, splits),
     )
     out = []
-    for name, a, w, c, a_rows_per_row, mul_weight in gemms:
+    for name, a, w, c, a_rows_per_row, mul_weight, split in gemms:
         args = dict(
             a_ptr=a,
             w_ptr=w,
@@ -711,14 +715,16 @@ def moe_launch_variants(shape, tokens: int, tiles, dtype: torch.dtype = torch.bf
             **routing,
             N=w.shape[1],
             K=w.shape[2],
-            num_valid=c.shape[0],
+            num_valid=c.shape[-2],
             stride_am=a.stride(0),
             stride_ak=a.stride(1),
             stride_we=w.stride(0),
             stride_wn=w.stride(1),
             stride_wk=w.stride(2),
-            stride_cm=c.stride(0),
-            stride_cn=c.stride(1),
+            stride_cm=c.stride(-2),
+            stride_cn=c.stride(-1),
+            stride_cs=c.stride(0) if split > 1 else 0,
+            k_per_split=tiles.k_per_split(w.shape[2]),
             A_ROWS_PER_ROW=a_rows_per_row,
             MUL_WEIGHT=mul_weight,
             FP32_DOT=dtype == torch.float32,
@@ -726,6 +732,7 @@ def moe_launch_variants(shape, tokens: int, tiles, dtype: torch.dtype = torch.bf
             BLOCK_N=tiles.block_n,
             BLOCK_K=tiles.block_k,
             GROUP_M=tiles.group_m,
+            SPLIT_K=split,
         )
         options = dict(num_warps=tiles.num_warps, num_stages=tiles.num_stages)
         label = f"{shape.name} {name} T={t} {tiles.name}"
@@ -733,11 +740,15 @@ def moe_launch_variants(shape, tokens: int, tiles, dtype: torch.dtype = torch.bf
     return out
 
 
-def int4_launch_variant(shape, m: int, tiles, dtype: torch.dtype = torch.bfloat16) -> Variant:
-    """``int4_matmul`` of (m, K) activations on a benchmarks/quant_gemm.py weight shape."""
+def int4_launch_variant(shape, m: int, tiles, dtype: torch.dtype = torch.bfloat16, act_order: bool = False) -> Variant:
+    """``int4_matmul`` of (m, K) activations on a benchmarks/quant_gemm.py weight shape: the
+    contiguous-groups path (group INT4_GROUP, BLOCK_K cut to it as the wrapper does), or the
+    act-order path through ``g_idx``."""
     from minivllm.quantization import triton_int4
 
     n, k = shape.n, shape.k
+    group = 0 if act_order else INT4_GROUP
+    tiles = tiles if act_order else triton_int4.fast_path_tiles(tiles, group)
     splits = tiles.splits(k)
     x = Tensor(dtype, m, k)
     out = Tensor(dtype, m, n) if splits == 1 else Tensor(torch.float32, splits, m, n)
@@ -764,10 +775,89 @@ def int4_launch_variant(shape, m: int, tiles, dtype: torch.dtype = torch.bfloat1
         BLOCK_N=tiles.block_n,
         BLOCK_K=tiles.block_k,
         SPLIT_K=splits,
+        GROUP_SIZE=group,
         FP32_DOT=dtype == torch.float32,
     )
     options = dict(num_warps=tiles.num_warps, num_stages=tiles.num_stages)
-    return Variant(triton_int4._int4_matmul_kernel, f"{shape.name} M={m} {tiles.name}", args, options)
+    path = "act-order" if act_order else "contiguous"
+    return Variant(triton_int4._int4_matmul_kernel, f"{shape.name} M={m} {tiles.name} {path}", args, options)
+
+
+def fp8_gemm_launch_variant(shape, m: int, tiles, dtype: torch.dtype = torch.float16) -> Variant:
+    """``fp8_gemm`` of (m, K) fp8 activations on a benchmarks/quant_gemm.py weight shape with
+    ``dtype`` output. Refused below sm_89, as its wrapper does."""
+    from minivllm.quantization import triton_fp8_gemm as fg
+
+    splits = tiles.splits(shape.k)
+    x, w = Tensor(torch.float8_e4m3fn, m, shape.k), Tensor(torch.float8_e4m3fn, shape.n, shape.k)
+    c = Tensor(dtype, m, shape.n) if splits == 1 else Tensor(torch.float32, splits, m, shape.n)
+    args = dict(
+        x_ptr=x,
+        w_ptr=w,
+        x_scale_ptr=Tensor(torch.float32, m),
+        w_scale_ptr=Tensor(torch.float32, shape.n),
+        bias_ptr=Tensor(torch.float32, shape.n),
+        out_ptr=c,
+        M=m,
+        N=shape.n,
+        K=shape.k,
+        stride_xm=x.stride(0),
+        stride_wn=w.stride(0),
+        stride_om=shape.n,
+        stride_os=m * shape.n,
+        k_per_split=tiles.k_per_split(shape.k),
+        BLOCK_M=tiles.block_m,
+        BLOCK_N=tiles.block_n,
+        BLOCK_K=tiles.block_k,
+        SPLIT_K=splits,
+        HAS_BIAS=False,
+        FP32_DOT=False,
+    )
+    label = f"{shape.name} M={m} {tiles.name} {str(dtype).removeprefix('torch.')}"
+    options = dict(num_warps=tiles.num_warps, num_stages=tiles.num_stages)
+    return Variant(fg._fp8_gemm_kernel, label, args, options, capability_check=fg.check_fp8_gemm_capability)
+
+
+def fp8_gemm_variants(arch: int) -> list[Variant]:
+    """``fp8_gemm`` at benchmarks/quant_gemm.py's shapes and token counts: ``fp8_tiles``' picks
+    with fp16 output (where fp8 linears use it), and the tuner's candidates with bf16 output."""
+    from minivllm.quantization import triton_fp8_gemm as fg
+
+    bench, out, seen = benchmark_module("quant_gemm"), [], set()
+    for shape in bench.SHAPES:
+        picks = [(m, fg.fp8_tiles(m, shape.n, shape.k, arch, NUM_SMS), torch.float16) for m in bench.TOKENS]
+        picks += [
+            (m, c, torch.bfloat16)
+            for m in bench.TUNE_TOKENS
+            for c in fg.tune_candidates(m, shape.n, shape.k, arch, NUM_SMS)
+        ]
+        for m, tiles, dtype in picks:
+            key = (shape.name, tiles, m == 1, dtype)
+            if key not in seen:
+                seen.add(key)
+                out.append(fp8_gemm_launch_variant(shape, m, tiles, dtype))
+    return out
+
+
+def int4_sum_variants() -> list[Variant]:
+    """The split-K reduction of ``int4_matmul`` at the splits the int4 configs use."""
+    from minivllm.quantization import triton_int4
+
+    out, seen = [], set()
+    for arch in (80, 90):
+        for shape, m, tiles in int4_configs(arch):
+            splits = tiles.splits(shape.k)
+            if splits > 1 and (splits, m == 1) not in seen:
+                seen.add((splits, m == 1))
+                args = dict(
+                    partials_ptr=Tensor(torch.float32, splits, m, shape.n),
+                    out_ptr=Tensor(torch.bfloat16, m, shape.n),
+                    numel=m * shape.n,
+                    SPLITS=splits,
+                    BLOCK=triton_int4.SUM_BLOCK,
+                )
+                out.append(Variant(triton_int4._sum_splits_kernel, f"{splits} splits M={m}", args, {}))
+    return out
 
 
 def moe_configs(arch: int) -> list[tuple[object, int, object]]:
@@ -778,9 +868,15 @@ def moe_configs(arch: int) -> list[tuple[object, int, object]]:
     bench = benchmark_module("moe")
     seen, out = set(), []
     for shape in bench.SHAPES:
-        picks = [(t, moe_tiles.heuristic_tiles(t, shape.experts, shape.top_k, arch)) for t in bench.TOKENS]
+        picks = [
+            (t, moe_tiles.heuristic_tiles(t, shape.experts, shape.top_k, arch, shape.hidden)) for t in bench.TOKENS
+        ]
         picks += [
-            (t, c) for t in bench.TUNE_TOKENS for c in moe_tiles.tune_candidates(t, shape.experts, shape.top_k, arch)
+            (t, c)
+            for t in bench.TUNE_TOKENS
+            for c in moe_tiles.tune_candidates(
+                t, shape.experts, shape.top_k, arch, shape.hidden, shape.intermediate, NUM_SMS
+            )
         ]
         for t, tiles in picks:
             if (shape.name, tiles) not in seen:
@@ -814,7 +910,19 @@ def fused_moe_variants(arch: int) -> list[Variant]:
 
 
 def int4_variants(arch: int) -> list[Variant]:
-    return [int4_launch_variant(shape, m, tiles) for shape, m, tiles in int4_configs(arch)]
+    """Every config on the contiguous-groups path; the heuristic's picks on the act-order path too."""
+    from minivllm.quantization import int4_tiles
+
+    bench = benchmark_module("quant_gemm")
+    general = [
+        int4_launch_variant(
+            shape, m, int4_tiles.heuristic_tiles(m, shape.n, shape.k, arch, NUM_SMS, act_order=True), act_order=True
+        )
+        for shape in bench.SHAPES
+        for m in bench.TOKENS
+    ]
+    fast = [int4_launch_variant(shape, m, tiles) for shape, m, tiles in int4_configs(arch)]
+    return fast + general + int4_sum_variants()
 
 
 def qkv_prep_variants(m: dict, tokens: int) -> list[Variant]:
@@ -927,7 +1035,7 @@ def sampler_variants(rows: int = 256) -> list[Variant]:
 
 def all_variants(arch: int) -> list[Variant]:
     """Every kernel's launches on a GPU of ``arch`` (the wrappers' choices may depend on it)."""
-    gemms = fused_moe_variants(arch) + int4_variants(arch)
+    gemms = fused_moe_variants(arch) + int4_variants(arch) + fp8_gemm_variants(arch)
     small = layer_op_variants() + graph_staging_variants() + lora_variants() + fp8_quant_variants()
     attention = attention_variants(arch) + mla_decode_variants()
     small += gated_delta_net_variants()

@@ -14,8 +14,12 @@ while loading (one scale per output channel), as vLLM does for ``quantization="f
 On a GPU with fp8 tensor cores (compute capability 8.9+) the matmul is
 ``torch._scaled_mm`` on fp8 activations (quantized per token, or with the static
 scale, by one Triton kernel: ``triton_fp8_quant.py``, which also holds its torch
-reference ``quantize_activations``); elsewhere, the CPU included, the weight is dequantized to
-the activation dtype and multiplied there (the reference path).
+reference ``quantize_activations``), row-wise scaled: bf16 activations. fp16 and fp32
+activations, which its row-wise path does not take, go through the Triton fp8 GEMM
+(``triton_fp8_gemm.py``) on the same fp8 operands. Both read the weight as loaded: (out,
+in) row-major, so ``weight.t()`` is the column-major (in, out) operand ``_scaled_mm``
+wants, with no copy. Elsewhere, the CPU included, the weight is dequantized to the
+activation dtype and multiplied there (the reference path).
 """
 
 from __future__ import annotations
@@ -95,8 +99,8 @@ class Fp8LinearMethod(ScaledWeightMethod):
     """fp8 weights; ``torch._scaled_mm`` where the GPU has fp8 tensor cores."""
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        if _scaled_mm_usable(x, layer.weight):
-            return _fp8_matmul(x, layer, bias)
+        if _scaled_mm_usable(x, layer.weight) or _triton_fp8_usable(x):
+            return _fp8_matmul(x, layer, bias, gemm=_pick_gemm)
         return F.linear(x, self.dequantize(layer, x.dtype), bias)
 
 
@@ -123,6 +127,15 @@ def _scaled_mm_usable(x: torch.Tensor, weight: torch.Tensor) -> bool:
     return has_fp8(torch.cuda.get_device_capability(x.device)) and out % 16 == 0 and inp % 16 == 0
 
 
+def _triton_fp8_usable(x: torch.Tensor) -> bool:
+    """The Triton fp8 GEMM: sm89+, activations _scaled_mm's row-wise path does not take."""
+    return (
+        x.device.type == "cuda"
+        and x.dtype in (torch.float16, torch.float32)
+        and has_fp8(torch.cuda.get_device_capability(x.device))
+    )
+
+
 ActivationQuantizer = Callable[[torch.Tensor, torch.Tensor | None], tuple[torch.Tensor, torch.Tensor]]
 """(tokens, in) activations and the static input scale or None -> fp8 values and (tokens, 1) scales."""
 
@@ -134,13 +147,43 @@ def _fused_quantize(x2: torch.Tensor, input_scale: torch.Tensor | None) -> tuple
     return quantize_fp8_rows(x2 if x2.stride(-1) == 1 else x2.contiguous(), input_scale)
 
 
+def _scaled_mm_gemm(x_fp8, x_scale, layer: nn.Module, bias, out_dtype: torch.dtype) -> torch.Tensor:
+    """Row-wise scaled ``torch._scaled_mm``: (tokens, in) fp8 @ the column-major view of the weight."""
+    w_scale = layer.weight_scale.reshape(1, -1)  # (1, out)
+    return torch._scaled_mm(x_fp8, layer.weight.t(), scale_a=x_scale, scale_b=w_scale, bias=bias, out_dtype=out_dtype)
+
+
+def _triton_gemm(x_fp8, x_scale, layer: nn.Module, bias, out_dtype: torch.dtype, tiles=None) -> torch.Tensor:
+    """The Triton fp8 GEMM (imported on first use) on the same operands."""
+    from minivllm.quantization.triton_fp8_gemm import fp8_gemm
+
+    return fp8_gemm(x_fp8, x_scale, layer.weight, layer.weight_scale, out_dtype, bias, tiles)
+
+
+def _pick_gemm(x_fp8, x_scale, layer: nn.Module, bias, out_dtype: torch.dtype) -> torch.Tensor:
+    """``_scaled_mm`` or the Triton GEMM, as ``triton_fp8_gemm.choose_gemm`` says for this
+    device, weight and token count (bf16 without a tuned entry: ``_scaled_mm``)."""
+    from minivllm.quantization.triton_fp8_gemm import choose_gemm
+    from minivllm.tuned_tiles import device_facts
+
+    (m, k), n = x_fp8.shape, layer.weight.shape[0]
+    tiles = choose_gemm(m, n, k, str(out_dtype).removeprefix("torch."), device_facts(x_fp8.device))
+    if tiles is None:
+        return _scaled_mm_gemm(x_fp8, x_scale, layer, bias, out_dtype)
+    return _triton_gemm(x_fp8, x_scale, layer, bias, out_dtype, tiles)
+
+
 def _fp8_matmul(
-    x: torch.Tensor, layer: nn.Module, bias: torch.Tensor | None, quantize: ActivationQuantizer = _fused_quantize
+    x: torch.Tensor,
+    layer: nn.Module,
+    bias: torch.Tensor | None,
+    quantize: ActivationQuantizer = _fused_quantize,
+    gemm: Callable[..., torch.Tensor] = _scaled_mm_gemm,
 ) -> torch.Tensor:
-    """``torch._scaled_mm`` on ``x`` quantized by ``quantize`` (the Triton kernel; its
-    torch reference ``triton_fp8_quant.quantize_activations`` where a test or benchmark passes it)."""
+    """``gemm`` (``torch._scaled_mm``, or the Triton fp8 GEMM) on ``x`` quantized by ``quantize``
+    (the Triton kernel; its torch reference ``triton_fp8_quant.quantize_activations`` where a
+    test or benchmark passes it)."""
     x2 = x.reshape(-1, x.shape[-1])  # (tokens, in)
     x_fp8, x_scale = quantize(x2, getattr(layer, "input_scale", None))  # (tokens, in), (tokens, 1)
-    w_scale = layer.weight_scale.reshape(1, -1)  # (1, out)
-    y = torch._scaled_mm(x_fp8, layer.weight.t(), scale_a=x_scale, scale_b=w_scale, bias=bias, out_dtype=x.dtype)
+    y = gemm(x_fp8, x_scale, layer, bias, x.dtype)  # (tokens, out)
     return y.reshape(*x.shape[:-1], -1)

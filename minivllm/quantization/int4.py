@@ -11,6 +11,12 @@ reference and the Triton kernel both read:
 
 and the real weight is ``W[k, n] = (q[k, n] - zeros[g_idx[k], n]) * scales[g_idx[k], n]``,
 ``y = x @ W`` (K = local input features, N = local output features).
+
+Contiguous groups (AWQ, GPTQ without act-order: ``g_idx[k] == k // group_size``) are
+found once after loading (``contiguous_group_size``) and kept as the layer's
+``int4_group_size``; the Triton kernel then reads one scale and zero row per group
+and K tile instead of gathering them per element through ``g_idx`` (0: act-order,
+the general path).
 """
 
 from __future__ import annotations
@@ -56,6 +62,17 @@ def dequantize(
     return (q.to(torch.float32) * scales[groups].to(torch.float32)).to(dtype)
 
 
+def contiguous_group_size(g_idx: torch.Tensor, num_groups: int) -> int:
+    """``K // num_groups`` when ``g_idx`` is ``arange(K) // (K // num_groups)`` (groups of
+    consecutive input rows, in order), else 0 (act-order, or groups of unequal size)."""
+    k = g_idx.shape[0]
+    if num_groups < 1 or k % num_groups:
+        return 0
+    size = k // num_groups
+    expected = torch.arange(k, device=g_idx.device) // size
+    return size if torch.equal(g_idx.to(expected.dtype), expected) else 0
+
+
 class Int4LinearMethod(LinearMethod):
     """Base of AWQ and GPTQ: the formats differ in what they load, not in how they multiply."""
 
@@ -70,12 +87,14 @@ class Int4LinearMethod(LinearMethod):
         replace_param(layer, "scales", scales.contiguous())
         replace_param(layer, "zeros", zeros.to(torch.uint8).contiguous())
         replace_param(layer, "g_idx", g_idx.to(torch.int32).contiguous())
+        layer.int4_group_size = contiguous_group_size(layer.g_idx, layer.scales.shape[0])
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         if x.device.type == "cuda":
             from minivllm.quantization.triton_int4 import int4_matmul
 
-            y = int4_matmul(x.reshape(-1, x.shape[-1]), layer.qweight, layer.scales, layer.zeros, layer.g_idx)
+            w = (layer.qweight, layer.scales, layer.zeros, layer.g_idx)
+            y = int4_matmul(x.reshape(-1, x.shape[-1]), *w, group_size=layer.int4_group_size)
             y = y.reshape(*x.shape[:-1], -1)
             return y if bias is None else y + bias
         weight = dequantize(layer.qweight, layer.scales, layer.zeros, layer.g_idx, x.dtype)

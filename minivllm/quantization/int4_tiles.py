@@ -5,11 +5,12 @@ The heuristic by M (the tokens of the call), for y (M, N) = x (M, K) @ W (K, N):
 =======  ==================================================================================
 M        tiles (BLOCK_M x BLOCK_N x BLOCK_K, warps) and why
 =======  ==================================================================================
-<= 16    16 x 64 x 64, 4: decode reads the packed weight once; the product is bandwidth
-         bound, so what matters is enough programs in flight. Output tiles alone are too
-         few when N is small (N=4096: 64 tiles on 132 SMs), so K is split until there are
-         two programs per SM (each split keeps >= 4 K steps); the fp32 partial sums are
-         added in fp32 (``Int4Tiles.split_k``).
+<= 16    16 x 64 x 128, 4 (contiguous groups; 16 x 64 x 64 on the act-order path):
+         decode reads the packed weight once; the product is bandwidth bound, so what
+         matters is enough bytes in flight: 4 KiB of packed words a K step and stage.
+         Output tiles alone are too few when N is small (N=4096: 64 tiles on 132 SMs),
+         so K is split until there are two programs per SM (each split keeps >= 4 K
+         steps); the fp32 partial sums are added in fp32 (``Int4Tiles.split_k``).
 <= 64    32 or 64 x 64 x 64, 4, split-K as above
 <= 256   64 x 128 x 64, 4; K split only up to one program per SM (the fp32 partials'
          traffic grows with M)
@@ -78,11 +79,13 @@ def default_split(
     return split
 
 
-def heuristic_tiles(m: int, n: int, k: int, arch: int | None, num_sms: int) -> Int4Tiles:
-    """The default config for an (M, K) x (K, N) product on sm_``arch`` with ``num_sms`` SMs."""
+def heuristic_tiles(m: int, n: int, k: int, arch: int | None, num_sms: int, act_order: bool = False) -> Int4Tiles:
+    """The default config for an (M, K) x (K, N) product on sm_``arch`` with ``num_sms`` SMs;
+    ``act_order``: the general path (groups through ``g_idx``), else contiguous groups."""
     stages = 4 if (arch or 0) >= 90 else 3
     if m <= 16:
-        bm, bn, bk, warps = 16, 64, 64, 4  # 16 x 64 x 128 spills on sm_80 (a tuning candidate on sm_90)
+        # the act-order path's per-element scale and zero gathers spill at 16 x 64 x 128 on sm_80
+        bm, bn, bk, warps = 16, 64, (64 if act_order else 128), 4
     elif m <= 64:
         bm, bn, bk, warps = (32 if m <= 32 else 64), 64, 64, 4
     else:
@@ -91,23 +94,25 @@ def heuristic_tiles(m: int, n: int, k: int, arch: int | None, num_sms: int) -> I
     return Int4Tiles(bm, bn, bk, default_split(m, n, k, bm, bn, bk, num_sms), warps, stages)
 
 
-def shape_key(n: int, k: int, group_size: int, dtype_name: str) -> str:
-    """The tuned table's key of a weight: K inputs, N outputs, quantization group, activations' dtype."""
-    return f"N={n},K={k},group={group_size},{dtype_name}"
+def shape_key(n: int, k: int, group_size: int, dtype_name: str, act_order: bool = False) -> str:
+    """The tuned table's key of a weight: K inputs, N outputs, quantization group, activations'
+    dtype, and ``,act_order`` for the general path (groups through ``g_idx``)."""
+    return f"N={n},K={k},group={group_size},{dtype_name}" + (",act_order" if act_order else "")
 
 
-def choose_tiles(m: int, n: int, k: int, group_size: int, dtype_name: str, device: DeviceFacts) -> Int4Tiles:
+def choose_tiles(
+    m: int, n: int, k: int, group_size: int, dtype_name: str, device: DeviceFacts, act_order: bool = False
+) -> Int4Tiles:
     """The tuned config of this device and weight nearest to ``m``, else the heuristic's."""
-    tuned = lookup(KERNEL, device.name, shape_key(n, k, group_size, dtype_name), m)
+    tuned = lookup(KERNEL, device.name, shape_key(n, k, group_size, dtype_name, act_order), m)
     if tuned is not None:
         return Int4Tiles(**tuned)
-    return heuristic_tiles(m, n, k, device.arch, device.num_sms)
+    return heuristic_tiles(m, n, k, device.arch, device.num_sms, act_order)
 
 
 def tune_candidates(m: int, n: int, k: int, arch: int | None, num_sms: int) -> list[Int4Tiles]:
-    """The small set ``benchmarks/quant_gemm.py --tune`` times at one M (at most 5): the
-    heuristic's pick and neighbours in tile width, depth and split. Deeper (BLOCK_K 128) and
-    wider (BLOCK_N 256) tiles only on sm_90: they spill on sm_80."""
+    """The small set ``benchmarks/quant_gemm.py --tune`` times at one M on the contiguous-groups
+    path (at most 5): the heuristic's pick and neighbours in tile width, depth and split."""
     base = heuristic_tiles(m, n, k, arch, num_sms)
     s, sm90 = base.num_stages, (arch or 0) >= 90
 
@@ -120,8 +125,8 @@ def tune_candidates(m: int, n: int, k: int, arch: int | None, num_sms: int) -> l
             base,
             Int4Tiles(bm, 32, 128, split(bm, 32, 128), 4, s),
             Int4Tiles(bm, 128, 64, split(bm, 128, 64), 4, s),
-            Int4Tiles(bm, 64, 64, max(1, base.split_k // 2), 4, s),
-            Int4Tiles(bm, 64, 128, split(bm, 64, 128), 4, s) if sm90 else Int4Tiles(bm, 64, 64, base.split_k, 8, s),
+            Int4Tiles(bm, 64, 64, split(bm, 64, 64), 4, s),
+            Int4Tiles(bm, 64, 128, max(1, split(bm, 64, 128) // 2), 4, s),  # fewer, longer splits
         ]
     elif m <= 256:
         out = [
@@ -131,6 +136,7 @@ def tune_candidates(m: int, n: int, k: int, arch: int | None, num_sms: int) -> l
             Int4Tiles(128, 128, 64, split(128, 128, 64, 1), 8, s),
         ]
     else:
-        wide = Int4Tiles(128, 256, 64, 1, 8, 3) if sm90 else Int4Tiles(128, 128, 32, 1, 8, 4)
+        # deeper on sm_90 (128 x 256 x 64 spills there on the contiguous path)
+        wide = Int4Tiles(128, 128, 128, 1, 8, 3) if sm90 else Int4Tiles(128, 128, 32, 1, 8, 4)
         out = [base, Int4Tiles(128, 64, 64, split(128, 64, 64, 1), 4, s), Int4Tiles(64, 128, 64, 1, 4, s), wide]
     return list(dict.fromkeys(out))

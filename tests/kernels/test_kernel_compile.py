@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from minivllm.attention.ops.checks import check_fp8_kv_capability
+from minivllm.quantization.triton_fp8_gemm import check_fp8_gemm_capability
 from minivllm.quantization.triton_fp8_quant import check_fp8_quant_capability
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -101,6 +102,8 @@ def expected_refusal(row: dict, arch: int) -> str:
         return fp8_kv_refusal(arch)
     if row["kernel"] == "_fp8_quant_kernel":
         return refusal(check_fp8_quant_capability, arch)
+    if row["kernel"] == "_fp8_gemm_kernel":
+        return refusal(check_fp8_gemm_capability, arch)
     return ""
 
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from minivllm.quantization.int4 import dequantize, pack_rows
-from minivllm.quantization.int4_tiles import Int4Tiles, default_split, heuristic_tiles, tune_candidates
+from minivllm.quantization.int4_tiles import Int4Tiles, default_split, heuristic_tiles, shape_key, tune_candidates
 from minivllm.quantization.triton_int4 import int4_matmul
 
 
@@ -55,21 +55,26 @@ def test_every_tile_family_matches_the_torch_reference(device, m, n, k, tiles):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_split_k_bf16_adds_the_partials_in_fp32_and_rounds_once(device):
+@pytest.mark.parametrize("group_size", [0, 64], ids=["act-order", "contiguous"])
+def test_split_k_bf16_adds_the_partials_in_fp32_and_rounds_once(device, group_size):
     """bf16 activations: with 8 splits, the output is the fp32 sum rounded once to bf16, as
     without splits: each output within one bf16 rounding of the exact product, plus the fp32
-    accumulation's order (1e-5 of the sum of the terms' magnitudes)."""
+    accumulation's order (1e-5 of the sum of the terms' magnitudes). The interpreter's
+    fp32 -> bf16 cast truncates (the compiled one rounds to nearest): one ulp there."""
     qweight, scales, zeros, g_idx = _layer(512, 32, 64, seed=3)
+    if group_size:
+        g_idx = (torch.arange(512) // group_size).to(torch.int32)
     x = torch.randn(2, 512, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16)
     w = dequantize(qweight, scales, zeros, g_idx, torch.float32)  # (K, N)
-    if device == "cuda":  # the compiled kernel feeds the tensor cores the dequantized tile in bf16
+    if device == "cuda" and not group_size:  # the general path feeds the tensor cores the dequantized tile in bf16
         w = w.to(torch.bfloat16).float()
     expected, magnitude = x.float() @ w, x.float().abs() @ w.abs()
     args = [t.to(device) for t in (x, qweight, scales, zeros, g_idx)]
-    split = int4_matmul(*args, tiles=Int4Tiles(16, 32, 64, split_k=8)).cpu()
-    whole = int4_matmul(*args, tiles=Int4Tiles(16, 32, 64, split_k=1)).cpu()
+    split = int4_matmul(*args, tiles=Int4Tiles(16, 32, 64, split_k=8), group_size=group_size).cpu()
+    whole = int4_matmul(*args, tiles=Int4Tiles(16, 32, 64, split_k=1), group_size=group_size).cpu()
     assert split.dtype == torch.bfloat16 and Int4Tiles(16, 32, 64, split_k=8).splits(512) == 8
-    bound = expected.abs() * 2**-8 + 1e-5 * magnitude  # one rounding to bf16's 8-bit mantissa
+    ulp = 2**-8 if device == "cuda" else 2**-7  # bf16's 8-bit mantissa: half an ulp rounded, one truncated
+    bound = expected.abs() * ulp + 1e-5 * magnitude
     assert ((split.float() - expected).abs() <= bound).all()
     assert ((split.float() - whole.float()).abs() <= 2 * bound).all()
 
@@ -82,7 +87,7 @@ def test_splits_never_leave_a_split_empty():
 
 
 H100_SMS = 132
-SHAPES = [(6144, 4096), (28672, 4096), (4096, 14336)]  # (N, K) of benchmarks/quant_gemm.py
+SHAPES = [(6144, 4096), (4096, 4096), (14336, 4096), (4096, 14336)]  # (N, K) of benchmarks/quant_gemm.py
 
 
 @pytest.mark.parametrize("n, k", SHAPES)
@@ -102,6 +107,22 @@ def test_heuristic_splits_k_at_decode_only_when_the_grid_is_short(n, k):
 def test_default_split_grows_as_the_grid_shrinks():
     splits = [default_split(1, n, 8192, 16, 64, 64, H100_SMS) for n in (32768, 8192, 2048, 512)]
     assert splits == sorted(splits) and splits[0] == 1 and splits[-1] > 1
+
+
+def test_decode_tiles_are_deeper_on_the_contiguous_path():
+    """At M <= 16 the contiguous path reads 4 KiB of packed words a K step (BLOCK_K 128); the
+    act-order path keeps BLOCK_K 64 (its per-element gathers spill at 128 on sm_80)."""
+    for arch in (80, 90):
+        fast = heuristic_tiles(1, 4096, 4096, arch, H100_SMS)
+        general = heuristic_tiles(1, 4096, 4096, arch, H100_SMS, act_order=True)
+        assert (fast.block_k, general.block_k) == (128, 64)
+        assert fast.block_n * fast.block_k // 8 * 4 == 4096
+        assert (4096 // fast.block_n) * fast.split_k >= 2 * H100_SMS  # two programs an SM
+
+
+def test_tuned_table_keys_keep_the_two_paths_apart():
+    assert shape_key(4096, 4096, 128, "bfloat16") == "N=4096,K=4096,group=128,bfloat16"
+    assert shape_key(4096, 4096, 128, "bfloat16", act_order=True).endswith(",act_order")
 
 
 def test_tune_candidates_are_few_and_start_with_the_heuristic():

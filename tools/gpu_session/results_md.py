@@ -168,14 +168,15 @@ def _kernel_tables(m: dict[str, Any]) -> list[str]:
             f"Quantized GEMMs (`benchmarks/quant_gemm.py`), int4 group {quant.get('group')}: time against "
             "bf16 `F.linear` (a ratio above 1 is faster than bf16).",
             "",
-            "| weight | M | bf16 ms | int4 ms (vs bf16) | int4 torch ref ms | fp8 ms (vs bf16) | err int4 / fp8 "
-            "| int4 tiles |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- |",
+            "| weight | M | bf16 ms | int4 ms (vs bf16) | int4 act-order ms (vs bf16) | int4 torch ref ms "
+            "| fp8 ms (vs bf16) | fp8 _scaled_mm ms (vs bf16) | fp8 Triton ms (vs bf16) | err int4 / fp8 | int4 tiles |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
         ]
         for r in quant["rows"]:
             out.append(
                 f"| {r['shape']} | {r['tokens']} | {_f(r['bf16_ms'], '.4f')} | {_against_bf16(r, 'int4_ms')} | "
-                f"{_f(r['int4_torch_ms'], '.4f')} | {_against_bf16(r, 'fp8_ms')} | "
+                f"{_against_bf16(r, 'int4_act_order_ms')} | {_f(r['int4_torch_ms'], '.4f')} | {_against_bf16(r, 'fp8_ms')} | "
+                f"{_against_bf16(r, 'fp8_scaled_mm_ms')} | {_against_bf16(r, 'fp8_triton_ms')} | "
                 f"{_f(r.get('int4_err'), '.1e')} / {_f(r.get('fp8_err'), '.1e')} | {r.get('int4_tiles', '-')} |"
             )
     return out + _fp8_quant_table(quant)

@@ -13,6 +13,11 @@ copy of the activations is ever materialised::
 
 Rows of C2 whose expert lives on another rank are never written and stay zero.
 
+With ``MoeTiles.split_k`` > 1 (few large experts at decode: Mixtral's down GEMM has only
+H / BLOCK_N programs per active expert) GEMM 2 is split along I over a second grid axis:
+split s writes its fp32 partial of C2 (routing weight applied, a linear factor), and the
+combine adds the splits and the k slots in fp32 before the one rounding.
+
 The layout (``align_by_expert``): the kernel processes BLOCK_M rows at a time, all
 of one expert. With ``topk_ids`` flattened to N = T * k entries, the pairs are laid
 out by expert, each expert's run padded up to a multiple of BLOCK_M with the sentinel N::
@@ -101,6 +106,8 @@ def _grouped_gemm_kernel(
     stride_wk,
     stride_cm,
     stride_cn,
+    stride_cs,
+    k_per_split,
     A_ROWS_PER_ROW: tl.constexpr,  # k for GEMM 1 (row t*k+s reads hidden[t]); 1 for GEMM 2
     MUL_WEIGHT: tl.constexpr,
     FP32_DOT: tl.constexpr,
@@ -108,6 +115,7 @@ def _grouped_gemm_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,  # row blocks swizzled together: they share their columns of W in L2
+    SPLIT_K: tl.constexpr,  # programs along K (grid axis 1), each writing an fp32 partial of C
 ):
     pid = tl.program_id(0)
     num_n_blocks = tl.cdiv(N, BLOCK_N)
@@ -126,13 +134,21 @@ def _grouped_gemm_kernel(
     rows = tl.load(sorted_ids_ptr + offs_m).to(tl.int64)  # (BLOCK_M,) flat pair index, num_valid = padding
     row_ok = rows < num_valid
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    if SPLIT_K == 1:
+        k_start, k_end = 0, K
+    else:
+        k_start = tl.program_id(1) * k_per_split
+        k_end = tl.minimum(k_start + k_per_split, K)
+        c_ptr += tl.program_id(1) * stride_cs  # this split's fp32 partial
     offs_k = tl.arange(0, BLOCK_K)
-    a_ptrs = a_ptr + (rows // A_ROWS_PER_ROW)[:, None] * stride_am + offs_k[None, :] * stride_ak
-    w_ptrs = w_ptr + expert.to(tl.int64) * stride_we + offs_n[None, :] * stride_wn + offs_k[:, None] * stride_wk
+    a_ptrs = a_ptr + (rows // A_ROWS_PER_ROW)[:, None] * stride_am + (k_start + offs_k)[None, :] * stride_ak
+    w_ptrs = (
+        w_ptr + expert.to(tl.int64) * stride_we + offs_n[None, :] * stride_wn + (k_start + offs_k)[:, None] * stride_wk
+    )
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        k_ok = offs_k < K - k0
+    for k0 in range(k_start, k_end, BLOCK_K):
+        k_ok = offs_k < k_end - k0
         a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)  # (BLOCK_M, BLOCK_K)
         w = tl.load(w_ptrs, mask=k_ok[:, None] & (offs_n[None, :] < N), other=0.0)  # (BLOCK_K, BLOCK_N)
         if FP32_DOT:
@@ -156,10 +172,13 @@ def _grouped_gemm(
     a_rows_per_row: int,
     mul_weight: bool,
     tiles: MoeTiles,
+    splits: int = 1,
 ) -> None:
-    """out[rows] = a[rows // a_rows_per_row] @ w[expert]^T (times the routing weight when asked)."""
+    """out[rows] = a[rows // a_rows_per_row] @ w[expert]^T (times the routing weight when asked);
+    with ``splits`` > 1, out is (splits, rows, N) fp32 and split s holds the sum over its
+    share of K (``MoeTiles.k_per_split``)."""
     num_n = triton.cdiv(w.shape[1], tiles.block_n)
-    grid = (routing.block_experts.numel() * num_n,)
+    grid = (routing.block_experts.numel() * num_n, splits)
     _grouped_gemm_kernel[grid](
         a,
         w,
@@ -170,14 +189,16 @@ def _grouped_gemm(
         routing.num_padded,
         w.shape[1],
         w.shape[2],
-        out.shape[0],
+        out.shape[-2],
         a.stride(0),
         a.stride(1),
         w.stride(0),
         w.stride(1),
         w.stride(2),
-        out.stride(0),
-        out.stride(1),
+        out.stride(-2),
+        out.stride(-1),
+        out.stride(0) if splits > 1 else 0,
+        tiles.k_per_split(w.shape[2]),
         A_ROWS_PER_ROW=a_rows_per_row,
         MUL_WEIGHT=mul_weight,
         FP32_DOT=a.dtype == torch.float32,
@@ -185,6 +206,7 @@ def _grouped_gemm(
         BLOCK_N=tiles.block_n,
         BLOCK_K=tiles.block_k,
         GROUP_M=tiles.group_m,
+        SPLIT_K=splits,
         num_warps=tiles.num_warps,
         num_stages=tiles.num_stages,
     )
@@ -209,6 +231,11 @@ def triton_fused_experts(
     gate_up = torch.empty(T * k, two_i, dtype=hidden.dtype, device=hidden.device)
     _grouped_gemm(hidden, w13, gate_up, routing, weights, k, False, tiles)
     act = silu_and_mul(gate_up)  # (T*k, I)
+    splits = tiles.splits(act.shape[1])
+    if splits > 1:  # the down GEMM split along I: fp32 partials, added with the k slots in fp32
+        partials = torch.zeros(splits, T * k, H, dtype=torch.float32, device=hidden.device)
+        _grouped_gemm(act, w2, partials, routing, weights, 1, True, tiles, splits)
+        return partials.view(splits, T, k, H).sum(dim=(0, 2)).to(hidden.dtype)
     down = torch.zeros(T * k, H, dtype=hidden.dtype, device=hidden.device)
     _grouped_gemm(act, w2, down, routing, weights, 1, True, tiles)
     return down.view(T, k, H).sum(dim=1)
