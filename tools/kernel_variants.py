@@ -302,7 +302,40 @@ def mla_decode_variants() -> list[Variant]:
             )
             label = f"mla decode H{heads} r{r}+{dr} {'fp8' if fp8 else 'bf16'} kv"
             out.append(Variant(mla._mla_decode_kernel, label, args, {"num_warps": mla.num_warps_for(r)}, fp8_kv=fp8))
-    return out
+    return out + [mla_latent_write_launch(kv_dtype) for kv_dtype in (torch.bfloat16, FP8_KV_DTYPE)]
+
+
+def mla_latent_write_launch(kv_dtype: torch.dtype) -> Variant:
+    """``triton_kv_write.write_latent``: 256 tokens' V3 latents (512 + 64) into a latent cache."""
+    from minivllm.attention.kv_quant import FP8_KV_DTYPE
+    from minivllm.attention.ops import triton_kv_write as kvw
+
+    width, tokens = 512 + 64, 256
+    latent = Tensor(torch.bfloat16, tokens, width)
+    kv_cache = Tensor(kv_dtype, 4096, 16, 1, width)
+    fp8 = kv_dtype == FP8_KV_DTYPE
+    return Variant(
+        kvw._write_kv_kernel,
+        f"mla latent write {tokens} tokens r512+64 {'fp8' if fp8 else 'bf16'} kv",
+        dict(
+            key_ptr=latent,
+            value_ptr=latent,
+            kv_ptr=kv_cache,
+            slot_mapping_ptr=Tensor(torch.int64, tokens),
+            k_scale=1.0,
+            v_scale=1.0,
+            stride_kt=latent.stride(0),
+            stride_kh=0,
+            stride_vt=latent.stride(0),
+            stride_vh=0,
+            stride_kv=0,
+            stride_cb=kv_cache.stride(0),
+            stride_cs=kv_cache.stride(1),
+            stride_ch=kv_cache.stride(2),
+            **kvw.launch_constexprs(1, width, 16, fp8, False, key_only=True),
+        ),
+        fp8_kv=fp8,
+    )
 
 
 def _shape(

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 from minivllm.attention.backend import AttentionBackend, AttentionMetadata
-from minivllm.attention.mla import mla_attention, write_latent
-from minivllm.attention.ops import paged_attention, write_kv
+from minivllm.attention.mla import mla_attention
+from minivllm.attention.ops import paged_attention, triton_kv_write, write_kv
 from minivllm.attention.ops.triton_mla_decode import mla_decode
 
 
@@ -70,13 +70,14 @@ class TritonAttentionBackend(AttentionBackend):
         k_scale: float = 1.0,
     ) -> torch.Tensor:
         """MLA (``attention/mla.py``): a step of decode tokens only runs the Triton latent kernel
-        (absorbed form, ``ops/triton_mla_decode.py``); a step with a prefill chunk takes the
+        (absorbed form, ``ops/triton_mla_decode.py``) after the Triton latent write, reading
+        nothing on the host (so CUDA graphs capture it); a step with a prefill chunk takes the
         torch path (prefill chunks expanded, its decode tokens absorbed)."""
         if meta.max_query_len > 1 or meta.num_reqs != meta.num_tokens:
             return mla_attention(
                 q_nope, q_pe, latent, kv_cache, meta, w_uk=w_uk, w_uv=w_uv, scale=scale, k_scale=k_scale
             )
-        write_latent(latent, kv_cache, meta.slot_mapping, k_scale, meta.has_padding)
+        triton_kv_write.write_latent(latent, kv_cache, meta.slot_mapping, k_scale)
         q_lat = torch.einsum("thd,hdr->thr", q_nope, w_uk)  # (T, H, r): the queries in the latent space
         q = torch.cat((q_lat, q_pe), dim=-1)  # (T, H, r + dr)
         o_lat = mla_decode(

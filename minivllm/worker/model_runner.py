@@ -52,7 +52,6 @@ from minivllm.kv_transfer import make_kv_connector
 from minivllm.kv_transfer.connector import KVConnector
 from minivllm.layers.attention import attention_layers
 from minivllm.layers.compile import compile_small_ops
-from minivllm.layers.mla import MLAAttention
 from minivllm.layers.rotary import share_cos_sin_caches
 from minivllm.lora.manager import LoRAModelManager
 from minivllm.models.interfaces import supports_mrope, supports_multimodal
@@ -229,7 +228,6 @@ class ModelRunner:
         nor with pipeline stages or LoRA (its token groups change per step)."""
         graphs = self.cfg.compilation.cudagraph and self.cfg.parallel.pp == 1 and not self.cfg.lora.enable_lora
         graphs = graphs and self.mrope is None  # (3, T) positions: no captured (T,) buffers for them
-        graphs = graphs and not any(isinstance(a, MLAAttention) for a in self.attention_layers)  # MLA: host arrays
         return graphs and self.device.type == "cuda" and self.attn_backend.name == "triton"
 
     def capture_cuda_graphs(self) -> None:

@@ -11,6 +11,7 @@ import torch
 from minivllm import LLM, SamplingParams
 from minivllm.attention.kv_quant import FP8_KV_DTYPE
 from minivllm.attention.mla import _absorbed, gather_latent, write_latent
+from minivllm.attention.ops import triton_kv_write
 from minivllm.attention.ops.triton_mla_decode import mla_decode
 from tests.model_configs import deepseek_v3_config
 
@@ -21,6 +22,25 @@ DEVICES = [
         "cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
     ),
 ]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kv_dtype", [torch.float32, FP8_KV_DTYPE], ids=["fp32", "fp8"])
+def test_triton_latent_write_matches_torch(kv_dtype, device):
+    """The Triton latent write (what captured decode steps store with) leaves the torch write's
+    bytes: padding slots (-1) skipped, an fp8 cache holding latent / k_scale."""
+    gen = torch.Generator().manual_seed(3)
+    latent = torch.randn(6, 24, generator=gen) * 3
+    slots = torch.tensor([5, -1, 17, 2, -1, 30])
+    want = torch.full((8, 4, 1, 24), 0.25).to(kv_dtype)
+    write_latent(latent, want, slots, k_scale=0.5)
+    got = torch.full((8, 4, 1, 24), 0.25).to(kv_dtype).to(device)
+    triton_kv_write.write_latent(latent.to(device), got, slots.to(device), k_scale=0.5)
+    caches = {False: want, True: got.cpu()}
+    assert torch.equal(caches[True].view(torch.uint8), caches[False].view(torch.uint8))
+    assert caches[True].view(-1, 24)[[0, 1, 3, 4]].float().eq(0.25).all()  # untouched slots
+    with pytest.raises(ValueError, match="latent cache"):
+        triton_kv_write.write_latent(latent.to(device), torch.zeros(8, 4, 2, 12, device=device), slots.to(device))
 
 
 @pytest.mark.parametrize("device", DEVICES)
