@@ -12,7 +12,6 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 import minivllm
-
 from minivllm import LLM, SamplingParams
 from minivllm.attention.backend import AttentionMetadata
 from minivllm.config import build_config
@@ -471,9 +470,8 @@ class _GuardedStep(_EagerStep):
 def test_the_guard_sees_host_reads_in_minivllm_code():
     """``_NoHostReads`` can fail: the torch MLA path plans its step on the host (here from the
     device's block tables, then from the runner's host copies: the upload is seen too)."""
-    from tests.models.test_deepseek_mla import _mixed_step
-
     from minivllm.attention.mla import mla_attention
+    from tests.models.test_deepseek_mla import _mixed_step
 
     cache, meta, _, gen = _mixed_step(r=16, dr=8)
     T, H = meta.num_tokens, 2

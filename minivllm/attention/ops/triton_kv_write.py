@@ -181,7 +181,9 @@ def write_latent(
         f"latent dtype {latent.dtype} / cache dtype {kv_cache.dtype} unsupported",
     )
     require(k_scale > 0, f"k_scale must be > 0, got {k_scale}")
-    require(slot_mapping.shape[0] == num_tokens, f"slot_mapping must be ({num_tokens},), got {tuple(slot_mapping.shape)}")
+    require(
+        slot_mapping.shape[0] == num_tokens, f"slot_mapping must be ({num_tokens},), got {tuple(slot_mapping.shape)}"
+    )
     if num_tokens == 0:
         return
     fp8 = kv_cache.dtype == FP8_KV_DTYPE
