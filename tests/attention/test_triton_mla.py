@@ -10,7 +10,7 @@ import torch
 
 from minivllm import LLM, SamplingParams
 from minivllm.attention.kv_quant import FP8_KV_DTYPE
-from minivllm.attention.mla import _absorbed, gather_latent, write_latent
+from minivllm.attention.mla import MLAPlan, _absorbed, gather_latent, write_latent
 from minivllm.attention.ops import triton_kv_write
 from minivllm.attention.ops.triton_mla_decode import mla_decode
 from tests.model_configs import deepseek_v3_config
@@ -118,3 +118,79 @@ def test_mla_decode_benchmark_smoke_prints_a_row(capsys):
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("device cpu, copy") and len(lines) == 3
     assert lines[2].split()[:3] == ["4", "2", "40"]  # heads, batch, context
+
+
+def _mixed_inputs(kv_dtype=torch.float32, pad: int = 0):
+    """``_mixed_step``'s three requests (a 5-token chunk after 6 cached tokens, decode tokens at 9
+    and 3), ``pad`` padding tokens after them, 4 heads."""
+    from tests.models.test_deepseek_mla import _mixed_step
+
+    H, dn, dv, r, dr = 4, 16, 12, 16, 8
+    cache, meta, _, gen = _mixed_step(r=r, dr=dr, dtype=kv_dtype, k_scale=0.5)
+    if pad:
+        meta.slot_mapping = torch.cat((meta.slot_mapping, torch.full((pad,), -1)))
+        meta.has_padding = True
+    T = meta.num_tokens
+    q_nope, q_pe = torch.randn(T, H, dn, generator=gen), torch.randn(T, H, dr, generator=gen)
+    new = torch.randn(T, r + dr, generator=gen)
+    w_uk, w_uv = torch.randn(H, dn, r, generator=gen) / 4, torch.randn(H, dv, r, generator=gen) / 4
+    return cache, meta, (q_nope, q_pe, new), dict(w_uk=w_uk, w_uv=w_uv, scale=0.3, k_scale=0.5)
+
+
+@pytest.mark.skipif(not INTERPRETED, reason="the Triton backend on the CPU needs TRITON_INTERPRET=1")
+@pytest.mark.parametrize("kv_dtype", [torch.float32, FP8_KV_DTYPE], ids=["fp32", "fp8"])
+@pytest.mark.parametrize("pad", [0, 2])
+def test_triton_backend_mixed_step_matches_torch(kv_dtype, pad):
+    """A step holding a prefill chunk and two decode tokens (and padding rows): the Triton backend
+    sends the decode rows to the latent kernel and the chunk's rows to the expanded form over its
+    cached and new latents; the torch backend's result and cache, row for row."""
+    from minivllm.attention.mla import mla_attention
+    from minivllm.attention.triton_backend import TritonAttentionBackend
+
+    outs, caches = [], []
+    for triton_backend in (False, True):
+        cache, meta, (q_nope, q_pe, new), kw = _mixed_inputs(kv_dtype, pad)
+        if triton_backend:
+            out = TritonAttentionBackend().forward_mla(q_nope, q_pe, new, cache, meta, **kw)
+            plan = meta.mla_plan
+            assert plan.varlen and plan.decode_reqs.tolist() == [1, 2] and plan.prefill_lens == ((5, 11),)
+        else:
+            out = mla_attention(q_nope, q_pe, new, cache, meta, **kw)
+        outs.append(out[: meta.num_tokens - pad])
+        caches.append(cache.view(torch.uint8))
+    torch.testing.assert_close(outs[1], outs[0], atol=1e-5, rtol=1e-5)
+    assert torch.equal(caches[1], caches[0])
+
+
+@pytest.mark.skipif(not INTERPRETED, reason="the Triton backend on the CPU needs TRITON_INTERPRET=1")
+@pytest.mark.parametrize("case", ["chunked-async", "prefix-cache"])
+def test_triton_backend_mixed_steps_match_transformers(case, make_checkpoint):
+    """The Triton backend's MLA under mixed steps, against transformers: a 4-token budget cuts the
+    prompts into chunks that run beside other requests' decode tokens (async scheduling); or four
+    prompts share a 16-token head, so later prefills read it from cached blocks (the expanded form
+    over context they did not compute) while earlier requests decode."""
+    from tests.models.test_deepseek_mla import _assert_matches_transformers, _generate, _prompts
+
+    ckpt = make_checkpoint("deepseek-v3-mla-yarn-grouped-sigmoid-router", deepseek_v3_config())
+    if case == "chunked-async":
+        prompts = _prompts()
+        kwargs = dict(max_num_batched_tokens=4, max_num_seqs=4, max_model_len=64, async_scheduling=True)
+    else:
+        prompts = _prompts(shared_prefix=16)
+        kwargs = dict(enable_prefix_caching=True, max_num_batched_tokens=24, max_num_seqs=4)
+    steps = []
+    original = MLAPlan.build.__func__
+
+    def build(cls, meta, *args, **kw):
+        plan = original(cls, meta, *args, **kw)
+        steps.append((plan.decode_tokens is not None, plan.prefill_lens))
+        return plan
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(MLAPlan, "build", classmethod(build))
+        outs, stats = _generate(ckpt, prompts, attention_backend="triton", **kwargs)
+    assert any(decodes and prefills for decodes, prefills in steps)  # mixed steps happened
+    if case == "prefix-cache":
+        assert stats.prefix_cache_hits > 0
+        assert any(length - n >= 16 for _, prefills in steps for n, length in prefills)  # context from the cache
+    _assert_matches_transformers(ckpt, prompts, outs)
