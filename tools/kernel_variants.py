@@ -305,6 +305,46 @@ def mla_decode_variants() -> list[Variant]:
     return out + [mla_latent_write_launch(kv_dtype) for kv_dtype in (torch.bfloat16, FP8_KV_DTYPE)]
 
 
+def mla_prefill_variants() -> list[Variant]:
+    """``mla_prefill`` at DeepSeek V3's (and V2's) head shape: nope 128 + rope 64, value 128, bf16;
+    16 heads (tp=8) of a 2048-token chunk over 4096 context positions."""
+    from minivllm.attention.ops import triton_mla_prefill as mla
+
+    heads, dn, dr, dv, tq, lk = 16, 128, 64, 128, 2048, 4096
+    q_nope, q_pe = Tensor(torch.bfloat16, tq, heads, dn), Tensor(torch.bfloat16, tq, heads, dr)
+    k_nope, k_pe, v = (
+        Tensor(torch.bfloat16, lk, heads, dn),
+        Tensor(torch.bfloat16, lk, dr),
+        Tensor(torch.bfloat16, lk, heads, dv),
+    )
+    out = Tensor(torch.bfloat16, tq, heads, dv)
+    args = dict(
+        q_nope_ptr=q_nope,
+        q_pe_ptr=q_pe,
+        k_nope_ptr=k_nope,
+        k_pe_ptr=k_pe,
+        v_ptr=v,
+        out_ptr=out,
+        cu_q_ptr=Tensor(torch.int32, 2),
+        cu_k_ptr=Tensor(torch.int32, 2),
+        scale=0.1,
+        stride_qn_t=q_nope.stride(0),
+        stride_qn_h=q_nope.stride(1),
+        stride_qp_t=q_pe.stride(0),
+        stride_qp_h=q_pe.stride(1),
+        stride_kn_t=k_nope.stride(0),
+        stride_kn_h=k_nope.stride(1),
+        stride_kp_t=k_pe.stride(0),
+        stride_v_t=v.stride(0),
+        stride_v_h=v.stride(1),
+        stride_o_t=out.stride(0),
+        stride_o_h=out.stride(1),
+        **mla.launch_constexprs(dn, dr, dv, False),
+    )
+    options = {"num_warps": mla.NUM_WARPS, "num_stages": mla.NUM_STAGES}
+    return [Variant(mla._mla_prefill_kernel, f"mla prefill H{heads} {dn}+{dr}/{dv} bf16 {tq}@{lk}", args, options)]
+
+
 def mla_latent_write_launch(kv_dtype: torch.dtype) -> Variant:
     """``triton_kv_write.write_latent``: 256 tokens' V3 latents (512 + 64) into a latent cache."""
     from minivllm.attention.kv_quant import FP8_KV_DTYPE
@@ -823,5 +863,5 @@ def all_variants(arch: int) -> list[Variant]:
     """Every kernel's launches on a GPU of ``arch`` (the wrappers' choices may depend on it)."""
     gemms = fused_moe_variants(arch) + int4_variants(arch)
     small = layer_op_variants() + graph_staging_variants() + lora_variants() + fp8_quant_variants()
-    attention = attention_variants(arch) + mla_decode_variants()
+    attention = attention_variants(arch) + mla_decode_variants() + mla_prefill_variants()
     return attention + small + sampler_variants() + gemms + mxfp4_dequant_variants()

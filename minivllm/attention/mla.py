@@ -132,6 +132,8 @@ class MLAPlan:
     """(P + 1,) int32 prefix sums of their context lengths."""
     prefill_lens: tuple[tuple[int, int], ...] = ()
     """Per prefill request (query count, context length), on the host."""
+    prefill_max_q: int = 0
+    """The most queries of one prefill request."""
 
     @classmethod
     def build(
@@ -185,6 +187,7 @@ class MLAPlan:
             plan.prefill_cu_q = upload(np.concatenate([[0], np.cumsum(n)]), np.int32)
             plan.prefill_cu_k = upload(np.concatenate([[0], np.cumsum(lens)]), np.int32)
             plan.prefill_lens = tuple(zip(n.tolist(), lens.tolist()))
+            plan.prefill_max_q = int(n.max())
         return plan
 
 
@@ -195,26 +198,32 @@ def expand_context(
     w_uv: torch.Tensor,  # (H, dv, r)
     dtype: torch.dtype,
     k_scale: float = 1.0,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The latents at ``slots`` expanded to per-head keys (L, H, dn + dr) and values (L, H, dv)."""
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The latents at ``slots`` expanded: per-head keys' first part k_nope (L, H, dn), the rope
+    part k_pe (L, dr) every head shares (not copied per head), values (L, H, dv)."""
     width, r = kv_cache.shape[-1], w_uk.shape[-1]
     lat = kv_cache.view(-1, width).index_select(0, slots)  # (L, r + dr)
     lat = dequantize_fp8(lat, k_scale, dtype) if is_fp8(kv_cache) else lat.to(dtype)
-    c, k_pe = lat[:, :r], lat[:, r:]
+    c = lat[:, :r]
     k_nope = torch.einsum("lr,hdr->lhd", c, w_uk)  # (L, H, dn)
     v = torch.einsum("lr,hvr->lhv", c, w_uv)  # (L, H, dv)
-    return torch.cat((k_nope, k_pe.unsqueeze(1).expand(-1, w_uk.shape[0], -1)), dim=-1), v
+    return k_nope, lat[:, r:].contiguous(), v
 
 
 def varlen_attention(
-    q: torch.Tensor,  # (Tq, H, Dk)
-    k: torch.Tensor,  # (Lk, H, Dk)
-    v: torch.Tensor,  # (Lk, H, Dv)
+    q_nope: torch.Tensor,  # (Tq, H, dn)
+    q_pe: torch.Tensor,  # (Tq, H, dr)
+    k_nope: torch.Tensor,  # (Lk, H, dn)
+    k_pe: torch.Tensor,  # (Lk, dr)
+    v: torch.Tensor,  # (Lk, H, dv)
     lens: tuple[tuple[int, int], ...],
     scale: float,
-) -> torch.Tensor:  # (Tq, H, Dv)
+) -> torch.Tensor:  # (Tq, H, dv)
     """Causal attention of request after request: ``lens[i] = (n, L)``, its n queries the last n of
-    its L keys. The torch reference of ``ops/triton_mla_prefill.py``."""
+    its L keys (``[k_nope ; k_pe]``). The torch reference of ``ops/triton_mla_prefill.py``."""
+    H = q_nope.shape[1]
+    q = torch.cat((q_nope, q_pe), dim=-1)
+    k = torch.cat((k_nope, k_pe.unsqueeze(1).expand(-1, H, -1)), dim=-1)
     out, q0, k0 = [], 0, 0
     for n, length in lens:
         qi, ki, vi = (t.transpose(0, 1) for t in (q[q0 : q0 + n], k[k0 : k0 + length], v[k0 : k0 + length]))

@@ -5,9 +5,10 @@ from __future__ import annotations
 import torch
 
 from minivllm.attention.backend import AttentionBackend, AttentionMetadata
-from minivllm.attention.mla import MLAPlan, expand_context, varlen_attention
+from minivllm.attention.mla import MLAPlan, expand_context
 from minivllm.attention.ops import paged_attention, triton_kv_write, write_kv
 from minivllm.attention.ops.triton_mla_decode import mla_decode
+from minivllm.attention.ops.triton_mla_prefill import mla_prefill
 
 
 class TritonAttentionBackend(AttentionBackend):
@@ -73,7 +74,8 @@ class TritonAttentionBackend(AttentionBackend):
         runs the Triton latent kernel (absorbed form, ``ops/triton_mla_decode.py``) reading nothing
         on the host, so CUDA graphs capture it. A step with prefill chunks splits its requests once
         (a host plan shared by the layers): the decode requests' rows go to the same kernel, the
-        prefill requests' rows, all at once, to the expanded form over their whole contexts."""
+        prefill requests' rows, all at once, to the expanded form over their whole contexts
+        (``expand_context``, then the Triton kernel of ``ops/triton_mla_prefill.py``)."""
         triton_kv_write.write_latent(latent, kv_cache, meta.slot_mapping, k_scale)
         if meta.max_query_len == 1 and meta.num_reqs == meta.num_tokens:
             return _absorbed_decode(
@@ -92,9 +94,18 @@ class TritonAttentionBackend(AttentionBackend):
             )
         if plan.prefill_tokens is not None:
             rows = plan.prefill_tokens
-            k, v = expand_context(kv_cache, plan.prefill_slots, w_uk, w_uv, q_nope.dtype, k_scale)
-            q = torch.cat((q_nope[rows], q_pe[rows]), dim=-1)  # (Tq, H, dn + dr)
-            out[rows] = varlen_attention(q, k, v, plan.prefill_lens, scale)
+            k_nope, k_pe, v = expand_context(kv_cache, plan.prefill_slots, w_uk, w_uv, q_nope.dtype, k_scale)
+            out[rows] = mla_prefill(
+                q_nope[rows],
+                q_pe[rows],
+                k_nope,
+                k_pe,
+                v,
+                plan.prefill_cu_q,
+                plan.prefill_cu_k,
+                max_query_len=plan.prefill_max_q,
+                scale=scale,
+            )
         return out
 
 

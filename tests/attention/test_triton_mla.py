@@ -13,6 +13,7 @@ from minivllm.attention.kv_quant import FP8_KV_DTYPE
 from minivllm.attention.mla import MLAPlan, _absorbed, gather_latent, write_latent
 from minivllm.attention.ops import triton_kv_write
 from minivllm.attention.ops.triton_mla_decode import mla_decode
+from minivllm.attention.ops.triton_mla_prefill import mla_prefill
 from tests.model_configs import deepseek_v3_config
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
@@ -68,6 +69,38 @@ def test_mla_decode_kernel_matches_absorbed_torch(kv_dtype, device):
     )
     got = torch.einsum("bhr,hvr->bhv", o_lat.cpu(), w_uv)
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_mla_prefill_kernel_matches_torch(dtype, device):
+    """Three prefill requests (n queries, the last of L positions): a 5-token chunk after 6 cached
+    tokens, a whole 3-token prompt, a 40-token chunk after 5 (two query tiles of 32, the second
+    partly empty); 3 heads, nope 16 + rope 8 (shared by the heads), value width 12 (padded to 16)."""
+    from minivllm.attention.mla import varlen_attention
+
+    H, dn, dr, dv = 3, 16, 8, 12
+    lens = ((5, 11), (3, 3), (40, 45))
+    gen = torch.Generator().manual_seed(1)
+    Tq, Lk = sum(n for n, _ in lens), sum(length for _, length in lens)
+    q_nope, q_pe = torch.randn(Tq, H, dn, generator=gen), torch.randn(Tq, H, dr, generator=gen)
+    k_nope, k_pe, v = (
+        torch.randn(Lk, H, dn, generator=gen),
+        torch.randn(Lk, dr, generator=gen),
+        torch.randn(Lk, H, dv, generator=gen),
+    )
+    inputs = [t.to(dtype) for t in (q_nope, q_pe, k_nope, k_pe, v)]
+    expected = varlen_attention(*[t.float() for t in inputs], lens, 0.25)
+    cu_q = torch.tensor([0, 5, 8, 48], dtype=torch.int32, device=device)
+    cu_k = torch.tensor([0, 11, 14, 59], dtype=torch.int32, device=device)
+    got = mla_prefill(*[t.to(device) for t in inputs], cu_q, cu_k, max_query_len=40, scale=0.25)
+    assert got.dtype == dtype
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(got.float().cpu(), expected, atol=tol, rtol=tol)
+    with pytest.raises(ValueError, match="do not agree"):
+        mla_prefill(
+            *[t.to(device) for t in inputs[:4]], inputs[4][:, :2].to(device), cu_q, cu_k, max_query_len=40, scale=0.25
+        )
 
 
 def test_mla_decode_checks_its_arguments():
