@@ -617,8 +617,11 @@ def fp8_quant_variants() -> list[Variant]:
 # The grouped (fused-MoE) and int4 GEMMs, at the heuristic's and the tuner's configs.
 
 
-def moe_launch_variants(shape, tokens: int, tiles, dtype: torch.dtype = torch.bfloat16) -> list[Variant]:
-    """Both grouped GEMMs of ``triton_fused_experts`` for ``tokens`` on a benchmarks/moe.py shape."""
+def moe_launch_variants(
+    shape, tokens: int, tiles, dtype: torch.dtype = torch.bfloat16, biased: bool = False
+) -> list[Variant]:
+    """Both grouped GEMMs of ``triton_fused_experts`` for ``tokens`` on a benchmarks/moe.py shape
+    (``biased``: with per-expert biases, as gpt-oss's experts)."""
     from minivllm.layers.fused_moe import triton_experts as te
 
     E, k, H, I = shape.experts, shape.top_k, shape.hidden, shape.intermediate
@@ -638,10 +641,12 @@ def moe_launch_variants(shape, tokens: int, tiles, dtype: torch.dtype = torch.bf
     )
     out = []
     for name, a, w, c, a_rows_per_row, mul_weight in gemms:
+        bias = Tensor(dtype, E, w.shape[1]) if biased else w
         args = dict(
             a_ptr=a,
             w_ptr=w,
             c_ptr=c,
+            bias_ptr=bias,
             **routing,
             N=w.shape[1],
             K=w.shape[2],
@@ -653,8 +658,10 @@ def moe_launch_variants(shape, tokens: int, tiles, dtype: torch.dtype = torch.bf
             stride_wk=w.stride(2),
             stride_cm=c.stride(0),
             stride_cn=c.stride(1),
+            stride_be=bias.stride(0) if biased else 0,
             A_ROWS_PER_ROW=a_rows_per_row,
             MUL_WEIGHT=mul_weight,
+            HAS_BIAS=biased,
             FP32_DOT=dtype == torch.float32,
             BLOCK_M=tiles.block_m,
             BLOCK_N=tiles.block_n,
@@ -662,8 +669,21 @@ def moe_launch_variants(shape, tokens: int, tiles, dtype: torch.dtype = torch.bf
             GROUP_M=tiles.group_m,
         )
         options = dict(num_warps=tiles.num_warps, num_stages=tiles.num_stages)
-        label = f"{shape.name} {name} T={t} {tiles.name}"
+        label = f"{shape.name} {name} T={t} {tiles.name}" + (" +bias" if biased else "")
         out.append(Variant(te._grouped_gemm_kernel, label, args, options))
+    return out
+
+
+def gpt_oss_moe_variants(arch: int) -> list[Variant]:
+    """gpt-oss-20b's experts (32 of 2880 -> 2880, top-4; biases in both GEMMs) at the heuristic's
+    tiles for a decode step and a prefill chunk."""
+    from minivllm.layers.fused_moe import tiles as moe_tiles
+
+    shape = benchmark_module("moe").Shape("gpt-oss-20b", 32, 4, 2880, 2880)
+    out = []
+    for tokens in (1, 1024):
+        tiles = moe_tiles.heuristic_tiles(tokens, shape.experts, shape.top_k, arch)
+        out += moe_launch_variants(shape, tokens, tiles, biased=True)
     return out
 
 
@@ -861,7 +881,7 @@ def sampler_variants(rows: int = 256) -> list[Variant]:
 
 def all_variants(arch: int) -> list[Variant]:
     """Every kernel's launches on a GPU of ``arch`` (the wrappers' choices may depend on it)."""
-    gemms = fused_moe_variants(arch) + int4_variants(arch)
+    gemms = fused_moe_variants(arch) + gpt_oss_moe_variants(arch) + int4_variants(arch)
     small = layer_op_variants() + graph_staging_variants() + lora_variants() + fp8_quant_variants()
     attention = attention_variants(arch) + mla_decode_variants() + mla_prefill_variants()
     return attention + small + sampler_variants() + gemms + mxfp4_dequant_variants()
