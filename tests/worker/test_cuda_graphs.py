@@ -514,25 +514,83 @@ def test_mla_decode_steps_replay_in_graphs_with_the_eager_tokens(make_checkpoint
     assert outs[True] == outs[False]
 
 
-@pytest.mark.gpu
-def test_mla_graphs_equal_eager(make_checkpoint):
-    """DeepSeek V3 (MLA) on CUDA: decode steps are captured (the latent write and the MLA decode
-    kernel) and replay the eager engine's tokens, batches padded to the captured sizes."""
+MLA_COMBINED = dict(
+    num_gpu_blocks_override=8,
+    block_size=8,
+    max_model_len=48,
+    max_num_batched_tokens=8,
+    max_num_seqs=4,
+    async_scheduling=True,
+    enable_prefix_caching=True,
+)
+"""Chunked prefill beside decodes, preemption, async scheduling and prefix caching at once."""
+
+
+def test_mla_graphs_under_async_prefix_cache_chunked_prefill_and_preemption_match_transformers(
+    make_checkpoint, monkeypatch
+):
+    """MLA decode steps replayed from the (stood-in, guarded) graphs beside everything that makes
+    steps irregular: async scheduling, an 8-token budget (prefill chunks next to decodes), a cache
+    of 8 blocks (preemption) and prefix caching (the workload twice: the second round reads cached
+    latents). Every round gives transformers' tokens."""
+    from minivllm.layers.fused_moe.triton_experts import triton_fused_experts
+    from minivllm.models import deepseek_v2
+    from tests.models.test_deepseek_mla import GREEDY, _assert_matches_transformers, _prompts
+
+    monkeypatch.setattr(deepseek_v2, "fused_experts", triton_fused_experts)  # see the test above
     ckpt = make_checkpoint("deepseek-v3-mla-yarn-grouped-sigmoid-router", deepseek_v3_config())
-    prompts = [{"prompt_token_ids": list(range(10 + i, 13 + 5 * i))} for i in range(5)]
+    prompts = _prompts(shared_prefix=8)
+    llm = LLM(
+        model=str(ckpt),
+        dtype="float32",
+        attention_backend="triton",
+        overrides=["compilation.fused_sampler=true"],
+        **MLA_COMBINED,
+    )
+    try:
+        graphs = _sampling_graphs(llm, [1, 2, 4])
+        for n in graphs.sizes:
+            graphs.graphs[n] = _GuardedStep(graphs, n)
+        rounds = [llm.generate([{"prompt_token_ids": p} for p in prompts], GREEDY, use_tqdm=False) for _ in range(2)]
+        stats = llm.llm_engine.get_stats()
+    finally:
+        llm.shutdown()
+    assert sum(g.replays for g in graphs.graphs.values()) > 0  # logprobs: replayed, sampled outside
+    assert stats.num_preemptions > 0 and stats.prefix_cache_hits > 0
+    assert llm.cfg.async_scheduling
+    for outs in rounds:
+        _assert_matches_transformers(ckpt, prompts, [o.outputs[0] for o in outs])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("combined", [False, True], ids=["plain", "async-prefix-chunked-preempted"])
+def test_mla_graphs_equal_eager(make_checkpoint, combined):
+    """DeepSeek V3 (MLA) on CUDA: decode steps are captured (the latent write and the MLA decode
+    kernel) and replay the eager engine's tokens, batches padded to the captured sizes; alone and
+    with every option that makes steps irregular (the workload twice: the second round cached)."""
+    from tests.models.test_deepseek_mla import _prompts
+
+    ckpt = make_checkpoint("deepseek-v3-mla-yarn-grouped-sigmoid-router", deepseek_v3_config())
+    prompts = [{"prompt_token_ids": p} for p in _prompts(shared_prefix=8)] + [{"prompt_token_ids": [7, 8, 9]}]
     params = [*SAMPLED_PARAMS, SAMPLED_PARAMS[1], SAMPLED_PARAMS[0]]
+    extra = MLA_COMBINED if combined else dict(num_gpu_blocks_override=256, max_num_seqs=16)
     outs = {}
     for eager in (True, False):
         llm = LLM(
             model=str(ckpt),
             dtype="float32",
-            num_gpu_blocks_override=256,
             enforce_eager=eager,
             attention_backend="triton",
             cuda_graph_sizes=[1, 2, 4, 8],
-            max_num_seqs=16,
+            **extra,
         )
         assert (_runner(llm).cuda_graphs is None) == eager
-        outs[eager] = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+        rounds = 2 if combined else 1
+        outs[eager] = [
+            [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)] for _ in range(rounds)
+        ]
+        stats = llm.llm_engine.get_stats()
         llm.shutdown()
+        if combined:
+            assert stats.num_preemptions > 0 and stats.prefix_cache_hits > 0
     assert outs[True] == outs[False]
