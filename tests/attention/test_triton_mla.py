@@ -227,3 +227,13 @@ def test_triton_backend_mixed_steps_match_transformers(case, make_checkpoint):
         assert stats.prefix_cache_hits > 0
         assert any(length - n >= 16 for _, prefills in steps for n, length in prefills)  # context from the cache
     _assert_matches_transformers(ckpt, prompts, outs)
+
+
+@pytest.mark.skipif(not INTERPRETED, reason="the CPU smoke run needs TRITON_INTERPRET=1")
+def test_mla_prefill_benchmark_smoke_prints_a_row(capsys):
+    from tools.kernel_variants import benchmark_module
+
+    assert benchmark_module("mla_decode").main(["--cpu-smoke", "--prefill"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].split() == ["heads", "chunk", "context", "kernel", "us", "torch", "us", "TFLOP/s"]
+    assert len(lines) == 3 and lines[2].split()[:3] == ["4", "8", "40"]
