@@ -52,6 +52,7 @@ from minivllm.kv_transfer import make_kv_connector
 from minivllm.kv_transfer.connector import KVConnector
 from minivllm.layers.attention import attention_layers
 from minivllm.layers.compile import compile_small_ops
+from minivllm.layers.mla import MLAAttention
 from minivllm.layers.rotary import share_cos_sin_caches
 from minivllm.lora.manager import LoRAModelManager
 from minivllm.models.interfaces import supports_mrope, supports_multimodal
@@ -264,8 +265,9 @@ class ModelRunner:
 
     def _split_sizes(self, sizes: list[int], max_len: int) -> list[int]:
         """The captured batch sizes whose decode attention splits the keys at ``max_len`` (the
-        graphs' context): they also get a short-context graph with one launch a layer."""
-        if not self.attention_layers:
+        graphs' context): they also get a short-context graph with one launch a layer. None for
+        MLA: its decode kernel never splits the keys, whatever the context."""
+        if not self.attention_layers or any(isinstance(a, MLAAttention) for a in self.attention_layers):
             return []
         num_sms = device_facts(self.device).num_sms  # what the attention wrapper decides with
         kv_heads = min(layer.num_kv_heads for layer in self.attention_layers)

@@ -594,3 +594,22 @@ def test_mla_graphs_equal_eager(make_checkpoint, combined):
         if combined:
             assert stats.num_preemptions > 0 and stats.prefix_cache_hits > 0
     assert outs[True] == outs[False]
+
+
+def test_mla_models_get_no_short_context_graphs(make_checkpoint, llama_dir, monkeypatch):
+    """Short-context graphs exist for the paged kernel's split decode; MLA's decode kernel never
+    splits, so an MLA model captures each size once (on an H100's 132 multiprocessors)."""
+    import types
+
+    from minivllm.worker import model_runner
+
+    monkeypatch.setattr(model_runner, "device_facts", lambda device: types.SimpleNamespace(num_sms=132))
+    ckpt = make_checkpoint("deepseek-v3-mla-yarn-grouped-sigmoid-router", deepseek_v3_config())
+    splits = {}
+    for name, path in (("mla", ckpt), ("llama", llama_dir)):
+        llm = LLM(model=str(path), dtype="float32", block_size=8, num_gpu_blocks_override=16)
+        try:
+            splits[name] = _runner(llm)._split_sizes([1, 2, 4, 8], 4096)
+        finally:
+            llm.shutdown()
+    assert splits["mla"] == [] and splits["llama"]  # the check can fail
