@@ -237,3 +237,19 @@ def test_mla_prefill_benchmark_smoke_prints_a_row(capsys):
     lines = capsys.readouterr().out.splitlines()
     assert lines[1].split() == ["heads", "chunk", "context", "kernel", "us", "torch", "us", "TFLOP/s"]
     assert len(lines) == 3 and lines[2].split()[:3] == ["4", "8", "40"]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not INTERPRETED, reason="the Triton backend on the CPU needs TRITON_INTERPRET=1")
+def test_triton_backend_tp2_chunked_matches_tp1(make_checkpoint):
+    """tp=2 on the Triton backend (each rank its heads over the replicated latent cache), prompts cut
+    into 8-token chunks beside decodes: tp=1's torch-backend tokens and logprobs."""
+    from tests.executor import tp_helpers as h
+
+    ckpt = make_checkpoint("deepseek-v3-mla-yarn-grouped-sigmoid-router", deepseek_v3_config())
+    kwargs = dict(h.LLM_KWARGS, max_num_batched_tokens=8)
+    llm = LLM(model=str(ckpt), tensor_parallel_size=2, attention_backend="triton", **kwargs)
+    try:
+        h.assert_same_outputs(h.reference(ckpt), h.generate(llm))
+    finally:
+        llm.shutdown()
