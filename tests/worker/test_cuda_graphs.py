@@ -514,6 +514,62 @@ def test_mla_decode_steps_replay_in_graphs_with_the_eager_tokens(make_checkpoint
     assert outs[True] == outs[False]
 
 
+def test_gpt_oss_decode_steps_replay_in_graphs_with_the_eager_tokens(make_checkpoint, monkeypatch):
+    """gpt-oss's decode steps (sinks, sliding layers, the biased experts on CUDA's fused kernel,
+    interpreted) through the stood-in, guarded graphs: nothing read on the host, the eager tokens.
+    (Its CPU torch loop over the experts reads their token counts on the host: never captured.)"""
+    from minivllm.layers.fused_moe.triton_experts import triton_fused_experts
+    from minivllm.models.gpt_oss import GptOssExperts
+    from tests.model_configs import gpt_oss_config
+
+    def kernel(self, hidden, weights, ids):
+        swiglu = (self.alpha, self.limit)
+        return triton_fused_experts(hidden, self.w13, self.w2, weights, ids, b13=self.b13, b2=self.b2, swiglu=swiglu)
+
+    monkeypatch.setattr(GptOssExperts, "torch_experts", kernel)
+    ckpt = make_checkpoint("gpt-oss", gpt_oss_config())
+    prompts = [{"prompt_token_ids": list(range(10 + i, 13 + 4 * i))} for i in range(3)]
+    outs = {}
+    for in_graph in (False, True):
+        llm = _cpu_llm(ckpt)
+        calls = []
+        if in_graph:
+            graphs = _sampling_graphs(llm, [1, 2, 4])
+            for n in graphs.sizes:
+                graphs.graphs[n] = _GuardedStep(graphs, n)
+            graphs.run_sampled = _counted(graphs.run_sampled, calls)
+        outs[in_graph] = [o.outputs[0].token_ids for o in llm.generate(prompts, SAMPLED_PARAMS, use_tqdm=False)]
+        assert not in_graph or calls
+        llm.shutdown()
+    assert outs[True] == outs[False]
+
+
+@pytest.mark.gpu
+def test_gpt_oss_graphs_equal_eager(make_checkpoint):
+    """gpt-oss on CUDA: decode steps captured with the experts on the fused kernel (its biases and
+    clamped SwiGLU), the eager engine's tokens."""
+    from tests.model_configs import gpt_oss_config
+
+    ckpt = make_checkpoint("gpt-oss", gpt_oss_config())
+    prompts = [{"prompt_token_ids": list(range(10 + i, 13 + 5 * i))} for i in range(5)]
+    params = [*SAMPLED_PARAMS, SAMPLED_PARAMS[1], SAMPLED_PARAMS[0]]
+    outs = {}
+    for eager in (True, False):
+        llm = LLM(
+            model=str(ckpt),
+            dtype="float32",
+            num_gpu_blocks_override=256,
+            enforce_eager=eager,
+            attention_backend="triton",
+            cuda_graph_sizes=[1, 2, 4, 8],
+            max_num_seqs=16,
+        )
+        assert (_runner(llm).cuda_graphs is None) == eager
+        outs[eager] = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+        llm.shutdown()
+    assert outs[True] == outs[False]
+
+
 MLA_COMBINED = dict(
     num_gpu_blocks_override=8,
     block_size=8,
