@@ -514,6 +514,7 @@ def test_mla_decode_steps_replay_in_graphs_with_the_eager_tokens(make_checkpoint
     assert outs[True] == outs[False]
 
 
+@pytest.mark.slow
 def test_gpt_oss_decode_steps_replay_in_graphs_with_the_eager_tokens(make_checkpoint, monkeypatch):
     """gpt-oss's decode steps (sinks, sliding layers, the biased experts on CUDA's fused kernel,
     interpreted) through the stood-in, guarded graphs: nothing read on the host, the eager tokens.
