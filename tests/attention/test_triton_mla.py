@@ -229,6 +229,36 @@ def test_triton_backend_mixed_steps_match_transformers(case, make_checkpoint):
     _assert_matches_transformers(ckpt, prompts, outs)
 
 
+@pytest.mark.skipif(not INTERPRETED, reason="the Triton backend on the CPU needs TRITON_INTERPRET=1")
+def test_triton_backend_verify_steps_match_transformers(make_checkpoint):
+    """n-gram speculation's verify steps (a running request's token and its drafts, several queries
+    at the end of its context: the expanded form) on the Triton backend give transformers' greedy
+    tokens. Drafts are made only for requests without logprobs; one-token lookups find matches in
+    a random model's output."""
+    from tests.models.test_deepseek_mla import _prompts, assert_greedy_tokens
+
+    ckpt = make_checkpoint("deepseek-v3-mla-yarn-grouped-sigmoid-router", deepseek_v3_config())
+    prompts = [p * 3 for p in _prompts()]
+    spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 4}
+    llm = LLM(
+        model=str(ckpt),
+        dtype="float32",
+        block_size=8,
+        num_gpu_blocks_override=64,
+        max_model_len=128,
+        attention_backend="triton",
+        speculative_config=spec,
+    )
+    try:
+        params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        stats = llm.llm_engine.scheduler_stats()
+    finally:
+        llm.shutdown()
+    assert stats.spec_num_draft_tokens > 0
+    assert_greedy_tokens(ckpt, prompts, [list(o.outputs[0].token_ids) for o in outs])
+
+
 @pytest.mark.skipif(not INTERPRETED, reason="the CPU smoke run needs TRITON_INTERPRET=1")
 def test_mla_prefill_benchmark_smoke_prints_a_row(capsys):
     from tools.kernel_variants import benchmark_module
