@@ -1,7 +1,9 @@
-"""Time the Triton MLA decode kernel (DeepSeek's latent cache) against the torch absorbed form.
+"""Time the Triton MLA decode kernel (DeepSeek's latent cache) against the torch absorbed form,
+and (``--prefill``) the Triton MLA prefill kernel against the torch expanded form.
 
     PYTHONPATH=. python benchmarks/mla_decode.py                # CUDA: DeepSeek V3's latent, the full table
     PYTHONPATH=. python benchmarks/mla_decode.py --cpu-smoke    # tiny shapes, Triton interpreter
+    PYTHONPATH=. python benchmarks/mla_decode.py --prefill      # CUDA: prefill chunks over expanded contexts
 
 The defaults are DeepSeek V3's attention per rank: 128 heads (tp=1) or 16 (tp=8) over a
 latent of kv_lora_rank 512 + rope 64, bf16, blocks of 16. Bandwidth counts the latent
@@ -9,6 +11,11 @@ bytes a decode step must read (each request's context once, shared by all its he
 is compared with this device's copy bandwidth measured here (bytes read + written per
 second of a large copy). The torch row is ``attention/mla.py``'s absorbed form on the
 same paged cache (gather, then SDPA over the one latent head).
+
+``--prefill`` times ``ops/triton_mla_prefill.py`` on one request's chunk of ``--chunks``
+queries at the end of ``--contexts`` positions (keys already expanded: nope 128 + rope 64,
+value 128, as V3), against ``attention/mla.py``'s ``varlen_attention`` (SDPA with a causal
+mask); TFLOP/s counts the causal half of the score and value products.
 """
 
 from __future__ import annotations
@@ -30,11 +37,49 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--kv-lora-rank", type=int, default=512)
     p.add_argument("--rope-dim", type=int, default=64)
     p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--prefill", action="store_true", help="the prefill kernel instead of the decode kernel")
+    p.add_argument("--chunks", type=int, nargs="+", default=[512, 2048], help="--prefill: queries per chunk")
     p.add_argument("--cpu-smoke", action="store_true", help="tiny shapes on the CPU through Triton's interpreter")
     args = p.parse_args(argv)
     if args.cpu_smoke:
         args.batches, args.contexts, args.heads, args.kv_lora_rank, args.rope_dim = [2], [40], [4], 32, 16
+        args.chunks = [8]
+    if args.prefill and not args.cpu_smoke and args.contexts == [1024, 4096]:
+        args.contexts = [2048, 8192]
     return args
+
+
+def run_prefill(args: argparse.Namespace, chunk: int, context: int, heads: int, device, timer) -> dict:
+    from minivllm.attention.mla import varlen_attention
+    from minivllm.attention.ops.triton_mla_prefill import mla_prefill
+
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    dn, dr, dv = (128, 64, 128) if not args.cpu_smoke else (16, 16, 16)
+    chunk = min(chunk, context)
+    q_nope, q_pe = (
+        torch.randn(chunk, heads, dn, device=device, dtype=dtype),
+        torch.randn(chunk, heads, dr, device=device, dtype=dtype),
+    )
+    k_nope, k_pe = (
+        torch.randn(context, heads, dn, device=device, dtype=dtype),
+        torch.randn(context, dr, device=device, dtype=dtype),
+    )
+    v = torch.randn(context, heads, dv, device=device, dtype=dtype)
+    cu_q = torch.tensor([0, chunk], dtype=torch.int32, device=device)
+    cu_k = torch.tensor([0, context], dtype=torch.int32, device=device)
+    scale = (dn + dr) ** -0.5
+    kernel_s = timer(lambda: mla_prefill(q_nope, q_pe, k_nope, k_pe, v, cu_q, cu_k, max_query_len=chunk, scale=scale))
+    torch_s = timer(lambda: varlen_attention(q_nope, q_pe, k_nope, k_pe, v, ((chunk, context),), scale))
+    pairs = chunk * (context - chunk) + chunk * (chunk + 1) / 2  # (query, visible key) pairs
+    flops = 2 * pairs * heads * (dn + dr + dv)
+    return dict(
+        chunk=chunk,
+        context=context,
+        heads=heads,
+        kernel_us=kernel_s * 1e6,
+        torch_us=torch_s * 1e6,
+        tflops=flops / kernel_s / 1e12,
+    )
 
 
 def run(args: argparse.Namespace, batch: int, context: int, heads: int, device, timer, copy_bw: float) -> dict:
@@ -83,6 +128,17 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"device {torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}, copy {copy_bw / 1e9:.0f} GB/s"
     )
+    if args.prefill:
+        print(f"{'heads':>5} {'chunk':>5} {'context':>7} {'kernel us':>10} {'torch us':>10} {'TFLOP/s':>8}")
+        for heads in args.heads:
+            for chunk in args.chunks:
+                for context in args.contexts:
+                    row = run_prefill(args, chunk, context, heads, device, timer)
+                    print(
+                        f"{row['heads']:>5} {row['chunk']:>5} {row['context']:>7} {row['kernel_us']:>10.1f} "
+                        f"{row['torch_us']:>10.1f} {row['tflops']:>8.2f}"
+                    )
+        return 0
     print(f"{'heads':>5} {'batch':>5} {'context':>7} {'kernel us':>10} {'torch us':>10} {'GB/s':>7} {'% copy':>7}")
     for heads in args.heads:
         for batch in args.batches:

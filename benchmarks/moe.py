@@ -3,6 +3,7 @@
     PYTHONPATH=. python benchmarks/moe.py                       # CUDA: Qwen3-30B-A3B and Mixtral-8x7B layers
     PYTHONPATH=. python benchmarks/moe.py --cpu-smoke           # tiny shapes, torch path only, on the CPU
     PYTHONPATH=. python benchmarks/moe.py --tune --tune-only     # CUDA: time tile configs, write the table
+    PYTHONPATH=. python benchmarks/moe.py --gpt-oss             # CUDA: gpt-oss-20b's biased, clamped experts
 
 Both paths get the same hidden states and the same routing (softmax top-k of
 random router logits), so the table times the expert computation alone:
@@ -17,6 +18,10 @@ is the config the kernel's wrapper chose (``tuned`` where the tuned table gave i
 ``--tune-tokens`` for each shape and merges the winners into the tuned table
 (``minivllm/tuned_tiles/tables/fused_moe.json``, under this GPU's name), then runs the
 benchmark, which now reads the table (``--tune-only``: no benchmark).
+
+``--gpt-oss`` times gpt-oss-20b's experts instead: per-expert biases in both GEMMs and
+the clamped SwiGLU (``triton_fused_experts(..., b13=, b2=, swiglu=)``) against gpt-oss's
+torch loop (``GptOssExperts.torch_experts``).
 """
 
 from __future__ import annotations
@@ -50,6 +55,8 @@ class Shape:
 
 SHAPES = [Shape("qwen3-30b-a3b", 128, 8, 2048, 768), Shape("mixtral-8x7b", 8, 2, 4096, 14336)]
 TINY = [Shape("tiny-8x-top2", 8, 2, 64, 32), Shape("tiny-64x-top8", 64, 8, 64, 32)]
+GPT_OSS = Shape("gpt-oss-20b", 32, 4, 2880, 2880)
+GPT_OSS_TINY = Shape("tiny-gpt-oss-8x-top2", 8, 2, 64, 32)
 TOKENS = [1, 8, 64, 256, 1024, 4096]
 TUNE_TOKENS = [1, 64, 256, 1024, 4096]  # the table's M buckets; 8 takes the nearest, 1
 
@@ -60,6 +67,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--dtype", choices=DTYPES, default="bf16")
     p.add_argument("--tp", type=int, default=1, help="time one rank's slice: each expert's intermediate / tp")
     p.add_argument("--cpu-smoke", action="store_true", help="tiny shapes on the CPU, torch path only")
+    p.add_argument("--gpt-oss", action="store_true", help="gpt-oss-20b's biased experts with the clamped SwiGLU")
     p.add_argument("--json", metavar="PATH", help="also write the rows here")
     add_tune_arguments(p, "the tiles", TUNE_TOKENS, 45.0)
     args = p.parse_args()
@@ -80,11 +88,39 @@ def make_inputs(shape: Shape, tokens: int, args, device: torch.device) -> tuple[
     return hidden, w13, w2, weights, ids
 
 
+def gpt_oss_experts(shape: Shape, w13: torch.Tensor, w2: torch.Tensor):
+    """gpt-oss's experts module (its torch loop) holding ``w13``/``w2`` and seeded biases."""
+    from transformers import GptOssConfig
+
+    from minivllm.models.gpt_oss import GptOssExperts
+
+    config = GptOssConfig(
+        hidden_size=shape.hidden,
+        intermediate_size=w2.shape[-1],
+        num_local_experts=shape.experts,
+        num_experts_per_tok=shape.top_k,
+    )
+    experts = GptOssExperts(config).to(w13.device)
+    gen = torch.Generator(device=w13.device).manual_seed(1)
+    experts.w13.data, experts.w2.data = w13, w2
+    experts.b13.data = torch.randn(experts.b13.shape, device=w13.device, generator=gen).to(w13.dtype) * 0.1
+    experts.b2.data = torch.randn(experts.b2.shape, device=w13.device, generator=gen).to(w13.dtype) * 0.1
+    return experts
+
+
 def run_shape(shape: Shape, tokens: int, args, device: torch.device, timer) -> dict:
     I = shape.intermediate // args.tp
     hidden, w13, w2, weights, ids = make_inputs(shape, tokens, args, device)
     row = {"shape": shape.name, "tokens": tokens}
-    row["torch_ms"] = timer(lambda: torch_fused_experts(hidden, w13, w2, weights, ids)) * 1e3
+    kw, torch_experts = {}, torch_fused_experts
+    if args.gpt_oss:
+        experts = gpt_oss_experts(shape, w13, w2)
+        kw = dict(b13=experts.b13, b2=experts.b2, swiglu=(experts.alpha, experts.limit))
+
+        def torch_experts(hidden, w13, w2, weights, ids):
+            return experts.torch_experts(hidden, weights, ids)
+
+    row["torch_ms"] = timer(lambda: torch_experts(hidden, w13, w2, weights, ids)) * 1e3
     if device.type == "cuda":
         from minivllm.layers.fused_moe import tiles as moe_tiles
         from minivllm.layers.fused_moe.triton_experts import triton_fused_experts
@@ -95,15 +131,15 @@ def run_shape(shape: Shape, tokens: int, args, device: torch.device, timer) -> d
         chosen = moe_tiles.choose_tiles(tokens, shape.experts, 2 * I, shape.hidden, shape.top_k, hidden.dtype, facts)
         tuned = lookup(moe_tiles.KERNEL, facts.name, key, tokens) is not None
         row["tiles"] = chosen.name + (" tuned" if tuned else "")
-        expected = torch_fused_experts(hidden, w13, w2, weights, ids).float()
-        actual = triton_fused_experts(hidden, w13, w2, weights, ids).float()
+        expected = torch_experts(hidden, w13, w2, weights, ids).float()
+        actual = triton_fused_experts(hidden, w13, w2, weights, ids, **kw).float()
         row["max_err"] = (actual - expected).abs().max().item()
-        row["triton_ms"] = timer(lambda: triton_fused_experts(hidden, w13, w2, weights, ids)) * 1e3
+        row["triton_ms"] = timer(lambda: triton_fused_experts(hidden, w13, w2, weights, ids, **kw)) * 1e3
         heuristic = moe_tiles.heuristic_tiles(
             tokens, shape.experts, shape.top_k, facts.arch, shape.hidden, I, facts.num_sms
         )
         if heuristic != chosen:  # the tuned table's config against the heuristic's: before and after tuning
-            run = lambda: triton_fused_experts(hidden, w13, w2, weights, ids, tiles=heuristic)  # noqa: E731
+            run = lambda: triton_fused_experts(hidden, w13, w2, weights, ids, tiles=heuristic, **kw)  # noqa: E731
             row["heuristic_ms"] = timer(run) * 1e3
     best_s = min(row.get("triton_ms", float("inf")), row["torch_ms"]) * 1e-3
     row["gflops"] = 6 * tokens * shape.top_k * shape.hidden * I / best_s / 1e9
@@ -195,6 +231,8 @@ def main() -> None:
             return
     timer = kernel_timer(device, runs=5)
     shapes = TINY if args.cpu_smoke else SHAPES
+    if args.gpt_oss:
+        shapes = [GPT_OSS_TINY if args.cpu_smoke else GPT_OSS]
     print(f"device={device} dtype={args.dtype} tp={args.tp} (best path counted in GFLOP/s and GB/s)")
     print(
         f"{'shape':>14} {'tokens':>6} {'torch ms':>9} {'triton ms':>9} {'speedup':>7} {'GFLOP/s':>8} "

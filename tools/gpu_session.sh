@@ -30,10 +30,12 @@
 #   d2  bench=nanovllm with compilation.torch_compile on, and with async scheduling off
 #   d3  transformers generate vs minivllm on a scaled-down nanovllm workload
 #   d4  benchmarks/attention.py: decode bandwidth at batch 1/64/256, contexts 512-4096, a prefill;
+#       benchmarks/mla_decode.py: MLA decode (% of copy bandwidth) and --prefill;
 #       benchmarks/gated_delta_rule.py: Qwen3-Next's delta rule, decode bandwidth and prefill TFLOP/s
 #   d5  benchmarks/profile_decode.py: 10 full-batch decode steps, kernels by group
 #   d6  benchmarks/moe.py and benchmarks/quant_gemm.py: fused MoE, int4 and fp8 GEMMs vs torch,
-#       after tuning both kernels' tiles on this GPU (--tune: the tables in minivllm/tuned_tiles/tables)
+#       after tuning both kernels' tiles on this GPU (--tune: the tables in minivllm/tuned_tiles/tables);
+#       benchmarks/moe.py --gpt-oss: gpt-oss-20b's biased, clamped experts
 #   d7  bench=multimodal at LLaVA-1.5-7B's and Qwen2-VL-2B's shapes (dummy weights, native image
 #       sizes); the tiny LLaVA with CUDA graphs and eager: same text?
 #   (d = d1..d7; --quick: a,b,c,d1,d4 at smaller sizes, under 5 minutes)
@@ -71,7 +73,7 @@ ALL_STAGES=(a b c d1 d2 d3 d4 d5 d6 d7)
 QUICK_STAGES=(a b c d1 d4)
 CORE_STAGES=(a n1 n2 p m)
 CORRECTNESS_STAGES=(b c)
-declare -A LIMIT=([a]=90 [b]=330 [c]=150 [d1]=440 [d2]=400 [d3]=360 [d4]=190 [d5]=380 [d6]=220 [d7]=240
+declare -A LIMIT=([a]=90 [b]=330 [c]=150 [d1]=440 [d2]=400 [d3]=360 [d4]=295 [d5]=380 [d6]=280 [d7]=240
   [n1]=215 [n2]=130 [p]=65 [m]=480)
 declare -A QUICK_LIMIT=([a]=40 [b]=90 [c]=60 [d1]=70 [d2]=120 [d3]=90 [d4]=40 [d5]=60 [d6]=60 [d7]=200
   [n1]=120 [n2]=60 [p]=60 [m]=60)
@@ -248,6 +250,9 @@ stage_d4() {
     echo "== 256-token blocks"
     "$PYTHON" benchmarks/attention.py --batches 256 --contexts 1024 4096 --small-batch 0 --block-size 256 \
       --num-heads 16 --num-kv-heads 8 --head-dim 128 --json "$STAGE_DIR/block256.json" || true
+    echo "== MLA decode over DeepSeek V3's latent cache (% of copy bandwidth), then MLA prefill chunks"
+    timeout --foreground 60 "$PYTHON" benchmarks/mla_decode.py | tee "$STAGE_DIR/mla_decode.txt" || true
+    timeout --foreground 45 "$PYTHON" benchmarks/mla_decode.py --prefill | tee "$STAGE_DIR/mla_prefill.txt" || true
   fi
   if ((!CPU_TRY && !QUICK)); then  # Qwen3-Next's linear attention: decode % of copy bandwidth, prefill TFLOP/s
     echo "== gated delta rule (Qwen3-Next-80B's linear-attention layer)"
@@ -282,6 +287,8 @@ stage_d6() {
   echo "== fused MoE"
   "$PYTHON" benchmarks/moe.py "${moe[@]}" --json "$STAGE_DIR/moe.json"
   local rc=$?
+  echo "== gpt-oss's experts (biases, clamped SwiGLU): the fused kernel against its torch loop"
+  timeout --foreground 60 "$PYTHON" benchmarks/moe.py --gpt-oss "${moe[@]}" --json "$STAGE_DIR/moe_gpt_oss.json" || rc=1
   echo "== int4 and fp8 GEMMs"
   "$PYTHON" benchmarks/quant_gemm.py "${quant[@]}" || rc=1
   "$PYTHON" -m tools.gpu_session.stage_metrics kernels "$STAGE_DIR" moe.json quant_gemm.json || rc=1

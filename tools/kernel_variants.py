@@ -304,7 +304,80 @@ def mla_decode_variants() -> list[Variant]:
             )
             label = f"mla decode H{heads} r{r}+{dr} {'fp8' if fp8 else 'bf16'} kv"
             out.append(Variant(mla._mla_decode_kernel, label, args, {"num_warps": mla.num_warps_for(r)}, fp8_kv=fp8))
-    return out
+    return out + [mla_latent_write_launch(kv_dtype) for kv_dtype in (torch.bfloat16, FP8_KV_DTYPE)]
+
+
+def mla_prefill_variants() -> list[Variant]:
+    """``mla_prefill`` at DeepSeek V3's (and V2's) head shape: nope 128 + rope 64, value 128, bf16;
+    16 heads (tp=8) of a 2048-token chunk over 4096 context positions."""
+    from minivllm.attention.ops import triton_mla_prefill as mla
+
+    heads, dn, dr, dv, tq, lk = 16, 128, 64, 128, 2048, 4096
+    q_nope, q_pe = Tensor(torch.bfloat16, tq, heads, dn), Tensor(torch.bfloat16, tq, heads, dr)
+    k_nope, k_pe, v = (
+        Tensor(torch.bfloat16, lk, heads, dn),
+        Tensor(torch.bfloat16, lk, dr),
+        Tensor(torch.bfloat16, lk, heads, dv),
+    )
+    out = Tensor(torch.bfloat16, tq, heads, dv)
+    args = dict(
+        q_nope_ptr=q_nope,
+        q_pe_ptr=q_pe,
+        k_nope_ptr=k_nope,
+        k_pe_ptr=k_pe,
+        v_ptr=v,
+        out_ptr=out,
+        cu_q_ptr=Tensor(torch.int32, 2),
+        cu_k_ptr=Tensor(torch.int32, 2),
+        scale=0.1,
+        stride_qn_t=q_nope.stride(0),
+        stride_qn_h=q_nope.stride(1),
+        stride_qp_t=q_pe.stride(0),
+        stride_qp_h=q_pe.stride(1),
+        stride_kn_t=k_nope.stride(0),
+        stride_kn_h=k_nope.stride(1),
+        stride_kp_t=k_pe.stride(0),
+        stride_v_t=v.stride(0),
+        stride_v_h=v.stride(1),
+        stride_o_t=out.stride(0),
+        stride_o_h=out.stride(1),
+        **mla.launch_constexprs(dn, dr, dv, False),
+    )
+    options = {"num_warps": mla.NUM_WARPS, "num_stages": mla.NUM_STAGES}
+    return [Variant(mla._mla_prefill_kernel, f"mla prefill H{heads} {dn}+{dr}/{dv} bf16 {tq}@{lk}", args, options)]
+
+
+def mla_latent_write_launch(kv_dtype: torch.dtype) -> Variant:
+    """``triton_kv_write.write_latent``: 256 tokens' V3 latents (512 + 64) into a latent cache."""
+    from minivllm.attention.kv_quant import FP8_KV_DTYPE
+    from minivllm.attention.ops import triton_kv_write as kvw
+
+    width, tokens = 512 + 64, 256
+    latent = Tensor(torch.bfloat16, tokens, width)
+    kv_cache = Tensor(kv_dtype, 4096, 16, 1, width)
+    fp8 = kv_dtype == FP8_KV_DTYPE
+    return Variant(
+        kvw._write_kv_kernel,
+        f"mla latent write {tokens} tokens r512+64 {'fp8' if fp8 else 'bf16'} kv",
+        dict(
+            key_ptr=latent,
+            value_ptr=latent,
+            kv_ptr=kv_cache,
+            slot_mapping_ptr=Tensor(torch.int64, tokens),
+            k_scale=1.0,
+            v_scale=1.0,
+            stride_kt=latent.stride(0),
+            stride_kh=0,
+            stride_vt=latent.stride(0),
+            stride_vh=0,
+            stride_kv=0,
+            stride_cb=kv_cache.stride(0),
+            stride_cs=kv_cache.stride(1),
+            stride_ch=kv_cache.stride(2),
+            **kvw.launch_constexprs(1, width, 16, fp8, False, key_only=True),
+        ),
+        fp8_kv=fp8,
+    )
 
 
 def gated_delta_net_variants() -> list[Variant]:
@@ -685,8 +758,11 @@ def fp8_quant_variants() -> list[Variant]:
 # The grouped (fused-MoE) and int4 GEMMs, at the heuristic's and the tuner's configs.
 
 
-def moe_launch_variants(shape, tokens: int, tiles, dtype: torch.dtype = torch.bfloat16) -> list[Variant]:
-    """Both grouped GEMMs of ``triton_fused_experts`` for ``tokens`` on a benchmarks/moe.py shape."""
+def moe_launch_variants(
+    shape, tokens: int, tiles, dtype: torch.dtype = torch.bfloat16, biased: bool = False
+) -> list[Variant]:
+    """Both grouped GEMMs of ``triton_fused_experts`` for ``tokens`` on a benchmarks/moe.py shape
+    (``biased``: with per-expert biases, as gpt-oss's experts)."""
     from minivllm.layers.fused_moe import triton_experts as te
 
     E, k, H, I = shape.experts, shape.top_k, shape.hidden, shape.intermediate
@@ -708,10 +784,12 @@ def moe_launch_variants(shape, tokens: int, tiles, dtype: torch.dtype = torch.bf
     )
     out = []
     for name, a, w, c, a_rows_per_row, mul_weight, split in gemms:
+        bias = Tensor(dtype, E, w.shape[1]) if biased else w
         args = dict(
             a_ptr=a,
             w_ptr=w,
             c_ptr=c,
+            bias_ptr=bias,
             **routing,
             N=w.shape[1],
             K=w.shape[2],
@@ -725,8 +803,10 @@ def moe_launch_variants(shape, tokens: int, tiles, dtype: torch.dtype = torch.bf
             stride_cn=c.stride(-1),
             stride_cs=c.stride(0) if split > 1 else 0,
             k_per_split=tiles.k_per_split(w.shape[2]),
+            stride_be=bias.stride(0) if biased else 0,
             A_ROWS_PER_ROW=a_rows_per_row,
             MUL_WEIGHT=mul_weight,
+            HAS_BIAS=biased,
             FP32_DOT=dtype == torch.float32,
             BLOCK_M=tiles.block_m,
             BLOCK_N=tiles.block_n,
@@ -735,8 +815,23 @@ def moe_launch_variants(shape, tokens: int, tiles, dtype: torch.dtype = torch.bf
             SPLIT_K=split,
         )
         options = dict(num_warps=tiles.num_warps, num_stages=tiles.num_stages)
-        label = f"{shape.name} {name} T={t} {tiles.name}"
+        label = f"{shape.name} {name} T={t} {tiles.name}" + (" +bias" if biased else "")
         out.append(Variant(te._grouped_gemm_kernel, label, args, options))
+    return out
+
+
+def gpt_oss_moe_variants(arch: int) -> list[Variant]:
+    """gpt-oss-20b's experts (32 of 2880 -> 2880, top-4; biases in both GEMMs) at the heuristic's
+    tiles for a decode step and a prefill chunk."""
+    from minivllm.layers.fused_moe import tiles as moe_tiles
+
+    shape = benchmark_module("moe").Shape("gpt-oss-20b", 32, 4, 2880, 2880)
+    out = []
+    for tokens in (1, 1024):
+        tiles = moe_tiles.heuristic_tiles(
+            tokens, shape.experts, shape.top_k, arch, shape.hidden, shape.intermediate, NUM_SMS
+        )
+        out += moe_launch_variants(shape, tokens, tiles, biased=True)
     return out
 
 
@@ -1035,8 +1130,8 @@ def sampler_variants(rows: int = 256) -> list[Variant]:
 
 def all_variants(arch: int) -> list[Variant]:
     """Every kernel's launches on a GPU of ``arch`` (the wrappers' choices may depend on it)."""
-    gemms = fused_moe_variants(arch) + int4_variants(arch) + fp8_gemm_variants(arch)
+    gemms = fused_moe_variants(arch) + gpt_oss_moe_variants(arch) + int4_variants(arch) + fp8_gemm_variants(arch)
     small = layer_op_variants() + graph_staging_variants() + lora_variants() + fp8_quant_variants()
-    attention = attention_variants(arch) + mla_decode_variants()
+    attention = attention_variants(arch) + mla_decode_variants() + mla_prefill_variants()
     small += gated_delta_net_variants()
     return attention + small + sampler_variants() + gemms + mxfp4_dequant_variants()

@@ -84,7 +84,7 @@ def mla_attention(
     write_latent(latent, kv_cache, meta.slot_mapping, k_scale, meta.has_padding)
     plan = meta.mla_plan if absorb is None else None
     if plan is None:
-        plan = _Plan.build(meta, kv_cache.shape[1], q_nope.device, absorb)
+        plan = MLAPlan.build(meta, kv_cache.shape[1], q_nope.device, absorb)
         if absorb is None:  # the same for every layer of the step
             meta.mla_plan = plan
     T, H, _ = q_nope.shape
@@ -103,42 +103,135 @@ def mla_attention(
 
 
 @dataclass
-class _Plan:
-    """What a step's MLA layers index with, built once per step (on the host, uploaded once)."""
+class MLAPlan:
+    """What a step's MLA layers index with, built once per step (on the host, uploaded once).
+    The torch path loops over prefill ``chunks``; a ``varlen`` plan (the Triton backend) instead
+    takes every prefill request's rows at once: its decode requests by ``decode_reqs``, its
+    prefill requests' context latents by ``prefill_slots``, cut by ``prefill_cu_q`` / ``prefill_cu_k``."""
 
     decode_tokens: torch.Tensor | None
     """(B,) int64 rows of the decode requests' tokens in the flat batch; None: no decode request."""
     decode_blocks: torch.Tensor | None
-    """(B, nb) int64 their block tables, cut to the longest one's blocks."""
+    """(B, nb) int64 their block tables, cut to the longest one's blocks (torch path)."""
     decode_q_pos: torch.Tensor | None
-    """(B, 1) int64 their queries' positions."""
+    """(B, 1) int64 their queries' positions (torch path)."""
     chunks: list[tuple[int, int, torch.Tensor, torch.Tensor]]
-    """Per prefill chunk: first token row, query count, (1, nb) block ids, (1, n) query positions."""
+    """Per prefill chunk: first token row, query count, (1, nb) block ids, (1, n) query positions (torch path)."""
+    varlen: bool = False
+    """Built for the Triton backend: the fields below instead of ``decode_blocks``/``q_pos``/``chunks``."""
+    decode_reqs: torch.Tensor | None = None
+    """(B,) int64 the decode requests' rows of the step's block tables and lengths."""
+    prefill_tokens: torch.Tensor | None = None
+    """(Tq,) int64 rows of the prefill requests' tokens (several queries each), request after request;
+    None: no prefill request."""
+    prefill_slots: torch.Tensor | None = None
+    """(Lk,) int64 cache slots of each prefill request's whole context (cached and new), request after request."""
+    prefill_cu_q: torch.Tensor | None = None
+    """(P + 1,) int32 prefix sums of the prefill requests' query counts."""
+    prefill_cu_k: torch.Tensor | None = None
+    """(P + 1,) int32 prefix sums of their context lengths."""
+    prefill_lens: tuple[tuple[int, int], ...] = ()
+    """Per prefill request (query count, context length), on the host."""
+    prefill_max_q: int = 0
+    """The most queries of one prefill request."""
 
     @classmethod
-    def build(cls, meta: AttentionMetadata, block_size: int, device: torch.device, absorb: bool | None) -> _Plan:
+    def build(
+        cls, meta: AttentionMetadata, block_size: int, device: torch.device, absorb: bool | None, varlen: bool = False
+    ) -> MLAPlan:
         query_lens = np.asarray(meta.query_lens_cpu)  # (B,)
         seq_lens = np.asarray(meta.seq_lens_cpu)  # (B,)
         starts = meta.query_start_loc_cpu
         if starts is None:
             starts = meta.query_start_loc.cpu().numpy()
+        starts = np.asarray(starts)
         tables = meta.block_tables_cpu if meta.block_tables_cpu is not None else meta.block_tables.cpu().numpy()
         batched = query_lens == 1 if absorb is None else np.zeros(len(query_lens), dtype=bool)
         rows = np.flatnonzero(batched)
+        prefill = np.flatnonzero(~batched)
+        if varlen:
+            return cls._build_varlen(rows, prefill, query_lens, seq_lens, starts, tables, block_size, device)
         decode = (None, None, None)
         if len(rows):
             nb = -(-int(seq_lens[rows].max()) // block_size)
             decode = (
-                torch.from_numpy(np.asarray(starts)[rows].astype(np.int64)).to(device),
+                torch.from_numpy(starts[rows].astype(np.int64)).to(device),
                 torch.from_numpy(tables[rows, :nb].astype(np.int64)).to(device),
                 torch.from_numpy((seq_lens[rows] - 1).astype(np.int64)).to(device).view(-1, 1),
             )
         chunks = []
-        for i in np.flatnonzero(~batched).tolist():
+        for i in prefill.tolist():
             n, seq_len = int(query_lens[i]), int(seq_lens[i])
             blocks = torch.from_numpy(tables[i : i + 1, : -(-seq_len // block_size)].astype(np.int64)).to(device)
             chunks.append((int(starts[i]), n, blocks, torch.arange(seq_len - n, seq_len, device=device).view(1, n)))
         return cls(*decode, chunks)
+
+    @classmethod
+    def _build_varlen(cls, rows, prefill, query_lens, seq_lens, starts, tables, block_size, device) -> MLAPlan:
+        """``rows``: the decode requests, ``prefill``: the others (numpy indices into the step's requests)."""
+
+        def upload(array: np.ndarray, dtype=np.int64) -> torch.Tensor:
+            return torch.from_numpy(np.ascontiguousarray(array, dtype=dtype)).to(device)
+
+        plan = cls(None, None, None, [], varlen=True)
+        if len(rows):
+            plan.decode_tokens, plan.decode_reqs = upload(starts[rows]), upload(rows)
+        if len(prefill):
+            n, lens = query_lens[prefill], seq_lens[prefill]
+            plan.prefill_tokens = upload(
+                np.concatenate([np.arange(starts[i], starts[i] + q) for i, q in zip(prefill, n)])
+            )
+            pos = np.concatenate([np.arange(k) for k in lens])  # every context position, request after request
+            req = np.repeat(prefill, lens)
+            plan.prefill_slots = upload(tables[req, pos // block_size].astype(np.int64) * block_size + pos % block_size)
+            plan.prefill_cu_q = upload(np.concatenate([[0], np.cumsum(n)]), np.int32)
+            plan.prefill_cu_k = upload(np.concatenate([[0], np.cumsum(lens)]), np.int32)
+            plan.prefill_lens = tuple(zip(n.tolist(), lens.tolist()))
+            plan.prefill_max_q = int(n.max())
+        return plan
+
+
+def expand_context(
+    kv_cache: torch.Tensor,  # (num_blocks, block_size, 1, r + dr)
+    slots: torch.Tensor,  # (L,) int64
+    w_uk: torch.Tensor,  # (H, dn, r)
+    w_uv: torch.Tensor,  # (H, dv, r)
+    dtype: torch.dtype,
+    k_scale: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The latents at ``slots`` expanded: per-head keys' first part k_nope (L, H, dn), the rope
+    part k_pe (L, dr) every head shares (not copied per head), values (L, H, dv)."""
+    width, r = kv_cache.shape[-1], w_uk.shape[-1]
+    lat = kv_cache.view(-1, width).index_select(0, slots)  # (L, r + dr)
+    lat = dequantize_fp8(lat, k_scale, dtype) if is_fp8(kv_cache) else lat.to(dtype)
+    c = lat[:, :r]
+    k_nope = torch.einsum("lr,hdr->lhd", c, w_uk)  # (L, H, dn)
+    v = torch.einsum("lr,hvr->lhv", c, w_uv)  # (L, H, dv)
+    return k_nope, lat[:, r:].contiguous(), v
+
+
+def varlen_attention(
+    q_nope: torch.Tensor,  # (Tq, H, dn)
+    q_pe: torch.Tensor,  # (Tq, H, dr)
+    k_nope: torch.Tensor,  # (Lk, H, dn)
+    k_pe: torch.Tensor,  # (Lk, dr)
+    v: torch.Tensor,  # (Lk, H, dv)
+    lens: tuple[tuple[int, int], ...],
+    scale: float,
+) -> torch.Tensor:  # (Tq, H, dv)
+    """Causal attention of request after request: ``lens[i] = (n, L)``, its n queries the last n of
+    its L keys (``[k_nope ; k_pe]``). The torch reference of ``ops/triton_mla_prefill.py``."""
+    H = q_nope.shape[1]
+    q = torch.cat((q_nope, q_pe), dim=-1)
+    k = torch.cat((k_nope, k_pe.unsqueeze(1).expand(-1, H, -1)), dim=-1)
+    out, q0, k0 = [], 0, 0
+    for n, length in lens:
+        qi, ki, vi = (t.transpose(0, 1) for t in (q[q0 : q0 + n], k[k0 : k0 + length], v[k0 : k0 + length]))
+        q_pos = torch.arange(length - n, length, device=q.device).view(1, n)
+        mask = _bias(q_pos, length, q.dtype)[0]  # (1, n, L)
+        out.append(F.scaled_dot_product_attention(qi, ki, vi, attn_mask=mask, scale=scale).transpose(0, 1))
+        q0, k0 = q0 + n, k0 + length
+    return torch.cat(out)
 
 
 def _bias(q_pos: torch.Tensor, num_keys: int, dtype: torch.dtype) -> torch.Tensor:

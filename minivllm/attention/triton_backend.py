@@ -5,9 +5,10 @@ from __future__ import annotations
 import torch
 
 from minivllm.attention.backend import AttentionBackend, AttentionMetadata
-from minivllm.attention.mla import mla_attention, write_latent
-from minivllm.attention.ops import paged_attention, write_kv
+from minivllm.attention.mla import MLAPlan, expand_context
+from minivllm.attention.ops import paged_attention, triton_kv_write, write_kv
 from minivllm.attention.ops.triton_mla_decode import mla_decode
+from minivllm.attention.ops.triton_mla_prefill import mla_prefill
 
 
 class TritonAttentionBackend(AttentionBackend):
@@ -58,28 +59,59 @@ class TritonAttentionBackend(AttentionBackend):
 
     def forward_mla(
         self,
-        q_nope: torch.Tensor,
-        q_pe: torch.Tensor,
-        latent: torch.Tensor,
-        kv_cache: torch.Tensor,
+        q_nope: torch.Tensor,  # (T, H, dn)
+        q_pe: torch.Tensor,  # (T, H, dr), rotated
+        latent: torch.Tensor,  # (T, r + dr)
+        kv_cache: torch.Tensor,  # (num_blocks, block_size, 1, r + dr)
         meta: AttentionMetadata,
         *,
-        w_uk: torch.Tensor,
-        w_uv: torch.Tensor,
+        w_uk: torch.Tensor,  # (H, dn, r)
+        w_uv: torch.Tensor,  # (H, dv, r)
         scale: float,
         k_scale: float = 1.0,
-    ) -> torch.Tensor:
-        """MLA (``attention/mla.py``): a step of decode tokens only runs the Triton latent kernel
-        (absorbed form, ``ops/triton_mla_decode.py``); a step with a prefill chunk takes the
-        torch path (prefill chunks expanded, its decode tokens absorbed)."""
-        if meta.max_query_len > 1 or meta.num_reqs != meta.num_tokens:
-            return mla_attention(
-                q_nope, q_pe, latent, kv_cache, meta, w_uk=w_uk, w_uv=w_uv, scale=scale, k_scale=k_scale
+    ) -> torch.Tensor:  # (T, H, dv)
+        """MLA (``attention/mla.py``) after the Triton latent write. A step of decode tokens only
+        runs the Triton latent kernel (absorbed form, ``ops/triton_mla_decode.py``) reading nothing
+        on the host, so CUDA graphs capture it. A step with prefill chunks splits its requests once
+        (a host plan shared by the layers): the decode requests' rows go to the same kernel, the
+        prefill requests' rows, all at once, to the expanded form over their whole contexts
+        (``expand_context``, then the Triton kernel of ``ops/triton_mla_prefill.py``)."""
+        triton_kv_write.write_latent(latent, kv_cache, meta.slot_mapping, k_scale)
+        if meta.max_query_len == 1 and meta.num_reqs == meta.num_tokens:
+            return _absorbed_decode(
+                q_nope, q_pe, kv_cache, meta.block_tables, meta.seq_lens, w_uk, w_uv, scale, k_scale
             )
-        write_latent(latent, kv_cache, meta.slot_mapping, k_scale, meta.has_padding)
-        q_lat = torch.einsum("thd,hdr->thr", q_nope, w_uk)  # (T, H, r): the queries in the latent space
-        q = torch.cat((q_lat, q_pe), dim=-1)  # (T, H, r + dr)
-        o_lat = mla_decode(
-            q, kv_cache, meta.block_tables, meta.seq_lens, kv_lora_rank=w_uk.shape[-1], scale=scale, k_scale=k_scale
-        )
-        return torch.einsum("thr,hvr->thv", o_lat, w_uv)  # (T, H, dv)
+        plan = meta.mla_plan
+        if plan is None:
+            plan = meta.mla_plan = MLAPlan.build(meta, kv_cache.shape[1], q_nope.device, None, varlen=True)
+        T, H, _ = q_nope.shape
+        out = q_nope.new_zeros(T, H, w_uv.shape[1])  # padding rows stay zero
+        if plan.decode_tokens is not None:
+            rows, reqs = plan.decode_tokens, plan.decode_reqs
+            tables, seq_lens = meta.block_tables[reqs], meta.seq_lens[reqs]
+            out[rows] = _absorbed_decode(
+                q_nope[rows], q_pe[rows], kv_cache, tables, seq_lens, w_uk, w_uv, scale, k_scale
+            )
+        if plan.prefill_tokens is not None:
+            rows = plan.prefill_tokens
+            k_nope, k_pe, v = expand_context(kv_cache, plan.prefill_slots, w_uk, w_uv, q_nope.dtype, k_scale)
+            out[rows] = mla_prefill(
+                q_nope[rows],
+                q_pe[rows],
+                k_nope,
+                k_pe,
+                v,
+                plan.prefill_cu_q,
+                plan.prefill_cu_k,
+                max_query_len=plan.prefill_max_q,
+                scale=scale,
+            )
+        return out
+
+
+def _absorbed_decode(q_nope, q_pe, kv_cache, block_tables, seq_lens, w_uk, w_uv, scale: float, k_scale: float):
+    """q_nope (B, H, dn), q_pe (B, H, dr): one query per request -> (B, H, dv) through the latent kernel."""
+    q_lat = torch.einsum("thd,hdr->thr", q_nope, w_uk)  # (B, H, r): the queries in the latent space
+    q = torch.cat((q_lat, q_pe), dim=-1)  # (B, H, r + dr)
+    o_lat = mla_decode(q, kv_cache, block_tables, seq_lens, kv_lora_rank=w_uk.shape[-1], scale=scale, k_scale=k_scale)
+    return torch.einsum("thr,hvr->thv", o_lat, w_uv)  # (B, H, dv)

@@ -30,6 +30,14 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
+def clamped_swiglu(gate_up: torch.Tensor, alpha: float, limit: float) -> torch.Tensor:
+    """(n, 2I) [gate; up] -> (n, I): gpt-oss's SwiGLU, with the gate clamped above and up on both sides."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    gate = gate.clamp(max=limit)
+    up = up.clamp(min=-limit, max=limit)
+    return (up + 1) * gate * torch.sigmoid(gate * alpha)
+
+
 class ActAndMul(nn.Module):
     """``act(gate) * up`` on the fused ``[gate | up]`` output of a gate_up projection.
 

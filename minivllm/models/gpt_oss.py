@@ -33,6 +33,7 @@ from transformers import PretrainedConfig
 
 from minivllm.attention.backend import AttentionBackend
 from minivllm.distributed.parallel_state import all_reduce, tp_rank, tp_size
+from minivllm.layers.activation import clamped_swiglu
 from minivllm.layers.fused_moe import route
 from minivllm.layers.linear import ReplicatedLinear, divide
 from minivllm.layers.weight_utils import as_tensor, copy_checked
@@ -40,21 +41,14 @@ from minivllm.models.llama import LlamaDecoderLayer, LlamaForCausalLM, LlamaMode
 from minivllm.quantization.mxfp4 import dequantize_mxfp4
 
 
-def clamped_swiglu(gate_up: torch.Tensor, alpha: float, limit: float) -> torch.Tensor:
-    """(n, 2I) [gate; up] -> (n, I): gpt-oss's SwiGLU, with the gate clamped above and up on both sides."""
-    gate, up = gate_up.chunk(2, dim=-1)
-    gate = gate.clamp(max=limit)
-    up = up.clamp(min=-limit, max=limit)
-    return (up + 1) * gate * torch.sigmoid(gate * alpha)
-
-
 class GptOssExperts(nn.Module):
     """Every expert of one layer, with biases; ``forward(hidden, router_logits)`` routes and combines.
 
     Each rank holds every expert's slice of the intermediate dim and a partial sum over the same
     tokens; the down-projection bias is added on rank 0 only, so the all-reduce adds it once.
-    Runs in torch on every device: for each expert that received tokens, gather them, run its
-    MLP, scale by the routing weight and add into their outputs.
+    On CUDA the Triton fused-MoE kernel runs them (``triton_fused_experts`` with the biases
+    and the clamped SwiGLU); elsewhere torch: for each expert that received tokens, gather them,
+    run its MLP, scale by the routing weight and add into their outputs.
     """
 
     def __init__(self, config: PretrainedConfig) -> None:
@@ -102,6 +96,18 @@ class GptOssExperts(nn.Module):
     def forward(self, hidden: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
         """hidden (T, H), router_logits (T, E) -> (T, H), summed over the tensor-parallel group."""
         weights, ids = route(router_logits, self.top_k, renormalize=True)  # (T, k) each
+        if hidden.is_cuda:
+            from minivllm.layers.fused_moe.triton_experts import triton_fused_experts
+
+            out = triton_fused_experts(
+                hidden, self.w13, self.w2, weights, ids, b13=self.b13, b2=self.b2, swiglu=(self.alpha, self.limit)
+            )
+        else:
+            out = self.torch_experts(hidden, weights, ids)
+        return all_reduce(out) if self.tp_size > 1 else out
+
+    def torch_experts(self, hidden: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """The loop over the experts that received tokens: hidden (T, H), weights and ids (T, k) -> (T, H)."""
         k = ids.shape[1]
         flat = ids.flatten()  # (T*k,) pair t*k+s -> expert
         order = torch.argsort(flat, stable=True)
@@ -118,7 +124,7 @@ class GptOssExperts(nn.Module):
             act = clamped_swiglu(F.linear(hidden[tokens], self.w13[expert], self.b13[expert]), self.alpha, self.limit)
             y = F.linear(act, self.w2[expert], self.b2[expert])  # (n, H)
             out.index_add_(0, tokens, (y * flat_weights[pairs, None]).to(out.dtype))
-        return all_reduce(out) if self.tp_size > 1 else out
+        return out
 
 
 class GptOssMoE(nn.Module):

@@ -229,7 +229,6 @@ class ModelRunner:
         nor with pipeline stages or LoRA (its token groups change per step)."""
         graphs = self.cfg.compilation.cudagraph and self.cfg.parallel.pp == 1 and not self.cfg.lora.enable_lora
         graphs = graphs and self.mrope is None  # (3, T) positions: no captured (T,) buffers for them
-        graphs = graphs and not any(isinstance(a, MLAAttention) for a in self.attention_layers)  # MLA: host arrays
         return graphs and self.device.type == "cuda" and self.attn_backend.name == "triton"
 
     def capture_cuda_graphs(self) -> None:
@@ -266,8 +265,9 @@ class ModelRunner:
 
     def _split_sizes(self, sizes: list[int], max_len: int) -> list[int]:
         """The captured batch sizes whose decode attention splits the keys at ``max_len`` (the
-        graphs' context): they also get a short-context graph with one launch a layer."""
-        if not self.attention_layers:
+        graphs' context): they also get a short-context graph with one launch a layer. None for
+        MLA: its decode kernel never splits the keys, whatever the context."""
+        if not self.attention_layers or any(isinstance(a, MLAAttention) for a in self.attention_layers):
             return []
         num_sms = device_facts(self.device).num_sms  # what the attention wrapper decides with
         kv_heads = min(layer.num_kv_heads for layer in self.attention_layers)

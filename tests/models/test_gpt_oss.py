@@ -209,3 +209,68 @@ def test_openai_server_chat_uses_the_checkpoint_template(gpt_oss_dirs, make_engi
 def test_expert_parallel_is_refused_when_the_config_is_built(gpt_oss_dirs) -> None:
     with pytest.raises(ValueError, match="parallel.enable_expert_parallel=true: gpt-oss's experts"):
         LLM(model=str(gpt_oss_dirs["plain"]), enable_expert_parallel=True)
+
+
+_CPU = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="needs TRITON_INTERPRET=1")
+_CUDA = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+
+
+@pytest.mark.parametrize(
+    "device, dtype",
+    [  # not bf16 in the interpreter: its bf16 dot is wrong
+        pytest.param("cpu", torch.float32, marks=_CPU, id="cpu-fp32"),
+        pytest.param("cuda", torch.float32, marks=_CUDA, id="cuda-fp32"),
+        pytest.param("cuda", torch.bfloat16, marks=_CUDA, id="cuda-bf16"),
+    ],
+)
+def test_triton_fused_experts_with_biases_and_clamped_swiglu_match_the_torch_loop(device, dtype) -> None:
+    """CUDA's path for gpt-oss's experts (the fused-MoE kernel with per-expert biases in both GEMMs
+    and the clamped SwiGLU between them) against the torch loop, on 19 tokens over 8 experts
+    (top-2): the biases and the clamp both change the result."""
+    from minivllm.layers.fused_moe import route
+    from minivllm.layers.fused_moe.triton_experts import triton_fused_experts
+    from minivllm.models.gpt_oss import GptOssExperts
+
+    experts = GptOssExperts(gpt_oss_config())
+    gen = torch.Generator().manual_seed(5)
+    for p in experts.parameters():
+        p.data = torch.randn(p.shape, generator=gen) * (0.5 if p.dim() == 2 else 0.25)
+    T, H = 19, experts.w13.shape[-1]
+    hidden = torch.randn(T, H, generator=gen)
+    weights, ids = route(torch.randn(T, 8, generator=gen), experts.top_k, renormalize=True)
+    experts = experts.to(device=device, dtype=dtype)
+    hidden, weights, ids = hidden.to(device, dtype), weights.to(device), ids.to(device)
+    expected = experts.torch_experts(hidden, weights, ids).float()
+    swiglu = (experts.alpha, experts.limit)
+    kw = dict(b13=experts.b13, b2=experts.b2, swiglu=swiglu)
+    got = triton_fused_experts(hidden, experts.w13, experts.w2, weights, ids, **kw).float()
+    tol = 1e-4 if dtype == torch.float32 else 5e-2
+    torch.testing.assert_close(got, expected, atol=tol, rtol=tol)
+    unbiased = triton_fused_experts(hidden, experts.w13, experts.w2, weights, ids, swiglu=swiglu).float()
+    biases = dict(b13=experts.b13, b2=experts.b2)
+    args = (hidden, experts.w13, experts.w2, weights, ids)
+    unclamped = triton_fused_experts(*args, swiglu=(experts.alpha, 1e4), **biases).float()
+    assert not torch.allclose(unbiased, expected, atol=0.1) and not torch.allclose(unclamped, expected, atol=0.1)
+    with pytest.raises(ValueError, match="b2 must be"):
+        triton_fused_experts(*args, b2=experts.b2[:, :-1])
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="the kernel runs on the CPU in the interpreter")
+def test_generation_with_the_fused_moe_kernel_matches_transformers(gpt_oss_dirs, reference, monkeypatch) -> None:
+    """The experts through CUDA's kernel (interpreted here, as ``GptOssExperts.forward`` runs it on
+    CUDA), chunked prefill with async scheduling: transformers' tokens and logprobs."""
+    from minivllm.layers.fused_moe.triton_experts import triton_fused_experts
+    from minivllm.models.gpt_oss import GptOssExperts
+
+    calls = []
+
+    def kernel(self, hidden, weights, ids):
+        calls.append(len(hidden))
+        swiglu = (self.alpha, self.limit)
+        return triton_fused_experts(hidden, self.w13, self.w2, weights, ids, b13=self.b13, b2=self.b2, swiglu=swiglu)
+
+    monkeypatch.setattr(GptOssExperts, "torch_experts", kernel)
+    prompts, ref = reference
+    outs = _generate(gpt_oss_dirs["plain"], prompts, async_scheduling=True, max_num_batched_tokens=8)
+    assert calls
+    _assert_matches(outs, ref["plain"])

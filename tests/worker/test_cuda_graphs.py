@@ -3,17 +3,21 @@ on the CPU with a stand-in for graph replay, and graphs == eager on a GPU."""
 
 from __future__ import annotations
 
+import os
 import random
+import sys
 
 import pytest
 import torch
+from torch.overrides import TorchFunctionMode
 
+import minivllm
 from minivllm import LLM, SamplingParams
 from minivllm.attention.backend import AttentionMetadata
 from minivllm.config import build_config
 from minivllm.config.device import CompilationConfig, capture_sizes
 from minivllm.worker.cuda_graphs import CUDAGraphRunner
-from tests.model_configs import llama_config
+from tests.model_configs import deepseek_v3_config, llama_config
 
 
 def _runner(llm: LLM):
@@ -400,3 +404,269 @@ def test_a_single_request_crossing_the_split_threshold_equals_eager(make_checkpo
         outs[eager] = llm.generate([prompt], params, use_tqdm=False)[0].outputs[0].token_ids
         llm.shutdown()
     assert outs[True] == outs[False]
+
+
+class _NoHostReads(TorchFunctionMode):
+    """Records each call from minivllm's code that a CUDA graph cannot hold: a device value read
+    on the host (``item``, ``bool``, ``nonzero``, a boolean-mask index: a synchronization, an
+    error during capture) or a host array made a tensor (baked into the graph as a constant).
+    Calls from Triton's interpreter are its own business. ``torch.from_numpy`` is no torch
+    function: it is swapped for a recording one while the mode is on."""
+
+    HOST_READS = {
+        torch.Tensor.item,
+        torch.Tensor.tolist,
+        torch.Tensor.cpu,
+        torch.Tensor.numpy,
+        torch.Tensor.__bool__,
+        torch.Tensor.__int__,
+        torch.Tensor.__float__,
+        torch.Tensor.nonzero,
+        torch.nonzero,
+        torch.tensor,
+        torch.as_tensor,
+    }
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[str] = []
+        self._from_numpy = torch.from_numpy
+
+    def __enter__(self):
+        def from_numpy(array):
+            self._record(torch.from_numpy, sys._getframe(1))
+            return self._from_numpy(array)
+
+        torch.from_numpy = from_numpy
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        torch.from_numpy = self._from_numpy
+        return super().__exit__(*exc)
+
+    def _record(self, func, frame) -> None:
+        if frame.f_code.co_filename.startswith(os.path.dirname(minivllm.__file__)):
+            self.seen.append(f"{func.__name__} at {frame.f_code.co_filename}:{frame.f_lineno}")
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        frame = sys._getframe(1)
+        if frame.f_code.co_filename.startswith(os.path.dirname(minivllm.__file__)):
+            index = args[1] if func is torch.Tensor.__getitem__ else ()
+            masks = [i for i in (index if isinstance(index, tuple) else (index,)) if isinstance(i, torch.Tensor)]
+            if func in self.HOST_READS or any(m.dtype == torch.bool for m in masks):
+                self._record(func, frame)
+        return func(*args, **(kwargs or {}))
+
+
+class _GuardedStep(_EagerStep):
+    """``_EagerStep`` that fails on anything ``_NoHostReads`` records: what capture would refuse."""
+
+    def replay(self) -> None:
+        with _NoHostReads() as guard:
+            super().replay()
+        assert not guard.seen, f"a captured step reads the host: {guard.seen}"
+
+
+def test_the_guard_sees_host_reads_in_minivllm_code():
+    """``_NoHostReads`` can fail: the torch MLA path plans its step on the host (here from the
+    device's block tables, then from the runner's host copies: the upload is seen too)."""
+    from minivllm.attention.mla import mla_attention
+    from tests.models.test_deepseek_mla import _mixed_step
+
+    cache, meta, _, gen = _mixed_step(r=16, dr=8)
+    T, H = meta.num_tokens, 2
+    args = (torch.randn(T, H, 8), torch.randn(T, H, 8), torch.randn(T, 24), cache, meta)
+    with _NoHostReads() as guard:
+        mla_attention(*args, w_uk=torch.randn(H, 8, 16), w_uv=torch.randn(H, 8, 16), scale=0.3)
+    assert any(s.startswith("cpu at") for s in guard.seen)
+    meta.mla_plan, meta.block_tables_cpu = None, meta.block_tables.numpy()
+    meta.query_start_loc_cpu = meta.query_start_loc.numpy()
+    with _NoHostReads() as guard:
+        mla_attention(*args, w_uk=torch.randn(H, 8, 16), w_uv=torch.randn(H, 8, 16), scale=0.3)
+    assert guard.seen and all(s.startswith("from_numpy at") for s in guard.seen)
+    assert torch.from_numpy is guard._from_numpy
+
+
+def test_mla_decode_steps_replay_in_graphs_with_the_eager_tokens(make_checkpoint, monkeypatch):
+    """DeepSeek V3 (MLA) decode steps through the graphs (the model, logits and fused sampler
+    over the static buffers, stood in for on the CPU by re-running them under ``_NoHostReads``):
+    the Triton latent write and MLA decode kernel read nothing on the host, and greedy and
+    seeded requests get the eager engine's tokens. The experts run CUDA's Triton kernel
+    (interpreted) in both engines: the CPU's torch loop counts tokens per expert on the host."""
+    from minivllm.layers.fused_moe.triton_experts import triton_fused_experts
+    from minivllm.models import deepseek_v2
+
+    monkeypatch.setattr(deepseek_v2, "fused_experts", triton_fused_experts)
+    ckpt = make_checkpoint("deepseek-v3-mla-yarn-grouped-sigmoid-router", deepseek_v3_config())
+    prompts = [{"prompt_token_ids": list(range(10 + i, 13 + 4 * i))} for i in range(3)]
+    outs = {}
+    for in_graph in (False, True):
+        llm = _cpu_llm(ckpt)
+        calls = []
+        if in_graph:
+            graphs = _sampling_graphs(llm, [1, 2, 4])
+            for n in graphs.sizes:
+                graphs.graphs[n] = _GuardedStep(graphs, n)
+            graphs.run_sampled = _counted(graphs.run_sampled, calls)
+        outs[in_graph] = [o.outputs[0].token_ids for o in llm.generate(prompts, SAMPLED_PARAMS, use_tqdm=False)]
+        assert not in_graph or (calls and set(calls) <= {1, 2, 3})
+        llm.shutdown()
+    assert outs[True] == outs[False]
+
+
+@pytest.mark.slow
+def test_gpt_oss_decode_steps_replay_in_graphs_with_the_eager_tokens(make_checkpoint, monkeypatch):
+    """gpt-oss's decode steps (sinks, sliding layers, the biased experts on CUDA's fused kernel,
+    interpreted) through the stood-in, guarded graphs: nothing read on the host, the eager tokens.
+    (Its CPU torch loop over the experts reads their token counts on the host: never captured.)"""
+    from minivllm.layers.fused_moe.triton_experts import triton_fused_experts
+    from minivllm.models.gpt_oss import GptOssExperts
+    from tests.model_configs import gpt_oss_config
+
+    def kernel(self, hidden, weights, ids):
+        swiglu = (self.alpha, self.limit)
+        return triton_fused_experts(hidden, self.w13, self.w2, weights, ids, b13=self.b13, b2=self.b2, swiglu=swiglu)
+
+    monkeypatch.setattr(GptOssExperts, "torch_experts", kernel)
+    ckpt = make_checkpoint("gpt-oss", gpt_oss_config())
+    prompts = [{"prompt_token_ids": list(range(10 + i, 13 + 4 * i))} for i in range(3)]
+    outs = {}
+    for in_graph in (False, True):
+        llm = _cpu_llm(ckpt)
+        calls = []
+        if in_graph:
+            graphs = _sampling_graphs(llm, [1, 2, 4])
+            for n in graphs.sizes:
+                graphs.graphs[n] = _GuardedStep(graphs, n)
+            graphs.run_sampled = _counted(graphs.run_sampled, calls)
+        outs[in_graph] = [o.outputs[0].token_ids for o in llm.generate(prompts, SAMPLED_PARAMS, use_tqdm=False)]
+        assert not in_graph or calls
+        llm.shutdown()
+    assert outs[True] == outs[False]
+
+
+@pytest.mark.gpu
+def test_gpt_oss_graphs_equal_eager(make_checkpoint):
+    """gpt-oss on CUDA: decode steps captured with the experts on the fused kernel (its biases and
+    clamped SwiGLU), the eager engine's tokens."""
+    from tests.model_configs import gpt_oss_config
+
+    ckpt = make_checkpoint("gpt-oss", gpt_oss_config())
+    prompts = [{"prompt_token_ids": list(range(10 + i, 13 + 5 * i))} for i in range(5)]
+    params = [*SAMPLED_PARAMS, SAMPLED_PARAMS[1], SAMPLED_PARAMS[0]]
+    outs = {}
+    for eager in (True, False):
+        llm = LLM(
+            model=str(ckpt),
+            dtype="float32",
+            num_gpu_blocks_override=256,
+            enforce_eager=eager,
+            attention_backend="triton",
+            cuda_graph_sizes=[1, 2, 4, 8],
+            max_num_seqs=16,
+        )
+        assert (_runner(llm).cuda_graphs is None) == eager
+        outs[eager] = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+        llm.shutdown()
+    assert outs[True] == outs[False]
+
+
+MLA_COMBINED = dict(
+    num_gpu_blocks_override=8,
+    block_size=8,
+    max_model_len=48,
+    max_num_batched_tokens=8,
+    max_num_seqs=4,
+    async_scheduling=True,
+    enable_prefix_caching=True,
+)
+"""Chunked prefill beside decodes, preemption, async scheduling and prefix caching at once."""
+
+
+def test_mla_graphs_under_async_prefix_cache_chunked_prefill_and_preemption_match_transformers(
+    make_checkpoint, monkeypatch
+):
+    """MLA decode steps replayed from the (stood-in, guarded) graphs beside everything that makes
+    steps irregular: async scheduling, an 8-token budget (prefill chunks next to decodes), a cache
+    of 8 blocks (preemption) and prefix caching (the workload twice: the second round reads cached
+    latents). Every round gives transformers' tokens."""
+    from minivllm.layers.fused_moe.triton_experts import triton_fused_experts
+    from minivllm.models import deepseek_v2
+    from tests.models.test_deepseek_mla import GREEDY, _assert_matches_transformers, _prompts
+
+    monkeypatch.setattr(deepseek_v2, "fused_experts", triton_fused_experts)  # see the test above
+    ckpt = make_checkpoint("deepseek-v3-mla-yarn-grouped-sigmoid-router", deepseek_v3_config())
+    prompts = _prompts(shared_prefix=8)
+    llm = LLM(
+        model=str(ckpt),
+        dtype="float32",
+        attention_backend="triton",
+        overrides=["compilation.fused_sampler=true"],
+        **MLA_COMBINED,
+    )
+    try:
+        graphs = _sampling_graphs(llm, [1, 2, 4])
+        for n in graphs.sizes:
+            graphs.graphs[n] = _GuardedStep(graphs, n)
+        rounds = [llm.generate([{"prompt_token_ids": p} for p in prompts], GREEDY, use_tqdm=False) for _ in range(2)]
+        stats = llm.llm_engine.get_stats()
+    finally:
+        llm.shutdown()
+    assert sum(g.replays for g in graphs.graphs.values()) > 0  # logprobs: replayed, sampled outside
+    assert stats.num_preemptions > 0 and stats.prefix_cache_hits > 0
+    assert llm.cfg.async_scheduling
+    for outs in rounds:
+        _assert_matches_transformers(ckpt, prompts, [o.outputs[0] for o in outs])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("combined", [False, True], ids=["plain", "async-prefix-chunked-preempted"])
+def test_mla_graphs_equal_eager(make_checkpoint, combined):
+    """DeepSeek V3 (MLA) on CUDA: decode steps are captured (the latent write and the MLA decode
+    kernel) and replay the eager engine's tokens, batches padded to the captured sizes; alone and
+    with every option that makes steps irregular (the workload twice: the second round cached)."""
+    from tests.models.test_deepseek_mla import _prompts
+
+    ckpt = make_checkpoint("deepseek-v3-mla-yarn-grouped-sigmoid-router", deepseek_v3_config())
+    prompts = [{"prompt_token_ids": p} for p in _prompts(shared_prefix=8)] + [{"prompt_token_ids": [7, 8, 9]}]
+    params = [*SAMPLED_PARAMS, SAMPLED_PARAMS[1], SAMPLED_PARAMS[0]]
+    extra = MLA_COMBINED if combined else dict(num_gpu_blocks_override=256, max_num_seqs=16)
+    outs = {}
+    for eager in (True, False):
+        llm = LLM(
+            model=str(ckpt),
+            dtype="float32",
+            enforce_eager=eager,
+            attention_backend="triton",
+            cuda_graph_sizes=[1, 2, 4, 8],
+            **extra,
+        )
+        assert (_runner(llm).cuda_graphs is None) == eager
+        rounds = 2 if combined else 1
+        outs[eager] = [
+            [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)] for _ in range(rounds)
+        ]
+        stats = llm.llm_engine.get_stats()
+        llm.shutdown()
+        if combined:
+            assert stats.num_preemptions > 0 and stats.prefix_cache_hits > 0
+    assert outs[True] == outs[False]
+
+
+def test_mla_models_get_no_short_context_graphs(make_checkpoint, llama_dir, monkeypatch):
+    """Short-context graphs exist for the paged kernel's split decode; MLA's decode kernel never
+    splits, so an MLA model captures each size once (on an H100's 132 multiprocessors)."""
+    import types
+
+    from minivllm.worker import model_runner
+
+    monkeypatch.setattr(model_runner, "device_facts", lambda device: types.SimpleNamespace(num_sms=132))
+    ckpt = make_checkpoint("deepseek-v3-mla-yarn-grouped-sigmoid-router", deepseek_v3_config())
+    splits = {}
+    for name, path in (("mla", ckpt), ("llama", llama_dir)):
+        llm = LLM(model=str(path), dtype="float32", block_size=8, num_gpu_blocks_override=16)
+        try:
+            splits[name] = _runner(llm)._split_sizes([1, 2, 4, 8], 4096)
+        finally:
+            llm.shutdown()
+    assert splits["mla"] == [] and splits["llama"]  # the check can fail

@@ -1,4 +1,5 @@
-"""Triton kernel that stores a step's new keys and values in the paged KV cache."""
+"""Triton kernel that stores a step's new keys and values in the paged KV cache
+(or, ``KEY_ONLY``, an MLA layer's latents in its latent cache: ``write_latent``)."""
 
 from __future__ import annotations
 
@@ -58,9 +59,11 @@ def _write_kv_kernel(
     BLOCK_SIZE: tl.constexpr,
     FP8: tl.constexpr,
     ROUND_FP8: tl.constexpr,
+    KEY_ONLY: tl.constexpr = False,
 ):
     """One program per token: copy all of its KV heads into its slot (an fp8 cache
-    stores them divided by their scale, clamped to e4m3's range)."""
+    stores them divided by their scale, clamped to e4m3's range). ``KEY_ONLY``: no
+    values (an MLA latent cache, one "head" per token; ``value_ptr`` is not read)."""
     t = tl.program_id(0)
     slot = tl.load(slot_mapping_ptr + t).to(tl.int64)
     if slot < 0:  # padding token
@@ -68,25 +71,29 @@ def _write_kv_kernel(
     h = tl.arange(0, BLOCK_H)[:, None]
     d = tl.arange(0, BLOCK_D)[None, :]
     mask = (h < NUM_KV_HEADS) & (d < HEAD_DIM)
+    dst = kv_ptr + (slot // BLOCK_SIZE) * stride_cb + (slot % BLOCK_SIZE) * stride_cs + h * stride_ch + d
     k = tl.load(key_ptr + t * stride_kt + h * stride_kh + d, mask=mask)
-    v = tl.load(value_ptr + t * stride_vt + h * stride_vh + d, mask=mask)
     if FP8:
         k = tl.clamp(k.to(tl.float32) / k_scale, -FP8_MAX, FP8_MAX)
-        v = tl.clamp(v.to(tl.float32) / v_scale, -FP8_MAX, FP8_MAX)
         if ROUND_FP8:
             k = _round_to_e4m3(k)
-            v = _round_to_e4m3(v)
-    k = k.to(kv_ptr.dtype.element_ty)
-    v = v.to(kv_ptr.dtype.element_ty)
-    dst = kv_ptr + (slot // BLOCK_SIZE) * stride_cb + (slot % BLOCK_SIZE) * stride_cs + h * stride_ch + d
-    tl.store(dst, k, mask=mask)
-    tl.store(dst + stride_kv, v, mask=mask)
+    tl.store(dst, k.to(kv_ptr.dtype.element_ty), mask=mask)
+    if not KEY_ONLY:
+        v = tl.load(value_ptr + t * stride_vt + h * stride_vh + d, mask=mask)
+        if FP8:
+            v = tl.clamp(v.to(tl.float32) / v_scale, -FP8_MAX, FP8_MAX)
+            if ROUND_FP8:
+                v = _round_to_e4m3(v)
+        tl.store(dst + stride_kv, v.to(kv_ptr.dtype.element_ty), mask=mask)
 
 
-def launch_constexprs(num_kv_heads: int, head_dim: int, block_size: int, fp8: bool, round_fp8: bool) -> dict:
+def launch_constexprs(
+    num_kv_heads: int, head_dim: int, block_size: int, fp8: bool, round_fp8: bool, key_only: bool = False
+) -> dict:
     """The kernel's compile-time arguments: a program holds all KV heads of one token
     (also read by ``tools/kernel_report.py``)."""
     return dict(
+        KEY_ONLY=key_only,
         NUM_KV_HEADS=num_kv_heads,
         HEAD_DIM=head_dim,
         BLOCK_H=triton.next_power_of_2(num_kv_heads),
@@ -147,4 +154,51 @@ def write_kv(
         **launch_constexprs(
             num_kv_heads, head_dim, kv_cache.shape[2], kv_cache.dtype == FP8_KV_DTYPE, is_interpreted(_write_kv_kernel)
         ),
+    )
+
+
+def write_latent(
+    latent: torch.Tensor,  # (T, W): an MLA layer's new [c ; k_pe] rows
+    kv_cache: torch.Tensor,  # (num_blocks, block_size, 1, W)
+    slot_mapping: torch.Tensor,  # (T,) int64; < 0 means padding, not written
+    k_scale: float = 1.0,
+) -> None:
+    """``attention/mla.py``'s ``write_latent`` in one launch, with nothing read back on the host
+    (the padding test is per program), so a CUDA graph can capture it. An fp8 cache stores
+    ``latent / k_scale``."""
+    device = latent.device
+    check_launchable(device, _write_kv_kernel)
+    check_tensor(latent, "latent", device, dims=2)
+    check_tensor(kv_cache, "kv_cache", device, dims=4)
+    check_tensor(slot_mapping, "slot_mapping", device, dims=1)
+    num_tokens, width = latent.shape
+    require(
+        kv_cache.shape[2:] == (1, width) and kv_cache.is_contiguous(),
+        f"kv_cache must be a contiguous (num_blocks, block_size, 1, {width}) latent cache, got {tuple(kv_cache.shape)}",
+    )
+    require(
+        latent.dtype in SUPPORTED_DTYPES and kv_cache.dtype in (latent.dtype, FP8_KV_DTYPE),
+        f"latent dtype {latent.dtype} / cache dtype {kv_cache.dtype} unsupported",
+    )
+    require(k_scale > 0, f"k_scale must be > 0, got {k_scale}")
+    require(
+        slot_mapping.shape[0] == num_tokens, f"slot_mapping must be ({num_tokens},), got {tuple(slot_mapping.shape)}"
+    )
+    if num_tokens == 0:
+        return
+    fp8 = kv_cache.dtype == FP8_KV_DTYPE
+    _write_kv_kernel[(num_tokens,)](
+        latent,
+        latent,
+        kv_cache,
+        slot_mapping,
+        float(k_scale),
+        1.0,
+        latent.stride(0),
+        0,
+        latent.stride(0),
+        0,
+        0,
+        *kv_cache.stride()[:3],
+        **launch_constexprs(1, width, kv_cache.shape[1], fp8, is_interpreted(_write_kv_kernel), key_only=True),
     )

@@ -11,6 +11,10 @@ copy of the activations is ever materialised::
     GEMM 2:  C2[t*k + s] = weight[t, s] * (act[t*k + s] @ w2[e]^T)   (T*k, H)
     combine: out[t] = sum_s C2[t*k + s]                          (T, H)
 
+gpt-oss's experts add per-expert biases inside both GEMMs (``b13[e]`` to C1, ``b2[e]``
+to C2 before the routing weight) and take its clamped SwiGLU between them
+(``swiglu=(alpha, limit)``, ``layers/activation.py``).
+
 Rows of C2 whose expert lives on another rank are never written and stay zero.
 
 With ``MoeTiles.split_k`` > 1 (few large experts at decode: Mixtral's down GEMM has only
@@ -42,7 +46,7 @@ import triton
 import triton.language as tl
 
 from minivllm.attention.ops.checks import SUPPORTED_DTYPES, check_launchable, check_tensor, require
-from minivllm.layers.activation import silu_and_mul
+from minivllm.layers.activation import clamped_swiglu, silu_and_mul
 from minivllm.layers.fused_moe.tiles import MoeTiles, choose_tiles
 from minivllm.tuned_tiles import device_facts
 
@@ -92,6 +96,7 @@ def _grouped_gemm_kernel(
     a_ptr,
     w_ptr,
     c_ptr,
+    bias_ptr,  # (E, N) per-expert bias when HAS_BIAS
     weights_ptr,
     sorted_ids_ptr,
     block_experts_ptr,
@@ -108,8 +113,10 @@ def _grouped_gemm_kernel(
     stride_cn,
     stride_cs,
     k_per_split,
+    stride_be,
     A_ROWS_PER_ROW: tl.constexpr,  # k for GEMM 1 (row t*k+s reads hidden[t]); 1 for GEMM 2
     MUL_WEIGHT: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
     FP32_DOT: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -157,6 +164,10 @@ def _grouped_gemm_kernel(
             acc += tl.dot(a, w)
         a_ptrs += BLOCK_K * stride_ak
         w_ptrs += BLOCK_K * stride_wk
+    if HAS_BIAS:  # the expert's own bias, before the routing weight (added by the first split only)
+        bias_ok = (offs_n < N) & (tl.program_id(1) == 0)
+        bias = tl.load(bias_ptr + expert.to(tl.int64) * stride_be + offs_n, mask=bias_ok, other=0.0)
+        acc += bias.to(tl.float32)[None, :]
     if MUL_WEIGHT:
         acc *= tl.load(weights_ptr + rows, mask=row_ok, other=0.0)[:, None]
     c_ptrs = c_ptr + rows[:, None] * stride_cm + offs_n[None, :] * stride_cn
@@ -172,17 +183,19 @@ def _grouped_gemm(
     a_rows_per_row: int,
     mul_weight: bool,
     tiles: MoeTiles,
+    bias: torch.Tensor | None = None,
     splits: int = 1,
 ) -> None:
-    """out[rows] = a[rows // a_rows_per_row] @ w[expert]^T (times the routing weight when asked);
-    with ``splits`` > 1, out is (splits, rows, N) fp32 and split s holds the sum over its
-    share of K (``MoeTiles.k_per_split``)."""
+    """out[rows] = a[rows // a_rows_per_row] @ w[expert]^T (+ bias[expert]; times the routing weight
+    when asked); with ``splits`` > 1, out is (splits, rows, N) fp32 and split s holds the sum over
+    its share of K (``MoeTiles.k_per_split``), the bias in split 0's."""
     num_n = triton.cdiv(w.shape[1], tiles.block_n)
     grid = (routing.block_experts.numel() * num_n, splits)
     _grouped_gemm_kernel[grid](
         a,
         w,
         out,
+        bias if bias is not None else w,
         weights,
         routing.sorted_ids,
         routing.block_experts,
@@ -199,8 +212,10 @@ def _grouped_gemm(
         out.stride(-1),
         out.stride(0) if splits > 1 else 0,
         tiles.k_per_split(w.shape[2]),
+        bias.stride(0) if bias is not None else 0,
         A_ROWS_PER_ROW=a_rows_per_row,
         MUL_WEIGHT=mul_weight,
+        HAS_BIAS=bias is not None,
         FP32_DOT=a.dtype == torch.float32,
         BLOCK_M=tiles.block_m,
         BLOCK_N=tiles.block_n,
@@ -219,25 +234,35 @@ def triton_fused_experts(
     topk_weights: torch.Tensor,
     topk_ids: torch.Tensor,
     tiles: MoeTiles | None = None,
+    *,
+    b13: torch.Tensor | None = None,
+    b2: torch.Tensor | None = None,
+    swiglu: tuple[float, float] | None = None,
 ) -> torch.Tensor:
     """The Triton version of ``torch_fused_experts`` (same arguments, same result); ``tiles``
-    None: the tuned table's config for this device and shape, else the heuristic's (tiles.py)."""
+    None: the tuned table's config for this device and shape, else the heuristic's (tiles.py).
+    gpt-oss's experts: ``b13`` (E, 2I) and ``b2`` (E, H) per-expert biases, ``swiglu`` (alpha,
+    limit) its clamped SwiGLU instead of SiLU-and-mul (the torch loop in ``models/gpt_oss.py``)."""
     _check_inputs(hidden, w13, w2, topk_weights, topk_ids)
-    T, k = topk_ids.shape
     E, two_i, H = w13.shape
+    for name, bias, shape in (("b13", b13, (E, two_i)), ("b2", b2, (E, H))):
+        if bias is not None:
+            check_tensor(bias, name, hidden.device, dims=2)
+            require(tuple(bias.shape) == shape, f"{name} must be {shape}, got {tuple(bias.shape)}")
+    T, k = topk_ids.shape
     tiles = tiles or choose_tiles(T, E, two_i, H, k, hidden.dtype, device_facts(hidden.device))
     routing = align_by_expert(topk_ids, E, tiles.block_m)
     weights = topk_weights.to(torch.float32).contiguous().flatten()  # (T*k,)
     gate_up = torch.empty(T * k, two_i, dtype=hidden.dtype, device=hidden.device)
-    _grouped_gemm(hidden, w13, gate_up, routing, weights, k, False, tiles)
-    act = silu_and_mul(gate_up)  # (T*k, I)
+    _grouped_gemm(hidden, w13, gate_up, routing, weights, k, False, tiles, b13)
+    act = silu_and_mul(gate_up) if swiglu is None else clamped_swiglu(gate_up, *swiglu)  # (T*k, I)
     splits = tiles.splits(act.shape[1])
     if splits > 1:  # the down GEMM split along I: fp32 partials, added with the k slots in fp32
         partials = torch.zeros(splits, T * k, H, dtype=torch.float32, device=hidden.device)
-        _grouped_gemm(act, w2, partials, routing, weights, 1, True, tiles, splits)
+        _grouped_gemm(act, w2, partials, routing, weights, 1, True, tiles, b2, splits)
         return partials.view(splits, T, k, H).sum(dim=(0, 2)).to(hidden.dtype)
     down = torch.zeros(T * k, H, dtype=hidden.dtype, device=hidden.device)
-    _grouped_gemm(act, w2, down, routing, weights, 1, True, tiles)
+    _grouped_gemm(act, w2, down, routing, weights, 1, True, tiles, b2)
     return down.view(T, k, H).sum(dim=1)
 
 
