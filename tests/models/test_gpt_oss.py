@@ -228,6 +228,7 @@ def test_triton_fused_experts_with_biases_and_clamped_swiglu_match_the_torch_loo
     and the clamped SwiGLU between them) against the torch loop, on 19 tokens over 8 experts
     (top-2): the biases and the clamp both change the result."""
     from minivllm.layers.fused_moe import route
+    from minivllm.layers.fused_moe.tiles import MoeTiles
     from minivllm.layers.fused_moe.triton_experts import triton_fused_experts
     from minivllm.models.gpt_oss import GptOssExperts
 
@@ -245,6 +246,9 @@ def test_triton_fused_experts_with_biases_and_clamped_swiglu_match_the_torch_loo
     kw = dict(b13=experts.b13, b2=experts.b2, swiglu=swiglu)
     got = triton_fused_experts(hidden, experts.w13, experts.w2, weights, ids, **kw).float()
     tol = 1e-4 if dtype == torch.float32 else 5e-2
+    torch.testing.assert_close(got, expected, atol=tol, rtol=tol)
+    split = MoeTiles(16, 32, 16, split_k=2)  # the down GEMM in two fp32 partials: its bias added once
+    got = triton_fused_experts(hidden, experts.w13, experts.w2, weights, ids, tiles=split, **kw).float()
     torch.testing.assert_close(got, expected, atol=tol, rtol=tol)
     unbiased = triton_fused_experts(hidden, experts.w13, experts.w2, weights, ids, swiglu=swiglu).float()
     biases = dict(b13=experts.b13, b2=experts.b2)

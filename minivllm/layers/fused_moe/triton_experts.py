@@ -165,9 +165,9 @@ def _grouped_gemm_kernel(
         a_ptrs += BLOCK_K * stride_ak
         w_ptrs += BLOCK_K * stride_wk
     if HAS_BIAS:  # the expert's own bias, before the routing weight (added by the first split only)
-        bias_ok = (offs_n < N) & (tl.program_id(1) == 0)
-        bias = tl.load(bias_ptr + expert.to(tl.int64) * stride_be + offs_n, mask=bias_ok, other=0.0)
-        acc += bias.to(tl.float32)[None, :]
+        if tl.program_id(1) == 0:
+            bias = tl.load(bias_ptr + expert.to(tl.int64) * stride_be + offs_n, mask=offs_n < N, other=0.0)
+            acc += bias.to(tl.float32)[None, :]
     if MUL_WEIGHT:
         acc *= tl.load(weights_ptr + rows, mask=row_ok, other=0.0)[:, None]
     c_ptrs = c_ptr + rows[:, None] * stride_cm + offs_n[None, :] * stride_cn
