@@ -73,3 +73,49 @@ def test_greedy_matches_transformers(qwen3_next_dir, reference) -> None:
 def test_combinations_match_transformers(qwen3_next_dir, reference, name, kwargs) -> None:
     prompts, ref = reference
     _assert_matches(_generate(qwen3_next_dir, prompts, **kwargs), ref)
+
+
+def test_kv_spec_reports_blocks_and_state_slots(qwen3_next_dir) -> None:
+    """The exact budget pays for ``max_num_seqs`` state slots first, the KV blocks get the rest;
+    the spec reports both at their real sizes (fp32, the test shape)."""
+    budget, block_size, seqs = 1 << 20, 4, 6
+    llm = _llm(qwen3_next_dir, num_gpu_blocks_override=None, kv_cache_memory_bytes=budget, max_num_seqs=seqs)
+    try:
+        spec = llm.llm_engine.core.kv_spec
+        conv = (2 * 2 * 8 + 4 * 8) * (4 - 1) * 4  # q, k, v channels x (K - 1) inputs, fp32
+        recurrent = 4 * 8 * 8 * 4  # value heads x Dk x Dv, fp32
+        assert spec.num_state_slots == seqs
+        assert spec.state_slot_bytes == 3 * (conv + recurrent)  # three linear-attention layers
+        assert spec.block_bytes == 1 * 2 * 2 * 16 * 4 * block_size  # one full-attention layer: K and V, 2 heads
+        assert spec.num_blocks == (budget - seqs * spec.state_slot_bytes) // spec.block_bytes
+    finally:
+        llm.shutdown()
+
+
+def _config(ckpt, *overrides: str):
+    from minivllm.config.store import build_config
+
+    return build_config([f"model.path={ckpt}", *overrides])
+
+
+def test_prefix_caching_refused_when_asked_and_off_by_default(qwen3_next_dir, llama_dir, caplog) -> None:
+    with pytest.raises(ValueError, match=r"cache.enable_prefix_caching=true.*linear-attention layers \[0, 1, 2\]"):
+        _config(qwen3_next_dir, "cache.enable_prefix_caching=true")
+    with caplog.at_level("INFO"):
+        assert _config(qwen3_next_dir).cache.enable_prefix_caching is False
+    assert "Prefix caching off" in caplog.text
+    assert _config(qwen3_next_dir, "cache.enable_prefix_caching=false").cache.enable_prefix_caching is False
+    assert _config(llama_dir).cache.enable_prefix_caching is True  # other models: on by default
+
+
+@pytest.mark.parametrize(
+    "overrides, key",
+    [
+        (["speculative.method=ngram", "speculative.num_speculative_tokens=2"], "speculative.method=ngram"),
+        (["lora.enable_lora=true"], "lora.enable_lora=true"),
+        (["parallel.pp=2"], "parallel.pp=2"),
+    ],
+)
+def test_unsupported_options_are_refused(qwen3_next_dir, overrides, key) -> None:
+    with pytest.raises(ValueError, match=f"{key}: not supported with Qwen3NextForCausalLM"):
+        _config(qwen3_next_dir, *overrides)
