@@ -7,8 +7,12 @@ scheduling and tp=2; prefix caching refused when asked for, off by default.
 
 from __future__ import annotations
 
+import json
+import shutil
+
 import pytest
 import torch
+from transformers import AutoModelForCausalLM
 
 from minivllm import LLM, SamplingParams
 from tests.hf_reference import hf_greedy
@@ -119,3 +123,51 @@ def test_prefix_caching_refused_when_asked_and_off_by_default(qwen3_next_dir, ll
 def test_unsupported_options_are_refused(qwen3_next_dir, overrides, key) -> None:
     with pytest.raises(ValueError, match=f"{key}: not supported with Qwen3NextForCausalLM"):
         _config(qwen3_next_dir, *overrides)
+
+
+def test_fp8_kv_cache_for_the_attention_layers(qwen3_next_dir, reference) -> None:
+    """fp8 keys and values in the full-attention layer (a quarter of the bytes of fp32 per block),
+    the linear-attention states in the model's dtype: the greedy tokens stay transformers'."""
+    prompts, ref = reference
+    llm = _llm(qwen3_next_dir, kv_cache_dtype="fp8")
+    try:
+        spec = llm.llm_engine.core.kv_spec
+        assert spec.block_bytes == 2 * 2 * 16 * 1 * 4  # K and V, 2 heads of 16, one byte, block of 4
+        assert spec.state_slot_bytes == 3 * ((2 * 2 * 8 + 4 * 8) * 3 * 4 + 4 * 8 * 8 * 4)  # states stay fp32
+        params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, logprobs=0, ignore_eos=True)
+        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    finally:
+        llm.shutdown()
+    # fp8 rounding moves the logprobs (by up to ~0.5 nats on this random checkpoint), not the choices
+    assert [o.outputs[0].token_ids for o in outs] == [tokens for tokens, _ in ref]
+
+
+TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+
+
+@torch.no_grad()
+def test_openai_chat_with_the_checkpoints_template_matches_transformers(
+    qwen3_next_dir, tmp_path, make_engine, openai_client
+) -> None:
+    """The server renders the checkpoint's own chat template; the reply is transformers' greedy text."""
+    ckpt = tmp_path / "qwen3-next-chat"
+    shutil.copytree(qwen3_next_dir, ckpt)
+    tok_config = json.loads((ckpt / "tokenizer_config.json").read_text())
+    (ckpt / "tokenizer_config.json").write_text(json.dumps({**tok_config, "chat_template": TEMPLATE}))
+    server = make_engine(ckpt).start_server()
+    client = openai_client(server)
+    messages = [{"role": "user", "content": "def add(a, b):"}]
+    chat = client.chat.completions.create(model=server.model_name, messages=messages, max_tokens=8, temperature=0)
+
+    tokenizer = server.harness.engine.tokenizer
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+    assert tokenizer.decode(ids).endswith("<|assistant|>\n")
+    hf = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32).eval()
+    for _ in range(8):  # greedy, one token at a time (transformers' generate would stop at eos)
+        ids = ids + [int(hf(input_ids=torch.tensor([ids])).logits[0, -1].argmax())]
+    expected = tokenizer.decode(ids[-8:], skip_special_tokens=True)
+    assert chat.choices[0].message.content == expected
+    assert chat.usage.completion_tokens == 8
