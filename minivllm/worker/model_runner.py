@@ -591,27 +591,23 @@ class _AdapterRequests:
 
 
 class StateSlots:
-    """Hybrid models: which slot of the linear-attention layers' state tensors each running
-    request owns. A request takes a free slot when it joins the batch (admission, or readmission
-    after preemption, which recomputes it from scratch) and frees it when it leaves (finished,
-    aborted, preempted); the scheduler never runs more than ``max_num_seqs`` requests, so
-    ``max_num_seqs`` slots always suffice. A slot's contents are never cleared: a request's first
-    step reads zeros instead (``has_initial_state`` False while it has no computed tokens)."""
+    """Hybrid models: the slot of the linear-attention layers' state tensors each request in the
+    batch owns, as the KV-cache manager assigned it (``NewRequestData.state_slot``: taken at
+    admission, freed when the request finishes or is preempted; a preempted request comes back
+    as a new one and recomputes). A slot's contents are never cleared: a request's first step
+    reads zeros instead (``has_initial_state`` False while it has no computed tokens)."""
 
     def __init__(self, num_slots: int) -> None:
         self.num_slots = num_slots
-        self._free = list(range(num_slots - 1, -1, -1))  # popped from the end: lowest first
         self.slot_of: dict[RequestId, int] = {}
 
     def add(self, new: NewRequestData) -> None:
-        if not self._free:
-            raise RuntimeError(f"request {new.req_id}: all {self.num_slots} linear-attention state slots are taken")
-        self.slot_of[new.req_id] = self._free.pop()
+        if new.state_slot is None or not 0 <= new.state_slot < self.num_slots:
+            raise RuntimeError(f"request {new.req_id}: state slot {new.state_slot} is not one of {self.num_slots}")
+        self.slot_of[new.req_id] = new.state_slot
 
     def remove(self, req_id: RequestId) -> None:
-        slot = self.slot_of.pop(req_id, None)
-        if slot is not None:
-            self._free.append(slot)
+        self.slot_of.pop(req_id, None)
 
     def plan(
         self, meta: AttentionMetadata, req_ids: list[RequestId], has_initial: np.ndarray, device: torch.device
