@@ -5,7 +5,7 @@ shared expert.
 **Gated DeltaNet** (``linear_attention`` layers), per token::
 
     in_proj_qkvz -> per key head [q (Dk) | k (Dk) | v (r Dv) | z (r Dv)]      r = Hv / Hk
-    in_proj_ba   -> per key head [b (r) | a (r)]
+    in_proj_ba   -> per key head [b (r) | a (r)]          (both regrouped part by part at load)
     [q | k | v] -> causal depthwise conv (width K) -> SiLU                   conv state: last K - 1 inputs
     q, k L2-normalised, repeated r times (one per value head); beta = sigmoid(b);
     g = -exp(A_log) * softplus(a + dt_bias)                                  log decay
@@ -107,6 +107,27 @@ class ShortConv(nn.Module):
             start, offset = start + full, offset + n
 
 
+class GroupedColumnLinear(ColumnParallelLinear):
+    """A column-parallel projection whose checkpoint rows come interleaved per key head
+    (``[q | k | v | z]`` for each head, or ``[b | a]``): each rank takes its whole heads, and the
+    loader regroups their rows part by part (all heads' q, then all k, ...), so that the
+    forward pass splits the output into contiguous parts instead of gathering them every step."""
+
+    def __init__(self, in_features: int, num_groups: int, part_sizes: list[int]) -> None:
+        super().__init__(in_features, num_groups * sum(part_sizes), bias=False)
+        local_groups = num_groups // self.tp_size
+        width = sum(part_sizes)
+        starts = [sum(part_sizes[:i]) for i in range(len(part_sizes))]
+        self.order = [  # local output row -> row of this rank's slice as the checkpoint has it (a list: built on meta)
+            g * width + start + i for start, n in zip(starts, part_sizes) for g in range(local_groups) for i in range(n)
+        ]
+
+    def weight_loader(self, param: nn.Parameter, loaded: Any, shard_id: Any = None) -> None:
+        n = param.shape[0]
+        rows = narrow(loaded, 0, self.tp_rank * n, n)
+        copy_checked(param.data, rows[torch.tensor(self.order, device=rows.device)], "grouped projection")
+
+
 class Qwen3NextGatedDeltaNet(nn.Module):
     """A linear-attention layer with a conv state and a recurrent state per request (module docstring)."""
 
@@ -122,8 +143,11 @@ class Qwen3NextGatedDeltaNet(nn.Module):
         self.ratio = nv // nk
         self.kernel = config.linear_conv_kernel_dim
         key_dim, value_dim = nk * self.dk, nv * self.dv
-        self.in_proj_qkvz = ColumnParallelLinear(hidden, 2 * key_dim + 2 * value_dim, bias=False)
-        self.in_proj_ba = ColumnParallelLinear(hidden, 2 * nv, bias=False)
+        # loaded regrouped: outputs [q (all heads) | k | v | z] and [b | a] (GroupedColumnLinear)
+        self.in_proj_qkvz = GroupedColumnLinear(
+            hidden, nk, [self.dk, self.dk, self.ratio * self.dv, self.ratio * self.dv]
+        )
+        self.in_proj_ba = GroupedColumnLinear(hidden, nk, [self.ratio, self.ratio])
         self.conv1d = ShortConv([key_dim, key_dim, value_dim], self.kernel)
         self.A_log = nn.Parameter(torch.empty(self.num_v_heads), requires_grad=False)
         self.dt_bias = nn.Parameter(torch.empty(self.num_v_heads), requires_grad=False)
@@ -153,10 +177,8 @@ class Qwen3NextGatedDeltaNet(nn.Module):
             raise RuntimeError("the linear-attention states are not allocated: the model runner binds them")
         T = hidden.shape[0]
         nk, nv, dk, dv, r = self.num_k_heads, self.num_v_heads, self.dk, self.dv, self.ratio
-        qkvz = self.in_proj_qkvz(hidden).view(T, nk, 2 * dk + 2 * r * dv)
-        q, k, v, z = qkvz.split([dk, dk, r * dv, r * dv], dim=-1)
-        b, a = self.in_proj_ba(hidden).view(T, nk, 2 * r).split([r, r], dim=-1)
-        mixed = torch.cat((q.reshape(T, nk * dk), k.reshape(T, nk * dk), v.reshape(T, nv * dv)), dim=-1)
+        mixed, z = self.in_proj_qkvz(hidden).split([2 * nk * dk + nv * dv, nv * dv], dim=-1)  # [q | k | v], z
+        b, a = self.in_proj_ba(hidden).split([nv, nv], dim=-1)  # (T, Hv) each
         slots = dict(
             state_indices=meta.state_indices, cu_seqlens=meta.query_start_loc, has_initial_state=meta.has_initial_state
         )
@@ -165,8 +187,8 @@ class Qwen3NextGatedDeltaNet(nn.Module):
         q = _l2norm(q.reshape(T, nk, dk)).repeat_interleave(r, dim=1)  # (T, Hv, Dk) fp32
         k = _l2norm(k.reshape(T, nk, dk)).repeat_interleave(r, dim=1)  # (T, Hv, Dk) fp32
         v = v.reshape(T, nv, dv)  # (T, Hv, Dv)
-        beta = b.reshape(T, nv).sigmoid().float()  # (T, Hv)
-        g = -self.A_log.float().exp() * F.softplus(a.reshape(T, nv).float() + self.dt_bias.float())  # (T, Hv)
+        beta = b.sigmoid().float()  # (T, Hv)
+        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())  # (T, Hv)
         rule = recurrent_gated_delta_rule if meta.max_query_len == 1 else chunk_gated_delta_rule
         o = rule(q, k, v, g, beta, scale=dk**-0.5, states=self.recurrent_state, **slots)  # (T, Hv, Dv)
         o = self.norm(o.reshape(T * nv, dv), z.reshape(T * nv, dv)).view(T, nv * dv)

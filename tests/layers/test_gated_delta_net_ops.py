@@ -157,3 +157,27 @@ def test_causal_conv1d_matches_transformers() -> None:
     torch.testing.assert_close(y[1:], ref_b, atol=1e-5, rtol=1e-5)
     assert not torch.equal(conv_states[0], before_b)
     torch.testing.assert_close(conv_states[0], F.pad(x[10:].T, (K - 1 - 3, 0)), atol=0, rtol=0)
+
+
+def test_causal_conv1d_decode_step_matches_transformers() -> None:
+    """A decode-only step (one token a request: no padding), one request continuing and one
+    starting from zeros, against ``causal_conv1d_update``."""
+    gen = torch.Generator().manual_seed(4)
+    C, K = 6, 4
+    weight, bias = torch.randn(C, K, generator=gen), torch.randn(C, generator=gen)
+    x = torch.randn(2, C, generator=gen)
+    conv_states = torch.randn(4, C, K - 1, generator=gen)
+    hf_states = [F.pad(conv_states[3], (1, 0))[None].clone(), torch.zeros(1, C, K)]  # slot 3 continues; slot 1 new
+    y = causal_conv1d(
+        x,
+        weight,
+        bias,
+        conv_states=conv_states,
+        state_indices=torch.tensor([3, 1]),
+        cu_seqlens=torch.tensor([0, 1, 2], dtype=torch.int32),
+        has_initial_state=torch.tensor([True, False]),
+    )
+    for i, (slot, hf_state) in enumerate(zip([3, 1], hf_states)):
+        ref = hf.causal_conv1d_update(x[i : i + 1].T[None], hf_state, weight, bias, activation="silu")[0].T
+        torch.testing.assert_close(y[i : i + 1], ref, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(conv_states[slot], hf_state[0, :, 1:], atol=0, rtol=0)

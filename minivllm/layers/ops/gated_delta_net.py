@@ -195,10 +195,15 @@ def causal_conv1d(
         )
     if activation not in (None, "silu", "swish"):
         raise ValueError(f"causal_conv1d: activation={activation!r}; supported: silu, None")
-    (xp,), seq, pos, L = _pad_by_sequence([x.to(weight.dtype)], cu_seqlens, 1)  # (N, L, C)
     idx = state_indices.long()
     prefix = conv_states[idx].to(weight.dtype)  # (N, C, K - 1)
     prefix = torch.where(has_initial_state.view(-1, 1, 1), prefix, torch.zeros_like(prefix))
+    if idx.shape[0] == T:  # one token a request (decode): no padding
+        window = torch.cat((prefix, x.to(weight.dtype).unsqueeze(-1)), dim=-1)  # (N, C, K)
+        conv_states[idx] = window[:, :, 1:].to(conv_states.dtype)
+        y = (window * weight).sum(-1) if bias is None else (window * weight).sum(-1) + bias  # (T, C)
+        return (F.silu(y) if activation is not None else y).to(x.dtype)
+    (xp,), seq, pos, L = _pad_by_sequence([x.to(weight.dtype)], cu_seqlens, 1)  # (N, L, C)
     full = torch.cat((prefix.transpose(1, 2), xp), dim=1)  # (N, K - 1 + L, C)
     y = F.conv1d(full.transpose(1, 2), weight.unsqueeze(1), bias, groups=C)  # (N, C, L)
     lens = (cu_seqlens[1:] - cu_seqlens[:-1]).long()
