@@ -171,3 +171,33 @@ def test_openai_chat_with_the_checkpoints_template_matches_transformers(
     expected = tokenizer.decode(ids[-8:], skip_special_tokens=True)
     assert chat.choices[0].message.content == expected
     assert chat.usage.completion_tokens == 8
+
+
+@torch.no_grad()
+def test_bf16_drifts_from_fp32_no_more_than_transformers_bf16(make_checkpoint) -> None:
+    """bf16 weights (every expert active: no routing flips): on each prompt our logprobs stray from
+    transformers' fp32 ones no more than transformers' own bf16 does, plus a margin (this random
+    checkpoint is bf16-sensitive: transformers' bf16 moves it by ~0.8 nats; a mis-loaded weight, by more)."""
+    config = qwen3_next_config()
+    config.num_experts_per_tok = config.num_experts
+    ckpt = make_checkpoint("qwen3-next-every-expert", config)
+    prompts = _prompts()[:3]
+    llm = _llm(ckpt, dtype="bfloat16")
+    try:
+        params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, logprobs=0, ignore_eos=True)
+        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    finally:
+        llm.shutdown()
+    fp32 = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32).eval()
+    bf16 = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.bfloat16).eval()
+    for prompt, out in zip(prompts, outs):
+        tokens = out.outputs[0].token_ids
+        ids, chosen = torch.tensor([prompt + tokens]), torch.tensor(tokens)[:, None]
+
+        def chosen_logprobs(model):
+            logits = model(ids).logits[0, len(prompt) - 1 : -1].float()
+            return torch.log_softmax(logits, -1).gather(1, chosen)[:, 0]
+
+        ref, hf_bf16 = chosen_logprobs(fp32), chosen_logprobs(bf16)
+        ours = torch.tensor([lp[t].logprob for lp, t in zip(out.outputs[0].logprobs, tokens)])
+        assert (ours - ref).abs().max() <= (hf_bf16 - ref).abs().max() + 0.3
