@@ -173,6 +173,12 @@ def test_openai_chat_with_the_checkpoints_template_matches_transformers(
     assert chat.usage.completion_tokens == 8
 
 
+def _chosen_logprobs(model, prompt: list[int], tokens: list[int]) -> torch.Tensor:
+    """(len(tokens),) the model's fp32 logprob of each of ``tokens`` after ``prompt`` and the ones before it."""
+    logits = model(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1 : -1].float()
+    return torch.log_softmax(logits, -1).gather(1, torch.tensor(tokens)[:, None])[:, 0]
+
+
 @torch.no_grad()
 def test_bf16_drifts_from_fp32_no_more_than_transformers_bf16(make_checkpoint) -> None:
     """bf16 weights (every expert active: no routing flips): on each prompt our logprobs stray from
@@ -192,12 +198,6 @@ def test_bf16_drifts_from_fp32_no_more_than_transformers_bf16(make_checkpoint) -
     bf16 = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.bfloat16).eval()
     for prompt, out in zip(prompts, outs):
         tokens = out.outputs[0].token_ids
-        ids, chosen = torch.tensor([prompt + tokens]), torch.tensor(tokens)[:, None]
-
-        def chosen_logprobs(model):
-            logits = model(ids).logits[0, len(prompt) - 1 : -1].float()
-            return torch.log_softmax(logits, -1).gather(1, chosen)[:, 0]
-
-        ref, hf_bf16 = chosen_logprobs(fp32), chosen_logprobs(bf16)
+        ref, hf_bf16 = (_chosen_logprobs(model, prompt, tokens) for model in (fp32, bf16))
         ours = torch.tensor([lp[t].logprob for lp, t in zip(out.outputs[0].logprobs, tokens)])
         assert (ours - ref).abs().max() <= (hf_bf16 - ref).abs().max() + 0.3
