@@ -72,6 +72,9 @@ def test_greedy_matches_transformers(qwen3_next_dir, reference) -> None:
         ("preemption-30-blocks", dict(num_gpu_blocks_override=30)),
         ("async-scheduling-chunked", dict(async_scheduling=True, max_num_batched_tokens=8)),
         ("tp2", dict(tensor_parallel_size=2)),
+        ("tp2-chunked-prefill", dict(tensor_parallel_size=2, max_num_batched_tokens=8, enable_chunked_prefill=True)),
+        ("async-scheduling-preemption", dict(async_scheduling=True, num_gpu_blocks_override=30)),
+        ("two-slots-reused", dict(max_num_seqs=2)),  # later requests take slots holding finished ones' states
     ],
 )
 def test_combinations_match_transformers(qwen3_next_dir, reference, name, kwargs) -> None:
