@@ -29,9 +29,15 @@ system (the WY / UT form)::
     S_C = Gam_C S0 + (K * Gam_C / Gam)^T U
 
 so ``U = W_v - W_k S0`` with ``W_v = (I + A)^-1 beta V`` and ``W_k = (I + A)^-1 beta Gam K``
-(two triangular solves a chunk). Requests are padded to a common length with ``g = 0``,
-``beta = 0`` and ``k = v = q = 0``: a padded token neither decays nor writes the state, so
-each request's final state is its last real token's.
+(two triangular solves a chunk, for all chunks of all requests at once). Each request is cut
+into chunks of its own, the last one padded with ``g = 0``, ``beta = 0`` and ``k = v = q = 0``:
+a padded token neither decays nor writes the state, so each request's final state is its last
+real token's; only the state's pass from chunk to chunk loops, over the chunks' index, each
+iteration taking that chunk of every request long enough to have one. A decode token costs one
+chunk of ``C = min(chunk_size, longest request)`` rows, never the longest request's length.
+
+The conv gathers each token's window of K inputs from its request's state inputs and tokens
+laid back to back, so it needs no padding either.
 """
 
 from __future__ import annotations
@@ -57,6 +63,18 @@ def _pad_by_sequence(
         out[seq, pos] = x
         padded.append(out)
     return padded, seq, pos, L
+
+
+def _chunk_layout(cu_seqlens: torch.Tensor, C: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[int]]:
+    """Each request's tokens in chunks of C of its own (the last one zero-padded), all requests'
+    chunks side by side: (T,) chunk and (T,) offset in it of each packed token, (N,) first chunk
+    of each request, and each request's chunk count (host ints)."""
+    lens = (cu_seqlens[1:] - cu_seqlens[:-1]).long()  # (N,)
+    counts = (lens + C - 1) // C  # (N,)
+    first = torch.cumsum(counts, 0) - counts  # (N,)
+    seq = torch.repeat_interleave(torch.arange(lens.shape[0], device=lens.device), lens)  # (T,)
+    pos = torch.arange(seq.shape[0], device=lens.device) - cu_seqlens[:-1].long()[seq]  # (T,)
+    return first[seq] + pos // C, pos % C, first, counts.tolist()
 
 
 def _initial_states(
@@ -107,34 +125,44 @@ def chunk_gated_delta_rule(
     Dv = v.shape[-1]
     lens = cu_seqlens[1:] - cu_seqlens[:-1]
     C = max(1, min(chunk_size, int(lens.max()) if lens.numel() else 1))
-    f32 = [x.float() for x in (q, k, v, g, beta)]
-    f32[0] = f32[0] * scale
-    (qp, kp, vp, gp, bp), seq, pos, L = _pad_by_sequence(f32, cu_seqlens, C)
-    N = qp.shape[0]
-    S = _initial_states(states, state_indices, has_initial_state)  # (N, H, Dk, Dv)
-    # (N, H, chunks, C, D) and (N, H, chunks, C)
-    qc, kc, vc = (x.transpose(1, 2).reshape(N, H, L // C, C, x.shape[-1]) for x in (qp, kp, vp))
-    gc, bc = (x.transpose(1, 2).reshape(N, H, L // C, C) for x in (gp, bp))
-    G = gc.cumsum(-1)  # (N, H, chunks, C): log decay from the chunk's start, inclusive
+    chunk, offset, first, counts = _chunk_layout(cu_seqlens, C)
+    M = sum(counts)  # chunks of all requests
+    # (M, H, C, D) and (M, H, C): every chunk of every request, zero-padded
+    qc, kc, vc = (_to_chunks(x.float(), chunk, offset, M, C) for x in (q * scale, k, v))
+    gc, bc = (_to_chunks(x.float().unsqueeze(-1), chunk, offset, M, C).squeeze(-1) for x in (g, beta))
+    G = gc.cumsum(-1)  # (M, H, C): log decay from the chunk's start, inclusive
     lower = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
-    D = (G.unsqueeze(-1) - G.unsqueeze(-2)).masked_fill(~lower, float("-inf")).exp()  # (.., C, C) Gam_t / Gam_j
-    A = (bc.unsqueeze(-1) * (kc @ kc.transpose(-1, -2)) * D).tril(-1)  # strictly lower
-    eye = torch.eye(C, dtype=A.dtype, device=A.device)
-    Wv = torch.linalg.solve_triangular(A + eye, bc.unsqueeze(-1) * vc, upper=False, unitriangular=True)
-    Wk = torch.linalg.solve_triangular(
-        A + eye, (bc * G.exp()).unsqueeze(-1) * kc, upper=False, unitriangular=True
-    )  # (N, H, chunks, C, Dk)
-    attn = (qc @ kc.transpose(-1, -2)) * D  # (N, H, chunks, C, C), zero above the diagonal
-    qg = qc * G.exp().unsqueeze(-1)  # (N, H, chunks, C, Dk)
-    tail = (G[..., -1:] - G).exp().unsqueeze(-1) * kc  # (N, H, chunks, C, Dk): k_j Gam_C / Gam_j
-    out = torch.empty(N, H, L // C, C, Dv, dtype=torch.float32, device=q.device)
-    for c in range(L // C):
-        U = Wv[:, :, c] - Wk[:, :, c] @ S  # (N, H, C, Dv)
-        out[:, :, c] = qg[:, :, c] @ S + attn[:, :, c] @ U
-        S = G[:, :, c, -1].exp()[..., None, None] * S + tail[:, :, c].transpose(-1, -2) @ U
+    D = (G.unsqueeze(-1) - G.unsqueeze(-2)).masked_fill(~lower, float("-inf")).exp()  # (M, H, C, C) Gam_t / Gam_j
+    I_plus_A = (bc.unsqueeze(-1) * (kc @ kc.transpose(-1, -2)) * D).tril(-1) + torch.eye(C, device=q.device)
+    Wv = torch.linalg.solve_triangular(I_plus_A, bc.unsqueeze(-1) * vc, upper=False, unitriangular=True)
+    Wk = torch.linalg.solve_triangular(I_plus_A, (bc * G.exp()).unsqueeze(-1) * kc, upper=False, unitriangular=True)
+    attn = (qc @ kc.transpose(-1, -2)) * D  # (M, H, C, C), zero above the diagonal
+    qg = qc * G.exp().unsqueeze(-1)  # (M, H, C, Dk)
+    tail = ((G[..., -1:] - G).exp().unsqueeze(-1) * kc).transpose(-1, -2)  # (M, H, Dk, C): k_j Gam_C / Gam_j
+    decay = G[..., -1].exp()[..., None, None]  # (M, H, 1, 1)
+    S = _initial_states(states, state_indices, has_initial_state)  # (N, H, Dk, Dv)
+    out = torch.empty(M, H, C, Dv, dtype=torch.float32, device=q.device)
+    counts_t = torch.tensor(counts, device=q.device)
+    for c in range(max(counts, default=0)):  # chunk c of every request that has one, together
+        active = None if min(counts) > c else (counts_t > c).nonzero().squeeze(-1)  # None: every request
+        idx = first + c if active is None else first[active] + c
+        S_a = S if active is None else S[active]
+        U = Wv[idx] - Wk[idx] @ S_a  # (n, H, C, Dv)
+        out[idx] = qg[idx] @ S_a + attn[idx] @ U
+        S_new = decay[idx] * S_a + tail[idx] @ U
+        if active is None:
+            S = S_new
+        else:
+            S[active] = S_new
     states[state_indices.long()] = S
-    out = out.reshape(N, H, L, Dv).transpose(1, 2)  # (N, L, H, Dv)
-    return out[seq, pos].to(v.dtype)
+    return out.permute(0, 2, 1, 3)[chunk, offset].to(v.dtype)  # (T, H, Dv)
+
+
+def _to_chunks(x: torch.Tensor, chunk: torch.Tensor, offset: torch.Tensor, M: int, C: int) -> torch.Tensor:
+    """Packed (T, H, D) -> (M, H, C, D), each token at its chunk and offset, zeros elsewhere."""
+    out = x.new_zeros((M, C, *x.shape[1:]))
+    out[chunk, offset] = x
+    return out.transpose(1, 2)
 
 
 def recurrent_gated_delta_rule(
@@ -203,13 +231,20 @@ def causal_conv1d(
         conv_states[idx] = window[:, :, 1:].to(conv_states.dtype)
         y = (window * weight).sum(-1) if bias is None else (window * weight).sum(-1) + bias  # (T, C)
         return (F.silu(y) if activation is not None else y).to(x.dtype)
-    (xp,), seq, pos, L = _pad_by_sequence([x.to(weight.dtype)], cu_seqlens, 1)  # (N, L, C)
-    full = torch.cat((prefix.transpose(1, 2), xp), dim=1)  # (N, K - 1 + L, C)
-    y = F.conv1d(full.transpose(1, 2), weight.unsqueeze(1), bias, groups=C)  # (N, C, L)
-    lens = (cu_seqlens[1:] - cu_seqlens[:-1]).long()
-    last = lens.view(-1, 1) + torch.arange(K - 1, device=x.device)  # (N, K-1): the last K-1 rows of full
-    conv_states[idx] = full.gather(1, last.unsqueeze(-1).expand(-1, -1, C)).transpose(1, 2).to(conv_states.dtype)
-    y = y.transpose(1, 2)[seq, pos]  # (T, C)
+    # Each request's K - 1 state inputs then its tokens, requests back to back: (T + N (K - 1), C)
+    lens = (cu_seqlens[1:] - cu_seqlens[:-1]).long()  # (N,)
+    N = lens.shape[0]
+    seg_start = cu_seqlens[:-1].long() + torch.arange(N, device=x.device) * (K - 1)  # (N,) first row of each
+    seq = torch.repeat_interleave(torch.arange(N, device=x.device), lens)  # (T,)
+    rows = seg_start[seq] + torch.arange(T, device=x.device) - cu_seqlens[:-1].long()[seq]  # (T,) window starts
+    ext = x.new_empty((T + N * (K - 1), C), dtype=weight.dtype)
+    state_rows = seg_start.unsqueeze(1) + torch.arange(K - 1, device=x.device)  # (N, K - 1)
+    ext[state_rows] = prefix.transpose(1, 2)
+    ext[rows + K - 1] = x.to(weight.dtype)
+    y = torch.einsum("tkc,ck->tc", ext[rows.unsqueeze(1) + torch.arange(K, device=x.device)], weight)  # (T, C)
+    if bias is not None:
+        y = y + bias
+    conv_states[idx] = ext[state_rows + lens.unsqueeze(1)].transpose(1, 2).to(conv_states.dtype)
     if activation is not None:
         y = F.silu(y)
     return y.to(x.dtype)
