@@ -40,12 +40,14 @@ class KVCacheSpec:
     scheduler plans in blocks, so equal plans compare equal whatever it says. A KV connector
     moves blocks of this size (``kv_transfer/``)."""
 
-    num_state_slots: int = field(default=0, compare=False)
+    num_state_slots: int = 0
     """Hybrid models (linear-attention layers): fixed-size state slots beside the blocks, one per
-    request that can run at once (``max_num_seqs``); 0 for a model without such layers."""
+    request that can run at once (``max_num_seqs``); 0 for a model without such layers. The
+    KV-cache manager admits a request only with a free slot, so it is part of the plan."""
     state_slot_bytes: int = field(default=0, compare=False)
     """Bytes one request's states take on a rank over its linear-attention layers (conv state
-    and recurrent state), whatever its length; 0 without such layers."""
+    and recurrent state), whatever its length; 0 without such layers. Informational, as
+    ``block_bytes``: ranks of tp > 1 each hold their heads' share."""
 
     @property
     def state_bytes(self) -> int:

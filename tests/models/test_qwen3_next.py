@@ -204,3 +204,16 @@ def test_bf16_drifts_from_fp32_no_more_than_transformers_bf16(make_checkpoint) -
         ref, hf_bf16 = (_chosen_logprobs(model, prompt, tokens) for model in (fp32, bf16))
         ours = torch.tensor([lp[t].logprob for lp, t in zip(out.outputs[0].logprobs, tokens)])
         assert (ours - ref).abs().max() <= (hf_bf16 - ref).abs().max() + 0.3
+
+
+def test_models_without_linear_layers_hold_no_state_slots(llama_dir) -> None:
+    """A model with no linear-attention layers: no slots in the spec or the manager, none sent
+    with a request, nothing in the runner's step (``state_slots`` None)."""
+    llm = LLM(model=str(llama_dir), dtype="float32", block_size=4, num_gpu_blocks_override=16, max_model_len=64)
+    try:
+        core = llm.llm_engine.core
+        assert (core.kv_spec.num_state_slots, core.kv_spec.state_slot_bytes) == (0, 0)
+        assert core.scheduler.kv.num_state_slots == 0
+        assert llm.collective_rpc(lambda w: w.model_runner.state_slots) == [None]
+    finally:
+        llm.shutdown()
