@@ -420,8 +420,10 @@ class ModelRunner:
         step.meta.backend_data = self.attn_backend.prepare(step.meta, self.block_size)
         if self.state_slots is not None:
             req_ids = [self.batch.req_ids[r] for r in rows.tolist()]
-            has_initial = self.batch.num_computed_tokens[rows] > 0
-            self.state_slots.plan(step.meta, req_ids, has_initial, self.device)
+            has_initial = self.batch.num_computed_tokens[rows] > 0  # a later chunk or a decode token
+            step.meta.state_indices, step.meta.has_initial_state = self.state_slots.plan(
+                req_ids, has_initial, self.device
+            )
         if self.mrope is not None:
             step.positions = self.mrope.positions(self.batch, step)  # (3, T)
         if step.placeholders is not None:
@@ -610,12 +612,13 @@ class StateSlots:
         self.slot_of.pop(req_id, None)
 
     def plan(
-        self, meta: AttentionMetadata, req_ids: list[RequestId], has_initial: np.ndarray, device: torch.device
-    ) -> None:
-        """The step's (B,) slots and continuation flags, in step order, into ``meta``."""
+        self, req_ids: list[RequestId], has_initial: np.ndarray, device: torch.device
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The step's (B,) int32 slots and (B,) bool continuation flags on ``device``, in step order
+        (``AttentionMetadata.state_indices`` and ``has_initial_state``)."""
         slots = np.fromiter((self.slot_of[r] for r in req_ids), dtype=np.int32, count=len(req_ids))
-        meta.state_indices = torch.from_numpy(slots).to(device, non_blocking=True)
-        meta.has_initial_state = torch.from_numpy(np.ascontiguousarray(has_initial)).to(device, non_blocking=True)
+        flags = np.ascontiguousarray(has_initial, dtype=np.bool_)
+        return torch.from_numpy(slots).to(device), torch.from_numpy(flags).to(device)
 
 
 class _ConnectorStep:
