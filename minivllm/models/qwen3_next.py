@@ -39,6 +39,7 @@ from torch import nn
 from transformers import PretrainedConfig
 
 from minivllm.attention.backend import AttentionBackend, AttentionMetadata
+from minivllm.config.model import linear_attention_layers
 from minivllm.distributed.parallel_state import tp_rank, tp_size
 from minivllm.layers.attention import Attention
 from minivllm.layers.fused_moe import FusedMoE, expert_weight_target
@@ -55,17 +56,6 @@ from minivllm.layers.ops.gated_delta_net import causal_conv1d, chunk_gated_delta
 from minivllm.layers.rotary import get_rope
 from minivllm.layers.weight_utils import copy_checked, narrow
 from minivllm.models.llama import LlamaForCausalLM, LlamaMLP, LlamaModel
-
-
-def layer_types(config: PretrainedConfig) -> list[str]:
-    """``linear_attention`` / ``full_attention`` per layer: the config's ``layer_types``, else every
-    ``full_attention_interval``-th layer full."""
-    types = getattr(config, "layer_types", None)
-    if types:
-        return list(types)
-    interval = getattr(config, "full_attention_interval", 4)
-    n = config.num_hidden_layers
-    return ["full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(n)]
 
 
 def _l2norm(x: torch.Tensor) -> torch.Tensor:  # fp32, as the reference: x / sqrt(|x|^2 + 1e-6)
@@ -250,7 +240,7 @@ class Qwen3NextDecoderLayer(nn.Module):
         self, config: PretrainedConfig, backend: AttentionBackend, layer_idx: int, expert_parallel: bool = False
     ) -> None:
         super().__init__()
-        self.is_linear = layer_types(config)[layer_idx] == "linear_attention"
+        self.is_linear = layer_idx in linear_attention_layers(config)
         if self.is_linear:
             self.linear_attn = Qwen3NextGatedDeltaNet(config)
         else:

@@ -217,3 +217,17 @@ def test_models_without_linear_layers_hold_no_state_slots(llama_dir) -> None:
         assert llm.collective_rpc(lambda w: w.model_runner.state_slots) == [None]
     finally:
         llm.shutdown()
+
+
+def test_linear_layers_from_layer_types_or_the_interval() -> None:
+    from types import SimpleNamespace
+
+    from minivllm.config.model import linear_attention_layers
+
+    assert linear_attention_layers(qwen3_next_config()) == [0, 1, 2]
+    no_types = SimpleNamespace(
+        model_type="qwen3_next", num_hidden_layers=8, full_attention_interval=4, layer_types=None
+    )
+    assert linear_attention_layers(no_types) == [0, 1, 2, 4, 5, 6]
+    gemma_like = SimpleNamespace(model_type="gemma3_text", layer_types=["sliding_attention", "full_attention"])
+    assert linear_attention_layers(gemma_like) == []
