@@ -231,3 +231,18 @@ def test_linear_layers_from_layer_types_or_the_interval() -> None:
     assert linear_attention_layers(no_types) == [0, 1, 2, 4, 5, 6]
     gemma_like = SimpleNamespace(model_type="gemma3_text", layer_types=["sliding_attention", "full_attention"])
     assert linear_attention_layers(gemma_like) == []
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "extra", [{}, dict(max_num_batched_tokens=8, enable_chunked_prefill=True)], ids=["plain", "chunked"]
+)
+def test_cuda_matches_transformers(qwen3_next_dir, reference, extra) -> None:
+    """On CUDA (Triton attention for the full-attention layer, the torch state ops, CUDA graphs
+    turned off for the model): transformers' greedy tokens, logprobs within 1e-3 (fp32 on the GPU)."""
+    prompts, ref = reference
+    outs = _generate(qwen3_next_dir, prompts, device="cuda", **extra)
+    for out, (tokens, logprobs) in zip(outs, ref, strict=True):
+        assert out.outputs[0].token_ids == tokens
+        ours = [lp[t] for lp, t in zip(out.outputs[0].logprobs, tokens)]
+        assert ours == pytest.approx(logprobs, abs=1e-3)
