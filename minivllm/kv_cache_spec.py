@@ -40,6 +40,20 @@ class KVCacheSpec:
     scheduler plans in blocks, so equal plans compare equal whatever it says. A KV connector
     moves blocks of this size (``kv_transfer/``)."""
 
+    num_state_slots: int = 0
+    """Hybrid models (linear-attention layers): fixed-size state slots beside the blocks, one per
+    request that can run at once (``max_num_seqs``); 0 for a model without such layers. The
+    KV-cache manager admits a request only with a free slot, so it is part of the plan."""
+    state_slot_bytes: int = field(default=0, compare=False)
+    """Bytes one request's states take on a rank over its linear-attention layers (conv state
+    and recurrent state), whatever its length; 0 without such layers. Informational, as
+    ``block_bytes``: ranks of tp > 1 each hold their heads' share."""
+
+    @property
+    def state_bytes(self) -> int:
+        """Bytes all state slots take on a rank."""
+        return self.num_state_slots * self.state_slot_bytes
+
     @property
     def bytes_per_token(self) -> float:
         """``block_bytes`` per token (0 when not reported)."""
@@ -69,7 +83,9 @@ class KVCacheSpec:
         windows = [s.sliding_window for s in specs]
         window = None if any(w is None for w in windows) else max(windows)
         block_bytes = max(s.block_bytes for s in specs)  # pipeline stages differ: the largest rank's
-        return cls(specs[0].block_size, min(s.num_blocks for s in specs), window, block_bytes)
+        slots = min(s.num_state_slots for s in specs)
+        slot_bytes = max(s.state_slot_bytes for s in specs)
+        return cls(specs[0].block_size, min(s.num_blocks for s in specs), window, block_bytes, slots, slot_bytes)
 
 
 def max_blocks_per_request(num_tokens: int, block_size: int, window: int | None, max_step_tokens: int) -> int:

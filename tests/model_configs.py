@@ -20,6 +20,7 @@ from transformers import (
     Qwen2Config,
     Qwen3Config,
     Qwen3MoeConfig,
+    Qwen3NextConfig,
 )
 
 VOCAB = 512  # matches tests.checkpoints.train_tokenizer
@@ -333,3 +334,29 @@ def deepseek_v3_config(**overrides) -> DeepseekV3Config:
         architectures=["DeepseekV3ForCausalLM"],
     )
     return DeepseekV3Config(**{**base, **overrides})
+
+
+def qwen3_next_config(**overrides) -> Qwen3NextConfig:
+    """Four layers (three Gated DeltaNet, then gated full attention: full_attention_interval 4);
+    linear heads 2 key over 4 value (each key head serves two), conv width 4; full attention
+    4 query heads over 2 KV heads of 16 with a quarter rotated; every layer a MoE of 8 experts of
+    width 32, top-2 renormalised, plus a gated shared expert of 48."""
+    base = _llama_like(
+        hidden_size=64,
+        intermediate_size=96,
+        head_dim=16,
+        num_hidden_layers=4,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        linear_key_head_dim=8,
+        linear_value_head_dim=8,
+        linear_conv_kernel_dim=4,
+        num_experts=8,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        shared_expert_intermediate_size=48,
+        norm_topk_prob=True,
+        tie_word_embeddings=False,
+        architectures=["Qwen3NextForCausalLM"],
+    )
+    return Qwen3NextConfig(**{**base, **overrides})

@@ -35,3 +35,13 @@ def test_merge_keeps_the_bytes_per_block_of_a_rank():
     """What a KV connector moves per block on each rank: the ranks agree; the largest is kept."""
     merged = KVCacheSpec.merge([KVCacheSpec(16, 100, None, 4096), KVCacheSpec(16, 90, None, 4096)])
     assert merged == KVCacheSpec(16, 90, None, 4096)
+
+
+def test_merge_keeps_the_fewest_state_slots_and_the_largest_slot():
+    """Hybrid models: every rank allocates max_num_seqs slots; the plan takes the fewest."""
+    a = KVCacheSpec(16, 100, None, 4096, num_state_slots=8, state_slot_bytes=5376)
+    b = KVCacheSpec(16, 90, None, 4096, num_state_slots=6, state_slot_bytes=2688)
+    merged = KVCacheSpec.merge([a, b])
+    assert (merged.num_blocks, merged.num_state_slots, merged.state_slot_bytes) == (90, 6, 5376)
+    assert merged.state_bytes == 6 * 5376
+    assert KVCacheSpec.merge([KVCacheSpec(16, 10), KVCacheSpec(16, 12)]).num_state_slots == 0

@@ -64,6 +64,12 @@ class AttentionMetadata:
     """What ``AttentionBackend.prepare`` derived for this step (shared by all layers)."""
     mla_plan: Any = None
     """MLA layers' per-step index tensors (``attention/mla.py``), built by the first of them."""
+    state_indices: torch.Tensor | None = None
+    """(B,) int32: each request's state slot in the linear-attention layers' state tensors
+    (hybrid models, ``models/qwen3_next.py``); None for a model without such layers."""
+    has_initial_state: torch.Tensor | None = None
+    """(B,) bool: whether each request continues from its slot's states (tokens computed before
+    this step), else starts from zeros; None with ``state_indices``."""
 
     @property
     def num_reqs(self) -> int:

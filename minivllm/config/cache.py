@@ -32,8 +32,9 @@ class CacheConfig:
     """Fraction of device memory the engine may use (weights, activations and KV cache)."""
     cache_dtype: str = "auto"
     """KV-cache dtype; auto follows the model dtype; fp8 (= fp8_e4m3) stores float8_e4m3fn with per-layer scales."""
-    enable_prefix_caching: bool = True
-    """Reuse the KV blocks of identical prompt prefixes across requests."""
+    enable_prefix_caching: Optional[bool] = None
+    """Reuse the KV blocks of identical prompt prefixes across requests; null: on, except for hybrid
+    linear-attention models (Qwen3-Next), which refuse it (their states are not per block)."""
     num_gpu_blocks_override: Optional[int] = None
     """Use exactly this many KV blocks instead of profiling."""
     kv_cache_memory_bytes: Optional[int] = None

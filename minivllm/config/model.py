@@ -279,6 +279,7 @@ ARCHITECTURES: dict[str, Any] = {
     "DeepseekV2ForCausalLM": "minivllm.models.deepseek_v2:DeepseekV2ForCausalLM",
     "DeepseekV3ForCausalLM": "minivllm.models.deepseek_v2:DeepseekV3ForCausalLM",
     "GptOssForCausalLM": "minivllm.models.gpt_oss:GptOssForCausalLM",
+    "Qwen3NextForCausalLM": "minivllm.models.qwen3_next:Qwen3NextForCausalLM",
     # vision-language models (images in the prompt: minivllm/multimodal/)
     "LlavaForConditionalGeneration": "minivllm.models.llava:LlavaForConditionalGeneration",
     "Qwen2VLForConditionalGeneration": "minivllm.models.qwen2_vl:Qwen2VLForConditionalGeneration",
@@ -292,6 +293,16 @@ ARCHITECTURES: dict[str, Any] = {
 One dict per process, shared by every ``ArchitectureTable`` (registrations included)."""
 POOLING_ONLY = frozenset({"LlamaModel", "Qwen2Model", "Qwen3Model", "MistralModel"})
 """Architectures without an LM head: they can only embed."""
+
+
+def linear_attention_layers(text_config: Any) -> list[int]:
+    """Indices of the layers whose ``layer_types`` entry is ``linear_attention`` (a hybrid model:
+    Qwen3-Next, whose configs may give ``full_attention_interval`` instead); empty for others."""
+    types = getattr(text_config, "layer_types", None)
+    if not types and getattr(text_config, "model_type", None) == "qwen3_next":
+        interval = getattr(text_config, "full_attention_interval", 4)
+        return [i for i in range(text_config.num_hidden_layers) if (i + 1) % interval]
+    return [i for i, t in enumerate(types or []) if t == "linear_attention"]
 
 
 class ArchitectureTable:

@@ -164,7 +164,7 @@ def check_tensor_parallel(tp: int, hf_config: Any) -> None:
         raise ValueError(
             f"parallel.tp={tp}: the model's num_key_value_heads={kv_heads} neither divides it nor is divisible by it"
         )
-    for key in ("intermediate_size", "ffn_dim"):
+    for key in ("intermediate_size", "ffn_dim", "linear_num_key_heads", "linear_num_value_heads"):
         width = getattr(text_config, key, None)
         if isinstance(width, int) and width % tp:
             raise ValueError(f"parallel.tp={tp}: the model's {key}={width} is not divisible by it")

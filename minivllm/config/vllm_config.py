@@ -55,6 +55,7 @@ from minivllm.config.model import (
     architecture_of,
     check_rope_types,
     choose_longrope_factors,
+    linear_attention_layers,
     refuse_encoder_only,
     resolve_dtype,
     resolve_max_model_len,
@@ -126,6 +127,7 @@ class VllmConfig:
         # The one step that reads disk: the checkpoint's transformers config and its directory.
         self.hf_config, self.checkpoint_dir = read_checkpoint(self.model, self.load)
         self._derive_from_checkpoint()
+        self._check_hybrid()
         self._resolve_targets()
         self._check_parallel()
         self.scheduler, self.defaulted_scheduler_keys = resolve_batch_limits(
@@ -172,6 +174,34 @@ class VllmConfig:
         )
         self.max_model_len: int = resolve_max_model_len(self.model.max_model_len, self.hf_text_config)
         choose_longrope_factors(self.hf_text_config, self.max_model_len)
+
+    def _check_hybrid(self) -> None:
+        """Resolve ``cache.enable_prefix_caching`` (null: on, unless the model cannot). A hybrid
+        model's linear-attention layers keep one state per request, not per block, so a cached
+        prefix could not restore them: prefix caching asked for explicitly is refused, and so are
+        the options that would need those states elsewhere (drafts, adapters, pipeline stages)."""
+        linear = linear_attention_layers(self.hf_text_config)
+        cache = self.cache
+        if not linear:
+            cache.enable_prefix_caching = cache.enable_prefix_caching is not False
+            return
+        where = f"{self.architecture} (linear-attention layers {linear})"
+        if cache.enable_prefix_caching:
+            raise ValueError(
+                f"cache.enable_prefix_caching=true: not supported with {where}: their recurrent states are "
+                "per request, not per KV block, so a cached prefix cannot restore them; set it to false"
+            )
+        if cache.enable_prefix_caching is None:
+            logger.info("Prefix caching off: %s keeps per-request states a cached prefix cannot restore", where)
+        cache.enable_prefix_caching = False
+        refused = {
+            f"speculative.method={self.speculative.method}": self.speculative.enabled,
+            "lora.enable_lora=true": self.lora.enable_lora,
+            f"parallel.pp={self.parallel.pp}": self.parallel.pp > 1,
+        }
+        for key, on in refused.items():
+            if on:
+                raise ValueError(f"{key}: not supported with {where}")
 
     def _resolve_targets(self) -> None:
         """The ``_target_`` nodes left null: the loader, the executor and the attention backend."""

@@ -46,6 +46,19 @@ hash and hit as before. When any layer attends globally (Gemma 2/3, Qwen2 with
 The window comes from the loaded model: the worker reports it in its
 ``KVCacheSpec`` (``minivllm/kv_cache_spec.py``, which also bounds the blocks a
 request holds at once), and the engine hands it to the KV-cache manager.
+
+State slots (hybrid models, e.g. Qwen3-Next): linear-attention layers keep a fixed-size
+state per request (a conv state and a recurrent state) instead of KV per token. The
+workers allocate ``num_state_slots`` of them beside the blocks (``KVCacheSpec``); the
+manager hands one to each request when it is admitted and takes it back in ``free``
+(finished, aborted, preempted: a preempted request recomputes from scratch, so nothing
+of its old state is kept). A request cannot be admitted without a free slot, as without
+free blocks. The slot id travels to the workers with the request (``NewRequestData``)::
+
+    attention layers:  table(A) = [7, 2, 9]   table(B) = [4]     paged, grows per token
+    linear layers:     slot(A)  = 0           slot(B)  = 1       one each, fixed size
+
+Without linear-attention layers there are no slots and nothing of this runs.
 """
 
 from __future__ import annotations
@@ -65,6 +78,7 @@ class KVCacheManager:
         enable_caching: bool = False,
         hash_root: BlockHash | None = None,
         sliding_window: int | None = None,
+        num_state_slots: int = 0,
     ) -> None:
         self.block_size = block_size
         self.sliding_window = sliding_window
@@ -77,6 +91,18 @@ class KVCacheManager:
         """Leading blocks of each table already registered in the prefix cache."""
         self._num_out_of_window: dict[RequestId, int] = {}
         """Leading blocks of each table already returned to the pool (sliding window)."""
+        self.num_state_slots = num_state_slots
+        self._free_state_slots = list(range(num_state_slots - 1, -1, -1))  # popped from the end: lowest first
+        self._state_slot: dict[RequestId, int] = {}
+        """Each admitted request's linear-attention state slot (hybrid models only)."""
+
+    def state_slot(self, request_id: RequestId) -> int | None:
+        """The request's linear-attention state slot; None without state slots (or before admission)."""
+        return self._state_slot.get(request_id)
+
+    def _lacks_state_slot(self, request: Request) -> bool:
+        """Whether admitting ``request`` needs a state slot and none is free."""
+        return self.num_state_slots > 0 and request.request_id not in self._state_slot and not self._free_state_slots
 
     @property
     def num_blocks(self) -> int:
@@ -185,8 +211,10 @@ class KVCacheManager:
         """``allocate_slots`` in general (admission, a sliding window); the reference for ``_grow``."""
         computed = new_computed_blocks or []
         needed = self._num_blocks_to_allocate(request, num_new_tokens, computed)
-        if needed is None:
+        if needed is None or self._lacks_state_slot(request):
             return None
+        if self.num_state_slots and request.request_id not in self._state_slot:  # admission
+            self._state_slot[request.request_id] = self._free_state_slots.pop()
         table = self._tables.setdefault(request.request_id, [])
         if new_computed_blocks is not None:
             self.pool.touch(computed)
@@ -220,6 +248,8 @@ class KVCacheManager:
         self, request: Request, num_new_tokens: int, new_computed_blocks: list[KVCacheBlock] | None = None
     ) -> bool:
         """Whether ``allocate_slots`` with the same arguments would succeed now."""
+        if self._lacks_state_slot(request):
+            return False
         return self._num_blocks_to_allocate(request, num_new_tokens, new_computed_blocks or []) is not None
 
     def _num_blocks_to_allocate(
@@ -267,6 +297,8 @@ class KVCacheManager:
         sequence is evicted before its head (its head is likelier to be shared)."""
         table = self._tables.pop(request.request_id, [])
         self._num_hashed.pop(request.request_id, None)
+        if (slot := self._state_slot.pop(request.request_id, None)) is not None:
+            self._free_state_slots.append(slot)
         done = self._num_out_of_window.pop(request.request_id, 0)
         self.pool.free(list(reversed(table[done:])))
 

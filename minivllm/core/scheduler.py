@@ -102,6 +102,7 @@ class Scheduler:
             enable_caching=cfg.cache.enable_prefix_caching,
             hash_root=root_hash(model_identity(cfg)),
             sliding_window=kv_spec.sliding_window,
+            num_state_slots=kv_spec.num_state_slots,
         )
         self.requests: dict[RequestId, Request] = {}
         self.waiting = make_waiting_queue(self.policy)
@@ -368,7 +369,10 @@ class Scheduler:
             requests = (*plan.continuing, *plan.newly_admitted)
             connector_meta = self.connector.build_connector_meta(requests, plan.scheduled, self.kv.block_ids)
         scheduler_output = SchedulerOutput(
-            new_reqs=[new_request_data(r, self.kv.block_ids(r.request_id)) for r in plan.newly_admitted],
+            new_reqs=[
+                new_request_data(r, self.kv.block_ids(r.request_id), self.kv.state_slot(r.request_id))
+                for r in plan.newly_admitted
+            ],
             cached_reqs=cached_request_data(plan, self.send_token_ids),
             num_scheduled_tokens=plan.scheduled,
             forget_req_ids=self._forget,

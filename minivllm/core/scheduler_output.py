@@ -37,6 +37,9 @@ class NewRequestData:
     lora_request: LoRARequest | None = None
     mm_features: list[MultiModalFeature] = field(default_factory=list)
     """The prompt's images (their processed tensors travel once, with the request)."""
+    state_slot: int | None = None
+    """Hybrid models: the request's slot in the linear-attention layers' states (the KV-cache
+    manager's, held until it finishes or is preempted); None for other models."""
 
 
 @dataclass(slots=True)
@@ -133,8 +136,9 @@ def cached_request_data(plan: StepPlan, send_token_ids: bool) -> CachedRequestDa
     )
 
 
-def new_request_data(request: Request, block_ids: list[BlockId]) -> NewRequestData:
-    """A request admitted in this step, in full (``block_ids``: its whole block table)."""
+def new_request_data(request: Request, block_ids: list[BlockId], state_slot: int | None = None) -> NewRequestData:
+    """A request admitted in this step, in full (``block_ids``: its whole block table;
+    ``state_slot``: its linear-attention state slot, hybrid models only)."""
     return NewRequestData(
         req_id=request.request_id,
         token_ids=request.all_token_ids,
@@ -144,6 +148,7 @@ def new_request_data(request: Request, block_ids: list[BlockId]) -> NewRequestDa
         num_computed_tokens=request.num_computed_tokens,
         lora_request=request.lora_request,
         mm_features=request.mm_features,
+        state_slot=state_slot,
     )
 
 

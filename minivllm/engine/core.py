@@ -76,6 +76,13 @@ class EngineCore:
             self.cfg.max_model_len,
             spec.num_blocks / per_request,
         )
+        if spec.num_state_slots:
+            logger.info(
+                "Linear-attention states: %d slots of %d bytes (%.2f MiB), one per running request",
+                spec.num_state_slots,
+                spec.state_slot_bytes,
+                spec.state_bytes / 2**20,
+            )
         scheduler, defaulted = self.cfg.scheduler, self.cfg.defaulted_scheduler_keys
         logger.info(
             "Scheduler: up to %d requests and %d tokens a step (max_num_seqs, max_num_batched_tokens)%s",

@@ -145,6 +145,12 @@ def attention_layers(model: nn.Module) -> list[Attention]:
     return [m for m in model.modules() if isinstance(m, Attention)]
 
 
+def state_layers(model: nn.Module) -> list[nn.Module]:
+    """The model's linear-attention layers in module order: the ones that keep fixed-size states
+    per request (``state_shapes``, ``bind_states``: Qwen3-Next's Gated DeltaNet) instead of KV."""
+    return [m for m in model.modules() if callable(getattr(m, "state_shapes", None))]
+
+
 def uniform_sliding_window(model: nn.Module) -> int | None:
     """The widest window when every attention layer of ``model`` has one; None when any attends
     globally (or there is none). The worker reports it in its ``KVCacheSpec``."""

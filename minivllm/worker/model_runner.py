@@ -50,7 +50,7 @@ from minivllm.distributed.pipeline import IntermediateTensors, PipelineStage, pi
 from minivllm.kv_cache_spec import KVCacheSpec
 from minivllm.kv_transfer import make_kv_connector
 from minivllm.kv_transfer.connector import KVConnector
-from minivllm.layers.attention import attention_layers
+from minivllm.layers.attention import attention_layers, state_layers
 from minivllm.layers.compile import compile_small_ops
 from minivllm.layers.mla import MLAAttention
 from minivllm.layers.rotary import share_cos_sin_caches
@@ -94,6 +94,8 @@ class ModelRunner:
         self.block_size = cfg.cache.block_size
         self.model: nn.Module | None = None
         self.kv_caches: list[torch.Tensor] = []
+        self.state_layers: list[nn.Module] = []
+        """Hybrid models' linear-attention layers (``layers.attention.state_layers``; set in ``load_model``)."""
         self.cuda_graphs: CUDAGraphRunner | None = None
         self.sampler = Sampler(torch.Generator(device=device).manual_seed(cfg.model.seed), fused=cfg.fused_sampler)
         self.pooler = Pooler(cfg.model.pooler_config.pooling_type) if cfg.model.runner == "pooling" else None
@@ -120,6 +122,9 @@ class ModelRunner:
         """The memory profile's encoder input, between ``prepare_profile`` and ``profile_run``."""
         self.kv_connector: KVConnector | None = None
         """The KV connector's worker half (``kv_transfer``; set in ``init_kv_connector``); None when off."""
+        self.state_slots: StateSlots | None = None
+        """Hybrid models: each running request's slot in the linear-attention layers' states (set in
+        ``load_model``); None for a model without such layers."""
 
     # ---- set-up -------------------------------------------------------------------
     def load_model(self) -> None:
@@ -132,6 +137,9 @@ class ModelRunner:
             os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir("inductor")))
             compile_small_ops(self.model)
         self.attention_layers = attention_layers(self.model)
+        self.state_layers = state_layers(self.model)
+        if self.state_layers:
+            self.state_slots = StateSlots(self.cfg.scheduler.max_num_seqs)
         if supports_multimodal(self.model):
             self.mm = MultiModalRunner(self.model, self.device)
         self.pipeline = pipeline_stage(self.cfg, self.model, self.device)  # None unless parallel.pp > 1
@@ -149,7 +157,8 @@ class ModelRunner:
         Prompt logprobs are tracked only where they are computed: with pipeline stages, on the last one."""
         lora = _AdapterRequests(self.lora) if self.lora is not None else None
         last_stage = self.pipeline is None or self.pipeline.is_last
-        for store in (self.mm, lora, self.mrope, self.spec, self.pooler, self.prompt_logprobs if last_stage else None):
+        stores = (self.mm, lora, self.mrope, self.spec, self.pooler, self.state_slots)
+        for store in (*stores, self.prompt_logprobs if last_stage else None):
             if store is not None:
                 self.batch.register(store)
 
@@ -182,6 +191,19 @@ class ModelRunner:
         per_layer = int(np.prod(self.kv_cache_shape(1)))
         return per_layer * len(self.attention_layers) * self.cfg.kv_cache_dtype.itemsize
 
+    def state_bytes_per_slot(self) -> int:
+        """One request's states over the model's linear-attention layers (0 without any): the
+        conv state (channels x (K - 1), model dtype) and the recurrent state (heads x Dk x Dv, fp32)."""
+        return sum(
+            int(np.prod(shape[1:])) * dtype.itemsize
+            for layer in self.state_layers
+            for shape, dtype in layer.state_shapes(1, self.cfg.dtype)
+        )
+
+    def num_state_slots(self) -> int:
+        """State slots allocated beside the KV blocks: one per request that can run at once."""
+        return self.state_slots.num_slots if self.state_slots is not None else 0
+
     def init_kv_connector(self) -> None:
         """The KV connector's worker half, bound to the KV cache (no-op without ``kv_transfer``).
         Not in ``init_kv_cache``: the memory profile allocates a cache too."""
@@ -205,6 +227,11 @@ class ModelRunner:
         for layer in self.attention_layers:
             layer.kv_cache = torch.zeros(shape, dtype=self.cfg.kv_cache_dtype, device=self.device)
             self.kv_caches.append(layer.kv_cache)
+        for layer in self.state_layers:  # zeroed: a slot's first chunk reads none of it
+            num_slots, dtype = self.num_state_slots(), self.cfg.dtype
+            layer.bind_states(
+                *(torch.zeros(s, dtype=d, device=self.device) for s, d in layer.state_shapes(num_slots, dtype))
+            )
         if self.drafter is not None:  # its own tensors over the same block ids
             self.drafter.init_kv_cache(num_blocks)
         if self.kv_connector is not None:  # woken from sleep mode: new tensors
@@ -216,6 +243,8 @@ class ModelRunner:
         self.kv_caches = []
         for layer in self.attention_layers:
             layer.kv_cache = None
+        for layer in self.state_layers:
+            layer.bind_states(None, None)
         if self.drafter is not None:
             self.drafter.release_kv_cache()
         if self.kv_connector is not None:  # its views would keep the memory
@@ -229,11 +258,14 @@ class ModelRunner:
         nor with pipeline stages or LoRA (its token groups change per step)."""
         graphs = self.cfg.compilation.cudagraph and self.cfg.parallel.pp == 1 and not self.cfg.lora.enable_lora
         graphs = graphs and self.mrope is None  # (3, T) positions: no captured (T,) buffers for them
+        graphs = graphs and not self.state_layers  # linear-attention states: eager steps (capture_cuda_graphs logs it)
         return graphs and self.device.type == "cuda" and self.attn_backend.name == "triton"
 
     def capture_cuda_graphs(self) -> None:
         """Capture decode steps after the KV cache exists (no-op where graphs are off)."""
         if not self.cuda_graphs_enabled:
+            if self.state_layers and self.cfg.compilation.cudagraph and self.device.type == "cuda":
+                logger.info("CUDA graphs off: %s has linear-attention layers (run eagerly)", self.cfg.architecture)
             return
         sizes = capture_sizes(self.cfg.compilation.cudagraph_capture_sizes, self.cfg.scheduler.max_num_seqs)
         if not sizes:
@@ -386,6 +418,12 @@ class ModelRunner:
         if self.lora is not None:
             self.lora.prepare_step([self.batch.req_ids[r] for r in rows.tolist()], query_lens)
         step.meta.backend_data = self.attn_backend.prepare(step.meta, self.block_size)
+        if self.state_slots is not None:
+            req_ids = [self.batch.req_ids[r] for r in rows.tolist()]
+            has_initial = self.batch.num_computed_tokens[rows] > 0  # a later chunk or a decode token
+            step.meta.state_indices, step.meta.has_initial_state = self.state_slots.plan(
+                req_ids, has_initial, self.device
+            )
         if self.mrope is not None:
             step.positions = self.mrope.positions(self.batch, step)  # (3, T)
         if step.placeholders is not None:
@@ -503,6 +541,9 @@ class ModelRunner:
         self.init_kv_cache(num_blocks)
         step = self.inputs.build(batch, np.arange(len(lens)), lens)
         step.meta.backend_data = self.attn_backend.prepare(step.meta, self.block_size)
+        if self.state_slots is not None:  # slots 0 .. B-1, each from zeros
+            step.meta.state_indices = torch.arange(len(lens), dtype=torch.int32, device=self.device)
+            step.meta.has_initial_state = torch.zeros(len(lens), dtype=torch.bool, device=self.device)
         intermediate = self.pipeline.empty(int(lens.sum())) if self.pipeline and not self.pipeline.is_first else None
         hidden = self._forward(step.input_ids, step.positions, step.meta, intermediate)
         if self.pipeline is None or self.pipeline.is_last:
@@ -549,6 +590,35 @@ class _AdapterRequests:
 
     def remove(self, req_id: RequestId) -> None:
         self.manager.remove_request(req_id)
+
+
+class StateSlots:
+    """Hybrid models: the slot of the linear-attention layers' state tensors each request in the
+    batch owns, as the KV-cache manager assigned it (``NewRequestData.state_slot``: taken at
+    admission, freed when the request finishes or is preempted; a preempted request comes back
+    as a new one and recomputes). A slot's contents are never cleared: a request's first step
+    reads zeros instead (``has_initial_state`` False while it has no computed tokens)."""
+
+    def __init__(self, num_slots: int) -> None:
+        self.num_slots = num_slots
+        self.slot_of: dict[RequestId, int] = {}
+
+    def add(self, new: NewRequestData) -> None:
+        if new.state_slot is None or not 0 <= new.state_slot < self.num_slots:
+            raise RuntimeError(f"request {new.req_id}: state slot {new.state_slot} is not one of {self.num_slots}")
+        self.slot_of[new.req_id] = new.state_slot
+
+    def remove(self, req_id: RequestId) -> None:
+        self.slot_of.pop(req_id, None)
+
+    def plan(
+        self, req_ids: list[RequestId], has_initial: np.ndarray, device: torch.device
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The step's (B,) int32 slots and (B,) bool continuation flags on ``device``, in step order
+        (``AttentionMetadata.state_indices`` and ``has_initial_state``)."""
+        slots = np.fromiter((self.slot_of[r] for r in req_ids), dtype=np.int32, count=len(req_ids))
+        flags = np.ascontiguousarray(has_initial, dtype=np.bool_)
+        return torch.from_numpy(slots).to(device), torch.from_numpy(flags).to(device)
 
 
 class _ConnectorStep:

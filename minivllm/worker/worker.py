@@ -88,7 +88,15 @@ class Worker:
         sliding window of the model it loaded and what a block costs (``KVCacheSpec``)."""
         window = uniform_sliding_window(self.model_runner.model)
         num_blocks = self.determine_num_available_blocks()
-        return KVCacheSpec(self.cfg.cache.block_size, num_blocks, window, self.model_runner.kv_cache_bytes_per_block())
+        runner = self.model_runner
+        return KVCacheSpec(
+            self.cfg.cache.block_size,
+            num_blocks,
+            window,
+            runner.kv_cache_bytes_per_block(),
+            num_state_slots=runner.num_state_slots(),
+            state_slot_bytes=runner.state_bytes_per_slot(),
+        )
 
     def determine_num_available_blocks(self) -> int:
         """KV blocks that fit: (device memory x utilization - peak usage - encoder cache) / bytes per block.
@@ -99,6 +107,8 @@ class Worker:
         for a text-only model): ``profile.py``.
         ``cache.kv_cache_memory_bytes`` replaces all of this with an exact budget (vLLM's
         ``kv_cache_memory_bytes``), on the CPU and CUDA alike.
+        A hybrid model's linear-attention state slots (one per ``max_num_seqs``) come out of the
+        same budget first: the blocks get what they leave.
         On the CPU, ``cache.cpu_memory_gb`` stands in for device memory and the
         peak is the weights plus the growth of the process's resident high-water mark.
         """
@@ -106,17 +116,20 @@ class Worker:
         if override is not None:
             return override
         budget = self.cfg.cache.kv_cache_memory_bytes
+        states = self.model_runner.num_state_slots() * self.model_runner.state_bytes_per_slot()
         if budget is not None:  # an exact budget: no profile, no memory fraction
             per_block = self.model_runner.kv_cache_bytes_per_block()
-            if budget < per_block:
+            if budget - states < per_block:
                 raise ValueError(
                     f"cache.kv_cache_memory_bytes={budget}: less than one KV block of this model "
-                    f"({per_block} bytes at cache.block_size={self.cfg.cache.block_size}); raise it"
+                    f"({per_block} bytes at cache.block_size={self.cfg.cache.block_size})"
+                    + (f" beside its linear-attention state slots ({states} bytes)" if states else "")
+                    + "; raise it"
                 )
-            return budget // per_block
+            return (budget - states) // per_block
         total, peak = self._profile_memory()
         encoder_cache = self.model_runner.encoder_cache_bytes()  # images: held between steps, outside the peak
-        free = total * self.cfg.cache.gpu_memory_utilization - peak - encoder_cache
+        free = total * self.cfg.cache.gpu_memory_utilization - peak - encoder_cache - states
         per_block = self.model_runner.kv_cache_bytes_per_block()
         num_blocks = int(free // per_block)
         if num_blocks < 1:

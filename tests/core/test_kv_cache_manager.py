@@ -282,3 +282,32 @@ def test_a_prefix_hit_past_the_window_frees_the_hit_blocks_it_no_longer_needs():
 
 def test_blocks_out_of_the_window_of_a_position():
     assert num_blocks_out_of_window(13, 6, 4) == 2 and num_blocks_out_of_window(13, None, 4) == 0
+
+
+# ---- state slots (hybrid models): one per admitted request, beside the blocks ----
+
+
+def test_state_slots_taken_at_admission_freed_with_the_blocks():
+    kv = KVCacheManager(num_blocks=8, block_size=4, num_state_slots=2)
+    a, b, c = numbered_request("a", 5), numbered_request("b", 3), numbered_request("c", 2)
+    assert kv.allocate_slots(a, 5, []) == [0, 1]
+    assert kv.allocate_slots(b, 3, []) == [2]
+    assert (kv.state_slot("a"), kv.state_slot("b")) == (0, 1)
+    a.num_computed_tokens = 5
+    assert kv.allocate_slots(a, 3) == [] and kv.state_slot("a") == 0  # growing keeps the slot
+    # no slot left: c is not admitted although blocks are free, and nothing changes
+    assert not kv.can_allocate(c, 2, [])
+    assert kv.allocate_slots(c, 2, []) is None
+    assert kv.state_slot("c") is None and kv.num_free_blocks == 5
+    kv.free(a)  # finished or preempted: its slot goes back with its blocks
+    assert kv.state_slot("a") is None
+    assert kv.can_allocate(c, 2, [])
+    assert kv.allocate_slots(c, 2, []) == [3]  # the free queue's front; the freed slot 0
+    assert kv.state_slot("c") == 0
+
+
+def test_no_state_slots_without_linear_layers():
+    kv = KVCacheManager(num_blocks=8, block_size=4)
+    a = numbered_request("a", 5)
+    assert kv.allocate_slots(a, 5, []) == [0, 1]
+    assert kv.state_slot("a") is None

@@ -31,6 +31,7 @@ from tests.model_configs import (
     qwen2_yarn_config,
     qwen3_config,
     qwen3_moe_config,
+    qwen3_next_config,
 )
 
 
@@ -74,6 +75,7 @@ PARITY_CASES = [
         lambda: gpt2_config(tie_word_embeddings=False, scale_attn_by_inverse_layer_idx=True),
     ),
     ParityCase("deepseek-v2-lite-mla-greedy-router", "DeepseekV2ForCausalLM", deepseek_v2_config),
+    ParityCase("qwen3-next-gated-deltanet-3to1-shared-expert", "Qwen3NextForCausalLM", qwen3_next_config),
     ParityCase(
         "deepseek-v2-mla-qlora-group-limited",
         "DeepseekV2ForCausalLM",

@@ -92,6 +92,9 @@ def test_sliding_window_under_chunked_prefill(case: ParityCase, make_checkpoint)
 
 BF16_ATOL = 0.25
 """bf16 rounding moves these tiny models' logprobs by up to ~0.17; a mis-loaded weight moves them by nats."""
+BF16_OWN_TEST = {"Qwen3NextForCausalLM"}
+"""Architectures whose transformers bf16 itself moves these checkpoints' logprobs past ``BF16_ATOL``
+(Qwen3-Next: ~0.8 nats); their bf16 is checked against that drift in their own test module."""
 ONE_CASE_PER_ARCH = list({c.architecture: c for c in reversed(PARITY_CASES)}.values())
 
 
@@ -110,7 +113,9 @@ def _every_expert_active(case: ParityCase) -> ParityCase:
     return ParityCase(f"{case.name}-every-expert", case.architecture, lambda: config)
 
 
-@pytest.mark.parametrize("case", ONE_CASE_PER_ARCH, ids=lambda c: c.architecture)
+@pytest.mark.parametrize(
+    "case", [c for c in ONE_CASE_PER_ARCH if c.architecture not in BF16_OWN_TEST], ids=lambda c: c.architecture
+)
 def test_bf16_weights_load_and_generate(case: ParityCase, make_checkpoint):
     case = _every_expert_active(case)
     ckpt = make_checkpoint(case.name, case.config())
