@@ -52,10 +52,16 @@ from minivllm.layers.linear import (
     divide,
 )
 from minivllm.layers.norm import GemmaRMSNorm
-from minivllm.layers.ops.gated_delta_net import causal_conv1d, chunk_gated_delta_rule, recurrent_gated_delta_rule
+from minivllm.layers.ops import gated_delta_net, triton_gated_delta_net
 from minivllm.layers.rotary import get_rope
 from minivllm.layers.weight_utils import copy_checked, narrow
 from minivllm.models.llama import LlamaForCausalLM, LlamaMLP, LlamaModel
+
+
+def gated_delta_ops(device: torch.device):
+    """The module of Gated DeltaNet's ops for ``device``: the Triton kernels on CUDA
+    (``layers/ops/triton_gated_delta_net.py``), torch elsewhere; both take the same arguments."""
+    return triton_gated_delta_net if device.type == "cuda" else gated_delta_net
 
 
 def _l2norm(x: torch.Tensor) -> torch.Tensor:  # fp32, as the reference: x / sqrt(|x|^2 + 1e-6)
@@ -172,14 +178,15 @@ class Qwen3NextGatedDeltaNet(nn.Module):
         slots = dict(
             state_indices=meta.state_indices, cu_seqlens=meta.query_start_loc, has_initial_state=meta.has_initial_state
         )
-        mixed = causal_conv1d(mixed, self.conv1d.weight, None, conv_states=self.conv_state, **slots)
+        ops = gated_delta_ops(hidden.device)
+        mixed = ops.causal_conv1d(mixed, self.conv1d.weight, None, conv_states=self.conv_state, **slots)
         q, k, v = mixed.split([nk * dk, nk * dk, nv * dv], dim=-1)
         q = _l2norm(q.reshape(T, nk, dk)).repeat_interleave(r, dim=1)  # (T, Hv, Dk) fp32
         k = _l2norm(k.reshape(T, nk, dk)).repeat_interleave(r, dim=1)  # (T, Hv, Dk) fp32
         v = v.reshape(T, nv, dv)  # (T, Hv, Dv)
         beta = b.sigmoid().float()  # (T, Hv)
         g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())  # (T, Hv)
-        rule = recurrent_gated_delta_rule if meta.max_query_len == 1 else chunk_gated_delta_rule
+        rule = ops.recurrent_gated_delta_rule if meta.max_query_len == 1 else ops.chunk_gated_delta_rule
         o = rule(q, k, v, g, beta, scale=dk**-0.5, states=self.recurrent_state, **slots)  # (T, Hv, Dv)
         o = self.norm(o.reshape(T * nv, dv), z.reshape(T * nv, dv)).view(T, nv * dv)
         return self.out_proj(o)

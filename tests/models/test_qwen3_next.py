@@ -82,6 +82,25 @@ def test_combinations_match_transformers(qwen3_next_dir, reference, name, kwargs
     _assert_matches(_generate(qwen3_next_dir, prompts, **kwargs), ref)
 
 
+def test_the_triton_ops_in_the_engine_match_transformers(qwen3_next_dir, reference, monkeypatch) -> None:
+    """CUDA's Gated DeltaNet kernels (interpreted here) wired into the model: prefill in chunks of 8
+    (a state carried between chunked-form calls), then recurrent decode steps."""
+    from minivllm.layers.ops import triton_gated_delta_net
+    from minivllm.models import qwen3_next
+
+    used = []
+
+    def triton_ops(device):
+        used.append(device)
+        return triton_gated_delta_net
+
+    monkeypatch.setattr(qwen3_next, "gated_delta_ops", triton_ops)
+    prompts, ref = reference
+    kwargs = dict(max_num_batched_tokens=8, enable_chunked_prefill=True)
+    _assert_matches(_generate(qwen3_next_dir, prompts[:3], **kwargs), ref[:3])
+    assert used
+
+
 def test_kv_spec_reports_blocks_and_state_slots(qwen3_next_dir) -> None:
     """The exact budget pays for ``max_num_seqs`` state slots first, the KV blocks get the rest;
     the spec reports both at their real sizes (fp32, the test shape)."""
