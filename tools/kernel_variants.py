@@ -1067,24 +1067,33 @@ def graph_staging_variants() -> list[Variant]:
     reqs, dst_width = 256, CompilationConfig().max_seq_len_to_capture // 16
     wide, narrow = (Tensor(torch.int64, reqs), Tensor(torch.int32, reqs))
     src_tables, dst_tables = Tensor(torch.int32, reqs, 64), Tensor(torch.int32, reqs, dst_width)
-    args = dict(
-        src_ids_ptr=wide,
-        src_pos_ptr=wide,
-        src_slots_ptr=wide,
-        src_lens_ptr=narrow,
-        src_tables_ptr=src_tables,
-        dst_ids_ptr=wide,
-        dst_pos_ptr=wide,
-        dst_slots_ptr=wide,
-        dst_lens_ptr=narrow,
-        dst_tables_ptr=dst_tables,
-        num_reqs=reqs - 3,
-        src_width=64,
-        stride_src_table=src_tables.stride(0),
-        stride_dst_table=dst_tables.stride(0),
-        **cuda_graphs.stage_launch_constexprs(dst_width),
-    )
-    return [Variant(cuda_graphs._stage_inputs_kernel, f"{reqs} rows, tables {dst_width} wide", args)]
+    flags = Tensor(torch.bool, reqs)
+    variants = []
+    for states in (False, True):  # hybrid models also stage their state slots and continuation flags
+        args = dict(
+            src_ids_ptr=wide,
+            src_pos_ptr=wide,
+            src_slots_ptr=wide,
+            src_lens_ptr=narrow,
+            src_tables_ptr=src_tables,
+            src_state_idx_ptr=narrow,
+            src_has_init_ptr=flags if states else narrow,
+            dst_ids_ptr=wide,
+            dst_pos_ptr=wide,
+            dst_slots_ptr=wide,
+            dst_lens_ptr=narrow,
+            dst_tables_ptr=dst_tables,
+            dst_state_idx_ptr=narrow,
+            dst_has_init_ptr=flags if states else narrow,
+            num_reqs=reqs - 3,
+            src_width=64,
+            stride_src_table=src_tables.stride(0),
+            stride_dst_table=dst_tables.stride(0),
+            **cuda_graphs.stage_launch_constexprs(dst_width, states),
+        )
+        label = f"{reqs} rows, tables {dst_width} wide" + (", state slots" if states else "")
+        variants.append(Variant(cuda_graphs._stage_inputs_kernel, label, args))
+    return variants
 
 
 def sampler_variants(rows: int = 256) -> list[Variant]:

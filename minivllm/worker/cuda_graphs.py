@@ -14,6 +14,8 @@ every sequence is under ``SPLIT_MIN_CONTEXT``); rows ``B .. N-1`` are padding::
     slot_mapping  -1   (the KV write skips them)
     seq_lens       1   (attend to one key: block 0, slot 0; the result is discarded)
     block_tables   0
+    state_indices -1   (hybrid models: the Triton state kernels skip the row)
+    has_initial_state  False
 
 Every input lives in a static buffer the graph reads; ``run`` copies the step's
 values in, replays, and returns a view of the static output. On CUDA the copies
@@ -58,20 +60,26 @@ def _stage_inputs_kernel(
     src_slots_ptr,  # (B,)
     src_lens_ptr,  # (B,)
     src_tables_ptr,  # (B, W)
+    src_state_idx_ptr,  # (B,) hybrid models' state slots (read when HAS_STATES)
+    src_has_init_ptr,  # (B,) bool
     dst_ids_ptr,  # (N,) the graph's static buffers, N >= B rows
     dst_pos_ptr,  # (N,)
     dst_slots_ptr,  # (N,)
     dst_lens_ptr,  # (N,)
     dst_tables_ptr,  # (N, DST_W)
+    dst_state_idx_ptr,  # (N,)
+    dst_has_init_ptr,  # (N,)
     num_reqs,
     src_width,
     stride_src_table,
     stride_dst_table,
     DST_W: tl.constexpr,
     BLOCK_W: tl.constexpr,
+    HAS_STATES: tl.constexpr,
 ):
     """One program per captured row: a request's values, or the padding (slot -1, length 1,
-    block table 0) for rows ``B .. N-1``; block-table entries past ``W`` are zeroed."""
+    block table 0; state slot -1, no initial state) for rows ``B .. N-1``; block-table entries
+    past ``W`` are zeroed."""
     row = tl.program_id(0)
     live = row < num_reqs
     src_row = tl.minimum(row, num_reqs - 1).to(tl.int64)  # padding rows read (and drop) the last request
@@ -83,6 +91,11 @@ def _stage_inputs_kernel(
     tl.store(dst_pos_ptr + row, tl.where(live, pos, 0).to(dst_pos_ptr.dtype.element_ty))
     tl.store(dst_slots_ptr + row, tl.where(live, slot, -1).to(dst_slots_ptr.dtype.element_ty))
     tl.store(dst_lens_ptr + row, tl.where(live, seq_len, 1).to(dst_lens_ptr.dtype.element_ty))
+    if HAS_STATES:
+        state_idx = tl.load(src_state_idx_ptr + src_row)
+        has_init = tl.load(src_has_init_ptr + src_row).to(tl.int32)
+        tl.store(dst_state_idx_ptr + row, tl.where(live, state_idx, -1).to(dst_state_idx_ptr.dtype.element_ty))
+        tl.store(dst_has_init_ptr + row, (tl.where(live, has_init, 0) != 0).to(dst_has_init_ptr.dtype.element_ty))
     row64 = row.to(tl.int64)
     width = tl.where(live, src_width, 0)  # padding rows copy no entries
     for start in range(0, DST_W, BLOCK_W):
@@ -95,10 +108,10 @@ def _stage_inputs_kernel(
         )
 
 
-def stage_launch_constexprs(dst_width: int) -> dict:
-    """The staging kernel's compile-time arguments for block tables ``dst_width`` entries wide
-    (also read by ``tools/kernel_report.py``)."""
-    return dict(DST_W=dst_width, BLOCK_W=min(MAX_BLOCK_W, triton.next_power_of_2(dst_width)))
+def stage_launch_constexprs(dst_width: int, has_states: bool = False) -> dict:
+    """The staging kernel's compile-time arguments for block tables ``dst_width`` entries wide,
+    with hybrid models' state slots or not (also read by ``tools/kernel_report.py``)."""
+    return dict(DST_W=dst_width, BLOCK_W=min(MAX_BLOCK_W, triton.next_power_of_2(dst_width)), HAS_STATES=has_states)
 
 
 class CUDAGraphRunner:
@@ -111,10 +124,14 @@ class CUDAGraphRunner:
         device: torch.device,
         short_sizes: list[int] | None = None,
         compute_logits: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        states: bool = False,
     ) -> None:
         """``short_sizes`` (a subset of ``sizes``) are captured a second time for steps whose
         sequences are all shorter than ``SPLIT_MIN_CONTEXT``: the attention kernel's split count
-        follows the graph's ``max_seq_len``, so there it is one launch with no combine pass."""
+        follows the graph's ``max_seq_len``, so there it is one launch with no combine pass.
+        ``states``: the model has linear-attention layers (hybrid models), whose state slots and
+        continuation flags (``AttentionMetadata.state_indices``, ``has_initial_state``) are staged
+        too; padding rows get slot -1, which the Triton state kernels skip."""
         self.model = model
         self.compute_logits = compute_logits
         """The model's logits, captured with the fused sampler; None: the graphs end at the hidden states."""
@@ -135,11 +152,16 @@ class CUDAGraphRunner:
         self.seq_lens = torch.ones(n, dtype=torch.int32, device=device)
         self.query_start_loc = torch.arange(n + 1, dtype=torch.int32, device=device)  # one query per request
         self.block_tables = torch.zeros(n, max_blocks_per_seq, dtype=torch.int32, device=device)
+        self.state_indices: torch.Tensor | None = None  # (n,) int32, hybrid models only
+        self.has_initial_state: torch.Tensor | None = None  # (n,) bool
+        if states:
+            self.state_indices = torch.full((n,), -1, dtype=torch.int32, device=device)
+            self.has_initial_state = torch.zeros(n, dtype=torch.bool, device=device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
         self.fused_staging = device.type == "cuda"
         """Stage a step's inputs with ``_stage_inputs_kernel`` (CUDA) instead of the torch copies."""
-        self._stage_constexprs = stage_launch_constexprs(max_blocks_per_seq)
+        self._stage_constexprs = stage_launch_constexprs(max_blocks_per_seq, states)
         self.capture_s = 0.0
         """Seconds ``capture`` took (start-up log, ``benchmarks/profile_decode.py``)."""
         self.memory_bytes = 0
@@ -169,6 +191,8 @@ class CUDAGraphRunner:
             max_seq_len=max_seq_len,
             query_lens_cpu=[1] * n,
             seq_lens_cpu=[max_seq_len] * n,
+            state_indices=self.state_indices[:n] if self.state_indices is not None else None,
+            has_initial_state=self.has_initial_state[:n] if self.has_initial_state is not None else None,
         )
 
     @torch.inference_mode()
@@ -229,17 +253,22 @@ class CUDAGraphRunner:
         b, tables = meta.num_reqs, meta.block_tables
         if not self._stageable(input_ids, positions, meta, n):
             self._check_staging(input_ids, positions, meta, n)
+        states = self.state_indices is not None  # else the state pointers are dummies, never read
         _stage_inputs_kernel[(n,)](
             input_ids,
             positions,
             meta.slot_mapping,
             meta.seq_lens,
             tables,
+            meta.state_indices if states else meta.seq_lens,
+            meta.has_initial_state if states else meta.seq_lens,
             self.input_ids,
             self.positions,
             self.slot_mapping,
             self.seq_lens,
             self.block_tables,
+            self.state_indices if states else self.seq_lens,
+            self.has_initial_state if states else self.seq_lens,
             b,
             tables.shape[1],
             tables.stride(0),
@@ -251,6 +280,10 @@ class CUDAGraphRunner:
         """The few comparisons ``_stage_fused`` makes per step; ``_check_staging`` says what failed."""
         b, device, tables = meta.num_reqs, self.input_ids.device, meta.block_tables
         vectors = (input_ids, positions, meta.slot_mapping, meta.seq_lens)
+        if self.state_indices is not None:
+            if meta.state_indices is None or meta.has_initial_state is None:
+                return False
+            vectors += (meta.state_indices, meta.has_initial_state)
         return (
             (device.type == "cuda" or is_interpreted(_stage_inputs_kernel))
             and 1 <= b <= n <= self.sizes[-1]
@@ -268,6 +301,9 @@ class CUDAGraphRunner:
         device, b = self.input_ids.device, meta.num_reqs
         check_launchable(device, _stage_inputs_kernel)
         vectors = (("input_ids", input_ids), ("positions", positions), ("slot_mapping", meta.slot_mapping))
+        if self.state_indices is not None:
+            require(meta.state_indices is not None, "a hybrid model's step needs state_indices and has_initial_state")
+            vectors += (("state_indices", meta.state_indices), ("has_initial_state", meta.has_initial_state))
         for name, t in (*vectors, ("seq_lens", meta.seq_lens)):
             check_tensor(t, name, device, dims=1)
             require(t.shape[0] == b and not t.is_floating_point(), f"{name} must be ({b},) integers, got {t.dtype}")
@@ -291,6 +327,11 @@ class CUDAGraphRunner:
         self.seq_lens[b:n].fill_(1)
         self.block_tables[:n].zero_()
         self.block_tables[:b, :width].copy_(meta.block_tables, non_blocking=True)
+        if self.state_indices is not None:
+            self.state_indices[:b].copy_(meta.state_indices, non_blocking=True)
+            self.state_indices[b:n].fill_(-1)
+            self.has_initial_state[:b].copy_(meta.has_initial_state, non_blocking=True)
+            self.has_initial_state[b:n].fill_(False)
 
     def run_sampled(
         self,

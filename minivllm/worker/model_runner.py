@@ -258,14 +258,11 @@ class ModelRunner:
         nor with pipeline stages or LoRA (its token groups change per step)."""
         graphs = self.cfg.compilation.cudagraph and self.cfg.parallel.pp == 1 and not self.cfg.lora.enable_lora
         graphs = graphs and self.mrope is None  # (3, T) positions: no captured (T,) buffers for them
-        graphs = graphs and not self.state_layers  # linear-attention states: eager steps (capture_cuda_graphs logs it)
         return graphs and self.device.type == "cuda" and self.attn_backend.name == "triton"
 
     def capture_cuda_graphs(self) -> None:
         """Capture decode steps after the KV cache exists (no-op where graphs are off)."""
         if not self.cuda_graphs_enabled:
-            if self.state_layers and self.cfg.compilation.cudagraph and self.device.type == "cuda":
-                logger.info("CUDA graphs off: %s has linear-attention layers (run eagerly)", self.cfg.architecture)
             return
         sizes = capture_sizes(self.cfg.compilation.cudagraph_capture_sizes, self.cfg.scheduler.max_num_seqs)
         if not sizes:
@@ -283,6 +280,7 @@ class ModelRunner:
             self.device,
             self._split_sizes(sizes, max_len),
             compute_logits=logits,
+            states=bool(self.state_layers),
         )
         self.cuda_graphs.capture()
         graphs = self.cuda_graphs

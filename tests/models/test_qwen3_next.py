@@ -257,8 +257,8 @@ def test_linear_layers_from_layer_types_or_the_interval() -> None:
     "extra", [{}, dict(max_num_batched_tokens=8, enable_chunked_prefill=True)], ids=["plain", "chunked"]
 )
 def test_cuda_matches_transformers(qwen3_next_dir, reference, extra) -> None:
-    """On CUDA (Triton attention for the full-attention layer, the torch state ops, CUDA graphs
-    turned off for the model): transformers' greedy tokens, logprobs within 1e-3 (fp32 on the GPU)."""
+    """On CUDA (Triton attention for the full-attention layer, the Triton state kernels, decode
+    steps in CUDA graphs): transformers' greedy tokens, logprobs within 1e-3 (fp32 on the GPU)."""
     prompts, ref = reference
     outs = _generate(qwen3_next_dir, prompts, device="cuda", **extra)
     for out, (tokens, logprobs) in zip(outs, ref, strict=True):

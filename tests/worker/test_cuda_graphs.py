@@ -249,6 +249,7 @@ def _sampling_graphs(llm: LLM, sizes: list[int]) -> CUDAGraphRunner:
         max_len,
         runner.device,
         compute_logits=runner.model.compute_logits,
+        states=bool(runner.state_layers),
     )
     for n in graphs.sizes:
         graphs.outputs[n] = graphs.step(n)
@@ -670,3 +671,152 @@ def test_mla_models_get_no_short_context_graphs(make_checkpoint, llama_dir, monk
         finally:
             llm.shutdown()
     assert splits["mla"] == [] and splits["llama"]  # the check can fail
+
+
+def _interpreted_qwen3_next_kernels(monkeypatch) -> None:
+    """Qwen3-Next on CUDA's kernels, interpreted: the Gated DeltaNet ops (the torch ones serve the
+    CPU) and the fused experts (the CPU's torch loop counts tokens per expert on the host)."""
+    from minivllm.layers.fused_moe import layer as fused_moe_layer
+    from minivllm.layers.fused_moe.triton_experts import triton_fused_experts
+    from minivllm.layers.ops import triton_gated_delta_net
+    from minivllm.models import qwen3_next
+
+    monkeypatch.setattr(qwen3_next, "gated_delta_ops", lambda device: triton_gated_delta_net)
+    monkeypatch.setattr(fused_moe_layer, "fused_experts", triton_fused_experts)
+
+
+def _guarded_graphs(llm: LLM, sizes: list[int]) -> CUDAGraphRunner:
+    graphs = _sampling_graphs(llm, sizes)
+    for n in graphs.sizes:
+        graphs.graphs[n] = _GuardedStep(graphs, n)
+    return graphs
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["torch-copies", "staging-kernel"])
+def test_hybrid_models_state_slots_are_staged_with_padding_slot_minus_one(fused):
+    """A hybrid model's graphs hold static state slots and continuation flags: a step's values in
+    its rows, slot -1 (skipped by the state kernels) and no initial state in the padding rows."""
+    graphs = CUDAGraphRunner(
+        _RecordingModel(), [1, 2, 4], max_blocks_per_seq=3, max_model_len=12, device=torch.device("cpu"), states=True
+    )
+    graphs.fused_staging = fused
+    assert graphs._meta(4).state_indices.tolist() == [-1] * 4
+    graphs.state_indices.fill_(7)  # stale values from a larger step
+    graphs.has_initial_state.fill_(True)
+    meta = AttentionMetadata(
+        slot_mapping=torch.tensor([5, 9, 13], dtype=torch.long),
+        query_start_loc=torch.arange(4, dtype=torch.int32),
+        seq_lens=torch.tensor([2, 3, 4], dtype=torch.int32),
+        block_tables=torch.tensor([[1], [2], [3]], dtype=torch.int32),
+        max_query_len=1,
+        max_seq_len=4,
+        query_lens_cpu=[1, 1, 1],
+        seq_lens_cpu=[2, 3, 4],
+        state_indices=torch.tensor([3, 0, 2], dtype=torch.int32),
+        has_initial_state=torch.tensor([True, False, True]),
+    )
+    if fused:
+        graphs._stage_fused(torch.tensor([1, 2, 3]), torch.tensor([1, 2, 3]), meta, 4)
+    else:
+        graphs._stage_torch(torch.tensor([1, 2, 3]), torch.tensor([1, 2, 3]), meta, 4)
+    assert graphs.state_indices.tolist() == [3, 0, 2, -1]
+    assert graphs.has_initial_state.tolist() == [True, False, True, False]
+    meta.state_indices = None  # a hybrid model's step without its slots is refused
+    with pytest.raises(ValueError, match="state_indices"):
+        graphs._stage_fused(torch.tensor([1, 2, 3]), torch.tensor([1, 2, 3]), meta, 4)
+
+
+def test_qwen3_next_decode_steps_replay_in_graphs_with_the_eager_tokens(make_checkpoint, monkeypatch):
+    """Qwen3-Next (Gated DeltaNet layers beside a full-attention layer) decode steps through the
+    stood-in, guarded graphs: the state slots come from the graphs' static buffers (padding rows
+    slot -1), nothing is read on the host, and greedy and seeded requests get the eager tokens."""
+    from tests.model_configs import qwen3_next_config
+
+    _interpreted_qwen3_next_kernels(monkeypatch)
+    ckpt = make_checkpoint("qwen3-next", qwen3_next_config())
+    prompts = [{"prompt_token_ids": list(range(10 + i, 13 + 4 * i))} for i in range(3)]
+    outs = {}
+    for in_graph in (False, True):
+        llm = _cpu_llm(ckpt)
+        calls = []
+        if in_graph:
+            graphs = _guarded_graphs(llm, [1, 2, 4])
+            graphs.run_sampled = _counted(graphs.run_sampled, calls)
+        outs[in_graph] = [o.outputs[0].token_ids for o in llm.generate(prompts, SAMPLED_PARAMS, use_tqdm=False)]
+        assert not in_graph or (calls and set(calls) <= {1, 2, 3})
+        llm.shutdown()
+    assert outs[True] == outs[False]
+
+
+@pytest.mark.parametrize(
+    "name, kwargs",
+    [
+        ("async-chunked-8", dict(async_scheduling=True, max_num_batched_tokens=8, enable_chunked_prefill=True)),
+        ("async-preemption", dict(async_scheduling=True, num_gpu_blocks_override=12)),
+    ],
+)
+def test_qwen3_next_graphs_under_async_chunked_prefill_and_preemption_match_transformers(
+    make_checkpoint, monkeypatch, name, kwargs
+):
+    """Qwen3-Next decode steps replayed from the (stood-in, guarded) graphs beside what makes steps
+    irregular: async scheduling with prefill chunks of 8 next to decodes (mixed steps run eagerly,
+    the states carried between them and the replays), and a tiny cache (preemption frees a slot;
+    the request comes back, recomputes, and replays again). transformers' greedy tokens."""
+    from tests.hf_reference import hf_greedy
+    from tests.model_configs import qwen3_next_config
+
+    _interpreted_qwen3_next_kernels(monkeypatch)
+    ckpt = make_checkpoint("qwen3-next", qwen3_next_config())
+    gen = torch.Generator().manual_seed(17)
+    prompts = [torch.randint(4, 500, (n,), generator=gen).tolist() for n in (3, 9, 14)]
+    max_tokens = 8
+    args = dict(dtype="float32", block_size=4, num_gpu_blocks_override=64, max_model_len=48, max_num_seqs=4)
+    llm = LLM(
+        model=str(ckpt), attention_backend="triton", overrides=["compilation.fused_sampler=true"], **{**args, **kwargs}
+    )
+    try:
+        graphs = _guarded_graphs(llm, [1, 2, 4])
+        params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        stats = llm.llm_engine.get_stats()
+    finally:
+        llm.shutdown()
+    assert sum(g.replays for g in graphs.graphs.values()) > 0
+    assert "preemption" not in name or stats.num_preemptions > 0
+    ref = hf_greedy(ckpt, prompts, max_tokens)
+    assert [o.outputs[0].token_ids for o in outs] == [tokens for tokens, _ in ref]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("combined", [False, True], ids=["plain", "async-chunked-preempted"])
+def test_qwen3_next_graphs_equal_eager(make_checkpoint, combined):
+    """Qwen3-Next on CUDA: decode steps are captured (the Triton conv and recurrent delta-rule
+    kernels over the graphs' static state slots, padding rows slot -1) and replay the eager
+    engine's tokens; alone and with async scheduling, prefill chunks of 8 and preemption."""
+    from tests.model_configs import qwen3_next_config
+
+    ckpt = make_checkpoint("qwen3-next", qwen3_next_config())
+    prompts = [{"prompt_token_ids": list(range(10 + i, 13 + 5 * i))} for i in range(5)]
+    params = [*SAMPLED_PARAMS, SAMPLED_PARAMS[1], SAMPLED_PARAMS[0]]
+    extra = dict(num_gpu_blocks_override=256, max_num_seqs=16)
+    if combined:
+        extra = dict(
+            num_gpu_blocks_override=10, block_size=4, max_num_seqs=4, max_num_batched_tokens=8, async_scheduling=True
+        )
+    outs = {}
+    for eager in (True, False):
+        llm = LLM(
+            model=str(ckpt),
+            dtype="float32",
+            enforce_eager=eager,
+            attention_backend="triton",
+            cuda_graph_sizes=[1, 2, 4, 8],
+            **extra,
+        )
+        assert (_runner(llm).cuda_graphs is None) == eager
+        outs[eager] = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+        stats = llm.llm_engine.get_stats()
+        llm.shutdown()
+        if combined:
+            assert stats.num_preemptions > 0
+    assert outs[True] == outs[False]
