@@ -412,16 +412,11 @@ class ModelRunner:
         rows, query_lens = self.batch.scheduled_rows(scheduler_output.num_scheduled_tokens, num_tokens)
         prev = self.batch.prev_sampled  # async scheduling: the last step's ids, not stored yet
         index = self.batch.prev_sampled_index if prev is not None else None
-        step = self.inputs.build(self.batch, rows, query_lens, index, num_tokens)
+        slots = self.state_slots.of(self.batch, rows) if self.state_slots is not None else None
+        step = self.inputs.build(self.batch, rows, query_lens, index, num_tokens, slots)
         if self.lora is not None:
             self.lora.prepare_step([self.batch.req_ids[r] for r in rows.tolist()], query_lens)
         step.meta.backend_data = self.attn_backend.prepare(step.meta, self.block_size)
-        if self.state_slots is not None:
-            req_ids = [self.batch.req_ids[r] for r in rows.tolist()]
-            has_initial = self.batch.num_computed_tokens[rows] > 0  # a later chunk or a decode token
-            step.meta.state_indices, step.meta.has_initial_state = self.state_slots.plan(
-                req_ids, has_initial, self.device
-            )
         if self.mrope is not None:
             step.positions = self.mrope.positions(self.batch, step)  # (3, T)
         if step.placeholders is not None:
@@ -609,14 +604,10 @@ class StateSlots:
     def remove(self, req_id: RequestId) -> None:
         self.slot_of.pop(req_id, None)
 
-    def plan(
-        self, req_ids: list[RequestId], has_initial: np.ndarray, device: torch.device
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The step's (B,) int32 slots and (B,) bool continuation flags on ``device``, in step order
-        (``AttentionMetadata.state_indices`` and ``has_initial_state``)."""
-        slots = np.fromiter((self.slot_of[r] for r in req_ids), dtype=np.int32, count=len(req_ids))
-        flags = np.ascontiguousarray(has_initial, dtype=np.bool_)
-        return torch.from_numpy(slots).to(device), torch.from_numpy(flags).to(device)
+    def of(self, batch: InputBatch, rows: np.ndarray) -> np.ndarray:
+        """(B,) int32 the slots of the step's ``rows``, in step order (they reach the device with the
+        step's other inputs, ``StepInputBuilder.build``: ``AttentionMetadata.state_indices``)."""
+        return np.fromiter((self.slot_of[batch.req_ids[r]] for r in rows.tolist()), dtype=np.int32, count=len(rows))
 
 
 class _ConnectorStep:

@@ -5,7 +5,10 @@ Every integer array a step needs is written into one int32 staging buffer
 (pinned host memory on CUDA) and copied to the device at once::
 
     staging: [ input_ids T | positions T | slots T | logits_idx S | placeholder dst P | placeholder src P
-               | query_start B+1 | seq_lens B | block_tables B*W ]
+               | query_start B+1 | seq_lens B | block_tables B*W | state slots B' | has initial state B' ]
+
+(``B' = B`` for a hybrid model's step, whose linear-attention state slots travel in the same
+copy; 0 otherwise.)
 
 The first six parts are read as int64 on the device: they are converted in one
 op and handed out as views of it.
@@ -63,7 +66,7 @@ class StepInputBuilder:
     ) -> None:
         self.device = device
         self.block_size = block_size
-        size = 3 * max_num_tokens + 5 * max_num_reqs + 1 + max_num_reqs * max_blocks_per_req
+        size = 3 * max_num_tokens + 7 * max_num_reqs + 1 + max_num_reqs * max_blocks_per_req
         cuda = device.type == "cuda"
         self._staging = [torch.zeros(size, dtype=torch.int32, pin_memory=cuda) for _ in range(2 if cuda else 1)]
         self._host = [buffer.numpy() for buffer in self._staging]
@@ -79,10 +82,15 @@ class StepInputBuilder:
         query_lens: np.ndarray,
         pending_index: Callable[[np.ndarray], np.ndarray] | None = None,
         num_tokens: int | None = None,
+        state_slots: np.ndarray | None = None,
     ) -> StepInputs:
         """``rows``: (B,) batch rows scheduled this step, ascending; ``query_lens``: (B,) their
         new-token counts, ``num_tokens`` their sum when the caller knows it (it must be
         exact: ``num_tokens == B`` is how a decode step is recognised).
+
+        ``state_slots`` (hybrid models): (B,) the rows' linear-attention state slots; they and
+        whether each row continues from its slot (tokens computed before this step) become
+        ``meta.state_indices`` and ``meta.has_initial_state``.
 
         ``pending_index`` (async scheduling) maps batch rows to their index in the
         previous step's sampled tokens, for input tokens past a row's known ones."""
@@ -106,7 +114,7 @@ class StepInputBuilder:
             tables = tables.copy()
 
         staging, host = self._next_staging()
-        at = _Layout.of(T, S, P, B, width)
+        at = _Layout.of(T, S, P, B, width, 0 if state_slots is None else B)
         host[at.ids] = batch.token_ids[token_rows, positions]
         host[at.positions] = positions
         slots = host[at.slots]
@@ -120,6 +128,9 @@ class StepInputBuilder:
         host[at.query_start] = query_start
         host[at.seq_lens] = seq_lens
         host[at.tables].reshape(B, width)[:] = tables
+        if state_slots is not None:
+            host[at.state_idx] = state_slots
+            host[at.has_init] = start > 0  # a later chunk or a decode token
 
         dev = self._to_device(staging[: at.end])
         wide = dev[: at.num_wide].long()  # one conversion for every int64 part
@@ -136,6 +147,8 @@ class StepInputBuilder:
             block_tables_cpu=tables,
             has_padding=False,
         )
+        if state_slots is not None:
+            meta.state_indices, meta.has_initial_state = dev[at.state_idx], dev[at.has_init].bool()
         return StepInputs(
             input_ids=wide[at.ids],
             positions=wide[at.positions],
@@ -186,6 +199,7 @@ class _Layout(NamedTuple):
     int64 on the device come first (converted in one op), the int32 ones after them::
 
         ids T | positions T | slots T | logits S | ph_dst P | ph_src P || query_start B+1 | seq_lens B | tables B*width
+        | state_idx B' | has_init B'      (B' = B for a hybrid model's step, else 0)
     """
 
     ids: slice
@@ -199,11 +213,13 @@ class _Layout(NamedTuple):
     query_start: slice
     seq_lens: slice
     tables: slice
+    state_idx: slice
+    has_init: slice
     num_wide: int
     end: int
 
     @classmethod
-    def of(cls, T: int, S: int, P: int, B: int, width: int) -> "_Layout":
-        ends = list(accumulate((T, T, T, S, P, P, B + 1, B, B * width)))
+    def of(cls, T: int, S: int, P: int, B: int, width: int, states: int = 0) -> "_Layout":
+        ends = list(accumulate((T, T, T, S, P, P, B + 1, B, B * width, states, states)))
         starts = [0, *ends[:-1]]
         return cls(*(slice(a, b) for a, b in zip(starts, ends)), num_wide=ends[5], end=ends[-1])

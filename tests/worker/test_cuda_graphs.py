@@ -729,7 +729,9 @@ def test_hybrid_models_state_slots_are_staged_with_padding_slot_minus_one(fused)
 def test_qwen3_next_decode_steps_replay_in_graphs_with_the_eager_tokens(make_checkpoint, monkeypatch):
     """Qwen3-Next (Gated DeltaNet layers beside a full-attention layer) decode steps through the
     stood-in, guarded graphs: the state slots come from the graphs' static buffers (padding rows
-    slot -1), nothing is read on the host, and greedy and seeded requests get the eager tokens."""
+    slot -1), nothing is read on the host, and greedy and seeded requests get the eager tokens.
+    The slots reach the device in the step's one staging copy: preparing a step uploads no other
+    host array."""
     from tests.model_configs import qwen3_next_config
 
     _interpreted_qwen3_next_kernels(monkeypatch)
@@ -738,12 +740,23 @@ def test_qwen3_next_decode_steps_replay_in_graphs_with_the_eager_tokens(make_che
     outs = {}
     for in_graph in (False, True):
         llm = _cpu_llm(ckpt)
-        calls = []
+        calls, uploads = [], []
         if in_graph:
             graphs = _guarded_graphs(llm, [1, 2, 4])
             graphs.run_sampled = _counted(graphs.run_sampled, calls)
+            runner = _runner(llm)
+            prepare = runner._prepare_inputs
+
+            def guarded_prepare(scheduler_output, prepare=prepare, uploads=uploads):
+                with _NoHostReads() as guard:
+                    step = prepare(scheduler_output)
+                uploads.extend(guard.seen)
+                return step
+
+            runner._prepare_inputs = guarded_prepare
         outs[in_graph] = [o.outputs[0].token_ids for o in llm.generate(prompts, SAMPLED_PARAMS, use_tqdm=False)]
         assert not in_graph or (calls and set(calls) <= {1, 2, 3})
+        assert not uploads, f"preparing a step uploads host arrays: {uploads}"
         llm.shutdown()
     assert outs[True] == outs[False]
 

@@ -40,6 +40,22 @@ def test_mixed_decode_and_prefill_chunk():
     assert step.logits_index.tolist() == [0]
     assert step.placeholders is None
 
+    assert step.meta.state_indices is None and step.meta.has_initial_state is None  # no state slots asked for
+
+
+def test_hybrid_models_state_slots_travel_with_the_step():
+    """A hybrid model's step carries each row's state slot and whether it continues from it (a
+    decode token: yes; a first prefill chunk: no) beside the other inputs, in step order."""
+    builder = StepInputBuilder(max_num_tokens=16, max_num_reqs=4, max_blocks_per_req=4, block_size=BLOCK, device=CPU)
+    step = builder.build(make_batch(), np.array([0, 1]), np.array([1, 3], dtype=np.int32), state_slots=np.array([3, 0]))
+    assert step.meta.state_indices.tolist() == [3, 0] and step.meta.state_indices.dtype == torch.int32
+    assert step.meta.has_initial_state.tolist() == [True, False] and step.meta.has_initial_state.dtype == torch.bool
+    assert step.meta.block_tables.tolist() == [[7, 2], [5, 1]]  # the parts before them unchanged
+    batch = make_batch()
+    batch.num_computed_tokens[1] = 3  # b's second chunk continues from its slot
+    step = builder.build(batch, np.array([1]), np.array([4], dtype=np.int32), state_slots=np.array([2]))
+    assert step.meta.state_indices.tolist() == [2] and step.meta.has_initial_state.tolist() == [True]
+
 
 def test_a_subset_of_rows_and_the_last_prefill_chunk_samples():
     builder = StepInputBuilder(16, 4, 4, BLOCK, CPU)
