@@ -833,3 +833,27 @@ def test_qwen3_next_graphs_equal_eager(make_checkpoint, combined):
         if combined:
             assert stats.num_preemptions > 0
     assert outs[True] == outs[False]
+
+
+def test_qwen3_next_one_token_prompts_start_their_reused_slots_from_zeros_in_the_graphs(make_checkpoint, monkeypatch):
+    """A step of one-token prompts is a decode-shaped step (one query each) replayed from the
+    graphs, yet its requests have no state: the staged ``has_initial_state`` says so, and their
+    slots, reused from finished requests and holding those requests' states, are read as zeros.
+    transformers' greedy tokens."""
+    from tests.hf_reference import hf_greedy
+    from tests.model_configs import qwen3_next_config
+
+    _interpreted_qwen3_next_kernels(monkeypatch)
+    ckpt = make_checkpoint("qwen3-next", qwen3_next_config())
+    params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
+    llm = _cpu_llm(ckpt)
+    try:
+        graphs = _guarded_graphs(llm, [1, 2, 4])
+        llm.generate([{"prompt_token_ids": list(range(20 + i, 27 + i))} for i in range(3)], params, use_tqdm=False)
+        replays = sum(g.replays for g in graphs.graphs.values())
+        prompts = [[42], [7], [301]]
+        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    finally:
+        llm.shutdown()
+    assert sum(g.replays for g in graphs.graphs.values()) - replays == 3  # the first step replays too
+    assert [o.outputs[0].token_ids for o in outs] == [tokens for tokens, _ in hf_greedy(ckpt, prompts, 3)]
