@@ -814,7 +814,12 @@ def test_qwen3_next_graphs_equal_eager(make_checkpoint, combined):
     extra = dict(num_gpu_blocks_override=256, max_num_seqs=16)
     if combined:
         extra = dict(
-            num_gpu_blocks_override=10, block_size=4, max_num_seqs=4, max_num_batched_tokens=8, async_scheduling=True
+            num_gpu_blocks_override=10,
+            block_size=4,
+            max_model_len=48,
+            max_num_seqs=4,
+            max_num_batched_tokens=8,
+            async_scheduling=True,
         )
     outs = {}
     for eager in (True, False):
