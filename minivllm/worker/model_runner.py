@@ -70,9 +70,9 @@ from minivllm.worker.input_batch import InputBatch, SampledTokens, record_event,
 from minivllm.worker.mm_runner import MRopePositions, MultiModalRunner
 from minivllm.worker.profile import (
     encoder_cache_bytes,
-    mla_workspace_bytes,
     forward_batch,
     held_draft_probs,
+    mla_workspace_bytes,
     profile_images,
     profile_params,
     sampler_rows,

@@ -155,7 +155,12 @@ def test_kv_cache_gives_way_to_the_mla_context_workspace(make_checkpoint, llama_
     ckpt = make_checkpoint("deepseek-v3-mla-yarn-grouped-sigmoid-router", deepseek_v3_config())
     hf = AutoConfig.from_pretrained(ckpt)
     worker = _worker(ckpt, max_num_batched_tokens=256)
-    H, dn, dv, latent = hf.num_attention_heads, hf.qk_nope_head_dim, hf.v_head_dim, hf.kv_lora_rank + hf.qk_rope_head_dim
+    H, dn, dv, latent = (
+        hf.num_attention_heads,
+        hf.qk_nope_head_dim,
+        hf.v_head_dim,
+        hf.kv_lora_rank + hf.qk_rope_head_dim,
+    )
     piece = mla.CONTEXT_CHUNK_TOKENS * (latent + H * (dn + dv)) * 4  # float32
     merge = 2 * 256 * H * (dv + 1) * 4
     assert worker.model_runner.mla_workspace_bytes() == piece + merge
