@@ -294,6 +294,42 @@ def test_prefix_hits_longer_than_the_context_piece_match_transformers(which, v2_
     _assert_matches_transformers(ckpt, prompts, outs)
 
 
+def _set_context_piece(tokens: int):
+    """A ``collective_rpc`` function: every rank's MLA context piece set to ``tokens`` positions,
+    the one it had returned."""
+
+    def set_piece(worker) -> int:
+        from minivllm.attention import mla
+
+        before, mla.CONTEXT_CHUNK_TOKENS = mla.CONTEXT_CHUNK_TOKENS, tokens
+        return before
+
+    return set_piece
+
+
+def test_tp2_prefix_hits_in_context_pieces_match_transformers(v3_dir):
+    """tp=2 (each rank its half of the heads), prefix caching, 8-token chunks and a 5-position
+    context piece on every rank: transformers' tokens and logprobs."""
+    prompts = _prompts(shared_prefix=24)
+    llm = LLM(
+        model=str(v3_dir),
+        tensor_parallel_size=2,
+        enable_prefix_caching=True,
+        max_num_batched_tokens=8,
+        max_num_seqs=2,
+        **{**h.LLM_KWARGS, "max_model_len": 64},
+    )
+    try:
+        before = llm.collective_rpc(_set_context_piece(5))
+        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], GREEDY, use_tqdm=False)
+        stats = llm.llm_engine.scheduler_stats()
+        assert llm.collective_rpc(_set_context_piece(before[0])) == [5, 5]
+    finally:
+        llm.shutdown()
+    assert stats.prefix_cache_hits > 0
+    _assert_matches_transformers(v3_dir, prompts, [o.outputs[0] for o in outs])
+
+
 def test_prefix_caching_reuses_latent_blocks(v2_dir):
     """Four prompts sharing a 16-token head: later ones read its latents from cached blocks."""
     prompts = _prompts(shared_prefix=16)
