@@ -234,8 +234,9 @@ def test_triton_backend_mixed_step_matches_torch(kv_dtype, pad):
 
 
 @pytest.mark.skipif(not INTERPRETED, reason="the Triton backend on the CPU needs TRITON_INTERPRET=1")
+@pytest.mark.parametrize("kv_dtype", [torch.float32, FP8_KV_DTYPE], ids=["fp32", "fp8"])
 @pytest.mark.parametrize("piece", [1, 4, 7, 64])
-def test_triton_backend_context_in_pieces_equals_the_whole_context(piece, monkeypatch):
+def test_triton_backend_context_in_pieces_equals_the_whole_context(piece, kv_dtype, monkeypatch):
     """Two prefill chunks (5 tokens after 6 cached, 4 after 9) beside a decode token: the Triton
     backend expands their 15 context positions ``piece`` at a time (pieces that cut across the
     two requests; 4 and 7 divide neither) and merges by log-sum-exp; the torch backend's output
@@ -244,10 +245,10 @@ def test_triton_backend_context_in_pieces_equals_the_whole_context(piece, monkey
     from minivllm.attention.triton_backend import TritonAttentionBackend
 
     lens = dict(query_lens=(5, 1, 4), seq_lens=(11, 9, 13))
-    cache, meta, (q_nope, q_pe, new), kw = _mixed_inputs(**lens)
+    cache, meta, (q_nope, q_pe, new), kw = _mixed_inputs(kv_dtype, **lens)
     want = mla.mla_attention(q_nope, q_pe, new, cache, meta, **kw)  # one piece: 8192 positions
     monkeypatch.setattr(mla, "CONTEXT_CHUNK_TOKENS", piece)
-    cache, meta, (q_nope, q_pe, new), kw = _mixed_inputs(**lens)
+    cache, meta, (q_nope, q_pe, new), kw = _mixed_inputs(kv_dtype, **lens)
     got = TritonAttentionBackend().forward_mla(q_nope, q_pe, new, cache, meta, **kw)
     plan = meta.mla_plan
     assert plan.prefill_lens == ((5, 11), (4, 13)) and plan.prefill_ctx_slots.shape == (15,)
@@ -263,8 +264,8 @@ def test_triton_backend_mixed_steps_match_transformers(case, make_checkpoint, mo
     """The Triton backend's MLA under mixed steps, against transformers: a 4-token budget cuts the
     prompts into chunks that run beside other requests' decode tokens (async scheduling); or four
     prompts share a 16-token head, so later prefills read it from cached blocks (the expanded form
-    over context they did not compute) while earlier requests decode; or, with 8-token chunks and
-    a 5-position context piece, that context is expanded piece by piece."""
+    over context they did not compute) while earlier requests decode; or, with 8-token chunks, a
+    5-position context piece and async scheduling, that context is expanded piece by piece."""
     from minivllm.attention import mla
     from tests.models.test_deepseek_mla import _assert_matches_transformers, _generate, _prompts
 
@@ -277,7 +278,7 @@ def test_triton_backend_mixed_steps_match_transformers(case, make_checkpoint, mo
         kwargs = dict(enable_prefix_caching=True, max_num_batched_tokens=24, max_num_seqs=4)
     if case == "prefix-cache-pieces":
         monkeypatch.setattr(mla, "CONTEXT_CHUNK_TOKENS", 5)
-        kwargs["max_num_batched_tokens"] = 8
+        kwargs.update(max_num_batched_tokens=8, async_scheduling=True)
     steps = []
     original = MLAPlan.build.__func__
 
