@@ -86,10 +86,11 @@ def forward_batch(cfg: VllmConfig, device: torch.device) -> tuple[InputBatch, np
 def mla_workspace_bytes(cfg: VllmConfig, num_heads: int, nope_dim: int, v_dim: int, latent_dim: int) -> int:
     """Most an MLA layer's prefill holds for earlier context on top of the profiled forward pass
     (``num_heads``: this rank's): one piece expanded (latents, per-head keys and values, model dtype)
-    and the running merge of the step's prefill rows (two fp32 outputs and log-sum-exps: the merged
-    and the next piece's), no more rows than ``max_num_batched_tokens``."""
+    and the merge of the step's prefill rows (no more than ``max_num_batched_tokens``), five (rows, H,
+    dv + 1) fp32 tensors at most: the running output and log-sum-exp, the piece's, and one merge's
+    temporaries (``attention/mla.py``: ``merge_partials``)."""
     rows = cfg.scheduler.max_num_batched_tokens
-    merge = 2 * rows * num_heads * (v_dim + 1) * 4
+    merge = 5 * rows * num_heads * (v_dim + 1) * 4
     return context_workspace_bytes(num_heads, nope_dim, v_dim, latent_dim, cfg.dtype) + merge
 
 

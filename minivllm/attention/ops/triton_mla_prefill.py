@@ -18,9 +18,9 @@ Request i's n queries are the last n of its L context positions: query j sits at
 position ``L - n + j`` and sees keys ``0 .. L - n + j`` (``CAUSAL``); or, for a piece of
 earlier context (``attention/mla.py`` expands a long context piece by piece), every one
 of its L keys. Each row's log-sum-exp (natural log, -inf: no key) is stored beside the
-output when asked, so the pieces' partial outputs merge into the whole softmax. A program takes BLOCK_M
-queries of one request and one head and streams keys BLOCK_N at a time (online
-softmax in fp32), stopping at its last query's position.
+output when asked (``STORE_LSE``), so the pieces' partial outputs merge into the whole
+softmax. A program takes BLOCK_M queries of one request and one head and streams keys
+BLOCK_N at a time (online softmax in fp32), stopping at its last query's position.
 
 Why expanded and not a kernel over the latents that up-projects each key tile: every
 query tile would repeat that up-projection (H * L * r * (DN + DV) multiply-adds per
