@@ -309,7 +309,9 @@ def mla_decode_variants() -> list[Variant]:
 
 def mla_prefill_variants() -> list[Variant]:
     """``mla_prefill`` at DeepSeek V3's (and V2's) head shape: nope 128 + rope 64, value 128, bf16;
-    16 heads (tp=8) of a 2048-token chunk over 4096 context positions."""
+    16 heads (tp=8) of a 2048-token chunk over 4096 keys: causal (the new tokens, alone or with the
+    log-sum-exp when earlier context follows), and every key visible with the log-sum-exp (a piece of
+    earlier context, merged after)."""
     from minivllm.attention.ops import triton_mla_prefill as mla
 
     heads, dn, dr, dv, tq, lk = 16, 128, 64, 128, 2048, 4096
@@ -319,32 +321,39 @@ def mla_prefill_variants() -> list[Variant]:
         Tensor(torch.bfloat16, lk, dr),
         Tensor(torch.bfloat16, lk, heads, dv),
     )
-    out = Tensor(torch.bfloat16, tq, heads, dv)
-    args = dict(
-        q_nope_ptr=q_nope,
-        q_pe_ptr=q_pe,
-        k_nope_ptr=k_nope,
-        k_pe_ptr=k_pe,
-        v_ptr=v,
-        out_ptr=out,
-        cu_q_ptr=Tensor(torch.int32, 2),
-        cu_k_ptr=Tensor(torch.int32, 2),
-        scale=0.1,
-        stride_qn_t=q_nope.stride(0),
-        stride_qn_h=q_nope.stride(1),
-        stride_qp_t=q_pe.stride(0),
-        stride_qp_h=q_pe.stride(1),
-        stride_kn_t=k_nope.stride(0),
-        stride_kn_h=k_nope.stride(1),
-        stride_kp_t=k_pe.stride(0),
-        stride_v_t=v.stride(0),
-        stride_v_h=v.stride(1),
-        stride_o_t=out.stride(0),
-        stride_o_h=out.stride(1),
-        **mla.launch_constexprs(dn, dr, dv, False),
-    )
+    out, lse = Tensor(torch.bfloat16, tq, heads, dv), Tensor(torch.float32, tq, heads)
     options = {"num_warps": mla.NUM_WARPS, "num_stages": mla.NUM_STAGES}
-    return [Variant(mla._mla_prefill_kernel, f"mla prefill H{heads} {dn}+{dr}/{dv} bf16 {tq}@{lk}", args, options)]
+    variants = []
+    for causal, store_lse in ((True, False), (True, True), (False, True)):
+        args = dict(
+            q_nope_ptr=q_nope,
+            q_pe_ptr=q_pe,
+            k_nope_ptr=k_nope,
+            k_pe_ptr=k_pe,
+            v_ptr=v,
+            out_ptr=out,
+            lse_ptr=lse,
+            cu_q_ptr=Tensor(torch.int32, 2),
+            cu_k_ptr=Tensor(torch.int32, 2),
+            scale=0.1,
+            stride_qn_t=q_nope.stride(0),
+            stride_qn_h=q_nope.stride(1),
+            stride_qp_t=q_pe.stride(0),
+            stride_qp_h=q_pe.stride(1),
+            stride_kn_t=k_nope.stride(0),
+            stride_kn_h=k_nope.stride(1),
+            stride_kp_t=k_pe.stride(0),
+            stride_v_t=v.stride(0),
+            stride_v_h=v.stride(1),
+            stride_o_t=out.stride(0),
+            stride_o_h=out.stride(1),
+            stride_lse_t=lse.stride(0),
+            **mla.launch_constexprs(dn, dr, dv, False, causal=causal, store_lse=store_lse),
+        )
+        kind = ("causal" if causal else "context piece") + (" +lse" if store_lse else "")
+        label = f"mla prefill H{heads} {dn}+{dr}/{dv} bf16 {tq}@{lk} {kind}"
+        variants.append(Variant(mla._mla_prefill_kernel, label, args, options))
+    return variants
 
 
 def mla_latent_write_launch(kv_dtype: torch.dtype) -> Variant:

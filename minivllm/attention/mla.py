@@ -22,6 +22,13 @@ Two ways to attend, equal in exact arithmetic:
   so a decode step reads r + dr values per context token instead of H * (dn + dr + dv).
 
 An fp8 cache stores ``latent / k_scale`` (one scale for the layer's latent).
+
+The expanded form never holds a whole context expanded: a prefill chunk attends to its
+own new tokens (causal) and to its earlier context (cached blocks, earlier chunks) in
+pieces of at most ``CONTEXT_CHUNK_TOKENS`` positions, all of them visible; each piece
+gives a partial output and its log-sum-exp, and ``merge_partials`` combines them into
+the softmax over the whole context. The expanded working set is so bounded by the step's
+new tokens and one piece (``context_workspace_bytes``: the start-up profile reserves it).
 """
 
 from __future__ import annotations
@@ -34,6 +41,30 @@ import torch.nn.functional as F
 
 from minivllm.attention.backend import AttentionMetadata
 from minivllm.attention.kv_quant import dequantize_fp8, is_fp8, quantize_fp8
+
+CONTEXT_CHUNK_TOKENS = 8192
+"""Most context positions one piece of the expanded form expands (per step, all prefill requests together)."""
+
+
+def context_workspace_bytes(num_heads: int, nope_dim: int, v_dim: int, latent_dim: int, dtype: torch.dtype) -> int:
+    """Bytes one context piece holds expanded: its latents (r + dr), keys (H * dn) and values (H * dv)."""
+    return CONTEXT_CHUNK_TOKENS * (latent_dim + num_heads * (nope_dim + v_dim)) * dtype.itemsize
+
+
+def merge_partials(
+    out: torch.Tensor | None,  # (..., dv) fp32 the running output, or None
+    lse: torch.Tensor | None,  # (...) fp32 its log-sum-exp
+    part: torch.Tensor,  # (..., dv) one partial attention over other keys
+    part_lse: torch.Tensor,  # (...) fp32 its log-sum-exp (-inf: no key)
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention over the union of two disjoint key sets from each's output and log-sum-exp:
+    ``softmax`` weights rescaled by ``exp(lse_i - lse)``. Rows with no key in either stay 0."""
+    if out is None:
+        return part.float(), part_lse
+    total = torch.logaddexp(lse, part_lse)  # (...)
+    safe = torch.where(total == float("-inf"), 0.0, total)
+    merged = out * torch.exp(lse - safe).unsqueeze(-1) + part.float() * torch.exp(part_lse - safe).unsqueeze(-1)
+    return merged, total
 
 
 def write_latent(
@@ -94,7 +125,7 @@ def mla_attention(
         lat = gather_latent(kv_cache, plan.decode_blocks, q_nope.dtype, k_scale)  # (B, L, r + dr)
         qn, qp = q_nope[tokens].unsqueeze(1), q_pe[tokens].unsqueeze(1)
         out[tokens] = _absorbed(qn, qp, lat, plan.decode_q_pos, w_uk, w_uv, scale).squeeze(1)
-    form = _absorbed if absorb else _expanded
+    form = _absorbed if absorb else _expanded_in_pieces
     for start, n, blocks, q_pos in plan.chunks:
         lat = gather_latent(kv_cache, blocks, q_nope.dtype, k_scale)  # (1, nb * block_size, r + dr)
         qn, qp = q_nope[start : start + n].unsqueeze(0), q_pe[start : start + n].unsqueeze(0)
@@ -107,7 +138,8 @@ class MLAPlan:
     """What a step's MLA layers index with, built once per step (on the host, uploaded once).
     The torch path loops over prefill ``chunks``; a ``varlen`` plan (the Triton backend) instead
     takes every prefill request's rows at once: its decode requests by ``decode_reqs``, its
-    prefill requests' context latents by ``prefill_slots``, cut by ``prefill_cu_q`` / ``prefill_cu_k``."""
+    prefill requests' new latents by ``prefill_new_slots`` (cut by ``prefill_cu_q``) and their
+    earlier context's by ``prefill_ctx_slots``, in ``prefill_pieces`` of ``CONTEXT_CHUNK_TOKENS``."""
 
     decode_tokens: torch.Tensor | None
     """(B,) int64 rows of the decode requests' tokens in the flat batch; None: no decode request."""
@@ -124,12 +156,15 @@ class MLAPlan:
     prefill_tokens: torch.Tensor | None = None
     """(Tq,) int64 rows of the prefill requests' tokens (several queries each), request after request;
     None: no prefill request."""
-    prefill_slots: torch.Tensor | None = None
-    """(Lk,) int64 cache slots of each prefill request's whole context (cached and new), request after request."""
+    prefill_new_slots: torch.Tensor | None = None
+    """(Tq,) int64 cache slots of the prefill requests' new tokens, request after request."""
+    prefill_ctx_slots: torch.Tensor | None = None
+    """(Lc,) int64 cache slots of their earlier context (positions before the new tokens), request after request."""
+    prefill_pieces: tuple[tuple[int, int, torch.Tensor], ...] = ()
+    """``prefill_ctx_slots`` cut every ``CONTEXT_CHUNK_TOKENS``: (first, end, (P + 1,) int32 prefix sums of
+    each request's context positions in ``[first, end)``); empty: no earlier context."""
     prefill_cu_q: torch.Tensor | None = None
     """(P + 1,) int32 prefix sums of the prefill requests' query counts."""
-    prefill_cu_k: torch.Tensor | None = None
-    """(P + 1,) int32 prefix sums of their context lengths."""
     prefill_lens: tuple[tuple[int, int], ...] = ()
     """Per prefill request (query count, context length), on the host."""
     prefill_max_q: int = 0
@@ -181,11 +216,23 @@ class MLAPlan:
             plan.prefill_tokens = upload(
                 np.concatenate([np.arange(starts[i], starts[i] + q) for i, q in zip(prefill, n)])
             )
-            pos = np.concatenate([np.arange(k) for k in lens])  # every context position, request after request
-            req = np.repeat(prefill, lens)
-            plan.prefill_slots = upload(tables[req, pos // block_size].astype(np.int64) * block_size + pos % block_size)
+
+            def slots(first: np.ndarray, end: np.ndarray) -> np.ndarray:  # positions [first, end) of each request
+                pos = np.concatenate([np.arange(a, b) for a, b in zip(first, end)])
+                req = np.repeat(prefill, end - first)
+                return tables[req, pos // block_size].astype(np.int64) * block_size + pos % block_size
+
+            context = lens - n  # (P,) earlier positions of each request
+            plan.prefill_new_slots = upload(slots(context, lens))
             plan.prefill_cu_q = upload(np.concatenate([[0], np.cumsum(n)]), np.int32)
-            plan.prefill_cu_k = upload(np.concatenate([[0], np.cumsum(lens)]), np.int32)
+            total = int(context.sum())
+            if total:
+                plan.prefill_ctx_slots = upload(slots(np.zeros_like(context), context))
+                cu = np.concatenate([[0], np.cumsum(context)])  # (P + 1,)
+                firsts = np.arange(0, total, CONTEXT_CHUNK_TOKENS)
+                ends = np.minimum(firsts + CONTEXT_CHUNK_TOKENS, total)
+                cu_k = upload(np.clip(cu[None, :], firsts[:, None], ends[:, None]) - firsts[:, None], np.int32)
+                plan.prefill_pieces = tuple(zip(firsts.tolist(), ends.tolist(), cu_k))  # (pieces, P + 1) rows
             plan.prefill_lens = tuple(zip(n.tolist(), lens.tolist()))
             plan.prefill_max_q = int(n.max())
         return plan
@@ -254,6 +301,37 @@ def _absorbed(q_nope, q_pe, lat, q_pos, w_uk, w_uv, scale: float) -> torch.Tenso
     mask = _bias(q_pos, lat.shape[1], q.dtype).expand(B, H, Q, -1).reshape(B, 1, H * Q, -1)
     o_lat = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale).view(B, H, Q, r)
     return torch.einsum("bhqr,hvr->bqhv", o_lat, w_uv)
+
+
+def _expanded_in_pieces(q_nope, q_pe, lat, q_pos, w_uk, w_uv, scale: float) -> torch.Tensor:
+    """``_expanded`` for one prefill chunk (B = 1, its n queries the last n of its L positions)
+    that expands no more than ``CONTEXT_CHUNK_TOKENS`` context positions at once: the causal
+    attention over the n new tokens, then each piece of the L - n earlier positions (all
+    visible), merged by their log-sum-exps."""
+    n, length = q_pos.shape[1], int(q_pos[0, -1]) + 1
+    q = torch.cat((q_nope, q_pe), dim=-1).transpose(1, 2)  # (1, H, n, dn + dr)
+    new = torch.arange(n, device=q.device).view(1, n)
+    out, lse = _partial(q, lat[:, length - n : length], new, w_uk, w_uv, scale)
+    for first in range(0, length - n, CONTEXT_CHUNK_TOKENS):
+        piece = lat[:, first : min(first + CONTEXT_CHUNK_TOKENS, length - n)]
+        out, lse = merge_partials(out, lse, *_partial(q, piece, None, w_uk, w_uv, scale))
+    return out.to(q_nope.dtype).transpose(1, 2)  # (1, n, H, dv)
+
+
+def _partial(q, lat, q_pos, w_uk, w_uv, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """q (B, H, Q, dn + dr) over the latents ``lat`` (B, L, r + dr) expanded, causal by ``q_pos``
+    (B, Q) or (None) every key visible -> (B, H, Q, dv) fp32 output and (B, H, Q) log-sum-exp."""
+    r = w_uk.shape[-1]
+    c, k_pe = lat[..., :r], lat[..., r:]  # (B, L, r), (B, L, dr)
+    k_nope = torch.einsum("blr,hdr->bhld", c, w_uk)  # (B, H, L, dn)
+    v = torch.einsum("blr,hvr->bhlv", c, w_uv)  # (B, H, L, dv)
+    k = torch.cat((k_nope, k_pe.unsqueeze(1).expand(-1, k_nope.shape[1], -1, -1)), dim=-1)  # (B, H, L, dn + dr)
+    s = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale  # (B, H, Q, L)
+    if q_pos is not None:
+        s = s + _bias(q_pos, lat.shape[1], s.dtype)
+    lse = torch.logsumexp(s, dim=-1)  # (B, H, Q)
+    p = torch.exp(s - torch.where(lse == float("-inf"), 0.0, lse).unsqueeze(-1))
+    return torch.matmul(p, v.float()), lse
 
 
 def _expanded(q_nope, q_pe, lat, q_pos, w_uk, w_uv, scale: float) -> torch.Tensor:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from minivllm.attention.backend import AttentionBackend, AttentionMetadata
-from minivllm.attention.mla import MLAPlan, expand_context
+from minivllm.attention.mla import MLAPlan, expand_context, merge_partials
 from minivllm.attention.ops import paged_attention, triton_kv_write, write_kv
 from minivllm.attention.ops.triton_mla_decode import mla_decode
 from minivllm.attention.ops.triton_mla_prefill import mla_prefill
@@ -74,8 +74,9 @@ class TritonAttentionBackend(AttentionBackend):
         runs the Triton latent kernel (absorbed form, ``ops/triton_mla_decode.py``) reading nothing
         on the host, so CUDA graphs capture it. A step with prefill chunks splits its requests once
         (a host plan shared by the layers): the decode requests' rows go to the same kernel, the
-        prefill requests' rows, all at once, to the expanded form over their whole contexts
-        (``expand_context``, then the Triton kernel of ``ops/triton_mla_prefill.py``)."""
+        prefill requests' rows, all at once, to the expanded form (``expand_context``, then the
+        Triton kernel of ``ops/triton_mla_prefill.py``) over their new tokens and then their earlier
+        context piece by piece (``_expanded_prefill``)."""
         triton_kv_write.write_latent(latent, kv_cache, meta.slot_mapping, k_scale)
         if meta.max_query_len == 1 and meta.num_reqs == meta.num_tokens:
             return _absorbed_decode(
@@ -94,19 +95,30 @@ class TritonAttentionBackend(AttentionBackend):
             )
         if plan.prefill_tokens is not None:
             rows = plan.prefill_tokens
-            k_nope, k_pe, v = expand_context(kv_cache, plan.prefill_slots, w_uk, w_uv, q_nope.dtype, k_scale)
-            out[rows] = mla_prefill(
-                q_nope[rows],
-                q_pe[rows],
-                k_nope,
-                k_pe,
-                v,
-                plan.prefill_cu_q,
-                plan.prefill_cu_k,
-                max_query_len=plan.prefill_max_q,
-                scale=scale,
-            )
+            out[rows] = _expanded_prefill(q_nope[rows], q_pe[rows], kv_cache, plan, w_uk, w_uv, scale, k_scale)
         return out
+
+
+def _expanded_prefill(q_nope, q_pe, kv_cache, plan: MLAPlan, w_uk, w_uv, scale: float, k_scale: float):
+    """q_nope (Tq, H, dn), q_pe (Tq, H, dr): the prefill requests' queries -> (Tq, H, dv). Causal attention
+    over their new tokens, then, piece by piece (``plan.prefill_pieces``), over their earlier context with
+    every key visible, merged by log-sum-exp: no more than one piece is expanded at once."""
+    cu_q, max_q = plan.prefill_cu_q, plan.prefill_max_q
+    new = expand_context(kv_cache, plan.prefill_new_slots, w_uk, w_uv, q_nope.dtype, k_scale)
+    if not plan.prefill_pieces:
+        return mla_prefill(q_nope, q_pe, *new, cu_q, cu_q, max_query_len=max_q, scale=scale)
+    out, lse = merge_partials(
+        None, None, *mla_prefill(q_nope, q_pe, *new, cu_q, cu_q, max_query_len=max_q, scale=scale, return_lse=True)
+    )
+    del new
+    for first, end, cu_k in plan.prefill_pieces:
+        piece = expand_context(kv_cache, plan.prefill_ctx_slots[first:end], w_uk, w_uv, q_nope.dtype, k_scale)
+        part = mla_prefill(
+            q_nope, q_pe, *piece, cu_q, cu_k, max_query_len=max_q, scale=scale, causal=False, return_lse=True
+        )
+        del piece
+        out, lse = merge_partials(out, lse, *part)
+    return out.to(q_nope.dtype)
 
 
 def _absorbed_decode(q_nope, q_pe, kv_cache, block_tables, seq_lens, w_uk, w_uv, scale: float, k_scale: float):

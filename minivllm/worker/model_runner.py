@@ -72,6 +72,7 @@ from minivllm.worker.profile import (
     encoder_cache_bytes,
     forward_batch,
     held_draft_probs,
+    mla_workspace_bytes,
     profile_images,
     profile_params,
     sampler_rows,
@@ -508,6 +509,13 @@ class ModelRunner:
     def encoder_cache_bytes(self) -> int:
         """Memory a full encoder cache holds, which the profile's peak leaves out (0 for text)."""
         return encoder_cache_bytes(self.cfg) if self.mm is not None else 0
+
+    def mla_workspace_bytes(self) -> int:
+        """Memory an MLA prefill's earlier context takes beside the profile's peak (0 without MLA layers)."""
+        layer = next((a for a in self.attention_layers if isinstance(a, MLAAttention)), None)
+        if layer is None:
+            return 0
+        return mla_workspace_bytes(self.cfg, layer.num_heads, layer.qk_nope_head_dim, layer.v_head_dim, layer.head_dim)
 
     def prepare_profile(self) -> None:
         """What ``profile_run`` needs built before the caller starts measuring: for a model that

@@ -38,7 +38,11 @@ adapts no vocabulary layer, so the logits do not depend on the step's adapters.
 
 What the peak leaves out but a running engine holds is reserved whole beside it: the encoder
 cache, ``scheduler.encoder_cache_size`` rows of the language model's hidden size in the model's
-dtype (``encoder_cache_bytes``; 0 for a text-only model, which builds none of the above).
+dtype (``encoder_cache_bytes``; 0 for a text-only model, which builds none of the above); and for
+an MLA model (DeepSeek V2/V3) the expanded context workspace (``mla_workspace_bytes``): the
+profile's prompts have no earlier context, but a prefill chunk after a prefix-cache hit or earlier
+chunks expands that context, one piece of ``attention/mla.py``'s ``CONTEXT_CHUNK_TOKENS`` positions
+at a time, beside its new tokens' fp32 partial outputs.
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from minivllm.attention.mla import context_workspace_bytes
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.core.scheduler_output import NewRequestData
 from minivllm.multimodal.feature import MultiModalFeature
@@ -76,6 +81,17 @@ def forward_batch(cfg: VllmConfig, device: torch.device) -> tuple[InputBatch, np
         blocks = list(range(first_block[i], first_block[i + 1]))
         batch.add(NewRequestData(RequestId(str(i)), [0] * n, n, SamplingParams(), blocks, 0))
     return batch, np.asarray(lens, dtype=np.int32), sum(blocks_per_seq)
+
+
+def mla_workspace_bytes(cfg: VllmConfig, num_heads: int, nope_dim: int, v_dim: int, latent_dim: int) -> int:
+    """Most an MLA layer's prefill holds for earlier context on top of the profiled forward pass
+    (``num_heads``: this rank's): one piece expanded (latents, per-head keys and values, model dtype)
+    and the merge of the step's prefill rows (no more than ``max_num_batched_tokens``), five (rows, H,
+    dv + 1) fp32 tensors at most: the running output and log-sum-exp, the piece's, and one merge's
+    temporaries (``attention/mla.py``: ``merge_partials``)."""
+    rows = cfg.scheduler.max_num_batched_tokens
+    merge = 5 * rows * num_heads * (v_dim + 1) * 4
+    return context_workspace_bytes(num_heads, nope_dim, v_dim, latent_dim, cfg.dtype) + merge
 
 
 # ---- the sampler and the verifier -----------------------------------------------------------

@@ -99,12 +99,12 @@ class Worker:
         )
 
     def determine_num_available_blocks(self) -> int:
-        """KV blocks that fit: (device memory x utilization - peak usage - encoder cache) / bytes per block.
+        """KV blocks that fit: (device memory x utilization - peak usage - encoder cache - MLA workspace) / bytes per block.
 
         The peak is measured around a forward pass at the full token budget and the sampler at its
         widest step (``max_num_seqs`` rows); for a model that takes images, around the vision
         encoder on one step's largest input too, and its whole encoder cache is reserved (0 bytes
-        for a text-only model): ``profile.py``.
+        for a text-only model), and an MLA model's expanded context workspace: ``profile.py``.
         ``cache.kv_cache_memory_bytes`` replaces all of this with an exact budget (vLLM's
         ``kv_cache_memory_bytes``), on the CPU and CUDA alike.
         A hybrid model's linear-attention state slots (one per ``max_num_seqs``) come out of the
@@ -129,7 +129,8 @@ class Worker:
             return (budget - states) // per_block
         total, peak = self._profile_memory()
         encoder_cache = self.model_runner.encoder_cache_bytes()  # images: held between steps, outside the peak
-        free = total * self.cfg.cache.gpu_memory_utilization - peak - encoder_cache - states
+        workspace = self.model_runner.mla_workspace_bytes()  # MLA context pieces: no profiled prompt has context
+        free = total * self.cfg.cache.gpu_memory_utilization - peak - encoder_cache - workspace - states
         per_block = self.model_runner.kv_cache_bytes_per_block()
         num_blocks = int(free // per_block)
         if num_blocks < 1:
@@ -137,6 +138,7 @@ class Worker:
                 f"cache.gpu_memory_utilization={self.cfg.cache.gpu_memory_utilization}: leaves no room for the KV "
                 f"cache (device {total / GiB:.2f} GiB, model peak {peak / GiB:.2f} GiB"
                 + (f", encoder cache {encoder_cache / GiB:.2f} GiB" if encoder_cache else "")
+                + (f", MLA context workspace {workspace / GiB:.2f} GiB" if workspace else "")
                 + "); raise it"
                 + (", or raise cache.cpu_memory_gb" if self.device.type == "cpu" else "")
                 + (", or lower scheduler.encoder_cache_size" if encoder_cache else "")

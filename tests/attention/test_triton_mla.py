@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
 import pytest
 import torch
 
@@ -103,6 +104,43 @@ def test_mla_prefill_kernel_matches_torch(dtype, device):
         )
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "all-visible"])
+def test_mla_prefill_kernel_log_sum_exp(causal, device):
+    """The kernel's log-sum-exp rows (natural log, fp32) and, with ``causal=False``, every key
+    visible to every query: three requests, one of them with no key (its rows' LSE is -inf)."""
+    H, dn, dr, dv = 3, 16, 8, 12
+    lens = ((5, 11), (3, 0 if not causal else 3), (40, 45))
+    gen = torch.Generator().manual_seed(2)
+    Tq, Lk = sum(n for n, _ in lens), sum(length for _, length in lens)
+    q_nope, q_pe = torch.randn(Tq, H, dn, generator=gen), torch.randn(Tq, H, dr, generator=gen)
+    k_nope, k_pe = torch.randn(Lk, H, dn, generator=gen), torch.randn(Lk, dr, generator=gen)
+    v = torch.randn(Lk, H, dv, generator=gen)
+    want_out, want_lse, q0, k0 = [], [], 0, 0
+    for n, length in lens:
+        q = torch.cat((q_nope[q0 : q0 + n], q_pe[q0 : q0 + n]), -1).transpose(0, 1)  # (H, n, dn + dr)
+        k = torch.cat((k_nope[k0 : k0 + length], k_pe[k0 : k0 + length].expand(H, -1, -1).transpose(0, 1)), -1)
+        s = q @ k.permute(1, 2, 0) * 0.25  # (H, n, L)
+        if causal:
+            s = s.masked_fill(
+                torch.arange(length).view(1, -1) > torch.arange(length - n, length).view(-1, 1), -torch.inf
+            )
+        lse = torch.logsumexp(s, -1)  # (H, n)
+        p = torch.exp(s - lse.nan_to_num(neginf=0.0).unsqueeze(-1))
+        want_out.append((p @ v[k0 : k0 + length].transpose(0, 1)).transpose(0, 1))
+        want_lse.append(lse.transpose(0, 1))
+        q0, k0 = q0 + n, k0 + length
+    cu_q = torch.tensor([0, 5, 8, 48], dtype=torch.int32, device=device)
+    cu_k = torch.tensor(np.concatenate([[0], np.cumsum([length for _, length in lens])]), dtype=torch.int32)
+    inputs = [t.to(device) for t in (q_nope, q_pe, k_nope, k_pe, v)]
+    out, lse = mla_prefill(*inputs, cu_q, cu_k.to(device), max_query_len=40, scale=0.25, causal=causal, return_lse=True)
+    assert lse.dtype == torch.float32 and lse.shape == (Tq, H)
+    torch.testing.assert_close(out.cpu(), torch.cat(want_out), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(lse.cpu(), torch.cat(want_lse), atol=1e-5, rtol=1e-5)
+    if not causal:
+        assert lse[5:8].eq(-torch.inf).all() and out[5:8].eq(0).all()  # no key: -inf and a zero output
+
+
 def test_mla_decode_checks_its_arguments():
     q = torch.zeros(2, 4, 24)
     with pytest.raises(ValueError, match="not a latent cache"):
@@ -153,13 +191,13 @@ def test_mla_decode_benchmark_smoke_prints_a_row(capsys):
     assert lines[2].split()[:3] == ["4", "2", "40"]  # heads, batch, context
 
 
-def _mixed_inputs(kv_dtype=torch.float32, pad: int = 0):
+def _mixed_inputs(kv_dtype=torch.float32, pad: int = 0, **lens):
     """``_mixed_step``'s three requests (a 5-token chunk after 6 cached tokens, decode tokens at 9
-    and 3), ``pad`` padding tokens after them, 4 heads."""
+    and 3, unless ``lens`` says otherwise), ``pad`` padding tokens after them, 4 heads."""
     from tests.models.test_deepseek_mla import _mixed_step
 
     H, dn, dv, r, dr = 4, 16, 12, 16, 8
-    cache, meta, _, gen = _mixed_step(r=r, dr=dr, dtype=kv_dtype, k_scale=0.5)
+    cache, meta, _, gen = _mixed_step(r=r, dr=dr, dtype=kv_dtype, k_scale=0.5, **lens)
     if pad:
         meta.slot_mapping = torch.cat((meta.slot_mapping, torch.full((pad,), -1)))
         meta.has_padding = True
@@ -196,12 +234,39 @@ def test_triton_backend_mixed_step_matches_torch(kv_dtype, pad):
 
 
 @pytest.mark.skipif(not INTERPRETED, reason="the Triton backend on the CPU needs TRITON_INTERPRET=1")
-@pytest.mark.parametrize("case", ["chunked-async", "prefix-cache"])
-def test_triton_backend_mixed_steps_match_transformers(case, make_checkpoint):
+@pytest.mark.parametrize("kv_dtype", [torch.float32, FP8_KV_DTYPE], ids=["fp32", "fp8"])
+@pytest.mark.parametrize("piece", [1, 4, 7, 64])
+def test_triton_backend_context_in_pieces_equals_the_whole_context(piece, kv_dtype, monkeypatch):
+    """Two prefill chunks (5 tokens after 6 cached, 4 after 9) beside a decode token: the Triton
+    backend expands their 15 context positions ``piece`` at a time (pieces that cut across the
+    two requests; 4 and 7 divide neither) and merges by log-sum-exp; the torch backend's output
+    with the whole context expanded at once."""
+    from minivllm.attention import mla
+    from minivllm.attention.triton_backend import TritonAttentionBackend
+
+    lens = dict(query_lens=(5, 1, 4), seq_lens=(11, 9, 13))
+    cache, meta, (q_nope, q_pe, new), kw = _mixed_inputs(kv_dtype, **lens)
+    want = mla.mla_attention(q_nope, q_pe, new, cache, meta, **kw)  # one piece: 8192 positions
+    monkeypatch.setattr(mla, "CONTEXT_CHUNK_TOKENS", piece)
+    cache, meta, (q_nope, q_pe, new), kw = _mixed_inputs(kv_dtype, **lens)
+    got = TritonAttentionBackend().forward_mla(q_nope, q_pe, new, cache, meta, **kw)
+    plan = meta.mla_plan
+    assert plan.prefill_lens == ((5, 11), (4, 13)) and plan.prefill_ctx_slots.shape == (15,)
+    assert [(first, end) for first, end, _ in plan.prefill_pieces] == [
+        (i, min(i + piece, 15)) for i in range(0, 15, piece)
+    ]
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.skipif(not INTERPRETED, reason="the Triton backend on the CPU needs TRITON_INTERPRET=1")
+@pytest.mark.parametrize("case", ["chunked-async", "prefix-cache", "prefix-cache-pieces"])
+def test_triton_backend_mixed_steps_match_transformers(case, make_checkpoint, monkeypatch):
     """The Triton backend's MLA under mixed steps, against transformers: a 4-token budget cuts the
     prompts into chunks that run beside other requests' decode tokens (async scheduling); or four
     prompts share a 16-token head, so later prefills read it from cached blocks (the expanded form
-    over context they did not compute) while earlier requests decode."""
+    over context they did not compute) while earlier requests decode; or, with 8-token chunks, a
+    5-position context piece and async scheduling, that context is expanded piece by piece."""
+    from minivllm.attention import mla
     from tests.models.test_deepseek_mla import _assert_matches_transformers, _generate, _prompts
 
     ckpt = make_checkpoint("deepseek-v3-mla-yarn-grouped-sigmoid-router", deepseek_v3_config())
@@ -211,21 +276,26 @@ def test_triton_backend_mixed_steps_match_transformers(case, make_checkpoint):
     else:
         prompts = _prompts(shared_prefix=16)
         kwargs = dict(enable_prefix_caching=True, max_num_batched_tokens=24, max_num_seqs=4)
+    if case == "prefix-cache-pieces":
+        monkeypatch.setattr(mla, "CONTEXT_CHUNK_TOKENS", 5)
+        kwargs.update(max_num_batched_tokens=8, async_scheduling=True)
     steps = []
     original = MLAPlan.build.__func__
 
     def build(cls, meta, *args, **kw):
         plan = original(cls, meta, *args, **kw)
-        steps.append((plan.decode_tokens is not None, plan.prefill_lens))
+        steps.append((plan.decode_tokens is not None, plan.prefill_lens, len(plan.prefill_pieces)))
         return plan
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(MLAPlan, "build", classmethod(build))
         outs, stats = _generate(ckpt, prompts, attention_backend="triton", **kwargs)
-    assert any(decodes and prefills for decodes, prefills in steps)  # mixed steps happened
-    if case == "prefix-cache":
+    assert any(decodes and prefills for decodes, prefills, _ in steps)  # mixed steps happened
+    if case != "chunked-async":
         assert stats.prefix_cache_hits > 0
-        assert any(length - n >= 16 for _, prefills in steps for n, length in prefills)  # context from the cache
+        assert any(length - n >= 16 for _, prefills, _ in steps for n, length in prefills)  # context from the cache
+    if case == "prefix-cache-pieces":
+        assert max(pieces for *_, pieces in steps) >= 4  # 16 context positions or more, 5 at a time
     _assert_matches_transformers(ckpt, prompts, outs)
 
 

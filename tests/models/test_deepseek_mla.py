@@ -69,11 +69,20 @@ def _assert_matches_transformers(ckpt, prompts, outputs, atol: float = 1e-4) -> 
 # ---- the attention forms ------------------------------------------------------------
 
 
-def _mixed_step(block_size: int = 4, r: int = 16, dr: int = 8, dtype=torch.float32, k_scale: float = 1.0):
-    """Three requests in one step over a paged latent cache with shuffled blocks: a 5-token
-    prefill chunk after 6 cached tokens, and two decode tokens at lengths 9 and 3."""
+def _mixed_step(
+    block_size: int = 4,
+    r: int = 16,
+    dr: int = 8,
+    dtype=torch.float32,
+    k_scale: float = 1.0,
+    query_lens=(5, 1, 1),
+    seq_lens=(11, 9, 3),
+):
+    """Three requests in one step over a paged latent cache with shuffled blocks (at most 16
+    positions each): by default a 5-token prefill chunk after 6 cached tokens, and two decode
+    tokens at lengths 9 and 3."""
     gen = torch.Generator().manual_seed(0)
-    query_lens, seq_lens = [5, 1, 1], [11, 9, 3]
+    query_lens, seq_lens = list(query_lens), list(seq_lens)
     num_blocks = 16
     tables = torch.randperm(num_blocks, generator=gen)[:12].view(3, 4).int()
     cache = torch.zeros(num_blocks, block_size, 1, r + dr, dtype=dtype)
@@ -110,6 +119,29 @@ def _reference(q_nope, q_pe, latents, w_uk, w_uv, scale, q_pos):
     hidden = torch.arange(len(latents)).view(1, 1, -1) > torch.tensor(q_pos).view(1, -1, 1)
     probs = F.softmax(scores.masked_fill(hidden, float("-inf")), dim=-1)
     return (probs @ v).transpose(0, 1)  # (Q, H, dv)
+
+
+@pytest.mark.parametrize("piece", [1, 4, 6, 64])
+def test_expanded_context_in_pieces_equals_the_whole_context(piece, monkeypatch):
+    """A 5-token chunk after 18 context positions, the context expanded ``piece`` positions at a
+    time (4 does not divide 18; 64 is one piece) and merged by log-sum-exp: the output of the
+    whole context expanded at once."""
+    from minivllm.attention import mla
+
+    H, dn, dv, r, dr, n, length = 3, 16, 12, 16, 8, 5, 23
+    gen = torch.Generator().manual_seed(5)
+    q_nope, q_pe = torch.randn(1, n, H, dn, generator=gen), torch.randn(1, n, H, dr, generator=gen)
+    lat = torch.randn(1, length + 3, r + dr, generator=gen)  # 3 gathered slots past the end
+    w_uk, w_uv = torch.randn(H, dn, r, generator=gen) / 4, torch.randn(H, dv, r, generator=gen) / 4
+    q_pos = torch.arange(length - n, length).view(1, n)
+    whole = mla._expanded(q_nope, q_pe, lat, q_pos, w_uk, w_uv, 0.3)
+    pieces = []
+    monkeypatch.setattr(mla, "CONTEXT_CHUNK_TOKENS", piece)
+    original = mla._partial
+    monkeypatch.setattr(mla, "_partial", lambda q, lat, *a: pieces.append(lat.shape[1]) or original(q, lat, *a))
+    got = mla._expanded_in_pieces(q_nope, q_pe, lat, q_pos, w_uk, w_uv, 0.3)
+    assert pieces == [n] + [min(piece, 18 - i) for i in range(0, 18, piece)]  # never more than a piece at once
+    torch.testing.assert_close(got, whole, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("absorb", [None, True, False], ids=["auto", "absorbed", "expanded"])
@@ -234,6 +266,68 @@ def test_preemption_with_a_tiny_cache_matches_transformers(v3_dir):
     outs, stats = _generate(v3_dir, prompts, num_gpu_blocks_override=5, max_model_len=40)
     assert stats.num_preemptions > 0
     _assert_matches_transformers(v3_dir, prompts, outs)
+
+
+@pytest.mark.parametrize("which", ["v2", "v3"])
+def test_prefix_hits_longer_than_the_context_piece_match_transformers(which, v2_dir, v3_dir, monkeypatch):
+    """Prompts sharing a 24-token head with prefix caching, cut into 8-token chunks, and a
+    5-position context piece: each chunk's context (cached blocks, earlier chunks) is expanded
+    in pieces and merged by log-sum-exp; transformers' tokens and logprobs."""
+    from minivllm.attention import mla
+
+    ckpt = v2_dir if which == "v2" else v3_dir
+    monkeypatch.setattr(mla, "CONTEXT_CHUNK_TOKENS", 5)
+    contexts = []
+    original = mla._expanded_in_pieces
+
+    def spy(q_nope, q_pe, lat, q_pos, *args):
+        contexts.append(int(q_pos[0, 0]))  # positions before the chunk
+        return original(q_nope, q_pe, lat, q_pos, *args)
+
+    monkeypatch.setattr(mla, "_expanded_in_pieces", spy)
+    prompts = _prompts(shared_prefix=24)
+    outs, stats = _generate(
+        ckpt, prompts, enable_prefix_caching=True, max_num_batched_tokens=8, max_num_seqs=2, max_model_len=64
+    )
+    assert stats.prefix_cache_hits > 0
+    assert max(contexts) > 3 * 5  # contexts of several pieces were attended to
+    _assert_matches_transformers(ckpt, prompts, outs)
+
+
+def _set_context_piece(tokens: int):
+    """A ``collective_rpc`` function: every rank's MLA context piece set to ``tokens`` positions,
+    the one it had returned."""
+
+    def set_piece(worker) -> int:
+        from minivllm.attention import mla
+
+        before, mla.CONTEXT_CHUNK_TOKENS = mla.CONTEXT_CHUNK_TOKENS, tokens
+        return before
+
+    return set_piece
+
+
+def test_tp2_prefix_hits_in_context_pieces_match_transformers(v3_dir):
+    """tp=2 (each rank its half of the heads), prefix caching, 8-token chunks and a 5-position
+    context piece on every rank: transformers' tokens and logprobs."""
+    prompts = _prompts(shared_prefix=24)
+    llm = LLM(
+        model=str(v3_dir),
+        tensor_parallel_size=2,
+        enable_prefix_caching=True,
+        max_num_batched_tokens=8,
+        max_num_seqs=2,
+        **{**h.LLM_KWARGS, "max_model_len": 64},
+    )
+    try:
+        before = llm.collective_rpc(_set_context_piece(5))
+        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], GREEDY, use_tqdm=False)
+        stats = llm.llm_engine.scheduler_stats()
+        assert llm.collective_rpc(_set_context_piece(before[0])) == [5, 5]
+    finally:
+        llm.shutdown()
+    assert stats.prefix_cache_hits > 0
+    _assert_matches_transformers(v3_dir, prompts, [o.outputs[0] for o in outs])
 
 
 def test_prefix_caching_reuses_latent_blocks(v2_dir):

@@ -141,3 +141,32 @@ def test_cuda_profile_peak_includes_the_sampler(llama_dir):
         del worker
     vocab = AutoConfig.from_pretrained(llama_dir).vocab_size
     assert peaks[1] - peaks[0] >= 2 * 256 * vocab * 4, peaks
+
+
+def test_kv_cache_gives_way_to_the_mla_context_workspace(make_checkpoint, llama_dir, monkeypatch):
+    """With the profile's measurement fixed, a DeepSeek V3 model's KV blocks are those of (total x
+    utilization - peak - one expanded context piece - the merge's fp32 rows); the workspace grows
+    with ``CONTEXT_CHUNK_TOKENS``, and a model without MLA layers reserves none."""
+    from minivllm.attention import mla
+    from tests.model_configs import deepseek_v3_config
+
+    total, peak = float(256 << 20), float(8 << 20)
+    monkeypatch.setattr(Worker, "_profile_memory", lambda self: (total, peak))
+    ckpt = make_checkpoint("deepseek-v3-mla-yarn-grouped-sigmoid-router", deepseek_v3_config())
+    hf = AutoConfig.from_pretrained(ckpt)
+    worker = _worker(ckpt, max_num_batched_tokens=256)
+    H, dn, dv, latent = (
+        hf.num_attention_heads,
+        hf.qk_nope_head_dim,
+        hf.v_head_dim,
+        hf.kv_lora_rank + hf.qk_rope_head_dim,
+    )
+    piece = mla.CONTEXT_CHUNK_TOKENS * (latent + H * (dn + dv)) * 4  # float32
+    merge = 5 * 256 * H * (dv + 1) * 4  # fp32 outputs and log-sum-exps of the merge
+    assert worker.model_runner.mla_workspace_bytes() == piece + merge
+    usable = total * worker.cfg.cache.gpu_memory_utilization - peak
+    per_block = worker.model_runner.kv_cache_bytes_per_block()
+    assert worker.determine_num_available_blocks() == int((usable - piece - merge) // per_block)
+    monkeypatch.setattr(mla, "CONTEXT_CHUNK_TOKENS", 2 * mla.CONTEXT_CHUNK_TOKENS)
+    assert worker.model_runner.mla_workspace_bytes() == 2 * piece + merge
+    assert _worker(llama_dir).model_runner.mla_workspace_bytes() == 0

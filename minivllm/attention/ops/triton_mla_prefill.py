@@ -15,9 +15,12 @@ head shares (never broadcast to H copies), and whose value has its own width::
     cu_q (P + 1,), cu_k (P + 1,)             where each request's rows start
 
 Request i's n queries are the last n of its L context positions: query j sits at
-position ``L - n + j`` and sees keys ``0 .. L - n + j``. A program takes BLOCK_M
-queries of one request and one head and streams keys BLOCK_N at a time (online
-softmax in fp32), stopping at its last query's position.
+position ``L - n + j`` and sees keys ``0 .. L - n + j`` (``CAUSAL``); or, for a piece of
+earlier context (``attention/mla.py`` expands a long context piece by piece), every one
+of its L keys. Each row's log-sum-exp (natural log, -inf: no key) is stored beside the
+output when asked (``STORE_LSE``), so the pieces' partial outputs merge into the whole
+softmax. A program takes BLOCK_M queries of one request and one head and streams keys
+BLOCK_N at a time (online softmax in fp32), stopping at its last query's position.
 
 Why expanded and not a kernel over the latents that up-projects each key tile: every
 query tile would repeat that up-projection (H * L * r * (DN + DV) multiply-adds per
@@ -43,6 +46,7 @@ def _mla_prefill_kernel(
     k_pe_ptr,
     v_ptr,
     out_ptr,
+    lse_ptr,
     cu_q_ptr,
     cu_k_ptr,
     scale,
@@ -57,6 +61,7 @@ def _mla_prefill_kernel(
     stride_v_h,
     stride_o_t,
     stride_o_h,
+    stride_lse_t,
     DN: tl.constexpr,
     DR: tl.constexpr,
     DV: tl.constexpr,
@@ -66,6 +71,8 @@ def _mla_prefill_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     FP32_DOT: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    STORE_LSE: tl.constexpr,
 ):
     req = tl.program_id(1)
     head = tl.program_id(2).to(tl.int64)
@@ -97,7 +104,10 @@ def _mla_prefill_kernel(
     m = tl.full([BLOCK_M], float("-inf"), tl.float32)
     lsum = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
-    end = tl.minimum(length, length - n + first + BLOCK_M)  # past the block's last query: masked anyway
+    if CAUSAL:
+        end = tl.minimum(length, length - n + first + BLOCK_M)  # past the block's last query: masked anyway
+    else:
+        end = length
     for start in range(0, end, BLOCK_N):
         pos = start + tl.arange(0, BLOCK_N)
         pos_ok = pos < end
@@ -111,7 +121,10 @@ def _mla_prefill_kernel(
             k_pe_ptr + keys[:, None] * stride_kp_t + offs_dr[None, :], mask=pos_ok[:, None] & dr_ok[None, :], other=0.0
         )
         s = _dot(qn, tl.trans(kn), FP32_DOT) + _dot(qp, tl.trans(kp), FP32_DOT)  # (BLOCK_M, BLOCK_N)
-        visible = pos_ok[None, :] & (pos[None, :] <= q_pos[:, None])
+        if CAUSAL:
+            visible = pos_ok[None, :] & (pos[None, :] <= q_pos[:, None])
+        else:
+            visible = pos_ok[None, :] & m_ok[:, None]
         s = tl.where(visible, s * scale, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, axis=1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows of padding queries see nothing
@@ -131,9 +144,14 @@ def _mla_prefill_kernel(
         out.to(out_ptr.dtype.element_ty),
         mask=m_ok[:, None] & dv_ok[None, :],
     )
+    if STORE_LSE:
+        lse = tl.where(lsum == 0.0, float("-inf"), m + tl.log(tl.where(lsum == 0.0, 1.0, lsum)))
+        tl.store(lse_ptr + rows * stride_lse_t + head, lse, mask=m_ok)
 
 
-def launch_constexprs(nope_dim: int, rope_dim: int, v_dim: int, fp32_dot: bool) -> dict:
+def launch_constexprs(
+    nope_dim: int, rope_dim: int, v_dim: int, fp32_dot: bool, causal: bool = True, store_lse: bool = False
+) -> dict:
     """The kernel's compile-time parameters for one model shape (also ``tools/kernel_variants.py``'s).
     ``fp32_dot``: multiply in IEEE fp32 (fp32 inputs, or the interpreter, whose bf16 dot is wrong)."""
     return dict(
@@ -146,6 +164,8 @@ def launch_constexprs(nope_dim: int, rope_dim: int, v_dim: int, fp32_dot: bool) 
         BLOCK_M=64 if nope_dim + rope_dim <= 192 and not fp32_dot else 32,
         BLOCK_N=32,
         FP32_DOT=fp32_dot,
+        CAUSAL=causal,
+        STORE_LSE=store_lse,
     )
 
 
@@ -164,8 +184,12 @@ def mla_prefill(
     *,
     max_query_len: int,
     scale: float,
-) -> torch.Tensor:  # (Tq, H, DV) in q's dtype
-    """Causal attention of each prefill request's queries over its expanded context."""
+    causal: bool = True,
+    return_lse: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:  # (Tq, H, DV) in q's dtype [, (Tq, H) fp32 LSE]
+    """Attention of each prefill request's queries over its expanded keys: causal (its queries the
+    last of its keys), or every key visible (``causal=False``: a piece of earlier context).
+    ``return_lse``: also each row's log-sum-exp, to merge with other pieces' (``mla.merge_partials``)."""
     Tq, H, DN = q_nope.shape
     Lk, DR = k_pe.shape
     DV = v.shape[-1]
@@ -179,11 +203,12 @@ def mla_prefill(
     if cu_q.shape != cu_k.shape or cu_q.dim() != 1:
         raise ValueError(f"mla_prefill: cu_q {tuple(cu_q.shape)} and cu_k {tuple(cu_k.shape)} must be (P + 1,)")
     out = q_nope.new_empty(Tq, H, DV)
+    lse = torch.full((Tq, H), float("-inf"), dtype=torch.float32, device=q_nope.device) if return_lse else out
     num_reqs = cu_q.shape[0] - 1
     if Tq == 0 or num_reqs == 0:
-        return out
+        return (out, lse) if return_lse else out
     fp32_dot = q_nope.dtype == torch.float32 or not q_nope.is_cuda
-    consts = launch_constexprs(DN, DR, DV, fp32_dot)
+    consts = launch_constexprs(DN, DR, DV, fp32_dot, causal, return_lse)
     grid = (triton.cdiv(max_query_len, consts["BLOCK_M"]), num_reqs, H)
     _mla_prefill_kernel[grid](
         q_nope,
@@ -192,6 +217,7 @@ def mla_prefill(
         k_pe,
         v,
         out,
+        lse,
         cu_q,
         cu_k,
         scale,
@@ -206,8 +232,9 @@ def mla_prefill(
         v.stride(1),
         out.stride(0),
         out.stride(1),
+        lse.stride(0),
         num_warps=NUM_WARPS,
         num_stages=NUM_STAGES,
         **consts,
     )
-    return out
+    return (out, lse) if return_lse else out
