@@ -484,7 +484,7 @@ def test_the_guard_sees_host_reads_in_minivllm_code():
     meta.query_start_loc_cpu = meta.query_start_loc.numpy()
     with _NoHostReads() as guard:
         mla_attention(*args, w_uk=torch.randn(H, 8, 16), w_uv=torch.randn(H, 8, 16), scale=0.3)
-    assert guard.seen and all(s.startswith("from_numpy at") for s in guard.seen)
+    assert any(s.startswith("from_numpy at") for s in guard.seen)
     assert torch.from_numpy is guard._from_numpy
 
 
