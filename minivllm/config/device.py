@@ -33,6 +33,12 @@ class DeviceConfig:
     """Intra-op threads of each CPU worker (torch's and the CPU attention kernel's). null: OMP_NUM_THREADS
     when set, else the cores of the process's affinity mask (os.sched_getaffinity), shared among local ranks."""
 
+    cpu_packed_linear: Optional[bool] = None
+    """CPU: run the unquantized linear layers and the LM head as oneDNN matmuls on weights reordered once
+    at load (about 2x torch's GEMM at 8-2374 rows on a 768-hidden Llama, benchmarks/RESULTS.md), which
+    holds a second copy of those weights. null: on for device=cpu where torch has oneDNN and the model
+    dtype is float32 (or bfloat16 where oneDNN runs it natively); true refuses elsewhere."""
+
     def __post_init__(self) -> None:
         check_choice("device.type", self.type, DEVICE_TYPES)
         if self.cpu_threads is not None:
@@ -60,6 +66,25 @@ class AttentionConfig:
         check_choice("attention.name", self.name, ATTENTION_BACKENDS + ("custom",))
         if self.name == "custom" and not self.backend:
             raise ValueError("attention.name=custom: needs attention.backend._target_ (your backend class)")
+
+
+def resolve_cpu_packed_linear(requested: bool | None, device_type: str, dtype: torch.dtype) -> bool:
+    """``device.cpu_packed_linear``: null is on where it can run (the CPU, torch built with oneDNN, an
+    fp32 model or a bf16 one on a CPU with native bf16); true where it cannot is an error naming why."""
+    why = None
+    if device_type != "cpu":
+        why = f"it packs CPU weights; the device is {device_type}"
+    elif not torch.backends.mkldnn.is_available():
+        why = "this torch build has no oneDNN (torch.backends.mkldnn.is_available() is False)"
+    elif dtype == torch.bfloat16 and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        why = "this CPU has no native bf16 for oneDNN (AVX512-BF16 / AMX); use model.dtype=float32"
+    elif dtype not in (torch.float32, torch.bfloat16):
+        why = f"oneDNN's packed CPU matmul takes float32 or bfloat16 weights, not {str(dtype).removeprefix('torch.')}"
+    if requested is None:
+        return why is None
+    if requested and why is not None:
+        raise ValueError(f"device.cpu_packed_linear=true: {why}; use null or false")
+    return requested
 
 
 def attention_target(name: str, device_type: str) -> str:

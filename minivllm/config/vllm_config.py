@@ -40,6 +40,7 @@ from minivllm.config.device import (
     CompilationConfig,
     DeviceConfig,
     attention_target,
+    resolve_cpu_packed_linear,
     resolve_device,
     resolve_fused_sampler,
     resolve_torch_compile,
@@ -149,6 +150,10 @@ class VllmConfig:
             device_type=self.device_type,
         )
         self.torch_compile: bool = resolve_torch_compile(self.compilation.torch_compile, self.device_type)
+        self.cpu_packed_linear: bool = resolve_cpu_packed_linear(
+            self.device.cpu_packed_linear, self.device_type, self.dtype
+        )
+        """``device.cpu_packed_linear`` resolved: the worker packs its linear weights for oneDNN at load."""
         self.fused_sampler: bool = resolve_fused_sampler(self.compilation.fused_sampler, self.device_type)
         """``compilation.fused_sampler`` resolved: the runner's sampler runs the fused Triton kernel."""
 

@@ -20,6 +20,7 @@ from minivllm.distributed.parallel_state import destroy_model_parallel, init_mod
 from minivllm.distributed.utils import cpu_threads
 from minivllm.kv_cache_spec import KVCacheSpec
 from minivllm.layers.attention import uniform_sliding_window
+from minivllm.models.utils import pack_cpu_weights
 from minivllm.outputs import ModelRunnerOutput, StepResult
 from minivllm.plugins import load_general_plugins
 from minivllm.utils import instantiate_target
@@ -176,6 +177,8 @@ class Worker:
                 continue
             if tag == "weights":
                 bring_weights_back(self.model_runner.model, self.device, state)
+                if self.cfg.cpu_packed_linear:  # level 2 dropped the packed copies with the weights
+                    pack_cpu_weights(self.model_runner.model)
             else:
                 self.model_runner.init_kv_cache(self.num_blocks)
             state.asleep.discard(tag)
