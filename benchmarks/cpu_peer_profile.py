@@ -70,6 +70,21 @@ def build(engine: str, model: str, args: argparse.Namespace) -> tuple[Any, Any]:
     return llm, run
 
 
+def single_decode(run: Any, prompt: list[int], n: int, engine: str) -> None:
+    """CPU ms per decode step of one request: (CPU of n tokens - CPU of 1 token) / (n - 1), median of 5."""
+
+    def cpu(tokens: int) -> float:
+        start = time.process_time()
+        run([(prompt, tokens)])
+        return time.process_time() - start
+
+    cpu(n)  # warm-up
+    steps = sorted((cpu(n) - cpu(1)) / (n - 1) for _ in range(5))
+    print(
+        f"{engine}: single request decode, CPU ms per step {[round(1e3 * s, 2) for s in steps]}, median {1e3 * steps[2]:.2f}"
+    )
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--engine", choices=("minivllm", "vllm"), required=True)
@@ -83,6 +98,10 @@ def main() -> None:
     p.add_argument("--top", type=int, default=25, help="ops listed")
     p.add_argument("--step-op", help="an op called once per engine step (counts the steps)")
     p.add_argument("--json", help="also write the table here")
+    p.add_argument(
+        "--single", type=int, default=0, metavar="N",
+        help="instead: one request of 32 prompt tokens decoding N tokens; CPU ms per decode step, median of 5",
+    )  # fmt: skip
     p.add_argument("overrides", nargs="*", help="minivllm: Hydra overrides (after --)")
     args = p.parse_args()
 
@@ -90,6 +109,9 @@ def main() -> None:
     requests = make_requests(args.num_prompts, args.min_len, args.max_len, vocab, args.seed)
     _, run = build(args.engine, args.model, args)
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, {torch.backends.cpu.get_cpu_capability()}")
+    if args.single:
+        single_decode(run, requests[0][0][:32], args.single, args.engine)
+        return
     run(requests)  # warm-up: the same requests
     cpu0, wall0 = time.process_time(), time.perf_counter()
     tokens = run(requests)

@@ -607,12 +607,19 @@ def format_report(m: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _gemm_rate(tflop_s: float | None) -> str:
+    """TFLOP/s, or GFLOP/s below one TFLOP/s (a CPU's rate)."""
+    if tflop_s is not None and tflop_s < 1:
+        return f"{_num(1e3 * tflop_s, '.0f')} GFLOP/s"
+    return f"{_num(tflop_s, '.1f')} TFLOP/s"
+
+
 def _floor_lines(roof: dict[str, Any], output_tokens: int | None) -> list[str]:
     """The floor with both of its terms, and the measured prefill and decode seconds apart."""
     floor_rate = roof.get("floor_output_tokens_per_s")
     return [
         f"floor ({roof['device']}: copy {_num(roof['copy_bandwidth_gb_s'])} GB/s, GEMM "
-        f"{_num(roof.get('gemm_tflop_s'), '.1f')} TFLOP/s): {_num(roof['floor_s'], '.2f')} s = decode "
+        f"{_gemm_rate(roof.get('gemm_tflop_s'))}): {_num(roof['floor_s'], '.2f')} s = decode "
         f"{_num(roof.get('decode_floor_s'), '.2f')} s (bytes) + prefill {_num(roof.get('prefill_floor_s'), '.2f')} s "
         f"(FLOPs {_num(roof.get('prefill_compute_floor_s'), '.2f')} s, bytes {_num(roof.get('prefill_memory_floor_s'), '.2f')} s)"
         + ("" if floor_rate is None else f" -> {_num(floor_rate)} output tok/s at the floor"),

@@ -135,3 +135,24 @@ def test_off_when_asked_and_the_refusals_name_why(llama_dir, monkeypatch):
     monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
     with pytest.raises(ValueError, match=r"no oneDNN"):
         resolve_cpu_packed_linear(True, "cpu", torch.float32)
+
+
+@pytest.mark.skipif(
+    not (torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()),
+    reason="this CPU has no native bf16 for oneDNN (AVX512-BF16 / AMX)",
+)
+def test_bf16_packed_linear_accumulates_in_fp32(llama_dir):
+    gen = torch.Generator().manual_seed(0)
+    w = torch.randn(64, 512, generator=gen).bfloat16()
+    x = torch.randn(7, 512, generator=gen).bfloat16()
+    got = cpu_packed_linear(x, pack_cpu_weight(w), None)
+    assert got.dtype == torch.bfloat16
+    exact = F.linear(x.float(), w.float())  # the products of bf16 inputs, summed in fp32
+    torch.testing.assert_close(got.float(), exact, rtol=1e-2, atol=1e-1)  # one bf16 rounding of the sum
+    llm = LLM(model=str(llama_dir), dtype="bfloat16", device="cpu", num_gpu_blocks_override=16)
+    try:
+        assert llm.llm_engine.cfg.cpu_packed_linear
+        model = llm.llm_engine.core.executor.worker.model_runner.model
+        assert model.lm_head.cpu_packed_weight is not None and model.lm_head.cpu_packed_weight.dtype == torch.bfloat16
+    finally:
+        llm.shutdown()
