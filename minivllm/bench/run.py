@@ -234,7 +234,10 @@ def model_runner(llm: LLM) -> Any | None:
 
 
 def _params(
-    request: BenchRequest, temperature: float, kind: RequestOutputKind = RequestOutputKind.FINAL_ONLY
+    request: BenchRequest,
+    temperature: float,
+    kind: RequestOutputKind = RequestOutputKind.FINAL_ONLY,
+    detokenize: bool = True,
 ) -> SamplingParams:
     """The request's own temperature and ignore_eos (a jsonl line's), else bench.temperature."""
     return SamplingParams(
@@ -242,6 +245,7 @@ def _params(
         max_tokens=request.max_tokens,
         ignore_eos=request.ignore_eos,
         output_kind=kind,
+        detokenize=detokenize,
     )
 
 
@@ -263,7 +267,11 @@ def _drive(
     produced = prompt_tokens = 0
     start, start_cpu = time.perf_counter(), time.process_time()
     with bar:
-        ids = [engine.add_request(None, r.prompt, _params(r, cfg.bench.temperature)) for r in requests]
+        detokenize = cfg.bench.baseline != "vllm"  # the vLLM peer runs without a tokenizer: the same work
+        ids = [
+            engine.add_request(None, r.prompt, _params(r, cfg.bench.temperature, detokenize=detokenize))
+            for r in requests
+        ]
         while engine.has_unfinished_requests():
             for out in timer.run_step(engine.step):
                 if out.finished:
