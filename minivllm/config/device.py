@@ -37,7 +37,8 @@ class DeviceConfig:
     """CPU: run the unquantized linear layers and the LM head as oneDNN matmuls on weights reordered once
     at load (about 2x torch's GEMM at 8-2374 rows on a 768-hidden Llama, benchmarks/RESULTS.md), which
     holds a second copy of those weights. null: on for device=cpu where torch has oneDNN and the model
-    dtype is float32 (or bfloat16 where oneDNN runs it natively); true refuses elsewhere."""
+    dtype is float32 (or bfloat16 where oneDNN runs it natively), for layers of 512 x 512 weights or more;
+    true: every layer, refused where it cannot run."""
 
     def __post_init__(self) -> None:
         check_choice("device.type", self.type, DEVICE_TYPES)
@@ -66,6 +67,12 @@ class AttentionConfig:
         check_choice("attention.name", self.name, ATTENTION_BACKENDS + ("custom",))
         if self.name == "custom" and not self.backend:
             raise ValueError("attention.name=custom: needs attention.backend._target_ (your backend class)")
+
+
+CPU_PACK_MIN_WEIGHTS = 1 << 18
+"""``device.cpu_packed_linear=null`` packs the layers of at least this many weights (512 x 512): a oneDNN
+call costs ~9 us more than F.linear's (1.5 us for a 32 x 64 layer at one row), which a smaller layer
+does not earn back; ``true`` packs every layer."""
 
 
 def resolve_cpu_packed_linear(requested: bool | None, device_type: str, dtype: torch.dtype) -> bool:

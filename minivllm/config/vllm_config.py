@@ -36,6 +36,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from minivllm.config.cache import KV_DTYPES, CacheConfig
 from minivllm.config.device import (
+    CPU_PACK_MIN_WEIGHTS,
     AttentionConfig,
     CompilationConfig,
     DeviceConfig,
@@ -154,6 +155,8 @@ class VllmConfig:
             self.device.cpu_packed_linear, self.device_type, self.dtype
         )
         """``device.cpu_packed_linear`` resolved: the worker packs its linear weights for oneDNN at load."""
+        self.cpu_pack_min_weights: int = 0 if self.device.cpu_packed_linear else CPU_PACK_MIN_WEIGHTS
+        """The smallest layer packed: every layer when asked for (true), else the size where oneDNN wins."""
         self.fused_sampler: bool = resolve_fused_sampler(self.compilation.fused_sampler, self.device_type)
         """``compilation.fused_sampler`` resolved: the runner's sampler runs the fused Triton kernel."""
 

@@ -66,10 +66,15 @@ def load_weights(
     return loaded_names
 
 
-def pack_cpu_weights(model: nn.Module) -> int:
-    """Reorder every unquantized linear layer's and the LM head's CPU weight for oneDNN
-    (``device.cpu_packed_linear``, ``pack_cpu_weight``); returns how many layers it packed."""
-    return sum(module.pack_for_cpu() for module in model.modules() if hasattr(module, "pack_for_cpu"))
+def pack_cpu_weights(model: nn.Module, min_weights: int = 0) -> int:
+    """Reorder the CPU weight of every unquantized linear layer and the LM head holding at least
+    ``min_weights`` weights for oneDNN (``device.cpu_packed_linear``, ``pack_cpu_weight``); returns how
+    many layers it packed."""
+    return sum(
+        module.pack_for_cpu()
+        for module in model.modules()
+        if hasattr(module, "pack_for_cpu") and module.weight.numel() >= min_weights
+    )
 
 
 def repack_cpu_weights(model: nn.Module, owners: set[nn.Module]) -> None:

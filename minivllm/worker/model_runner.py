@@ -129,7 +129,7 @@ class ModelRunner:
         loader = instantiate_target(self.cfg.load.loader)
         self.model = loader.load_model(self.cfg, self.attn_backend, self.device)
         if self.cfg.cpu_packed_linear:  # oneDNN's matmul on weights reordered once (device.cpu_packed_linear)
-            pack_cpu_weights(self.model)
+            pack_cpu_weights(self.model, self.cfg.cpu_pack_min_weights)
         share_cos_sin_caches(self.model, self.cfg.max_model_len, self.device)
         if self.cfg.torch_compile:  # inductor's compiled kernels kept across runs, under minivllm's cache
             os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir("inductor")))

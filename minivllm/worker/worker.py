@@ -178,7 +178,7 @@ class Worker:
             if tag == "weights":
                 bring_weights_back(self.model_runner.model, self.device, state)
                 if self.cfg.cpu_packed_linear:  # level 2 dropped the packed copies with the weights
-                    pack_cpu_weights(self.model_runner.model)
+                    pack_cpu_weights(self.model_runner.model, self.cfg.cpu_pack_min_weights)
             else:
                 self.model_runner.init_kv_cache(self.num_blocks)
             state.asleep.discard(tag)

@@ -70,18 +70,33 @@ def _generate(llm, prompts, max_tokens):
     return [list(o.outputs[0].token_ids) for o in outs]
 
 
+PACK = "device.cpu_packed_linear=true"  # every layer: the tiny checkpoints' are below the default's size
+
+
 @needs_onednn
-@pytest.mark.parametrize("checkpoint", ["llama_dir", "llama_tied_dir"])
-def test_engine_packs_by_default_and_matches_transformers(checkpoint, request):
+@pytest.mark.parametrize(
+    "checkpoint, options",
+    [
+        ("llama_dir", {}),
+        ("llama_tied_dir", {}),
+        # async scheduling, prefix caching and chunked prefill (a 4-token budget splits the prompts)
+        ("llama_dir", dict(async_scheduling=True, enable_prefix_caching=True, max_num_batched_tokens=4)),
+        ("llama_dir", dict(tensor_parallel_size=2)),  # each rank packs its shard
+    ],
+)
+def test_engine_with_packed_layers_matches_transformers(checkpoint, options, request):
     path = request.getfixturevalue(checkpoint)
     prompts, max_tokens = [[1, 5, 9, 13, 2, 7], [3, 4], [11, 12, 13, 14, 15, 16, 17, 18, 19]], [10, 6, 3]
-    llm = LLM(model=str(path), dtype="float32", device="cpu", num_gpu_blocks_override=32)
+    llm = LLM(model=str(path), dtype="float32", device="cpu", num_gpu_blocks_override=32, overrides=[PACK], **options)
     try:
-        runner = llm.llm_engine.core.executor.worker.model_runner
-        assert llm.llm_engine.cfg.cpu_packed_linear
-        packed = [m for m in runner.model.modules() if getattr(m, "cpu_packed_weight", None) is not None]
-        assert any(isinstance(m, ParallelLMHead) for m in packed)
-        assert any(isinstance(m, QKVParallelLinear) for m in packed)
+        assert llm.llm_engine.cfg.cpu_packed_linear and llm.llm_engine.cfg.cpu_pack_min_weights == 0
+        worker = getattr(llm.llm_engine.core.executor, "worker", None)  # None: tp=2's ranks are processes
+        if worker is not None:
+            packed = [
+                m for m in worker.model_runner.model.modules() if getattr(m, "cpu_packed_weight", None) is not None
+            ]
+            assert any(isinstance(m, ParallelLMHead) for m in packed)
+            assert any(isinstance(m, QKVParallelLinear) for m in packed)
         got = _generate(llm, prompts, max_tokens)
     finally:
         llm.shutdown()
@@ -93,7 +108,7 @@ def test_engine_packs_by_default_and_matches_transformers(checkpoint, request):
 @needs_onednn
 def test_in_place_weight_load_packs_again(llama_tied_dir):
     """A weight update writes the plain parameters; the packed copies (a tied head's too) follow."""
-    llm = LLM(model=str(llama_tied_dir), dtype="float32", device="cpu", num_gpu_blocks_override=32)
+    llm = LLM(model=str(llama_tied_dir), dtype="float32", device="cpu", num_gpu_blocks_override=32, overrides=[PACK])
     try:
         model = llm.llm_engine.core.executor.worker.model_runner.model
         head = model.lm_head
@@ -108,6 +123,18 @@ def test_in_place_weight_load_packs_again(llama_tied_dir):
         torch.testing.assert_close(head.compute_logits(x), F.linear(x, new_embed), rtol=1e-4, atol=1e-4)
         torch.testing.assert_close(qkv(x), F.linear(x, qkv.weight), rtol=1e-4, atol=1e-4)
         torch.testing.assert_close(qkv(x)[:, : new_q.shape[0]], F.linear(x, new_q), rtol=1e-4, atol=1e-4)
+    finally:
+        llm.shutdown()
+
+
+@needs_onednn
+def test_by_default_only_layers_large_enough_are_packed(llama_dir):
+    llm = LLM(model=str(llama_dir), dtype="float32", device="cpu", num_gpu_blocks_override=16)
+    try:
+        assert llm.llm_engine.cfg.cpu_packed_linear and llm.llm_engine.cfg.cpu_pack_min_weights == 1 << 18
+        model = llm.llm_engine.core.executor.worker.model_runner.model
+        assert all(getattr(m, "cpu_packed_weight", None) is None for m in model.modules())  # all below 512 x 512
+        assert pack_cpu_weights(model, min_weights=model.lm_head.weight.numel()) == 1  # the head alone reaches it
     finally:
         llm.shutdown()
 
@@ -149,7 +176,7 @@ def test_bf16_packed_linear_accumulates_in_fp32(llama_dir):
     assert got.dtype == torch.bfloat16
     exact = F.linear(x.float(), w.float())  # the products of bf16 inputs, summed in fp32
     torch.testing.assert_close(got.float(), exact, rtol=1e-2, atol=1e-1)  # one bf16 rounding of the sum
-    llm = LLM(model=str(llama_dir), dtype="bfloat16", device="cpu", num_gpu_blocks_override=16)
+    llm = LLM(model=str(llama_dir), dtype="bfloat16", device="cpu", num_gpu_blocks_override=16, overrides=[PACK])
     try:
         assert llm.llm_engine.cfg.cpu_packed_linear
         model = llm.llm_engine.core.executor.worker.model_runner.model
