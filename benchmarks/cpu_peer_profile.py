@@ -40,7 +40,7 @@ def build(engine: str, model: str, args: argparse.Namespace) -> tuple[Any, Any]:
 
         llm = LLM(
             model=model,
-            dtype="float32",
+            dtype=args.dtype,
             max_model_len=512,
             max_num_seqs=args.max_num_seqs,
             seed=0,
@@ -55,7 +55,7 @@ def build(engine: str, model: str, args: argparse.Namespace) -> tuple[Any, Any]:
             model,
             overrides=[
                 "device=cpu",
-                "model.dtype=float32",
+                f"model.dtype={args.dtype}",
                 "model.max_model_len=512",
                 f"scheduler.max_num_seqs={args.max_num_seqs}",
                 *args.overrides,
@@ -89,6 +89,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--engine", choices=("minivllm", "vllm"), required=True)
     p.add_argument("--model", required=True, help="checkpoint folder (the issue's: a Llama of hidden 768)")
+    p.add_argument("--dtype", default="float32", help="both engines' model dtype")
     p.add_argument("--num-prompts", type=int, default=32)
     p.add_argument("--min-len", type=int, default=16)
     p.add_argument("--max-len", type=int, default=128)

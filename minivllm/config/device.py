@@ -31,7 +31,9 @@ class DeviceConfig:
     """auto (cuda when available, else cpu), cpu or cuda."""
     cpu_threads: Optional[int] = None
     """Intra-op threads of each CPU worker (torch's and the CPU attention kernel's). null: OMP_NUM_THREADS
-    when set, else the cores of the process's affinity mask (os.sched_getaffinity), shared among local ranks."""
+    when set, else the cores of the process's affinity mask (os.sched_getaffinity), shared among local ranks.
+    Processes minivllm spawns on the CPU start with OMP_WAIT_POLICY=PASSIVE unless it is set; an engine in
+    your own process reads yours (set it to PASSIVE on a shared machine, benchmarks/RESULTS.md)."""
 
     cpu_packed_linear: Optional[bool] = None
     """CPU: run the unquantized linear layers and the LM head as oneDNN matmuls on weights reordered once
