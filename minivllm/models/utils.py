@@ -77,6 +77,15 @@ def pack_cpu_weights(model: nn.Module, min_weights: int = 0) -> int:
     )
 
 
+def packed_cpu_weight_bytes(model: nn.Module) -> int:
+    """Bytes of the packed copies (``pack_cpu_weights``): as many as the weights they copy."""
+    return sum(
+        m.weight.numel() * m.weight.element_size()
+        for m in model.modules()
+        if getattr(m, "cpu_packed_weight", None) is not None
+    )
+
+
 def repack_cpu_weights(model: nn.Module, owners: set[nn.Module]) -> None:
     """Pack again the packed layers whose weight was just loaded (an in-place weight update; a head
     tied to a loaded embedding too), so that no packed copy is stale. No-op while nothing is packed."""

@@ -20,7 +20,7 @@ from minivllm.distributed.parallel_state import destroy_model_parallel, init_mod
 from minivllm.distributed.utils import cpu_threads
 from minivllm.kv_cache_spec import KVCacheSpec
 from minivllm.layers.attention import uniform_sliding_window
-from minivllm.models.utils import pack_cpu_weights
+from minivllm.models.utils import pack_cpu_weights, packed_cpu_weight_bytes
 from minivllm.outputs import ModelRunnerOutput, StepResult
 from minivllm.plugins import load_general_plugins
 from minivllm.utils import instantiate_target
@@ -101,7 +101,8 @@ class Worker:
         ``cache.kv_cache_memory_bytes`` replaces all of this with an exact budget (vLLM's
         ``kv_cache_memory_bytes``), on the CPU and CUDA alike.
         On the CPU, ``cache.cpu_memory_gb`` stands in for device memory and the
-        peak is the weights plus the growth of the process's resident high-water mark.
+        peak is the weights (and their packed copies, ``device.cpu_packed_linear``) plus the growth of the
+        process's resident high-water mark.
         """
         override = self.cfg.cache.num_gpu_blocks_override
         if override is not None:
@@ -140,7 +141,8 @@ class Worker:
             torch.cuda.synchronize(self.device)
             _, total = torch.cuda.mem_get_info(self.device)
             return float(total), float(torch.cuda.max_memory_allocated(self.device))
-        weights = sum(p.numel() * p.element_size() for p in self.model_runner.model.parameters())
+        model = self.model_runner.model
+        weights = sum(p.numel() * p.element_size() for p in model.parameters()) + packed_cpu_weight_bytes(model)
         drafter = getattr(self.model_runner, "drafter", None)  # speculative.method=draft_model
         if drafter is not None:
             weights += drafter.weight_bytes()

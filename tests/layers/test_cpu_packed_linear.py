@@ -12,7 +12,7 @@ from minivllm import LLM, SamplingParams
 from minivllm.config.device import resolve_cpu_packed_linear
 from minivllm.layers.embedding import ParallelLMHead
 from minivllm.layers.linear import QKVParallelLinear, ReplicatedLinear
-from minivllm.models.utils import MissingWeightsError, pack_cpu_weights
+from minivllm.models.utils import MissingWeightsError, pack_cpu_weights, packed_cpu_weight_bytes
 from minivllm.quantization.base import cpu_packed_linear, pack_cpu_weight
 from tests.hf_reference import hf_greedy
 
@@ -183,3 +183,32 @@ def test_bf16_packed_linear_accumulates_in_fp32(llama_dir):
         assert model.lm_head.cpu_packed_weight is not None and model.lm_head.cpu_packed_weight.dtype == torch.bfloat16
     finally:
         llm.shutdown()
+
+
+@needs_onednn
+def test_the_packed_copies_count_against_the_cpu_memory_budget(llama_dir, monkeypatch):
+    """The KV cache gets what ``cache.cpu_memory_gb`` leaves after the weights and their packed copies."""
+    from minivllm.worker import worker as worker_module
+
+    monkeypatch.setattr(worker_module, "_rss_bytes", lambda: 0)  # no activation growth: weights alone decide
+    monkeypatch.setattr(worker_module, "_peak_rss_bytes", lambda: 0)
+    blocks = {}
+    for pack in ("true", "false"):
+        llm = LLM(
+            model=str(llama_dir), dtype="float32", device="cpu",
+            overrides=[f"device.cpu_packed_linear={pack}", "cache.cpu_memory_gb=0.05"],
+        )  # fmt: skip
+        try:
+            worker = llm.llm_engine.core.executor.worker
+            model = worker.model_runner.model
+            blocks[pack] = worker.num_blocks
+            if pack == "true":
+                packed = packed_cpu_weight_bytes(model)
+                layers = [m for m in model.modules() if getattr(m, "cpu_packed_weight", None) is not None]
+                assert packed == sum(m.weight.numel() * 4 for m in layers) > 0
+                block_bytes = (
+                    worker.model_runner.kv_caches[0].nbytes // blocks[pack] * len(worker.model_runner.kv_caches)
+                )
+        finally:
+            llm.shutdown()
+    assert blocks["false"] - blocks["true"] in (packed // block_bytes, packed // block_bytes + 1)
