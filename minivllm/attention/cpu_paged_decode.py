@@ -2,10 +2,13 @@
 
 The torch backend's decode path copies every request's blocks into a dense tensor
 (one ``index_select`` per layer) before SDPA reads them again. This kernel walks
-each request's block table instead and reads each key and value row once, where
-it lies in the cache: per (request, KV head), the scores of the ``H / Hkv`` query
-heads that share the head (GQA), a softmax, and the weighted sum of values, all
-in fp32. Work is split over the requests and KV heads with OpenMP, in the same
+each request's block table instead and reads each cache slot once, where it lies
+in the cache, front to back: per request, slot by slot, the scores of every query
+head against its KV head (GQA: ``H / Hkv`` query heads share one), a softmax per
+query head, then the weighted sum of values the same way, all in fp32. A slot's
+``Hkv * D`` floats are contiguous, so the reads stream (one KV head at a time over
+the slots read a quarter of each row at a 1 KB stride and ran 1.4x slower,
+benchmarks/RESULTS.md). Work is split over the requests with OpenMP, in the same
 runtime torch uses (the kernel links ``libgomp.so.1``, which the loader resolves
 to the copy torch already loaded), with ``torch.get_num_threads()`` threads.
 
@@ -39,7 +42,6 @@ _SOURCE = r"""
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
-
 /* q: rows of (H, D) at q_stride floats apart; k_cache, v_cache: (num_blocks, bs, Hkv, D);
    out: rows like q; block_tables: (B, bt_stride) int32; seq_lens: (B,) int32; rows: (B,) int64
    token row of each request's query. window <= 0: none; soft_cap <= 0: none. */
@@ -49,60 +51,60 @@ void paged_decode_f32(const float* q, const float* k_cache, const float* v_cache
                       int64_t block_size, int64_t q_stride, int64_t out_stride, float scale,
                       int64_t window, float soft_cap, int num_threads) {
     const int64_t G = H / Hkv;
-#pragma omp parallel for collapse(2) schedule(dynamic, 1) num_threads(num_threads)
+#pragma omp parallel for schedule(dynamic, 1) num_threads(num_threads)
     for (int64_t b = 0; b < B; ++b) {
-        for (int64_t h = 0; h < Hkv; ++h) {
-            const int64_t n = seq_lens[b];
-            const int64_t start = (window > 0 && n > window) ? n - window : 0;
-            const int64_t L = n - start;
-            float* s = (float*)malloc(sizeof(float) * (size_t)(G * L + G * D));
-            float* acc = s + G * L;
-            const float* qh = q + rows[b] * q_stride + h * G * D;
-            const int32_t* table = block_tables + b * bt_stride;
-            for (int64_t p = start; p < n;) {  /* block by block: rows of a block are Hkv * D apart */
-                const int64_t off = p % block_size, m = (n - p < block_size - off) ? n - p : block_size - off;
-                const float* kr = k_cache + (((int64_t)table[p / block_size] * block_size + off) * Hkv + h) * D;
-                for (int64_t j = 0; j < m; ++j, kr += Hkv * D) {
-                    for (int64_t g = 0; g < G; ++g) {
-                        const float* qg = qh + g * D;
-                        float dot = 0.f;
+        const int64_t n = seq_lens[b];
+        const int64_t start = (window > 0 && n > window) ? n - window : 0;
+        const int64_t L = n - start;
+        float* s = (float*)malloc(sizeof(float) * (size_t)(H * L + H * D));
+        float* acc = s + H * L;
+        const float* qb = q + rows[b] * q_stride;
+        const int32_t* table = block_tables + b * bt_stride;
+        for (int64_t p = start; p < n;) {  /* slot by slot: a slot's Hkv * D floats are contiguous */
+            const int64_t off = p % block_size, m = (n - p < block_size - off) ? n - p : block_size - off;
+            const float* kr = k_cache + ((int64_t)table[p / block_size] * block_size + off) * Hkv * D;
+            for (int64_t j = 0; j < m; ++j, kr += Hkv * D) {
+                for (int64_t hq = 0; hq < H; ++hq) {
+                    const float* qg = qb + hq * D;
+                    const float* kh = kr + (hq / G) * D;
+                    float dot = 0.f;
 #pragma omp simd reduction(+ : dot)
-                        for (int64_t d = 0; d < D; ++d) dot += qg[d] * kr[d];
-                        s[g * L + p - start + j] = dot * scale;
-                    }
+                    for (int64_t d = 0; d < D; ++d) dot += qg[d] * kh[d];
+                    s[hq * L + p - start + j] = dot * scale;
                 }
-                p += m;
             }
-            if (soft_cap > 0.f)
-                for (int64_t i = 0; i < G * L; ++i) s[i] = soft_cap * tanhf(s[i] / soft_cap);
-            for (int64_t g = 0; g < G; ++g) {
-                float* sg = s + g * L;
-                float m = sg[0];
-                for (int64_t l = 1; l < L; ++l) m = sg[l] > m ? sg[l] : m;
-                float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
-                for (int64_t l = 0; l < L; ++l) { sg[l] = expf(sg[l] - m); sum += sg[l]; }
-                const float inv = 1.f / sum;
-                for (int64_t l = 0; l < L; ++l) sg[l] *= inv;
-                for (int64_t d = 0; d < D; ++d) acc[g * D + d] = 0.f;
-            }
-            for (int64_t p = start; p < n;) {
-                const int64_t off = p % block_size, m = (n - p < block_size - off) ? n - p : block_size - off;
-                const float* vr = v_cache + (((int64_t)table[p / block_size] * block_size + off) * Hkv + h) * D;
-                for (int64_t j = 0; j < m; ++j, vr += Hkv * D) {
-                    for (int64_t g = 0; g < G; ++g) {
-                        const float w = s[g * L + p - start + j];
-                        float* ag = acc + g * D;
-#pragma omp simd
-                        for (int64_t d = 0; d < D; ++d) ag[d] += w * vr[d];
-                    }
-                }
-                p += m;
-            }
-            float* oh = out + rows[b] * out_stride + h * G * D;
-            for (int64_t i = 0; i < G * D; ++i) oh[i] = acc[i];
-            free(s);
+            p += m;
         }
+        if (soft_cap > 0.f)
+            for (int64_t i = 0; i < H * L; ++i) s[i] = soft_cap * tanhf(s[i] / soft_cap);
+        for (int64_t hq = 0; hq < H; ++hq) {
+            float* sg = s + hq * L;
+            float mx = sg[0];
+            for (int64_t l = 1; l < L; ++l) mx = sg[l] > mx ? sg[l] : mx;
+            float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+            for (int64_t l = 0; l < L; ++l) { sg[l] = expf(sg[l] - mx); sum += sg[l]; }
+            const float inv = 1.f / sum;
+            for (int64_t l = 0; l < L; ++l) sg[l] *= inv;
+            for (int64_t d = 0; d < D; ++d) acc[hq * D + d] = 0.f;
+        }
+        for (int64_t p = start; p < n;) {
+            const int64_t off = p % block_size, m = (n - p < block_size - off) ? n - p : block_size - off;
+            const float* vr = v_cache + ((int64_t)table[p / block_size] * block_size + off) * Hkv * D;
+            for (int64_t j = 0; j < m; ++j, vr += Hkv * D) {
+                for (int64_t hq = 0; hq < H; ++hq) {
+                    const float w = s[hq * L + p - start + j];
+                    const float* vh = vr + (hq / G) * D;
+                    float* ag = acc + hq * D;
+#pragma omp simd
+                    for (int64_t d = 0; d < D; ++d) ag[d] += w * vh[d];
+                }
+            }
+            p += m;
+        }
+        float* ob = out + rows[b] * out_stride;
+        for (int64_t i = 0; i < H * D; ++i) ob[i] = acc[i];
+        free(s);
     }
 }
 """

@@ -234,7 +234,10 @@ def model_runner(llm: LLM) -> Any | None:
 
 
 def _params(
-    request: BenchRequest, temperature: float, kind: RequestOutputKind = RequestOutputKind.FINAL_ONLY
+    request: BenchRequest,
+    temperature: float,
+    kind: RequestOutputKind = RequestOutputKind.FINAL_ONLY,
+    detokenize: bool = True,
 ) -> SamplingParams:
     """The request's own temperature and ignore_eos (a jsonl line's), else bench.temperature."""
     return SamplingParams(
@@ -242,6 +245,7 @@ def _params(
         max_tokens=request.max_tokens,
         ignore_eos=request.ignore_eos,
         output_kind=kind,
+        detokenize=detokenize,
     )
 
 
@@ -263,7 +267,11 @@ def _drive(
     produced = prompt_tokens = 0
     start, start_cpu = time.perf_counter(), time.process_time()
     with bar:
-        ids = [engine.add_request(None, r.prompt, _params(r, cfg.bench.temperature)) for r in requests]
+        detokenize = cfg.bench.baseline != "vllm"  # the vLLM peer runs without a tokenizer: the same work
+        ids = [
+            engine.add_request(None, r.prompt, _params(r, cfg.bench.temperature, detokenize=detokenize))
+            for r in requests
+        ]
         while engine.has_unfinished_requests():
             for out in timer.run_step(engine.step):
                 if out.finished:
@@ -607,12 +615,19 @@ def format_report(m: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _gemm_rate(tflop_s: float | None) -> str:
+    """TFLOP/s, or GFLOP/s below one TFLOP/s (a CPU's rate)."""
+    if tflop_s is not None and tflop_s < 1:
+        return f"{_num(1e3 * tflop_s, '.0f')} GFLOP/s"
+    return f"{_num(tflop_s, '.1f')} TFLOP/s"
+
+
 def _floor_lines(roof: dict[str, Any], output_tokens: int | None) -> list[str]:
     """The floor with both of its terms, and the measured prefill and decode seconds apart."""
     floor_rate = roof.get("floor_output_tokens_per_s")
     return [
         f"floor ({roof['device']}: copy {_num(roof['copy_bandwidth_gb_s'])} GB/s, GEMM "
-        f"{_num(roof.get('gemm_tflop_s'), '.1f')} TFLOP/s): {_num(roof['floor_s'], '.2f')} s = decode "
+        f"{_gemm_rate(roof.get('gemm_tflop_s'))}): {_num(roof['floor_s'], '.2f')} s = decode "
         f"{_num(roof.get('decode_floor_s'), '.2f')} s (bytes) + prefill {_num(roof.get('prefill_floor_s'), '.2f')} s "
         f"(FLOPs {_num(roof.get('prefill_compute_floor_s'), '.2f')} s, bytes {_num(roof.get('prefill_memory_floor_s'), '.2f')} s)"
         + ("" if floor_rate is None else f" -> {_num(floor_rate)} output tok/s at the floor"),

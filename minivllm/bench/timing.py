@@ -41,7 +41,7 @@ of tokens are compute-bound (the FLOPs term wins). ``bandwidth`` is measured her
 with a device-to-device copy of >= 1 GiB on CUDA timed by CUDA events (bytes read
 + written, as benchmarks/attention.py counts them), a copy of 256 MiB (past any
 CPU cache) on the CPU; the GEMM rate with a square matmul in the model's dtype
-(8192 on CUDA, 512 on the CPU). Both are medians of repeats after a warm-up.
+(8192 on CUDA, 512 on the CPU; oneDNN's on a packed weight where the engine's CPU layers run it). Both are medians of repeats after a warm-up.
 ``achieved_fraction = floor / measured time``: 1.0 would be perfect. The report
 gives the floor's two parts (decode steps' bytes term, prefill steps' floor) and
 the measured prefill and decode seconds apart. MoE layers count every expert's
@@ -61,6 +61,8 @@ from typing import Any, Callable
 
 import torch
 from torch import nn
+
+from minivllm.quantization.base import cpu_packed_linear, pack_cpu_weight
 
 
 @dataclass(slots=True)
@@ -281,11 +283,19 @@ def _copy_bandwidth(device: torch.device, num_bytes: int, repeats: int) -> float
     return 2 * n * 4 / seconds
 
 
-def measure_gemm_rate(device: torch.device, dtype: torch.dtype, size: int | None = None, repeats: int = 5) -> float:
-    """FLOP/s of a square ``size`` x ``size`` matmul in ``dtype`` (8192 on CUDA, 512 on the CPU)."""
+def measure_gemm_rate(
+    device: torch.device, dtype: torch.dtype, size: int | None = None, repeats: int = 5, packed: bool = False
+) -> float:
+    """FLOP/s of a square ``size`` x ``size`` matmul in ``dtype`` (8192 on CUDA, 512 on the CPU); with
+    ``packed`` (CPU) oneDNN's matmul on a reordered weight, as the engine's layers run with
+    ``device.cpu_packed_linear``."""
     size = size or (8192 if device.type == "cuda" else 512)
     a = torch.randn(size, size, device=device).to(dtype)
     b = torch.randn(size, size, device=device).to(dtype)
+    if packed:
+        weight = pack_cpu_weight(b)
+        seconds = _median_seconds(lambda: cpu_packed_linear(a, weight, None), device, repeats)
+        return 2 * size**3 / seconds
     seconds = _median_seconds(lambda: a @ b, device, repeats)
     return 2 * size**3 / seconds
 
@@ -358,7 +368,8 @@ def roofline(
     bandwidth = measure_copy_bandwidth(device)
     w_bytes = weight_bytes(model_runner.model)
     dtype = next(model_runner.model.parameters()).dtype
-    gemm_rate = measure_gemm_rate(device, dtype if dtype.is_floating_point else torch.float32)
+    packed = bool(getattr(model_runner.cfg, "cpu_packed_linear", False))
+    gemm_rate = measure_gemm_rate(device, dtype if dtype.is_floating_point else torch.float32, packed=packed)
     shape = _compute_shape(model_runner)
     kv_token = kv_bytes_per_token(model_runner.kv_caches)
     launched = [s for s in steps if s.num_tokens]

@@ -31,7 +31,16 @@ class DeviceConfig:
     """auto (cuda when available, else cpu), cpu or cuda."""
     cpu_threads: Optional[int] = None
     """Intra-op threads of each CPU worker (torch's and the CPU attention kernel's). null: OMP_NUM_THREADS
-    when set, else the cores of the process's affinity mask (os.sched_getaffinity), shared among local ranks."""
+    when set, else the cores of the process's affinity mask (os.sched_getaffinity), shared among local ranks.
+    Processes minivllm spawns on the CPU start with OMP_WAIT_POLICY=PASSIVE unless it is set; an engine in
+    your own process reads yours (set it to PASSIVE on a shared machine, benchmarks/RESULTS.md)."""
+
+    cpu_packed_linear: Optional[bool] = None
+    """CPU: run the unquantized linear layers and the LM head as oneDNN matmuls on weights reordered once
+    at load (about 2x torch's GEMM at 8-2374 rows on a 768-hidden Llama, benchmarks/RESULTS.md), which
+    holds a second copy of those weights. null: on for device=cpu where torch has oneDNN and the model
+    dtype is float32 (or bfloat16 where oneDNN runs it natively), for layers of 512 x 512 weights or more;
+    true: every layer, refused where it cannot run."""
 
     def __post_init__(self) -> None:
         check_choice("device.type", self.type, DEVICE_TYPES)
@@ -60,6 +69,31 @@ class AttentionConfig:
         check_choice("attention.name", self.name, ATTENTION_BACKENDS + ("custom",))
         if self.name == "custom" and not self.backend:
             raise ValueError("attention.name=custom: needs attention.backend._target_ (your backend class)")
+
+
+CPU_PACK_MIN_WEIGHTS = 1 << 18
+"""``device.cpu_packed_linear=null`` packs the layers of at least this many weights (512 x 512): a oneDNN
+call costs ~9 us more than F.linear's (1.5 us for a 32 x 64 layer at one row), which a smaller layer
+does not earn back; ``true`` packs every layer."""
+
+
+def resolve_cpu_packed_linear(requested: bool | None, device_type: str, dtype: torch.dtype) -> bool:
+    """``device.cpu_packed_linear``: null is on where it can run (the CPU, torch built with oneDNN, an
+    fp32 model or a bf16 one on a CPU with native bf16); true where it cannot is an error naming why."""
+    why = None
+    if device_type != "cpu":
+        why = f"it packs CPU weights; the device is {device_type}"
+    elif not torch.backends.mkldnn.is_available():
+        why = "this torch build has no oneDNN (torch.backends.mkldnn.is_available() is False)"
+    elif dtype == torch.bfloat16 and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        why = "this CPU has no native bf16 for oneDNN (AVX512-BF16 / AMX); use model.dtype=float32"
+    elif dtype not in (torch.float32, torch.bfloat16):
+        why = f"oneDNN's packed CPU matmul takes float32 or bfloat16 weights, not {str(dtype).removeprefix('torch.')}"
+    if requested is None:
+        return why is None
+    if requested and why is not None:
+        raise ValueError(f"device.cpu_packed_linear=true: {why}; use null or false")
+    return requested
 
 
 def attention_target(name: str, device_type: str) -> str:

@@ -36,10 +36,12 @@ from omegaconf import DictConfig, OmegaConf
 
 from minivllm.config.cache import KV_DTYPES, CacheConfig
 from minivllm.config.device import (
+    CPU_PACK_MIN_WEIGHTS,
     AttentionConfig,
     CompilationConfig,
     DeviceConfig,
     attention_target,
+    resolve_cpu_packed_linear,
     resolve_device,
     resolve_fused_sampler,
     resolve_torch_compile,
@@ -151,6 +153,12 @@ class VllmConfig:
             device_type=self.device_type,
         )
         self.torch_compile: bool = resolve_torch_compile(self.compilation.torch_compile, self.device_type)
+        self.cpu_packed_linear: bool = resolve_cpu_packed_linear(
+            self.device.cpu_packed_linear, self.device_type, self.dtype
+        )
+        """``device.cpu_packed_linear`` resolved: the worker packs its linear weights for oneDNN at load."""
+        self.cpu_pack_min_weights: int = 0 if self.device.cpu_packed_linear else CPU_PACK_MIN_WEIGHTS
+        """The smallest layer packed: every layer when asked for (true), else the size where oneDNN wins."""
         self.fused_sampler: bool = resolve_fused_sampler(self.compilation.fused_sampler, self.device_type)
         """``compilation.fused_sampler`` resolved: the runner's sampler runs the fused Triton kernel."""
 

@@ -38,6 +38,7 @@ from multiprocessing.util import Finalize
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 from minivllm.config.vllm_config import VllmConfig
+from minivllm.distributed.utils import spawn_env
 from minivllm.engine.messages import (
     AbortRequests,
     AddRequest,
@@ -217,7 +218,8 @@ class EngineClient:
         level = logging.getLogger("minivllm").getEffectiveLevel()
         # Not a daemon: with parallel.tp > 1 the engine starts worker processes itself.
         self._proc = ctx.Process(target=run_engine_proc, args=(cfg, cmd_recv, res_send, level), name="minivllm-engine")
-        self._proc.start()
+        with spawn_env(cfg.device_type):  # passive OpenMP threads on the CPU (distributed/utils.py)
+            self._proc.start()
         self._outbox: queue.SimpleQueue[Command | None] = queue.SimpleQueue()
         # At exit (priority >= 0: before multiprocessing joins its children) or when collected;
         # holds no reference to self.

@@ -58,7 +58,7 @@ import cloudpickle
 
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.core.scheduler_output import SchedulerOutput
-from minivllm.distributed.utils import LOCALHOST, get_open_port, threads_per_rank
+from minivllm.distributed.utils import LOCALHOST, get_open_port, spawn_env, threads_per_rank
 from minivllm.executor.base import PendingStep, ProcessExecutor, run_method
 from minivllm.worker.extension import build_worker
 
@@ -125,7 +125,8 @@ class MultiprocExecutor(ProcessExecutor):
                 name=f"minivllm-tp{rank}",
                 daemon=True,
             )
-            proc.start()
+            with spawn_env(self.cfg.device_type):
+                proc.start()
             child_end.close()
             self._procs.append(proc)
             self._conns.append(parent_end)

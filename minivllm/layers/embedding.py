@@ -15,6 +15,7 @@ from torch import nn
 
 from minivllm.distributed.parallel_state import all_gather_last_dim, all_reduce, tp_rank, tp_size
 from minivllm.layers.weight_utils import copy_checked, loaded_shape, narrow
+from minivllm.quantization.base import cpu_packed_linear, pack_cpu_weight, packable_on_cpu
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -44,6 +45,9 @@ class VocabParallelEmbedding(nn.Module):
 class ParallelLMHead(VocabParallelEmbedding):
     """Projects hidden states to vocabulary logits; may share the embedding's weight."""
 
+    cpu_packed_weight: torch.Tensor | None = None
+    """The weight reordered for oneDNN on the CPU (``device.cpu_packed_linear``); None: F.linear."""
+
     def __init__(self, vocab_size: int, hidden_size: int, bias: bool = False) -> None:
         super().__init__(vocab_size, hidden_size)
         if bias:
@@ -62,8 +66,20 @@ class ParallelLMHead(VocabParallelEmbedding):
         if embedding is not None:
             self.weight = embedding.weight
 
+    def pack_for_cpu(self) -> bool:
+        """Hold the weight reordered for oneDNN (``pack_cpu_weight``) where it is on the CPU in fp32
+        or bf16 (a tied weight too: the embedding keeps looking up the plain one); returns whether it did."""
+        if not packable_on_cpu(self.weight):
+            return False
+        self.cpu_packed_weight = pack_cpu_weight(self.weight)
+        return True
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # (N, hidden) -> (N, vocab) fp32
-        logits = F.linear(hidden, self.weight, self.bias)
+        packed = self.cpu_packed_weight
+        if packed is not None:
+            logits = cpu_packed_linear(hidden, packed, self.bias)
+        else:
+            logits = F.linear(hidden, self.weight, self.bias)
         logits = all_gather_last_dim(logits)
         if logits.shape[-1] != self.vocab_size:  # padded vocabulary shards
             logits = logits[:, : self.vocab_size]

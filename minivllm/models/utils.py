@@ -43,6 +43,7 @@ def load_weights(
     skip = (*skip, *missing_module_names(model))
     params = dict(model.named_parameters())
     loaded_names: set[str] = set()
+    owners: set[nn.Module] = set()
     for name, tensor in weights:
         if any(s in name for s in skip) or load_kv_scale(model, name, tensor):
             continue
@@ -57,10 +58,42 @@ def load_weights(
         else:
             default_weight_loader(param, tensor)
         loaded_names.add(target)
+        owners.add(owner)
+    repack_cpu_weights(model, owners)
     missing = set(params) - loaded_names
     if missing:
         raise MissingWeightsError(missing)
     return loaded_names
+
+
+def pack_cpu_weights(model: nn.Module, min_weights: int = 0) -> int:
+    """Reorder the CPU weight of every unquantized linear layer and the LM head holding at least
+    ``min_weights`` weights for oneDNN (``device.cpu_packed_linear``, ``pack_cpu_weight``); returns how
+    many layers it packed."""
+    return sum(
+        module.pack_for_cpu()
+        for module in model.modules()
+        if hasattr(module, "pack_for_cpu") and module.weight.numel() >= min_weights
+    )
+
+
+def packed_cpu_weight_bytes(model: nn.Module) -> int:
+    """Bytes of the packed copies (``pack_cpu_weights``): as many as the weights they copy."""
+    return sum(
+        m.weight.numel() * m.weight.element_size()
+        for m in model.modules()
+        if getattr(m, "cpu_packed_weight", None) is not None
+    )
+
+
+def repack_cpu_weights(model: nn.Module, owners: set[nn.Module]) -> None:
+    """Pack again the packed layers whose weight was just loaded (an in-place weight update; a head
+    tied to a loaded embedding too), so that no packed copy is stale. No-op while nothing is packed."""
+    for module in model.modules():
+        if getattr(module, "cpu_packed_weight", None) is None:
+            continue
+        if module in owners or module.__dict__.get("_tied_embedding") in owners:
+            module.pack_for_cpu()
 
 
 def stage_lm_head(vocab_size: int, hidden_size: int, embedding: nn.Module, tie: bool) -> nn.Module:

@@ -56,6 +56,7 @@ from minivllm.layers.mla import MLAAttention
 from minivllm.layers.rotary import share_cos_sin_caches
 from minivllm.lora.manager import LoRAModelManager
 from minivllm.models.interfaces import supports_mrope, supports_multimodal
+from minivllm.models.utils import pack_cpu_weights
 from minivllm.multimodal.feature import MultiModalFeature
 from minivllm.outputs import DoneOutput, KVConnectorOutput, ModelRunnerOutput, PositionLogprobs, StepResult
 from minivllm.pooling.pooler import Pooler
@@ -133,6 +134,8 @@ class ModelRunner:
         self._check_kv_cache_dtype()
         loader = instantiate_target(self.cfg.load.loader)
         self.model = loader.load_model(self.cfg, self.attn_backend, self.device)
+        if self.cfg.cpu_packed_linear:  # oneDNN's matmul on weights reordered once (device.cpu_packed_linear)
+            pack_cpu_weights(self.model, self.cfg.cpu_pack_min_weights)
         share_cos_sin_caches(self.model, self.cfg.max_model_len, self.device)
         if self.cfg.torch_compile:  # inductor's compiled kernels kept across runs, under minivllm's cache
             os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir("inductor")))

@@ -77,6 +77,10 @@ def put_weights_away(model: nn.Module, level: int, state: SleepState) -> None:
             host = torch.empty(param.shape, dtype=param.dtype, pin_memory=torch.cuda.is_available())
             state.host_weights[name] = host.copy_(param.data)
         param.data = torch.empty(0, dtype=param.dtype, device=device)
+    if level == 2:  # the CPU's oneDNN copies of the weights (device.cpu_packed_linear) go too
+        for module in model.modules():
+            if getattr(module, "cpu_packed_weight", None) is not None:
+                module.cpu_packed_weight = None
 
 
 @torch.no_grad()

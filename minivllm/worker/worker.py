@@ -20,6 +20,7 @@ from minivllm.distributed.parallel_state import destroy_model_parallel, init_mod
 from minivllm.distributed.utils import cpu_threads
 from minivllm.kv_cache_spec import KVCacheSpec
 from minivllm.layers.attention import uniform_sliding_window
+from minivllm.models.utils import pack_cpu_weights, packed_cpu_weight_bytes
 from minivllm.outputs import ModelRunnerOutput, StepResult
 from minivllm.plugins import load_general_plugins
 from minivllm.utils import instantiate_target
@@ -110,7 +111,8 @@ class Worker:
         A hybrid model's linear-attention state slots (one per ``max_num_seqs``) come out of the
         same budget first: the blocks get what they leave.
         On the CPU, ``cache.cpu_memory_gb`` stands in for device memory and the
-        peak is the weights plus the growth of the process's resident high-water mark.
+        peak is the weights (and their packed copies, ``device.cpu_packed_linear``) plus the growth of the
+        process's resident high-water mark.
         """
         override = self.cfg.cache.num_gpu_blocks_override
         if override is not None:
@@ -154,7 +156,8 @@ class Worker:
             torch.cuda.synchronize(self.device)
             _, total = torch.cuda.mem_get_info(self.device)
             return float(total), float(torch.cuda.max_memory_allocated(self.device))
-        weights = sum(p.numel() * p.element_size() for p in self.model_runner.model.parameters())
+        model = self.model_runner.model
+        weights = sum(p.numel() * p.element_size() for p in model.parameters()) + packed_cpu_weight_bytes(model)
         drafter = getattr(self.model_runner, "drafter", None)  # speculative.method=draft_model
         if drafter is not None:
             weights += drafter.weight_bytes()
@@ -191,6 +194,8 @@ class Worker:
                 continue
             if tag == "weights":
                 bring_weights_back(self.model_runner.model, self.device, state)
+                if self.cfg.cpu_packed_linear:  # level 2 dropped the packed copies with the weights
+                    pack_cpu_weights(self.model_runner.model, self.cfg.cpu_pack_min_weights)
             else:
                 self.model_runner.init_kv_cache(self.num_blocks)
             state.asleep.discard(tag)

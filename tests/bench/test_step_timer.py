@@ -92,6 +92,8 @@ def test_compute_shape_counts_gemm_weights_not_lookups():
 def test_bandwidth_and_gemm_rate_are_measured():
     assert measure_copy_bandwidth(torch.device("cpu"), num_bytes=8 << 20, repeats=2) > 1e8
     assert measure_gemm_rate(torch.device("cpu"), torch.float32, size=64, repeats=2) > 1e6
+    if torch.backends.mkldnn.is_available():  # the engine's packed CPU matmul (device.cpu_packed_linear)
+        assert measure_gemm_rate(torch.device("cpu"), torch.float32, size=64, repeats=2, packed=True) > 1e6
 
 
 def test_weight_bytes_counts_tied_weights_once():

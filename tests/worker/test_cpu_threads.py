@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from minivllm.config.device import DeviceConfig
-from minivllm.distributed.utils import available_cpus, cpu_threads
+from minivllm.distributed.utils import CPU_WORKER_ENV, available_cpus, cpu_threads, spawn_env
 
 
 @pytest.mark.parametrize(
@@ -48,3 +48,28 @@ def test_a_cpu_worker_sets_its_threads_once_at_start(llama_dir):
         assert torch.get_num_threads() == threads
     finally:
         torch.set_num_threads(before)
+
+
+def test_spawned_cpu_processes_get_passive_openmp_threads_unless_the_user_chose(monkeypatch):
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    with spawn_env("cpu"):
+        assert os.environ["OMP_WAIT_POLICY"] == CPU_WORKER_ENV["OMP_WAIT_POLICY"] == "PASSIVE"
+    assert "OMP_WAIT_POLICY" not in os.environ  # this process's environment is left as it was
+    with spawn_env("cuda"):
+        assert "OMP_WAIT_POLICY" not in os.environ
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    with spawn_env("cpu"):
+        assert os.environ["OMP_WAIT_POLICY"] == "ACTIVE"
+    assert os.environ["OMP_WAIT_POLICY"] == "ACTIVE"
+
+
+def test_tp_ranks_on_the_cpu_run_with_passive_openmp_threads(llama_dir, monkeypatch):
+    from minivllm import LLM
+
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    llm = LLM(model=str(llama_dir), dtype="float32", device="cpu", tensor_parallel_size=2, num_gpu_blocks_override=16)
+    try:
+        assert llm.collective_rpc(lambda worker: os.environ.get("OMP_WAIT_POLICY")) == ["PASSIVE", "PASSIVE"]
+    finally:
+        llm.shutdown()
+    assert "OMP_WAIT_POLICY" not in os.environ

@@ -18,9 +18,11 @@ def _engine(ckpt, **kwargs) -> LLM:
     return LLM(model=str(ckpt), **{**kw, **kwargs})
 
 
-@pytest.fixture(scope="module")
-def sleepy(llama_dir):
-    llm = _engine(llama_dir)
+@pytest.fixture(scope="module", params=["false", "true"], ids=["plain", "packed"])
+def sleepy(llama_dir, request):
+    """Also with every linear layer packed for oneDNN (device.cpu_packed_linear=true): level 2 drops the
+    packed copies with the weights and the reload packs them again."""
+    llm = _engine(llama_dir, overrides=[f"device.cpu_packed_linear={request.param}"])
     yield llm
     llm.shutdown()
 
