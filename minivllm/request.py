@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, NewType
+from typing import TYPE_CHECKING, Any, NewType
 
 if TYPE_CHECKING:  # annotations only: neither is needed at run time
     from minivllm.lora_request import LoRARequest
@@ -76,6 +76,8 @@ class Request:
     """The adapter the request runs under (None: the base model); also in its block hashes."""
     num_cached_tokens: int | None = None
     """Prompt tokens found in the prefix cache when first scheduled (None until then)."""
+    kv_transfer_params: dict[str, Any] | None = None
+    """Set when it finishes, by a KV connector that holds its prompt's KV for another engine."""
     group_id: str | None = None
     """The client request this sequence belongs to: its parent (one of ``n`` completions),
     or a server request that sent several prompts. The waiting queue takes turns between

@@ -210,7 +210,7 @@ class Scheduler:
         if request.mm_features:
             self.encoder.free(request)
         if self.connector is not None:
-            self.connector.request_finished(request)
+            request.kv_transfer_params = self.connector.request_finished(request)
         self._forget.add(request.request_id)
         self.structured.remove(request.request_id)
         del self.requests[request.request_id]
@@ -480,6 +480,7 @@ class Scheduler:
                     prompt_logprobs.get(req_id) if prompt_logprobs else None,
                     request.num_cached_tokens or 0,
                     pooler_output.get(req_id) if pooler_output else None,
+                    request.kv_transfer_params if finished else None,
                 )
             )
         self.num_generated_tokens += num_generated

@@ -91,6 +91,10 @@ class KVConnector:
         """Scheduler: the key to save this block's KV under, or None when it is held already."""
         raise NotImplementedError
 
+    def reserve_block(self, request: Request, index: int) -> Any | None:
+        """Scheduler: the key to save the request's block ``index`` under (by default its hash's)."""
+        return self.reserve(request.block_hashes[index])
+
     def read(self, keys: list[Any]) -> torch.Tensor:
         """Worker: the blocks' bytes under ``keys``, (n, kv_bytes_per_block) uint8."""
         raise NotImplementedError
@@ -150,9 +154,9 @@ class KVConnector:
                 if num_full <= start:
                     continue
                 num_saved[req_id] = num_full
-                table, hashes, saves = block_ids(req_id), request.block_hashes, []
+                table, saves = block_ids(req_id), []
                 for i in range(start, num_full):
-                    key = self.reserve(hashes[i])
+                    key = self.reserve_block(request, i)
                     if key is not None:
                         saves.append((table[i], key))
                 if saves:
@@ -166,10 +170,12 @@ class KVConnector:
         """Forget every block held outside that this engine alone owns (``reset_prefix_cache``:
         after a weight update they would be stale). Shared storage keeps its files."""
 
-    def request_finished(self, request: Request) -> None:
-        """The request left (finished or aborted): its state goes."""
+    def request_finished(self, request: Request) -> dict[str, Any] | None:
+        """The request left (finished or aborted): its state goes. Returns its
+        ``kv_transfer_params`` for another engine, when this connector holds its KV for one."""
         self._num_saved.pop(request.request_id, None)
         self._loads.pop(request.request_id, None)
+        return None
 
     # ---- worker half ------------------------------------------------------------------
     def register_kv_caches(self, kv_caches: list[torch.Tensor], block_dim: int) -> None:
