@@ -38,6 +38,9 @@ class KVConnectorOutput:
     """Requests whose blocks loaded in this step are in the cache."""
     finished_saving: set[RequestId] = field(default_factory=set)
     """Requests whose blocks saved in this step are held outside (or ordered before any reuse)."""
+    invalid_block_ids: set[int] = field(default_factory=set)
+    """Blocks whose load failed on some rank (vLLM's ``get_block_ids_with_load_errors``):
+    their KV is not there; the scheduler rolls their requests back and recomputes."""
 
 
 @dataclass

@@ -93,6 +93,9 @@ class Request:
     added_after_step: int = 0
     """The scheduler's step count when the request was added: outputs of steps scheduled
     before it belong to an earlier request with the same id (aborted while in flight)."""
+    rolled_back_after_step: int = 0
+    """A KV connector's load for it failed when the scheduler had scheduled this many steps:
+    what those steps sampled for it is dropped (``Scheduler._recover_failed_loads``)."""
     num_output_placeholders: int = 0
     """With async scheduling: tokens that scheduled steps sample but whose values are not
     known yet (at most one per step in flight). The scheduler already counts them as the

@@ -48,7 +48,7 @@ from minivllm.distributed.parallel_state import tp_rank
 from minivllm.distributed.stateless_group import StatelessGroup
 from minivllm.distributed.utils import get_open_port
 from minivllm.kv_cache_spec import KVCacheSpec
-from minivllm.kv_transfer.connector import KVConnector, KVConnectorMetadata
+from minivllm.kv_transfer.connector import BlockTransfer, KVConnector, KVConnectorMetadata
 from minivllm.request import Request, RequestId
 
 if TYPE_CHECKING:
@@ -91,7 +91,7 @@ class P2pConnector(KVConnector):
             float(opts["abort_request_timeout"]),
             float(opts["transfer_timeout"]),
         )
-        self.host, self.port, self.tp = kvt.kv_ip, kvt.kv_port, cfg.parallel.tp
+        self.host, self.port = kvt.kv_ip, kvt.kv_port
         # scheduler half (consumer)
         self._pulled: set[RequestId] = set()
         """Requests whose blocks were pulled (a later admission does not pull again)."""
@@ -208,20 +208,26 @@ class P2pConnector(KVConnector):
             del self._staged[req_id]
         return torch.stack([entry[1][b] for b in blocks])
 
+    def send_rows(self, group: StatelessGroup, rows: torch.Tensor) -> None:
+        """Producer's server: a pull's rows to the consumer (member 1), after its ok."""
+        group.send(rows.to(self.device), 1)
+
     def num_staged(self) -> int:
         """Requests whose rows wait to be pulled (producer)."""
         with self._lock:
             return len(self._staged)
 
     # ---- worker half: consumer --------------------------------------------------------
-    def start_load_kv(self, meta: KVConnectorMetadata) -> None:
-        sources: dict[tuple[str, int, str], list[tuple[int, int]]] = {}
-        for transfers in meta.loads.values():
-            for block_id, (host, port, req_id, index) in transfers:
-                sources.setdefault((host, port, req_id), []).append((block_id, index))
-        for (host, port, req_id), pairs in sources.items():
-            rows = self._pull(host, port + tp_rank(), req_id, [i for _, i in pairs])
-            self.scatter([b for b, _ in pairs], rows)
+    def load_blocks(self, req_id: RequestId, transfers: list[BlockTransfer]) -> int:
+        """Pull the request's blocks in one transfer: all of them, or none (logged)."""
+        host, port, remote_id, _ = transfers[0][1]
+        try:
+            rows = self._pull(host, port + tp_rank(), remote_id, [key[3] for _, key in transfers])
+        except RuntimeError as err:
+            logger.warning("Request %s: %s; its prompt is computed here", req_id, err)
+            return 0
+        self.scatter([b for b, _ in transfers], rows)
+        return len(transfers)
 
     def _pull(self, host: str, port: int, req_id: str, blocks: list[int]) -> torch.Tensor:
         """(n, kv_bytes_per_block) uint8 on this rank's device: the blocks' rows from the producer."""
@@ -282,7 +288,7 @@ class _Serve(socketserver.StreamRequestHandler):
                 self._reply({"ok": False, "error": rows})
                 continue
             self._reply({"ok": True, "width": rows.shape[1]})
-            group.send(rows.to(device), 1)
+            connector.send_rows(group, rows)
 
     def _reply(self, message: dict[str, Any]) -> None:
         self.wfile.write(json.dumps(message).encode() + b"\n")

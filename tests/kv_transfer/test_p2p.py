@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing as mp
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -15,6 +14,7 @@ import torch
 from minivllm import LLM, SamplingParams
 from minivllm.config.store import build_config
 from minivllm.distributed.utils import get_open_port
+from minivllm.kv_transfer import register_kv_connector
 
 PROMPTS = [
     "import os\nimport sys\n\nclass Config:\n    def __init__(self, path):\n        self.path = path\n",
@@ -26,22 +26,22 @@ PREFILL = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
 KWARGS = dict(dtype="float32", block_size=4, disable_log_stats=True, num_gpu_blocks_override=64, max_model_len=96)
 
 
-def producer(llama_dir, port, **kwargs):
-    config = {"kv_connector": "P2pConnector", "kv_role": "kv_producer", "kv_port": port}
+def producer(llama_dir, port, connector="P2pConnector", **kwargs):
+    config = {"kv_connector": connector, "kv_role": "kv_producer", "kv_port": port}
     return LLM(str(llama_dir), kv_transfer_config=config, **{**KWARGS, **kwargs})
 
 
-def consumer(llama_dir, **kwargs):
+def consumer(llama_dir, kv_transfer_config_extra=None, **kwargs):
     config = {"kv_connector": "P2pNcclConnector", "kv_role": "kv_consumer"}
+    config["kv_connector_extra_config"] = kv_transfer_config_extra or {}
     return LLM(str(llama_dir), kv_transfer_config=config, **{**KWARGS, **kwargs})
 
 
 def decode_params(prefilled):
-    """The decode requests: each carries its prefill's kv_transfer_params, as the proxy sends them."""
-    return [
-        SamplingParams(**{**vars_of(GREEDY), "extra_args": {"kv_transfer_params": o.kv_transfer_params}})
-        for o in prefilled
-    ]
+    """The decode requests: each carries its prefill's kv_transfer_params (a RequestOutput's,
+    or the dict), as the proxy sends them."""
+    params = [o if isinstance(o, dict) else o.kv_transfer_params for o in prefilled]
+    return [SamplingParams(**{**vars_of(GREEDY), "extra_args": {"kv_transfer_params": p}}) for p in params]
 
 
 def num_staged(llm):
@@ -133,6 +133,8 @@ def serve_prefill(llama_dir, port, prompts, conn, kwargs):
     """A producer engine in a process of its own: prefills, sends the params back, serves
     the KV until told to stop."""
     torch.set_num_threads(1)
+    if kwargs.get("connector") == "DyingProducer":
+        register_kv_connector("DyingProducer", "tests.kv_transfer.test_load_failures:DyingProducer")
     llm = producer(llama_dir, port, **kwargs)
     conn.send([o.kv_transfer_params for o in llm.generate(prompts, PREFILL, use_tqdm=False)])
     conn.recv()
@@ -160,8 +162,7 @@ def producer_process(llama_dir, prompts, **kwargs):
 def test_producer_in_another_process(llama_dir, reference):
     with producer_process(llama_dir, PROMPTS) as (proc, pipe, params):
         cons = consumer(llama_dir)
-        prefilled = [SimpleNamespace(kv_transfer_params=p) for p in params]
-        outs = cons.generate(PROMPTS, decode_params(prefilled), use_tqdm=False)
+        outs = cons.generate(PROMPTS, decode_params(params), use_tqdm=False)
         pipe.send("done")
         assert pipe.recv() == [0]
     assert [o.outputs[0].token_ids for o in outs] == reference
@@ -176,8 +177,7 @@ def test_tp2_on_both_sides(llama_dir, reference):
         assert all(p["remote_tp_size"] == 2 for p in params)
         cons = consumer(llama_dir, tensor_parallel_size=2)
         try:
-            prefilled = [SimpleNamespace(kv_transfer_params=p) for p in params]
-            outs = cons.generate(PROMPTS, decode_params(prefilled), use_tqdm=False)
+            outs = cons.generate(PROMPTS, decode_params(params), use_tqdm=False)
         finally:
             cons.shutdown()
         pipe.send("done")

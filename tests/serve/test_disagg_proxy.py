@@ -110,3 +110,21 @@ def test_a_prefill_answer_carries_kv_transfer_params(p2p_servers):
     reply = httpx.post(prefill.base_url + "/v1/completions", json=prefill_body({"prompt": PROMPT, "max_tokens": 5}))
     params = reply.json()["kv_transfer_params"]
     assert params["remote_port"] > 0 and params["remote_block_size"] == 8 and params["remote_block_hashes"]
+
+
+def test_a_prefill_engine_gone_before_the_pull_costs_no_answer(servers, p2p_servers):
+    """The decode server is given params whose producer cannot be reached any more (its
+    port now dead): its engine reports the blocks as not loaded and computes the prompt."""
+    import httpx
+
+    single = servers[0]
+    prefill, decode = p2p_servers
+    prompt = "class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, x):\n"
+    body = {"model": single.model_name, "prompt": prompt, "max_tokens": 8, "temperature": 0}
+    want = httpx.post(single.base_url + "/v1/completions", json=body).json()["choices"][0]["text"]
+    params = httpx.post(prefill.base_url + "/v1/completions", json=prefill_body(body)).json()["kv_transfer_params"]
+    hits = decode.metric("vllm:external_prefix_cache_hits_total")
+    dead = {**params, "remote_port": get_open_port()}
+    reply = httpx.post(decode.base_url + "/v1/completions", json={**body, "kv_transfer_params": dead}, timeout=120)
+    assert reply.status_code == 200 and reply.json()["choices"][0]["text"] == want
+    assert decode.metric("vllm:external_prefix_cache_hits_total") == hits  # nothing counted as loaded
