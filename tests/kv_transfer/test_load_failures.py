@@ -112,3 +112,20 @@ def test_a_producer_gone_before_the_pull(llama_dir, reference):
         outs = consumer(llama_dir).generate(PROMPTS, decode_params(params), use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outs] == reference
     assert [o.num_cached_tokens for o in outs] == [0, 0]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_tp2_one_rank_fails_the_other_loads(llama_dir, reference):
+    """Producer rank 0 refuses the pulls, rank 1 serves its shard: the blocks count as failed
+    on every rank (the union), and the consumer computes the prompts."""
+    with producer_process(llama_dir, PROMPTS, drop_rank0=True, tensor_parallel_size=2) as (_, pipe, params):
+        cons = consumer(llama_dir, tensor_parallel_size=2)
+        try:
+            outs = cons.generate(PROMPTS, decode_params(params), use_tqdm=False)
+        finally:
+            cons.shutdown()
+        pipe.send("done")
+        assert pipe.recv() == [0, 0]  # rank 1's copies were pulled
+    assert [o.outputs[0].token_ids for o in outs] == reference
+    assert [o.num_cached_tokens for o in outs] == [0, 0]

@@ -135,8 +135,12 @@ def serve_prefill(llama_dir, port, prompts, conn, kwargs):
     torch.set_num_threads(1)
     if kwargs.get("connector") == "DyingProducer":
         register_kv_connector("DyingProducer", "tests.kv_transfer.test_load_failures:DyingProducer")
+    drop_rank0 = kwargs.pop("drop_rank0", False)
     llm = producer(llama_dir, port, **kwargs)
-    conn.send([o.kv_transfer_params for o in llm.generate(prompts, PREFILL, use_tqdm=False)])
+    outs = llm.generate(prompts, PREFILL, use_tqdm=False)
+    if drop_rank0:  # rank 0's staged copies gone (timed out, say): its pulls are refused, rank 1's go
+        llm.collective_rpc(lambda worker: worker.rank == 0 and worker.model_runner.kv_connector._staged.clear())
+    conn.send([o.kv_transfer_params for o in outs])
     conn.recv()
     conn.send(num_staged(llm))
     llm.shutdown()
