@@ -75,6 +75,11 @@ def run_bench(cfg: VllmConfig, out_dir: Path) -> dict[str, Any]:
         (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2))
         print(kv_tiers.format_multi_turn(cfg, metrics))
         return metrics
+    if cfg.bench.workload == "disagg":  # two engines: driven by kv_tiers
+        metrics = {"status": "ok", "workload": "disagg", **kv_tiers.bench_disagg(cfg)}
+        (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2))
+        print(kv_tiers.format_disagg(cfg, metrics))
+        return metrics
     requests, single = _workload(cfg)  # a bad workload fails before any work
     with tempfile.TemporaryDirectory(prefix="minivllm-bench-") as tmp:
         if cfg.bench.baseline != "none":
