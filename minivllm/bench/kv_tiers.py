@@ -23,22 +23,43 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import json
 import multiprocessing as mp
 import os
 import queue
 import statistics
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from minivllm.bench.run import RequestTiming, latency_summary, replay
 from minivllm.bench.workloads import BenchRequest, random_ids
 from minivllm.config.kv_transfer import KVTransferConfig
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.distributed.utils import get_open_port
 from minivllm.entrypoints.llm import LLM
 from minivllm.sampling_params import RequestOutputKind, SamplingParams
+
+KV_WORKLOADS = ("multi_turn", "disagg")
+"""The workloads task=bench runs here rather than in ``run.py`` (their requests depend on
+answers, or they need two engines)."""
+
+
+def run_kv_bench(cfg: VllmConfig, out_dir: Path) -> dict[str, Any]:
+    """task=bench for a workload of ``KV_WORKLOADS``: run it, print the report, write out_dir/metrics.json."""
+    if cfg.bench.workload == "multi_turn":
+        metrics = {"status": "ok", "workload": "multi_turn", **bench_multi_turn(cfg)}
+        report = format_multi_turn(cfg, metrics)
+    else:
+        metrics = {"status": "ok", "workload": "disagg", **bench_disagg(cfg)}
+        report = format_disagg(cfg, metrics)
+    (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2))
+    print(report)
+    print(f"metrics in {out_dir / 'metrics.json'}")
+    return metrics
 
 
 def bench_multi_turn(cfg: VllmConfig) -> dict[str, Any]:
@@ -145,8 +166,6 @@ def disagg_requests(cfg: VllmConfig) -> tuple[list[BenchRequest], list[float]]:
 def bench_disagg(cfg: VllmConfig) -> dict[str, Any]:
     """One engine, then a prefill engine (another process) + a decode engine (this one), then
     one engine again: TTFT and ITL percentiles of the steady decodes and of the long prompts."""
-    from minivllm.bench.run import latency_summary, replay
-
     requests, arrivals = disagg_requests(cfg)
     steady = cfg.bench.num_prompts
     runs = []
@@ -197,8 +216,6 @@ def _replay_disagg(cfg: VllmConfig, requests: list[BenchRequest], arrivals: list
     """``replay`` with every request prefilled first by a producer engine in another process and
     decoded here by a consumer engine that pulls its KV (P2pConnector over gloo or NCCL); the
     timings and the prompt tokens pulled."""
-    from minivllm.bench.run import RequestTiming
-
     port = get_open_port()
     prefill_cfg, decode_cfg = copy.deepcopy(cfg), copy.deepcopy(cfg)
     prefill_cfg.kv_transfer = KVTransferConfig("P2pConnector", "kv_producer", kv_port=port)

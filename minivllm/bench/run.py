@@ -48,7 +48,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from minivllm.bench import hf_baseline, kv_tiers, vllm_peer
+from minivllm.bench import hf_baseline, vllm_peer
 from minivllm.bench.timing import StepTimer, roofline
 from minivllm.bench.workloads import (
     BenchRequest,
@@ -70,16 +70,6 @@ PERCENTILES = (50, 99)
 
 def run_bench(cfg: VllmConfig, out_dir: Path) -> dict[str, Any]:
     """Run the workload (and the baseline), print the report, write out_dir/metrics.json."""
-    if cfg.bench.workload == "multi_turn":  # its turns depend on the answers: driven by kv_tiers
-        metrics = {"status": "ok", "workload": "multi_turn", **kv_tiers.bench_multi_turn(cfg)}
-        (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2))
-        print(kv_tiers.format_multi_turn(cfg, metrics))
-        return metrics
-    if cfg.bench.workload == "disagg":  # two engines: driven by kv_tiers
-        metrics = {"status": "ok", "workload": "disagg", **kv_tiers.bench_disagg(cfg)}
-        (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2))
-        print(kv_tiers.format_disagg(cfg, metrics))
-        return metrics
     requests, single = _workload(cfg)  # a bad workload fails before any work
     with tempfile.TemporaryDirectory(prefix="minivllm-bench-") as tmp:
         if cfg.bench.baseline != "none":
