@@ -175,7 +175,14 @@ class P2pConnector(KVConnector):
         super().register_kv_caches(kv_caches, block_dim)
         if self.saves_kv and self._server is None:
             self.device = kv_caches[0].device
-            self._server = _Server((self.host, self.port + tp_rank()), _Serve)
+            address = (self.host, self.port + tp_rank())
+            try:
+                self._server = _Server(address, _Serve)
+            except OSError as err:
+                raise RuntimeError(
+                    f"kv_transfer: a kv_producer serves its KV on kv_ip:kv_port + tp rank = {address[0]}:{address[1]}, "
+                    f"which cannot be bound ({err}); give another kv_transfer.kv_port (or kv_ip)"
+                ) from err
             self._server.connector = self
             threading.Thread(target=self._server.serve_forever, name="kv-p2p-server", daemon=True).start()
 

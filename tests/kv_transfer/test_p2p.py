@@ -204,3 +204,11 @@ def test_the_hydra_preset_and_clear_errors(llama_dir):
     config = {"kv_connector": "P2pConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"x": 1}}
     with pytest.raises(ValueError, match="unknown key.*x for P2pConnector; known: abort_request_timeout"):
         LLM(str(llama_dir), kv_transfer_config=config, **KWARGS)
+
+
+def test_a_taken_kv_port_is_a_clear_error(llama_dir):
+    port = get_open_port()
+    first = producer(llama_dir, port)
+    with pytest.raises(Exception, match=rf"127.0.0.1:{port}, which cannot be bound .*give another kv_transfer.kv_port"):
+        producer(llama_dir, port)
+    assert first.generate(PROMPTS[0], PREFILL, use_tqdm=False)[0].kv_transfer_params["remote_port"] == port
