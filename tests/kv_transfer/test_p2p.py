@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing as mp
+import time
 
 import pytest
 import torch
@@ -212,3 +213,19 @@ def test_a_taken_kv_port_is_a_clear_error(llama_dir):
     with pytest.raises(Exception, match=rf"127.0.0.1:{port}, which cannot be bound .*give another kv_transfer.kv_port"):
         producer(llama_dir, port)
     assert first.generate(PROMPTS[0], PREFILL, use_tqdm=False)[0].kv_transfer_params["remote_port"] == port
+
+
+def test_unpulled_kv_is_dropped_after_the_timeout(llama_dir):
+    """abort_request_timeout: a producer's next save drops copies older than it."""
+    config = {
+        "kv_connector": "P2pConnector",
+        "kv_role": "kv_producer",
+        "kv_port": get_open_port(),
+        "kv_connector_extra_config": {"abort_request_timeout": 0.05},
+    }
+    prod = LLM(str(llama_dir), kv_transfer_config=config, **KWARGS)
+    prod.generate(PROMPTS[0], PREFILL, use_tqdm=False)
+    assert num_staged(prod) == [1]
+    time.sleep(0.1)  # past the timeout (a lower bound, whatever the load)
+    prod.generate(PROMPTS[1], PREFILL, use_tqdm=False)
+    assert num_staged(prod) == [1]  # the first one dropped, the second staged
