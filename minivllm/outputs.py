@@ -38,6 +38,9 @@ class KVConnectorOutput:
     """Requests whose blocks loaded in this step are in the cache."""
     finished_saving: set[RequestId] = field(default_factory=set)
     """Requests whose blocks saved in this step are held outside (or ordered before any reuse)."""
+    invalid_block_ids: set[int] = field(default_factory=set)
+    """Blocks whose load failed on some rank (vLLM's ``get_block_ids_with_load_errors``):
+    their KV is not there; the scheduler rolls their requests back and recomputes."""
 
 
 @dataclass
@@ -79,6 +82,9 @@ class EngineCoreOutput:
     hits and tokens loaded through a KV connector)."""
     pooling_output: Any = None
     """runner=pooling: the request's pooled (H,) tensor, with its one placeholder token."""
+    kv_transfer_params: dict[str, Any] | None = None
+    """With a finished request's last output: where a KV connector holds its prompt's KV for
+    another engine (a ``kv_producer``'s; None otherwise)."""
 
 
 class StepResult(Protocol):
@@ -165,6 +171,9 @@ class RequestOutput:
     num_cached_tokens: int = 0
     """Prompt tokens whose KV was not computed when the request was first scheduled: found in
     the device's prefix cache, or loaded through a KV connector (host memory, another engine)."""
+    kv_transfer_params: dict[str, Any] | None = None
+    """Finished, on a ``kv_producer`` whose connector holds the prompt's KV for another engine:
+    where it is (pass it as ``SamplingParams.extra_args["kv_transfer_params"]`` there)."""
 
 
 # ---- what LLM.encode / LLM.embed return (vLLM's classes and fields) ----

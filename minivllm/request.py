@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, NewType
+from typing import TYPE_CHECKING, Any, NewType
 
 if TYPE_CHECKING:  # annotations only: neither is needed at run time
     from minivllm.lora_request import LoRARequest
@@ -76,6 +76,8 @@ class Request:
     """The adapter the request runs under (None: the base model); also in its block hashes."""
     num_cached_tokens: int | None = None
     """Prompt tokens found in the prefix cache when first scheduled (None until then)."""
+    kv_transfer_params: dict[str, Any] | None = None
+    """Set when it finishes, by a KV connector that holds its prompt's KV for another engine."""
     group_id: str | None = None
     """The client request this sequence belongs to: its parent (one of ``n`` completions),
     or a server request that sent several prompts. The waiting queue takes turns between
@@ -91,6 +93,9 @@ class Request:
     added_after_step: int = 0
     """The scheduler's step count when the request was added: outputs of steps scheduled
     before it belong to an earlier request with the same id (aborted while in flight)."""
+    rolled_back_after_step: int = 0
+    """A KV connector's load for it failed when the scheduler had scheduled this many steps:
+    what those steps sampled for it is dropped (``Scheduler._recover_failed_loads``)."""
     num_output_placeholders: int = 0
     """With async scheduling: tokens that scheduled steps sample but whose values are not
     known yet (at most one per step in flight). The scheduler already counts them as the

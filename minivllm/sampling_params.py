@@ -88,6 +88,8 @@ class SamplingParams:
     """Constrain the output to a JSON schema, regex, choice list or grammar."""
     guided_decoding: Optional[GuidedDecodingParams] = None
     """vLLM's older name for ``structured_outputs`` (moved there on construction)."""
+    extra_args: Optional[dict[str, Any]] = None
+    """Arguments for extensions; ``kv_transfer_params``: where a KV connector finds the prompt's KV."""
 
     # Filled by the engine's processor from the tokenizer and model config (not user input).
     _all_stop_token_ids: set[int] = field(default_factory=set, init=False, repr=False, compare=False)
@@ -138,6 +140,8 @@ class SamplingParams:
         if not self.detokenize and self.stop:
             raise ValueError("stop: stop strings need detokenize=True (use stop_token_ids instead)")
         self._check_logits_processors()
+        if self.extra_args is not None and not isinstance(self.extra_args, dict):
+            raise ValueError(f"extra_args={self.extra_args!r}: must be a dict (or None)")
         if not isinstance(self.output_kind, RequestOutputKind):
             kinds = ", ".join(f"RequestOutputKind.{k.name}" for k in RequestOutputKind)
             raise ValueError(f"output_kind={self.output_kind!r}: must be one of {kinds}")

@@ -41,9 +41,10 @@ logger = logging.getLogger("minivllm")
 def _tasks() -> dict[str, Callable[[VllmConfig, Path], dict[str, Any]]]:
     tasks: dict[str, Callable] = {"generate": run_generate}
     try:
+        from minivllm.bench.kv_tiers import KV_WORKLOADS, run_kv_bench
         from minivllm.bench.run import run_bench
 
-        tasks["bench"] = run_bench
+        tasks["bench"] = lambda cfg, out: (run_kv_bench if cfg.bench.workload in KV_WORKLOADS else run_bench)(cfg, out)
     except ImportError:
         pass
     try:

@@ -23,16 +23,24 @@ class KVTransferConfig:
     them and loaded before the step that would have computed them."""
 
     kv_connector: Optional[str] = None
-    """Connector name: null (off), SharedStorageConnector (= ExampleConnector), OffloadingConnector, or a plugin's."""
+    """Connector name: null (off), SharedStorageConnector (= ExampleConnector), P2pConnector (= P2pNcclConnector), OffloadingConnector, or a plugin's."""
     kv_role: str = "kv_both"
     """kv_producer (saves only), kv_consumer (loads only) or kv_both."""
     kv_connector_extra_config: dict[str, Any] = field(default_factory=dict)
-    """The connector's own keys (SharedStorageConnector: shared_storage_path)."""
+    """The connector's own keys (SharedStorageConnector: shared_storage_path; P2pConnector: abort_request_timeout, transfer_timeout)."""
+    kv_ip: str = "127.0.0.1"
+    """P2pConnector: the address a kv_producer serves its KV on (given to consumers in kv_transfer_params)."""
+    kv_port: int = 14579
+    """P2pConnector: a kv_producer's first port; tensor-parallel rank r listens on kv_port + r."""
 
     def __post_init__(self) -> None:
         check_choice("kv_transfer.kv_role", self.kv_role, KV_ROLES)
         if self.kv_connector is not None and not self.kv_connector:
             raise ValueError("kv_transfer.kv_connector='': give a connector name, or null for none")
+        if not isinstance(self.kv_port, int) or not 1 <= self.kv_port <= 65535:
+            raise ValueError(f"kv_transfer.kv_port={self.kv_port!r}: must be a port in [1, 65535]")
+        if not self.kv_ip:
+            raise ValueError("kv_transfer.kv_ip='': give the address a kv_producer serves its KV on")
 
     @property
     def enabled(self) -> bool:

@@ -47,7 +47,7 @@ class TaskConfig:
 
 # task=bench
 
-BENCH_WORKLOADS = ("random", "shared_prefix", "jsonl", "images")
+BENCH_WORKLOADS = ("random", "shared_prefix", "jsonl", "images", "multi_turn", "disagg")
 BENCH_BASELINES = ("none", "hf", "vllm")
 BENCH_MODES = ("throughput", "serving")
 BENCH_ARRIVALS = ("poisson", "uniform")
@@ -60,7 +60,9 @@ class BenchConfig:
     tokens/s with TTFT, ITL and end-to-end latency percentiles; conf/bench/serving.yaml)."""
     workload: str = "random"
     """random (random token ids), shared_prefix (common prefixes + random suffixes), jsonl (prompts_file),
-    images (random token ids after images_per_request random images of image_size pixels; a vision-language model)."""
+    images (random token ids after images_per_request random images of image_size pixels; a vision-language model),
+    multi_turn (num_prompts chats of turns turns, each sending its history; bench=offload, minivllm/bench/kv_tiers.py),
+    disagg (steady decodes and long prompts, one engine against prefill + decode engines; bench=disagg)."""
     num_prompts: int = 32
     """Requests in the workload (jsonl: the file's first num_prompts lines)."""
     min_input_len: int = 12
@@ -89,6 +91,13 @@ class BenchConfig:
     """images: side in pixels of each request's random square image (the model's processor resizes it)."""
     images_per_request: int = 1
     """images: images per request, their placeholders ahead of the text (model.limit_mm_per_prompt must allow them)."""
+    turns: int = 3
+    """multi_turn: rounds of turns; each turn sends the chat so far (a prefix_len-token system prompt, the
+    messages and answers) plus a max_input_len-token message and generates max_output_len tokens."""
+    num_long_prompts: int = 8
+    """disagg: long prompts arriving among the num_prompts steady decodes, one every 1/request_rate seconds."""
+    long_prompt_len: int = 1024
+    """disagg: tokens of each long prompt (it generates min_output_len tokens)."""
     temperature: float = 0.0
     """Sampling temperature of every request (0 is greedy)."""
     baseline: str = "none"
@@ -127,6 +136,14 @@ class BenchConfig:
                 f"bench.workload=images: only with bench.mode=throughput and bench.baseline=none "
                 f"(got mode={self.mode}, baseline={self.baseline})"
             )
+        if self.workload in ("multi_turn", "disagg") and (self.mode, self.baseline) != ("throughput", "none"):
+            raise ValueError(
+                f"bench.workload={self.workload}: only with bench.mode=throughput and bench.baseline=none "
+                f"(got mode={self.mode}, baseline={self.baseline})"
+            )
+        check_range("bench.turns", self.turns, low=1)
+        check_range("bench.num_long_prompts", self.num_long_prompts, low=1)
+        check_range("bench.long_prompt_len", self.long_prompt_len, low=1)
         check_range("bench.image_size", self.image_size, low=1)
         check_range("bench.images_per_request", self.images_per_request, low=1)
         check_range("bench.num_prompts", self.num_prompts, low=1)

@@ -109,6 +109,12 @@ class BlockPool:
         self.cached[block_hash] = block
         return True
 
+    def uncache_block(self, block: KVCacheBlock) -> None:
+        """Forget the prefix that ``block`` holds (its KV is wrong); it stays with its owners."""
+        if block.block_hash is not None and self.cached.get(block.block_hash) is block:
+            del self.cached[block.block_hash]
+        block.block_hash = None
+
     def _evict(self, block: KVCacheBlock) -> None:
         if block.block_hash is None:
             return

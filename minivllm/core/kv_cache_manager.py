@@ -292,6 +292,15 @@ class KVCacheManager:
         del table[keep:]
         self.pool.free(list(reversed(extra)))
 
+    def uncache(self, request: Request, first_block: int) -> None:
+        """Take the request's blocks from ``first_block`` on out of the prefix cache (their
+        KV is wrong: a KV connector's load failed); they are hashed again once recomputed."""
+        table = self._tables.get(request.request_id, [])
+        for block in table[first_block:]:
+            self.pool.uncache_block(block)
+        if self._num_hashed.get(request.request_id, 0) > first_block:
+            self._num_hashed[request.request_id] = first_block
+
     def free(self, request: Request) -> None:
         """Return the request's blocks, last block first, so the tail of a
         sequence is evicted before its head (its head is likelier to be shared)."""

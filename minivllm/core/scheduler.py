@@ -211,7 +211,7 @@ class Scheduler:
         if request.mm_features:
             self.encoder.free(request)
         if self.connector is not None:
-            self.connector.request_finished(request)
+            request.kv_transfer_params = self.connector.request_finished(request)
         self._forget.add(request.request_id)
         self.structured.remove(request.request_id)
         del self.requests[request.request_id]
@@ -344,14 +344,8 @@ class Scheduler:
     def _preempt(self, request: Request) -> None:
         """Take a running request back to the front of the waiting queue, its blocks (and
         images' encoder outputs) freed and its tokens to be computed again."""
-        self.running.remove(request)
-        self.kv.free(request)
-        if request.mm_features:
-            self.encoder.free(request)
-        request.status = RequestStatus.PREEMPTED
-        request.num_computed_tokens = 0
+        self._requeue(request)
         request.num_preemptions += 1
-        self.waiting.appendleft(request)
         self.num_preemptions += 1
         if self.num_preemptions == 1:
             logger.warning(
@@ -360,7 +354,49 @@ class Scheduler:
                 "cache.cpu_memory_gb) or lower scheduler.max_num_seqs.",
                 request.request_id,
             )
+
+    def _requeue(self, request: Request) -> None:
+        """A running request back at the front of the waiting queue, its blocks freed (those
+        in the prefix cache stay there), forgotten by the workers until readmitted."""
+        self.running.remove(request)
+        self.kv.free(request)
+        if request.mm_features:
+            self.encoder.free(request)
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        self.waiting.appendleft(request)
         self._forget.add(request.request_id)
+
+    def _recover_failed_loads(self, scheduler_output: SchedulerOutput, output: ModelRunnerOutput) -> None:
+        """Some blocks a KV connector was to load in this step are not there (``invalid_block_ids``):
+        every request holding one (the loading one, and any that hit it in the prefix cache in
+        the same step) loses what this step sampled for it, its blocks from the first invalid
+        one on leave the prefix cache, and it goes back to the waiting queue. Readmitted (after
+        the outputs of steps still in flight for it, with async scheduling, came back and were
+        dropped), it finds its good blocks in the device's cache and computes the rest. A request whose own load failed loads
+        nothing more through the connector."""
+        invalid = output.kv_connector_output.invalid_block_ids
+        loads = scheduler_output.kv_connector_metadata.loads if scheduler_output.kv_connector_metadata else {}
+        bs = self.kv.block_size
+        for request in reversed(self.running[:]):  # requeued at the front in their order
+            req_id = request.request_id
+            table = self.kv.block_ids(req_id)
+            first = next((i for i, b in enumerate(table) if b in invalid), None)
+            if first is None:
+                continue
+            if output.sampled_token_ids.pop(req_id, None) is not None:
+                request.num_output_placeholders -= 1 if self.async_scheduling else 0
+            for per_request in (output.logprobs, output.spec_token_ids):
+                if per_request:
+                    per_request.pop(req_id, None)
+            if req_id in loads:
+                self.connector.load_failed(request, sum(bs for b, _ in loads[req_id] if b in invalid))
+            logger.warning("Request %s: KV of its tokens from %d on did not load; recomputing them", req_id, first * bs)
+            self.kv.uncache(request, first)
+            request.num_cached_tokens = None  # counted again when readmitted
+            # Outputs of steps in flight are stale; readmitted once they are back (their placeholders gone).
+            request.added_after_step = request.rolled_back_after_step = self._num_steps
+            self._requeue(request)
 
     # ---- the step's output ----------------------------------------------------------
     def _make_output(self, plan: StepPlan) -> SchedulerOutput:
@@ -440,12 +476,16 @@ class Scheduler:
             spec.receive(output.spec_token_ids)
         if output.kv_connector_output is not None:
             self.connector.update_connector_output(output.kv_connector_output)
+            if output.kv_connector_output.invalid_block_ids:
+                self._recover_failed_loads(scheduler_output, output)
         if self.in_flight is not None:
             self.in_flight.difference_update(scheduler_output.num_scheduled_tokens)
         step_id = scheduler_output.step_id if scheduler_output.step_id is not None else self._num_steps + 1
         for req_id, new_tokens in output.sampled_token_ids.items():
             request = requests.get(req_id)
             if request is None or request.added_after_step >= step_id:
+                if request is not None and request.rolled_back_after_step >= step_id:
+                    request.num_output_placeholders -= placeholder  # a stale step's token: it is recomputed
                 continue  # finished or aborted meanwhile (its id may be a newer request's now)
             if placeholder:
                 request.num_output_placeholders -= 1
@@ -484,6 +524,7 @@ class Scheduler:
                     prompt_logprobs.get(req_id) if prompt_logprobs else None,
                     request.num_cached_tokens or 0,
                     pooler_output.get(req_id) if pooler_output else None,
+                    request.kv_transfer_params if finished else None,
                 )
             )
         self.num_generated_tokens += num_generated

@@ -12,6 +12,9 @@ are left as they are::
     worker tp rank 0 (rank 1)        ───┼── StatelessGroup: broadcast from rank 0
     worker tp rank 1 (rank 2)        ───┘
 
+The point-to-point KV connector (``kv_transfer/p2p.py``) makes a group of two per
+pair of workers and sends KV blocks with ``send`` / ``recv``.
+
 Every member calls ``StatelessGroup.create`` with the same address, port and
 world size; the call returns once all of them have joined. Every member calls
 ``close`` at the end.
@@ -69,6 +72,15 @@ class StatelessGroup:
         opts = dist.BroadcastOptions()
         opts.rootRank = src
         self.pg.broadcast([tensor], opts).wait()
+        return tensor
+
+    def send(self, tensor: torch.Tensor, dst: int) -> None:
+        """``tensor`` to member ``dst`` (point to point; it calls ``recv`` with a tensor of the same shape)."""
+        self.pg.send([tensor], dst, 0).wait()
+
+    def recv(self, tensor: torch.Tensor, src: int) -> torch.Tensor:
+        """Member ``src``'s ``send`` into ``tensor`` (in place); returns it."""
+        self.pg.recv([tensor], src, 0).wait()
         return tensor
 
     def barrier(self) -> None:

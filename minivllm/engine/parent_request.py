@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from minivllm.engine.detokenizer import FinalDetokenizer, IncrementalDetokenizer
 from minivllm.outputs import CompletionOutput, EngineCoreOutput, Logprob, Logprobs, RequestOutput
@@ -55,6 +56,8 @@ class CompletionState:
             chosen = [lp[t] for t, lp in zip(core_out.new_token_ids, core_out.new_logprobs)]
             self.cumulative_logprob = (self.cumulative_logprob or 0.0) + sum(chosen)
         self.finish_reason, self.stop_reason = core_out.finish_reason, core_out.stop_reason
+        if core_out.kv_transfer_params is not None:
+            self.parent.kv_transfer_params = core_out.kv_transfer_params
         stop = self.detokenizer.append(core_out.new_token_ids)
         if stop is not None and self.finish_reason is None:
             self.finish_reason, self.stop_reason = "stop", stop
@@ -93,6 +96,8 @@ class ParentRequest:
     """From the first core output (child 0 or whichever came first)."""
     num_unfinished: int = 0
     """Children not finished yet (the engine counts them down)."""
+    kv_transfer_params: dict[str, Any] | None = None
+    """From a finished child's last output (a KV connector's, see ``RequestOutput``)."""
     _prompt_logprobs_sent: bool = False
 
     def __post_init__(self) -> None:
@@ -149,4 +154,5 @@ class ParentRequest:
             prompt_logprobs=list(prompt_logprobs) if prompt_logprobs is not None else None,
             metrics=metrics,
             num_cached_tokens=self.num_cached_tokens,
+            kv_transfer_params=self.kv_transfer_params,
         )

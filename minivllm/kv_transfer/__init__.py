@@ -9,6 +9,9 @@ worker, which copies them. Connectors are found by name in ``KV_CONNECTORS``; a 
   (``cache.kv_offloading_size``).
 - ``SharedStorageConnector``, also named ``ExampleConnector`` as in vLLM (``shared_storage.py``):
   disaggregated prefill through a directory that producer and consumer engines share.
+- ``P2pConnector``, also named ``P2pNcclConnector`` as in vLLM (``p2p.py``): disaggregated
+  prefill point to point, the decode engine pulling a request's KV from the prefill engine
+  over torch.distributed (gloo on the CPU, NCCL on CUDA).
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ KV_CONNECTORS: dict[str, str | type] = {
     "OffloadingConnector": "minivllm.kv_transfer.offloading:OffloadingConnector",
     "SharedStorageConnector": "minivllm.kv_transfer.shared_storage:SharedStorageConnector",
     "ExampleConnector": "minivllm.kv_transfer.shared_storage:SharedStorageConnector",
+    "P2pConnector": "minivllm.kv_transfer.p2p:P2pConnector",
+    "P2pNcclConnector": "minivllm.kv_transfer.p2p:P2pConnector",
 }
 """Connector name -> its class, or ``"module:Class"`` imported on first use."""
 

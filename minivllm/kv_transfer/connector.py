@@ -18,6 +18,15 @@ key found is KV that is right for this request). Per step::
 
 Loads fill blocks freshly allocated to the request (the tokens they hold count as
 computed, never scheduled); saves copy full blocks whose KV this step computes.
+
+A load can fail after the scheduler committed to it (a file removed or cut short, a
+producer engine gone mid-transfer): the worker keeps each request's blocks up to the
+first that failed, reports the failed one and every later one of that request as
+``invalid_block_ids`` (the union over the tensor-parallel ranks), and the step runs on.
+The scheduler then drops what that step sampled for the request, takes the invalid
+blocks out of the prefix cache and preempts it: readmitted, it finds its good blocks
+in the device's cache, loads nothing more through the connector, and computes the
+rest (``Scheduler._recover_failed_loads``). Nothing is lost but the time.
 The worker runs a step's loads before its forward and its saves after it, and steps
 in order, so a key reused by a later save is never read stale, and a block freed
 and reallocated is never saved after it is overwritten. A connector that is off is
@@ -30,17 +39,21 @@ block's bytes over every layer as one row (``gather`` / ``scatter``).
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Literal
 
 import torch
 
+from minivllm.distributed.parallel_state import all_reduce
 from minivllm.kv_cache_spec import KVCacheSpec
 from minivllm.outputs import KVConnectorOutput
 from minivllm.request import BlockHash, Request, RequestId
 
 if TYPE_CHECKING:
     from minivllm.config.vllm_config import VllmConfig
+
+logger = logging.getLogger(__name__)
 
 BlockTransfer = tuple[int, Any]
 """(device block id, the connector's key for that block's KV)."""
@@ -77,10 +90,15 @@ class KVConnector:
         """Prompt tokens looked up past the device's hits since the start (a consumer's)."""
         self.num_loaded_tokens = 0
         """Of those, tokens whose KV came through the connector."""
+        self._failed: set[RequestId] = set()
+        """Requests whose load failed: they load nothing more through the connector."""
+        self.tp = cfg.parallel.tp
         # worker half
         self._layers: list[torch.Tensor] = []
         """Each layer's KV cache as bytes, (..., num_blocks at ``_block_dim``, ..., bytes)."""
         self._block_dim = 0
+        self._invalid: set[int] = set()
+        """Blocks whose load failed in the step being run (every rank's)."""
 
     # ---- what subclasses say ----------------------------------------------------------
     def lookup(self, block_hash: BlockHash) -> Any | None:
@@ -90,6 +108,10 @@ class KVConnector:
     def reserve(self, block_hash: BlockHash) -> Any | None:
         """Scheduler: the key to save this block's KV under, or None when it is held already."""
         raise NotImplementedError
+
+    def reserve_block(self, request: Request, index: int) -> Any | None:
+        """Scheduler: the key to save the request's block ``index`` under (by default its hash's)."""
+        return self.reserve(request.block_hashes[index])
 
     def read(self, keys: list[Any]) -> torch.Tensor:
         """Worker: the blocks' bytes under ``keys``, (n, kv_bytes_per_block) uint8."""
@@ -105,6 +127,8 @@ class KVConnector:
         the block size) that can be loaded: whole blocks, never the last token (its logits
         are computed), nothing for a request that asks for prompt logprobs."""
         if not self.loads_kv or request.sampling_params.prompt_logprobs is not None:
+            return 0
+        if request.request_id in self._failed:
             return 0
         hashes, bs = request.block_hashes, self.block_size
         end = min(len(hashes), (request.num_tokens - 1) // bs)
@@ -150,14 +174,19 @@ class KVConnector:
                 if num_full <= start:
                     continue
                 num_saved[req_id] = num_full
-                table, hashes, saves = block_ids(req_id), request.block_hashes, []
+                table, saves = block_ids(req_id), []
                 for i in range(start, num_full):
-                    key = self.reserve(hashes[i])
+                    key = self.reserve_block(request, i)
                     if key is not None:
                         saves.append((table[i], key))
                 if saves:
                     meta.saves[req_id] = saves
         return meta if meta.loads or meta.saves else None
+
+    def load_failed(self, request: Request, num_tokens: int) -> None:
+        """``num_tokens`` of the request, committed to load, did not: it loads nothing more."""
+        self._failed.add(request.request_id)
+        self.num_loaded_tokens -= num_tokens
 
     def update_connector_output(self, output: KVConnectorOutput) -> None:
         """The workers' report of a step's finished transfers (nothing to do for in-step copies)."""
@@ -166,10 +195,13 @@ class KVConnector:
         """Forget every block held outside that this engine alone owns (``reset_prefix_cache``:
         after a weight update they would be stale). Shared storage keeps its files."""
 
-    def request_finished(self, request: Request) -> None:
-        """The request left (finished or aborted): its state goes."""
+    def request_finished(self, request: Request) -> dict[str, Any] | None:
+        """The request left (finished or aborted): its state goes. Returns its
+        ``kv_transfer_params`` for another engine, when this connector holds its KV for one."""
         self._num_saved.pop(request.request_id, None)
         self._loads.pop(request.request_id, None)
+        self._failed.discard(request.request_id)
+        return None
 
     # ---- worker half ------------------------------------------------------------------
     def register_kv_caches(self, kv_caches: list[torch.Tensor], block_dim: int) -> None:
@@ -204,10 +236,39 @@ class KVConnector:
             offset += width
 
     def start_load_kv(self, meta: KVConnectorMetadata) -> None:
-        """Fill the step's loaded blocks; the forward that follows sees them."""
-        transfers = [t for ts in meta.loads.values() for t in ts]
-        if transfers:
-            self.scatter([b for b, _ in transfers], self.read([k for _, k in transfers]).to(self._layers[0].device))
+        """Fill the step's loaded blocks; the forward that follows sees them. A request's
+        blocks from the first that fails to load on any rank on are ``_invalid``."""
+        self._invalid = set()
+        if not meta.loads:
+            return
+        failed = []  # per block of the step's loads, in the metadata's order (the same on every rank)
+        for req_id, transfers in meta.loads.items():
+            good = self.load_blocks(req_id, transfers)
+            failed.extend(i >= good for i in range(len(transfers)))
+        if self.tp > 1:  # a block is good only where every rank loaded its shard
+            flags = torch.tensor(failed, dtype=torch.int64, device=self._layers[0].device)
+            failed = [n > 0 for n in all_reduce(flags).tolist()]  # (num loaded blocks,) ranks failed on each
+        row = 0
+        for transfers in meta.loads.values():
+            flags, row = failed[row : row + len(transfers)], row + len(transfers)
+            if any(flags):  # the first failed block and every later one
+                self._invalid.update(b for b, _ in transfers[flags.index(True) :])
+
+    def load_blocks(self, req_id: RequestId, transfers: list[BlockTransfer]) -> int:
+        """Load one request's blocks in order; returns how many leading ones are in (all of
+        them unless a read failed: the failure is logged, the blocks after it are skipped)."""
+        device = self._layers[0].device
+        try:
+            self.scatter([b for b, _ in transfers], self.read([k for _, k in transfers]).to(device))
+            return len(transfers)
+        except (OSError, RuntimeError, ValueError) as err:
+            logger.warning("KV load of request %s failed (%s): its tokens from there on are recomputed", req_id, err)
+        for good, (block_id, key) in enumerate(transfers):  # the blocks before the failure are good
+            try:
+                self.scatter([block_id], self.read([key]).to(device))
+            except (OSError, RuntimeError, ValueError):
+                return good
+        return len(transfers)
 
     def save_kv(self, meta: KVConnectorMetadata) -> None:
         """Copy out the blocks the step's forward computed."""
@@ -217,4 +278,6 @@ class KVConnector:
 
     def get_finished(self, meta: KVConnectorMetadata) -> KVConnectorOutput:
         """The requests whose transfers of this step are done (in-step copies: all of them)."""
-        return KVConnectorOutput(finished_loading=set(meta.loads), finished_saving=set(meta.saves))
+        return KVConnectorOutput(
+            finished_loading=set(meta.loads), finished_saving=set(meta.saves), invalid_block_ids=self._invalid
+        )

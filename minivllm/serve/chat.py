@@ -97,7 +97,12 @@ async def create_chat_completion(state: ServerState, body: ChatCompletionRequest
     model = state.shown_model(body.model)
     shown = prompt_logprobs_json(outs[0].prompt_logprobs) if body.prompt_logprobs is not None else None
     return ChatCompletionResponse(
-        id=request_id, model=model, choices=choices, usage=usage([prompt], outs), prompt_logprobs=shown
+        id=request_id,
+        model=model,
+        choices=choices,
+        usage=usage([prompt], outs),
+        prompt_logprobs=shown,
+        kv_transfer_params=outs[0].kv_transfer_params,
     )
 
 

@@ -52,7 +52,9 @@ async def create_completion(state: ServerState, body: CompletionRequest, raw: Re
         return event_stream(_stream(body, request_id, streams, fmt))
     outs = await finished(raw, streams)
     choices = [fmt.choice(i, c, out.prompt_logprobs) for i, out in enumerate(outs) for c in out.outputs]
-    return fmt.response(request_id, choices, usage(requests.prompts, outs))
+    response = fmt.response(request_id, choices, usage(requests.prompts, outs))
+    response.kv_transfer_params = outs[0].kv_transfer_params
+    return response
 
 
 def _add_prompts(state: ServerState, body: CompletionRequest, raw_prompts: list[Any], requests: EngineRequests) -> None:

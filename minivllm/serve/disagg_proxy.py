@@ -2,12 +2,18 @@
 prefill and decode servers.
 
 Both kinds are ordinary ``task=serve`` servers whose engines share KV through a connector
-(``kv_transfer``: a ``kv_producer`` prefill engine and a ``kv_consumer`` decode engine on
-the same ``shared_storage_path``). For each completion or chat request the proxy::
+(``kv_transfer``: a ``kv_producer`` prefill engine and a ``kv_consumer`` decode engine, on
+the same ``shared_storage_path`` or point to point). For each completion or chat request
+the proxy::
 
     client ──> proxy ──(1) same request, max_tokens=1, no stream ──> prefill server  (computes, saves the KV)
                      ──(2) the request as sent ────────────────────> decode server   (loads the KV, answers)
+                         + the prefill answer's kv_transfer_params
                      <── the decode server's answer, streamed or whole, as is
+
+As in vLLM, the prefill request carries ``kv_transfer_params: {"do_remote_decode": true}``
+and its answer's ``kv_transfer_params`` (where a ``P2pConnector`` producer holds the KV;
+absent with shared storage) go to the decode server with the request.
 
 Prefill servers are tried in turn, starting from the next one round-robin: a server that
 is down or answers 5xx is skipped for the next; a 4xx (a bad request) goes back to the
@@ -36,7 +42,7 @@ PROXIED_ROUTES = ("/v1/completions", "/v1/chat/completions")
 
 def prefill_body(body: dict[str, Any]) -> dict[str, Any]:
     """The request a prefill server gets: the same prompt and options, one token, no stream."""
-    body = {**body, "max_tokens": 1, "stream": False}
+    body = {**body, "max_tokens": 1, "stream": False, "kv_transfer_params": {"do_remote_decode": True}}
     body.pop("stream_options", None)
     if "max_completion_tokens" in body:
         body["max_completion_tokens"] = 1
@@ -53,8 +59,11 @@ class DisaggProxy:
         self._decode_turn = itertools.cycle(range(len(self.decode)))
         self.client = httpx.AsyncClient(timeout=timeout_s)
 
-    async def run_prefill(self, path: str, body: dict[str, Any], headers: dict[str, str]) -> Response | None:
-        """None once a prefill server computed the prompt; else the response to give the client."""
+    async def run_prefill(
+        self, path: str, body: dict[str, Any], headers: dict[str, str]
+    ) -> tuple[Response | None, dict[str, Any] | None]:
+        """(None, its kv_transfer_params) once a prefill server computed the prompt; else
+        (the response to give the client, None)."""
         start, failures = next(self._prefill_turn), []
         for i in range(len(self.prefill)):
             url = self.prefill[(start + i) % len(self.prefill)]
@@ -64,11 +73,11 @@ class DisaggProxy:
                 failures.append(f"{url}: {type(err).__name__}")
                 continue
             if reply.status_code < 400:
-                return None
+                return None, reply.json().get("kv_transfer_params")
             if reply.status_code < 500:  # the request itself is wrong: the decode side would say so too
-                return Response(reply.content, reply.status_code, media_type=reply.headers.get("content-type"))
+                return Response(reply.content, reply.status_code, media_type=reply.headers.get("content-type")), None
             failures.append(f"{url}: HTTP {reply.status_code}")
-        return _unavailable(f"no prefill server could take the request ({'; '.join(failures)})")
+        return _unavailable(f"no prefill server could take the request ({'; '.join(failures)})"), None
 
     async def run_decode(self, path: str, body: dict[str, Any], headers: dict[str, str]) -> Response:
         url = self.decode[next(self._decode_turn)]
@@ -117,8 +126,12 @@ def build_proxy_app(prefill: list[str], decode: list[str], timeout_s: float = 60
     async def relay(request: Request) -> Response:
         body = await request.json()
         headers = {k: v for k, v in request.headers.items() if k.lower() == "authorization"}
-        failed = await proxy.run_prefill(request.url.path, body, headers)
-        return failed if failed is not None else await proxy.run_decode(request.url.path, body, headers)
+        failed, params = await proxy.run_prefill(request.url.path, body, headers)
+        if failed is not None:
+            return failed
+        if params is not None:
+            body = {**body, "kv_transfer_params": params}
+        return await proxy.run_decode(request.url.path, body, headers)
 
     for route in PROXIED_ROUTES:
         app.post(route)(relay)

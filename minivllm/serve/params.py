@@ -34,6 +34,7 @@ from minivllm.structured_output.backend import check_grammar
 # Request fields that are about the request, not about sampling.
 NOT_SAMPLING = frozenset(
     {
+        "kv_transfer_params",
         "model",
         "prompt",
         "messages",
@@ -101,6 +102,9 @@ def to_sampling_params(request: Any, defaults: dict[str, Any] | None = None, **e
             raise BadRequest(name, f"{name}: unknown or unsupported request field; this server does not implement it")
     kwargs.update(explicit)
     kwargs.update(unset)
+    transfer = getattr(request, "kv_transfer_params", None)
+    if transfer is not None:
+        kwargs["extra_args"] = {**(kwargs.get("extra_args") or {}), "kv_transfer_params": transfer}
     try:
         return SamplingParams(**kwargs)
     except (ValueError, TypeError) as err:

@@ -314,6 +314,9 @@ class _SamplingRequest(OpenAIModel):
     guided_grammar: Optional[str] = None
     priority: Int = 0
     """Scheduling priority (scheduler.policy=priority): lower runs first."""
+    kv_transfer_params: Optional[dict[str, Any]] = None
+    """Disaggregated prefill: a prefill server's ``kv_transfer_params`` (its answer's), so this
+    server's KV connector loads the prompt's KV from there (``extra_args["kv_transfer_params"]``)."""
 
 
 def _with_sampling_fields(base: type[BaseModel]) -> type[BaseModel]:
@@ -453,6 +456,8 @@ class CompletionResponse(OpenAIResponse):
     object: Literal["text_completion"] = "text_completion"
     choices: list[CompletionChoice]
     usage: Optional[UsageInfo] = None
+    kv_transfer_params: Optional[dict[str, Any]] = None
+    """A ``kv_producer``'s (P2pConnector): where the prompt's KV waits for a decode server."""
 
 
 class TopLogProb(BaseModel):
@@ -513,6 +518,8 @@ class ChatCompletionResponse(OpenAIResponse):
     choices: list[ChatChoice]
     usage: Optional[UsageInfo] = None
     prompt_logprobs: Optional[PromptLogprobs] = None
+    kv_transfer_params: Optional[dict[str, Any]] = None
+    """A ``kv_producer``'s (P2pConnector): where the prompt's KV waits for a decode server."""
 
 
 class DeltaMessage(BaseModel):

@@ -154,3 +154,57 @@ def test_dummy_weights_are_shared_with_transformers(tmp_path):
         assert torch.equal(decoder.layers[0].self_attn.qkv_proj.weight, torch.cat(hf_qkv))
     finally:
         llm.shutdown()
+
+
+def test_bench_offload_multi_turn_alternates_and_hits_host_memory(opt_dir, tmp_path):
+    """bench=offload over a device cache smaller than the chats: the runs with the host tier
+    load prefixes from it (host hits), the runs without find none, every run the same tokens."""
+    cfg = compose(
+        [
+            f"model.path={opt_dir}",
+            "task=bench",
+            "bench=offload",
+            "bench.num_prompts=3",
+            "bench.turns=2",
+            "bench.prefix_len=40",
+            "bench.min_input_len=8",
+            "bench.max_input_len=8",
+            "bench.max_output_len=4",
+            "bench.min_output_len=4",
+            "cache.block_size=8",
+            "cache.num_gpu_blocks_override=12",
+            "cache.kv_offloading_size=0.01",
+        ]
+    )
+    metrics = run(cfg, tmp_path)
+    assert json.loads((tmp_path / "metrics.json").read_text()) == json.loads(json.dumps(metrics))
+    runs = metrics["runs"]
+    assert [r["offload_gib"] for r in runs] == [0, 0.01, 0.01, 0]
+    assert metrics["identical_outputs"] is True
+    assert all(r["host_hit_tokens"] > 0 for r in runs[1:3]) and all(r["host_hit_tokens"] == 0 for r in runs[::3])
+    assert runs[1]["computed_prompt_tokens"] < runs[0]["computed_prompt_tokens"]
+
+
+def test_bench_disagg_runs_one_engine_and_prefill_plus_decode(opt_dir, tmp_path):
+    """bench=disagg: the prefill + decode runs pull every prompt's blocks and deliver every
+    requested token, as the one-engine runs do."""
+    cfg = compose(
+        [
+            f"model.path={opt_dir}",
+            "task=bench",
+            "bench=disagg",
+            "bench.num_prompts=2",
+            "bench.num_long_prompts=2",
+            "bench.long_prompt_len=40",
+            "bench.max_output_len=6",
+            "bench.min_output_len=3",
+            "bench.request_rate=50",
+            "cache.block_size=8",
+        ]
+    )
+    metrics = run(cfg, tmp_path)
+    runs = metrics["runs"]
+    assert [r["setup"] for r in runs] == ["one engine", "prefill + decode", "prefill + decode", "one engine"]
+    assert [r["all"]["output_tokens"] for r in runs] == [2 * 6 + 2 * 3] * 4
+    assert all(r["pulled_prompt_tokens"] >= 2 * 40 // 8 * 8 - 16 for r in runs[1:3])  # the long prompts' blocks
+    assert runs[0]["pulled_prompt_tokens"] == runs[3]["pulled_prompt_tokens"] == 0
