@@ -10,7 +10,8 @@ loaded once for the ``H / Hkv`` query heads that share it (GQA). The next block 
 the table lies elsewhere in memory, where the hardware prefetcher cannot guess it:
 the kernel prefetches it a slot at a time while computing the current one (the
 reads come from memory, so this was worth 1.5x; head_dim 64 and 128 are compile-time
-constants so their loops are whole vectors; benchmarks/RESULTS.md,
+constants so their loops are whole vectors; a request's last block fetches the first
+block of the request its thread likely takes next; benchmarks/RESULTS.md,
 ``benchmarks/cpu_paged_decode.py``). Work is split over the requests with OpenMP, in the same
 runtime torch uses (the kernel links ``libgomp.so.1``, which the loader resolves
 to the copy torch already loaded), with ``torch.get_num_threads()`` threads.
@@ -44,6 +45,7 @@ logger = logging.getLogger(__name__)
 _SOURCE = r"""
 #include <float.h>
 #include <math.h>
+#include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
 
@@ -56,7 +58,7 @@ static inline __attribute__((always_inline)) void decode_request(
     const float* restrict qb, const float* restrict k_cache, const float* restrict v_cache,
     float* restrict ob, const int32_t* restrict table, int64_t start, int64_t n, int64_t H,
     int64_t Hkv, const int64_t D, int64_t block_size, float scale, float soft_cap, float* restrict s,
-    float* restrict acc, float* restrict mx, float* restrict l) {
+    float* restrict acc, float* restrict mx, float* restrict l, int64_t after) {
     const int64_t G = H / Hkv, row = Hkv * D;
     for (int64_t hq = 0; hq < H; ++hq) {
         mx[hq] = -FLT_MAX;
@@ -78,6 +80,10 @@ static inline __attribute__((always_inline)) void decode_request(
             nk = k_cache + nb;
             nv = v_cache + nb;
             nm = (n - p - m < block_size) ? n - p - m : block_size;
+        } else if (after >= 0) { /* the last block: fetch the first block of the request likely next */
+            nk = k_cache + after * block_size * row;
+            nv = v_cache + after * block_size * row;
+            nm = block_size;
         }
         for (int64_t j = 0; j < m; ++j) {
             for (int64_t i = 0; j < nm && i < row; i += 16) __builtin_prefetch(nk + j * row + i);
@@ -151,15 +157,21 @@ void paged_decode_f32(const float* q, const float* k_cache, const float* v_cache
             const float* qb = q + rows[b] * q_stride;
             float* ob = out + rows[b] * out_stride;
             const int32_t* table = block_tables + b * bt_stride;
+            int64_t after = -1; /* the first block this thread likely reads next (requests go round) */
+            const int64_t nx = b + omp_get_num_threads();
+            if (nx < B) {
+                const int64_t nn = seq_lens[nx], ns = (window > 0 && nn > window) ? nn - window : 0;
+                after = block_tables[nx * bt_stride + ns / block_size];
+            }
             if (D == 64)
                 decode_request(qb, k_cache, v_cache, ob, table, start, n, H, Hkv, 64, block_size, scale,
-                               soft_cap, s, acc, mx, l);
+                               soft_cap, s, acc, mx, l, after);
             else if (D == 128)
                 decode_request(qb, k_cache, v_cache, ob, table, start, n, H, Hkv, 128, block_size, scale,
-                               soft_cap, s, acc, mx, l);
+                               soft_cap, s, acc, mx, l, after);
             else
                 decode_request(qb, k_cache, v_cache, ob, table, start, n, H, Hkv, D, block_size, scale,
-                               soft_cap, s, acc, mx, l);
+                               soft_cap, s, acc, mx, l, after);
         }
         free(s);
     }
