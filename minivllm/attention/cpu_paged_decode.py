@@ -3,12 +3,16 @@
 The torch backend's decode path copies every request's blocks into a dense tensor
 (one ``index_select`` per layer) before SDPA reads them again. This kernel walks
 each request's block table instead and reads each cache slot once, where it lies
-in the cache, front to back: per request, slot by slot, the scores of every query
-head against its KV head (GQA: ``H / Hkv`` query heads share one), a softmax per
-query head, then the weighted sum of values the same way, all in fp32. A slot's
-``Hkv * D`` floats are contiguous, so the reads stream (one KV head at a time over
-the slots read a quarter of each row at a 1 KB stride and ran 1.4x slower,
-benchmarks/RESULTS.md). Work is split over the requests with OpenMP, in the same
+in the cache: per request, block by block, an online softmax (a running max and sum
+per query head, rescaled when a block raises the max) in fp32. Within a block it goes
+slot by slot: a slot's ``Hkv * D`` floats are contiguous, and each K or V row is
+loaded once for the ``H / Hkv`` query heads that share it (GQA). The next block of
+the table lies elsewhere in memory, where the hardware prefetcher cannot guess it:
+the kernel prefetches it a slot at a time while computing the current one (the
+reads come from memory, so this was worth 1.5x; head_dim 64 and 128 are compile-time
+constants so their loops are whole vectors; a request's last block fetches the first
+block of the request its thread likely takes next; benchmarks/RESULTS.md,
+``benchmarks/cpu_paged_decode.py``). Work is split over the requests with OpenMP, in the same
 runtime torch uses (the kernel links ``libgomp.so.1``, which the loader resolves
 to the copy torch already loaded), with ``torch.get_num_threads()`` threads.
 
@@ -39,9 +43,99 @@ from minivllm.utils import cache_dir
 logger = logging.getLogger(__name__)
 
 _SOURCE = r"""
+#include <float.h>
 #include <math.h>
+#include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
+
+/* One request: an online softmax over its cache blocks. Per block: the scores of its m slots for
+   every query head (slot-major: a slot's Hkv * D floats are contiguous and each K row is loaded once
+   for the G query heads that share it), the running max and sum of each query head rescaled, then
+   the values added the same way. D is a constant at the call sites for 64 and 128, so the head_dim
+   loops unroll into whole vectors. s: (H, block_size) scores; acc: (H, D); mx, l: (H,). */
+static inline __attribute__((always_inline)) void decode_request(
+    const float* restrict qb, const float* restrict k_cache, const float* restrict v_cache,
+    float* restrict ob, const int32_t* restrict table, int64_t start, int64_t n, int64_t H,
+    int64_t Hkv, const int64_t D, int64_t block_size, float scale, float soft_cap, float* restrict s,
+    float* restrict acc, float* restrict mx, float* restrict l, int64_t after) {
+    const int64_t G = H / Hkv, row = Hkv * D;
+    for (int64_t hq = 0; hq < H; ++hq) {
+        mx[hq] = -FLT_MAX;
+        l[hq] = 0.f;
+        for (int64_t d = 0; d < D; ++d) acc[hq * D + d] = 0.f;
+    }
+    for (int64_t p = start; p < n;) {
+        const int64_t blk = p / block_size, off = p % block_size;
+        const int64_t m = (n - p < block_size - off) ? n - p : block_size - off;
+        const int64_t base = ((int64_t)table[blk] * block_size + off) * row;
+        const float* kb = k_cache + base;
+        const float* vb = v_cache + base;
+        /* the next block lies elsewhere: fetch it a slot at a time while this one computes */
+        const float* nk = 0;
+        const float* nv = 0;
+        int64_t nm = 0;
+        if (p + m < n) {
+            const int64_t nb = (int64_t)table[blk + 1] * block_size * row;
+            nk = k_cache + nb;
+            nv = v_cache + nb;
+            nm = (n - p - m < block_size) ? n - p - m : block_size;
+        } else if (after >= 0) { /* the last block: fetch the first block of the request likely next */
+            nk = k_cache + after * block_size * row;
+            nv = v_cache + after * block_size * row;
+            nm = block_size;
+        }
+        for (int64_t j = 0; j < m; ++j) {
+            for (int64_t i = 0; j < nm && i < row; i += 16) __builtin_prefetch(nk + j * row + i);
+            for (int64_t h = 0; h < Hkv; ++h) {
+                const float* kr = kb + j * row + h * D;
+                for (int64_t g = 0; g < G; ++g) {
+                    const float* qh = qb + (h * G + g) * D;
+                    float dot = 0.f;
+#pragma omp simd reduction(+ : dot)
+                    for (int64_t d = 0; d < D; ++d) dot += qh[d] * kr[d];
+                    s[(h * G + g) * block_size + j] = dot * scale;
+                }
+            }
+        }
+        for (int64_t hq = 0; hq < H; ++hq) {
+            float* sh = s + hq * block_size;
+            if (soft_cap > 0.f)
+                for (int64_t j = 0; j < m; ++j) sh[j] = soft_cap * tanhf(sh[j] / soft_cap);
+            float bm = mx[hq];
+            for (int64_t j = 0; j < m; ++j) bm = sh[j] > bm ? sh[j] : bm;
+            const float corr = expf(mx[hq] - bm); /* 0 on the first block: mx was -FLT_MAX */
+            float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+            for (int64_t j = 0; j < m; ++j) {
+                sh[j] = expf(sh[j] - bm);
+                sum += sh[j];
+            }
+            l[hq] = l[hq] * corr + sum;
+            mx[hq] = bm;
+            if (corr != 1.f)
+                for (int64_t d = 0; d < D; ++d) acc[hq * D + d] *= corr;
+        }
+        for (int64_t j = 0; j < m; ++j) {
+            for (int64_t i = 0; j < nm && i < row; i += 16) __builtin_prefetch(nv + j * row + i);
+            for (int64_t h = 0; h < Hkv; ++h) {
+                const float* vr = vb + j * row + h * D;
+                for (int64_t g = 0; g < G; ++g) {
+                    const float w = s[(h * G + g) * block_size + j];
+                    float* ah = acc + (h * G + g) * D;
+#pragma omp simd
+                    for (int64_t d = 0; d < D; ++d) ah[d] += w * vr[d];
+                }
+            }
+        }
+        p += m;
+    }
+    for (int64_t hq = 0; hq < H; ++hq) {
+        const float inv = 1.f / l[hq];
+        for (int64_t d = 0; d < D; ++d) ob[hq * D + d] = acc[hq * D + d] * inv;
+    }
+}
+
 /* q: rows of (H, D) at q_stride floats apart; k_cache, v_cache: (num_blocks, bs, Hkv, D);
    out: rows like q; block_tables: (B, bt_stride) int32; seq_lens: (B,) int32; rows: (B,) int64
    token row of each request's query. window <= 0: none; soft_cap <= 0: none. */
@@ -50,60 +144,35 @@ void paged_decode_f32(const float* q, const float* k_cache, const float* v_cache
                       const int64_t* rows, int64_t B, int64_t H, int64_t Hkv, int64_t D,
                       int64_t block_size, int64_t q_stride, int64_t out_stride, float scale,
                       int64_t window, float soft_cap, int num_threads) {
-    const int64_t G = H / Hkv;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(num_threads)
-    for (int64_t b = 0; b < B; ++b) {
-        const int64_t n = seq_lens[b];
-        const int64_t start = (window > 0 && n > window) ? n - window : 0;
-        const int64_t L = n - start;
-        float* s = (float*)malloc(sizeof(float) * (size_t)(H * L + H * D));
-        float* acc = s + H * L;
-        const float* qb = q + rows[b] * q_stride;
-        const int32_t* table = block_tables + b * bt_stride;
-        for (int64_t p = start; p < n;) {  /* slot by slot: a slot's Hkv * D floats are contiguous */
-            const int64_t off = p % block_size, m = (n - p < block_size - off) ? n - p : block_size - off;
-            const float* kr = k_cache + ((int64_t)table[p / block_size] * block_size + off) * Hkv * D;
-            for (int64_t j = 0; j < m; ++j, kr += Hkv * D) {
-                for (int64_t hq = 0; hq < H; ++hq) {
-                    const float* qg = qb + hq * D;
-                    const float* kh = kr + (hq / G) * D;
-                    float dot = 0.f;
-#pragma omp simd reduction(+ : dot)
-                    for (int64_t d = 0; d < D; ++d) dot += qg[d] * kh[d];
-                    s[hq * L + p - start + j] = dot * scale;
-                }
+#pragma omp parallel num_threads(num_threads)
+    {
+        float* s = (float*)malloc(sizeof(float) * (size_t)(H * block_size + H * D + 2 * H));
+        float* acc = s + H * block_size;
+        float* mx = acc + H * D;
+        float* l = mx + H;
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t b = 0; b < B; ++b) {
+            const int64_t n = seq_lens[b];
+            const int64_t start = (window > 0 && n > window) ? n - window : 0;
+            const float* qb = q + rows[b] * q_stride;
+            float* ob = out + rows[b] * out_stride;
+            const int32_t* table = block_tables + b * bt_stride;
+            int64_t after = -1; /* the first block this thread likely reads next (requests go round) */
+            const int64_t nx = b + omp_get_num_threads();
+            if (nx < B) {
+                const int64_t nn = seq_lens[nx], ns = (window > 0 && nn > window) ? nn - window : 0;
+                after = block_tables[nx * bt_stride + ns / block_size];
             }
-            p += m;
+            if (D == 64)
+                decode_request(qb, k_cache, v_cache, ob, table, start, n, H, Hkv, 64, block_size, scale,
+                               soft_cap, s, acc, mx, l, after);
+            else if (D == 128)
+                decode_request(qb, k_cache, v_cache, ob, table, start, n, H, Hkv, 128, block_size, scale,
+                               soft_cap, s, acc, mx, l, after);
+            else
+                decode_request(qb, k_cache, v_cache, ob, table, start, n, H, Hkv, D, block_size, scale,
+                               soft_cap, s, acc, mx, l, after);
         }
-        if (soft_cap > 0.f)
-            for (int64_t i = 0; i < H * L; ++i) s[i] = soft_cap * tanhf(s[i] / soft_cap);
-        for (int64_t hq = 0; hq < H; ++hq) {
-            float* sg = s + hq * L;
-            float mx = sg[0];
-            for (int64_t l = 1; l < L; ++l) mx = sg[l] > mx ? sg[l] : mx;
-            float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
-            for (int64_t l = 0; l < L; ++l) { sg[l] = expf(sg[l] - mx); sum += sg[l]; }
-            const float inv = 1.f / sum;
-            for (int64_t l = 0; l < L; ++l) sg[l] *= inv;
-            for (int64_t d = 0; d < D; ++d) acc[hq * D + d] = 0.f;
-        }
-        for (int64_t p = start; p < n;) {
-            const int64_t off = p % block_size, m = (n - p < block_size - off) ? n - p : block_size - off;
-            const float* vr = v_cache + ((int64_t)table[p / block_size] * block_size + off) * Hkv * D;
-            for (int64_t j = 0; j < m; ++j, vr += Hkv * D) {
-                for (int64_t hq = 0; hq < H; ++hq) {
-                    const float w = s[hq * L + p - start + j];
-                    const float* vh = vr + (hq / G) * D;
-                    float* ag = acc + hq * D;
-#pragma omp simd
-                    for (int64_t d = 0; d < D; ++d) ag[d] += w * vh[d];
-                }
-            }
-            p += m;
-        }
-        float* ob = out + rows[b] * out_stride;
-        for (int64_t i = 0; i < H * D; ++i) ob[i] = acc[i];
         free(s);
     }
 }

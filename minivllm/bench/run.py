@@ -57,6 +57,7 @@ from minivllm.bench.workloads import (
     placeholder_token_ids,
     random_ids,
     random_image,
+    rehearsal_requests,
 )
 from minivllm.config.task import BenchConfig
 from minivllm.config.vllm_config import VllmConfig
@@ -303,7 +304,16 @@ def bench_minivllm(
         timer = StepTimer(llm.llm_engine.core.executor, runner, device).attach()
         out: dict[str, Any] = {}
         if cfg.bench.warmup:
+            start, start_cpu = time.perf_counter(), time.process_time()
             out["warmup_max_step_tokens"] = warm_up(llm, requests[0], cfg, timer)
+            rehearsal = rehearsal_requests(cfg, requests)
+            if rehearsal is not None:  # the CPU: the timed run's shapes, untimed
+                _drive(llm, rehearsal, cfg, timer, None)
+            out["warmup"] = {
+                "time_s": time.perf_counter() - start,
+                "cpu_time_s": time.process_time() - start_cpu,
+                "rehearsed_requests": len(rehearsal or ()),
+            }
         if single is not None:
             timer.reset()
             _drive(llm, [single], cfg, timer, None)
@@ -518,7 +528,8 @@ def bench_vllm(
     gc.collect()  # the engine's KV cache may still be held by reference cycles: free it before the peer starts
     per_token = (metrics.get("roofline") or {}).get("kv_bytes_per_token")
     kv_bytes = metrics["num_kv_blocks"] * cfg.cache.block_size * per_token if per_token else 1 << 30
-    base = vllm_peer.run_peer(cfg, requests, single, cpu_threads(cfg.device.cpu_threads, None), kv_bytes)
+    threads = cpu_threads(cfg.device.cpu_threads, None)
+    base = vllm_peer.run_peer(cfg, requests, single, threads, kv_bytes, rehearsal_requests(cfg, requests))
     base["tokens"] = vllm_peer.token_agreement(token_ids, base.pop("token_ids"))
     if single is not None and "decode_tokens_per_s" in base:
         ours = metrics["single_request"]
@@ -577,6 +588,18 @@ def format_report(m: dict[str, Any]) -> str:
             f"{_num(m['ttft_p99_ms'])}, ITL {_num(m['itl_p50_ms'])}/{_num(m['itl_p99_ms'])}, "
             f"E2E {_num(m['e2e_p50_ms'])}/{_num(m['e2e_p99_ms'])}"
         )
+    warm = m.get("warmup")
+    if warm:
+        rehearsed = warm["rehearsed_requests"]
+        line = f"warm-up (untimed): {_num(warm['time_s'], '.2f')} s, {_num(warm['cpu_time_s'], '.2f')} CPU s"
+        if rehearsed:
+            line += f", the timed requests' shapes rehearsed ({rehearsed} requests)"
+        base_warm = (base or {}).get("warmup")
+        if base_warm:
+            line += (
+                f"; {base['name']}: {_num(base_warm['time_s'], '.2f')} s, {_num(base_warm['cpu_time_s'], '.2f')} CPU s"
+            )
+        lines.append(line)
     eng = m.get("engine") or {}
     if "images_per_s" in m:  # bench.workload=images
         lines.append(

@@ -37,9 +37,14 @@ if TYPE_CHECKING:
 
 
 def peer_request(
-    cfg: VllmConfig, requests: list[BenchRequest], single: BenchRequest | None, kv_cache_bytes: int
+    cfg: VllmConfig,
+    requests: list[BenchRequest],
+    single: BenchRequest | None,
+    kv_cache_bytes: int,
+    rehearsal: list[BenchRequest] | None = None,
 ) -> dict[str, Any]:
-    """What the script is told: the engine settings and the requests, as JSON-able values."""
+    """What the script is told: the engine settings and the requests, as JSON-able values;
+    ``rehearsal``: requests its warm-up runs untimed too, as minivllm's does (``rehearsal_requests``)."""
     return {
         "kv_cache_memory_bytes": kv_cache_bytes,
         "model": cfg.model.path,
@@ -51,6 +56,9 @@ def peer_request(
         "temperature": cfg.bench.temperature,
         "warmup": cfg.bench.warmup,
         "requests": [{"prompt_token_ids": list(r.prompt_token_ids), "max_tokens": r.max_tokens} for r in requests],
+        "rehearsal": [{"prompt_token_ids": list(r.prompt_token_ids), "max_tokens": r.max_tokens} for r in rehearsal]
+        if rehearsal
+        else [],
         "single": None
         if single is None
         else {"prompt_token_ids": list(single.prompt_token_ids), "max_tokens": single.max_tokens},
@@ -68,7 +76,12 @@ def peer_env(threads: int) -> dict[str, str]:
 
 
 def run_peer(
-    cfg: VllmConfig, requests: list[BenchRequest], single: BenchRequest | None, threads: int, kv_cache_bytes: int
+    cfg: VllmConfig,
+    requests: list[BenchRequest],
+    single: BenchRequest | None,
+    threads: int,
+    kv_cache_bytes: int,
+    rehearsal: list[BenchRequest] | None = None,
 ) -> dict[str, Any]:
     """Run the workload through vLLM in ``cfg.bench.peer_python`` with a KV cache of ``kv_cache_bytes``
     (minivllm's, so neither engine has more room); its numbers (``main``'s output)."""
@@ -77,7 +90,7 @@ def run_peer(
         raise ValueError(f"bench.peer_python={python!r}: not a python executable (the venv with vLLM; docs/bench.md)")
     with tempfile.TemporaryDirectory(prefix="minivllm-peer-") as tmp:
         inp, out = Path(tmp) / "requests.json", Path(tmp) / "result.json"
-        inp.write_text(json.dumps(peer_request(cfg, requests, single, kv_cache_bytes)))
+        inp.write_text(json.dumps(peer_request(cfg, requests, single, kv_cache_bytes, rehearsal)))
         proc = subprocess.run(
             [python, __file__, str(inp), str(out)], env=peer_env(threads), capture_output=True, text=True
         )
@@ -135,7 +148,14 @@ def main(inp: str, out: str) -> None:
     )
     startup_s = time.perf_counter() - started
     temperature, seed, requests = spec["temperature"], spec["seed"], spec["requests"]
+    result: dict[str, Any] = {
+        "name": "vllm",
+        "version": vllm.__version__,
+        "batch_size": spec["max_num_seqs"],
+        "startup_s": startup_s,
+    }
     if spec["warmup"]:
+        start, start_cpu = time.perf_counter(), time.process_time()
         _generate(
             llm,
             SamplingParams,
@@ -143,12 +163,9 @@ def main(inp: str, out: str) -> None:
             temperature,
             seed,
         )
-    result: dict[str, Any] = {
-        "name": "vllm",
-        "version": vllm.__version__,
-        "batch_size": spec["max_num_seqs"],
-        "startup_s": startup_s,
-    }
+        if spec.get("rehearsal"):
+            _generate(llm, SamplingParams, spec["rehearsal"], temperature, seed)
+        result["warmup"] = {"time_s": time.perf_counter() - start, "cpu_time_s": time.process_time() - start_cpu}
     single = spec["single"]
     if (
         single is not None and single["max_tokens"] > 1

@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import random
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Collection
 
@@ -91,6 +91,22 @@ def random_ids(n: int, vocab_size: int, rng: np.random.Generator, exclude: Colle
         return rng.integers(0, vocab_size, size=n).tolist()
     allowed = np.setdiff1d(np.arange(vocab_size), np.fromiter(exclude, dtype=np.int64))
     return allowed[rng.integers(0, len(allowed), size=n)].tolist()
+
+
+def rehearsal_requests(cfg: VllmConfig, requests: list[BenchRequest]) -> list[BenchRequest] | None:
+    """On the CPU with ``bench.warmup``, what the warm-up runs untimed before the timed run: the timed
+    requests with their token ids renamed (each distinct id to a random one, the same everywhere).
+    They have the timed run's prompt and output lengths and shared prefixes, so the engine schedules
+    the same steps (oneDNN builds a kernel for every new row count at its first call, 0.5-1 ms each)
+    while no prompt hits the timed prompts' prefix cache. None elsewhere (GPU warm-ups keep their
+    few representative steps) and with images (the encoder is warmed apart)."""
+    if not cfg.bench.warmup or cfg.device_type != "cpu" or any(r.images for r in requests):
+        return None
+    exclude = placeholder_token_ids(cfg)
+    distinct = sorted({t for r in requests for t in r.prompt_token_ids})
+    rng = np.random.default_rng(cfg.bench.seed + 4)
+    rename = dict(zip(distinct, random_ids(len(distinct), cfg.hf_text_config.vocab_size, rng, exclude)))
+    return [replace(r, prompt_token_ids=[rename[t] for t in r.prompt_token_ids]) for r in requests]
 
 
 def random_requests(

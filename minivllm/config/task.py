@@ -114,7 +114,7 @@ class BenchConfig:
     single_output_len: int = 64
     """Generated tokens of the single-request run."""
     warmup: bool = True
-    """Run a short request first so one-time costs stay out of the timings."""
+    """Warm up untimed first so one-time costs stay out of the timings; on the CPU, also on the timed requests' shapes."""
     progress: bool = True
     """Show progress bars (only on a terminal)."""
 

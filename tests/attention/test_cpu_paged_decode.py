@@ -93,6 +93,37 @@ def test_in_place_decode_matches_block_gathers(
 
 
 @needs_kernel
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("window", [None, 37])  # a window that starts inside a block
+@pytest.mark.parametrize(
+    "H, Hkv, D, block_size",
+    [
+        (12, 4, 64, 16),  # the specialised head size 64, three query heads a KV head
+        (16, 2, 128, 16),  # the specialised head size 128, eight a KV head
+        (6, 6, 64, 32),  # no GQA
+        (12, 1, 24, 8),  # a head size with no specialisation (vector remainder), MQA
+    ],
+)
+def test_long_contexts_across_many_blocks_and_threads(monkeypatch, threads, window, H, Hkv, D, block_size):
+    """Contexts of many blocks, none a whole number of blocks, with peaked scores: the online softmax
+    rescales its running sums block after block, and requests split over threads."""
+    gen = torch.Generator().manual_seed(H * D + block_size)
+    seq_lens = [1, block_size - 1, 3 * block_size + 5, 257, 130, 2 * block_size]
+    kv_cache, meta, q, k, v = _step(gen, [1] * len(seq_lens), seq_lens, H, Hkv, D, block_size)
+    q = q * 4  # peaked attention: later blocks often hold a larger maximum than earlier ones
+    kw = dict(scale=D**-0.5, sliding_window=window, logits_soft_cap=None)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        got, data = _run(monkeypatch, True, kv_cache, meta, q, k, v, **kw)
+    finally:
+        torch.set_num_threads(before)
+    expected, _ = _run(monkeypatch, False, kv_cache, meta, q, k, v, **kw)
+    assert any(isinstance(g, _PagedDecode) for g in data)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+@needs_kernel
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float8_e4m3fn])
 def test_caches_the_kernel_does_not_serve_take_the_gather_path(monkeypatch, dtype):
     gen = torch.Generator().manual_seed(5)

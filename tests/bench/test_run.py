@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from minivllm.bench.hf_baseline import generate_batch, shared_checkpoint
-from minivllm.bench.workloads import build_workload
+from minivllm.bench.run import format_report
+from minivllm.bench.workloads import build_workload, rehearsal_requests
 from minivllm.cli.main import run
 from minivllm.config.store import build_config, compose
 from minivllm.entrypoints.llm import LLM
@@ -208,3 +209,32 @@ def test_bench_disagg_runs_one_engine_and_prefill_plus_decode(opt_dir, tmp_path)
     assert [r["all"]["output_tokens"] for r in runs] == [2 * 6 + 2 * 3] * 4
     assert all(r["pulled_prompt_tokens"] >= 2 * 40 // 8 * 8 - 16 for r in runs[1:3])  # the long prompts' blocks
     assert runs[0]["pulled_prompt_tokens"] == runs[3]["pulled_prompt_tokens"] == 0
+
+
+def test_the_cpu_warm_up_rehearses_the_timed_requests(opt_dir):
+    """On the CPU the warm-up runs the timed requests' shapes: the same lengths and shared prefixes
+    under other token ids, so no timed prompt finds them in the prefix cache."""
+    cfg = build_config(_overrides(opt_dir, "bench=shared_prefix", "bench.num_prompts=6", "bench.prefix_len=10"))
+    timed = build_workload(cfg.bench, cfg.hf_config.vocab_size, cfg.max_model_len)
+    rehearsal = rehearsal_requests(cfg, timed)
+    assert [(len(r.prompt_token_ids), r.max_tokens) for r in rehearsal] == [
+        (len(t.prompt_token_ids), t.max_tokens) for t in timed
+    ]
+
+    def agree(reqs, i, j):
+        return [x == y for x, y in zip(reqs[i].prompt_token_ids, reqs[j].prompt_token_ids)]
+
+    pairs = [(i, j) for i in range(len(timed)) for j in range(i + 1, len(timed))]
+    assert all(agree(rehearsal, i, j) == agree(timed, i, j) for i, j in pairs)  # the same prefixes shared
+    assert any(all(agree(timed, i, j)[:10]) for i, j in pairs)  # the workload does share some
+    timed_prefixes = {tuple(t.prompt_token_ids[:4]) for t in timed}
+    assert not any(tuple(r.prompt_token_ids[:4]) in timed_prefixes for r in rehearsal)
+    assert rehearsal_requests(build_config(_overrides(opt_dir, "bench.warmup=false")), timed) is None
+
+
+def test_the_cpu_bench_reports_its_warm_up_apart(opt_dir, tmp_path):
+    metrics = run(compose(_overrides(opt_dir, "cache.num_gpu_blocks_override=64")), tmp_path)
+    warm = metrics["warmup"]
+    assert warm["rehearsed_requests"] == 5 and warm["time_s"] > 0 and warm["cpu_time_s"] > 0
+    assert "warm-up (untimed)" in format_report(metrics) and "5 requests" in format_report(metrics)
+    assert "warmup" not in run(compose(_overrides(opt_dir, "bench.warmup=false")), tmp_path / "cold")

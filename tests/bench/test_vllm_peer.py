@@ -71,6 +71,7 @@ def test_vllm_peer_runs_the_same_requests_and_compares_tokens(llama_dir, tmp_pat
     assert base["name"] == "vllm" and base["version"] == "fake-bind-0-mp-0"  # one thread, engine in-process
     assert base["output_tokens"] == metrics["requested_output_tokens"]
     assert base["tokens"] == {"identical_requests": 5, "requests": 5, "first_difference_at": None}
+    assert base["warmup"]["cpu_time_s"] > 0  # it warmed up on the rehearsal too, timed apart
     assert metrics["speedup_output_tokens_per_s"] == pytest.approx(
         metrics["output_tokens_per_s"] / base["output_tokens_per_s"]
     )
