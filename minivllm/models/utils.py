@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterable
 
+import torch
 from torch import nn
 
 from minivllm.attention.kv_quant import load_kv_scale
@@ -69,11 +70,13 @@ def load_weights(
 def pack_cpu_weights(model: nn.Module, min_weights: int = 0) -> int:
     """Reorder the CPU weight of every unquantized linear layer and the LM head holding at least
     ``min_weights`` weights for oneDNN (``device.cpu_packed_linear``, ``pack_cpu_weight``); returns how
-    many layers it packed."""
+    many layers it packed. A quantized layer has no ``weight`` (its packed ints are its own) and is left alone."""
     return sum(
         module.pack_for_cpu()
         for module in model.modules()
-        if hasattr(module, "pack_for_cpu") and module.weight.numel() >= min_weights
+        if hasattr(module, "pack_for_cpu")
+        and isinstance(getattr(module, "weight", None), torch.Tensor)
+        and module.weight.numel() >= min_weights
     )
 
 
