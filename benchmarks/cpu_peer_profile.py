@@ -9,8 +9,10 @@ The script imports only the standard library, torch and the engine it runs (vLLM
 virtual environment, as ``bench.baseline=vllm`` does; its engine core must run in this process,
 ``VLLM_ENABLE_V1_MULTIPROCESSING=0``, for the profiler to see it). ``--num-prompts`` requests with
 prompts and outputs uniform in [--min-len, --max-len] (random token ids from ``--seed``: the same
-requests for both engines), greedy, ignore EOS. One warm-up run of the same requests, then the
-profiled run; printed: the run's CPU seconds (without and with the profiler), the ops by self CPU
+requests for both engines), greedy, ignore EOS. A warm-up run, the timed run and the profiled run
+each get the same requests with the token ids renamed apart (``renamed``: the same lengths and shared
+prefixes, so the same steps, but no run finds another's prompts in the prefix cache, which vLLM
+and minivllm both keep); printed: the run's CPU seconds (without and with the profiler), the ops by self CPU
 time, how many ops ran per engine step (``--step-op``: an op each engine calls once a step) and how
 much of the run's CPU time the profiled ops account for (the rest is host Python).
 """
@@ -31,6 +33,14 @@ from torch.profiler import ProfilerActivity, profile
 def make_requests(n: int, lo: int, hi: int, vocab: int, seed: int) -> list[tuple[list[int], int]]:
     rng = random.Random(seed)
     return [([rng.randrange(3, vocab) for _ in range(rng.randint(lo, hi))], rng.randint(lo, hi)) for _ in range(n)]
+
+
+def renamed(requests: list[tuple[list[int], int]], vocab: int, seed: int) -> list[tuple[list[int], int]]:
+    """``requests`` with every distinct token id mapped to another one, the same everywhere."""
+    rng = random.Random(seed)
+    distinct = sorted({t for prompt, _ in requests for t in prompt})
+    rename = dict(zip(distinct, rng.sample(range(3, vocab), len(distinct))))
+    return [([rename[t] for t in prompt], n) for prompt, n in requests]
 
 
 def build(engine: str, model: str, args: argparse.Namespace) -> tuple[Any, Any]:
@@ -113,7 +123,7 @@ def main() -> None:
     if args.single:
         single_decode(run, requests[0][0][:32], args.single, args.engine)
         return
-    run(requests)  # warm-up: the same requests
+    run(renamed(requests, vocab, args.seed + 1))  # warm-up: the same shapes, other ids
     cpu0, wall0 = time.process_time(), time.perf_counter()
     tokens = run(requests)
     cpu_plain = time.process_time() - cpu0
@@ -121,7 +131,7 @@ def main() -> None:
     out_tokens = sum(map(len, tokens))
     cpu0 = time.process_time()
     with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
-        run(requests)
+        run(renamed(requests, vocab, args.seed + 2))
     cpu_prof = time.process_time() - cpu0
 
     events = prof.key_averages()
