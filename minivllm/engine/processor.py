@@ -151,6 +151,7 @@ class Processor:
         params = SamplingParams() if params is None else params
         self._check_priority_and_salt(priority, cache_salt)
         self.lora.check(lora_request)
+        self.cfg.kv_transfer.check_request_params((params.extra_args or {}).get("kv_transfer_params"))
         text, ids, mm_features = self._tokenize_with_images(prompt, params.truncate_prompt_tokens)
         check_prompt_fits(len(ids), params.max_tokens, self.cfg.max_model_len)
         max_tokens = self.max_output_tokens(len(ids), params)

@@ -75,11 +75,11 @@ class P2pConnector(KVConnector):
         super().__init__(cfg, role, kv_spec)
         kvt = cfg.kv_transfer
         name = kvt.kv_connector
-        unknown = sorted(set(kvt.kv_connector_extra_config) - set(EXTRA_KEYS))
+        unknown = sorted(set(kvt.kv_connector_extra_config) - set(EXTRA_KEYS) - {"producers"})
         if unknown:
             raise ValueError(
                 f"kv_transfer.kv_connector_extra_config: unknown key(s) {', '.join(unknown)} for {name}; "
-                f"known: {', '.join(EXTRA_KEYS)}"
+                f"known: {', '.join(EXTRA_KEYS)}, producers"
             )
         opts = {**EXTRA_KEYS, **kvt.kv_connector_extra_config}
         for key in EXTRA_KEYS:

@@ -130,3 +130,54 @@ def test_the_proxy_task_wants_http_urls():
     )
     with pytest.raises(ValueError, match=r"disagg_proxy.decode: 'b:2' is not an http\(s\) URL"):
         build_config([*BASE, "task=disagg_proxy", "disagg_proxy.decode=[b:2]"])
+
+
+def _pull(host: str, port: int = 14579) -> dict:
+    return {"remote_host": host, "remote_port": port, "remote_request_id": "r", "remote_block_hashes": []}
+
+
+def test_a_request_pulls_only_from_producers_this_consumer_trusts():
+    """kv_transfer_params come from clients: a consumer connects only to its own kv_ip host by
+    default, or to the producers listed, never to an address a request names."""
+    from minivllm.config.kv_transfer import KVTransferConfig
+
+    consumer = KVTransferConfig("P2pConnector", "kv_consumer")
+    consumer.check_request_params(_pull("127.0.0.1"))
+    consumer.check_request_params({"do_remote_decode": True})  # no pull
+    with pytest.raises(ValueError, match=r"^kv_transfer_params.remote_host=10.0.0.9:14579: not a producer"):
+        consumer.check_request_params(_pull("10.0.0.9"))
+    listed = KVTransferConfig(
+        "P2pConnector", "kv_consumer", {"producers": ["10.0.0.9:14579", "prefill-1:15000"]}, kv_ip="10.0.0.2"
+    )
+    listed.check_request_params(_pull("prefill-1", 15000))
+    for host, port in (("10.0.0.9", 22), ("10.0.0.2", 14579), ("127.0.0.1", 14579)):
+        with pytest.raises(ValueError, match="list it in kv_transfer.kv_connector_extra_config.producers"):
+            listed.check_request_params(_pull(host, port))
+    with pytest.raises(ValueError, match="must be a string and an integer"):
+        consumer.check_request_params(_pull("127.0.0.1", "14579"))
+    with pytest.raises(ValueError, match="only a kv_consumer pulls KV"):
+        KVTransferConfig("P2pConnector", "kv_producer").check_request_params(_pull("127.0.0.1"))
+    with pytest.raises(ValueError, match=r"^kv_transfer_params: this engine has no KV connector"):
+        KVTransferConfig().check_request_params({"do_remote_decode": True})
+    with pytest.raises(ValueError, match="must be an object"):
+        consumer.check_request_params(["127.0.0.1"])
+    with pytest.raises(ValueError, match="producers: '10.0.0.9' is not 'host:port'"):
+        KVTransferConfig("P2pConnector", "kv_consumer", {"producers": ["10.0.0.9"]})
+
+
+def test_the_engine_refuses_an_untrusted_producer_before_any_work(tmp_path):
+    llm = LLM(
+        model="opt-125m",
+        load_format="dummy",
+        kv_transfer_config={"kv_connector": "P2pConnector", "kv_role": "kv_consumer"},
+        **KWARGS,
+    )
+    try:
+        params = SamplingParams(max_tokens=2, extra_args={"kv_transfer_params": _pull("169.254.169.254", 80)})
+        with pytest.raises(ValueError, match="remote_host=169.254.169.254:80: not a producer"):
+            llm.generate("hello", params, use_tqdm=False)
+        assert not llm.llm_engine.has_unfinished_requests()
+        out = llm.generate("hello", SamplingParams(max_tokens=2, ignore_eos=True), use_tqdm=False)[0]
+        assert len(out.outputs[0].token_ids) == 2  # still serving
+    finally:
+        llm.shutdown()

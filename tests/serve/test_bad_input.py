@@ -51,6 +51,7 @@ BAD_COMPLETIONS = [
     ({"prompt": [[]]}, "prompt", ["prompt_token_ids: is empty", "decoder prompt cannot be empty"]),
     ({"prompt": "x", "suffix": "y"}, "suffix", ["not implemented"]),
     ({"prompt": "x", "stream_options": {"include_usage": True}}, "stream_options", ["stream"]),
+    ({"prompt": "x", "kv_transfer_params": {"do_remote_decode": True}}, "kv_transfer_params", ["no KV connector"]),
 ]
 
 
