@@ -15,7 +15,8 @@ A program computes one (BLOCK_M, BLOCK_N) tile: fp8 x fp8 products accumulated i
 then scaled by ``x_scale[m] * w_scale[n]`` (the scales factor out of the sum over K), the
 bias added, rounded once to the output dtype. At small M the grid is short, so K is split
 as in the int4 GEMM (``int4_tiles.default_split``): each split scales its fp32 partial (the
-bias in split 0 only) and ``triton_int4.add_splits`` adds them in fp32 in one launch.
+bias in split 0 only) and ``triton_int4.add_splits`` adds them in fp32 in one launch; the
+K range, the split's store and the partials' buffer are the int4 GEMM's own helpers.
 Tiles by M (``fp8_tiles``): the int4 GEMM's reasoning, with twice the weight bytes per
 element (BLOCK_K 128 at decode: 8 KiB of weight a K step).
 
@@ -34,7 +35,7 @@ import triton.language as tl
 
 from minivllm.attention.ops.checks import check_fp8_capability, check_launchable, check_tensor, require
 from minivllm.quantization.int4_tiles import Int4Tiles, default_split
-from minivllm.quantization.triton_int4 import add_splits
+from minivllm.quantization.triton_int4 import add_splits, split_k_output, split_k_range, store_split_tile
 from minivllm.tuned_tiles import DeviceFacts, device_facts, lookup
 
 FP8 = torch.float8_e4m3fn
@@ -66,11 +67,7 @@ def _fp8_gemm_kernel(
     FP32_DOT: tl.constexpr,
 ):
     pid_m, pid_n = tl.program_id(0), tl.program_id(1)
-    if SPLIT_K == 1:
-        k_start, k_end = 0, K
-    else:
-        k_start = tl.program_id(2) * k_per_split
-        k_end = tl.minimum(k_start + k_per_split, K)
+    k_start, k_end = split_k_range(K, k_per_split, SPLIT_K)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_m, mask_n = offs_m < M, offs_n < N
@@ -97,10 +94,7 @@ def _fp8_gemm_kernel(
             acc += bias[None, :]
         else:
             acc += bias[None, :] * (tl.program_id(2) == 0).to(tl.float32)  # once, in split 0
-    if SPLIT_K > 1:
-        out_ptr += tl.program_id(2) * stride_os  # this split's fp32 partial
-    out = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :]
-    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+    store_split_tile(out_ptr, acc, offs_m, offs_n, mask_m, mask_n, stride_om, stride_os, SPLIT_K)
 
 
 def fp8_tiles(m: int, n: int, k: int, arch: int | None, num_sms: int) -> Int4Tiles:
@@ -164,10 +158,7 @@ def fp8_gemm(
     if m == 0:
         return torch.empty(0, n, dtype=out_dtype, device=device)
     splits = tiles.splits(k)
-    if splits == 1:
-        out = partials = torch.empty(m, n, dtype=out_dtype, device=device)
-    else:
-        partials = torch.empty(splits, m, n, dtype=torch.float32, device=device)  # (S, M, N)
+    out = split_k_output(splits, m, n, out_dtype, device)
     grid = (triton.cdiv(m, tiles.block_m), triton.cdiv(n, tiles.block_n), splits)
     _fp8_gemm_kernel[grid](
         x_fp8,
@@ -175,7 +166,7 @@ def fp8_gemm(
         x_scale,
         w_scale,
         bias if bias is not None else w_scale,
-        partials,
+        out,
         m,
         n,
         k,
@@ -193,9 +184,7 @@ def fp8_gemm(
         num_warps=tiles.num_warps,
         num_stages=tiles.num_stages,
     )
-    if splits > 1:
-        out = add_splits(partials, out_dtype)
-    return out
+    return add_splits(out, out_dtype) if splits > 1 else out
 
 
 def check_fp8_gemm_capability(capability: tuple[int, int]) -> None:

@@ -8,7 +8,8 @@ matching tile of ``x``. The full-precision weight never exists in memory.
 
 With ``SPLIT_K`` > 1 a third grid axis splits K: program (m, n, s) sums the K steps
 of split s into its own fp32 partial ``out[s]`` (SPLIT_K, M, N), and the wrapper adds
-the partials in fp32 before the one rounding to x's dtype. The tiles come from
+the partials in fp32 before the one rounding to x's dtype (``split_k_range``,
+``store_split_tile``, ``split_k_output`` and ``add_splits``, which the fp8 GEMM shares). The tiles come from
 ``int4_tiles.py`` (a heuristic by shape, or the tuned table for the device); the
 partials are added by ``_sum_splits_kernel`` (one launch: fp32 sum, one rounding).
 
@@ -38,6 +39,29 @@ from minivllm.tuned_tiles import device_facts
 
 
 @triton.jit
+def split_k_range(K, k_per_split, SPLIT_K: tl.constexpr):
+    """The [k_start, k_end) of K that this program sums: all of K without a split, else
+    split ``program_id(2)``'s ``k_per_split`` rows (the last split may be shorter)."""
+    if SPLIT_K == 1:
+        k_start = 0
+        k_end = K
+    else:
+        k_start = tl.program_id(2) * k_per_split
+        k_end = tl.minimum(k_start + k_per_split, K)
+    return k_start, k_end
+
+
+@triton.jit
+def store_split_tile(out_ptr, acc, offs_m, offs_n, mask_m, mask_n, stride_om, stride_os, SPLIT_K: tl.constexpr):
+    """Store the (BM, BN) fp32 ``acc`` at rows ``offs_m``, columns ``offs_n`` of the output,
+    or of this split's fp32 partial ``out[program_id(2)]`` (SPLIT_K, M, N) with a split."""
+    if SPLIT_K > 1:
+        out_ptr += tl.program_id(2) * stride_os
+    out = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :]
+    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+
+
+@triton.jit
 def _int4_matmul_kernel(
     x_ptr,
     qw_ptr,
@@ -63,11 +87,7 @@ def _int4_matmul_kernel(
     FP32_DOT: tl.constexpr,
 ):
     pid_m, pid_n = tl.program_id(0), tl.program_id(1)
-    if SPLIT_K == 1:
-        k_start, k_end = 0, K
-    else:
-        k_start = tl.program_id(2) * k_per_split
-        k_end = tl.minimum(k_start + k_per_split, K)
+    k_start, k_end = split_k_range(K, k_per_split, SPLIT_K)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_m, mask_n = offs_m < M, offs_n < N
@@ -104,10 +124,7 @@ def _int4_matmul_kernel(
                 acc += tl.dot(x.to(tl.float32), w, input_precision="ieee")
             else:
                 acc += tl.dot(x, w.to(x.dtype))
-    if SPLIT_K > 1:
-        out_ptr += tl.program_id(2) * stride_os  # this split's fp32 partial
-    out = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :]
-    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+    store_split_tile(out_ptr, acc, offs_m, offs_n, mask_m, mask_n, stride_om, stride_os, SPLIT_K)
 
 
 @triton.jit
@@ -165,10 +182,7 @@ def int4_matmul(
     elif given is None and group_size > 0:  # a group no K tile fits in: the general path's tiles
         tiles = choose_tiles(m, n, k, k // scales.shape[0], dtype_name, facts, act_order=True)
     splits = tiles.splits(k)
-    if splits == 1:
-        out = partials = torch.empty(m, n, dtype=x.dtype, device=device)
-    else:
-        partials = torch.empty(splits, m, n, dtype=torch.float32, device=device)  # (S, M, N)
+    out = split_k_output(splits, m, n, x.dtype, device)
     grid = (triton.cdiv(m, tiles.block_m), triton.cdiv(n, tiles.block_n), splits)
     _int4_matmul_kernel[grid](
         x,
@@ -176,7 +190,7 @@ def int4_matmul(
         scales,
         zeros,
         g_idx,
-        partials,
+        out,
         m,
         n,
         k,
@@ -196,9 +210,15 @@ def int4_matmul(
         num_warps=tiles.num_warps,
         num_stages=tiles.num_stages,
     )
-    if splits > 1:
-        out = add_splits(partials, x.dtype)
-    return out
+    return add_splits(out, x.dtype) if splits > 1 else out
+
+
+def split_k_output(splits: int, m: int, n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """What a split-K GEMM kernel stores into: the (M, N) output in ``dtype`` itself without a
+    split, else (S, M, N) fp32 partials for ``add_splits`` (the int4 and fp8 GEMMs)."""
+    if splits == 1:
+        return torch.empty(m, n, dtype=dtype, device=device)
+    return torch.empty(splits, m, n, dtype=torch.float32, device=device)
 
 
 def add_splits(partials: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
