@@ -254,6 +254,28 @@ def causal_conv1d(
 
 
 # --------------------------------------------------------------------------------------------
+# The delta-rule kernels' shared index set-up.
+
+
+@triton.jit
+def _span(start_ptr, end_ptr, i):
+    """Tokens [start, end) of entry ``i`` of a start and an end table, as int64: a chunk from
+    the chunk table, or sequence ``i`` from cu_seqlens (``end_ptr = cu_ptr + 1``)."""
+    start = tl.load(start_ptr + i).to(tl.int64)
+    end = tl.load(end_ptr + i).to(tl.int64)
+    return start, end
+
+
+@triton.jit
+def _head_columns(DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+    """All the key columns ``dk`` (BK,) and this program's block ``program_id(2)`` of BV
+    value columns ``dv`` (BV,), with their masks ``kmask``, ``vmask``."""
+    dk = tl.arange(0, BK)
+    dv = tl.program_id(2) * BV + tl.arange(0, BV)
+    return dk, dv, dk < DK, dv < DV
+
+
+# --------------------------------------------------------------------------------------------
 # The recurrent form: one token after the other (decode).
 
 
@@ -292,12 +314,8 @@ def _recurrent_kernel(
     registers across the sequence's tokens."""
     n = tl.program_id(0)
     h = tl.program_id(1).to(tl.int64)
-    dk = tl.arange(0, BK)
-    dv = tl.program_id(2) * BV + tl.arange(0, BV)
-    kmask = dk < DK
-    vmask = dv < DV
-    start = tl.load(cu_ptr + n).to(tl.int64)
-    end = tl.load(cu_ptr + n + 1).to(tl.int64)
+    dk, dv, kmask, vmask = _head_columns(DK, DV, BK, BV)
+    start, end = _span(cu_ptr, cu_ptr + 1, n)
     slot = tl.load(state_idx_ptr + n).to(tl.int64)
     if slot < 0:  # a padding entry (PAD_SLOT_ID): no state, outputs left unwritten
         return
@@ -443,10 +461,8 @@ def _chunk_wy_kernel(
 ):
     """One program per (chunk, head): ``T = (I + A)^-1`` by block forward substitution,
     then ``W = T (beta K exp(G))`` and ``U = T (beta V)``."""
-    c = tl.program_id(0)
     h = tl.program_id(1).to(tl.int64)
-    start = tl.load(chunk_start_ptr + c).to(tl.int64)
-    end = tl.load(chunk_end_ptr + c).to(tl.int64)
+    start, end = _span(chunk_start_ptr, chunk_end_ptr, tl.program_id(0))
     if end <= start:
         return
     rows = tl.arange(0, BT)
@@ -532,13 +548,9 @@ def _chunk_state_kernel(
     values, then the final state."""
     n = tl.program_id(0)
     h = tl.program_id(1).to(tl.int64)
-    dk = tl.arange(0, BK)
-    dv = tl.program_id(2) * BV + tl.arange(0, BV)
-    kmask = dk < DK
-    vmask = dv < DV
+    dk, dv, kmask, vmask = _head_columns(DK, DV, BK, BV)
     rows = tl.arange(0, BT)
-    start = tl.load(cu_ptr + n).to(tl.int64)
-    end = tl.load(cu_ptr + n + 1).to(tl.int64)
+    start, end = _span(cu_ptr, cu_ptr + 1, n)
     slot = tl.load(state_idx_ptr + n).to(tl.int64)
     if slot < 0:  # a padding entry (PAD_SLOT_ID): no state, outputs left unwritten
         return
@@ -602,14 +614,10 @@ def _chunk_output_kernel(
     ``o = scale * (Q exp(G) S + (Q K^T o exp(G_i - G_j))_{j<=i} V')``."""
     c = tl.program_id(0).to(tl.int64)  # c * stride_hc passes 2**31 past 4096 chunks at H32 Dk=Dv=128
     h = tl.program_id(1).to(tl.int64)
-    start = tl.load(chunk_start_ptr + c).to(tl.int64)
-    end = tl.load(chunk_end_ptr + c).to(tl.int64)
+    start, end = _span(chunk_start_ptr, chunk_end_ptr, c)
     if end <= start:
         return
-    dk = tl.arange(0, BK)
-    dv = tl.program_id(2) * BV + tl.arange(0, BV)
-    kmask = dk < DK
-    vmask = dv < DV
+    dk, dv, kmask, vmask = _head_columns(DK, DV, BK, BV)
     rows = tl.arange(0, BT)
     pos = start + rows
     live = pos < end
