@@ -140,12 +140,15 @@ def config_from_kwargs(model: str | None = None, overrides: Sequence[str] = (), 
         known = ", ".join(sorted([*KWARG_KEYS, *SPECIAL_KWARGS]))
         raise ValueError(f"LLM(): unknown or unimplemented keyword(s) {', '.join(unknown)}; known: {known}")
     for name, value in kwargs.items():
-        if name == "speculative_config" and value is not None:
-            OmegaConf.update(cfg, "speculative", _speculative_node(value), merge=True)
-        elif name == "kv_transfer_config" and value is not None:
-            for key, item in _kv_transfer_node(value).items():  # each key replaced whole (the extra dict too)
+        if value is None:
+            continue
+        if name == "speculative_config":
+            OmegaConf.update(cfg, "speculative", _group_node(name, "speculative", SpeculativeConfig, value), merge=True)
+        elif name == "kv_transfer_config":
+            node = _group_node(name, "kv_transfer", KVTransferConfig, value)
+            for key, item in node.items():  # each key replaced whole (the extra dict too)
                 OmegaConf.update(cfg, f"kv_transfer.{key}", item, merge=False)
-        elif value is not None:
+        else:
             OmegaConf.update(cfg, KWARG_KEYS[name], value, merge=False)
     return cfg
 
@@ -186,29 +189,15 @@ def name_the_keyword(message: str, kwargs: dict[str, Any]) -> str:
     return message
 
 
-def _speculative_node(value: dict) -> dict:
-    """``LLM(speculative_config={...})``: the dict checked for unknown keys, as the group's node."""
+def _group_node(keyword: str, group: str, schema: type, value: Any) -> dict:
+    """``LLM(<keyword>={...})`` (``speculative_config``, ``kv_transfer_config``): vLLM's dict, or
+    the group's config dataclass itself, checked for unknown keys, as the ``group``'s node."""
+    if isinstance(value, schema):
+        value = {f.name: getattr(value, f.name) for f in fields(schema)}
     if not isinstance(value, dict):
-        raise ValueError(f"speculative_config={value!r}: must be a dict of speculative.* keys")
-    known = [f.name for f in fields(SpeculativeConfig)]
+        raise ValueError(f"{keyword}={value!r}: must be a dict of {group}.* keys")
+    known = [f.name for f in fields(schema)]
     unknown = sorted(set(value) - set(known))
     if unknown:
-        raise ValueError(
-            f"speculative_config: unknown or unsupported key(s) {', '.join(unknown)}; known: {', '.join(known)}"
-        )
-    return dict(value)
-
-
-def _kv_transfer_node(value: Any) -> dict:
-    """``LLM(kv_transfer_config={...})``: vLLM's dict (or a KVTransferConfig), checked for unknown keys."""
-    if isinstance(value, KVTransferConfig):
-        value = {f.name: getattr(value, f.name) for f in fields(KVTransferConfig)}
-    if not isinstance(value, dict):
-        raise ValueError(f"kv_transfer_config={value!r}: must be a dict of kv_transfer.* keys")
-    known = [f.name for f in fields(KVTransferConfig)]
-    unknown = sorted(set(value) - set(known))
-    if unknown:
-        raise ValueError(
-            f"kv_transfer_config: unknown or unsupported key(s) {', '.join(unknown)}; known: {', '.join(known)}"
-        )
+        raise ValueError(f"{keyword}: unknown or unsupported key(s) {', '.join(unknown)}; known: {', '.join(known)}")
     return dict(value)

@@ -10,9 +10,11 @@ import torch
 
 from minivllm import LLM, SamplingParams
 from minivllm.attention.backend import AttentionMetadata
+from minivllm.config.kv_transfer import KVTransferConfig
 from minivllm.config.llm_kwargs import config_from_kwargs
 from minivllm.config.load import generation_defaults
 from minivllm.config.model import ModelConfig
+from minivllm.config.speculative import SpeculativeConfig
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.worker.cuda_graphs import CUDAGraphRunner
 
@@ -100,6 +102,27 @@ def test_other_keywords_land_on_their_keys(llama_dir):
     assert cfg.model.runner == "pooling"
     with pytest.raises(ValueError, match="not implemented here: swap_space: preemption recomputes"):
         config_from_kwargs(str(llama_dir), swap_space=16)
+
+
+@pytest.mark.parametrize(
+    ("keyword", "schema", "given", "key"),
+    [
+        ("speculative_config", SpeculativeConfig, {"method": "ngram", "num_speculative_tokens": 2}, "speculative"),
+        ("kv_transfer_config", KVTransferConfig, {"kv_connector": "SharedStorageConnector"}, "kv_transfer"),
+    ],
+)
+def test_group_dict_keywords_take_a_dict_or_the_dataclass_and_refuse_unknown_keys(
+    llama_dir, keyword, schema, given, key
+):
+    """``speculative_config`` and ``kv_transfer_config`` map a dict (or the group's dataclass)
+    onto the group's keys; an unknown key or a non-dict is refused naming the keyword."""
+    for value in (given, schema(**given)):
+        cfg = config_from_kwargs(str(llama_dir), **{keyword: value})
+        assert all(cfg[key][field] == item for field, item in given.items())
+    with pytest.raises(ValueError, match=f"{keyword}: unknown or unsupported key\\(s\\) bogus; known: "):
+        config_from_kwargs(str(llama_dir), **{keyword: {**given, "bogus": 1}})
+    with pytest.raises(ValueError, match=f"{keyword}=3: must be a dict of {key}\\.\\* keys"):
+        config_from_kwargs(str(llama_dir), **{keyword: 3})
 
 
 def test_graphs_do_not_cover_sequences_longer_than_max_seq_len_to_capture():
