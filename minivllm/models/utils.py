@@ -1,4 +1,6 @@
-"""Loading checkpoint tensors into a model by name, and the LM head that loading ties to the embedding."""
+"""Loading checkpoint tensors into a model by name, the LM head that loading ties to the
+embedding, and what the runner does to a loaded model's modules: oneDNN-packed CPU weights
+(``pack_cpu_weights``) and ``compilation.torch_compile`` (``compile_small_ops``)."""
 
 from __future__ import annotations
 
@@ -9,8 +11,14 @@ from torch import nn
 
 from minivllm.attention.kv_quant import load_kv_scale
 from minivllm.distributed.pipeline import missing_module_names, on_last_stage, tie_where_held
+from minivllm.layers.activation import ActAndMul
 from minivllm.layers.embedding import ParallelLMHead
+from minivllm.layers.norm import RMSNorm
+from minivllm.layers.rotary import RotaryEmbedding
 from minivllm.layers.weight_utils import default_weight_loader
+
+FUSABLE = (RMSNorm, ActAndMul, RotaryEmbedding)
+"""The layers ``compile_small_ops`` compiles: chains of tiny elementwise kernels in eager mode."""
 
 PackedMapping = dict[str, tuple[str, Any]]
 """checkpoint sub-name -> (fused parameter sub-name, shard id), e.g. "q_proj" -> ("qkv_proj", "q")."""
@@ -97,6 +105,25 @@ def repack_cpu_weights(model: nn.Module, owners: set[nn.Module]) -> None:
             continue
         if module in owners or module.__dict__.get("_tied_embedding") in owners:
             module.pack_for_cpu()
+
+
+def compile_small_ops(model: nn.Module) -> int:
+    """``compilation.torch_compile``: replace the forward of every ``FUSABLE`` module with a
+    compiled one (one fused kernel for each norm, rotary embedding, gated activation); returns
+    how many. Matmuls and attention are left alone (already single, tuned kernels). Each shape
+    family compiles on its first call (``dynamic=True``), i.e. during the profile run."""
+    compiled = {}
+    count = 0
+    for module in model.modules():
+        if isinstance(module, FUSABLE):
+            cls = type(module)
+            if cls not in compiled:  # one compiled function per class, shared by its instances
+                compiled[cls] = torch.compile(cls.forward, dynamic=True)
+            module.forward = compiled[cls].__get__(module, cls)
+            if hasattr(module, "use_triton"):
+                module.use_triton = False  # the compiled torch code replaces the Triton kernel
+            count += 1
+    return count
 
 
 def stage_lm_head(vocab_size: int, hidden_size: int, embedding: nn.Module, tie: bool) -> nn.Module:

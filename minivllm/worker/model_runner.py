@@ -51,12 +51,11 @@ from minivllm.kv_cache_spec import KVCacheSpec
 from minivllm.kv_transfer import make_kv_connector
 from minivllm.kv_transfer.connector import KVConnector
 from minivllm.layers.attention import attention_layers, state_layers
-from minivllm.layers.compile import compile_small_ops
 from minivllm.layers.mla import MLAAttention
 from minivllm.layers.rotary import share_cos_sin_caches
 from minivllm.lora.manager import LoRAModelManager
 from minivllm.models.interfaces import supports_mrope, supports_multimodal
-from minivllm.models.utils import pack_cpu_weights
+from minivllm.models.utils import compile_small_ops, pack_cpu_weights
 from minivllm.multimodal.feature import MultiModalFeature
 from minivllm.outputs import DoneOutput, KVConnectorOutput, ModelRunnerOutput, PositionLogprobs, StepResult
 from minivllm.pooling.pooler import Pooler

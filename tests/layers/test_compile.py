@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from minivllm import LLM, SamplingParams
-from minivllm.layers.compile import FUSABLE
+from minivllm.models.utils import FUSABLE
 
 
 def test_compiled_small_ops_match_eager(llama_dir):

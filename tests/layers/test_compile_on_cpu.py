@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from minivllm import LLM, SamplingParams
-from minivllm.layers.compile import FUSABLE
+from minivllm.models.utils import FUSABLE
 from tests.hf_reference import hf_greedy
 
 

@@ -7,12 +7,12 @@ import pytest
 import torch
 
 from minivllm.layers.activation import ActAndMul
-from minivllm.layers.compile import compile_small_ops
 from minivllm.layers.norm import GemmaRMSNorm, RMSNorm
 from minivllm.layers.ops.fused_rms_norm import rms_norm_
 from minivllm.layers.ops.rotary_inplace import rotary_embedding_
 from minivllm.layers.ops.silu_and_mul import silu_and_mul
 from minivllm.layers.rotary import RotaryEmbedding
+from minivllm.models.utils import compile_small_ops
 
 # The interpreter's bf16 arithmetic is not the GPU's: on the CPU, bf16 cases feed
 # bf16 values cast to fp32 ("bf16-values"); the gpu-marked test runs real bf16.
