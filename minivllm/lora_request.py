@@ -2,7 +2,9 @@
 
 A user-facing type that the request, the scheduler's output, the front end and
 the workers all carry, so it sits at the bottom of the package graph and
-imports nothing of the engine (vLLM's ``vllm.lora.request.LoRARequest``).
+imports nothing of the engine (vLLM's ``vllm.lora.request.LoRARequest``). A module
+of its own, like ``sampling_params.py``: ``request.py`` and ``core/`` need it below
+``lora/``, and users import it as ``from minivllm.lora import LoRARequest``.
 """
 
 from __future__ import annotations

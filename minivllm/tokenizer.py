@@ -1,4 +1,10 @@
-"""Loading the tokenizer, offline."""
+"""Loading the tokenizer, offline (vLLM's ``get_tokenizer``).
+
+A module of its own at the bottom of the package graph: the engine's front end,
+the structured-output backend (a layer below the engine) and the benchmarks all
+load the tokenizer through it, and tests use its bundled ``DEMO_TOKENIZER``;
+``config/`` describes and builds nothing, so it cannot live there.
+"""
 
 from __future__ import annotations
 

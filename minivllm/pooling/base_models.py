@@ -6,6 +6,11 @@ and hold the decoder's tensors without the ``model.`` prefix and no
 ``lm_head``. Each class here is the matching ``*ForCausalLM`` whose weights load
 into its decoder; its LM head shares the embedding (so the runner's logits path
 stays well-formed), but a pooling runner never samples from it.
+
+A module of its own because it is the model registry's target for these four
+architectures (``config/model.py``), one adapter applied to four model families,
+as vLLM's ``as_embedding_model``: folded into the model files it would be spread
+over four, and ``pooler.py`` is the runner's side of pooling, not a model.
 """
 
 from __future__ import annotations
