@@ -207,21 +207,17 @@ def _check_inputs(x_fp8, x_scale, weight, w_scale, out_dtype, bias) -> None:
         x_fp8.dtype == FP8 and weight.dtype == FP8, f"x_fp8 and weight must be {FP8}: {x_fp8.dtype}, {weight.dtype}"
     )
     require(weight.shape[1] == k, f"weight must be (N, K={k}), got {tuple(weight.shape)}")
-    require(
-        x_scale.device == device
-        and x_scale.dtype == torch.float32
-        and x_scale.numel() == m
-        and x_scale.is_contiguous(),
-        f"x_scale must be ({m}, 1) contiguous fp32 on {device}, got {x_scale.dtype} {tuple(x_scale.shape)}",
-    )
-    require(
-        w_scale.device == device
-        and w_scale.dtype == torch.float32
-        and w_scale.numel() == n
-        and w_scale.is_contiguous(),
-        f"w_scale must be ({n},) contiguous fp32 on {device}, got {w_scale.dtype} {tuple(w_scale.shape)}",
-    )
+    _check_scale(x_scale, "x_scale", f"({m}, 1)", m, device)
+    _check_scale(w_scale, "w_scale", f"({n},)", n, device)
     require(out_dtype in OUT_DTYPES, f"out_dtype {out_dtype}: allowed {OUT_DTYPES}")
     if bias is not None:
         check_tensor(bias, "bias", device, 1)
         require(bias.shape[0] == n, f"bias must be ({n},), got {tuple(bias.shape)}")
+
+
+def _check_scale(scale: torch.Tensor, name: str, shape: str, numel: int, device: torch.device) -> None:
+    """A scale per token or per output channel: ``numel`` contiguous fp32 values on ``device``."""
+    require(
+        scale.device == device and scale.dtype == torch.float32 and scale.numel() == numel and scale.is_contiguous(),
+        f"{name} must be {shape} contiguous fp32 on {device}, got {scale.dtype} {tuple(scale.shape)}",
+    )
