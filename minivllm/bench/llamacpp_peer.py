@@ -24,7 +24,10 @@ is one call; llama.cpp splits it into ``n_ubatch``-token micro-batches, at most 
 for each prompt's last token; then each step decodes one token of every unfinished sequence in
 one batch (sequence ids by ``max_tokens``, longest first: ``Runner.generate`` says why). Greedy (llama.cpp's greedy sampler, the first of equal maxima), EOS ignored, each
 request generates exactly its ``max_tokens``. Threads: ``n_threads`` = ``n_threads_batch`` =
-minivllm's worker threads. Flash attention is llama.cpp's default (``auto``: on, on the CPU).
+minivllm's worker threads. Flash attention is off: llama.cpp's default (``auto``) turns its CPU
+flash-attention kernel on, which rounds differently enough to flip greedy near-ties (on the table
+workload 23 of 32 requests agreed with minivllm, every first difference a near-tie of 3e-5 to 1.3e-3
+nats; 32 of 32 with it off) and was not faster there (benchmarks/RESULTS.md).
 
 The driver (``run_peer``, in minivllm's process) converts the checkpoint once (cached under
 ``minivllm.utils.cache_dir("gguf")``, keyed by the checkpoint's path and its files' mtimes; next
@@ -310,6 +313,7 @@ class Runner:
         cparams.n_ubatch = min(cparams.n_batch, 512)
         cparams.n_threads = cparams.n_threads_batch = threads
         cparams.type_k = cparams.type_v = lc.GGML_TYPE_F32
+        cparams.flash_attn_type = lc.LLAMA_FLASH_ATTN_TYPE_DISABLED  # exact fp32 attention (the module docstring)
         cparams.no_perf = True
         self.n_batch = cparams.n_batch
         self.ctx = lc.llama_init_from_model(self.model, cparams)

@@ -35,6 +35,7 @@ from transformers import AutoModelForCausalLM
 
 __version__ = "fake"
 GGML_TYPE_F32 = 0
+LLAMA_FLASH_ATTN_TYPE_DISABLED = 0
 _state = {}
 
 
@@ -65,13 +66,14 @@ def llama_vocab_n_tokens(vocab):
 
 def llama_context_default_params():
     p = _Params()
-    p.kv_unified, p.type_k, p.type_v = True, 1, 1  # llama.cpp's defaults: a shared stream, f16 K/V
+    p.kv_unified, p.type_k, p.type_v, p.flash_attn_type = True, 1, 1, -1  # llama.cpp's: shared stream, f16 K/V, auto
     return p
 
 
 class _Context:
     def __init__(self, model, params):
         assert params.n_seq_max >= 1 and not params.kv_unified and params.type_k == params.type_v == GGML_TYPE_F32
+        assert params.flash_attn_type == LLAMA_FLASH_ATTN_TYPE_DISABLED
         assert params.n_ubatch <= params.n_batch and params.n_threads == params.n_threads_batch
         _state["threads"] = params.n_threads
         self.model, self.params = model, params
