@@ -6,6 +6,7 @@ transformers' model loaded from the same GGUF, checking each batch as llama.cpp 
 from __future__ import annotations
 
 import json
+import os
 import stat
 import sys
 
@@ -263,3 +264,21 @@ def test_a_missing_peer_python_is_named(llama_dir, tmp_path):
     overrides = _overrides(llama_dir, "device=cpu", "bench.baseline=llamacpp", f"bench.peer_python={tmp_path}/none")
     with pytest.raises(ValueError, match="bench.peer_python=.*not a python executable.*bench.baseline=llamacpp"):
         run(compose(overrides), tmp_path)
+
+
+@pytest.mark.skipif(
+    not os.environ.get("MINIVLLM_LLAMACPP_PYTHON"),
+    reason="set MINIVLLM_LLAMACPP_PYTHON to the python of a venv with llama-cpp-python (docs/bench.md) to run it",
+)
+def test_the_real_llamacpp_peer_agrees_with_minivllm(llama_dir, tmp_path, monkeypatch):
+    """The real llama.cpp on the converted tiny checkpoint, through its batched API: every request's
+    greedy tokens equal minivllm's (fp32 both, flash attention off)."""
+    monkeypatch.setenv("MINIVLLM_CACHE_DIR", str(tmp_path / "cache"))
+    python = os.environ["MINIVLLM_LLAMACPP_PYTHON"]
+    overrides = _overrides(
+        llama_dir, "device=cpu", "device.cpu_threads=1", "bench.baseline=llamacpp", f"bench.peer_python={python}"
+    )
+    metrics = run(compose(overrides), tmp_path)
+    base = metrics["baseline"]
+    assert base["version"] != "fake" and base["output_tokens"] == metrics["requested_output_tokens"]
+    assert base["tokens"] == {"identical_requests": 5, "requests": 5, "first_difference_at": None}
