@@ -8,8 +8,9 @@ Writes ``metrics.json`` into the run folder and prints the same numbers as a rep
 requests/s, input and output tokens/s, total time, KV blocks, preemptions, peak memory,
 the engine's overhead per step, single-request decode speed, the bandwidth roofline
 and, with ``bench.baseline=hf``, transformers' numbers and the ratio (``bench.baseline=vllm``:
-vLLM's, run from the venv of ``bench.peer_python`` by ``vllm_peer.py``, with how many
-requests generated the same tokens on both).
+vLLM's, run from the venv of ``bench.peer_python`` by ``vllm_peer.py``; ``bench.baseline=llamacpp``:
+llama.cpp's batched API on an f32 GGUF of the same weights, by ``llamacpp_peer.py``; both with how
+many requests generated the same tokens on both engines).
 
 Peak memory is read on the device the run used. CUDA: the allocator's high-water
 mark. CPU: the process's resident high-water mark (``VmHWM``), reset at the start
@@ -48,7 +49,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from minivllm.bench import hf_baseline, vllm_peer
+from minivllm.bench import hf_baseline, llamacpp_peer, vllm_peer
 from minivllm.bench.timing import StepTimer, roofline
 from minivllm.bench.workloads import (
     BenchRequest,
@@ -59,7 +60,7 @@ from minivllm.bench.workloads import (
     random_image,
     rehearsal_requests,
 )
-from minivllm.config.task import BenchConfig
+from minivllm.config.task import BENCH_PEERS, BenchConfig
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.distributed.utils import cpu_threads
 from minivllm.entrypoints.llm import LLM
@@ -76,15 +77,15 @@ def run_bench(cfg: VllmConfig, out_dir: Path) -> dict[str, Any]:
         if cfg.bench.baseline != "none":
             cfg = hf_baseline.shared_checkpoint(cfg, Path(tmp))
         metrics = _describe(cfg, requests)
-        token_ids: list[list[int]] | None = [] if cfg.bench.baseline == "vllm" else None
+        token_ids: list[list[int]] | None = [] if cfg.bench.baseline in BENCH_PEERS else None
         if cfg.bench.mode == "serving":
             metrics.update(bench_serving(cfg, requests))
         else:
             metrics.update(bench_minivllm(cfg, requests, single, token_ids))
         if cfg.bench.baseline == "hf":
             bench_transformers(cfg, requests, single, metrics)
-        if cfg.bench.baseline == "vllm":
-            bench_vllm(cfg, requests, single, metrics, token_ids)
+        if cfg.bench.baseline in BENCH_PEERS:
+            bench_peer(cfg, requests, single, metrics, token_ids, Path(tmp))
     (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2))
     print(format_report(metrics))
     print(f"metrics in {out_dir / 'metrics.json'}")
@@ -268,7 +269,7 @@ def _drive(
     produced = prompt_tokens = 0
     start, start_cpu = time.perf_counter(), time.process_time()
     with bar:
-        detokenize = cfg.bench.baseline != "vllm"  # the vLLM peer runs without a tokenizer: the same work
+        detokenize = cfg.bench.baseline not in BENCH_PEERS  # the peers run without a tokenizer: the same work
         ids = [
             engine.add_request(None, r.prompt, _params(r, cfg.bench.temperature, detokenize=detokenize))
             for r in requests
@@ -515,26 +516,34 @@ def bench_transformers(
     metrics["speedup_cpu_time"] = _ratio(base["cpu_time_s"], metrics["cpu_time_s"])
 
 
-# ---- the vLLM peer (its own venv, vllm_peer.py) ----------------------------------------------
+# ---- the peers in their own venvs (vllm_peer.py, llamacpp_peer.py) ----------------------------
 
 
-def bench_vllm(
+def bench_peer(
     cfg: VllmConfig,
     requests: list[BenchRequest],
     single: BenchRequest | None,
     metrics: dict[str, Any],
     token_ids: list[list[int]] | None,
+    scratch: Path,
 ) -> None:
+    """Run the workload through ``bench.baseline``'s peer engine; its numbers, the ratios and the
+    token agreement into ``metrics`` (``baseline``; ``single_request.<peer>_decode_tokens_per_s``)."""
     gc.collect()  # the engine's KV cache may still be held by reference cycles: free it before the peer starts
-    per_token = (metrics.get("roofline") or {}).get("kv_bytes_per_token")
-    kv_bytes = metrics["num_kv_blocks"] * cfg.cache.block_size * per_token if per_token else 1 << 30
     threads = cpu_threads(cfg.device.cpu_threads, None)
-    base = vllm_peer.run_peer(cfg, requests, single, threads, kv_bytes, rehearsal_requests(cfg, requests))
+    rehearsal = rehearsal_requests(cfg, requests)
+    if cfg.bench.baseline == "llamacpp":
+        base = llamacpp_peer.run_peer(cfg, requests, single, threads, scratch, rehearsal)
+    else:
+        per_token = (metrics.get("roofline") or {}).get("kv_bytes_per_token")
+        kv_bytes = metrics["num_kv_blocks"] * cfg.cache.block_size * per_token if per_token else 1 << 30
+        base = vllm_peer.run_peer(cfg, requests, single, threads, kv_bytes, rehearsal)
     base["tokens"] = vllm_peer.token_agreement(token_ids, base.pop("token_ids"))
+    name = base["name"]
     if single is not None and "decode_tokens_per_s" in base:
         ours = metrics["single_request"]
-        ours["vllm_decode_tokens_per_s"] = base["decode_tokens_per_s"]
-        ours["decode_speedup_vs_vllm"] = _ratio(ours["decode_tokens_per_s"], base["decode_tokens_per_s"])
+        ours[f"{name}_decode_tokens_per_s"] = base["decode_tokens_per_s"]
+        ours[f"decode_speedup_vs_{name}"] = _ratio(ours["decode_tokens_per_s"], base["decode_tokens_per_s"])
     metrics["baseline"] = base
     metrics["speedup_output_tokens_per_s"] = _ratio(metrics["output_tokens_per_s"], base["output_tokens_per_s"])
     metrics["speedup_cpu_time"] = _ratio(base["cpu_time_s"], metrics["cpu_time_s"])
@@ -621,11 +630,12 @@ def format_report(m: dict[str, Any]) -> str:
             f"{_num(single['decode_tokens_per_s'])} tok/s, median step {_num(single['decode_step_ms'], '.2f')} ms "
             f"(model {_num(single['model_ms_per_step'], '.2f')}, overhead {_num(single['overhead_ms_per_step'], '.2f')})"
         )
-        if "vllm_decode_tokens_per_s" in single:
-            line += (
-                f"; vllm {_num(single['vllm_decode_tokens_per_s'])} tok/s "
-                f"({_num(single['decode_speedup_vs_vllm'], '.2f')}x)"
-            )
+        for peer in BENCH_PEERS:
+            if f"{peer}_decode_tokens_per_s" in single:
+                line += (
+                    f"; {peer} {_num(single[f'{peer}_decode_tokens_per_s'])} tok/s "
+                    f"({_num(single[f'decode_speedup_vs_{peer}'], '.2f')}x)"
+                )
         if "hf_decode_tokens_per_s" in single:
             line += (
                 f"; transformers {_num(single['hf_decode_tokens_per_s'])} tok/s "

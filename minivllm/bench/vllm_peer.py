@@ -86,20 +86,26 @@ def run_peer(
     """Run the workload through vLLM in ``cfg.bench.peer_python`` with a KV cache of ``kv_cache_bytes``
     (minivllm's, so neither engine has more room); its numbers (``main``'s output)."""
     python = cfg.bench.peer_python
-    if not python or not Path(python).exists():
-        raise ValueError(f"bench.peer_python={python!r}: not a python executable (the venv with vLLM; docs/bench.md)")
     with tempfile.TemporaryDirectory(prefix="minivllm-peer-") as tmp:
         inp, out = Path(tmp) / "requests.json", Path(tmp) / "result.json"
         inp.write_text(json.dumps(peer_request(cfg, requests, single, kv_cache_bytes, rehearsal)))
-        proc = subprocess.run(
-            [python, __file__, str(inp), str(out)], env=peer_env(threads), capture_output=True, text=True
-        )
-        if proc.returncode != 0 or not out.exists():
-            raise RuntimeError(
-                f"bench.baseline=vllm: the peer ({python}) failed with exit code {proc.returncode}:\n"
-                + proc.stderr[-4000:]
-            )
+        call_peer(python, __file__, [str(inp), str(out)], peer_env(threads), "vllm")
         return json.loads(out.read_text())
+
+
+def call_peer(python: str | None, script: str, args: list[str], env: dict[str, str], baseline: str) -> None:
+    """Run ``script`` with ``args`` under the peer's ``python``, which writes its output to the last
+    of ``args``; its stderr's tail in the error if it fails or writes nothing."""
+    if not python or not Path(python).exists():
+        raise ValueError(
+            f"bench.peer_python={python!r}: not a python executable (the venv of bench.baseline={baseline}; docs/bench.md)"
+        )
+    proc = subprocess.run([python, script, *args], env=env, capture_output=True, text=True)
+    if proc.returncode != 0 or not Path(args[-1]).exists():
+        raise RuntimeError(
+            f"bench.baseline={baseline}: the peer ({python}) failed with exit code {proc.returncode}:\n"
+            + proc.stderr[-4000:]
+        )
 
 
 def token_agreement(ours: list[list[int]] | None, theirs: list[list[int]]) -> dict[str, int] | None:

