@@ -275,8 +275,8 @@ def paged_decode(
     _, num_blocks, block_size, num_kv_heads, head_dim = kv_cache.shape
     lib.paged_decode_f32(
         query.data_ptr(),
-        kv_cache[0].data_ptr(),
-        kv_cache[1].data_ptr(),
+        kv_cache.data_ptr(),  # keys: kv_cache[0] (pointers, not views: no aten call per layer)
+        kv_cache.data_ptr() + kv_cache.stride(0) * kv_cache.element_size(),  # values: kv_cache[1]
         out.data_ptr(),
         block_tables.data_ptr(),
         block_tables.stride(0),

@@ -14,7 +14,8 @@ what is not GEMM. Here each is one pass over its rows:
 
 The arithmetic is the torch layers' in fp32 (sums of squares in another order, a vectorised
 ``expf``): results agree to fp32 rounding, not bit for bit. Rows are split over
-``torch.get_num_threads()`` OpenMP threads once there are enough of them to pay for it.
+``torch.get_num_threads()`` OpenMP threads, one per 32768 floats of work (torch's grain size), so a
+small batch stays on the calling thread.
 The library is built and cached like the paged decode kernel (``attention/cpu_paged_decode.py``,
 ``build_c_library``); where it cannot be, ``load()`` returns None and the layers keep their torch
 code. fp32 contiguous rows on the CPU only; the callers check ``supports`` and fall back otherwise.
@@ -37,13 +38,17 @@ _SOURCE = r"""
 #include <stdint.h>
 #include <string.h>
 
-/* Rows per thread below which a kernel runs on the calling thread only. */
-#define MIN_ROWS_PER_THREAD 16
+/* Threads for `work` floats: one per 32768 of them (torch's grain for elementwise ops), so small
+   batches stay on the calling thread, where waking the others would cost more than they save. */
+static int threads_for(int64_t work, int num_threads) {
+    const int64_t n = work / 32768;
+    return n < 1 ? 1 : (n < num_threads ? (int)n : num_threads);
+}
 
 /* r == 0: out = norm(x); else r += x, out = norm(r) (out may be x). All rows of n floats. */
 void add_rms_norm_f32(float* x, int64_t xs, float* r, int64_t rs, float* out, int64_t os,
                       const float* w, int64_t T, int64_t n, float eps, int num_threads) {
-    const int nt = T >= (int64_t)MIN_ROWS_PER_THREAD * num_threads ? num_threads : 1;
+    const int nt = threads_for(T * n, num_threads);
 #pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
     for (int64_t t = 0; t < T; ++t) {
         float* xr = x + t * xs;
@@ -67,7 +72,7 @@ void add_rms_norm_f32(float* x, int64_t xs, float* r, int64_t rs, float* out, in
 /* x: rows of [gate (n) | up (n)] at xs floats apart -> out rows of n: silu(gate) * up. */
 void silu_and_mul_f32(const float* x, int64_t xs, float* out, int64_t os, int64_t T, int64_t n,
                       int num_threads) {
-    const int nt = T >= (int64_t)MIN_ROWS_PER_THREAD * num_threads ? num_threads : 1;
+    const int nt = threads_for(T * n, num_threads);
 #pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
     for (int64_t t = 0; t < T; ++t) {
         const float* g = x + t * xs;
@@ -104,7 +109,7 @@ void rope_write_kv_f32(float* q, int64_t qs, float* k, int64_t ks, const float* 
                        int64_t T, int64_t Hq, int64_t Hk, int64_t D, const int64_t* positions,
                        const float* cos_sin, int neox, float* k_cache, float* v_cache,
                        const int64_t* slots, int num_threads) {
-    const int nt = T >= (int64_t)MIN_ROWS_PER_THREAD * num_threads ? num_threads : 1;
+    const int nt = threads_for(T * (Hq + 2 * Hk) * D, num_threads);
 #pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
     for (int64_t t = 0; t < T; ++t) {
         const float* c = cos_sin + positions[t] * D;
@@ -214,7 +219,7 @@ def rope_write_kv_(
         cos_sin.data_ptr(),
         int(neox_style),
         kv_cache.data_ptr() if cache else None,  # keys: kv_cache[0]
-        kv_cache.data_ptr() + 4 * kv_cache.stride(0) if cache else None,  # values: kv_cache[1]
+        kv_cache.data_ptr() + kv_cache.stride(0) * kv_cache.element_size() if cache else None,  # values: kv_cache[1]
         slot_mapping.data_ptr() if cache else None,
         torch.get_num_threads(),
     )
