@@ -27,6 +27,7 @@ queries only (bf16 and fp8 caches take the gather path).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import logging
@@ -232,6 +233,12 @@ def _build() -> ctypes.CDLL | None:
     lib.paged_decode_f32.argtypes = [ptr] * 5 + [i64, ptr, ptr] + [i64] * 7 + [f32, i64, f32, ctypes.c_int]
     lib.paged_decode_f32.restype = None
     return lib
+
+
+def profiled(name: str) -> contextlib.AbstractContextManager:
+    """A ``record_function`` range named ``name`` while torch's profiler runs (a C kernel called through
+    ctypes is invisible to it otherwise); a no-op context otherwise, 6 us cheaper a call."""
+    return torch.profiler.record_function(name) if torch.autograd._profiler_enabled() else contextlib.nullcontext()
 
 
 def load() -> ctypes.CDLL | None:

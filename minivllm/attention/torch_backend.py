@@ -219,7 +219,7 @@ class TorchAttentionBackend(AttentionBackend):
             if not isinstance(g, _PagedDecode):
                 rest.append(g)
             elif sinks is None and cpu_paged_decode.supports(query, kv_cache):
-                with torch.profiler.record_function("cpu_paged_decode_attention"):  # named for profiles
+                with cpu_paged_decode.profiled("cpu_paged_decode_attention"):  # named for profiles
                     cpu_paged_decode.paged_decode(
                         lib, query, kv_cache, out, g.block_tables, g.seq_lens, g.rows, scale, sliding_window, soft_cap
                     )

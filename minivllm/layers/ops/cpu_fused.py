@@ -28,7 +28,7 @@ import logging
 
 import torch
 
-from minivllm.attention.cpu_paged_decode import build_c_library
+from minivllm.attention.cpu_paged_decode import build_c_library, profiled
 
 logger = logging.getLogger(__name__)
 
@@ -167,26 +167,28 @@ def add_rms_norm_(
     without: a new (T, n) tensor holding the norm of ``x``."""
     T, n = x.shape
     out = x if residual is not None else torch.empty((T, n), dtype=x.dtype)
-    _lib.add_rms_norm_f32(  # type: ignore[union-attr]
-        x.data_ptr(),
-        x.stride(0),
-        residual.data_ptr() if residual is not None else None,
-        residual.stride(0) if residual is not None else 0,
-        out.data_ptr(),
-        out.stride(0),
-        weight.data_ptr(),
-        T,
-        n,
-        eps,
-        torch.get_num_threads(),
-    )
+    with profiled("cpu_fused_add_rms_norm"):
+        _lib.add_rms_norm_f32(  # type: ignore[union-attr]
+            x.data_ptr(),
+            x.stride(0),
+            residual.data_ptr() if residual is not None else None,
+            residual.stride(0) if residual is not None else 0,
+            out.data_ptr(),
+            out.stride(0),
+            weight.data_ptr(),
+            T,
+            n,
+            eps,
+            torch.get_num_threads(),
+        )
     return out
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:  # (T, 2n) fp32 rows -> (T, n)
     T, n = x.shape[0], x.shape[1] // 2
     out = torch.empty((T, n), dtype=x.dtype)
-    _lib.silu_and_mul_f32(x.data_ptr(), x.stride(0), out.data_ptr(), n, T, n, torch.get_num_threads())  # type: ignore[union-attr]
+    with profiled("cpu_fused_silu_and_mul"):
+        _lib.silu_and_mul_f32(x.data_ptr(), x.stride(0), out.data_ptr(), n, T, n, torch.get_num_threads())  # type: ignore[union-attr]
     return out
 
 
@@ -204,22 +206,25 @@ def rope_write_kv_(
     T, Hq, D = q.shape
     Hk = k.shape[1]
     cache = kv_cache is not None
-    _lib.rope_write_kv_f32(  # type: ignore[union-attr]
-        q.data_ptr(),
-        q.stride(0),
-        k.data_ptr(),
-        k.stride(0),
-        v.data_ptr(),
-        v.stride(0),
-        T,
-        Hq,
-        Hk,
-        D,
-        positions.data_ptr(),
-        cos_sin.data_ptr(),
-        int(neox_style),
-        kv_cache.data_ptr() if cache else None,  # keys: kv_cache[0]
-        kv_cache.data_ptr() + kv_cache.stride(0) * kv_cache.element_size() if cache else None,  # values: kv_cache[1]
-        slot_mapping.data_ptr() if cache else None,
-        torch.get_num_threads(),
-    )
+    with profiled("cpu_fused_rope_write_kv"):
+        _lib.rope_write_kv_f32(  # type: ignore[union-attr]
+            q.data_ptr(),
+            q.stride(0),
+            k.data_ptr(),
+            k.stride(0),
+            v.data_ptr(),
+            v.stride(0),
+            T,
+            Hq,
+            Hk,
+            D,
+            positions.data_ptr(),
+            cos_sin.data_ptr(),
+            int(neox_style),
+            kv_cache.data_ptr() if cache else None,  # keys: kv_cache[0]
+            kv_cache.data_ptr() + kv_cache.stride(0) * kv_cache.element_size()
+            if cache
+            else None,  # values: kv_cache[1]
+            slot_mapping.data_ptr() if cache else None,
+            torch.get_num_threads(),
+        )
