@@ -22,7 +22,7 @@ from minivllm.layers.rotary import RotaryEmbedding
 from minivllm.layers.weight_utils import copy_checked, narrow
 
 FUSED_QKV_DEVICES = ("cuda",)
-"""Where ``Attention.prepare_qkv_`` takes the fused kernel (the CPU keeps the torch layers)."""
+"""Where ``Attention.prepare_qkv_`` takes the fused Triton kernel (the CPU has its own C kernel)."""
 
 
 class Attention(nn.Module):
@@ -51,7 +51,8 @@ class Attention(nn.Module):
         self.kv_cache: torch.Tensor | None = None  # (2, num_blocks, block_size, num_kv_heads, head_dim)
         self.k_scale, self.v_scale = 1.0, 1.0  # fp8 KV cache: stored = k / k_scale (attention/kv_quant.py)
         self.fuse_qkv_prep = True
-        """Whether ``prepare_qkv_`` may take the fused kernel (where it applies: CUDA, Triton backend)."""
+        """Whether ``prepare_qkv_`` may take the fused kernel (where it applies: CUDA with the Triton
+        backend, the CPU with the torch backend)."""
         self.sinks: nn.Parameter | None = None  # (num_heads,) this rank's heads
         if sinks:
             if "sinks" not in inspect.signature(backend.forward).parameters:
