@@ -161,10 +161,13 @@ class TorchAttentionBackend(AttentionBackend):
         k_scale: float = 1.0,
         v_scale: float = 1.0,
         sinks: torch.Tensor | None = None,
+        kv_written: bool = False,
     ) -> torch.Tensor:
+        """``kv_written``: the layer already stored the step's keys and values (``Attention.prepare_qkv_``)."""
         if meta.backend_data is None:  # a caller that skipped prepare()
             meta.backend_data = self.prepare(meta, kv_cache.shape[2])
-        write_kv(key, value, kv_cache, meta.slot_mapping, k_scale, v_scale, meta.has_padding)
+        if not kv_written:
+            write_kv(key, value, kv_cache, meta.slot_mapping, k_scale, v_scale, meta.has_padding)
         groups = meta.backend_data
         if any(isinstance(g, _PagedDecode) for g in groups):
             groups = self._paged_decode(groups, query, kv_cache, scale, sliding_window, logits_soft_cap, sinks)
@@ -216,7 +219,7 @@ class TorchAttentionBackend(AttentionBackend):
             if not isinstance(g, _PagedDecode):
                 rest.append(g)
             elif sinks is None and cpu_paged_decode.supports(query, kv_cache):
-                with torch.profiler.record_function("cpu_paged_decode_attention"):  # named for profiles
+                with cpu_paged_decode.profiled("cpu_paged_decode_attention"):  # named for profiles
                     cpu_paged_decode.paged_decode(
                         lib, query, kv_cache, out, g.block_tables, g.seq_lens, g.rows, scale, sliding_window, soft_cap
                     )

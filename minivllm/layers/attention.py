@@ -17,11 +17,12 @@ from minivllm.attention.backend import AttentionBackend, AttentionMetadata
 from minivllm.attention.kv_quant import is_fp8
 from minivllm.distributed.parallel_state import tp_rank
 from minivllm.layers.norm import RMSNorm
+from minivllm.layers.ops import cpu_fused
 from minivllm.layers.rotary import RotaryEmbedding
 from minivllm.layers.weight_utils import copy_checked, narrow
 
 FUSED_QKV_DEVICES = ("cuda",)
-"""Where ``Attention.prepare_qkv_`` takes the fused kernel (the CPU keeps the torch layers)."""
+"""Where ``Attention.prepare_qkv_`` takes the fused Triton kernel (the CPU has its own C kernel)."""
 
 
 class Attention(nn.Module):
@@ -50,7 +51,8 @@ class Attention(nn.Module):
         self.kv_cache: torch.Tensor | None = None  # (2, num_blocks, block_size, num_kv_heads, head_dim)
         self.k_scale, self.v_scale = 1.0, 1.0  # fp8 KV cache: stored = k / k_scale (attention/kv_quant.py)
         self.fuse_qkv_prep = True
-        """Whether ``prepare_qkv_`` may take the fused kernel (where it applies: CUDA, Triton backend)."""
+        """Whether ``prepare_qkv_`` may take the fused kernel (where it applies: CUDA with the Triton
+        backend, the CPU with the torch backend)."""
         self.sinks: nn.Parameter | None = None  # (num_heads,) this rank's heads
         if sinks:
             if "sinks" not in inspect.signature(backend.forward).parameters:
@@ -71,7 +73,7 @@ class Attention(nn.Module):
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata, kv_written: bool = False
     ) -> torch.Tensor:
-        """``kv_written``: ``prepare_qkv_`` already stored k and v in the cache (Triton backend only)."""
+        """``kv_written``: ``prepare_qkv_`` already stored k and v in the cache (Triton and torch backends)."""
         if self.kv_cache is None:
             raise RuntimeError("the KV cache is not allocated: the model runner binds it in init_kv_cache()")
         T = q.shape[0]
@@ -106,10 +108,13 @@ class Attention(nn.Module):
     ) -> bool:
         """On CUDA with the Triton backend: the per-head q/k norms (where given), rotary and
         the KV-cache write in one kernel (``layers.ops.qk_norm_rope_kv``), ``q`` and ``k`` in
-        place; then call ``forward`` with ``kv_written=True``. Returns False, doing nothing,
+        place; then call ``forward`` with ``kv_written=True``. On the CPU with the torch backend:
+        rotary and the write of an fp32 cache in one C kernel (``_prepare_qkv_cpu``). Returns False, doing nothing,
         where that path does not apply (the CPU, another backend, an fp8 cache, a rotary
         embedding other than the plain one with its cos/sin table, a norm with other arithmetic,
         or ``fuse_qkv_prep`` off); the caller runs the torch layers then."""
+        if self.fuse_qkv_prep and q.device.type == "cpu" and self.backend.name == "torch":
+            return self._prepare_qkv_cpu(positions, q, k, v, rotary, q_norm, meta)
         if not (self.fuse_qkv_prep and q.device.type in FUSED_QKV_DEVICES and self.backend.name == "triton"):
             return False
         cache = self.kv_cache
@@ -137,6 +142,26 @@ class Attention(nn.Module):
             k_norm.weight if norms else None,
             q_norm.eps if norms else 0.0,
         )
+        return True
+
+    def _prepare_qkv_cpu(self, positions, q, k, v, rotary, q_norm, meta: AttentionMetadata) -> bool:
+        """``prepare_qkv_`` on the CPU: ``cpu_fused.rope_write_kv_`` where it serves (the plain rotary
+        embedding over whole heads from its cos/sin table, no q/k norms, fp32 everywhere, heads packed
+        within each token's row); False otherwise."""
+        cache = self.kv_cache
+        if q_norm is not None or cache is None or type(rotary) is not RotaryEmbedding:
+            return False
+        table = rotary.cos_sin_cache
+        if table is None or rotary.rotary_dim != q.shape[-1] or positions.dim() != 1:
+            return False
+        slots = meta.slot_mapping
+        if not (positions.dtype == slots.dtype == torch.int64 and len(positions) == len(slots) == len(q)):
+            return False
+        if not (q.dtype == cache.dtype == torch.float32 and cache.is_contiguous() and cpu_fused.load()):
+            return False
+        if not all(t.stride(-1) == 1 and t.stride(-2) == t.shape[-1] for t in (q, k, v)):
+            return False
+        cpu_fused.rope_write_kv_(positions, q, k, v, table, rotary.neox_style, cache, slots)
         return True
 
 

@@ -4,7 +4,9 @@ On CUDA, ``RMSNorm`` and ``GemmaRMSNorm`` run as one Triton kernel
 (``layers.ops.fused_rms_norm``), fused with the residual add where there is one; the torch code below is the
 reference and the CPU path. On the CPU, fp32 inputs take
 ``torch.rms_norm``, which gives the reference's bits in one call from Python (on
-the CPU it still runs the same few elementwise ops inside).
+the CPU it still runs the same few elementwise ops inside). Where the CPU's C kernels build
+(``layers/ops/cpu_fused.py``), the plain fp32 norm runs as one of them instead, fused with the residual
+add and in place like the Triton kernel (fp32 rounding apart from torch's arithmetic).
 A further subclass that changes the arithmetic (a different ``_norm``) keeps the torch path.
 """
 
@@ -12,6 +14,8 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+
+from minivllm.layers.ops import cpu_fused
 
 
 class RMSNorm(nn.Module):
@@ -23,6 +27,8 @@ class RMSNorm(nn.Module):
         """Llama's arithmetic (a subclass with its own ``_norm`` keeps it on every path)."""
         self.use_triton = self.is_plain or type(self)._norm is GemmaRMSNorm._norm
         """Whether CUDA inputs take the fused Triton kernel (off under torch.compile)."""
+        self.use_cpu_kernel = self.is_plain
+        """Whether fp32 CPU inputs take the C kernel (``layers/ops/cpu_fused.py``; off under torch.compile)."""
 
     def _norm(self, x: torch.Tensor) -> torch.Tensor:
         x32 = x.float()
@@ -36,6 +42,10 @@ class RMSNorm(nn.Module):
         add-and-norm that pre-norm decoder layers use between sublayers."""
         if self.use_triton and x.is_cuda:
             return self._forward_triton(x, residual)
+        if self.use_cpu_kernel and x.dtype == torch.float32 and x.device.type == "cpu" and cpu_fused.load():
+            out = self._forward_cpu_kernel(x, residual)
+            if out is not None:
+                return out
         norm = self._norm
         if self.is_plain and x.dtype == torch.float32 and self.weight.dtype == torch.float32:
             norm = self._norm_fp32
@@ -48,6 +58,21 @@ class RMSNorm(nn.Module):
         """``_norm`` as one torch call: in fp32 it gives the same bits (the
         tests check it) with one call from Python instead of seven."""
         return torch.rms_norm(x, self.weight.shape, self.weight, self.eps)
+
+    def _forward_cpu_kernel(
+        self, x: torch.Tensor, residual: torch.Tensor | None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor] | None:
+        """``forward`` by the C kernel, updating ``x`` and ``residual`` in place like ``_forward_triton``;
+        None where it does not serve these tensors (an fp32 weight and rows of contiguous features)."""
+        if self.weight.dtype != torch.float32:
+            return None
+        if residual is None:
+            if not x.is_contiguous():
+                return None
+            return cpu_fused.add_rms_norm_(x.view(-1, x.shape[-1]), self.weight, self.eps).view(x.shape)
+        if not (cpu_fused.rows_ok(x) and cpu_fused.rows_ok(residual)):
+            return None
+        return cpu_fused.add_rms_norm_(x, self.weight, self.eps, residual), residual
 
     def _forward_triton(
         self, x: torch.Tensor, residual: torch.Tensor | None

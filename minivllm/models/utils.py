@@ -122,6 +122,8 @@ def compile_small_ops(model: nn.Module) -> int:
             module.forward = compiled[cls].__get__(module, cls)
             if hasattr(module, "use_triton"):
                 module.use_triton = False  # the compiled torch code replaces the Triton kernel
+            if hasattr(module, "use_cpu_kernel"):
+                module.use_cpu_kernel = False  # and the CPU's C kernel
             count += 1
     return count
 

@@ -17,7 +17,7 @@ import torch.distributed as dist
 from minivllm.config.vllm_config import VllmConfig
 from minivllm.core.scheduler_output import SchedulerOutput
 from minivllm.distributed.parallel_state import destroy_model_parallel, init_model_parallel
-from minivllm.distributed.utils import cpu_threads
+from minivllm.distributed.utils import cpu_threads, keep_freed_pages
 from minivllm.kv_cache_spec import KVCacheSpec
 from minivllm.layers.attention import uniform_sliding_window
 from minivllm.models.utils import pack_cpu_weights, packed_cpu_weight_bytes
@@ -65,6 +65,7 @@ class Worker:
             threads = cpu_threads(self.cfg.device.cpu_threads, self.num_threads)
             if threads != torch.get_num_threads():
                 torch.set_num_threads(threads)
+            keep_freed_pages()  # activations reused from the heap, not faulted in afresh every step
             logger.info("CPU worker rank %d: %d intra-op threads", self.rank, threads)
         elif self.num_threads:
             torch.set_num_threads(self.num_threads)

@@ -167,6 +167,7 @@ def test_act_and_mul_takes_the_kernel_only_for_cuda_silu(monkeypatch):
     model = torch.nn.Sequential(ActAndMul("silu"), RMSNorm(4))
     compile_small_ops(model)
     assert not model[0].use_triton and not model[1].use_triton
+    assert not model[0].use_cpu_kernel and not model[1].use_cpu_kernel  # nor the CPU's C kernels
 
 
 @pytest.mark.gpu

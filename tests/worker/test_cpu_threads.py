@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import os
+import platform
 
 import pytest
 import torch
 
 from minivllm.config.device import DeviceConfig
-from minivllm.distributed.utils import CPU_WORKER_ENV, available_cpus, cpu_threads, spawn_env
+from minivllm.distributed.utils import CPU_WORKER_ENV, available_cpus, cpu_threads, keep_freed_pages, spawn_env
 
 
 @pytest.mark.parametrize(
@@ -73,3 +74,10 @@ def test_tp_ranks_on_the_cpu_run_with_passive_openmp_threads(llama_dir, monkeypa
     finally:
         llm.shutdown()
     assert "OMP_WAIT_POLICY" not in os.environ
+
+
+def test_cpu_workers_keep_freed_pages_unless_the_user_tuned_malloc(monkeypatch):
+    if platform.libc_ver()[0] == "glibc":
+        assert keep_freed_pages()  # every mallopt call accepted
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "131072")
+    assert not keep_freed_pages()  # the user's own setting is left alone

@@ -1,1 +1,1 @@
-"""Triton kernels for the small per-token ops (used on CUDA; the torch layers are the reference)."""
+"""Kernels for the small per-token ops: Triton on CUDA, C on the CPU (``cpu_fused``); the torch layers are the reference."""
