@@ -15,7 +15,7 @@ from torch import nn
 
 from minivllm.distributed.parallel_state import all_gather_last_dim, all_reduce, tp_rank, tp_size
 from minivllm.layers.weight_utils import copy_checked, loaded_shape, narrow
-from minivllm.quantization.base import cpu_packed_linear, pack_cpu_weight, packable_on_cpu
+from minivllm.quantization.base import cpu_linear, pack_cpu_weight, packable_on_cpu, place_cpu_weight
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -71,13 +71,14 @@ class ParallelLMHead(VocabParallelEmbedding):
         or bf16 (a tied weight too: the embedding keeps looking up the plain one); returns whether it did."""
         if not packable_on_cpu(self.weight):
             return False
+        self.weight.data = place_cpu_weight(self.weight.data)
         self.cpu_packed_weight = pack_cpu_weight(self.weight)
         return True
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # (N, hidden) -> (N, vocab) fp32
         packed = self.cpu_packed_weight
         if packed is not None:
-            logits = cpu_packed_linear(hidden, packed, self.bias)
+            logits = cpu_linear(hidden, self.weight, packed, self.bias)
         else:
             logits = F.linear(hidden, self.weight, self.bias)
         logits = all_gather_last_dim(logits)

@@ -37,6 +37,7 @@ from minivllm.quantization.base import (
     UnquantizedLinearMethod,
     pack_cpu_weight,
     packable_on_cpu,
+    place_cpu_weight,
 )
 
 
@@ -89,6 +90,7 @@ class ReplicatedLinear(nn.Module):
         on the CPU in fp32 or bf16; returns whether it did."""
         if type(self.quant_method) is not UnquantizedLinearMethod or not packable_on_cpu(self.weight):
             return False
+        self.weight.data = place_cpu_weight(self.weight.data)
         self.cpu_packed_weight = pack_cpu_weight(self.weight)
         return True
 

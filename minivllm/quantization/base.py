@@ -24,6 +24,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from minivllm.quantization import cpu_small_gemm
+
 
 @dataclass(frozen=True)
 class ParamSpec:
@@ -139,13 +141,19 @@ class UnquantizedLinearMethod(LinearMethod):
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         packed = layer.cpu_packed_weight
         if packed is not None:
-            return cpu_packed_linear(x, packed, bias)
+            return cpu_linear(x, layer.weight, packed, bias)
         return torch.nn.functional.linear(x, layer.weight, bias)
 
 
 CPU_PACK_BATCH_HINT = 32
 """The rows oneDNN reorders a weight for (``pack_cpu_weight``); any row count runs on it, and on this
 2-core AVX-512 machine 32 ran 1-2374 rows as fast as a hint of their own (benchmarks/RESULTS.md)."""
+
+
+def place_cpu_weight(weight: torch.Tensor) -> torch.Tensor:
+    """The plain fp32 weight a packed layer keeps, in memory advised for huge pages
+    (``cpu_small_gemm.to_huge_pages``: its few-row kernel reads it there); other dtypes as they are."""
+    return cpu_small_gemm.to_huge_pages(weight) if weight.dtype == torch.float32 else weight
 
 
 def pack_cpu_weight(weight: torch.Tensor) -> torch.Tensor:
@@ -172,3 +180,12 @@ def cpu_packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor 
     no per-call repacking of W as MKL's sgemm does; equal to ``F.linear`` to fp32 rounding (another
     summation order). x (..., in) -> (..., out)."""
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
+def cpu_linear(x: torch.Tensor, weight: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` for a layer holding ``packed = pack_cpu_weight(weight)``: up to
+    ``cpu_small_gemm.SMALL_ROWS`` fp32 rows on the plain weight (``small_linear``, faster at the
+    bandwidth-bound few rows), more on the packed copy (``cpu_packed_linear``). x (..., in) -> (..., out)."""
+    if x.shape[0] <= cpu_small_gemm.SMALL_ROWS and cpu_small_gemm.serves(x, weight):
+        return cpu_small_gemm.small_linear(x, weight, bias)
+    return cpu_packed_linear(x, packed, bias)
