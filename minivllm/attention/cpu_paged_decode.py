@@ -235,10 +235,14 @@ def _build() -> ctypes.CDLL | None:
     return lib
 
 
+_NOT_PROFILED = contextlib.nullcontext()  # reusable: one object for every call outside a profile
+_profiler_enabled = torch.autograd._profiler_enabled
+
+
 def profiled(name: str) -> contextlib.AbstractContextManager:
     """A ``record_function`` range named ``name`` while torch's profiler runs (a C kernel called through
-    ctypes is invisible to it otherwise); a no-op context otherwise, 6 us cheaper a call."""
-    return torch.profiler.record_function(name) if torch.autograd._profiler_enabled() else contextlib.nullcontext()
+    ctypes is invisible to it otherwise); a shared no-op context otherwise, 6 us cheaper a call."""
+    return torch.profiler.record_function(name) if _profiler_enabled() else _NOT_PROFILED
 
 
 def load() -> ctypes.CDLL | None:

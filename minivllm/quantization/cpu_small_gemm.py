@@ -157,19 +157,24 @@ def small_linear(
 
 
 def to_huge_pages(weight: torch.Tensor) -> torch.Tensor:
-    """A copy of the contiguous CPU tensor ``weight`` starting on a 2 MiB boundary, its whole 2 MiB
-    pages advised for transparent huge pages before they are first touched (``madvise``; the tail
-    below 2 MiB stays in small pages, so no huge page is left part empty). Where the kernel is not
-    built, the weight is under 2 MiB or already starts on a 2 MiB boundary (placed by an earlier
-    call: a repack after a weight update copies nothing), or the advice fails, ``weight`` itself."""
+    """A copy of the contiguous CPU tensor ``weight`` starting on a 2 MiB boundary, advised for
+    transparent huge pages before it is first touched (``madvise``). The tail past its last whole
+    2 MiB page is advised too where rounding it up to a huge page adds at most 1/8 of the weight
+    (the qkv and gate/up projections, the LM head); otherwise it stays in small pages, so that no
+    huge page is left mostly empty. Where the kernel is not built, the weight is under 2 MiB or
+    already starts on a 2 MiB boundary (placed by an earlier call: a repack after a weight update
+    copies nothing), or the advice fails, ``weight`` itself."""
     nbytes = weight.numel() * weight.element_size()
     if load() is None or nbytes < _HUGE_PAGE or not weight.is_contiguous() or weight.data_ptr() % _HUGE_PAGE == 0:
         return weight
-    raw = torch.empty(nbytes + _HUGE_PAGE, dtype=torch.uint8)  # untouched: mmap'd, not yet faulted in
+    advised = nbytes - nbytes % _HUGE_PAGE
+    if nbytes % _HUGE_PAGE and _HUGE_PAGE - nbytes % _HUGE_PAGE <= nbytes // 8:
+        advised += _HUGE_PAGE
+    raw = torch.empty(max(nbytes, advised) + _HUGE_PAGE, dtype=torch.uint8)  # untouched: mmap'd, not faulted in
     start = -raw.data_ptr() % _HUGE_PAGE
     libc = ctypes.CDLL(None, use_errno=True)
     libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    if libc.madvise(raw.data_ptr() + start, nbytes - nbytes % _HUGE_PAGE, _MADV_HUGEPAGE) != 0:
+    if libc.madvise(raw.data_ptr() + start, advised, _MADV_HUGEPAGE) != 0:
         return weight
     placed = raw[start : start + nbytes].view(weight.dtype).view(weight.shape)
     return placed.copy_(weight)
