@@ -40,7 +40,8 @@ class DeviceConfig:
     at load (about 2x torch's GEMM at 8-2374 rows on a 768-hidden Llama, benchmarks/RESULTS.md), which
     holds a second copy of those weights. null: on for device=cpu where torch has oneDNN and the model
     dtype is float32 (or bfloat16 where oneDNN runs it natively), for layers of 512 x 512 weights or more;
-    true: every layer, refused where it cannot run."""
+    true: every layer, refused where it cannot run. In fp32, 1-4 rows (decode of a few requests) run a C
+    kernel on the plain weight instead, which is moved into huge-page-advised memory at load."""
 
     def __post_init__(self) -> None:
         check_choice("device.type", self.type, DEVICE_TYPES)

@@ -186,6 +186,6 @@ def cpu_linear(x: torch.Tensor, weight: torch.Tensor, packed: torch.Tensor, bias
     """``F.linear(x, weight, bias)`` for a layer holding ``packed = pack_cpu_weight(weight)``: up to
     ``cpu_small_gemm.SMALL_ROWS`` fp32 rows on the plain weight (``small_linear``, faster at the
     bandwidth-bound few rows), more on the packed copy (``cpu_packed_linear``). x (..., in) -> (..., out)."""
-    if x.shape[0] <= cpu_small_gemm.SMALL_ROWS and cpu_small_gemm.serves(x, weight):
+    if cpu_small_gemm.serves(x, weight):
         return cpu_small_gemm.small_linear(x, weight, bias)
     return cpu_packed_linear(x, packed, bias)

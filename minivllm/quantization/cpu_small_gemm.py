@@ -121,7 +121,7 @@ def serves(x: torch.Tensor, weight: torch.Tensor) -> bool:
     CPU against a contiguous fp32 (out, in) weight, with the kernel built."""
     return (
         x.dim() == 2
-        and x.shape[0] <= SMALL_ROWS
+        and 0 < x.shape[0] <= SMALL_ROWS
         and x.dtype == torch.float32
         and weight.dtype == torch.float32
         and x.stride(1) == 1

@@ -48,6 +48,7 @@ def test_small_linear_on_two_threads():
 def test_serves_only_few_fp32_rows():
     w = torch.randn(8, 16)
     assert not cpu_small_gemm.serves(torch.randn(5, 16), w)
+    assert not cpu_small_gemm.serves(torch.randn(0, 16), w)  # no rows: the kernel is not called
     assert not cpu_small_gemm.serves(torch.randn(2, 16, dtype=torch.bfloat16), w)
     assert not cpu_small_gemm.serves(torch.randn(16, 2).t(), w)  # columns not contiguous
     assert not cpu_small_gemm.serves(torch.randn(2, 16), torch.randn(16, 8).t())
