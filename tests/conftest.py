@@ -44,6 +44,7 @@ else:
             path = nodeid.split("::", 1)[0]
             return "ray" if path.startswith(RAY_FILES) else path
 
+    @pytest.hookimpl(optionalhook=True)  # pytest-xdist installed but off (-p no:xdist) has no such hook
     def pytest_xdist_make_scheduler(config, log):
         return FileScheduling(config, log)
 
