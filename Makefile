@@ -35,11 +35,11 @@ lint: install
 # One intra-op thread per process: the suite's models are tiny, and several
 # processes (tp ranks, servers, engine processes) share the cores.
 test: lint
-	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(PY) -m pytest -q --timeout=600
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(PY) -m pytest -q --timeout=600 --durations=25 -n 2 --dist loadfile
 
 # The suite without the tests marked `slow` (more than a few seconds each on a 2-core CPU).
 test-fast: lint
-	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(PY) -m pytest -q --timeout=600 -m "not slow"
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(PY) -m pytest -q --timeout=600 -n 2 --dist loadfile -m "not slow"
 
 docs: install
 	$(PY) tools/gen_config_docs.py > docs/CONFIG.md

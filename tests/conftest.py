@@ -26,6 +26,28 @@ if not _cuda_visible():
 from tests import checkpoints as ck  # noqa: E402
 from tests.model_configs import llama_config, opt_config  # noqa: E402
 
+# Test files that start Ray clusters: under pytest-xdist they run in one worker, one after another
+# (a bare ``ray.init()`` joins the newest cluster on the machine, which may be another file's).
+RAY_FILES = ("tests/ray/", "tests/executor/test_ray_executor.py")
+
+try:
+    from xdist.scheduler import LoadScopeScheduling
+except ImportError:  # the suite runs in one process without pytest-xdist
+    pass
+else:
+
+    class FileScheduling(LoadScopeScheduling):
+        """``make test``'s ``-n 2``: each test file goes whole to one worker, so a module's fixtures
+        (engines, servers) are built once; the Ray files go together."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return "ray" if path.startswith(RAY_FILES) else path
+
+    @pytest.hookimpl(optionalhook=True)  # pytest-xdist installed but off (-p no:xdist) has no such hook
+    def pytest_xdist_make_scheduler(config, log):
+        return FileScheduling(config, log)
+
 
 def pytest_collection_modifyitems(config, items):
     import torch
