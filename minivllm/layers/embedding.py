@@ -15,7 +15,13 @@ from torch import nn
 
 from minivllm.distributed.parallel_state import all_gather_last_dim, all_reduce, tp_rank, tp_size
 from minivllm.layers.weight_utils import copy_checked, loaded_shape, narrow
-from minivllm.quantization.base import cpu_linear, pack_cpu_weight, packable_on_cpu, place_cpu_weight
+from minivllm.quantization.base import (
+    CpuPackedWeight,
+    cpu_linear,
+    pack_cpu_weight,
+    packable_on_cpu,
+    place_cpu_weight,
+)
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -45,8 +51,8 @@ class VocabParallelEmbedding(nn.Module):
 class ParallelLMHead(VocabParallelEmbedding):
     """Projects hidden states to vocabulary logits; may share the embedding's weight."""
 
-    cpu_packed_weight: torch.Tensor | None = None
-    """The weight reordered for oneDNN on the CPU (``device.cpu_packed_linear``); None: F.linear."""
+    cpu_packed_weight: CpuPackedWeight | None = None
+    """The weight packed for the CPU's matmul (``device.cpu_packed_linear``); None: F.linear."""
 
     def __init__(self, vocab_size: int, hidden_size: int, bias: bool = False) -> None:
         super().__init__(vocab_size, hidden_size)
@@ -67,7 +73,7 @@ class ParallelLMHead(VocabParallelEmbedding):
             self.weight = embedding.weight
 
     def pack_for_cpu(self) -> bool:
-        """Hold the weight reordered for oneDNN (``pack_cpu_weight``) where it is on the CPU in fp32
+        """Hold the weight packed for the CPU (``pack_cpu_weight``) where it is on the CPU in fp32
         or bf16 (a tied weight too: the embedding keeps looking up the plain one); returns whether it did."""
         if not packable_on_cpu(self.weight):
             return False

@@ -31,6 +31,7 @@ from torch import nn
 from minivllm.distributed.parallel_state import all_reduce, tp_rank, tp_size
 from minivllm.layers.weight_utils import as_tensor, copy_checked, loaded_shape, narrow
 from minivllm.quantization.base import (
+    CpuPackedWeight,
     LinearMethod,
     LinearShape,
     ParamSpec,
@@ -50,8 +51,8 @@ def divide(numerator: int, denominator: int, what: str) -> int:
 class ReplicatedLinear(nn.Module):
     """Every rank holds the whole layer; the base of the sharded layers below."""
 
-    cpu_packed_weight: torch.Tensor | None = None
-    """The unquantized weight reordered for oneDNN on the CPU (``device.cpu_packed_linear``,
+    cpu_packed_weight: CpuPackedWeight | None = None
+    """The unquantized weight packed for the CPU's matmul (``device.cpu_packed_linear``,
     ``pack_cpu_weight``); ``UnquantizedLinearMethod.apply`` runs on it. None: F.linear on ``weight``."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool, *, full_in: int | None = None) -> None:
@@ -86,7 +87,7 @@ class ReplicatedLinear(nn.Module):
         copy_whole(param, loaded, self.spec_of(param).broadcast)
 
     def pack_for_cpu(self) -> bool:
-        """Hold the weight reordered for oneDNN (``pack_cpu_weight``) where the layer is unquantized and
+        """Hold the weight packed for the CPU (``pack_cpu_weight``) where the layer is unquantized and
         on the CPU in fp32 or bf16; returns whether it did."""
         if type(self.quant_method) is not UnquantizedLinearMethod or not packable_on_cpu(self.weight):
             return False

@@ -16,6 +16,7 @@ from minivllm.layers.embedding import ParallelLMHead
 from minivllm.layers.norm import RMSNorm
 from minivllm.layers.rotary import RotaryEmbedding
 from minivllm.layers.weight_utils import default_weight_loader
+from minivllm.quantization.cpu_panel_gemm import PanelWeight
 
 FUSABLE = (RMSNorm, ActAndMul, RotaryEmbedding)
 """The layers ``compile_small_ops`` compiles: chains of tiny elementwise kernels in eager mode."""
@@ -76,8 +77,8 @@ def load_weights(
 
 
 def pack_cpu_weights(model: nn.Module, min_weights: int = 0) -> int:
-    """Reorder the CPU weight of every unquantized linear layer and the LM head holding at least
-    ``min_weights`` weights for oneDNN (``device.cpu_packed_linear``, ``pack_cpu_weight``); returns how
+    """Pack the CPU weight of every unquantized linear layer and the LM head holding at least
+    ``min_weights`` weights (``device.cpu_packed_linear``, ``pack_cpu_weight``); returns how
     many layers it packed. A quantized layer has no ``weight`` (its packed ints are its own) and is left alone."""
     return sum(
         module.pack_for_cpu()
@@ -89,12 +90,14 @@ def pack_cpu_weights(model: nn.Module, min_weights: int = 0) -> int:
 
 
 def packed_cpu_weight_bytes(model: nn.Module) -> int:
-    """Bytes of the packed copies (``pack_cpu_weights``): as many as the weights they copy."""
-    return sum(
-        m.weight.numel() * m.weight.element_size()
-        for m in model.modules()
-        if getattr(m, "cpu_packed_weight", None) is not None
-    )
+    """Bytes of the packed copies (``pack_cpu_weights``): as many as the weights they copy (fp32
+    panels pad the output columns to a whole panel)."""
+    total = 0
+    for m in model.modules():
+        packed = getattr(m, "cpu_packed_weight", None)
+        if packed is not None:
+            total += packed.nbytes if isinstance(packed, PanelWeight) else m.weight.numel() * m.weight.element_size()
+    return total
 
 
 def repack_cpu_weights(model: nn.Module, owners: set[nn.Module]) -> None:

@@ -24,7 +24,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from minivllm.quantization import cpu_small_gemm
+from minivllm.quantization import cpu_panel_gemm, cpu_small_gemm
+from minivllm.quantization.cpu_panel_gemm import PanelWeight
 
 
 @dataclass(frozen=True)
@@ -146,22 +147,29 @@ class UnquantizedLinearMethod(LinearMethod):
 
 
 CPU_PACK_BATCH_HINT = 32
-"""The rows oneDNN reorders a weight for (``pack_cpu_weight``); any row count runs on it, and on this
-2-core AVX-512 machine 32 ran 1-2374 rows as fast as a hint of their own (benchmarks/RESULTS.md)."""
+"""The rows oneDNN reorders a bf16 weight for (``pack_cpu_weight``); any row count runs on it, and on
+this 2-core AVX-512 machine 32 ran 1-2374 rows as fast as a hint of their own (benchmarks/RESULTS.md)."""
+
+CpuPackedWeight = PanelWeight | torch.Tensor
+"""A layer's packed CPU weight: fp32 panels for ``cpu_panel_gemm``, or oneDNN's opaque reordered tensor."""
 
 
 def place_cpu_weight(weight: torch.Tensor) -> torch.Tensor:
     """The plain fp32 weight a packed layer keeps, in memory advised for huge pages
-    (``cpu_small_gemm.to_huge_pages``: its few-row kernel reads it there); other dtypes as they are."""
+    (``cpu_small_gemm.to_huge_pages``: its one-row kernel reads it there); other dtypes as they are."""
     return cpu_small_gemm.to_huge_pages(weight) if weight.dtype == torch.float32 else weight
 
 
-def pack_cpu_weight(weight: torch.Tensor) -> torch.Tensor:
-    """``weight`` (out, in), fp32 or bf16 on the CPU, reordered once into oneDNN's blocked layout for
-    ``cpu_packed_linear`` (an opaque ``torch._mkldnn`` tensor: a second copy, the parameter stays).
+def pack_cpu_weight(weight: torch.Tensor) -> CpuPackedWeight:
+    """``weight`` (out, in), fp32 or bf16 on the CPU, packed once for ``cpu_packed_linear``: a second
+    copy, the parameter stays. fp32 goes into column panels for our C kernel (``cpu_panel_gemm``,
+    1.4-1.5x oneDNN at decode batches); bf16, or fp32 where that kernel is not built, is reordered
+    into oneDNN's blocked layout (an opaque ``torch._mkldnn`` tensor).
 
     Linear layers and the LM head hold it as ``cpu_packed_weight`` (``device.cpu_packed_linear``);
     whatever writes their weight after loading packs it again (``models/utils.py:load_weights``)."""
+    if weight.dtype == torch.float32 and cpu_panel_gemm.load() is not None:
+        return cpu_panel_gemm.pack_panels(weight)
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), CPU_PACK_BATCH_HINT)
 
 
@@ -175,17 +183,22 @@ def packable_on_cpu(weight: torch.Tensor) -> bool:
     )
 
 
-def cpu_packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """``F.linear(x, W, bias)`` on ``packed = pack_cpu_weight(W)``: oneDNN's matmul (brgemm on AVX-512), with
-    no per-call repacking of W as MKL's sgemm does; equal to ``F.linear`` to fp32 rounding (another
-    summation order). x (..., in) -> (..., out)."""
+def cpu_packed_linear(x: torch.Tensor, packed: CpuPackedWeight, bias: torch.Tensor | None) -> torch.Tensor:
+    """``F.linear(x, W, bias)`` on ``packed = pack_cpu_weight(W)``: the panel kernel, or oneDNN's matmul
+    (brgemm on AVX-512) with no per-call repacking of W as MKL's sgemm does; equal to ``F.linear`` to
+    fp32 rounding (another summation order). x (..., in) -> (..., out)."""
+    if isinstance(packed, PanelWeight):
+        return cpu_panel_gemm.panel_linear(x, packed, bias)
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 
-def cpu_linear(x: torch.Tensor, weight: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """``F.linear(x, weight, bias)`` for a layer holding ``packed = pack_cpu_weight(weight)``: up to
-    ``cpu_small_gemm.SMALL_ROWS`` fp32 rows on the plain weight (``small_linear``, faster at the
-    bandwidth-bound few rows), more on the packed copy (``cpu_packed_linear``). x (..., in) -> (..., out)."""
-    if cpu_small_gemm.serves(x, weight):
+def cpu_linear(
+    x: torch.Tensor, weight: torch.Tensor, packed: CpuPackedWeight, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` for a layer holding ``packed = pack_cpu_weight(weight)``: few fp32
+    rows on the plain weight (``cpu_small_gemm.small_linear``: one row where the weight has panels,
+    which serve two rows and up faster; up to ``SMALL_ROWS`` against oneDNN), more on the packed copy
+    (``cpu_packed_linear``). x (..., in) -> (..., out)."""
+    if cpu_small_gemm.serves(x, weight) and (x.shape[0] == 1 or not isinstance(packed, PanelWeight)):
         return cpu_small_gemm.small_linear(x, weight, bias)
     return cpu_packed_linear(x, packed, bias)

@@ -4,9 +4,10 @@ At one to four rows a linear layer is a pass over its weight, bound by memory ba
 matmul on its reordered copy (``pack_cpu_weight``) reaches about 34 GB/s on one thread of this
 machine, a dot product per weight row over the plain (out, in) weight about 38 GB/s, and 40 GB/s when
 the weight lies in transparent huge pages (fewer TLB misses on a 400 MB stream; benchmarks/RESULTS.md).
-So at ``rows <= SMALL_ROWS`` the unquantized linear layers and the LM head run ``small_linear`` on
-their plain weight (the parameter, which weight updates write in place; nothing is copied for it),
-and their packed copy serves larger batches.
+So the unquantized linear layers and the LM head run ``small_linear`` on their plain weight (the
+parameter, which weight updates write in place; nothing is copied for it) at one row where their
+packed copy is fp32 panels (``cpu_panel_gemm``, faster from two rows on) and at up to
+``SMALL_ROWS`` rows where it is oneDNN's; the packed copy serves the larger batches.
 
 The kernel reads each weight row once for all the rows of x (two AVX-512 accumulators per row of x,
 so the sums are not bound by the FMA latency; plain C with ``omp simd`` elsewhere) and splits the
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import math
 
 import torch
 
@@ -29,7 +31,8 @@ from minivllm.attention.cpu_paged_decode import build_c_library, profiled
 logger = logging.getLogger(__name__)
 
 SMALL_ROWS = 4
-"""Rows up to which ``small_linear`` runs instead of oneDNN's packed matmul (1-4 rows measured faster)."""
+"""Rows up to which ``small_linear`` runs instead of oneDNN's packed matmul (1-4 rows measured faster);
+against fp32 panels (``cpu_panel_gemm``) it runs one row only."""
 
 _SOURCE = r"""
 #include <omp.h>
@@ -156,17 +159,15 @@ def small_linear(
     return y
 
 
-def to_huge_pages(weight: torch.Tensor) -> torch.Tensor:
-    """A copy of the contiguous CPU tensor ``weight`` starting on a 2 MiB boundary, advised for
-    transparent huge pages before it is first touched (``madvise``). The tail past its last whole
-    2 MiB page is advised too where rounding it up to a huge page adds at most 1/8 of the weight
-    (the qkv and gate/up projections, the LM head); otherwise it stays in small pages, so that no
-    huge page is left mostly empty. Where the kernel is not built, the weight is under 2 MiB or
-    already starts on a 2 MiB boundary (placed by an earlier call: a repack after a weight update
-    copies nothing), or the advice fails, ``weight`` itself."""
-    nbytes = weight.numel() * weight.element_size()
-    if load() is None or nbytes < _HUGE_PAGE or not weight.is_contiguous() or weight.data_ptr() % _HUGE_PAGE == 0:
-        return weight
+def huge_page_empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor | None:
+    """An uninitialised contiguous CPU tensor starting on a 2 MiB boundary, advised for transparent
+    huge pages before it is first touched (``madvise``). The tail past its last whole 2 MiB page is
+    advised too where rounding it up to a huge page adds at most 1/8 of the tensor (the qkv and gate/up
+    projections, the LM head); otherwise it stays in small pages, so that no huge page is left mostly
+    empty. None where the kernel is not built, the tensor is under 2 MiB or the advice fails."""
+    nbytes = math.prod(shape) * dtype.itemsize
+    if load() is None or nbytes < _HUGE_PAGE:
+        return None
     advised = nbytes - nbytes % _HUGE_PAGE
     if nbytes % _HUGE_PAGE and _HUGE_PAGE - nbytes % _HUGE_PAGE <= nbytes // 8:
         advised += _HUGE_PAGE
@@ -175,6 +176,15 @@ def to_huge_pages(weight: torch.Tensor) -> torch.Tensor:
     libc = ctypes.CDLL(None, use_errno=True)
     libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     if libc.madvise(raw.data_ptr() + start, advised, _MADV_HUGEPAGE) != 0:
+        return None
+    return raw[start : start + nbytes].view(dtype).view(shape)
+
+
+def to_huge_pages(weight: torch.Tensor) -> torch.Tensor:
+    """A copy of the contiguous CPU tensor ``weight`` in ``huge_page_empty`` memory; ``weight`` itself
+    where that gives none, or where it already starts on a 2 MiB boundary (placed by an earlier call: a
+    repack after a weight update copies nothing)."""
+    if not weight.is_contiguous() or weight.data_ptr() % _HUGE_PAGE == 0:
         return weight
-    placed = raw[start : start + nbytes].view(weight.dtype).view(weight.shape)
-    return placed.copy_(weight)
+    placed = huge_page_empty(tuple(weight.shape), weight.dtype)
+    return weight if placed is None else placed.copy_(weight)

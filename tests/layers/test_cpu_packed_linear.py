@@ -13,7 +13,9 @@ from minivllm.config.device import resolve_cpu_packed_linear
 from minivllm.layers.embedding import ParallelLMHead
 from minivllm.layers.linear import QKVParallelLinear, ReplicatedLinear
 from minivllm.models.utils import MissingWeightsError, pack_cpu_weights, packed_cpu_weight_bytes
+from minivllm.quantization import cpu_panel_gemm
 from minivllm.quantization.base import cpu_packed_linear, pack_cpu_weight
+from minivllm.quantization.cpu_panel_gemm import PANEL
 from tests.hf_reference import hf_greedy
 
 needs_onednn = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
@@ -82,12 +84,15 @@ PACK = "device.cpu_packed_linear=true"  # every layer: the tiny checkpoints' are
         # async scheduling, prefix caching and chunked prefill (a 4-token budget splits the prompts)
         ("llama_dir", dict(async_scheduling=True, enable_prefix_caching=True, max_num_batched_tokens=4)),
         ("llama_dir", dict(tensor_parallel_size=2)),  # each rank packs its shard
+        # four blocks of four tokens hold the longest request alone: preempted and recomputed
+        ("llama_dir", dict(block_size=4, num_gpu_blocks_override=4, async_scheduling=True)),
     ],
 )
 def test_engine_with_packed_layers_matches_transformers(checkpoint, options, request):
     path = request.getfixturevalue(checkpoint)
     prompts, max_tokens = [[1, 5, 9, 13, 2, 7], [3, 4], [11, 12, 13, 14, 15, 16, 17, 18, 19]], [10, 6, 3]
-    llm = LLM(model=str(path), dtype="float32", device="cpu", num_gpu_blocks_override=32, overrides=[PACK], **options)
+    options = {"num_gpu_blocks_override": 32, **options}
+    llm = LLM(model=str(path), dtype="float32", device="cpu", overrides=[PACK], **options)
     try:
         assert llm.llm_engine.cfg.cpu_packed_linear and llm.llm_engine.cfg.cpu_pack_min_weights == 0
         worker = getattr(llm.llm_engine.core.executor, "worker", None)  # None: tp=2's ranks are processes
@@ -98,6 +103,8 @@ def test_engine_with_packed_layers_matches_transformers(checkpoint, options, req
             assert any(isinstance(m, ParallelLMHead) for m in packed)
             assert any(isinstance(m, QKVParallelLinear) for m in packed)
         got = _generate(llm, prompts, max_tokens)
+        if options["num_gpu_blocks_override"] == 4:
+            assert llm.llm_engine.scheduler_stats().num_preemptions > 0
     finally:
         llm.shutdown()
     for p, n, tokens in zip(prompts, max_tokens, got):
@@ -190,6 +197,8 @@ def test_the_packed_copies_count_against_the_cpu_memory_budget(llama_dir, monkey
     """The KV cache gets what ``cache.cpu_memory_gb`` leaves after the weights and their packed copies."""
     from minivllm.worker import worker as worker_module
 
+    panels_built = cpu_panel_gemm.load() is not None
+
     monkeypatch.setattr(worker_module, "_rss_bytes", lambda: 0)  # no activation growth: weights alone decide
     monkeypatch.setattr(worker_module, "_peak_rss_bytes", lambda: 0)
     blocks = {}
@@ -205,7 +214,9 @@ def test_the_packed_copies_count_against_the_cpu_memory_budget(llama_dir, monkey
             if pack == "true":
                 packed = packed_cpu_weight_bytes(model)
                 layers = [m for m in model.modules() if getattr(m, "cpu_packed_weight", None) is not None]
-                assert packed == sum(m.weight.numel() * 4 for m in layers) > 0
+                # fp32 panels pad each layer's output features to whole panels of PANEL columns
+                rows = [-(-m.weight.shape[0] // PANEL) * PANEL if panels_built else m.weight.shape[0] for m in layers]
+                assert packed == sum(r * m.weight.shape[1] * 4 for r, m in zip(rows, layers)) > 0
                 block_bytes = (
                     worker.model_runner.kv_caches[0].nbytes // blocks[pack] * len(worker.model_runner.kv_caches)
                 )

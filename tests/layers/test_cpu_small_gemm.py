@@ -58,13 +58,16 @@ def test_serves_only_few_fp32_rows():
 @needs_kernel
 @pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
 def test_cpu_linear_routes_by_rows():
+    """One row reads the plain weight against fp32 panels, up to SMALL_ROWS against oneDNN's copy."""
     gen = torch.Generator().manual_seed(1)
     w = torch.randn(64, 48, generator=gen)
-    packed = pack_cpu_weight(w)
     zeros = torch.zeros_like(w)  # the plain weight the few rows read, the packed copy the rest
-    assert cpu_linear(torch.randn(4, 48, generator=gen), zeros, packed, None).abs().max() == 0
-    x = torch.randn(5, 48, generator=gen)
-    torch.testing.assert_close(cpu_linear(x, zeros, packed, None), F.linear(x, w), rtol=1e-5, atol=1e-5)
+    panels = pack_cpu_weight(w)
+    onednn = torch.ops.mkldnn._reorder_linear_weight(w, 32)
+    for packed, few in ((panels, 1), (onednn, cpu_small_gemm.SMALL_ROWS)):
+        assert cpu_linear(torch.randn(few, 48, generator=gen), zeros, packed, None).abs().max() == 0
+        x = torch.randn(few + 1, 48, generator=gen)
+        torch.testing.assert_close(cpu_linear(x, zeros, packed, None), F.linear(x, w), rtol=1e-5, atol=1e-5)
 
 
 @needs_kernel
@@ -84,7 +87,7 @@ def test_packed_layer_keeps_its_weight_and_forwards_as_before():
     layer = ReplicatedLinear(1024, 600, bias=True)
     for p in layer.parameters():
         p.data.normal_()
-    x = torch.randn(2, 1024)
+    x = torch.randn(1, 1024)  # one row: the plain weight's kernel
     want = F.linear(x, layer.weight, layer.bias)
     param = layer.weight
     assert pack_cpu_weights(torch.nn.ModuleList([layer])) == 1
