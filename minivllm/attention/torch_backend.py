@@ -16,7 +16,7 @@ step. This is the CPU default and the oracle the Triton kernels are tested again
 
 On the CPU with an fp32 cache, decode requests instead read the cache in place
 through a small C kernel (``cpu_paged_decode.py``) when it builds: one
-``_PagedDecode`` entry stands for all of a step's decode tokens, and falls back to
+``PagedDecode`` entry stands for all of a step's decode tokens, and falls back to
 the gathered groups above for a cache or query the kernel does not serve.
 """
 
@@ -102,7 +102,7 @@ class _CausalRows:
         return table[:, :num_keys].index_select(0, q_pos.view(-1)).view(B, 1, Q, num_keys)
 
 
-class _PagedDecode:
+class PagedDecode:
     """A step's decode tokens for the in-place CPU kernel: each request's query row,
     block table and length, with the gathered groups built only if a layer needs them."""
 
@@ -128,15 +128,15 @@ class TorchAttentionBackend(AttentionBackend):
     def __init__(self) -> None:
         self.causal_rows = _CausalRows()
 
-    def prepare(self, meta: AttentionMetadata, block_size: int) -> list[_Group | _PagedDecode]:
+    def prepare(self, meta: AttentionMetadata, block_size: int) -> list[_Group | PagedDecode]:
         query_lens = np.asarray(meta.query_lens_cpu)  # (B,)
         seq_lens = np.asarray(meta.seq_lens_cpu)  # (B,)
         decode = np.flatnonzero(query_lens == 1)
-        groups: list[_Group | _PagedDecode] = []
+        groups: list[_Group | PagedDecode] = []
         if len(decode):
             host = _HostIndex(meta, seq_lens)
             if meta.seq_lens.device.type == "cpu" and cpu_paged_decode.load() is not None:
-                groups.append(_PagedDecode(host, decode, block_size))
+                groups.append(PagedDecode(host, decode, block_size))
             else:
                 groups += _decode_groups(host, decode, block_size, meta.seq_lens.device)
         if len(decode) < len(query_lens):
@@ -169,7 +169,7 @@ class TorchAttentionBackend(AttentionBackend):
         if not kv_written:
             write_kv(key, value, kv_cache, meta.slot_mapping, k_scale, v_scale, meta.has_padding)
         groups = meta.backend_data
-        if any(isinstance(g, _PagedDecode) for g in groups):
+        if any(isinstance(g, PagedDecode) for g in groups):
             groups = self._paged_decode(groups, query, kv_cache, scale, sliding_window, logits_soft_cap, sinks)
             out = groups.pop()  # the decode rows, written; the prefill groups write theirs below
         else:
@@ -209,14 +209,14 @@ class TorchAttentionBackend(AttentionBackend):
 
     @staticmethod
     def _paged_decode(groups, query, kv_cache, scale, sliding_window, soft_cap, sinks) -> list:
-        """Run the in-place kernel for the ``_PagedDecode`` entry (or expand it into gather
+        """Run the in-place kernel for the ``PagedDecode`` entry (or expand it into gather
         groups where the kernel does not serve these tensors, or attention sinks, which it does
         not apply): the groups left to run, and last, the output tensor."""
         lib = cpu_paged_decode.load()
         rest: list = []
         out = torch.empty_like(query)
         for g in groups:
-            if not isinstance(g, _PagedDecode):
+            if not isinstance(g, PagedDecode):
                 rest.append(g)
             elif sinks is None and cpu_paged_decode.supports(query, kv_cache):
                 with cpu_paged_decode.profiled("cpu_paged_decode_attention"):  # named for profiles

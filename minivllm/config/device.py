@@ -43,6 +43,13 @@ class DeviceConfig:
     true: every layer, refused where it cannot run. In fp32, 1-4 rows (decode of a few requests) run a C
     kernel on the plain weight instead, which is moved into huge-page-advised memory at load."""
 
+    cpu_fused_decode: Optional[bool] = None
+    """CPU: run a plain Llama decoder stack (Llama, and the families built of its layers unchanged) as
+    one C call for each decode-only step, calling the same kernels the layers call one by one
+    (models/llama_cpu_decode.py: ~1.3 ms less Python a step on a 12-layer model). null: on for
+    device=cpu with a float32 model, without LoRA or speculative decoding, where the model's layers
+    qualify; true: refused where they do not, with the reason; false: off."""
+
     def __post_init__(self) -> None:
         check_choice("device.type", self.type, DEVICE_TYPES)
         if self.cpu_threads is not None:
@@ -94,6 +101,26 @@ def resolve_cpu_packed_linear(requested: bool | None, device_type: str, dtype: t
         return why is None
     if requested and why is not None:
         raise ValueError(f"device.cpu_packed_linear=true: {why}; use null or false")
+    return requested
+
+
+def resolve_cpu_fused_decode(
+    requested: bool | None, device_type: str, dtype: torch.dtype, refused_with: dict[str, bool]
+) -> bool:
+    """``device.cpu_fused_decode``: null is on for an fp32 model on the CPU without any of
+    ``refused_with`` (option -> set); true where it cannot run is an error naming why. Whether the
+    model's layers qualify is decided at load (``models/llama_cpu_decode.py:attach``)."""
+    why = None
+    if device_type != "cpu":
+        why = f"it runs the CPU's C kernels; the device is {device_type}"
+    elif dtype != torch.float32:
+        why = f"its kernels take float32 weights, not {str(dtype).removeprefix('torch.')}"
+    else:
+        why = next((f"not with {option}" for option, on in refused_with.items() if on), None)
+    if requested is None:
+        return why is None
+    if requested and why is not None:
+        raise ValueError(f"device.cpu_fused_decode=true: {why}; use null or false")
     return requested
 
 

@@ -41,6 +41,7 @@ from minivllm.config.device import (
     CompilationConfig,
     DeviceConfig,
     attention_target,
+    resolve_cpu_fused_decode,
     resolve_cpu_packed_linear,
     resolve_device,
     resolve_fused_sampler,
@@ -159,6 +160,16 @@ class VllmConfig:
         """``device.cpu_packed_linear`` resolved: the worker packs its linear weights for oneDNN at load."""
         self.cpu_pack_min_weights: int = 0 if self.device.cpu_packed_linear else CPU_PACK_MIN_WEIGHTS
         """The smallest layer packed: every layer when asked for (true), else the size where oneDNN wins."""
+        self.cpu_fused_decode: bool = resolve_cpu_fused_decode(
+            self.device.cpu_fused_decode,
+            self.device_type,
+            self.dtype,
+            {
+                "lora.enable_lora=true": self.lora.enable_lora,
+                f"speculative.method={self.speculative.method}": self.speculative.enabled,
+            },
+        )
+        """``device.cpu_fused_decode`` resolved: the runner gives a qualifying Llama stack its one-call decode."""
         self.fused_sampler: bool = resolve_fused_sampler(self.compilation.fused_sampler, self.device_type)
         """``compilation.fused_sampler`` resolved: the runner's sampler runs the fused Triton kernel."""
 

@@ -8,7 +8,7 @@ subclasses rather than copies.
 from __future__ import annotations
 
 from itertools import islice
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import torch
 from torch import nn
@@ -131,6 +131,9 @@ class LlamaDecoderLayer(nn.Module):
 
 class LlamaModel(nn.Module):
     layer_cls = LlamaDecoderLayer
+    cpu_decode: Callable | None = None
+    """``device.cpu_fused_decode``: the whole stack for a decode-only step in one C call
+    (``models/llama_cpu_decode.py``; it returns None for a step it does not serve)."""
 
     def __init__(self, config: PretrainedConfig, backend: AttentionBackend, **attn_opts: Any) -> None:
         super().__init__()
@@ -158,6 +161,9 @@ class LlamaModel(nn.Module):
             hidden, residual = inputs_embeds, None
         elif intermediate is None:
             hidden, residual = self.embed(input_ids), None  # (T, hidden)
+            if self.cpu_decode is not None and (done := self.cpu_decode(hidden, positions, meta)) is not None:
+                hidden, _ = self.norm(*done)
+                return hidden
         else:  # from the previous pipeline stage
             hidden, residual = intermediate["hidden"], intermediate["residual"]
         for layer in islice(self.layers, self.start, self.end):  # a slice would build a ModuleList per step

@@ -55,6 +55,7 @@ from minivllm.layers.mla import MLAAttention
 from minivllm.layers.rotary import share_cos_sin_caches
 from minivllm.lora.manager import LoRAModelManager
 from minivllm.models.interfaces import supports_mrope, supports_multimodal
+from minivllm.models.llama_cpu_decode import attach as attach_cpu_decode
 from minivllm.models.utils import compile_small_ops, pack_cpu_weights
 from minivllm.multimodal.feature import MultiModalFeature
 from minivllm.outputs import DoneOutput, KVConnectorOutput, ModelRunnerOutput, PositionLogprobs, StepResult
@@ -146,6 +147,8 @@ class ModelRunner:
         if supports_multimodal(self.model):
             self.mm = MultiModalRunner(self.model, self.device)
         self.pipeline = pipeline_stage(self.cfg, self.model, self.device)  # None unless parallel.pp > 1
+        if self.cfg.cpu_fused_decode:  # a Llama stack's decode steps as one C call each
+            attach_cpu_decode(self.model, self.cfg.device.cpu_fused_decode)
         if self.cfg.lora.enable_lora:
             self.lora = LoRAModelManager(self.model, self.cfg.lora, self.cfg.hf_config, self.cfg.dtype, self.device)
         if self.drafter is not None:

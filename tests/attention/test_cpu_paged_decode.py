@@ -10,7 +10,7 @@ import torch
 
 from minivllm.attention import cpu_paged_decode
 from minivllm.attention.backend import AttentionMetadata
-from minivllm.attention.torch_backend import TorchAttentionBackend, _PagedDecode
+from minivllm.attention.torch_backend import PagedDecode, TorchAttentionBackend
 
 needs_kernel = pytest.mark.skipif(
     shutil.which("cc") is None and shutil.which("gcc") is None, reason="no C compiler to build the CPU kernel"
@@ -88,7 +88,7 @@ def test_in_place_decode_matches_block_gathers(
     assert cpu_paged_decode.load() is not None  # a compiler is here: the kernel must build
     got, data = _run(monkeypatch, True, *step, **kw)
     expected, _ = _run(monkeypatch, False, *step, **kw)
-    assert any(isinstance(g, _PagedDecode) for g in data) == (1 in query_lens)  # the kernel did run
+    assert any(isinstance(g, PagedDecode) for g in data) == (1 in query_lens)  # the kernel did run
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
 
 
@@ -119,7 +119,7 @@ def test_long_contexts_across_many_blocks_and_threads(monkeypatch, threads, wind
     finally:
         torch.set_num_threads(before)
     expected, _ = _run(monkeypatch, False, kv_cache, meta, q, k, v, **kw)
-    assert any(isinstance(g, _PagedDecode) for g in data)
+    assert any(isinstance(g, PagedDecode) for g in data)
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
 
 
@@ -144,7 +144,7 @@ def test_a_failed_build_falls_back_to_block_gathers(monkeypatch, tmp_path, caplo
     gen = torch.Generator().manual_seed(6)
     kv_cache, meta, q, k, v = _step(gen, [1, 1], [5, 9], 4, 2, 8, 4)
     backend = TorchAttentionBackend()
-    assert not any(isinstance(g, _PagedDecode) for g in backend.prepare(meta, 4))
+    assert not any(isinstance(g, PagedDecode) for g in backend.prepare(meta, 4))
 
 
 @needs_kernel

@@ -1,0 +1,152 @@
+"""``device.cpu_fused_decode``: a Llama stack's decode-only steps as one C call
+(``models/llama_cpu_decode.py``). It calls the kernels the layers call, in their order, so the engine's
+logprobs are the module path's bit for bit and its tokens transformers'; with the scheduler's options
+around it (async scheduling, prefix caching, chunked prefill, preemption, packed weights for several
+rows); and whatever it does not serve falls back or is refused with the reason."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from minivllm import LLM, SamplingParams
+from minivllm.layers.norm import RMSNorm
+from minivllm.models import llama_cpu_decode
+from tests.hf_reference import hf_greedy
+
+pytestmark = pytest.mark.skipif(llama_cpu_decode._load() is None, reason="no C compiler to build the kernels")
+
+PROMPTS = [[1, 5, 9, 13, 2, 7], [3, 4], [11, 12, 13, 14, 15, 16, 17, 18, 19], [8, 6, 4, 2]]
+MAX_TOKENS = [10, 6, 3, 8]
+
+
+def _engine(path, fused: str, **options) -> LLM:
+    options = {"num_gpu_blocks_override": 32, **options}
+    overrides = [f"device.cpu_fused_decode={fused}", *options.pop("overrides", [])]
+    return LLM(model=str(path), dtype="float32", device="cpu", overrides=overrides, **options)
+
+
+def _stack(llm: LLM):
+    return llm.llm_engine.core.executor.worker.model_runner.model.model
+
+
+def _run(llm: LLM, prompts=PROMPTS, max_tokens=MAX_TOKENS) -> tuple[list[list[int]], list[list[float]], int]:
+    """Tokens, the chosen tokens' logprobs, and how many steps the C stack served."""
+    worker = getattr(llm.llm_engine.core.executor, "worker", None)  # None: tp=2's ranks are processes
+    stack = worker.model_runner.model.model if worker is not None else None
+    served = []
+    if stack is not None and stack.cpu_decode is not None:
+        inner = stack.cpu_decode
+
+        def counting(*args):
+            out = inner(*args)
+            served.append(out is not None)
+            return out
+
+        stack.cpu_decode = counting
+    params = [SamplingParams(temperature=0.0, max_tokens=n, logprobs=0, ignore_eos=True) for n in max_tokens]
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    tokens = [list(o.outputs[0].token_ids) for o in outs]
+    logprobs = [[lp[t].logprob for t, lp in zip(o.outputs[0].token_ids, o.outputs[0].logprobs)] for o in outs]
+    return tokens, logprobs, sum(served)
+
+
+@pytest.fixture(scope="module")
+def reference(llama_dir):
+    return [hf_greedy(llama_dir, [p], n)[0] for p, n in zip(PROMPTS, MAX_TOKENS)]
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},  # one row on the plain weights; several rows fall back (the tiny layers are not packed)
+        {"overrides": ["device.cpu_packed_linear=true"]},  # several rows on the panels too
+        # async scheduling, prefix caching and chunked prefill (a 4-token budget splits the prompts)
+        dict(
+            async_scheduling=True,
+            enable_prefix_caching=True,
+            max_num_batched_tokens=4,
+            overrides=["device.cpu_packed_linear=true"],
+        ),  # fmt: skip
+        # four blocks of four tokens hold the longest request alone: preempted and recomputed
+        dict(block_size=4, num_gpu_blocks_override=4, overrides=["device.cpu_packed_linear=true"]),
+    ],
+    ids=["plain", "packed", "async-prefix-chunked", "preempted"],
+)
+def test_tokens_match_transformers_and_logprobs_the_module_path(llama_dir, reference, options):
+    results = {}
+    for fused in ("true", "false"):
+        llm = _engine(llama_dir, fused, **options)
+        try:
+            assert (_stack(llm).cpu_decode is not None) == (fused == "true")
+            results[fused] = _run(llm)
+            if options.get("num_gpu_blocks_override") == 4:
+                assert llm.llm_engine.scheduler_stats().num_preemptions > 0
+        finally:
+            llm.shutdown()
+    (tokens, logprobs, served), (module_tokens, module_logprobs, _) = results["true"], results["false"]
+    assert served > 0
+    assert tokens == module_tokens == [t for t, _ in reference]
+    packed = "device.cpu_packed_linear=true" in options.get("overrides", [])
+    for got, want in zip(logprobs, module_logprobs):
+        if packed:  # the same kernels in the same order: equal, not close
+            assert got == want
+        else:  # one row: the C stack's few-row GEMM where the unpacked layers run F.linear
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_one_request_is_served_every_decode_step(llama_dir):
+    llm = _engine(llama_dir, "null")
+    try:
+        tokens, _, served = _run(llm, [PROMPTS[0]], [12])
+    finally:
+        llm.shutdown()
+    assert served == 11  # every step after the prefill (which produced the first token)
+    assert tokens == [hf_greedy(llama_dir, [PROMPTS[0]], 12)[0][0]]
+
+
+def test_off_where_it_does_not_apply_and_refused_when_asked(llama_dir, opt_dir):
+    llm = _engine(llama_dir, "false")
+    try:
+        assert _stack(llm).cpu_decode is None
+    finally:
+        llm.shutdown()
+    with pytest.raises(ValueError, match=r"device.cpu_fused_decode=true: OPTForCausalLM does not qualify"):
+        LLM(model=str(opt_dir), dtype="float32", device="cpu", overrides=["device.cpu_fused_decode=true"])
+    llm = LLM(model=str(opt_dir), dtype="float32", device="cpu", num_gpu_blocks_override=16)  # null: off, quietly
+    llm.shutdown()
+    with pytest.raises(ValueError, match=r"device.cpu_fused_decode=true: its kernels take float32 weights"):
+        LLM(model=str(llama_dir), dtype="bfloat16", device="cpu", overrides=["device.cpu_fused_decode=true"])
+    with pytest.raises(ValueError, match=r"device.cpu_fused_decode=true: not with lora.enable_lora=true"):
+        LLM(
+            model=str(llama_dir), dtype="float32", device="cpu", enable_lora=True,
+            overrides=["device.cpu_fused_decode=true"],
+        )  # fmt: skip
+
+
+def test_tensor_parallel_ranks_run_their_layers(llama_dir, reference):
+    """tp=2: each rank's layers are shards joined by an all-reduce, which the C stack has not: off."""
+    llm = _engine(llama_dir, "null", tensor_parallel_size=2)
+    try:
+        tokens, _, _ = _run(llm)
+    finally:
+        llm.shutdown()
+    assert tokens == [t for t, _ in reference]
+
+
+def test_why_not_names_each_layer_it_does_not_run(llama_dir):
+    llm = _engine(llama_dir, "false")
+    try:
+        stack = _stack(llm)
+        assert llama_cpu_decode.why_not(stack) is None
+        attn = stack.layers[1].self_attn
+        attn.q_norm = RMSNorm(attn.head_dim)
+        assert "normalises q and k" in llama_cpu_decode.why_not(stack)
+        attn.q_norm = None
+        attn.attn.sliding_window = 4
+        assert "sliding window" in llama_cpu_decode.why_not(stack)
+        attn.attn.sliding_window = None
+        stack.layers[0].mlp.down_proj.weight.data = stack.layers[0].mlp.down_proj.weight.data.to(torch.bfloat16)
+        assert "not float32" in llama_cpu_decode.why_not(stack)
+    finally:
+        llm.shutdown()
