@@ -36,11 +36,12 @@ class DeviceConfig:
     your own process reads yours (set it to PASSIVE on a shared machine, benchmarks/RESULTS.md)."""
 
     cpu_packed_linear: Optional[bool] = None
-    """CPU: run the unquantized linear layers and the LM head as oneDNN matmuls on weights reordered once
-    at load (about 2x torch's GEMM at 8-2374 rows on a 768-hidden Llama, benchmarks/RESULTS.md), which
-    holds a second copy of those weights. null: on for device=cpu where torch has oneDNN and the model
+    """CPU: run the unquantized linear layers and the LM head on weights packed once at load, a second
+    copy of those weights: fp32 into column panels for minivllm's C GEMM (quantization/cpu_panel_gemm.py:
+    1.4-1.5x oneDNN at 8-32 rows, level at prefill), bf16 reordered for oneDNN's matmul (about 2x
+    torch's GEMM, benchmarks/RESULTS.md). null: on for device=cpu where torch has oneDNN and the model
     dtype is float32 (or bfloat16 where oneDNN runs it natively), for layers of 512 x 512 weights or more;
-    true: every layer, refused where it cannot run. In fp32, 1-4 rows (decode of a few requests) run a C
+    true: every layer, refused where it cannot run. In fp32 one row (a single request's decode) runs a C
     kernel on the plain weight instead, which is moved into huge-page-advised memory at load."""
 
     cpu_fused_decode: Optional[bool] = None
