@@ -16,32 +16,19 @@ block of the request its thread likely takes next; benchmarks/RESULTS.md,
 runtime torch uses (the kernel links ``libgomp.so.1``, which the loader resolves
 to the copy torch already loaded), with ``torch.get_num_threads()`` threads.
 
-It is plain C with no torch headers, so it compiles in about a second with the
-system's C compiler (``$CC`` or ``cc``) on first use, and is cached under
-``minivllm.utils.cache_dir()`` (``$MINIVLLM_CACHE_DIR``, default ``~/.cache/minivllm``) keyed by its source, flags and
-this CPU's instruction-set flags (it is built for the machine it runs on). Where
-no compiler is found or the build fails, ``load()`` returns None once and the
-backend keeps its block-gather path: same results, more copying. fp32 caches and
+Built and cached like the CPU's other C kernels (``minivllm/c_kernels.py``); where it cannot
+be, ``load()`` returns None once and the backend keeps its block-gather path: same results,
+more copying. fp32 caches and
 queries only (bf16 and fp8 caches take the gather path).
 """
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
-import hashlib
-import logging
-import os
-import shutil
-import subprocess
-import tempfile
-from pathlib import Path
 
 import torch
 
-from minivllm.utils import cache_dir
-
-logger = logging.getLogger(__name__)
+from minivllm.c_kernels import CLibrary
 
 _SOURCE = r"""
 #include <float.h>
@@ -179,82 +166,18 @@ void paged_decode_f32(const float* q, const float* k_cache, const float* v_cache
 }
 """
 
-_FLAGS = ["-O3", "-march=native", "-fopenmp", "-ffast-math", "-fPIC"]
-"""Compile flags. Linking is a separate step without ``-ffast-math``, which would link in
-``crtfastmath.o`` and flush denormals to zero for the whole process on load."""
-_UNLOADED = object()
-_lib: object = _UNLOADED
-
-
-def _cpu_flags() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return line
-    except OSError:
-        pass
-    return ""
-
-
-def build_c_library(stem: str, source: str, what: str) -> ctypes.CDLL | None:
-    """Compile ``source`` (plain C) into a shared library with ``_FLAGS`` for this machine, cached
-    under ``cache_dir("cpu_kernels")`` as ``{stem}_{key}.so`` keyed by the source, flags and CPU flags;
-    None (logged, naming ``what`` falls back) where no compiler is found or the build fails.
-    The CPU's other C kernels (``layers/ops/cpu_fused.py``) are built the same way."""
-    key = hashlib.sha256("\0".join([source, *_FLAGS, _cpu_flags()]).encode()).hexdigest()[:16]
-    path = cache_dir("cpu_kernels") / f"{stem}_{key}.so"
-    if not path.exists():
-        cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-        if cc is None:
-            logger.info("no C compiler found: %s", what)
-            return None
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
-            src, obj, so = Path(tmp) / f"{stem}.c", Path(tmp) / f"{stem}.o", Path(tmp) / "out.so"
-            src.write_text(source)
-            proc = subprocess.run([cc, *_FLAGS, "-c", str(src), "-o", str(obj)], capture_output=True, text=True)
-            if proc.returncode == 0:
-                link = [cc, "-shared", "-fopenmp", str(obj), "-o", str(so), "-lm"]
-                proc = subprocess.run(link, capture_output=True, text=True)
-            if proc.returncode != 0:
-                logger.warning("the CPU kernel %s did not build (%s); %s", stem, proc.stderr, what)
-                return None
-            os.replace(so, path)  # atomic: processes building at once each install a whole file
-    return ctypes.CDLL(str(path))
-
-
-def _build() -> ctypes.CDLL | None:
-    lib = build_c_library(
-        "paged_decode", _SOURCE, "CPU decode attention gathers blocks instead of reading them in place"
-    )
-    if lib is None:
-        return None
-    i64, f32, ptr = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
-    lib.paged_decode_f32.argtypes = [ptr] * 5 + [i64, ptr, ptr] + [i64] * 7 + [f32, i64, f32, ctypes.c_int]
-    lib.paged_decode_f32.restype = None
-    return lib
-
-
-_NOT_PROFILED = contextlib.nullcontext()  # reusable: one object for every call outside a profile
-_profiler_enabled = torch.autograd._profiler_enabled
-
-
-def profiled(name: str) -> contextlib.AbstractContextManager:
-    """A ``record_function`` range named ``name`` while torch's profiler runs (a C kernel called through
-    ctypes is invisible to it otherwise); a shared no-op context otherwise, 6 us cheaper a call."""
-    return torch.profiler.record_function(name) if _profiler_enabled() else _NOT_PROFILED
+i64, f32, ptr = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
+LIBRARY = CLibrary(
+    "paged_decode",
+    _SOURCE,
+    "CPU decode attention gathers blocks instead of reading them in place",
+    {"paged_decode_f32": [ptr] * 5 + [i64, ptr, ptr] + [i64] * 7 + [f32, i64, f32, ctypes.c_int]},
+)
 
 
 def load() -> ctypes.CDLL | None:
     """The compiled kernel library, built on first use; None where it cannot be (see module doc)."""
-    global _lib
-    if _lib is _UNLOADED:
-        try:
-            _lib = _build()
-        except OSError as err:
-            logger.warning("the CPU decode attention kernel could not be loaded (%s); gathering blocks instead", err)
-            _lib = None
-    return _lib  # type: ignore[return-value]
+    return LIBRARY.get()
 
 
 def supports(query: torch.Tensor, kv_cache: torch.Tensor) -> bool:

@@ -32,6 +32,7 @@ from minivllm.attention import cpu_paged_decode
 from minivllm.attention.backend import AttentionBackend, AttentionMetadata
 from minivllm.attention.kv_quant import dequantize_fp8, is_fp8, quantize_fp8
 from minivllm.attention.mla import mla_attention
+from minivllm.c_kernels import profiled
 
 
 @dataclass
@@ -219,7 +220,7 @@ class TorchAttentionBackend(AttentionBackend):
             if not isinstance(g, PagedDecode):
                 rest.append(g)
             elif sinks is None and cpu_paged_decode.supports(query, kv_cache):
-                with cpu_paged_decode.profiled("cpu_paged_decode_attention"):  # named for profiles
+                with profiled("cpu_paged_decode_attention"):  # named for profiles
                     cpu_paged_decode.paged_decode(
                         lib, query, kv_cache, out, g.block_tables, g.seq_lens, g.rows, scale, sliding_window, soft_cap
                     )

@@ -30,8 +30,8 @@ from torch import nn
 
 from minivllm.attention import cpu_paged_decode
 from minivllm.attention.backend import AttentionMetadata
-from minivllm.attention.cpu_paged_decode import build_c_library, profiled
 from minivllm.attention.torch_backend import PagedDecode
+from minivllm.c_kernels import CLibrary, profiled
 from minivllm.distributed.parallel_state import tp_size
 from minivllm.layers.activation import ActAndMul
 from minivllm.layers.attention import Attention
@@ -109,34 +109,21 @@ void llama_decode_stack_f32(void* const* fns, void* const* layers, int64_t L, fl
 }
 """
 
-_UNLOADED = object()
-_lib: object = _UNLOADED
-
-
-def _load() -> ctypes.CDLL | None:
-    global _lib
-    if _lib is _UNLOADED:
-        _lib = None
-        kernels = (cpu_small_gemm.load(), cpu_fused.load(), cpu_paged_decode.load())
-        if all(k is not None for k in kernels):
-            try:
-                lib = build_c_library("llama_decode", _SOURCE, "Llama's decode steps run module by module")
-            except OSError as err:
-                logger.warning("the CPU decode stack could not be loaded (%s); its layers run one by one", err)
-                lib = None
-            if lib is not None:
-                i64, f32, ptr = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
-                lib.llama_decode_stack_f32.argtypes = (
-                    [ptr, ptr, i64, ptr, ptr] + [i64] * 6 + [f32, ptr, ptr, ctypes.c_int, ptr, i64, ptr, i64]
-                    + [ptr, ptr, i64, f32, ctypes.c_int]
-                )  # fmt: skip
-                lib.llama_decode_stack_f32.restype = None
-                _lib = lib
-    return _lib  # type: ignore[return-value]
-
-
-def _address(lib: ctypes.CDLL, name: str) -> int:
-    return ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
+i64, f32, ptr = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
+LIBRARY = CLibrary(
+    "llama_decode",
+    _SOURCE,
+    "Llama's decode steps run module by module",
+    {
+        "llama_decode_stack_f32": (
+            [ptr, ptr, i64, ptr, ptr]
+            + [i64] * 6
+            + [f32, ptr, ptr, ctypes.c_int, ptr, i64, ptr, i64]
+            + [ptr, ptr, i64, f32, ctypes.c_int]
+        )  # fmt: skip
+    },
+    needs=(cpu_small_gemm.LIBRARY, cpu_fused.LIBRARY, cpu_paged_decode.LIBRARY),
+)
 
 
 def _why_not_layer(layer: nn.Module) -> str | None:
@@ -180,7 +167,7 @@ def why_not(model: nn.Module) -> str | None:
         return "it runs as pipeline stages"
     if tp_size() != 1:
         return "its layers are sharded over tensor-parallel ranks"
-    if _load() is None:
+    if LIBRARY.get() is None:
         return "the C kernels are not built (no C compiler)"
     for layer in layers:
         why = _why_not_layer(layer)
@@ -209,15 +196,6 @@ class LlamaCpuDecode:
         self.eps = first.input_layernorm.eps
         self.scale = attn.attn.scale
         self.rotary = attn.rotary_emb
-        lib = _load()
-        self._call = lib.llama_decode_stack_f32
-        small, panel = cpu_small_gemm.load(), cpu_panel_gemm.load()
-        rest = [
-            _address(cpu_fused.load(), "add_rms_norm_f32"),
-            _address(cpu_fused.load(), "silu_and_mul_f32"),
-            _address(cpu_fused.load(), "rope_write_kv_f32"),
-            _address(cpu_paged_decode.load(), "paged_decode_f32"),
-        ]
         self._entries = [
             (
                 (layer.input_layernorm.weight, layer.post_attention_layernorm.weight),
@@ -234,8 +212,13 @@ class LlamaCpuDecode:
             )
             for layer in self.layers
         ]
-        self._one_row = (ctypes.c_void_p * 5)(_address(small, "small_gemm_f32"), *rest)
-        self._rows = (ctypes.c_void_p * 5)(_address(panel, "panel_gemm_f32"), *rest) if panel is not None else None
+        fused = cpu_fused.LIBRARY
+        rest = [fused.address(name) for name in ("add_rms_norm_f32", "silu_and_mul_f32", "rope_write_kv_f32")]
+        rest.append(cpu_paged_decode.LIBRARY.address("paged_decode_f32"))
+        self._call = LIBRARY.get().llama_decode_stack_f32
+        self._one_row = (ctypes.c_void_p * 5)(cpu_small_gemm.LIBRARY.address("small_gemm_f32"), *rest)
+        panel = cpu_panel_gemm.LIBRARY
+        self._rows = (ctypes.c_void_p * 5)(panel.address("panel_gemm_f32"), *rest) if panel.get() is not None else None
 
     def _pointers(self, panels: bool) -> ctypes.Array | None:
         """Each layer's norm weights, linear weights (plain, or packed panels) and biases, and KV cache,

@@ -16,21 +16,18 @@ Layout: ``panels`` (ceil(out / PANEL), in, PANEL) fp32, columns past ``out`` zer
 (``torch.get_num_threads()``, OpenMP) split the panels, one per 2**21 multiply-adds at most, so a
 small product stays on the calling thread. Sums run over the inner dimension in order, in fp32:
 equal to ``F.linear`` to fp32 rounding. Built and cached like the other C kernels
-(``build_c_library``); where it cannot be, ``pack_cpu_weight`` keeps oneDNN's reordered copy.
+(``minivllm/c_kernels.py``); where it cannot be, ``pack_cpu_weight`` keeps oneDNN's reordered copy.
 """
 
 from __future__ import annotations
 
 import ctypes
-import logging
 from dataclasses import dataclass
 
 import torch
 
-from minivllm.attention.cpu_paged_decode import build_c_library, profiled
+from minivllm.c_kernels import CLibrary, profiled
 from minivllm.quantization import cpu_small_gemm
-
-logger = logging.getLogger(__name__)
 
 PANEL = 48
 """Output columns a panel holds: three AVX-512 vectors, so 8 rows x 3 vectors of accumulators, the
@@ -162,26 +159,18 @@ void panel_gemm_f32(const float* x, int64_t xs, const float* panels, const float
 }
 """
 
-_UNLOADED = object()
-_lib: object = _UNLOADED
+i64, ptr = ctypes.c_int64, ctypes.c_void_p
+LIBRARY = CLibrary(
+    "panel_gemm",
+    _SOURCE,
+    "fp32 linear layers use oneDNN's packed matmul",
+    {"panel_gemm_f32": [ptr, i64, ptr, ptr, ptr, i64, i64, i64, i64, ctypes.c_int]},
+)
 
 
 def load() -> ctypes.CDLL | None:
     """The compiled kernel, built on first use; None where it cannot be (oneDNN's packed matmul serves)."""
-    global _lib
-    if _lib is _UNLOADED:
-        _lib = None
-        try:
-            lib = build_c_library("panel_gemm", _SOURCE, "fp32 linear layers use oneDNN's packed matmul")
-        except OSError as err:
-            logger.warning("the CPU panel GEMM could not be loaded (%s); oneDNN's packed matmul serves", err)
-            lib = None
-        if lib is not None:
-            i64, ptr = ctypes.c_int64, ctypes.c_void_p
-            lib.panel_gemm_f32.argtypes = [ptr, i64, ptr, ptr, ptr, i64, i64, i64, i64, ctypes.c_int]
-            lib.panel_gemm_f32.restype = None
-            _lib = lib
-    return _lib  # type: ignore[return-value]
+    return LIBRARY.get()
 
 
 @dataclass(frozen=True)
@@ -233,7 +222,7 @@ def panel_linear(
         if bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous()):
             bias = bias.float().contiguous()
         with profiled("cpu_panel_gemm"):
-            _lib.panel_gemm_f32(  # type: ignore[union-attr]
+            LIBRARY.loaded.panel_gemm_f32(  # type: ignore[union-attr]
                 x2.data_ptr(),
                 x2.stride(0),
                 packed.panels.data_ptr(),

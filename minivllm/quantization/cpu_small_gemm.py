@@ -14,21 +14,18 @@ so the sums are not bound by the FMA latency; plain C with ``omp simd`` elsewher
 weight rows over ``torch.get_num_threads()`` OpenMP threads, one per 2**18 weights, so a small layer
 stays on the calling thread. The sums run in another order than ``F.linear``'s: equal to fp32
 rounding. ``to_huge_pages`` moves a weight into memory advised for huge pages, where the kernel
-reads it fastest. Built and cached like the other C kernels (``build_c_library``); None where it
+reads it fastest. Built and cached like the other C kernels (``minivllm/c_kernels.py``); None where it
 cannot be, and the packed oneDNN path runs at every batch.
 """
 
 from __future__ import annotations
 
 import ctypes
-import logging
 import math
 
 import torch
 
-from minivllm.attention.cpu_paged_decode import build_c_library, profiled
-
-logger = logging.getLogger(__name__)
+from minivllm.c_kernels import CLibrary, profiled
 
 SMALL_ROWS = 4
 """Rows up to which ``small_linear`` runs instead of oneDNN's packed matmul (1-4 rows measured faster);
@@ -95,28 +92,20 @@ void small_gemm_f32(const float* x, int64_t xs, const float* w, const float* bia
 }
 """
 
-_UNLOADED = object()
-_lib: object = _UNLOADED
 _HUGE_PAGE = 2 << 20
 _MADV_HUGEPAGE = 14
+i64, ptr = ctypes.c_int64, ctypes.c_void_p
+LIBRARY = CLibrary(
+    "small_gemm",
+    _SOURCE,
+    "small batches use oneDNN's packed matmul",
+    {"small_gemm_f32": [ptr, i64, ptr, ptr, ptr, i64, i64, i64, i64, ctypes.c_int]},
+)
 
 
 def load() -> ctypes.CDLL | None:
     """The compiled kernel, built on first use; None where it cannot be (oneDNN serves every batch)."""
-    global _lib
-    if _lib is _UNLOADED:
-        _lib = None
-        try:
-            lib = build_c_library("small_gemm", _SOURCE, "small batches use oneDNN's packed matmul")
-        except OSError as err:
-            logger.warning("the CPU small-batch GEMM could not be loaded (%s); oneDNN serves every batch", err)
-            lib = None
-        if lib is not None:
-            i64, ptr = ctypes.c_int64, ctypes.c_void_p
-            lib.small_gemm_f32.argtypes = [ptr, i64, ptr, ptr, ptr, i64, i64, i64, i64, ctypes.c_int]
-            lib.small_gemm_f32.restype = None
-            _lib = lib
-    return _lib  # type: ignore[return-value]
+    return LIBRARY.get()
 
 
 def serves(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -129,8 +118,7 @@ def serves(x: torch.Tensor, weight: torch.Tensor) -> bool:
         and weight.dtype == torch.float32
         and x.stride(1) == 1
         and weight.is_contiguous()
-        and _lib is not None
-        and (_lib is not _UNLOADED or load() is not None)
+        and LIBRARY.get() is not None
     )
 
 
@@ -144,7 +132,7 @@ def small_linear(
     N = weight.shape[0]
     y = torch.empty((M, N), dtype=torch.float32)
     with profiled("cpu_small_gemm"):
-        _lib.small_gemm_f32(  # type: ignore[union-attr]
+        LIBRARY.loaded.small_gemm_f32(  # type: ignore[union-attr]
             x.data_ptr(),
             x.stride(0),
             weight.data_ptr(),

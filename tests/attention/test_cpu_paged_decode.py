@@ -11,6 +11,7 @@ import torch
 from minivllm.attention import cpu_paged_decode
 from minivllm.attention.backend import AttentionMetadata
 from minivllm.attention.torch_backend import PagedDecode, TorchAttentionBackend
+from minivllm.c_kernels import UNLOADED
 
 needs_kernel = pytest.mark.skipif(
     shutil.which("cc") is None and shutil.which("gcc") is None, reason="no C compiler to build the CPU kernel"
@@ -59,7 +60,7 @@ def _step(gen, query_lens, seq_lens, H, Hkv, D, block_size, dtype=torch.float32,
 
 def _run(monkeypatch, kernel: bool, kv_cache, meta, q, k, v, **kw):
     if not kernel:
-        monkeypatch.setattr(cpu_paged_decode, "_lib", None)
+        monkeypatch.setattr(cpu_paged_decode.LIBRARY, "loaded", None)
     backend = TorchAttentionBackend()
     meta.backend_data = backend.prepare(meta, kv_cache.shape[2])
     out = backend.forward(q, k, v, kv_cache.clone(), meta, **kw)
@@ -136,7 +137,7 @@ def test_caches_the_kernel_does_not_serve_take_the_gather_path(monkeypatch, dtyp
 
 
 def test_a_failed_build_falls_back_to_block_gathers(monkeypatch, tmp_path, caplog):
-    monkeypatch.setattr(cpu_paged_decode, "_lib", cpu_paged_decode._UNLOADED)
+    monkeypatch.setattr(cpu_paged_decode.LIBRARY, "loaded", UNLOADED)
     monkeypatch.setenv("MINIVLLM_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("CC", "false")  # a compiler that always fails
     assert cpu_paged_decode.load() is None
@@ -157,11 +158,11 @@ def test_loading_the_kernel_keeps_denormals():
 
 @needs_kernel
 def test_the_kernel_is_built_once_under_the_cache_dir(monkeypatch, tmp_path):
-    monkeypatch.setattr(cpu_paged_decode, "_lib", cpu_paged_decode._UNLOADED)
+    monkeypatch.setattr(cpu_paged_decode.LIBRARY, "loaded", UNLOADED)
     monkeypatch.setenv("MINIVLLM_CACHE_DIR", str(tmp_path))
     assert cpu_paged_decode.load() is not None
     built = list((tmp_path / "cpu_kernels").glob("paged_decode_*.so"))
     assert len(built) == 1
-    monkeypatch.setattr(cpu_paged_decode, "_lib", cpu_paged_decode._UNLOADED)
+    monkeypatch.setattr(cpu_paged_decode.LIBRARY, "loaded", UNLOADED)
     monkeypatch.setenv("CC", "false")  # a second process finds it built: no compiler needed
     assert cpu_paged_decode.load() is not None

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 
 from minivllm.attention.backend import AttentionMetadata
 from minivllm.attention.torch_backend import TorchAttentionBackend
+from minivllm.c_kernels import UNLOADED
 from minivllm.layers.activation import ActAndMul
 from minivllm.layers.attention import Attention
 from minivllm.layers.norm import RMSNorm
@@ -105,7 +106,7 @@ def test_rope_and_cache_write_leave_what_they_do_not_serve_to_the_torch_layers(w
 
 
 def test_without_a_compiler_the_layers_keep_their_torch_code(monkeypatch, tmp_path, caplog):
-    monkeypatch.setattr(cpu_fused, "_lib", cpu_fused._UNLOADED)
+    monkeypatch.setattr(cpu_fused.LIBRARY, "loaded", UNLOADED)
     monkeypatch.setenv("MINIVLLM_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("CC", "false")  # a compiler that always fails
     assert cpu_fused.load() is None

@@ -14,7 +14,7 @@ from minivllm.layers.norm import RMSNorm
 from minivllm.models import llama_cpu_decode
 from tests.hf_reference import hf_greedy
 
-pytestmark = pytest.mark.skipif(llama_cpu_decode._load() is None, reason="no C compiler to build the kernels")
+pytestmark = pytest.mark.skipif(llama_cpu_decode.LIBRARY.get() is None, reason="no C compiler to build the kernels")
 
 PROMPTS = [[1, 5, 9, 13, 2, 7], [3, 4], [11, 12, 13, 14, 15, 16, 17, 18, 19], [8, 6, 4, 2]]
 MAX_TOKENS = [10, 6, 3, 8]

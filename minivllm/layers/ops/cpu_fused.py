@@ -24,13 +24,10 @@ code. fp32 contiguous rows on the CPU only; the callers check ``supports`` and f
 from __future__ import annotations
 
 import ctypes
-import logging
 
 import torch
 
-from minivllm.attention.cpu_paged_decode import build_c_library, profiled
-
-logger = logging.getLogger(__name__)
+from minivllm.c_kernels import CLibrary, profiled
 
 _SOURCE = r"""
 #include <math.h>
@@ -125,31 +122,22 @@ void rope_write_kv_f32(float* q, int64_t qs, float* k, int64_t ks, const float* 
 }
 """
 
-_UNLOADED = object()
-_lib: object = _UNLOADED
+i64, f32, ptr, nt = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p, ctypes.c_int
+LIBRARY = CLibrary(
+    "cpu_fused",
+    _SOURCE,
+    "the CPU's norms, SwiGLU and rotary stay torch ops",
+    {
+        "add_rms_norm_f32": [ptr, i64, ptr, i64, ptr, i64, ptr, i64, i64, f32, nt],
+        "silu_and_mul_f32": [ptr, i64, ptr, i64, i64, i64, nt],
+        "rope_write_kv_f32": [ptr, i64, ptr, i64, ptr, i64] + [i64] * 4 + [ptr, ptr, nt, ptr, ptr, ptr, nt],
+    },
+)
 
 
 def load() -> ctypes.CDLL | None:
     """The compiled library, built on first use; None where it cannot be (the layers' torch code runs)."""
-    global _lib
-    if _lib is _UNLOADED:
-        _lib = None
-        try:
-            lib = build_c_library("cpu_fused", _SOURCE, "the CPU's norms, SwiGLU and rotary stay torch ops")
-        except OSError as err:
-            logger.warning("the CPU fused-ops kernels could not be loaded (%s); keeping the torch ops", err)
-            lib = None
-        if lib is not None:
-            i64, f32, ptr, nt = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p, ctypes.c_int
-            lib.add_rms_norm_f32.argtypes = [ptr, i64, ptr, i64, ptr, i64, ptr, i64, i64, f32, nt]
-            lib.silu_and_mul_f32.argtypes = [ptr, i64, ptr, i64, i64, i64, nt]
-            lib.rope_write_kv_f32.argtypes = (
-                [ptr, i64, ptr, i64, ptr, i64] + [i64] * 4 + [ptr, ptr, nt, ptr, ptr, ptr, nt]
-            )
-            for fn in (lib.add_rms_norm_f32, lib.silu_and_mul_f32, lib.rope_write_kv_f32):
-                fn.restype = None
-            _lib = lib
-    return _lib  # type: ignore[return-value]
+    return LIBRARY.get()
 
 
 def rows_ok(x: torch.Tensor) -> bool:
@@ -168,7 +156,7 @@ def add_rms_norm_(
     T, n = x.shape
     out = x if residual is not None else torch.empty((T, n), dtype=x.dtype)
     with profiled("cpu_fused_add_rms_norm"):
-        _lib.add_rms_norm_f32(  # type: ignore[union-attr]
+        LIBRARY.loaded.add_rms_norm_f32(  # type: ignore[union-attr]
             x.data_ptr(),
             x.stride(0),
             residual.data_ptr() if residual is not None else None,
@@ -188,7 +176,7 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:  # (T, 2n) fp32 rows -> (T, n
     T, n = x.shape[0], x.shape[1] // 2
     out = torch.empty((T, n), dtype=x.dtype)
     with profiled("cpu_fused_silu_and_mul"):
-        _lib.silu_and_mul_f32(x.data_ptr(), x.stride(0), out.data_ptr(), n, T, n, torch.get_num_threads())  # type: ignore[union-attr]
+        LIBRARY.loaded.silu_and_mul_f32(x.data_ptr(), x.stride(0), out.data_ptr(), n, T, n, torch.get_num_threads())  # type: ignore[union-attr]
     return out
 
 
@@ -207,7 +195,7 @@ def rope_write_kv_(
     Hk = k.shape[1]
     cache = kv_cache is not None
     with profiled("cpu_fused_rope_write_kv"):
-        _lib.rope_write_kv_f32(  # type: ignore[union-attr]
+        LIBRARY.loaded.rope_write_kv_f32(  # type: ignore[union-attr]
             q.data_ptr(),
             q.stride(0),
             k.data_ptr(),
