@@ -132,7 +132,8 @@ void paged_decode_f32(const float* q, const float* k_cache, const float* v_cache
                       const int64_t* rows, int64_t B, int64_t H, int64_t Hkv, int64_t D,
                       int64_t block_size, int64_t q_stride, int64_t out_stride, float scale,
                       int64_t window, float soft_cap, int num_threads) {
-#pragma omp parallel num_threads(num_threads)
+    const int nt = B < 1 ? 1 : (B < num_threads ? (int)B : num_threads); /* a thread a request at most */
+#pragma omp parallel num_threads(nt) if (nt > 1)
     {
         float* s = (float*)malloc(sizeof(float) * (size_t)(H * block_size + H * D + 2 * H));
         float* acc = s + H * block_size;
