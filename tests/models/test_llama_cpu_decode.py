@@ -13,6 +13,7 @@ from minivllm import LLM, SamplingParams
 from minivllm.layers.norm import RMSNorm
 from minivllm.models import llama_cpu_decode
 from tests.hf_reference import hf_greedy
+from tests.model_configs import qwen2_config
 
 pytestmark = pytest.mark.skipif(llama_cpu_decode.LIBRARY.get() is None, reason="no C compiler to build the kernels")
 
@@ -150,3 +151,18 @@ def test_why_not_names_each_layer_it_does_not_run(llama_dir):
         assert "not float32" in llama_cpu_decode.why_not(stack)
     finally:
         llm.shutdown()
+
+
+@pytest.mark.parametrize("packed", ["false", "true"])
+def test_qkv_biases_qwen2(make_checkpoint, packed):
+    """Qwen2's layers are Llama's with biases on q, k and v: the C stack adds them (one row on the plain
+    weights, several on the panels) and the tokens stay transformers'."""
+    path = make_checkpoint("qwen2_no_window", qwen2_config(use_sliding_window=False))
+    llm = _engine(path, "true", overrides=[f"device.cpu_packed_linear={packed}"])
+    try:
+        assert _stack(llm).layers[0].self_attn.qkv_proj.bias is not None
+        tokens, _, served = _run(llm)
+    finally:
+        llm.shutdown()
+    assert served > 0
+    assert tokens == [hf_greedy(path, [p], n)[0][0] for p, n in zip(PROMPTS, MAX_TOKENS)]
