@@ -47,9 +47,11 @@ class DeviceConfig:
     cpu_fused_decode: Optional[bool] = None
     """CPU: run a plain Llama decoder stack (Llama, and the families built of its layers unchanged) as
     one C call for each decode-only step, calling the same kernels the layers call one by one
-    (models/llama_cpu_decode.py: ~1.3 ms less Python a step on a 12-layer model). null: on for
-    device=cpu with a float32 model, without LoRA or speculative decoding, where the model's layers
-    qualify; true: refused where they do not, with the reason; false: off."""
+    (models/llama_cpu_decode.py: ~1.3 ms less Python a step on a 12-layer model). A step of one
+    request runs on the plain weights; a step of several on the packed ones (device.cpu_packed_linear:
+    layers below its size run their modules in such steps). null: on for device=cpu with a float32
+    model and KV cache, without LoRA or speculative decoding, where the model's layers qualify; true:
+    refused where they do not, with the reason; false: off."""
 
     def __post_init__(self) -> None:
         check_choice("device.type", self.type, DEVICE_TYPES)

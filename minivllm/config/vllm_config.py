@@ -167,6 +167,9 @@ class VllmConfig:
             {
                 "lora.enable_lora=true": self.lora.enable_lora,
                 f"speculative.method={self.speculative.method}": self.speculative.enabled,
+                f"cache.cache_dtype={self.cache.cache_dtype} (a KV cache not in float32)": (
+                    self.kv_cache_dtype != torch.float32
+                ),
             },
         )
         """``device.cpu_fused_decode`` resolved: the runner gives a qualifying Llama stack its one-call decode."""

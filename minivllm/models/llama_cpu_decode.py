@@ -46,7 +46,6 @@ logger = logging.getLogger(__name__)
 
 _SOURCE = r"""
 #include <stdint.h>
-#include <stdlib.h>
 #include <string.h>
 
 typedef void (*gemm_fn)(const float*, int64_t, const float*, const float*, float*, int64_t, int64_t, int64_t,
@@ -66,10 +65,11 @@ enum { GEMM, NORM, SILU, ROPE, ATTN };
 enum { IN_NORM, POST_NORM, QKV, QKV_B, O, O_B, GATE_UP, GATE_UP_B, DOWN, DOWN_B, K_CACHE, PER_LAYER };
 
 /* hidden (T, H): the embedded tokens in, the last layer's MLP output out; residual (T, H): out, the
-   stream the final norm adds it to. dims: H, Hq, Hk, D, I (intermediate). The attention rows of
-   query b are b (a decode-only step); v's cache is kv_half floats past k's. */
+   stream the final norm adds it to; scratch: T * (H + (Hq + 2 Hk) D + Hq D + 3 I) floats. dims: H, Hq,
+   Hk, D, I (intermediate). The attention rows of query b are b (a decode-only step); v's cache is
+   kv_half floats past k's. */
 void llama_decode_stack_f32(void* const* fns, void* const* layers, int64_t L, float* hidden, float* residual,
-                            int64_t T, int64_t H, int64_t Hq, int64_t Hk, int64_t D, int64_t I, float eps,
+                            float* scratch, int64_t T, int64_t H, int64_t Hq, int64_t Hk, int64_t D, int64_t I, float eps,
                             const int64_t* positions, const float* cos_sin, int neox, const int64_t* slots,
                             int64_t kv_half, const int32_t* block_tables, int64_t bt_stride,
                             const int32_t* seq_lens, const int64_t* rows, int64_t block_size, float scale,
@@ -80,7 +80,7 @@ void llama_decode_stack_f32(void* const* fns, void* const* layers, int64_t L, fl
     const rope_fn rope = (rope_fn)fns[ROPE];
     const attn_fn attn = (attn_fn)fns[ATTN];
     const int64_t Q3 = (Hq + 2 * Hk) * D, Qd = Hq * D;
-    float* xn = (float*)malloc(sizeof(float) * (size_t)(T * (H + Q3 + Qd + 3 * I)));
+    float* xn = scratch;
     float* qkv = xn + T * H;
     float* att = qkv + T * Q3;
     float* gu = att + T * Qd;
@@ -105,7 +105,6 @@ void llama_decode_stack_f32(void* const* fns, void* const* layers, int64_t L, fl
         silu(gu, 2 * I, act, I, T, I, num_threads);
         gemm(act, I, (const float*)w[DOWN], (const float*)w[DOWN_B], hidden, H, T, H, I, num_threads);
     }
-    free(xn);
 }
 """
 
@@ -116,7 +115,7 @@ LIBRARY = CLibrary(
     "Llama's decode steps run module by module",
     {
         "llama_decode_stack_f32": (
-            [ptr, ptr, i64, ptr, ptr]
+            [ptr, ptr, i64, ptr, ptr, ptr]
             + [i64] * 6
             + [f32, ptr, ptr, ctypes.c_int, ptr, i64, ptr, i64]
             + [ptr, ptr, i64, f32, ctypes.c_int]
@@ -273,6 +272,8 @@ class LlamaCpuDecode:
         cache = self._entries[0][2].kv_cache
         hidden = hidden.contiguous()
         residual = torch.empty_like(hidden)
+        H, D, Hq, Hk = hidden.shape[1], self.head_dim, self.num_heads, self.num_kv_heads
+        scratch = torch.empty(T * (H + (2 * Hq + 2 * Hk) * D + 3 * self.intermediate), dtype=torch.float32)
         with profiled("cpu_llama_decode_stack"):
             self._call(
                 fns,
@@ -280,11 +281,12 @@ class LlamaCpuDecode:
                 len(self.layers),
                 hidden.data_ptr(),
                 residual.data_ptr(),
+                scratch.data_ptr(),
                 T,
-                hidden.shape[1],
-                self.num_heads,
-                self.num_kv_heads,
-                self.head_dim,
+                H,
+                Hq,
+                Hk,
+                D,
                 self.intermediate,
                 self.eps,
                 positions.data_ptr(),

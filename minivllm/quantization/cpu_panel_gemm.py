@@ -40,8 +40,6 @@ _SOURCE = r"""
 #include <omp.h>
 #include <stddef.h>
 #include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
@@ -50,17 +48,23 @@ _SOURCE = r"""
 #define TILE_ROWS 8
 #define K_CHUNK 1024
 
-/* y (rows, PANEL) ys apart = [y +] x (rows, kc) xs apart @ panel (kc, PANEL) [+ bias]. While it runs,
-   prefetches pf_lines 64-byte lines from pf into L2, spread evenly over its kc steps. */
+/* y (rows, cols <= PANEL) ys apart = [y +] x (rows, kc) xs apart @ panel (kc, PANEL)[:, :cols] [+ bias]
+   (only the first cols columns of y and bias are read or written). While it runs, prefetches pf_lines
+   64-byte lines from pf into L2, spread evenly over its kc steps. */
 static inline __attribute__((always_inline)) void tile(const float* x, int64_t xs, const float* panel,
-                                                       int64_t kc, float* y, int64_t ys, int accumulate,
-                                                       const float* bias, const int rows, const char* pf,
-                                                       int64_t pf_lines) {
+                                                       int64_t kc, float* y, int64_t ys, int64_t cols,
+                                                       int accumulate, const float* bias, const int rows,
+                                                       const char* pf, int64_t pf_lines) {
 #if defined(__AVX512F__)
+    __mmask16 mask[3];
+    for (int j = 0; j < 3; ++j) {
+        const int64_t c = cols - 16 * j;
+        mask[j] = c >= 16 ? (__mmask16)0xFFFF : (c <= 0 ? (__mmask16)0 : (__mmask16)((1u << c) - 1u));
+    }
     __m512 acc[TILE_ROWS][3];
     for (int i = 0; i < rows; ++i)
         for (int j = 0; j < 3; ++j)
-            acc[i][j] = accumulate ? _mm512_loadu_ps(y + i * ys + 16 * j) : _mm512_setzero_ps();
+            acc[i][j] = accumulate ? _mm512_maskz_loadu_ps(mask[j], y + i * ys + 16 * j) : _mm512_setzero_ps();
     const int64_t pf_step = (pf_lines + kc - 1) / kc;
     int64_t p = 0;
     for (int64_t k = 0; k < kc; ++k) {
@@ -75,43 +79,46 @@ static inline __attribute__((always_inline)) void tile(const float* x, int64_t x
         }
     }
     for (int j = 0; j < 3; ++j) {
-        const __m512 b = bias ? _mm512_loadu_ps(bias + 16 * j) : _mm512_setzero_ps();
-        for (int i = 0; i < rows; ++i) _mm512_storeu_ps(y + i * ys + 16 * j, _mm512_add_ps(acc[i][j], b));
+        const __m512 b = bias ? _mm512_maskz_loadu_ps(mask[j], bias + 16 * j) : _mm512_setzero_ps();
+        for (int i = 0; i < rows; ++i) _mm512_mask_storeu_ps(y + i * ys + 16 * j, mask[j], _mm512_add_ps(acc[i][j], b));
     }
 #else
     (void)pf;
     (void)pf_lines;
     for (int i = 0; i < rows; ++i) {
         float acc[PANEL];
-        for (int c = 0; c < PANEL; ++c) acc[c] = accumulate ? y[i * ys + c] : 0.f;
+        for (int c = 0; c < PANEL; ++c) acc[c] = accumulate && c < cols ? y[i * ys + c] : 0.f;
         for (int64_t k = 0; k < kc; ++k) {
             const float xv = x[i * xs + k];
 #pragma omp simd
             for (int c = 0; c < PANEL; ++c) acc[c] += xv * panel[k * PANEL + c];
         }
-        for (int c = 0; c < PANEL; ++c) y[i * ys + c] = acc[c] + (bias ? bias[c] : 0.f);
+        for (int c = 0; c < cols; ++c) y[i * ys + c] = acc[c] + (bias ? bias[c] : 0.f);
     }
 #endif
 }
 
 static void tile_rows(const float* x, int64_t xs, const float* panel, int64_t kc, float* y, int64_t ys,
-                      int accumulate, const float* bias, int rows, const char* pf, int64_t pf_lines) {
+                      int64_t cols, int accumulate, const float* bias, int rows, const char* pf,
+                      int64_t pf_lines) {
     switch (rows) {  /* a constant row count each, so the accumulators stay in registers */
-    case 1: tile(x, xs, panel, kc, y, ys, accumulate, bias, 1, pf, pf_lines); break;
-    case 2: tile(x, xs, panel, kc, y, ys, accumulate, bias, 2, pf, pf_lines); break;
-    case 3: tile(x, xs, panel, kc, y, ys, accumulate, bias, 3, pf, pf_lines); break;
-    case 4: tile(x, xs, panel, kc, y, ys, accumulate, bias, 4, pf, pf_lines); break;
-    case 5: tile(x, xs, panel, kc, y, ys, accumulate, bias, 5, pf, pf_lines); break;
-    case 6: tile(x, xs, panel, kc, y, ys, accumulate, bias, 6, pf, pf_lines); break;
-    case 7: tile(x, xs, panel, kc, y, ys, accumulate, bias, 7, pf, pf_lines); break;
-    default: tile(x, xs, panel, kc, y, ys, accumulate, bias, 8, pf, pf_lines); break;
+    case 1: tile(x, xs, panel, kc, y, ys, cols, accumulate, bias, 1, pf, pf_lines); break;
+    case 2: tile(x, xs, panel, kc, y, ys, cols, accumulate, bias, 2, pf, pf_lines); break;
+    case 3: tile(x, xs, panel, kc, y, ys, cols, accumulate, bias, 3, pf, pf_lines); break;
+    case 4: tile(x, xs, panel, kc, y, ys, cols, accumulate, bias, 4, pf, pf_lines); break;
+    case 5: tile(x, xs, panel, kc, y, ys, cols, accumulate, bias, 5, pf, pf_lines); break;
+    case 6: tile(x, xs, panel, kc, y, ys, cols, accumulate, bias, 6, pf, pf_lines); break;
+    case 7: tile(x, xs, panel, kc, y, ys, cols, accumulate, bias, 7, pf, pf_lines); break;
+    default: tile(x, xs, panel, kc, y, ys, cols, accumulate, bias, 8, pf, pf_lines); break;
     }
 }
 
 /* y (M, N) rows ys apart = x (M, K) rows xs apart @ W^T (+ bias (N,) or null), W packed as
-   panels (ceil(N / PANEL), K, PANEL). */
+   panels (ceil(N / PANEL), K, PANEL). The last panel's columns past N are neither read from bias
+   nor written (masked). Each thread of the team takes a contiguous, even share of the panels. */
 void panel_gemm_f32(const float* x, int64_t xs, const float* panels, const float* bias, float* y, int64_t ys,
                     int64_t M, int64_t N, int64_t K, int num_threads) {
+    if (M <= 0 || N <= 0) return;
     const int64_t num_panels = (N + PANEL - 1) / PANEL;
     const int64_t tiles = (M + TILE_ROWS - 1) / TILE_ROWS;
     int64_t nt = (M * N * K) >> 21;
@@ -119,21 +126,11 @@ void panel_gemm_f32(const float* x, int64_t xs, const float* panels, const float
     nt = nt < num_panels ? nt : num_panels;
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
-        const int64_t t = omp_get_thread_num(), per = (num_panels + nt - 1) / nt;
-        const int64_t first = t * per, last = first + per < num_panels ? first + per : num_panels;
-        float* tail = NULL;  /* the last panel's columns past N: computed aside, the valid ones copied */
+        /* the team OpenMP gave, which may be smaller than asked for (OMP_THREAD_LIMIT, nesting) */
+        const int64_t t = omp_get_thread_num(), team = omp_get_num_threads();
+        const int64_t first = t * num_panels / team, last = (t + 1) * num_panels / team;
         for (int64_t pi = first; pi < last; ++pi) {
             const int64_t n = pi * PANEL, cols = N - n < PANEL ? N - n : PANEL;
-            if (cols < PANEL && tail == NULL) tail = (float*)malloc(sizeof(float) * M * PANEL);
-            float* out = cols < PANEL ? tail : y + n;
-            const int64_t os = cols < PANEL ? PANEL : ys;
-            float bias_tail[PANEL];
-            const float* b = bias ? bias + n : NULL;
-            if (bias && cols < PANEL) {
-                memset(bias_tail, 0, sizeof bias_tail);
-                memcpy(bias_tail, bias + n, sizeof(float) * cols);
-                b = bias_tail;
-            }
             const float* panel = panels + n * K;
             for (int64_t k0 = 0; k0 < K; k0 += K_CHUNK) {
                 const int64_t kc = K - k0 < K_CHUNK ? K - k0 : K_CHUNK;
@@ -147,14 +144,12 @@ void panel_gemm_f32(const float* x, int64_t xs, const float* panels, const float
                     const int64_t m = ti * TILE_ROWS, rows = M - m < TILE_ROWS ? M - m : TILE_ROWS;
                     const int64_t lo = ti * lines_per_tile;
                     const int64_t count = lo < lines ? (lines - lo < lines_per_tile ? lines - lo : lines_per_tile) : 0;
-                    tile_rows(x + m * xs + k0, xs, panel + k0 * PANEL, kc, out + m * os, os, k0 > 0,
-                              k0 + kc >= K ? b : NULL, (int)rows, (const char*)next + 64 * lo, count);
+                    tile_rows(x + m * xs + k0, xs, panel + k0 * PANEL, kc, y + m * ys + n, ys, cols, k0 > 0,
+                              k0 + kc >= K && bias ? bias + n : NULL, (int)rows,
+                              count ? (const char*)next + 64 * lo : NULL, count);
                 }
             }
-            if (cols < PANEL)
-                for (int64_t m = 0; m < M; ++m) memcpy(y + m * ys + n, tail + m * PANEL, sizeof(float) * cols);
         }
-        free(tail);
     }
 }
 """
@@ -213,6 +208,11 @@ def panel_linear(
 ) -> torch.Tensor:  # (..., out) fp32
     """``F.linear(x, W, bias)`` for ``packed = pack_panels(W)``."""
     lead, inner = x.shape[:-1], x.shape[-1]
+    if x.dtype != torch.float32 or inner != packed.panels.shape[1]:
+        raise ValueError(
+            f"panel_linear: x is {x.dtype} with {inner} features; the packed weight takes float32 with "
+            f"{packed.panels.shape[1]}"
+        )
     x2 = x.reshape(-1, inner)
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()

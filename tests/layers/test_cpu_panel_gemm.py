@@ -6,6 +6,11 @@ strided and batched inputs, no rows."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -77,3 +82,29 @@ def test_a_non_contiguous_weight_packs_as_its_values():
     w = torch.randn(40, 96).t()  # (96, 40) with strides (1, 96)
     x = torch.randn(5, 40)
     torch.testing.assert_close(panel_linear(x, pack_panels(w), None), F.linear(x, w), rtol=1e-5, atol=1e-5)
+
+
+def test_a_smaller_team_than_asked_for_still_computes_every_panel():
+    """OpenMP may give fewer threads than asked (here OMP_THREAD_LIMIT=1 while torch asks for 2): each
+    thread's share follows the team it got, so no panel is left out."""
+    code = (
+        "import torch, torch.nn.functional as F\n"
+        "from minivllm.quantization.cpu_panel_gemm import pack_panels, panel_linear\n"
+        "torch.set_num_threads(2)\n"
+        "g = torch.Generator().manual_seed(0)\n"
+        "w, x = torch.randn(1000, 700, generator=g), torch.randn(33, 700, generator=g)\n"
+        "torch.testing.assert_close(panel_linear(x, pack_panels(w), None), F.linear(x, w), rtol=1e-4, atol=1e-4)\n"
+    )
+    env = {**os.environ, "OMP_THREAD_LIMIT": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_bad_inputs_are_refused_and_empty_products_are_empty():
+    packed = pack_panels(torch.randn(60, 40))
+    with pytest.raises(ValueError, match="float32 with 40"):
+        panel_linear(torch.randn(3, 40, dtype=torch.bfloat16), packed, None)
+    with pytest.raises(ValueError, match="with 39 features"):
+        panel_linear(torch.randn(3, 39), packed, None)
+    none = cpu_panel_gemm.PanelWeight(torch.empty(0, 40, PANEL), 0)
+    assert panel_linear(torch.randn(3, 40), none, None).shape == (3, 0)

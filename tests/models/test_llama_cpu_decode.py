@@ -12,8 +12,9 @@ import torch
 from minivllm import LLM, SamplingParams
 from minivllm.layers.norm import RMSNorm
 from minivllm.models import llama_cpu_decode
+from minivllm.quantization.cpu_panel_gemm import K_CHUNK
 from tests.hf_reference import hf_greedy
-from tests.model_configs import qwen2_config
+from tests.model_configs import llama_config, qwen2_config
 
 pytestmark = pytest.mark.skipif(llama_cpu_decode.LIBRARY.get() is None, reason="no C compiler to build the kernels")
 
@@ -166,3 +167,29 @@ def test_qkv_biases_qwen2(make_checkpoint, packed):
         llm.shutdown()
     assert served > 0
     assert tokens == [hf_greedy(path, [p], n)[0][0] for p, n in zip(PROMPTS, MAX_TOKENS)]
+
+
+def test_a_wide_mlp_chunks_the_down_projection(make_checkpoint, reference):
+    """An intermediate size past the panel GEMM's K_CHUNK (1024): the down projection of a several-row
+    step accumulates over two chunks inside the C stack, and the tokens stay transformers'."""
+    path = make_checkpoint("llama_wide_mlp", llama_config(intermediate_size=K_CHUNK + 76))
+    llm = _engine(path, "true", overrides=["device.cpu_packed_linear=true"])
+    try:
+        tokens, _, served = _run(llm)
+    finally:
+        llm.shutdown()
+    assert served > 0
+    assert tokens == [hf_greedy(path, [p], n)[0][0] for p, n in zip(PROMPTS, MAX_TOKENS)]
+
+
+def test_refused_with_a_kv_cache_not_in_float32(llama_dir):
+    with pytest.raises(ValueError, match=r"device.cpu_fused_decode=true: not with cache.cache_dtype=bfloat16"):
+        LLM(
+            model=str(llama_dir), dtype="float32", device="cpu",
+            overrides=["device.cpu_fused_decode=true", "cache.cache_dtype=bfloat16"],
+        )  # fmt: skip
+    llm = _engine(llama_dir, "null", overrides=["cache.cache_dtype=bfloat16"])  # null: off, quietly
+    try:
+        assert _stack(llm).cpu_decode is None
+    finally:
+        llm.shutdown()
