@@ -48,23 +48,17 @@ _SOURCE = r"""
 #define TILE_ROWS 8
 #define K_CHUNK 1024
 
-/* y (rows, cols <= PANEL) ys apart = [y +] x (rows, kc) xs apart @ panel (kc, PANEL)[:, :cols] [+ bias]
-   (only the first cols columns of y and bias are read or written). While it runs, prefetches pf_lines
-   64-byte lines from pf into L2, spread evenly over its kc steps. */
+/* y (rows, PANEL) ys apart = [y +] x (rows, kc) xs apart @ panel (kc, PANEL) [+ bias]. While it runs,
+   prefetches pf_lines 64-byte lines from pf into L2, spread evenly over its kc steps. */
 static inline __attribute__((always_inline)) void tile(const float* x, int64_t xs, const float* panel,
-                                                       int64_t kc, float* y, int64_t ys, int64_t cols,
-                                                       int accumulate, const float* bias, const int rows,
-                                                       const char* pf, int64_t pf_lines) {
+                                                       int64_t kc, float* y, int64_t ys, int accumulate,
+                                                       const float* bias, const int rows, const char* pf,
+                                                       int64_t pf_lines) {
 #if defined(__AVX512F__)
-    __mmask16 mask[3];
-    for (int j = 0; j < 3; ++j) {
-        const int64_t c = cols - 16 * j;
-        mask[j] = c >= 16 ? (__mmask16)0xFFFF : (c <= 0 ? (__mmask16)0 : (__mmask16)((1u << c) - 1u));
-    }
     __m512 acc[TILE_ROWS][3];
     for (int i = 0; i < rows; ++i)
         for (int j = 0; j < 3; ++j)
-            acc[i][j] = accumulate ? _mm512_maskz_loadu_ps(mask[j], y + i * ys + 16 * j) : _mm512_setzero_ps();
+            acc[i][j] = accumulate ? _mm512_loadu_ps(y + i * ys + 16 * j) : _mm512_setzero_ps();
     const int64_t pf_step = (pf_lines + kc - 1) / kc;
     int64_t p = 0;
     for (int64_t k = 0; k < kc; ++k) {
@@ -79,21 +73,21 @@ static inline __attribute__((always_inline)) void tile(const float* x, int64_t x
         }
     }
     for (int j = 0; j < 3; ++j) {
-        const __m512 b = bias ? _mm512_maskz_loadu_ps(mask[j], bias + 16 * j) : _mm512_setzero_ps();
-        for (int i = 0; i < rows; ++i) _mm512_mask_storeu_ps(y + i * ys + 16 * j, mask[j], _mm512_add_ps(acc[i][j], b));
+        const __m512 b = bias ? _mm512_loadu_ps(bias + 16 * j) : _mm512_setzero_ps();
+        for (int i = 0; i < rows; ++i) _mm512_storeu_ps(y + i * ys + 16 * j, _mm512_add_ps(acc[i][j], b));
     }
 #else
     (void)pf;
     (void)pf_lines;
     for (int i = 0; i < rows; ++i) {
         float acc[PANEL];
-        for (int c = 0; c < PANEL; ++c) acc[c] = accumulate && c < cols ? y[i * ys + c] : 0.f;
+        for (int c = 0; c < PANEL; ++c) acc[c] = accumulate ? y[i * ys + c] : 0.f;
         for (int64_t k = 0; k < kc; ++k) {
             const float xv = x[i * xs + k];
 #pragma omp simd
             for (int c = 0; c < PANEL; ++c) acc[c] += xv * panel[k * PANEL + c];
         }
-        for (int c = 0; c < cols; ++c) y[i * ys + c] = acc[c] + (bias ? bias[c] : 0.f);
+        for (int c = 0; c < PANEL; ++c) y[i * ys + c] = acc[c] + (bias ? bias[c] : 0.f);
     }
 #endif
 }
@@ -101,21 +95,31 @@ static inline __attribute__((always_inline)) void tile(const float* x, int64_t x
 static void tile_rows(const float* x, int64_t xs, const float* panel, int64_t kc, float* y, int64_t ys,
                       int64_t cols, int accumulate, const float* bias, int rows, const char* pf,
                       int64_t pf_lines) {
+    if (cols < PANEL) { /* the last panel: its valid columns through a whole panel's tile on the stack */
+        float part[TILE_ROWS * PANEL], part_bias[PANEL];
+        for (int i = 0; i < rows; ++i)
+            for (int64_t c = 0; c < PANEL; ++c) part[i * PANEL + c] = accumulate && c < cols ? y[i * ys + c] : 0.f;
+        for (int64_t c = 0; c < PANEL; ++c) part_bias[c] = bias && c < cols ? bias[c] : 0.f;
+        tile_rows(x, xs, panel, kc, part, PANEL, PANEL, accumulate, bias ? part_bias : NULL, rows, pf, pf_lines);
+        for (int i = 0; i < rows; ++i)
+            for (int64_t c = 0; c < cols; ++c) y[i * ys + c] = part[i * PANEL + c];
+        return;
+    }
     switch (rows) {  /* a constant row count each, so the accumulators stay in registers */
-    case 1: tile(x, xs, panel, kc, y, ys, cols, accumulate, bias, 1, pf, pf_lines); break;
-    case 2: tile(x, xs, panel, kc, y, ys, cols, accumulate, bias, 2, pf, pf_lines); break;
-    case 3: tile(x, xs, panel, kc, y, ys, cols, accumulate, bias, 3, pf, pf_lines); break;
-    case 4: tile(x, xs, panel, kc, y, ys, cols, accumulate, bias, 4, pf, pf_lines); break;
-    case 5: tile(x, xs, panel, kc, y, ys, cols, accumulate, bias, 5, pf, pf_lines); break;
-    case 6: tile(x, xs, panel, kc, y, ys, cols, accumulate, bias, 6, pf, pf_lines); break;
-    case 7: tile(x, xs, panel, kc, y, ys, cols, accumulate, bias, 7, pf, pf_lines); break;
-    default: tile(x, xs, panel, kc, y, ys, cols, accumulate, bias, 8, pf, pf_lines); break;
+    case 1: tile(x, xs, panel, kc, y, ys, accumulate, bias, 1, pf, pf_lines); break;
+    case 2: tile(x, xs, panel, kc, y, ys, accumulate, bias, 2, pf, pf_lines); break;
+    case 3: tile(x, xs, panel, kc, y, ys, accumulate, bias, 3, pf, pf_lines); break;
+    case 4: tile(x, xs, panel, kc, y, ys, accumulate, bias, 4, pf, pf_lines); break;
+    case 5: tile(x, xs, panel, kc, y, ys, accumulate, bias, 5, pf, pf_lines); break;
+    case 6: tile(x, xs, panel, kc, y, ys, accumulate, bias, 6, pf, pf_lines); break;
+    case 7: tile(x, xs, panel, kc, y, ys, accumulate, bias, 7, pf, pf_lines); break;
+    default: tile(x, xs, panel, kc, y, ys, accumulate, bias, 8, pf, pf_lines); break;
     }
 }
 
 /* y (M, N) rows ys apart = x (M, K) rows xs apart @ W^T (+ bias (N,) or null), W packed as
    panels (ceil(N / PANEL), K, PANEL). The last panel's columns past N are neither read from bias
-   nor written (masked). Each thread of the team takes a contiguous, even share of the panels. */
+   nor written (its tiles go through a buffer on the stack). Each thread of the team takes a contiguous, even share of the panels. */
 void panel_gemm_f32(const float* x, int64_t xs, const float* panels, const float* bias, float* y, int64_t ys,
                     int64_t M, int64_t N, int64_t K, int num_threads) {
     if (M <= 0 || N <= 0) return;
