@@ -322,4 +322,6 @@ def attach(model: nn.Module, requested: bool | None) -> int:
         raise ValueError(f"device.cpu_fused_decode=true: {type(model).__name__} does not qualify: {why}; use null")
     if attached:
         logger.info("Decode steps run the decoder stack as one C call (device.cpu_fused_decode)")
+    elif stacks:
+        logger.info("Decode steps run the decoder layers one by one (device.cpu_fused_decode): %s", reasons[0])
     return attached
