@@ -193,3 +193,14 @@ def test_refused_with_a_kv_cache_not_in_float32(llama_dir):
         assert _stack(llm).cpu_decode is None
     finally:
         llm.shutdown()
+
+
+def test_two_threads(llama_dir, reference):
+    """Two intra-op threads: the GEMMs of a one-row step take ``stream_threads``' count, the rest theirs."""
+    llm = _engine(llama_dir, "true", overrides=["device.cpu_threads=2", "device.cpu_packed_linear=true"])
+    try:
+        tokens, _, served = _run(llm)
+    finally:
+        llm.shutdown()
+    assert served > 0
+    assert tokens == [t for t, _ in reference]
