@@ -67,13 +67,13 @@ enum { IN_NORM, POST_NORM, QKV, QKV_B, O, O_B, GATE_UP, GATE_UP_B, DOWN, DOWN_B,
 /* hidden (T, H): the embedded tokens in, the last layer's MLP output out; residual (T, H): out, the
    stream the final norm adds it to; scratch: T * (H + (Hq + 2 Hk) D + Hq D + 3 I) floats. dims: H, Hq,
    Hk, D, I (intermediate). The attention rows of query b are b (a decode-only step); v's cache is
-   kv_half floats past k's. The GEMMs run gemm_threads threads, the other kernels up to num_threads. */
+   kv_half floats past k's. */
 void llama_decode_stack_f32(void* const* fns, void* const* layers, int64_t L, float* hidden, float* residual,
                             float* scratch, int64_t T, int64_t H, int64_t Hq, int64_t Hk, int64_t D, int64_t I, float eps,
                             const int64_t* positions, const float* cos_sin, int neox, const int64_t* slots,
                             int64_t kv_half, const int32_t* block_tables, int64_t bt_stride,
                             const int32_t* seq_lens, const int64_t* rows, int64_t block_size, float scale,
-                            int num_threads, int gemm_threads) {
+                            int num_threads) {
     const gemm_fn gemm = (gemm_fn)fns[GEMM];
     const norm_fn norm = (norm_fn)fns[NORM];
     const silu_fn silu = (silu_fn)fns[SILU];
@@ -93,17 +93,17 @@ void llama_decode_stack_f32(void* const* fns, void* const* layers, int64_t L, fl
         } else {
             norm(hidden, H, residual, H, xn, H, (const float*)w[IN_NORM], T, H, eps, num_threads);
         }
-        gemm(xn, H, (const float*)w[QKV], (const float*)w[QKV_B], qkv, Q3, T, Q3, H, gemm_threads);
+        gemm(xn, H, (const float*)w[QKV], (const float*)w[QKV_B], qkv, Q3, T, Q3, H, num_threads);
         float* k_cache = (float*)w[K_CACHE];
         rope(qkv, Q3, qkv + Qd, Q3, qkv + Qd + Hk * D, Q3, T, Hq, Hk, D, positions, cos_sin, neox, k_cache,
              k_cache + kv_half, slots, num_threads);
         attn(qkv, k_cache, k_cache + kv_half, att, block_tables, bt_stride, seq_lens, rows, T, Hq, Hk, D,
              block_size, Q3, Qd, scale, 0, 0.f, num_threads);
-        gemm(att, Qd, (const float*)w[O], (const float*)w[O_B], hidden, H, T, H, Qd, gemm_threads);
+        gemm(att, Qd, (const float*)w[O], (const float*)w[O_B], hidden, H, T, H, Qd, num_threads);
         norm(hidden, H, residual, H, xn, H, (const float*)w[POST_NORM], T, H, eps, num_threads);
-        gemm(xn, H, (const float*)w[GATE_UP], (const float*)w[GATE_UP_B], gu, 2 * I, T, 2 * I, H, gemm_threads);
+        gemm(xn, H, (const float*)w[GATE_UP], (const float*)w[GATE_UP_B], gu, 2 * I, T, 2 * I, H, num_threads);
         silu(gu, 2 * I, act, I, T, I, num_threads);
-        gemm(act, I, (const float*)w[DOWN], (const float*)w[DOWN_B], hidden, H, T, H, I, gemm_threads);
+        gemm(act, I, (const float*)w[DOWN], (const float*)w[DOWN_B], hidden, H, T, H, I, num_threads);
     }
 }
 """
@@ -118,7 +118,7 @@ LIBRARY = CLibrary(
             [ptr, ptr, i64, ptr, ptr, ptr]
             + [i64] * 6
             + [f32, ptr, ptr, ctypes.c_int, ptr, i64, ptr, i64]
-            + [ptr, ptr, i64, f32, ctypes.c_int, ctypes.c_int]
+            + [ptr, ptr, i64, f32, ctypes.c_int]
         )  # fmt: skip
     },
     needs=(cpu_small_gemm.LIBRARY, cpu_fused.LIBRARY, cpu_paged_decode.LIBRARY),
@@ -274,7 +274,6 @@ class LlamaCpuDecode:
         residual = torch.empty_like(hidden)
         H, D, Hq, Hk = hidden.shape[1], self.head_dim, self.num_heads, self.num_kv_heads
         scratch = torch.empty(T * (H + (2 * Hq + 2 * Hk) * D + 3 * self.intermediate), dtype=torch.float32)
-        threads = torch.get_num_threads()
         with profiled("cpu_llama_decode_stack"):
             self._call(
                 fns,
@@ -301,8 +300,7 @@ class LlamaCpuDecode:
                 decode.rows.data_ptr(),
                 cache.shape[2],
                 self.scale,
-                threads,
-                cpu_small_gemm.stream_threads(threads) if T == 1 else threads,  # one row: the weight stream
+                torch.get_num_threads(),
             )
         return hidden, residual
 

@@ -21,11 +21,7 @@ cannot be, and the packed oneDNN path runs at every batch.
 from __future__ import annotations
 
 import ctypes
-import functools
 import math
-import statistics
-import time
-from typing import Callable
 
 import torch
 
@@ -126,41 +122,6 @@ def serves(x: torch.Tensor, weight: torch.Tensor) -> bool:
     )
 
 
-def choose_stream_threads(num_threads: int, seconds: Callable[[int], float]) -> int:
-    """``num_threads`` where streaming a weight with them (``seconds(threads)``) takes under 0.9 of one
-    thread's time, else 1."""
-    one, many = seconds(1), seconds(num_threads)
-    return num_threads if many < 0.9 * one else 1
-
-
-@functools.cache
-def stream_threads(num_threads: int) -> int:
-    """The threads ``small_linear`` reads a weight with when ``num_threads`` are set: those that read
-    memory faster than one thread (``choose_stream_threads``), else one. Few rows are bound by the
-    weight stream, and where one core already takes the machine's memory bandwidth (this 2-core VM:
-    40 GB/s for one thread, 37 for two, benchmarks/RESULTS.md) a second thread only adds its wake-up;
-    where it does not (most servers) every thread streams. Timed once per thread count in a process,
-    ~50 ms: a one-row product over a 64 MiB weight, the median of three runs at each count. The sums
-    do not depend on it (each output is one thread's)."""
-    if num_threads <= 1 or load() is None:
-        return 1
-    weight = huge_page_empty((16384, 1024), torch.float32)
-    weight = torch.ones(16384, 1024) if weight is None else weight.fill_(1.0)
-    x, y = torch.ones(1, 1024), torch.empty(1, 16384)
-
-    def seconds(threads: int) -> float:
-        times = []
-        for _ in range(3):
-            start = time.perf_counter()
-            LIBRARY.loaded.small_gemm_f32(  # type: ignore[union-attr]
-                x.data_ptr(), 1024, weight.data_ptr(), None, y.data_ptr(), 16384, 1, 16384, 1024, threads
-            )
-            times.append(time.perf_counter() - start)
-        return statistics.median(times)
-
-    return choose_stream_threads(num_threads, seconds)
-
-
 def small_linear(
     x: torch.Tensor,  # (M, in) fp32, M <= SMALL_ROWS, rows contiguous
     weight: torch.Tensor,  # (out, in) fp32 contiguous
@@ -181,7 +142,7 @@ def small_linear(
             M,
             N,
             K,
-            stream_threads(torch.get_num_threads()),
+            torch.get_num_threads(),
         )
     return y
 

@@ -95,30 +95,3 @@ def test_packed_layer_keeps_its_weight_and_forwards_as_before():
     torch.testing.assert_close(layer(x), want, rtol=1e-5, atol=1e-4)
     layer.weight.data.zero_()  # an in-place weight update reaches the few-row path
     assert layer(x).sub(layer.bias).abs().max() == 0
-
-
-def test_stream_threads_keep_one_thread_unless_more_read_faster():
-    """More threads for the weight stream only where they read it at least 10% faster than one."""
-    assert cpu_small_gemm.choose_stream_threads(2, {1: 1.0, 2: 0.6}.__getitem__) == 2
-    assert cpu_small_gemm.choose_stream_threads(4, {1: 1.0, 4: 0.95}.__getitem__) == 1  # one core takes it all
-    assert cpu_small_gemm.choose_stream_threads(2, {1: 1.0, 2: 1.3}.__getitem__) == 1
-    assert cpu_small_gemm.stream_threads(1) == 1
-    assert cpu_small_gemm.stream_threads(2) in (1, 2)  # timed on this machine: either is a valid answer
-
-
-@needs_kernel
-def test_the_stream_thread_count_does_not_change_the_sums(monkeypatch):
-    """Each output is one thread's sum, so the thread count the stream takes changes no bit."""
-    gen = torch.Generator().manual_seed(9)
-    w, x = torch.randn(3000, 700, generator=gen), torch.randn(1, 700, generator=gen)
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
-        monkeypatch.setattr(cpu_small_gemm, "stream_threads", lambda n: 1)
-        one = cpu_small_gemm.small_linear(x, w, None)
-        monkeypatch.setattr(cpu_small_gemm, "stream_threads", lambda n: n)
-        two = cpu_small_gemm.small_linear(x, w, None)
-    finally:
-        torch.set_num_threads(before)
-    assert torch.equal(one, two)
-    torch.testing.assert_close(one, F.linear(x, w), rtol=1e-4, atol=1e-4)
