@@ -11,8 +11,11 @@ packed copy is fp32 panels (``cpu_panel_gemm``, faster from two rows on) and at 
 
 The kernel reads each weight row once for all the rows of x (two AVX-512 accumulators per row of x,
 so the sums are not bound by the FMA latency; plain C with ``omp simd`` elsewhere) and splits the
-weight rows over ``torch.get_num_threads()`` OpenMP threads, one per 2**18 weights, so a small layer
-stays on the calling thread. The sums run in another order than ``F.linear``'s: equal to fp32
+weight rows over ``torch.get_num_threads()`` OpenMP threads, one per 2**22 weights (16 MB): a
+stream bound by memory gains little from a second thread, and waking one costs more than a layer of a
+few MB takes to read (on this 2-core VM one row over the 768-hidden Llama took 11.9-12.0 ms at two
+threads with one per 2**18 weights, 10.5-11.2 at one thread, 10.9-11.0 with one per 2**22), so the
+layers stay on the calling thread and the LM head (25M weights) splits. The sums run in another order than ``F.linear``'s: equal to fp32
 rounding. ``to_huge_pages`` moves a weight into memory advised for huge pages, where the kernel
 reads it fastest. Built and cached like the other C kernels (``minivllm/c_kernels.py``); None where it
 cannot be, and the packed oneDNN path runs at every batch.
@@ -74,7 +77,7 @@ static inline __attribute__((always_inline)) void dots(const float* x, int64_t x
 /* y (M, N) rows ys apart = x (M, K) rows xs apart @ w (N, K) contiguous ^T (+ bias (N,) or null); M <= 4. */
 void small_gemm_f32(const float* x, int64_t xs, const float* w, const float* bias, float* y, int64_t ys,
                     int64_t M, int64_t N, int64_t K, int num_threads) {
-    int64_t nt = (N * K) >> 18;
+    int64_t nt = (N * K) >> 22;
     nt = nt < 1 ? 1 : (nt < num_threads ? nt : num_threads);
 #pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
     for (int64_t n = 0; n < N; ++n) {
