@@ -186,8 +186,8 @@ class LlamaCpuDecode:
     """The decoder stack of a ``LlamaModel`` that ``why_not`` passes, as one C call per decode-only step."""
 
     def __init__(self, model: nn.Module) -> None:
-        self.layers = list(model.layers)
-        first = self.layers[0]
+        layers = list(model.layers)
+        first = layers[0]
         attn, mlp = first.self_attn, first.mlp
         self.num_heads, self.num_kv_heads = attn.qkv_proj.num_heads, attn.qkv_proj.num_kv_heads
         self.head_dim = attn.head_dim
@@ -209,7 +209,7 @@ class LlamaCpuDecode:
                 ],
                 layer.self_attn.attn,
             )
-            for layer in self.layers
+            for layer in layers
         ]
         fused = cpu_fused.LIBRARY
         rest = [fused.address(name) for name in ("add_rms_norm_f32", "silu_and_mul_f32", "rope_write_kv_f32")]
@@ -278,7 +278,7 @@ class LlamaCpuDecode:
             self._call(
                 fns,
                 layers,
-                len(self.layers),
+                len(self._entries),
                 hidden.data_ptr(),
                 residual.data_ptr(),
                 scratch.data_ptr(),

@@ -158,12 +158,11 @@ void panel_gemm_f32(const float* x, int64_t xs, const float* panels, const float
 }
 """
 
-i64, ptr = ctypes.c_int64, ctypes.c_void_p
 LIBRARY = CLibrary(
     "panel_gemm",
     _SOURCE,
     "fp32 linear layers use oneDNN's packed matmul",
-    {"panel_gemm_f32": [ptr, i64, ptr, ptr, ptr, i64, i64, i64, i64, ctypes.c_int]},
+    {"panel_gemm_f32": cpu_small_gemm.GEMM_ARGTYPES},  # one signature: the decode stack calls either
 )
 
 

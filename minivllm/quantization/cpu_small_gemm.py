@@ -97,13 +97,11 @@ void small_gemm_f32(const float* x, int64_t xs, const float* w, const float* bia
 
 _HUGE_PAGE = 2 << 20
 _MADV_HUGEPAGE = 14
-i64, ptr = ctypes.c_int64, ctypes.c_void_p
-LIBRARY = CLibrary(
-    "small_gemm",
-    _SOURCE,
-    "small batches use oneDNN's packed matmul",
-    {"small_gemm_f32": [ptr, i64, ptr, ptr, ptr, i64, i64, i64, i64, ctypes.c_int]},
-)
+GEMM_ARGTYPES = [ctypes.c_void_p, ctypes.c_int64] + [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 4 + [ctypes.c_int]
+"""(x, x row stride, weight, bias, y, y row stride, M, N, K, threads): the signature this kernel and the
+panel GEMM (``cpu_panel_gemm``) share, so that the C decode stack (``models/llama_cpu_decode.py``)
+calls either through one function-pointer type."""
+LIBRARY = CLibrary("small_gemm", _SOURCE, "small batches use oneDNN's packed matmul", {"small_gemm_f32": GEMM_ARGTYPES})
 
 
 def load() -> ctypes.CDLL | None:
