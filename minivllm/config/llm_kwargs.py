@@ -58,6 +58,7 @@ KWARG_KEYS = {
     "enable_chunked_prefill": "scheduler.enable_chunked_prefill",
     "scheduling_policy": "scheduler.policy",
     "async_scheduling": "scheduler.async_scheduling",
+    "num_scheduler_steps": "scheduler.num_scheduler_steps",
     "load_format": "load.format",
     "cuda_graph_sizes": "compilation.cudagraph_capture_sizes",
     "attention_backend": "attention.name",

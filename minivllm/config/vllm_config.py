@@ -144,6 +144,7 @@ class VllmConfig:
         self.draft_config: VllmConfig | None = self._check_speculative()
         """The draft model's (or EAGLE head's) own config; None without one."""
         self._check_multimodal()
+        self._check_multi_step()
         par = self.parallel
         self.async_scheduling: bool = resolve_async_scheduling(
             self.scheduler.async_scheduling,
@@ -307,6 +308,29 @@ class VllmConfig:
         for key, on in refused.items():
             if on:
                 raise ValueError(f"{key}: not supported with {self.architecture} (a model that takes images)")
+
+    def _check_multi_step(self) -> None:
+        """``scheduler.num_scheduler_steps > 1`` runs several decode steps per engine step; what
+        needs the host between two steps is refused by name (requests whose sampling reads the
+        token history, logprobs or a grammar run one step at a time instead, decided per step)."""
+        steps = self.scheduler.num_scheduler_steps
+        if steps == 1:
+            return
+        refused = {
+            f"speculative.method={self.speculative.method} (drafts are checked between steps)": (
+                self.speculative.enabled
+            ),
+            f"parallel.pp={self.parallel.pp} (the last stage's tokens reach the first one through the scheduler)": (
+                self.parallel.pp > 1
+            ),
+            "model.runner=pooling (it samples nothing)": self.model.runner == "pooling",
+            f"kv_transfer.kv_connector={self.kv_transfer.kv_connector} (it saves the blocks one step fills)": (
+                self.kv_transfer.enabled
+            ),
+        }
+        for key, on in refused.items():
+            if on:
+                raise ValueError(f"scheduler.num_scheduler_steps={steps}: not supported with {key}; set it to 1")
 
     def _check_kv_transfer(self) -> None:
         """``cache.kv_offloading_size`` picks the offloading connector; a connector needs the

@@ -46,6 +46,15 @@ a decoding request may be scheduled for ``1 + k`` tokens, its last known token
 and ``k`` drafts (``SchedulerOutput.scheduled_spec_decode_tokens``, from the
 n-gram lookup or from the worker's draft model); after the step the rejected
 drafts are rolled back. It runs without async scheduling.
+Multi-step decoding (``scheduler.num_scheduler_steps = N > 1``): when every running
+request decodes one token, may run ahead (``may_run_ahead``: its sampling reads no
+token history, no logprobs, no grammar) and nobody waits to be admitted, a step runs
+up to N decode steps back to back on the workers (``SchedulerOutput.num_steps``). Each
+request gets KV slots for all of them now; it counts all of them as computed (and, with
+async scheduling, all their tokens as placeholders), and its output brings up to N
+tokens, appended up to the first that finishes it (the rest were computed and are
+dropped). A step that admits, chunks a prefill or holds a request that must not run
+ahead runs once, as does one whose requests' slots for N steps do not all fit.
 Pipeline micro-batching (``parallel.pp_microbatches > 1``): the engine core keeps
 several scheduled batches in flight, one per pipeline slot. A request in a batch
 that has not come back is *in flight* and is left out of later batches (running
@@ -83,6 +92,7 @@ from minivllm.kv_cache_spec import KVCacheSpec
 from minivllm.kv_transfer import make_kv_connector
 from minivllm.outputs import EngineCoreOutput, ModelRunnerOutput
 from minivllm.request import Request, RequestId, RequestStatus
+from minivllm.sample.metadata import may_run_ahead
 from minivllm.structured_output.backend import backend_for
 from minivllm.structured_output.manager import StructuredOutputManager
 
@@ -96,6 +106,8 @@ class Scheduler:
         self.max_num_batched_tokens = sched_cfg.max_num_batched_tokens
         self.policy = sched_cfg.policy
         self.async_scheduling = cfg.async_scheduling
+        self.num_scheduler_steps = sched_cfg.num_scheduler_steps
+        self.max_model_len = cfg.max_model_len
         self.kv = KVCacheManager(
             kv_spec.num_blocks,
             kv_spec.block_size,
@@ -220,6 +232,8 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         plan = StepPlan(budget=self.max_num_batched_tokens, max_reqs=self._batch_seats())
         plan.encoder = self.encoder.new_step()
+        if self.num_scheduler_steps > 1:
+            plan.num_steps = self._decode_steps()
         if self.policy == "priority":
             self._preempt_for_waiting_priority()
         self._schedule_running(plan)
@@ -231,6 +245,25 @@ class Scheduler:
         if sampling is not None:
             self._attach_grammar_bitmask(scheduler_output, sampling)
         return scheduler_output
+
+    def _decode_steps(self) -> int:
+        """How many decode steps the next batch may run back to back: ``num_scheduler_steps`` when
+        every running request decodes one token and may run ahead, and nobody waits to be admitted
+        (a new request waits at most one multi-step batch); no more than the tokens the request
+        furthest from its ``max_tokens`` still needs, nor than the context length leaves the
+        nearest to it. Otherwise 1."""
+        if self.waiting or self.structured.active or not self.running:
+            return 1
+        steps, needed = self.num_scheduler_steps, 0
+        for request in self.running:
+            pending = request.num_output_placeholders
+            if request.num_tokens + pending - request.num_computed_tokens != 1:
+                return 1  # a prefill chunk left
+            if not may_run_ahead(request.sampling_params):
+                return 1
+            steps = min(steps, self.max_model_len - request.num_computed_tokens)
+            needed = max(needed, request.max_tokens - request.num_output_tokens - pending)
+        return max(1, min(steps, needed))
 
     def _batch_seats(self) -> int:
         if self.in_flight is None:
@@ -262,7 +295,7 @@ class Scheduler:
         blocks only when its table cannot hold the new tokens."""
         has_room, scheduled, new_blocks_of = self.kv.has_room, plan.scheduled, plan.new_blocks
         running, in_flight, spec, continuing = RequestStatus.RUNNING, self.in_flight, self.spec, plan.continuing
-        budget, seats = plan.budget, plan.max_reqs - len(scheduled)
+        budget, seats, steps = plan.budget, plan.max_reqs - len(scheduled), plan.num_steps
         for request in self._running_order():
             if budget <= 0 or seats <= 0:
                 break
@@ -285,8 +318,15 @@ class Scheduler:
             if spec is not None:
                 drafts, lookahead = spec.plan(self.kv, request, num_new, budget)
                 num_slots += len(drafts) + lookahead
+            elif steps > 1:  # a decode (num_new == 1): a slot for each step's token
+                num_slots = steps
             if not has_room(request, num_slots):
-                new_blocks = self._allocate_or_preempt(request, num_slots, plan)
+                new_blocks = self.kv.allocate_slots(request, num_slots) if steps > 1 else None
+                if new_blocks is None:
+                    if steps > 1:  # no room ahead: the batch runs one step, and may preempt for it
+                        steps = plan.num_steps = 1
+                        num_slots = num_new
+                    new_blocks = self._allocate_or_preempt(request, num_slots, plan)
                 if new_blocks is None:
                     continue  # the request itself was preempted
                 if new_blocks:
@@ -385,7 +425,7 @@ class Scheduler:
             if first is None:
                 continue
             if output.sampled_token_ids.pop(req_id, None) is not None:
-                request.num_output_placeholders -= 1 if self.async_scheduling else 0
+                request.num_output_placeholders -= scheduler_output.num_steps if self.async_scheduling else 0
             for per_request in (output.logprobs, output.spec_token_ids):
                 if per_request:
                     per_request.pop(req_id, None)
@@ -416,9 +456,10 @@ class Scheduler:
             scheduled_encoder_inputs=plan.encoder.inputs,
             free_encoder_input_ids=self.encoder.take_freed(),
             kv_connector_metadata=connector_meta,
+            num_steps=plan.num_steps,
         )
         self._forget = set()
-        self._advance(plan.continuing, plan.scheduled)
+        self._advance(plan.continuing, plan.scheduled, plan.num_steps)
         self._advance(plan.newly_admitted, plan.scheduled)
         if self.encoder.held:  # images whose placeholders all have KV now: freed with the next step
             for request in (*plan.continuing, *plan.newly_admitted):
@@ -428,16 +469,19 @@ class Scheduler:
             self.in_flight.update(plan.scheduled)
         return scheduler_output
 
-    def _advance(self, requests: list[Request], scheduled: dict[RequestId, int]) -> None:
+    def _advance(self, requests: list[Request], scheduled: dict[RequestId, int], steps: int = 1) -> None:
         """Count the scheduled tokens as computed; with async scheduling a request
-        whose step samples gets a placeholder for that token."""
-        placeholder = self.async_scheduling
+        whose step samples gets a placeholder for that token. A batch of ``steps`` decode
+        steps computes each request's token and the ``steps - 1`` it samples before its last,
+        and samples ``steps`` tokens."""
+        placeholder, more = self.async_scheduling, steps - 1
         for request in requests:
-            computed = request.num_computed_tokens = request.num_computed_tokens + scheduled[request.request_id]
+            computed = request.num_computed_tokens + scheduled[request.request_id]
+            request.num_computed_tokens = computed + more
             if placeholder:
                 pending = request.num_output_placeholders
                 if computed == len(request.prompt_token_ids) + len(request.output_token_ids) + pending:
-                    request.num_output_placeholders = pending + 1  # it samples in this step
+                    request.num_output_placeholders = pending + steps  # it samples in this step
 
     # ---- after the step -------------------------------------------------------------
     def update_from_output(
@@ -446,7 +490,8 @@ class Scheduler:
         """A step's sampled tokens into its requests; runs once per step, after the workers return.
 
         For each request that sampled it appends the new tokens (with speculative
-        decoding: the accepted drafts, then the target's own token) up to the first
+        decoding: the accepted drafts, then the target's own token; with multi-step
+        decoding: one token per step) up to the first
         one that finishes the request, runs the stop checks (``check_stop``: EOS
         unless ignored, stop token ids, ``max_tokens``; ``min_tokens`` holds the first
         two back) and advances a structured-output grammar, and reports the tokens as
@@ -470,7 +515,7 @@ class Scheduler:
         num_generated = 0
         requests, logprobs, prompt_logprobs = self.requests, output.logprobs, output.prompt_logprobs
         pooler_output = output.pooler_output
-        placeholder = 1 if self.async_scheduling else 0
+        placeholder = scheduler_output.num_steps if self.async_scheduling else 0
         grammar, spec = self.structured.active, self.spec
         if spec is not None:
             spec.receive(output.spec_token_ids)
@@ -488,7 +533,7 @@ class Scheduler:
                     request.num_output_placeholders -= placeholder  # a stale step's token: it is recomputed
                 continue  # finished or aborted meanwhile (its id may be a newer request's now)
             if placeholder:
-                request.num_output_placeholders -= 1
+                request.num_output_placeholders -= placeholder
             if len(new_tokens) == 1:  # a decode step: one token, appended whether or not it stops
                 appended, token, output_ids = new_tokens, new_tokens[0], request.output_token_ids
                 output_ids.append(token)

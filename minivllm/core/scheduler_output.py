@@ -94,6 +94,11 @@ class SchedulerOutput:
     kv_connector_metadata: KVConnectorMetadata | None = None
     """A KV connector's loads (before the forward) and saves (after it) for this step; None
     when there is no connector or nothing to move (``minivllm/kv_transfer/connector.py``)."""
+    num_steps: int = 1
+    """Decode steps the workers run back to back (``scheduler.num_scheduler_steps``): above 1
+    only when every scheduled request decodes one token; each then samples ``num_steps``
+    tokens, the later steps fed the earlier ones' tokens on the device, into KV slots the
+    scheduler allocated ahead."""
 
     @property
     def total_num_scheduled_tokens(self) -> int:
@@ -119,6 +124,9 @@ class StepPlan:
     """Running requests scheduled in this step, in ``scheduled`` order."""
     newly_admitted: list[Request] = field(default_factory=list)
     preempted: bool = False
+    num_steps: int = 1
+    """Decode steps this batch runs (``SchedulerOutput.num_steps``); it drops to 1 when a request's
+    slots for all of them do not fit."""
     encoder: EncoderStep | None = None
     """Images encoded in this step, and the encoder budget left."""
 

@@ -220,9 +220,16 @@ class InputBatch:
                     self.write_output_tokens(row, computed, tokens)
 
     def append_tokens(self, rows: np.ndarray, tokens: np.ndarray) -> None:
-        """One new token per given row (vectorized): the step's sampled tokens."""
-        self.token_ids[rows, self.num_tokens[rows]] = tokens
-        self.num_tokens[rows] += 1
+        """The step's sampled tokens, vectorized: ``tokens`` (S,) one per given row, or (S, n)
+        n per row (multi-step decoding), in order."""
+        if tokens.ndim == 1:
+            self.token_ids[rows, self.num_tokens[rows]] = tokens
+            self.num_tokens[rows] += 1
+            return
+        n = tokens.shape[1]
+        at = self.num_tokens[rows][:, None] + np.arange(n)  # (S, n)
+        self.token_ids[np.asarray(rows)[:, None], at] = tokens
+        self.num_tokens[rows] += n
 
     def write_output_tokens(self, row: int, position: int, tokens: list[int]) -> None:
         """Output tokens another rank sampled, at ``max(position, prompt length)`` on (pipeline stages)."""
@@ -388,20 +395,21 @@ class SampledTokens:
     to the host, where they are read once (``read``: the step's one synchronization)."""
 
     def __init__(self, req_ids: list[RequestId], rows: np.ndarray, version: int, token_ids: torch.Tensor) -> None:
+        """``token_ids``: (S,) int64 on the device, or (S, n) for n decode steps run back to back."""
         self.req_ids = req_ids
-        """The sampling requests, one per sampled id."""
+        """The sampling requests, one per sampled id (row of ids)."""
         self.rows = rows
         """(S,) their batch rows, ascending, while the batch is at ``version``."""
         self.version = version
-        self.device = token_ids
-        """(S,) int64 on the device."""
+        self.device = token_ids if token_ids.ndim == 1 else token_ids[:, -1]
+        """(S,) int64 on the device: each request's last sampled id (the next step's input)."""
         self._copy = to_host(token_ids)
         self._copied = record_event(token_ids.device)
         self.host: np.ndarray | None = None
-        """(S,) the ids on the host, once read."""
+        """(S,) or (S, n): the ids on the host, once read."""
 
     def read(self) -> np.ndarray:
-        """(S,) the ids on the host; the first call waits for their copy."""
+        """(S,) or (S, n): the ids on the host; the first call waits for their copy."""
         if self.host is None:
             if self._copied is not None:
                 self._copied.synchronize()

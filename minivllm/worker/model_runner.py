@@ -356,9 +356,9 @@ class ModelRunner:
             embeds = self.mm.inputs_embeds(step, self.batch)
         meta = None
         if intermediate is None and embeds is None and self.pooler is None and self.spec is None:
-            pending, meta = self._sample_in_graph(step, scheduler_output)
-            if pending is not None:
-                return pending
+            sampled, meta = self._sample_in_graph(step, scheduler_output)
+            if sampled is not None:
+                return self._hold(step, scheduler_output, sampled, meta, {})
         hidden = self._forward(step.input_ids, step.positions, step.meta, intermediate, embeds)  # (T, hidden)
         if self.pipeline is not None and not self.pipeline.is_last:  # hand on to the next stage; it samples
             self.pipeline.send(hidden)  # and the scheduler sends its tokens back with the next step
@@ -372,7 +372,8 @@ class ModelRunner:
             if self.drafter is not None:  # a prefill chunk: the draft's KV catches up
                 self.drafter.propose(self.batch, step, hidden)
             return DoneOutput(ModelRunnerOutput())
-        pending = self._sample(hidden, step, prompt_logprobs, scheduler_output, meta)
+        sampled, meta = self._sample(hidden, step, scheduler_output, meta)
+        pending = self._hold(step, scheduler_output, sampled, meta, prompt_logprobs)
         if self.spec is not None:
             out = pending.result()
             self.batch.store_sampled()  # the verifier replaces the plain samples in the rows
@@ -432,11 +433,11 @@ class ModelRunner:
 
     def _sample_in_graph(
         self, step: StepInputs, scheduler_output: SchedulerOutput
-    ) -> tuple[PendingOutput | None, SamplingMetadata | None]:
+    ) -> tuple[SamplerOutput | None, SamplingMetadata | None]:
         """A decode step whose tokens the captured graphs sample (``CUDAGraphRunner.run_sampled``:
         the model and the fused sampler in one replay): every row samples, and none asks for logit
-        edits, a grammar, logprobs or min-p / top-k / top-p. Otherwise (None, the step's sampling
-        metadata when it was built, for ``_sample`` to reuse)."""
+        edits, a grammar, logprobs or min-p / top-k / top-p; then its tokens and sampling metadata.
+        Otherwise (None, the step's sampling metadata when it was built, for ``_sample`` to reuse)."""
         graphs = self.cuda_graphs
         if graphs is None or graphs.vocab_size is None or step.meta.max_query_len != 1 or not graphs.covers(step.meta):
             return None, None
@@ -445,16 +446,14 @@ class ModelRunner:
         rows = step.rows[step.sample_idx]
         if len(rows) != len(step.input_ids):
             return None, None
-        seq_lens = step.query_lens[step.sample_idx] + self.batch.num_computed_tokens[rows]
-        meta = self.batch.sampling_metadata(rows, seq_lens, graphs.vocab_size)
+        meta = self.batch.sampling_metadata(rows, step.meta.seq_lens_cpu[step.sample_idx], graphs.vocab_size)
         if meta.edits is not None or meta.max_num_logprobs is not None or meta.truncated_rows is not None:
             return None, meta
         seeds, offsets = self.sampler.philox_inputs(meta, len(rows), self.device)
         tokens = graphs.run_sampled(step.input_ids, step.positions, step.meta, meta.temperature, seeds, offsets)
         tokens = tokens.clone()  # the next replay overwrites the static output
         broadcast_from_first(tokens)
-        held = self.batch.hold_sampled(self._req_ids(rows), rows, tokens)
-        return PendingOutput(held, SamplerOutput(tokens, None, None, None), meta.num_logprobs, {}), None
+        return SamplerOutput(tokens, None, None, None), meta
 
     def _req_ids(self, rows: np.ndarray) -> list[RequestId]:
         if rows[-1] == len(rows) - 1:  # rows 0 .. S-1, the common decode step
@@ -465,29 +464,64 @@ class ModelRunner:
         self,
         hidden: torch.Tensor,
         step: StepInputs,
-        prompt_logprobs: dict,
         scheduler_output: SchedulerOutput,
         meta: SamplingMetadata | None = None,
-    ) -> PendingOutput:
-        """``meta``: the step's sampling metadata when ``_sample_in_graph`` built it already."""
+    ) -> tuple[SamplerOutput, SamplingMetadata]:
+        """The step's sampled tokens and the sampling metadata they came from (``meta``: the
+        step's when ``_sample_in_graph`` built it already)."""
         rows = step.rows[step.sample_idx]  # ascending
-        req_ids = self._req_ids(rows)
         if len(rows) < len(step.input_ids):
             hidden = hidden[step.logits_index]
         # else every token is a request's last (decode only) and samples: hidden is in order
         logits = self.model.compute_logits(hidden)  # (S, vocab) fp32
         if meta is None:
-            seq_lens = step.query_lens[step.sample_idx] + self.batch.num_computed_tokens[rows]
-            meta = self.batch.sampling_metadata(rows, seq_lens, logits.shape[-1])
+            meta = self.batch.sampling_metadata(rows, step.meta.seq_lens_cpu[step.sample_idx], logits.shape[-1])
         meta.grammar_bitmask = None
         if scheduler_output.grammar_bitmask is not None:
             meta.grammar_bitmask = bitmask_for_rows(
-                scheduler_output.grammar_bitmask, scheduler_output.structured_output_request_ids, req_ids, self.device
+                scheduler_output.grammar_bitmask,
+                scheduler_output.structured_output_request_ids,
+                self._req_ids(rows),
+                self.device,
             )
         sampled = self.sampler(logits, meta)
         broadcast_from_first(sampled.token_ids)  # every tp rank (of the last stage) keeps the same tokens
-        tokens = self.batch.hold_sampled(req_ids, rows, sampled.token_ids)
-        return PendingOutput(tokens, sampled, meta.num_logprobs, prompt_logprobs)
+        return sampled, meta
+
+    def _hold(
+        self,
+        step: StepInputs,
+        scheduler_output: SchedulerOutput,
+        sampled: SamplerOutput,
+        meta: SamplingMetadata,
+        prompt_logprobs: dict,
+    ) -> PendingOutput:
+        """The step's output on its way to the host, its ids held by the batch
+        (``InputBatch.hold_sampled``). A batch of several decode steps runs its later ones
+        first (``_decode_steps``), and all their ids travel as one (S, n)."""
+        rows = step.rows[step.sample_idx]
+        if scheduler_output.num_steps > 1:
+            sampled = SamplerOutput(self._decode_steps(step, scheduler_output, sampled.token_ids), None, None, None)
+        held = self.batch.hold_sampled(self._req_ids(rows), rows, sampled.token_ids)
+        return PendingOutput(held, sampled, meta.num_logprobs, prompt_logprobs)
+
+    def _decode_steps(self, step: StepInputs, scheduler_output: SchedulerOutput, tokens: torch.Tensor) -> torch.Tensor:
+        """(S, n) the tokens of the batch's ``n = num_steps`` decode steps, ``tokens`` (S,) the
+        first's. Each later step is the last one moved on by a position on the device
+        (``StepInputs.advance``), so nothing reaches the host in between: no scheduling, no
+        synchronization, no output; a captured graph replays it where one covers it. The
+        scheduler sends such a batch only when every row decodes and samples without reading
+        its token history, logprobs or a grammar (``may_run_ahead``)."""
+        columns = [tokens]
+        for _ in range(scheduler_output.num_steps - 1):
+            step.advance(columns[-1], self.block_size)
+            step.meta.backend_data = self.attn_backend.prepare(step.meta, self.block_size)
+            sampled, meta = self._sample_in_graph(step, scheduler_output)
+            if sampled is None:
+                hidden = self._forward(step.input_ids, step.positions, step.meta)
+                sampled, _ = self._sample(hidden, step, scheduler_output, meta)
+            columns.append(sampled.token_ids)
+        return torch.stack(columns, dim=1)
 
     def _speculate(
         self, hidden: torch.Tensor, step: StepInputs, scheduler_output: SchedulerOutput, out: ModelRunnerOutput
@@ -681,9 +715,12 @@ class PendingOutput:
     def result(self) -> ModelRunnerOutput:
         if self._output is not None:
             return self._output
-        tokens = self.tokens.read()
+        tokens = self.tokens.read()  # (S,), or (S, n) for n decode steps
+        ids = tokens.tolist()
         out = ModelRunnerOutput(
-            sampled_token_ids={r: [t] for r, t in zip(self.req_ids, tokens.tolist())},
+            sampled_token_ids=dict(zip(self.req_ids, ids))
+            if tokens.ndim == 2
+            else {r: [t] for r, t in zip(self.req_ids, ids)},
             prompt_logprobs=self._prompt_logprobs,
         )
         if self._logprobs_host is not None:

@@ -59,6 +59,25 @@ class StepInputs:
     """Async scheduling: (flat-batch indices, indices into the previous step's sampled
     tokens) of input tokens this runner has not received yet; None when there are none."""
 
+    def advance(self, tokens: torch.Tensor, block_size: int) -> None:
+        """Turn a decode-only step (one token a row, every row sampling) into the next one over
+        the same rows, on the device (multi-step decoding, ``SchedulerOutput.num_steps``): each
+        row's sampled token ``tokens`` (B,) becomes its input one position on, its KV going to the
+        slot its block table gives that position (the scheduler allocated the slots of every step).
+        The host copies move along; what an attention backend derived from the step
+        (``meta.backend_data``, ``meta.mla_plan``) is dropped for the caller to derive again."""
+        meta = self.meta
+        position = meta.seq_lens.long()  # (B,) each row's new token's position: the last step's length
+        block = meta.block_tables.gather(1, (position // block_size).unsqueeze(1)).squeeze(1)  # (B,)
+        meta.slot_mapping = block.long() * block_size + position % block_size
+        meta.seq_lens = meta.seq_lens + 1
+        meta.seq_lens_cpu = np.asarray(meta.seq_lens_cpu) + 1
+        meta.max_seq_len += 1
+        meta.backend_data = meta.mla_plan = None
+        self.input_ids = tokens
+        self.positions = self.positions + 1  # (T,), or (3, T) M-RoPE: a text token moves on all three
+        self.token_positions = self.token_positions + 1
+
 
 class StepInputBuilder:
     def __init__(

@@ -82,18 +82,24 @@ class FakeRunner:
             state["blocks"].extend(blocks or [])
             state["computed"] = computed
         out = ModelRunnerOutput()
-        for req_id, n in scheduler_output.num_scheduled_tokens.items():
-            state = self.states[req_id]
-            tokens, start = state["tokens"], state["computed"]
-            for pos in range(start):
-                assert self.kv.get(self._slot(state, pos)) == tuple(tokens[: pos + 1]), (req_id, pos)
-            for pos in range(start, start + n):
-                self.kv[self._slot(state, pos)] = tuple(tokens[: pos + 1])
-            state["computed"] = start + n
-            if state["computed"] == len(tokens):
-                out.sampled_token_ids[req_id] = [next_token(tokens)]
-                tokens.append(out.sampled_token_ids[req_id][0])  # a runner keeps what it samples
+        for k in range(scheduler_output.num_steps):  # multi-step decoding: every request decodes each step
+            for req_id, n in scheduler_output.num_scheduled_tokens.items():
+                self._compute(req_id, n if k == 0 else 1, out)
         return out
+
+    def _compute(self, req_id: RequestId, n: int, out: ModelRunnerOutput) -> None:
+        state = self.states[req_id]
+        tokens, start = state["tokens"], state["computed"]
+        for pos in range(start):
+            assert self.kv.get(self._slot(state, pos)) == tuple(tokens[: pos + 1]), (req_id, pos)
+        for pos in range(start, start + n):
+            assert pos // self.block_size < len(state["blocks"]), (req_id, pos, "no slot allocated")
+            self.kv[self._slot(state, pos)] = tuple(tokens[: pos + 1])
+        state["computed"] = start + n
+        if state["computed"] == len(tokens):
+            token = next_token(tokens)
+            out.sampled_token_ids.setdefault(req_id, []).append(token)
+            tokens.append(token)  # a runner keeps what it samples
 
     def _slot(self, state: dict, pos: int) -> int:
         return state["blocks"][pos // self.block_size] * self.block_size + pos % self.block_size

@@ -20,7 +20,9 @@ PROMPTS = [
 ]
 
 
-def make_engine(llama_dir, async_scheduling: bool, num_blocks: int = 14, fused_sampler: bool = False) -> LLMEngine:
+def make_engine(
+    llama_dir, async_scheduling: bool, num_blocks: int = 14, fused_sampler: bool = False, overrides: tuple = ()
+) -> LLMEngine:
     return LLMEngine(
         build_config(
             [
@@ -33,6 +35,7 @@ def make_engine(llama_dir, async_scheduling: bool, num_blocks: int = 14, fused_s
                 "scheduler.log_stats_interval=0",
                 f"scheduler.async_scheduling={str(async_scheduling).lower()}",
                 f"compilation.fused_sampler={str(fused_sampler).lower()}",  # the Triton sampler, interpreted
+                *overrides,
             ]
         )
     )

@@ -100,3 +100,16 @@ def test_a_pending_output_reads_the_held_ids_and_leaves_the_batch_alone():
     assert pending.result().sampled_token_ids == {"a": [100], "b": [101]}
     assert pending.resolved and sampled.host is not None
     assert (batch.num_tokens == before).all()  # the batch stores them when its next step starts
+
+
+def test_the_ids_of_several_decode_steps_travel_and_are_stored_as_one():
+    """Multi-step decoding holds (S, n) ids: the next step's placeholders read each request's
+    last one, the output lists all n per request, and the rows gain them in order."""
+    batch = _batch("a", "b")
+    tokens = torch.tensor([[100, 101, 102], [200, 201, 202]])
+    sampled = batch.hold_sampled(["a", "b"], np.arange(2), tokens)
+    assert batch.prev_sampled.device.tolist() == [102, 202]
+    pending = PendingOutput(sampled, SamplerOutput(tokens, None, None, None), [None, None], {})
+    assert pending.result().sampled_token_ids == {"a": [100, 101, 102], "b": [200, 201, 202]}
+    batch.store_sampled()
+    assert _tokens(batch) == {"a": [10, 100, 101, 102], "b": [11, 200, 201, 202]}

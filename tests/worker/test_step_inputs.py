@@ -132,3 +132,27 @@ def test_decode_steps_over_all_rows_and_over_a_subset_equal_the_row_by_row_refer
     assert step.token_positions.tolist() == [5, 3, 4]
     assert step.meta.block_tables_cpu.tolist() == [[7, 2], [5, 1], [3, 6]]
     assert step.meta.seq_lens_cpu.tolist() == [6, 4, 5]
+
+
+def test_a_decode_step_moved_on_by_its_sampled_tokens_equals_the_next_step_built_afresh():
+    """``StepInputs.advance`` (multi-step decoding) against the builder's own next step once the
+    batch knows the tokens: ids, positions, slots (across block boundaries: a's position 7 is the
+    last slot of its block 2, 8 the first of block 9), lengths and the host copies."""
+    batch = make_batch()
+    batch.num_computed_tokens[1] = 6  # b decodes its last prompt token
+    batch.block_table.append_row(0, [9])  # the slots of the steps ahead
+    batch.block_table.append_row(1, [6])
+    builder = StepInputBuilder(16, 4, 4, BLOCK, CPU)
+    ones = np.ones(2, dtype=np.int32)
+    step = builder.build(batch, np.arange(2), ones, num_tokens=2)
+    for tokens in ([40, 41], [50, 51], [60, 61]):
+        step.meta.backend_data = "derived"
+        step.advance(torch.tensor(tokens), BLOCK)
+        batch.append_tokens(np.arange(2), np.asarray(tokens))
+        batch.num_computed_tokens[:2] += 1
+        fresh = StepInputBuilder(16, 4, 4, BLOCK, CPU).build(batch, np.arange(2), ones, num_tokens=2)
+        assert _decode_step(step) == _decode_step(fresh) == _reference_decode(batch, [0, 1])
+        assert list(step.meta.seq_lens_cpu) == list(fresh.meta.seq_lens_cpu)
+        assert step.token_positions.tolist() == fresh.token_positions.tolist()
+        assert step.meta.backend_data is None and step.meta.mla_plan is None  # the runner derives them again
+    assert step.meta.slot_mapping.tolist() == [9 * BLOCK + 0, 6 * BLOCK + 1]  # a at 8, b at 9: their third blocks
