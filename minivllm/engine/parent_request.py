@@ -49,20 +49,28 @@ class CompletionState:
 
     def append_output(self, core_out: EngineCoreOutput) -> bool:
         """Take one step's new tokens; True when a stop string just ended the completion
-        (the caller must then abort the core request)."""
-        self.token_ids.extend(core_out.new_token_ids)
+        (the caller must then abort the core request).
+
+        A step may bring several tokens (accepted drafts, multi-step decoding). A stop string
+        that ends at one of them ends the completion there, as it would have one token a
+        step: the tokens after it are dropped (and their logprobs), and it finishes "stop"
+        unless the core finished the request at that same token."""
+        new, finish, reason = core_out.new_token_ids, core_out.finish_reason, core_out.stop_reason
+        stop = self.detokenizer.append(new)
+        if stop is not None:
+            kept = self.detokenizer.num_tokens - len(self.token_ids)  # through the stop string's last token
+            if finish is None or kept < len(new):
+                new, finish, reason = new[:kept], "stop", stop
+        self.token_ids.extend(new)
         if core_out.new_logprobs is not None:
-            self.logprobs = (self.logprobs or []) + core_out.new_logprobs
-            chosen = [lp[t] for t, lp in zip(core_out.new_token_ids, core_out.new_logprobs)]
+            logprobs = core_out.new_logprobs[: len(new)]
+            self.logprobs = (self.logprobs or []) + logprobs
+            chosen = [lp[t] for t, lp in zip(new, logprobs)]
             self.cumulative_logprob = (self.cumulative_logprob or 0.0) + sum(chosen)
-        self.finish_reason, self.stop_reason = core_out.finish_reason, core_out.stop_reason
+        self.finish_reason, self.stop_reason = finish, reason
         if core_out.kv_transfer_params is not None:
             self.parent.kv_transfer_params = core_out.kv_transfer_params
-        stop = self.detokenizer.append(core_out.new_token_ids)
-        if stop is not None and self.finish_reason is None:
-            self.finish_reason, self.stop_reason = "stop", stop
-            return True
-        return False
+        return stop is not None and core_out.finish_reason is None
 
     def output(self, delta: bool) -> CompletionOutput:
         text = self.detokenizer.output_text(self.finished)

@@ -26,6 +26,7 @@ OPTIONS: dict[str, list[Any]] = {
     "async_scheduling": [False, True],
     "speculative": [None, "ngram"],
     "lora": [False, True],
+    "multi_step": [False, True],
 }
 """Option -> its levels, the plain one first. allpairspy builds rows greedily, and with a filter
 it can leave pairs out; in this order it leaves none (``matrix_cells`` adds a cell for any it would)."""
@@ -37,6 +38,8 @@ CHUNK_BUDGET = 8
 """Token budget of a step with chunked prefill on: shorter than every prompt of the workload."""
 SMALL_CACHE_BLOCKS = 24
 """KV blocks (of 4 tokens) of the small cache: every request fits alone, the workload does not."""
+MULTI_STEPS = 4
+"""Decode steps a batch runs with multi-step decoding on."""
 SPEC_CONFIG = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
 
 
@@ -72,6 +75,18 @@ REFUSED = [
         ("async_scheduling", True),
         r"scheduler.async_scheduling=true: not supported with parallel.pp > 1",
         "pipeline stages step synchronously (micro-batches overlap them instead)",
+    ),
+    Refusal(
+        ("parallel", "pp2"),
+        ("multi_step", True),
+        r"scheduler.num_scheduler_steps=4: not supported with parallel.pp=2",
+        "the last stage's tokens reach the first one through the scheduler, once a step",
+    ),
+    Refusal(
+        ("speculative", "ngram"),
+        ("multi_step", True),
+        r"scheduler.num_scheduler_steps=4: not supported with speculative.method=ngram",
+        "drafts are verified between steps",
     ),
     Refusal(
         ("speculative", "ngram"),
@@ -157,4 +172,6 @@ def engine_kwargs(cell: Cell) -> dict[str, Any]:
         kwargs["speculative_config"] = dict(SPEC_CONFIG)
     if cell["lora"]:
         kwargs.update(enable_lora=True, max_loras=1, max_lora_rank=8)
+    if cell["multi_step"]:
+        kwargs["num_scheduler_steps"] = MULTI_STEPS
     return kwargs

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from minivllm import LLM
+from minivllm.sample.metadata import may_run_ahead
 from tests.composition.cells import (
     CHUNK_BUDGET,
     REFUSED,
@@ -19,6 +20,7 @@ from tests.composition.cells import (
 )
 from tests.composition.oracle import assert_same_as_reference
 from tests.composition.workload import RequestSpec, request_specs, with_stops
+from tests.engine.test_multi_step import spy_on_steps
 from tests.executor import tp_helpers as h
 from tests.lora.adapters import make_adapter
 
@@ -95,16 +97,23 @@ def check_cell(cell: Cell, llama_dir, adapter, specs, references, **device: str)
     """With prefix caching the workload runs twice: the second time every prompt is cached."""
     reference = references(cell, **device)
     llm = LLM(str(llama_dir), **engine_kwargs(cell), **device)
+    seen = spy_on_steps(llm.llm_engine)
     try:
         rounds = 2 if cell["prefix_caching"] else 1
         runs = [generate(llm, specs, adapter if cell["lora"] else None) for _ in range(rounds)]
         engine = llm.llm_engine
         stats, scheduler = engine.get_stats(), engine.core.scheduler
+        # Multi-step batches need every running request to run ahead (no grammar, no logprobs):
+        # those requests again, alone.
+        ahead = [i for i, spec in enumerate(specs) if may_run_ahead(spec.params())] if cell["multi_step"] else []
+        alone = generate(llm, [specs[i] for i in ahead], adapter if cell["lora"] else None) if ahead else []
         assert scheduler.kv.num_free_blocks == engine.num_kv_blocks  # nothing leaked
     finally:
         llm.shutdown()
     for outputs in runs:
         assert_same_as_reference(cell, specs, outputs, reference)
+    assert_same_as_reference(cell, [specs[i] for i in ahead], alone, [reference[i] for i in ahead])
+    assert (max(seen) > 1) == cell["multi_step"]
     assert llm.cfg.async_scheduling == cell["async_scheduling"]
     assert (stats.num_preemptions > 0) == cell["small_kv_cache"]
     if cell["prefix_caching"]:

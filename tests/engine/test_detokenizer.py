@@ -7,6 +7,9 @@ import pytest
 from transformers import AutoTokenizer
 
 from minivllm.engine.detokenizer import IncrementalDetokenizer
+from minivllm.engine.parent_request import CompletionState, ParentRequest
+from minivllm.outputs import EngineCoreOutput
+from minivllm.request import RequestId
 from minivllm.sampling_params import SamplingParams
 
 TEXT = 'def naïve(x):\n    return "héllo — wörld" + str(x)  # ✓ done\n'
@@ -124,3 +127,31 @@ def test_split_multibyte_character_is_held_until_complete(tok):
         detok.append([t])
         texts.append(detok.text)
     assert len(ids) > 2 and texts[0] == "" and texts[-1] == "é!"
+
+
+def test_a_stop_string_inside_a_several_token_output_ends_the_completion_there(tok):
+    """Several tokens in one output (accepted drafts, multi-step decoding): a stop string that
+    ends at one of them ends the completion at that token, as one token a step would, with
+    its logprobs; the core's own finish at the same token keeps its reason."""
+    params = SamplingParams(stop=["STOP"])
+    ids = tok.encode("alpha beta STOPgamma delta", add_special_tokens=False)
+    probe = IncrementalDetokenizer(tok, params, [])
+    end = next(i for i, t in enumerate(ids) if probe.append([t]) is not None) + 1  # through the stop's last token
+    assert end < len(ids)
+
+    def completion():
+        parent = ParentRequest(RequestId("r"), None, [], params)
+        return CompletionState(RequestId("r"), 0, parent, IncrementalDetokenizer(tok, params, []))
+
+    state = completion()
+    logprobs = [{t: -0.5, 7: -2.0} for t in ids]
+    assert state.append_output(EngineCoreOutput(RequestId("r"), ids, logprobs)) is True  # abort the core request
+    assert state.token_ids == ids[:end] and (state.finish_reason, state.stop_reason) == ("stop", "STOP")
+    assert len(state.logprobs) == end and state.cumulative_logprob == pytest.approx(-0.5 * end)
+    assert state.output(delta=False).text == "alpha beta "
+    state = completion()  # the core finished at the output's last token: the earlier stop string wins
+    assert state.append_output(EngineCoreOutput(RequestId("r"), ids, None, "length")) is False
+    assert state.token_ids == ids[:end] and state.finish_reason == "stop"
+    state = completion()  # both at the same token: the core's reason, as with one token a step
+    assert state.append_output(EngineCoreOutput(RequestId("r"), ids[:end], None, "length")) is False
+    assert state.token_ids == ids[:end] and state.finish_reason == "length"

@@ -7,6 +7,7 @@ import pytest
 from minivllm import SamplingParams
 from minivllm.entrypoints.llm import LLM
 from minivllm.lora import LoRARequest
+from tests.engine.test_multi_step import spy_on_steps
 from tests.lora.adapters import make_adapter, peft_greedy
 from tests.model_configs import llama_config, qwen2_config
 
@@ -54,14 +55,17 @@ def test_rslora_and_partial_targets_match_peft(llama_base, tmp_path):
 
 
 def test_mixed_batch_and_more_adapters_than_slots(llama_base, tmp_path):
-    """Three adapters and the base model in one call; with max_loras=3 and then 1 slot."""
+    """Three adapters and the base model in one call; with max_loras=3 and then 1 slot, and with
+    3 slots and multi-step decoding (every step of a batch reads its rows' adapters)."""
     adapters = [make_adapter(llama_base, tmp_path / f"m{i}", rank=4 * (i + 1), alpha=16, seed=10 + i) for i in range(3)]
     loras = [LoRARequest(f"m{i}", i + 1, str(a)) for i, a in enumerate(adapters)] + [None]
     prompts = [PROMPTS[i % len(PROMPTS)] for i in range(4)]
     alone = [peft_greedy(llama_base, a, [p], MAX_TOKENS)[0] for a, p in zip([*adapters, None], prompts)]
-    for max_loras in (3, 1):
-        llm = _llm(llama_base, max_loras=max_loras, max_cpu_loras=3)
+    for max_loras, steps in ((3, 1), (1, 1), (3, 4)):
+        llm = _llm(llama_base, max_loras=max_loras, max_cpu_loras=3, num_scheduler_steps=steps)
+        seen = spy_on_steps(llm.llm_engine)
         assert _tokens(llm.generate(prompts, GREEDY, use_tqdm=False, lora_request=loras)) == alone
+        assert steps == 1 or steps in seen
         manager = llm.llm_engine.core.executor.worker.model_runner.lora
         assert manager.num_loads == 3
         assert manager.num_evictions == (0 if max_loras == 3 else 2)

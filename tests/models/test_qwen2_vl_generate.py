@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from minivllm import LLM, SamplingParams
+from tests.engine.test_multi_step import spy_on_steps
 from tests.models.qwen2_vl_checkpoint import HFQwen2VL, build_qwen2_vl, parity_prompts
 from tests.multimodal.llava_checkpoint import data_url
 from tests.multimodal.vlm_greedy import engine_greedy
@@ -83,3 +84,24 @@ def test_speculative_decoding_is_refused_at_start(checkpoint):
         ValueError, match="speculative.method=ngram: not supported with Qwen2VLForConditionalGeneration"
     ):
         LLM(str(checkpoint), max_model_len=128, speculative_config=ngram)
+
+
+def test_multi_step_decoding_moves_m_rope_positions_on_the_device(checkpoint, hf):
+    """``scheduler.num_scheduler_steps``: the decode steps after a prompt with images advance
+    their (3, T) M-RoPE positions on the device, and the tokens stay transformers'."""
+    prompts = parity_prompts()[:2]
+    expected = [hf.greedy(p, ims, MAX_TOKENS) for p, ims in prompts]
+    llm = LLM(
+        str(checkpoint),
+        max_model_len=128,
+        block_size=8,
+        limit_mm_per_prompt={"image": 2},
+        num_scheduler_steps=4,
+        seed=0,
+    )
+    try:
+        seen = spy_on_steps(llm.llm_engine)
+        assert _generate(llm, prompts) == expected
+    finally:
+        llm.shutdown()
+    assert 4 in seen
