@@ -347,7 +347,9 @@ PY
     case "$run" in
       graphs) bench_run graphs 110 "${exact[@]}" ;;  # the defaults: graphs, async scheduling
       sync) bench_run sync 100 "${exact[@]}" scheduler.async_scheduling=false bench.single_request=false ;;
-      *) echo "unknown n1 run '$run' (graphs, sync)" >&2; return 2 ;;
+      # not in the default list (the core call has no room): GPU_SESSION_RUNS_N1="multistep"
+      multistep) bench_run multistep 110 "${exact[@]}" scheduler.num_scheduler_steps=8 ;;
+      *) echo "unknown n1 run '$run' (graphs, sync, multistep)" >&2; return 2 ;;
     esac
   done
   "$PYTHON" -m tools.gpu_session.stage_metrics bench "$STAGE_DIR" "${runs[@]}"

@@ -225,21 +225,22 @@ def test_core_runs_its_stages_in_the_issue_order_within_one_call(tmp_path):
 
 
 def test_core_bench_stages_run_on_the_cpu(tmp_path):
-    """n1 replays an instance file through bench.workload=jsonl with the defaults and with sync
-    scheduling (the CPU try: a toy instance the shrunken model can take), each with its floor;
-    n2 says it needs CUDA."""
-    proc = _session(tmp_path, "--stages", "n1,n2")
+    """n1 replays an instance file through bench.workload=jsonl with the defaults, with sync
+    scheduling and (asked for) with multi-step decoding (the CPU try: a toy instance the shrunken
+    model can take), each with its floor; n2 says it needs CUDA."""
+    proc = _session(tmp_path, "--stages", "n1,n2", GPU_SESSION_RUNS_N1="graphs sync multistep")
     assert proc.returncode == 0, proc.stderr
     stages = {s["stage"]: s for s in json.loads((tmp_path / "out" / "summary.json").read_text())["stages"]}
     assert (stages["n1"]["status"], stages["n2"]["status"]) == ("ok", "ok"), proc.stdout
     runs = {r["run"]: r for r in stages["n1"]["metrics"]["runs"]}
-    assert set(runs) == {"graphs", "sync"}
+    assert set(runs) == {"graphs", "sync", "multistep"}
     for r in runs.values():
         assert r["status"] == "ok" and r["num_requests"] == 4
         assert "bench.workload=jsonl" in r["overrides"]
         assert r["floor_output_tokens_per_s"] > 0 and r["gemm_tflop_s"] > 0
         assert r["prefill_measured_s"] > 0 and r["decode_measured_s"] > 0
     assert "scheduler.async_scheduling=false" in runs["sync"]["overrides"]
+    assert "scheduler.num_scheduler_steps=8" in runs["multistep"]["overrides"]
     assert "needs CUDA" in stages["n2"]["key_numbers"]
 
 
