@@ -114,7 +114,7 @@ class Attention(nn.Module):
         embedding other than the plain one with its cos/sin table, a norm with other arithmetic,
         or ``fuse_qkv_prep`` off); the caller runs the torch layers then."""
         if self.fuse_qkv_prep and q.device.type == "cpu" and self.backend.name == "torch":
-            return self._prepare_qkv_cpu(positions, q, k, v, rotary, q_norm, meta)
+            return self._prepare_qkv_cpu(positions, q, k, v, rotary, q_norm, k_norm, meta)
         if not (self.fuse_qkv_prep and q.device.type in FUSED_QKV_DEVICES and self.backend.name == "triton"):
             return False
         cache = self.kv_cache
@@ -144,12 +144,13 @@ class Attention(nn.Module):
         )
         return True
 
-    def _prepare_qkv_cpu(self, positions, q, k, v, rotary, q_norm, meta: AttentionMetadata) -> bool:
+    def _prepare_qkv_cpu(self, positions, q, k, v, rotary, q_norm, k_norm, meta: AttentionMetadata) -> bool:
         """``prepare_qkv_`` on the CPU: ``cpu_fused.rope_write_kv_`` where it serves (the plain rotary
-        embedding over whole heads from its cos/sin table, no q/k norms, fp32 everywhere, heads packed
-        within each token's row); False otherwise."""
+        embedding over whole heads from its cos/sin table, per-head q/k norms only as plain
+        ``RMSNorm``s on the C kernel, fp32 everywhere, heads packed within each token's row); False
+        otherwise."""
         cache = self.kv_cache
-        if q_norm is not None or cache is None or type(rotary) is not RotaryEmbedding:
+        if cache is None or type(rotary) is not RotaryEmbedding or not cpu_head_norms(q_norm, k_norm, q.shape[-1]):
             return False
         table = rotary.cos_sin_cache
         if table is None or rotary.rotary_dim != q.shape[-1] or positions.dim() != 1:
@@ -161,8 +162,25 @@ class Attention(nn.Module):
             return False
         if not all(t.stride(-1) == 1 and t.stride(-2) == t.shape[-1] for t in (q, k, v)):
             return False
-        cpu_fused.rope_write_kv_(positions, q, k, v, table, rotary.neox_style, cache, slots)
+        if q_norm is None:
+            cpu_fused.rope_write_kv_(positions, q, k, v, table, rotary.neox_style, cache, slots)
+        else:
+            weights = (q_norm.weight, k_norm.weight)
+            cpu_fused.rope_write_kv_(positions, q, k, v, table, rotary.neox_style, cache, slots, *weights, q_norm.eps)
         return True
+
+
+def cpu_head_norms(q_norm: nn.Module | None, k_norm: nn.Module | None, head_dim: int) -> bool:
+    """Whether per-head q/k norms (or none) are ones the CPU's fused rotary kernel applies: both
+    plain ``RMSNorm``s on the C kernel (``use_cpu_kernel``; GemmaRMSNorm's ``1 + w`` is not),
+    with one eps and fp32 (head_dim,) weights."""
+    if q_norm is None and k_norm is None:
+        return True
+    if not (type(q_norm) is RMSNorm and type(k_norm) is RMSNorm and q_norm.eps == k_norm.eps):
+        return False
+    return all(
+        n.use_cpu_kernel and n.weight.dtype == torch.float32 and n.weight.shape == (head_dim,) for n in (q_norm, k_norm)
+    )
 
 
 def attention_layers(model: nn.Module) -> list[Attention]:

@@ -12,7 +12,8 @@ the other libraries' functions through pointers, so the arithmetic is theirs, bi
 
 It serves a step where every row is a request's single decode token (the torch backend's
 ``PagedDecode`` covers the batch), in a plain Llama stack: ``LlamaDecoderLayer`` of
-``LlamaAttention`` (no q/k norms, full rotary from the cos/sin table, no window, soft cap or sinks)
+``LlamaAttention`` (per-head q/k norms only as plain RMSNorms, as Qwen3's, applied by the rotary
+kernel; full rotary from the cos/sin table, no window, soft cap or sinks)
 and ``LlamaMLP`` (SiLU), plain ``RMSNorm``, unquantized fp32 linear layers (biases allowed) on one
 tensor-parallel rank and one pipeline stage, an fp32 cache. One row runs the few-row GEMM on the
 plain weights (``cpu_small_gemm``), more rows the panel GEMM on the packed ones (``cpu_panel_gemm``);
@@ -34,7 +35,7 @@ from minivllm.attention.torch_backend import PagedDecode
 from minivllm.c_kernels import CLibrary, profiled
 from minivllm.distributed.parallel_state import tp_size
 from minivllm.layers.activation import ActAndMul
-from minivllm.layers.attention import Attention
+from minivllm.layers.attention import Attention, cpu_head_norms
 from minivllm.layers.norm import RMSNorm
 from minivllm.layers.ops import cpu_fused
 from minivllm.layers.rotary import RotaryEmbedding
@@ -54,23 +55,24 @@ typedef void (*norm_fn)(float*, int64_t, float*, int64_t, float*, int64_t, const
                         int);
 typedef void (*silu_fn)(const float*, int64_t, float*, int64_t, int64_t, int64_t, int);
 typedef void (*rope_fn)(float*, int64_t, float*, int64_t, const float*, int64_t, int64_t, int64_t, int64_t,
-                        int64_t, const int64_t*, const float*, int, float*, float*, const int64_t*, int);
+                        int64_t, const int64_t*, const float*, int, float*, float*, const int64_t*, const float*,
+                        const float*, float, int);
 typedef void (*attn_fn)(const float*, const float*, const float*, float*, const int32_t*, int64_t,
                         const int32_t*, const int64_t*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
                         int64_t, float, int64_t, float, int);
 
 /* The kernels, in this order in `fns`. */
 enum { GEMM, NORM, SILU, ROPE, ATTN };
-/* A layer's pointers, in this order in `layers` (biases may be null). */
-enum { IN_NORM, POST_NORM, QKV, QKV_B, O, O_B, GATE_UP, GATE_UP_B, DOWN, DOWN_B, K_CACHE, PER_LAYER };
+/* A layer's pointers, in this order in `layers` (biases and the per-head q/k norms may be null). */
+enum { IN_NORM, POST_NORM, Q_NORM, K_NORM, QKV, QKV_B, O, O_B, GATE_UP, GATE_UP_B, DOWN, DOWN_B, K_CACHE, PER_LAYER };
 
 /* hidden (T, H): the embedded tokens in, the last layer's MLP output out; residual (T, H): out, the
    stream the final norm adds it to; scratch: T * (H + (Hq + 2 Hk) D + Hq D + 3 I) floats. dims: H, Hq,
-   Hk, D, I (intermediate). The attention rows of query b are b (a decode-only step); v's cache is
-   kv_half floats past k's. */
+   Hk, D, I (intermediate); eps the layer norms', qk_eps the per-head q/k norms'. The attention rows of
+   query b are b (a decode-only step); v's cache is kv_half floats past k's. */
 void llama_decode_stack_f32(void* const* fns, void* const* layers, int64_t L, float* hidden, float* residual,
                             float* scratch, int64_t T, int64_t H, int64_t Hq, int64_t Hk, int64_t D, int64_t I, float eps,
-                            const int64_t* positions, const float* cos_sin, int neox, const int64_t* slots,
+                            float qk_eps, const int64_t* positions, const float* cos_sin, int neox, const int64_t* slots,
                             int64_t kv_half, const int32_t* block_tables, int64_t bt_stride,
                             const int32_t* seq_lens, const int64_t* rows, int64_t block_size, float scale,
                             int num_threads) {
@@ -96,7 +98,7 @@ void llama_decode_stack_f32(void* const* fns, void* const* layers, int64_t L, fl
         gemm(xn, H, (const float*)w[QKV], (const float*)w[QKV_B], qkv, Q3, T, Q3, H, num_threads);
         float* k_cache = (float*)w[K_CACHE];
         rope(qkv, Q3, qkv + Qd, Q3, qkv + Qd + Hk * D, Q3, T, Hq, Hk, D, positions, cos_sin, neox, k_cache,
-             k_cache + kv_half, slots, num_threads);
+             k_cache + kv_half, slots, (const float*)w[Q_NORM], (const float*)w[K_NORM], qk_eps, num_threads);
         attn(qkv, k_cache, k_cache + kv_half, att, block_tables, bt_stride, seq_lens, rows, T, Hq, Hk, D,
              block_size, Q3, Qd, scale, 0, 0.f, num_threads);
         gemm(att, Qd, (const float*)w[O], (const float*)w[O_B], hidden, H, T, H, Qd, num_threads);
@@ -117,7 +119,7 @@ LIBRARY = CLibrary(
         "llama_decode_stack_f32": (
             [ptr, ptr, i64, ptr, ptr, ptr]
             + [i64] * 6
-            + [f32, ptr, ptr, ctypes.c_int, ptr, i64, ptr, i64]
+            + [f32, f32, ptr, ptr, ctypes.c_int, ptr, i64, ptr, i64]
             + [ptr, ptr, i64, f32, ctypes.c_int]
         )  # fmt: skip
     },
@@ -134,8 +136,8 @@ def _why_not_layer(layer: nn.Module) -> str | None:
     attn, mlp = layer.self_attn, layer.mlp
     if type(attn) is not LlamaAttention or type(mlp) is not LlamaMLP:
         return f"its layers hold {type(attn).__name__} and {type(mlp).__name__}, not LlamaAttention and LlamaMLP"
-    if attn.q_norm is not None:
-        return "its attention normalises q and k per head"
+    if not cpu_head_norms(attn.q_norm, attn.k_norm, attn.head_dim):
+        return "its attention normalises q and k per head other than with plain RMSNorms on the CPU kernel"
     inner = attn.attn
     if type(inner) is not Attention or inner.backend.name != "torch" or not inner.fuse_qkv_prep:
         return "its attention does not run the torch backend's CPU kernels"
@@ -179,7 +181,16 @@ def why_not(model: nn.Module) -> str | None:
         for layer in layers
     ):
         return "its layers rotate by different tables"
+    if len({_norm_eps(layer) for layer in layers}) != 1 or len(set(_norm_eps(layers[0])[:2])) != 1:
+        return "its norms do not share one eps"
     return None
+
+
+def _norm_eps(layer: nn.Module) -> tuple[float, ...]:
+    """The eps of a layer's two norms and (where it has them) its per-head q/k norms."""
+    attn = layer.self_attn
+    heads = (attn.q_norm.eps, attn.k_norm.eps) if attn.q_norm is not None else ()
+    return (layer.input_layernorm.eps, layer.post_attention_layernorm.eps, *heads)
 
 
 class LlamaCpuDecode:
@@ -193,11 +204,16 @@ class LlamaCpuDecode:
         self.head_dim = attn.head_dim
         self.intermediate = mlp.down_proj.weight.shape[1]
         self.eps = first.input_layernorm.eps
+        self.qk_eps = attn.q_norm.eps if attn.q_norm is not None else 0.0
         self.scale = attn.attn.scale
         self.rotary = attn.rotary_emb
         self._entries = [
             (
-                (layer.input_layernorm.weight, layer.post_attention_layernorm.weight),
+                (
+                    layer.input_layernorm.weight,
+                    layer.post_attention_layernorm.weight,
+                    *(n.weight if n is not None else None for n in (layer.self_attn.q_norm, layer.self_attn.k_norm)),
+                ),
                 [
                     (linear, linear.weight, linear.bias)
                     for linear in (
@@ -230,7 +246,7 @@ class LlamaCpuDecode:
             cache = attn.kv_cache
             if cache is None or cache.dtype != torch.float32 or not cache.is_contiguous():
                 return None
-            ptrs += [norms[0].data_ptr(), norms[1].data_ptr()]
+            ptrs += [n.data_ptr() if n is not None else None for n in norms]
             for linear, weight, bias in linears:
                 if panels:
                     packed = linear.cpu_packed_weight
@@ -289,6 +305,7 @@ class LlamaCpuDecode:
                 D,
                 self.intermediate,
                 self.eps,
+                self.qk_eps,
                 positions.data_ptr(),
                 table.data_ptr(),
                 int(self.rotary.neox_style),

@@ -12,7 +12,7 @@ from minivllm.attention.torch_backend import TorchAttentionBackend
 from minivllm.c_kernels import UNLOADED
 from minivllm.layers.activation import ActAndMul
 from minivllm.layers.attention import Attention
-from minivllm.layers.norm import RMSNorm
+from minivllm.layers.norm import GemmaRMSNorm, RMSNorm
 from minivllm.layers.ops import cpu_fused
 from minivllm.layers.rotary import RotaryEmbedding, share_cos_sin_caches
 
@@ -89,7 +89,33 @@ def test_rope_and_cache_write_equal_the_torch_layers(neox_style):
     assert int((flat_k.abs().sum((1, 2)) > 0).sum()) == 4  # nothing else written
 
 
-@pytest.mark.parametrize("why", ["bf16 cache", "partial rotary", "q/k norms"])
+@needs_kernel
+def test_per_head_q_k_norms_before_rope_equal_the_torch_layers():
+    """Qwen3's per-head RMSNorms on q and k, applied by the rotary kernel before it rotates."""
+    gen = torch.Generator().manual_seed(5)
+    hq, hk, d = 4, 2, 16
+    rope = RotaryEmbedding(d, d, {"rope_type": "default", "rope_theta": 500.0})
+    share_cos_sin_caches(rope, 64, torch.device("cpu"))
+    positions = torch.tensor([2, 7, 30])
+    meta, cache, qkv = _cache_step(gen, [3, 9, 4], hq, hk, d)
+    q_norm, k_norm = RMSNorm(d, eps=1e-5), RMSNorm(d, eps=1e-5)
+    with torch.no_grad():
+        q_norm.weight.copy_(torch.rand(d, generator=gen) + 0.5)
+        k_norm.weight.copy_(torch.rand(d, generator=gen) + 0.5)
+    q_ref, k_ref = q_norm._norm(qkv[:, :hq].clone()), k_norm._norm(qkv[:, hq : hq + hk].clone())
+    q_ref, k_ref = rope(positions, q_ref, k_ref)
+    attn = Attention(TorchAttentionBackend(), hq, d, hk, d**-0.5)
+    attn.kv_cache = cache
+    q, k, v = qkv[:, :hq], qkv[:, hq : hq + hk], qkv[:, hq + hk :]
+    assert attn.prepare_qkv_(positions, q, k, v, rope, q_norm, k_norm, meta)
+    torch.testing.assert_close(q, q_ref, **FP32)
+    torch.testing.assert_close(k, k_ref, **FP32)
+    flat_k = cache[0].view(-1, hk, d)
+    for t, slot in enumerate([3, 9, 4]):
+        assert torch.equal(flat_k[slot], k[t])  # the normalised, rotated keys
+
+
+@pytest.mark.parametrize("why", ["bf16 cache", "partial rotary", "gemma q/k norms", "one of q/k norms"])
 def test_rope_and_cache_write_leave_what_they_do_not_serve_to_the_torch_layers(why):
     gen = torch.Generator().manual_seed(1)
     hq, hk, d = 4, 2, 16
@@ -99,9 +125,11 @@ def test_rope_and_cache_write_leave_what_they_do_not_serve_to_the_torch_layers(w
     attn = Attention(TorchAttentionBackend(), hq, d, hk, d**-0.5)
     attn.kv_cache = cache.bfloat16() if why == "bf16 cache" else cache
     before = qkv.clone()
-    q_norm = RMSNorm(d) if why == "q/k norms" else None
+    q_norm = k_norm = GemmaRMSNorm(d) if why == "gemma q/k norms" else None  # w + 1: not the kernel's norm
+    if why == "one of q/k norms":
+        q_norm = RMSNorm(d)
     q, k, v = qkv[:, :hq], qkv[:, hq : hq + hk], qkv[:, hq + hk :]
-    assert not attn.prepare_qkv_(torch.tensor([0, 1]), q, k, v, rope, q_norm, q_norm, meta)
+    assert not attn.prepare_qkv_(torch.tensor([0, 1]), q, k, v, rope, q_norm, k_norm, meta)
     assert torch.equal(qkv, before) and not attn.kv_cache.any()
 
 

@@ -14,7 +14,7 @@ from minivllm.layers.norm import RMSNorm
 from minivllm.models import llama_cpu_decode
 from minivllm.quantization.cpu_panel_gemm import K_CHUNK
 from tests.hf_reference import hf_greedy
-from tests.model_configs import llama_config, qwen2_config
+from tests.model_configs import llama_config, qwen2_config, qwen3_config
 
 pytestmark = pytest.mark.skipif(llama_cpu_decode.LIBRARY.get() is None, reason="no C compiler to build the kernels")
 
@@ -167,6 +167,30 @@ def test_qkv_biases_qwen2(make_checkpoint, packed):
         llm.shutdown()
     assert served > 0
     assert tokens == [hf_greedy(path, [p], n)[0][0] for p, n in zip(PROMPTS, MAX_TOKENS)]
+
+
+@pytest.mark.parametrize("packed", ["false", "true"])
+def test_per_head_q_k_norms_qwen3(make_checkpoint, packed):
+    """Qwen3's layers are Llama's with an RMSNorm on each head of q and k before rotary: the rotary
+    kernel applies them, in the modules and in the C stack alike, so the two give the same logprobs
+    (equal where both run the panels) and transformers' tokens."""
+    path = make_checkpoint("qwen3", qwen3_config())
+    results = {}
+    for fused in ("true", "false"):
+        llm = _engine(path, fused, overrides=[f"device.cpu_packed_linear={packed}"])
+        try:
+            assert _stack(llm).layers[0].self_attn.q_norm is not None
+            results[fused] = _run(llm)
+        finally:
+            llm.shutdown()
+    (tokens, logprobs, served), (module_tokens, module_logprobs, _) = results["true"], results["false"]
+    assert served > 0
+    assert tokens == module_tokens == [hf_greedy(path, [p], n)[0][0] for p, n in zip(PROMPTS, MAX_TOKENS)]
+    for got, want in zip(logprobs, module_logprobs):
+        if packed == "true":
+            assert got == want
+        else:
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
 def test_a_wide_mlp_chunks_the_down_projection(make_checkpoint, reference):

@@ -9,8 +9,9 @@ what is not GEMM. Here each is one pass over its rows:
   add-and-norm between sublayers; without a residual, the norm into a new tensor);
 - ``silu_and_mul``: ``[gate | up] -> silu(gate) * up``;
 - ``rope_write_kv_``: q and k rotated in place from the shared cos/sin table
-  (``RotaryEmbedding.cos_sin_cache``, NeoX or GPT-J pairs, the whole head), then each token's
-  k and v copied to its slot of an fp32 paged cache (negative slots skipped).
+  (``RotaryEmbedding.cos_sin_cache``, NeoX or GPT-J pairs, the whole head), each head first
+  RMS-normalised where the model has per-head q/k norms (Qwen3), then each token's k and v
+  copied to its slot of an fp32 paged cache (negative slots skipped).
 
 The arithmetic is the torch layers' in fp32 (sums of squares in another order, a vectorised
 ``expf``): results agree to fp32 rounding, not bit for bit. Rows are split over
@@ -98,22 +99,41 @@ static inline void rotate_head(float* h, const float* c, const float* s, int64_t
     }
 }
 
+/* One head's RMSNorm in place, with add_rms_norm_f32's arithmetic. */
+static inline void norm_head(float* h, const float* w, int64_t D, float eps) {
+    float ss = 0.f;
+#pragma omp simd reduction(+ : ss)
+    for (int64_t i = 0; i < D; ++i) ss += h[i] * h[i];
+    const float inv = 1.f / sqrtf(ss / (float)D + eps);
+#pragma omp simd
+    for (int64_t i = 0; i < D; ++i) h[i] = (h[i] * inv) * w[i];
+}
+
 /* q: T rows of Hq heads of D floats (heads packed, rows qs apart), k: Hk heads (rows ks apart),
    v like k (rows vs apart); cos_sin: (P, D) cosines then sines; positions, slots: (T,) int64.
-   q and k are rotated in place; k_cache, v_cache (num_slots, Hk, D), when not null, get k and v at
-   slots[t] (skipped where negative). */
+   With q_norm and k_norm ((D,) weights, Qwen3's per-head norms), each head of q and k is first
+   RMS-normalised (eps); then q and k are rotated in place; k_cache, v_cache (num_slots, Hk, D),
+   when not null, get k and v at slots[t] (skipped where negative). */
 void rope_write_kv_f32(float* q, int64_t qs, float* k, int64_t ks, const float* v, int64_t vs,
                        int64_t T, int64_t Hq, int64_t Hk, int64_t D, const int64_t* positions,
                        const float* cos_sin, int neox, float* k_cache, float* v_cache,
-                       const int64_t* slots, int num_threads) {
+                       const int64_t* slots, const float* q_norm, const float* k_norm, float eps,
+                       int num_threads) {
     const int nt = threads_for(T * (Hq + 2 * Hk) * D, num_threads);
 #pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
     for (int64_t t = 0; t < T; ++t) {
         const float* c = cos_sin + positions[t] * D;
         const float* s = c + D / 2;
-        for (int64_t h = 0; h < Hq; ++h) rotate_head(q + t * qs + h * D, c, s, D, neox);
+        for (int64_t h = 0; h < Hq; ++h) {
+            float* qh = q + t * qs + h * D;
+            if (q_norm) norm_head(qh, q_norm, D, eps);
+            rotate_head(qh, c, s, D, neox);
+        }
         float* kr = k + t * ks;
-        for (int64_t h = 0; h < Hk; ++h) rotate_head(kr + h * D, c, s, D, neox);
+        for (int64_t h = 0; h < Hk; ++h) {
+            if (k_norm) norm_head(kr + h * D, k_norm, D, eps);
+            rotate_head(kr + h * D, c, s, D, neox);
+        }
         if (k_cache && slots[t] >= 0) {
             memcpy(k_cache + slots[t] * Hk * D, kr, sizeof(float) * (size_t)(Hk * D));
             memcpy(v_cache + slots[t] * Hk * D, v + t * vs, sizeof(float) * (size_t)(Hk * D));
@@ -130,7 +150,10 @@ LIBRARY = CLibrary(
     {
         "add_rms_norm_f32": [ptr, i64, ptr, i64, ptr, i64, ptr, i64, i64, f32, nt],
         "silu_and_mul_f32": [ptr, i64, ptr, i64, i64, i64, nt],
-        "rope_write_kv_f32": [ptr, i64, ptr, i64, ptr, i64] + [i64] * 4 + [ptr, ptr, nt, ptr, ptr, ptr, nt],
+        "rope_write_kv_f32": [ptr, i64, ptr, i64, ptr, i64]
+        + [i64] * 4
+        + [ptr, ptr, nt, ptr, ptr, ptr]
+        + [ptr, ptr, f32, nt],
     },
 )
 
@@ -189,8 +212,12 @@ def rope_write_kv_(
     neox_style: bool,
     kv_cache: torch.Tensor | None,  # (2, num_blocks, block_size, Hk, D) fp32 contiguous, or None
     slot_mapping: torch.Tensor | None,  # (T,) int64
+    q_norm: torch.Tensor | None = None,  # (D,) fp32
+    k_norm: torch.Tensor | None = None,  # (D,) fp32
+    eps: float = 0.0,
 ) -> None:
-    """Rotate ``q`` and ``k`` in place; with a cache, store k and v at their slots."""
+    """Normalise each head of ``q`` and ``k`` (with ``q_norm`` and ``k_norm``: Qwen3's per-head
+    RMSNorms, both or neither), rotate them, all in place; with a cache, store k and v at their slots."""
     T, Hq, D = q.shape
     Hk = k.shape[1]
     cache = kv_cache is not None
@@ -214,5 +241,8 @@ def rope_write_kv_(
             if cache
             else None,  # values: kv_cache[1]
             slot_mapping.data_ptr() if cache else None,
+            q_norm.data_ptr() if q_norm is not None else None,
+            k_norm.data_ptr() if k_norm is not None else None,
+            eps,
             torch.get_num_threads(),
         )
