@@ -122,6 +122,12 @@ class KVCacheManager:
     def blocks_needed(self, num_tokens: int) -> int:
         return cdiv(num_tokens, self.block_size)
 
+    def blocks_to_grow(self, request: Request, num_new_tokens: int) -> int:
+        """Fresh blocks a running request's table needs for ``num_new_tokens`` more tokens (an upper
+        bound with a sliding window, whose blocks behind the window go back to the pool first)."""
+        table = self._tables.get(request.request_id, ())
+        return max(self.blocks_needed(request.num_computed_tokens + num_new_tokens) - len(table), 0)
+
     # ---- prefix cache ---------------------------------------------------------------
     def reset_prefix_cache(self) -> bool:
         """Forget every cached prefix block; False (nothing changed) while requests hold blocks."""

@@ -54,7 +54,7 @@ request gets KV slots for all of them now; it counts all of them as computed (an
 async scheduling, all their tokens as placeholders), and its output brings up to N
 tokens, appended up to the first that finishes it (the rest were computed and are
 dropped). A step that admits, chunks a prefill or holds a request that must not run
-ahead runs once, as does one whose requests' slots for N steps do not all fit.
+ahead runs once; N is halved until every request's slots fit in the free blocks.
 Pipeline micro-batching (``parallel.pp_microbatches > 1``): the engine core keeps
 several scheduled batches in flight, one per pipeline slot. A request in a batch
 that has not come back is *in flight* and is left out of later batches (running
@@ -251,7 +251,9 @@ class Scheduler:
         every running request decodes one token and may run ahead, and nobody waits to be admitted
         (a new request waits at most one multi-step batch); no more than the tokens the request
         furthest from its ``max_tokens`` still needs, nor than the context length leaves the
-        nearest to it. Otherwise 1."""
+        nearest to it (its last token must fit in ``max_model_len``), and halved until every
+        request's slots for them fit in the free blocks (a multi-step batch never preempts for
+        slots a one-step batch would not need). Otherwise 1."""
         if self.waiting or self.structured.active or not self.running:
             return 1
         steps, needed = self.num_scheduler_steps, 0
@@ -261,9 +263,13 @@ class Scheduler:
                 return 1  # a prefill chunk left
             if not may_run_ahead(request.sampling_params):
                 return 1
-            steps = min(steps, self.max_model_len - request.num_computed_tokens)
+            steps = min(steps, self.max_model_len - request.num_computed_tokens - 1)
             needed = max(needed, request.max_tokens - request.num_output_tokens - pending)
-        return max(1, min(steps, needed))
+        steps = min(steps, needed)
+        grow, free = self.kv.blocks_to_grow, self.kv.num_free_blocks
+        while steps > 1 and sum(grow(request, steps) for request in self.running) > free:
+            steps //= 2
+        return max(1, steps)
 
     def _batch_seats(self) -> int:
         if self.in_flight is None:
@@ -323,7 +329,7 @@ class Scheduler:
             if not has_room(request, num_slots):
                 new_blocks = self.kv.allocate_slots(request, num_slots) if steps > 1 else None
                 if new_blocks is None:
-                    if steps > 1:  # no room ahead: the batch runs one step, and may preempt for it
+                    if steps > 1:  # no room ahead after all (``_decode_steps`` counted): one step
                         steps = plan.num_steps = 1
                         num_slots = num_new
                     new_blocks = self._allocate_or_preempt(request, num_slots, plan)

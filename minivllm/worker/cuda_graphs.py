@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import bisect
 import time
+from dataclasses import replace
 from typing import Callable
 
 import torch
@@ -174,8 +175,9 @@ class CUDAGraphRunner:
 
     def covers(self, meta: AttentionMetadata) -> bool:
         """A decode step fits a captured graph: a captured batch size and no sequence longer than
-        the graphs' block tables (``compilation.max_seq_len_to_capture``; a step's block-table
-        width follows its longest sequence)."""
+        the graphs' block tables (``compilation.max_seq_len_to_capture``). A step's block tables may
+        be wider than its longest sequence needs (slots allocated ahead: multi-step decoding,
+        lookahead); ``run`` stages only the columns the graphs hold, all a covered step reads."""
         return meta.max_seq_len <= self.max_model_len and self.padded_size(meta.num_reqs) is not None
 
     def _meta(self, n: int, max_seq_len: int | None = None) -> AttentionMetadata:
@@ -236,6 +238,9 @@ class CUDAGraphRunner:
     def run(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """Replay for a decode-only step (``meta.max_query_len == 1``): (B, hidden) hidden states."""
         b, n = meta.num_reqs, self.padded_size(meta.num_reqs)
+        width = self.block_tables.shape[1]
+        if meta.block_tables.shape[1] > width:  # blocks past max_seq_len (``covers``): nothing reads them
+            meta = replace(meta, block_tables=meta.block_tables[:, :width])
         if self.fused_staging:
             self._stage_fused(input_ids, positions, meta, n)
         else:

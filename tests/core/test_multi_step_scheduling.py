@@ -88,13 +88,16 @@ def test_the_steps_are_bounded_by_max_tokens_and_the_context_length(base):
     cfg = copy.deepcopy(base)
     cfg.max_model_len, cfg.scheduler.num_scheduler_steps = 8, 8
     cfg.cache.block_size, cfg.cache.enable_prefix_caching = BS, False
-    sched = Scheduler(cfg, KVCacheSpec(BS, 64))
-    sched.add_request(make_request(range(10, 16), max_tokens=2, req_id="c"))
-    sched.requests["c"].max_tokens = 50  # as if the context length were all that bounds it
-    step(sched, FakeRunner(BS))
-    out = sched.schedule()
-    assert out.num_steps == 2  # positions 6 and 7: the last two of max_model_len=8
-    assert len(sched.kv.block_ids("c")) == 2
+    sched, runner = Scheduler(cfg, KVCacheSpec(BS, 64)), FakeRunner(BS)
+    c, d = make_request(range(10, 14), max_tokens=4, req_id="c"), make_request([20, 21], max_tokens=6, req_id="d")
+    for r in (c, d):  # max_tokens as the engine caps them: c's 4 prompt + 4 outputs fill max_model_len=8
+        sched.add_request(r)
+    step(sched, runner)
+    out = step(sched, runner)
+    assert out.num_steps == 3  # c's last 3 tokens; d, which wants 5, waits for the next batch
+    assert c.num_tokens == 8 and c.status is RequestStatus.FINISHED_LENGTH
+    run_to_completion(sched, runner)
+    assert d.output_token_ids == expected_output(d.prompt_token_ids, 6)
 
 
 @pytest.mark.parametrize(
@@ -139,14 +142,25 @@ def test_a_waiting_request_or_a_prefill_chunk_keeps_single_steps(base):
     assert sched.requests["b"].num_computed_tokens == 6
 
 
-def test_without_room_for_every_step_the_batch_runs_once_and_preempts_no_one(base):
-    # 3 blocks of 4: a and b hold 2 and 1 after their prompts; 4 steps would need 2 more blocks
+def test_without_room_for_every_step_the_batch_runs_fewer_and_preempts_no_one(base):
+    # 3 blocks of 4: a and b hold 2 and 1 after their prompts; 4 steps would need 2 more blocks, 2 steps 1
     sched, runner = steps_scheduler(base, num_blocks=3), FakeRunner(BS)
     for r in (make_request(range(10, 17), max_tokens=8, req_id="a"), make_request([20, 21], max_tokens=8, req_id="b")):
         sched.add_request(r)
     step(sched, runner)
     out = step(sched, runner)
     assert out.num_steps == 1 and sched.num_preemptions == 0
+    # 4 blocks: a (5 tokens) holds 2, b (4) 1; one free block takes b's slots for 2 steps, not both's for 4
+    sched, runner = steps_scheduler(base, num_blocks=4), FakeRunner(BS)
+    for r in (
+        make_request(range(10, 15), max_tokens=8, req_id="a"),
+        make_request(range(20, 24), max_tokens=8, req_id="b"),
+    ):
+        sched.add_request(r)
+    step(sched, runner)
+    out = step(sched, runner)
+    assert out.num_steps == 2 and sched.num_preemptions == 0
+    assert sched.kv.num_free_blocks == 0
 
 
 def test_async_placeholders_count_every_step(base):

@@ -61,6 +61,32 @@ def test_the_outputs_equal_the_one_step_loops(llama_dir, probe, one_step, async_
     assert preemptions > 0 and STEPS in seen and 1 in seen  # the cache is too small for every request
 
 
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_a_request_at_the_context_limit_bounds_the_batch(llama_dir, async_scheduling):
+    """One request a few tokens from ``max_model_len`` beside one that wants many more: the batch
+    runs no more steps than the first can take (its last token is the context's last), and both
+    give the one-step loop's tokens."""
+    prompts = [list(range(20, 49)), [5, 17, 9]]  # 29 tokens of max_model_len=32, and 3
+    params = SamplingParams(temperature=0, max_tokens=100, ignore_eos=True)  # capped by the context
+    outputs = {}
+    for steps in (1, STEPS):
+        llm = LLM(
+            model=str(llama_dir),
+            dtype="float32",
+            block_size=4,
+            max_model_len=32,
+            num_scheduler_steps=steps,
+            async_scheduling=async_scheduling,
+        )
+        try:
+            outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        finally:
+            llm.shutdown()
+        outputs[steps] = [o.outputs[0].token_ids for o in outs]
+    assert outputs[STEPS] == outputs[1]
+    assert [len(t) for t in outputs[1]] == [3, 29]
+
+
 @pytest.mark.parametrize("c_stack", ["null", "false"], ids=["c-decode-stack", "modules"])
 def test_greedy_tokens_and_logprobs_match_transformers(llama_dir, c_stack):
     prompts = [[5, 17, 9, 42, 8], [7, 7, 3], list(range(20, 43))]

@@ -152,6 +152,31 @@ def test_decode_steps_pad_to_the_next_captured_size(fused):
     assert model.seen["tables"].tolist() == [[5, 0, 0, 0, 0, 0], [0] * 6]
 
 
+@pytest.mark.parametrize("fused", [False, True], ids=["torch-copies", "staging-kernel"])
+def test_block_tables_wider_than_the_graphs_are_cut_to_what_the_step_reads(fused):
+    """Slots allocated ahead (multi-step decoding) widen a step's block tables past its sequences'
+    blocks, and past the graphs' own width near ``max_seq_len_to_capture``: the step still fits a
+    graph, which gets the columns it holds."""
+    model = _RecordingModel()
+    graphs = CUDAGraphRunner(model, sizes=[1, 2], max_blocks_per_seq=2, max_model_len=32, device=torch.device("cpu"))
+    graphs.fused_staging = fused
+    for n in graphs.sizes:
+        graphs.outputs[n], graphs.graphs[n] = torch.zeros(n, 2), _EagerReplay(graphs, n)
+    meta = AttentionMetadata(
+        slot_mapping=torch.tensor([61, 40]),
+        query_start_loc=torch.tensor([0, 1, 2], dtype=torch.int32),
+        seq_lens=torch.tensor([30, 25], dtype=torch.int32),  # 2 blocks of 16 each; a third allocated ahead
+        block_tables=torch.tensor([[3, 4, 8], [2, 9, 6]], dtype=torch.int32),
+        max_query_len=1,
+        max_seq_len=30,
+        query_lens_cpu=[1, 1],
+        seq_lens_cpu=[30, 25],
+    )
+    assert graphs.covers(meta)
+    graphs.run(torch.tensor([11, 12]), torch.tensor([29, 24]), meta)
+    assert model.seen["tables"].tolist() == [[3, 4], [2, 9]]
+
+
 def test_short_context_steps_replay_the_short_graph():
     """Sizes whose attention would split at the graphs' context are captured again at a context under
     ``SPLIT_MIN_CONTEXT`` (one launch, no combine pass); a step picks it while every sequence fits."""
