@@ -109,7 +109,8 @@ class Attention(nn.Module):
         """On CUDA with the Triton backend: the per-head q/k norms (where given), rotary and
         the KV-cache write in one kernel (``layers.ops.qk_norm_rope_kv``), ``q`` and ``k`` in
         place; then call ``forward`` with ``kv_written=True``. On the CPU with the torch backend:
-        rotary and the write of an fp32 cache in one C kernel (``_prepare_qkv_cpu``). Returns False, doing nothing,
+        the per-head q/k norms (where given), rotary and the write of an fp32 cache in one C kernel
+        (``_prepare_qkv_cpu``). Returns False, doing nothing,
         where that path does not apply (the CPU, another backend, an fp8 cache, a rotary
         embedding other than the plain one with its cos/sin table, a norm with other arithmetic,
         or ``fuse_qkv_prep`` off); the caller runs the torch layers then."""

@@ -181,6 +181,8 @@ def why_not(model: nn.Module) -> str | None:
         for layer in layers
     ):
         return "its layers rotate by different tables"
+    if len({layer.self_attn.q_norm is None for layer in layers}) != 1:
+        return "some of its layers normalise q and k per head and others do not"
     if len({_norm_eps(layer) for layer in layers}) != 1 or len(set(_norm_eps(layers[0])[:2])) != 1:
         return "its norms do not share one eps"
     return None

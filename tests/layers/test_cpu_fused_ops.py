@@ -90,15 +90,17 @@ def test_rope_and_cache_write_equal_the_torch_layers(neox_style):
 
 
 @needs_kernel
-def test_per_head_q_k_norms_before_rope_equal_the_torch_layers():
+@pytest.mark.parametrize("neox_style", [True, False])
+@pytest.mark.parametrize("eps", [1e-5, 0.7])  # 0.7: large enough to matter against O(1) values
+def test_per_head_q_k_norms_before_rope_equal_the_torch_layers(neox_style, eps):
     """Qwen3's per-head RMSNorms on q and k, applied by the rotary kernel before it rotates."""
     gen = torch.Generator().manual_seed(5)
     hq, hk, d = 4, 2, 16
-    rope = RotaryEmbedding(d, d, {"rope_type": "default", "rope_theta": 500.0})
+    rope = RotaryEmbedding(d, d, {"rope_type": "default", "rope_theta": 500.0}, neox_style)
     share_cos_sin_caches(rope, 64, torch.device("cpu"))
     positions = torch.tensor([2, 7, 30])
     meta, cache, qkv = _cache_step(gen, [3, 9, 4], hq, hk, d)
-    q_norm, k_norm = RMSNorm(d, eps=1e-5), RMSNorm(d, eps=1e-5)
+    q_norm, k_norm = RMSNorm(d, eps=eps), RMSNorm(d, eps=eps)
     with torch.no_grad():
         q_norm.weight.copy_(torch.rand(d, generator=gen) + 0.5)
         k_norm.weight.copy_(torch.rand(d, generator=gen) + 0.5)

@@ -143,8 +143,10 @@ def test_why_not_names_each_layer_it_does_not_run(llama_dir):
         assert llama_cpu_decode.why_not(stack) is None
         attn = stack.layers[1].self_attn
         attn.q_norm = RMSNorm(attn.head_dim)
-        assert "normalises q and k" in llama_cpu_decode.why_not(stack)
-        attn.q_norm = None
+        assert "normalises q and k" in llama_cpu_decode.why_not(stack)  # a q norm without its k norm
+        attn.k_norm = RMSNorm(attn.head_dim)
+        assert "some of its layers normalise q and k per head" in llama_cpu_decode.why_not(stack)
+        attn.q_norm = attn.k_norm = None
         attn.attn.sliding_window = 4
         assert "sliding window" in llama_cpu_decode.why_not(stack)
         attn.attn.sliding_window = None
@@ -170,22 +172,33 @@ def test_qkv_biases_qwen2(make_checkpoint, packed):
 
 
 @pytest.mark.parametrize("packed", ["false", "true"])
-def test_per_head_q_k_norms_qwen3(make_checkpoint, packed):
+@pytest.mark.parametrize("qk_eps", [None, 3.0], ids=["checkpoint-eps", "q-k-eps-3"])
+def test_per_head_q_k_norms_qwen3(make_checkpoint, packed, qk_eps):
     """Qwen3's layers are Llama's with an RMSNorm on each head of q and k before rotary: the rotary
     kernel applies them, in the modules and in the C stack alike, so the two give the same logprobs
-    (equal where both run the panels) and transformers' tokens."""
+    (equal where both run the panels) and transformers' tokens. With the q/k norms' eps set apart
+    from the layer norms' (3.0, large enough to change every token's logprobs), the stack still
+    gives the modules' logprobs: it passes each eps where it belongs."""
     path = make_checkpoint("qwen3", qwen3_config())
     results = {}
     for fused in ("true", "false"):
         llm = _engine(path, fused, overrides=[f"device.cpu_packed_linear={packed}"])
         try:
-            assert _stack(llm).layers[0].self_attn.q_norm is not None
+            stack = _stack(llm)
+            assert stack.layers[0].self_attn.q_norm is not None
+            if qk_eps is not None:
+                for layer in stack.layers:
+                    layer.self_attn.q_norm.eps = layer.self_attn.k_norm.eps = qk_eps
+                if fused == "true":  # the stack reads the eps when it is attached
+                    stack.cpu_decode = llama_cpu_decode.LlamaCpuDecode(stack)
             results[fused] = _run(llm)
         finally:
             llm.shutdown()
     (tokens, logprobs, served), (module_tokens, module_logprobs, _) = results["true"], results["false"]
     assert served > 0
-    assert tokens == module_tokens == [hf_greedy(path, [p], n)[0][0] for p, n in zip(PROMPTS, MAX_TOKENS)]
+    assert tokens == module_tokens
+    if qk_eps is None:
+        assert tokens == [hf_greedy(path, [p], n)[0][0] for p, n in zip(PROMPTS, MAX_TOKENS)]
     for got, want in zip(logprobs, module_logprobs):
         if packed == "true":
             assert got == want
