@@ -146,3 +146,28 @@ def test_bad_requests_raise_before_queueing_and_engine_keeps_serving(async_engin
     assert engine.get_num_unfinished_requests() == 0
     want = offline.generate(PROMPTS[0], greedy(5), use_tqdm=False)[0].outputs[0].text
     assert async_engine.run(collect(engine, PROMPTS[0], greedy(5), "after"))[-1].outputs[0].text == want
+
+
+def test_multi_step_decoding_streams_several_tokens_a_delta(make_engine, llama_dir, offline):
+    """``scheduler.num_scheduler_steps=4`` in the engine process: deltas carry up to 4 tokens, they add
+    up to the offline engine's completions, and a stop string that ends inside a delta ends the
+    completion at its token (text and tokens as with one token a step)."""
+    text = offline.generate(PROMPTS[0], greedy(12), use_tqdm=False)[0].outputs[0].text
+    stop = next(text[i : i + 2] for i in range(len(text) // 2, len(text)) if text[i : i + 2].isascii())
+    params = [greedy(12, RequestOutputKind.DELTA, stop=[stop] if i == 0 else None) for i in range(3)]
+    expected = [offline.generate(p, q, use_tqdm=False)[0].outputs[0] for p, q in zip(PROMPTS, params)]
+    assert expected[0].finish_reason == "stop" and len(expected[0].token_ids) < 12
+    harness = make_engine(llama_dir, **{**ENGINE_KWARGS, "num_scheduler_steps": 4})
+
+    async def run():
+        return await asyncio.gather(
+            *(collect(harness.engine, p, q, f"m{i}") for i, (p, q) in enumerate(zip(PROMPTS, params)))
+        )
+
+    streams = harness.run(run())
+    for want, outs in zip(expected, streams):
+        assert "".join(o.outputs[0].text for o in outs) == want.text
+        assert [t for o in outs for t in o.outputs[0].token_ids] == want.token_ids
+        last = outs[-1].outputs[0]
+        assert (last.finish_reason, last.stop_reason) == (want.finish_reason, want.stop_reason)
+    assert max(len(o.outputs[0].token_ids) for outs in streams for o in outs) == 4  # four steps a batch
