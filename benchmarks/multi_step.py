@@ -24,20 +24,11 @@ import time
 
 import numpy as np
 import torch
+from host_overhead import TINY  # the same host-path model (run as a script, this folder is on sys.path)
 
 from minivllm import RequestOutputKind, SamplingParams
 from minivllm.config.store import build_config
 from minivllm.engine.llm_engine import LLMEngine
-
-TINY = {
-    "num_hidden_layers": 1,
-    "hidden_size": 32,
-    "intermediate_size": 64,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 8,
-    "vocab_size": 256,
-}
 
 
 def build_engine(model: str | None, concurrency: int, steps: int, overrides: list[str]) -> LLMEngine:
