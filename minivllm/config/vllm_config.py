@@ -312,7 +312,7 @@ class VllmConfig:
     def _check_multi_step(self) -> None:
         """``scheduler.num_scheduler_steps > 1`` runs several decode steps per engine step; what
         needs the host between two steps is refused by name (requests whose sampling reads the
-        token history, logprobs or a grammar run one step at a time instead, decided per step)."""
+        token history or a grammar run one step at a time instead, decided per step)."""
         steps = self.scheduler.num_scheduler_steps
         if steps == 1:
             return

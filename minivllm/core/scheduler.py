@@ -48,7 +48,7 @@ n-gram lookup or from the worker's draft model); after the step the rejected
 drafts are rolled back. It runs without async scheduling.
 Multi-step decoding (``scheduler.num_scheduler_steps = N > 1``): when every running
 request decodes one token, may run ahead (``may_run_ahead``: its sampling reads no
-token history, no logprobs, no grammar) and nobody waits to be admitted, a step runs
+token history and no grammar masks it) and nobody waits to be admitted, a step runs
 up to N decode steps back to back on the workers (``SchedulerOutput.num_steps``). Each
 request gets KV slots for all of them now; it counts all of them as computed (and, with
 async scheduling, all their tokens as placeholders), and its output brings up to N
@@ -569,7 +569,7 @@ class Scheduler:
                 EngineCoreOutput(
                     req_id,
                     appended,
-                    logprobs.get(req_id) if logprobs else None,
+                    logprobs[req_id][: len(appended)] if logprobs and req_id in logprobs else None,
                     request.status.finish_reason if finished else None,
                     request.stop_reason,
                     prompt_logprobs.get(req_id) if prompt_logprobs else None,

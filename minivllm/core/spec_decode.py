@@ -45,7 +45,7 @@ from minivllm.config.speculative import SpeculativeConfig
 from minivllm.core.kv_cache_manager import KVCacheManager
 from minivllm.core.stats import SpecDecodingStats
 from minivllm.request import Request, RequestId
-from minivllm.sample.metadata import may_run_ahead
+from minivllm.sample.metadata import may_speculate
 
 
 class DraftSource(Protocol):
@@ -108,7 +108,7 @@ class SpecDecodeScheduling:
         drafts = self.drafts_for(request, num_new, budget)
         will_sample = request.num_computed_tokens + num_new >= request.num_tokens
         extra = 0
-        if self.lookahead and will_sample and may_run_ahead(request.sampling_params):
+        if self.lookahead and will_sample and may_speculate(request.sampling_params):
             end = request.num_computed_tokens + num_new + len(drafts)
             extra = max(0, min(self.lookahead, self.max_model_len - end))
         if extra and not kv.can_allocate(request, num_new + len(drafts) + extra):
@@ -119,7 +119,7 @@ class SpecDecodeScheduling:
 
     def drafts_for(self, request: Request, num_new: int, budget: int) -> list[int]:
         """Drafts for a request about to be scheduled for ``num_new`` tokens ([] when it may not speculate)."""
-        if num_new != 1 or not may_run_ahead(request.sampling_params):
+        if num_new != 1 or not may_speculate(request.sampling_params):
             return []
         room = min(
             budget - 1,

@@ -181,8 +181,13 @@ def has_logits_edits(p: SamplingParams) -> bool:
 
 
 def may_run_ahead(p: SamplingParams) -> bool:
-    """Whether a request's next tokens may come before the host has seen the ones before them: as
-    drafts (speculative decoding: the scheduler proposes and the worker's draft model drafts by
-    this one rule) or from decode steps run back to back (``scheduler.num_scheduler_steps``). Its
-    sampling reads neither the token history nor the raw distribution, and no grammar masks it."""
-    return p.logprobs is None and p.structured_outputs is None and not has_logits_edits(p)
+    """Whether a request's next tokens may be sampled before the host has seen the ones before them
+    (decode steps run back to back: ``scheduler.num_scheduler_steps``): its sampling reads no
+    token history and no grammar masks it."""
+    return p.structured_outputs is None and not has_logits_edits(p)
+
+
+def may_speculate(p: SamplingParams) -> bool:
+    """Whether a request's sampling allows drafts: it may run ahead and reads no raw distribution
+    (no logprobs). The scheduler proposes drafts and the worker's draft model drafts by this one rule."""
+    return p.logprobs is None and may_run_ahead(p)

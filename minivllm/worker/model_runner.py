@@ -501,27 +501,31 @@ class ModelRunner:
         first (``_decode_steps``), and all their ids travel as one (S, n)."""
         rows = step.rows[step.sample_idx]
         if scheduler_output.num_steps > 1:
-            sampled = SamplerOutput(self._decode_steps(step, scheduler_output, sampled.token_ids), None, None, None)
+            sampled = self._decode_steps(step, scheduler_output, sampled)
         held = self.batch.hold_sampled(self._req_ids(rows), rows, sampled.token_ids)
         return PendingOutput(held, sampled, meta.num_logprobs, prompt_logprobs)
 
-    def _decode_steps(self, step: StepInputs, scheduler_output: SchedulerOutput, tokens: torch.Tensor) -> torch.Tensor:
-        """(S, n) the tokens of the batch's ``n = num_steps`` decode steps, ``tokens`` (S,) the
-        first's. Each later step is the last one moved on by a position on the device
-        (``StepInputs.advance``), so nothing reaches the host in between: no scheduling, no
-        synchronization, no output; a captured graph replays it where one covers it. The
-        scheduler sends such a batch only when every row decodes and samples without reading
-        its token history, logprobs or a grammar (``may_run_ahead``)."""
-        columns = [tokens]
+    def _decode_steps(self, step: StepInputs, scheduler_output: SchedulerOutput, first: SamplerOutput) -> SamplerOutput:
+        """The batch's ``n = num_steps`` decode steps' samples, ``first`` the first step's: (S, n)
+        token ids, and (S, n, 1 + k) logprobs where asked. Each later step is the last one moved on
+        by a position on the device (``StepInputs.advance``), so nothing reaches the host in
+        between: no scheduling, no synchronization, no output; a captured graph replays it where
+        one covers it. The scheduler sends such a batch only when every row decodes and samples
+        without reading its token history or a grammar (``may_run_ahead``)."""
+        steps = [first]
         for _ in range(scheduler_output.num_steps - 1):
-            step.advance(columns[-1], self.block_size)
+            step.advance(steps[-1].token_ids, self.block_size)
             step.meta.backend_data = self.attn_backend.prepare(step.meta, self.block_size)
             sampled, meta = self._sample_in_graph(step, scheduler_output)
             if sampled is None:
                 hidden = self._forward(step.input_ids, step.positions, step.meta)
                 sampled, _ = self._sample(hidden, step, scheduler_output, meta)
-            columns.append(sampled.token_ids)
-        return torch.stack(columns, dim=1)
+            steps.append(sampled)
+        tokens = torch.stack([s.token_ids for s in steps], dim=1)
+        if first.logprobs is None:
+            return SamplerOutput(tokens, None, None, None)
+        fields = ("logprobs", "logprob_token_ids", "logprob_ranks")
+        return SamplerOutput(tokens, *(torch.stack([getattr(s, f) for s in steps], dim=1) for f in fields))
 
     def _speculate(
         self, hidden: torch.Tensor, step: StepInputs, scheduler_output: SchedulerOutput, out: ModelRunnerOutput
@@ -727,9 +731,15 @@ class PendingOutput:
             if self._logprobs_copied is not None:
                 self._logprobs_copied.synchronize()
             values, ids, ranks = (t.tolist() for t in self._logprobs_host)
-            for row, (req_id, asked) in enumerate(zip(self.req_ids, self._num_logprobs)):
+            if tokens.ndim == 1:  # one step: a position per row
+                values, ids, ranks = ([row] for row in values), ([row] for row in ids), ([row] for row in ranks)
+            for req_id, asked, row_values, row_ids, row_ranks in zip(
+                self.req_ids, self._num_logprobs, values, ids, ranks
+            ):
                 if asked is not None:
-                    pairs = dict(zip(ids[row][: 1 + asked], values[row][: 1 + asked]))
-                    out.logprobs[req_id] = [PositionLogprobs(pairs, ranks[row])]
+                    out.logprobs[req_id] = [
+                        PositionLogprobs(dict(zip(i[: 1 + asked], v[: 1 + asked])), r)
+                        for v, i, r in zip(row_values, row_ids, row_ranks)
+                    ]
         self._output = out
         return out

@@ -59,7 +59,7 @@ from minivllm.core.scheduler_output import NewRequestData
 from minivllm.multimodal.feature import MultiModalFeature
 from minivllm.multimodal.processing import load_multimodal_processor
 from minivllm.request import RequestId
-from minivllm.sample.metadata import ROW_PARAMS, may_run_ahead
+from minivllm.sample.metadata import ROW_PARAMS, may_speculate
 from minivllm.sampling_params import SamplingParams
 from minivllm.utils import cdiv
 from minivllm.worker.input_batch import InputBatch
@@ -117,10 +117,10 @@ def profile_params(cfg: VllmConfig, vocab_size: int) -> SamplingParams:
 
 
 def verify_params() -> SamplingParams:
-    """What a verified row may ask for: each per-request number that ``may_run_ahead`` allows
+    """What a verified row may ask for: each per-request number that ``may_speculate`` allows
     (temperature, min-p, top-k and top-p; the penalties read the history, so requests with them,
     with logprobs or with other logit edits are never drafted)."""
-    allowed = {p.name: p.profile for p in ROW_PARAMS if may_run_ahead(SamplingParams(**{p.name: p.profile}))}
+    allowed = {p.name: p.profile for p in ROW_PARAMS if may_speculate(SamplingParams(**{p.name: p.profile}))}
     return SamplingParams(**allowed)
 
 

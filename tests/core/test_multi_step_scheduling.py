@@ -11,8 +11,9 @@ import pytest
 from minivllm.config.store import build_config
 from minivllm.core.scheduler import Scheduler
 from minivllm.kv_cache_spec import KVCacheSpec
-from minivllm.outputs import ModelRunnerOutput
+from minivllm.outputs import ModelRunnerOutput, PositionLogprobs
 from minivllm.request import RequestStatus
+from minivllm.sample.metadata import may_run_ahead, may_speculate
 from minivllm.sampling_params import SamplingParams, StructuredOutputsParams
 from tests.core.scheduler_helpers import (
     FakeRunner,
@@ -71,9 +72,12 @@ def test_tokens_past_a_stop_are_dropped_and_the_request_finishes(base):
     sched.update_from_output(out, ModelRunnerOutput(sampled_token_ids={"a": [7]}))
     out = sched.schedule()
     assert out.num_steps == 4
-    results = sched.update_from_output(out, ModelRunnerOutput(sampled_token_ids={"a": [8, EOS, 9, 9]}))
+    positions = [PositionLogprobs({t: -0.5}, 1) for t in (8, EOS, 9, 9)]
+    output = ModelRunnerOutput(sampled_token_ids={"a": [8, EOS, 9, 9]}, logprobs={"a": positions})
+    results = sched.update_from_output(out, output)
     assert a.output_token_ids == [7, 8, EOS] and a.status is RequestStatus.FINISHED_STOPPED
     assert [r.new_token_ids for r in results] == [[8, EOS]] and results[0].finish_reason == "stop"
+    assert results[0].new_logprobs == positions[:2]  # the dropped tokens' logprobs go with them
     assert sched.num_generated_tokens == 3
     assert sched.kv.num_free_blocks == 64 and not sched.has_unfinished_requests()
 
@@ -103,13 +107,12 @@ def test_the_steps_are_bounded_by_max_tokens_and_the_context_length(base):
 @pytest.mark.parametrize(
     "params",
     [
-        dict(logprobs=2),
         dict(repetition_penalty=1.3),
         dict(logit_bias={5: 1.0}),
         dict(min_tokens=3, stop_token_ids=[9]),
         dict(structured_outputs=StructuredOutputsParams(choice=["yes", "no"])),
     ],
-    ids=["logprobs", "penalty", "logit-bias", "min-tokens", "grammar"],
+    ids=["penalty", "logit-bias", "min-tokens", "grammar"],
 )
 def test_a_request_that_needs_the_host_between_steps_keeps_single_steps(base, params):
     sched = steps_scheduler(base)
@@ -125,6 +128,18 @@ def test_a_request_that_needs_the_host_between_steps_keeps_single_steps(base, pa
         sched.waiting.append(r)
     step(sched, FakeRunner(BS))
     assert sched.schedule().num_steps == 1
+
+
+def test_a_request_asking_for_logprobs_runs_ahead(base):
+    """Logprobs read the distribution of the step's own logits, not the token history: a batch
+    with such a request runs every step (speculative decoding drafts for none of them)."""
+    sched = steps_scheduler(base)
+    request = make_request([10, 11, 12], max_tokens=8)
+    request.sampling_params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=2)
+    sched.add_request(request)
+    step(sched, FakeRunner(BS))
+    assert sched.schedule().num_steps == 4
+    assert may_run_ahead(request.sampling_params) and not may_speculate(request.sampling_params)
 
 
 def test_a_waiting_request_or_a_prefill_chunk_keeps_single_steps(base):

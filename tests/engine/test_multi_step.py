@@ -106,9 +106,9 @@ def test_greedy_tokens_and_logprobs_match_transformers(llama_dir, c_stack):
     finally:
         llm.shutdown()
     assert [o.outputs[0].token_ids for o in greedy] == [tokens for tokens, _ in ref]
-    assert seen.count(STEPS) >= 2  # 10 tokens after the prefill: batches of 4, 4, then 2
-    # a request asking for logprobs decodes one step at a time, with the same logprobs
-    out = with_logprobs[0].outputs[0]
+    assert seen.count(STEPS) >= 4  # 10 tokens after each prefill: batches of 4, 4, then 2
+    out = with_logprobs[0].outputs[0]  # a logprob for every step's token
+    assert len(out.logprobs) == len(out.token_ids) == 11
     assert [lp[t] for lp, t in zip(out.logprobs, out.token_ids)] == pytest.approx(ref[0][1], abs=1e-4)
 
 

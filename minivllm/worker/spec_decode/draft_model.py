@@ -40,7 +40,7 @@ from minivllm.config.vllm_config import VllmConfig
 from minivllm.layers.attention import attention_layers
 from minivllm.layers.rotary import share_cos_sin_caches
 from minivllm.request import RequestId
-from minivllm.sample.metadata import may_run_ahead
+from minivllm.sample.metadata import may_speculate
 from minivllm.sample.sampler import Sampler
 from minivllm.utils import cdiv, instantiate_target
 from minivllm.worker.input_batch import InputBatch
@@ -125,7 +125,7 @@ class DraftModelProposer:
             + self.shift
         )
         params = batch.sampling.params
-        speculating = np.fromiter((may_run_ahead(params[r]) for r in rows.tolist()), bool, len(rows))
+        speculating = np.fromiter((may_speculate(params[r]) for r in rows.tolist()), bool, len(rows))
         n = np.minimum(np.minimum(room, self._outputs_left(batch, rows)), self.k)
         chosen = np.flatnonzero(reached & speculating & (n > 0))
         if not len(chosen):
