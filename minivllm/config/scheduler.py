@@ -51,9 +51,10 @@ class SchedulerConfig:
     encoder_cache_size: Optional[int] = None
     """Multimodal models: encoder outputs held between steps, in tokens; null: max_num_batched_tokens."""
     num_scheduler_steps: int = 1
-    """Decode steps run back to back per engine step when every running request decodes and none waits
-    (multi-step scheduling): the worker feeds each step's tokens to the next on the device, and the host
-    checks stops and streams once per N tokens; tokens past a stop are computed and dropped."""
+    """Decode steps run back to back per engine step when every running request decodes, none has a
+    grammar or history-reading sampling (penalties, bad words, logits processors) and none waits (multi-step
+    scheduling): the worker feeds each step's tokens to the next on the device, and the host checks stops
+    and streams once per N tokens; tokens past a stop are computed and dropped."""
 
     def __post_init__(self) -> None:
         check_range("scheduler.num_scheduler_steps", self.num_scheduler_steps, low=1)

@@ -312,10 +312,14 @@ class VllmConfig:
     def _check_multi_step(self) -> None:
         """``scheduler.num_scheduler_steps > 1`` runs several decode steps per engine step; what
         needs the host between two steps is refused by name (requests whose sampling reads the
-        token history or a grammar run one step at a time instead, decided per step)."""
+        token history, or that have a grammar, run one step at a time instead, decided per step)."""
         steps = self.scheduler.num_scheduler_steps
         if steps == 1:
             return
+        connector = (
+            f"kv_transfer.kv_connector={self.kv_transfer.kv_connector} (or cache.kv_offloading_size, which "
+            "picks one; a connector saves the blocks one step fills)"
+        )
         refused = {
             f"speculative.method={self.speculative.method} (drafts are checked between steps)": (
                 self.speculative.enabled
@@ -324,9 +328,7 @@ class VllmConfig:
                 self.parallel.pp > 1
             ),
             "model.runner=pooling (it samples nothing)": self.model.runner == "pooling",
-            f"kv_transfer.kv_connector={self.kv_transfer.kv_connector} (it saves the blocks one step fills)": (
-                self.kv_transfer.enabled
-            ),
+            connector: self.kv_transfer.enabled,
         }
         for key, on in refused.items():
             if on:

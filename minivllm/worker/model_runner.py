@@ -497,8 +497,8 @@ class ModelRunner:
         prompt_logprobs: dict,
     ) -> PendingOutput:
         """The step's output on its way to the host, its ids held by the batch
-        (``InputBatch.hold_sampled``). A batch of several decode steps runs its later ones
-        first (``_decode_steps``), and all their ids travel as one (S, n)."""
+        (``InputBatch.hold_sampled``). A batch of several decode steps runs its later steps here,
+        before the ids are held (``_decode_steps``), and all their ids travel as one (S, n)."""
         rows = step.rows[step.sample_idx]
         if scheduler_output.num_steps > 1:
             sampled = self._decode_steps(step, scheduler_output, sampled)

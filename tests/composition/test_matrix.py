@@ -103,7 +103,7 @@ def check_cell(cell: Cell, llama_dir, adapter, specs, references, **device: str)
         runs = [generate(llm, specs, adapter if cell["lora"] else None) for _ in range(rounds)]
         engine = llm.llm_engine
         stats, scheduler = engine.get_stats(), engine.core.scheduler
-        # Multi-step batches need every running request to run ahead (no grammar, no logprobs):
+        # Multi-step batches need every running request to run ahead (no grammar, no history-reading sampling):
         # those requests again, alone.
         ahead = [i for i, spec in enumerate(specs) if may_run_ahead(spec.params())] if cell["multi_step"] else []
         alone = generate(llm, [specs[i] for i in ahead], adapter if cell["lora"] else None) if ahead else []
