@@ -324,15 +324,10 @@ class Scheduler:
             if spec is not None:
                 drafts, lookahead = spec.plan(self.kv, request, num_new, budget)
                 num_slots += len(drafts) + lookahead
-            elif steps > 1:  # a decode (num_new == 1): a slot for each step's token
+            elif steps > 1:  # a decode (num_new == 1): a slot for each step's token; they fit (``_decode_steps``)
                 num_slots = steps
             if not has_room(request, num_slots):
-                new_blocks = self.kv.allocate_slots(request, num_slots) if steps > 1 else None
-                if new_blocks is None:
-                    if steps > 1:  # no room ahead after all (``_decode_steps`` counted): one step
-                        steps = plan.num_steps = 1
-                        num_slots = num_new
-                    new_blocks = self._allocate_or_preempt(request, num_slots, plan)
+                new_blocks = self._allocate_or_preempt(request, num_slots, plan)
                 if new_blocks is None:
                     continue  # the request itself was preempted
                 if new_blocks:

@@ -125,8 +125,8 @@ class StepPlan:
     newly_admitted: list[Request] = field(default_factory=list)
     preempted: bool = False
     num_steps: int = 1
-    """Decode steps this batch runs (``SchedulerOutput.num_steps``); it drops to 1 when a request's
-    slots for all of them do not fit."""
+    """Decode steps this batch runs (``SchedulerOutput.num_steps``), chosen before any request is
+    scheduled (``Scheduler._decode_steps``: the slots of all of them fit in the free blocks)."""
     encoder: EncoderStep | None = None
     """Images encoded in this step, and the encoder budget left."""
 
